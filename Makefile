@@ -1,0 +1,33 @@
+# make test: build everything from nothing and run the whole suite.
+# make demo: build, then run the main job.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo bench lint clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml setup.py shmbus/_native.c
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+bench: $(STAMP)
+	$(BIN)/python tools/bench.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check shmbus netbridge tests tools examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info shmbus/*.so

@@ -1,0 +1,63 @@
+"""shmbus: a shared-memory message bus for Python processes, following Aeron's design.
+
+Public API: publications and subscriptions over shared-memory log buffers, the result codes
+of ``offer``, poll actions, idle strategies and errors. Everything not named here is private.
+"""
+
+from shmbus._native import AtomicBuffer, Header
+from shmbus.codes import (
+    ADMIN_ACTION,
+    BACK_PRESSURED,
+    CLOSED,
+    MAX_POSITION_EXCEEDED,
+    NOT_CONNECTED,
+    Action,
+    result_name,
+)
+from shmbus.errors import PublicationError, ShmbusError
+from shmbus.fragment_assembler import FragmentAssembler
+from shmbus.idle_strategy import (
+    BackoffIdleStrategy,
+    BusySpinIdleStrategy,
+    NoOpIdleStrategy,
+    SleepingIdleStrategy,
+    YieldingIdleStrategy,
+)
+from shmbus.image import FragmentBatch, Image
+from shmbus.log_buffer import LogBuffer, LogBufferError
+from shmbus.publication import (
+    BufferClaim,
+    ConcurrentPublication,
+    ExclusivePublication,
+    Publication,
+)
+from shmbus.subscription import Subscription
+
+__all__ = [
+    "ADMIN_ACTION",
+    "BACK_PRESSURED",
+    "CLOSED",
+    "MAX_POSITION_EXCEEDED",
+    "NOT_CONNECTED",
+    "Action",
+    "AtomicBuffer",
+    "BackoffIdleStrategy",
+    "BufferClaim",
+    "BusySpinIdleStrategy",
+    "ConcurrentPublication",
+    "ExclusivePublication",
+    "FragmentAssembler",
+    "FragmentBatch",
+    "Header",
+    "Image",
+    "LogBuffer",
+    "LogBufferError",
+    "NoOpIdleStrategy",
+    "Publication",
+    "PublicationError",
+    "ShmbusError",
+    "SleepingIdleStrategy",
+    "Subscription",
+    "YieldingIdleStrategy",
+    "result_name",
+]

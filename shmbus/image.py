@@ -1,0 +1,144 @@
+"""Images: the read side of one publishing session's log (seed 003).
+
+An :class:`Image` reads frames in place from the log buffer and advances its subscriber
+position; the native core does the scanning. ``poll`` hands each fragment to a Python
+handler; ``poll_batch`` hands a whole run of fragments over at once as numpy arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from shmbus._native import Header, ImageCore
+from shmbus.log_buffer import BEGIN_FLAG, END_FLAG, LogBuffer
+from shmbus.position import Position
+
+FragmentHandler = Callable[[memoryview, Header], Any]
+
+
+class FragmentBatch:
+    """A run of fragments of one term, handed to a ``poll_batch`` handler.
+
+    ``term`` is a read-only uint8 numpy view of the whole term; fragment ``i``'s payload is
+    ``term[offsets[i]:offsets[i] + lengths[i]]``; ``flags[i]`` has B (0x80) and E (0x40) set
+    for a whole message. The arrays are valid only during the handler call: copy what you keep.
+    ``position`` is the stream position where the batch starts.
+    """
+
+    __slots__ = ("term", "offsets", "lengths", "flags", "position", "session_id")
+
+    def __init__(self, term: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
+                 flags: np.ndarray, position: int, session_id: int) -> None:
+        self.term = term
+        self.offsets = offsets
+        self.lengths = lengths
+        self.flags = flags
+        self.position = position
+        self.session_id = session_id
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def payload(self, i: int) -> memoryview:
+        """Fragment ``i``'s payload, zero copy."""
+        start = int(self.offsets[i])
+        return self.term.data[start:start + int(self.lengths[i])]
+
+    def payloads(self) -> list[bytes]:
+        """Every fragment's payload, copied."""
+        term = self.term
+        return [term[o:o + n].tobytes() for o, n in zip(self.offsets.tolist(),
+                                                        self.lengths.tolist(), strict=True)]
+
+    def records(self, dtype: np.dtype | str) -> np.ndarray:
+        """The fragments as an array of fixed-size records of ``dtype``, copied.
+
+        Every fragment must be a whole message of exactly ``dtype.itemsize`` bytes; otherwise
+        ValueError names the first one that is not.
+        """
+        dtype = np.dtype(dtype)
+        n = len(self.offsets)
+        bad = np.flatnonzero((self.lengths != dtype.itemsize)
+                             | ((self.flags & (BEGIN_FLAG | END_FLAG)) != BEGIN_FLAG | END_FLAG))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"fragment {i} has {int(self.lengths[i])} bytes and flags "
+                             f"0x{int(self.flags[i]):x}; records of {dtype} need "
+                             f"{dtype.itemsize}-byte whole messages")
+        if n == 0:
+            return np.empty(0, dtype)
+        index = self.offsets[:, None] + np.arange(dtype.itemsize)
+        return self.term[index].view(dtype).reshape(n)
+
+
+class Image(ImageCore):
+    """One publishing session as seen by one subscription.
+
+    ``position`` is this subscriber's position (bytes consumed); only this image writes it.
+    Create images through a Subscription; the bus client does it when a publisher appears.
+    """
+
+    def __init__(self, log: LogBuffer, position: Position, *, subscription_registration_id: int = 0,
+                 join_position: int | None = None, source_identity: str = "ipc") -> None:
+        d = log.descriptor
+        super().__init__(log.buffer, d.term_length, d.initial_term_id, position.buffer,
+                         position.offset)
+        self.log = log
+        self.session_id = d.session_id
+        self.stream_id = d.stream_id
+        self.subscription_registration_id = subscription_registration_id
+        self.source_identity = source_identity
+        if join_position is not None:
+            self.position = join_position
+        self.join_position = self.position
+        self._closed = False
+        self._batch_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._terms: list[np.ndarray] | None = None
+
+    def poll_batch(self, handler: Callable[[FragmentBatch], Any], fragment_limit: int) -> int:
+        """Hand up to ``fragment_limit`` fragments of the current term to ``handler`` at once.
+
+        The handler gets a :class:`FragmentBatch` (numpy arrays over the term, no per-fragment
+        Python call); the position advances past the batch after it returns (also if it
+        raises). Returns the number of fragments; 0 calls no handler. Padding is skipped.
+        """
+        if self._batch_arrays is None or len(self._batch_arrays[0]) < fragment_limit:
+            self._batch_arrays = (np.empty(fragment_limit, np.int64),
+                                  np.empty(fragment_limit, np.int32),
+                                  np.empty(fragment_limit, np.uint8))
+        offsets, lengths, flags = self._batch_arrays
+        count, index, scanned = self._scan(fragment_limit, offsets, lengths, flags)
+        if scanned == 0:
+            return 0
+        position = self.position
+        try:
+            if count:
+                if self._terms is None:
+                    self._terms = [np.frombuffer(self.log.term_view(i), np.uint8)
+                                   for i in range(3)]
+                handler(FragmentBatch(self._terms[index], offsets[:count], lengths[:count],
+                                      flags[:count], position, self.session_id))
+        finally:
+            self.position = position + scanned
+        return count
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def is_end_of_stream(self) -> bool:
+        """True once the publisher ended the stream and everything up to the end was read."""
+        return self.position >= self.log.end_of_stream_position
+
+    def close(self) -> None:
+        """Stop reading; the log is unmapped when nothing else holds it. Idempotent."""
+        self._closed = True
+        self._terms = None
+
+    def __repr__(self) -> str:
+        return (f"Image(session_id={self.session_id}, stream_id={self.stream_id}, "
+                f"position={self.position})")

@@ -1,0 +1,201 @@
+"""Publications: append messages to a log buffer (seed 003).
+
+:class:`ExclusivePublication` has one writer (one thread of one process) and is the fastest.
+:class:`ConcurrentPublication` may be shared by threads and by several processes that map the
+same log: space is claimed with an atomic fetch-add on the term tail, so messages from
+different writers never interleave. Both return Aeron's codes from ``offer`` (see
+:mod:`shmbus.codes`); the append itself runs in the native core.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from shmbus import codes
+from shmbus._native import PublicationCore
+from shmbus.errors import PublicationError
+from shmbus.idle_strategy import BackoffIdleStrategy
+from shmbus.log_buffer import LogBuffer
+from shmbus.position import Position
+
+try:
+    from collections.abc import Buffer
+except ImportError:  # Python 3.11: any object with the buffer protocol
+    Buffer = Any  # type: ignore[misc,assignment]
+
+
+class BufferClaim:
+    """Space claimed in the log with :meth:`Publication.try_claim`, written in place.
+
+    Truthy when the claim succeeded; then ``buffer`` is a writable memoryview of exactly the
+    claimed length, and ``commit()`` publishes the frame or ``abort()`` turns it into padding.
+    Used as a context manager it commits on a normal exit and aborts on an exception; entering
+    a failed claim raises :class:`PublicationError`. ``result`` is the new stream position
+    after the frame, or the negative code when the claim failed.
+    """
+
+    __slots__ = ("_publication", "_frame_offset", "result", "buffer")
+
+    def __init__(self, publication: Publication, result: int, frame_offset: int,
+                 length: int) -> None:
+        self._publication = publication
+        self._frame_offset = frame_offset
+        self.result = result
+        self.buffer: memoryview | None = (
+            publication._claim_view(frame_offset, length) if result > 0 else None
+        )
+
+    def __bool__(self) -> bool:
+        return self.result > 0
+
+    def commit(self) -> None:
+        """Publish the claimed frame. Raises ValueError if already committed or aborted."""
+        self._finish(self._publication._commit)
+
+    def abort(self) -> None:
+        """Give the claimed space up: readers skip it as padding."""
+        self._finish(self._publication._abort)
+
+    def _finish(self, action: Any) -> None:
+        if self.buffer is None:
+            raise ValueError(f"no claim to finish ({codes.result_name(self.result)})")
+        self.buffer.release()
+        self.buffer = None
+        action(self._frame_offset)
+
+    def __enter__(self) -> BufferClaim:
+        if self.result <= 0:
+            raise PublicationError(self.result)
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self.buffer is None:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+class Publication(PublicationCore):
+    """What both kinds of publication share. Create them through the bus client.
+
+    ``offer(*buffers, reserved_value=0)`` appends one message (several buffers are gathered into
+    one message) and returns the new position or a negative code; ``offer_many(messages)``
+    appends a batch with one reservation (see its docstring). Messages longer than
+    ``max_payload_length`` are fragmented; longer than ``max_message_length`` raise ValueError.
+    """
+
+    _exclusive = False
+
+    def __init__(
+        self,
+        log: LogBuffer,
+        limit: Position,
+        *,
+        channel: str = "aeron:ipc",
+        registration_id: int = 0,
+        on_close: Any = None,
+    ) -> None:
+        d = log.descriptor
+        super().__init__(
+            log.buffer, d.term_length, d.initial_term_id, d.mtu, d.session_id, d.stream_id,
+            limit.buffer, limit.offset, self._exclusive,
+        )
+        self.log = log
+        self.channel = channel
+        self.registration_id = registration_id
+        self._on_close = on_close
+
+    def try_claim(self, length: int, reserved_value: int = 0) -> BufferClaim:
+        """Claim ``length`` bytes (at most ``max_payload_length``) to fill in place.
+
+        Returns a :class:`BufferClaim`, falsy with ``result`` set to the code when the claim
+        failed (back-pressure, rotation, not connected, closed).
+        """
+        result, frame_offset = self._claim(length, reserved_value)
+        return BufferClaim(self, result, frame_offset, length)
+
+    def publish(self, *buffers: Buffer, timeout: float = 1.0, reserved_value: int = 0) -> int:
+        """Offer until it succeeds, idling between tries; returns the new position.
+
+        Raises :class:`PublicationError` with the last code after ``timeout`` seconds, or at
+        once when the publication is closed or its position space is exhausted.
+        """
+        deadline = time.monotonic() + timeout
+        idle = BackoffIdleStrategy()
+        while True:
+            result = self.offer(*buffers, reserved_value=reserved_value)
+            if result > 0:
+                return result
+            if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
+                raise PublicationError(result)
+            if result != codes.ADMIN_ACTION:
+                if time.monotonic() >= deadline:
+                    raise PublicationError(
+                        result, f"offer not accepted within {timeout} s: "
+                        f"{codes.result_name(result)}")
+                idle.idle(0)
+
+    def publish_many(self, messages: Sequence[Buffer] | Buffer, timeout: float = 1.0) -> int:
+        """``offer_many`` until every message is appended; returns the count.
+
+        Raises :class:`PublicationError` after ``timeout`` seconds without progress.
+        """
+        total = len(messages)
+        done = 0
+        deadline = time.monotonic() + timeout
+        idle = BackoffIdleStrategy()
+        while done < total:
+            result = self.offer_many(messages[done:] if done else messages)
+            if result > 0:
+                done += result
+                deadline = time.monotonic() + timeout
+                idle.reset()
+                continue
+            if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
+                raise PublicationError(result)
+            if result != codes.ADMIN_ACTION:
+                if time.monotonic() >= deadline:
+                    raise PublicationError(result, f"{total - done} of {total} messages not "
+                                           f"accepted within {timeout} s: "
+                                           f"{codes.result_name(result)}")
+                idle.idle(0)
+        return total
+
+    @property
+    def available_window(self) -> int:
+        """Bytes that can be offered before back-pressure."""
+        return self.position_limit - self.position()
+
+    def close(self) -> None:
+        """Close: later offers return CLOSED. Idempotent."""
+        if self.is_closed:
+            return
+        self._close_core()
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def __enter__(self) -> Publication:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(channel={self.channel!r}, stream_id={self.stream_id}, "
+                f"session_id={self.session_id}, position={self.position()})")
+
+
+class ExclusivePublication(Publication):
+    """A publication with a single writer: not safe to share between threads or processes."""
+
+    _exclusive = True
+
+
+class ConcurrentPublication(Publication):
+    """A publication any number of threads and processes may offer to at once."""
+
+    _exclusive = False
