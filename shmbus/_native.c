@@ -687,7 +687,9 @@ static int parse_reserved(PyObject *kwnames, PyObject *const *args, Py_ssize_t n
     for (Py_ssize_t i = 0; i < nk; i++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, i);
         if (PyUnicode_CompareWithASCIIString(name, "reserved_value") != 0) {
-            PyErr_Format(PyExc_TypeError, "unexpected keyword argument '%U'", name);
+            PyErr_Format(PyExc_TypeError,
+                         "offer() got an unexpected keyword argument '%U' "
+                         "(it takes reserved_value)", name);
             return -1;
         }
         long long v = PyLong_AsLongLong(args[nargs + i]);
@@ -1243,9 +1245,13 @@ static PyObject *deliver(ImageCore *self, PyObject *handler, uint8_t *frame, int
     PyObject *args[2] = {view, (PyObject *)h};
     PyObject *r = PyObject_Vectorcall(handler, args, 2, NULL);
     if (Py_REFCNT(view) > 1) {
-        /* the handler kept the view: it must not outlive the call (the term is reused) */
+        /* the handler kept the view (or its traceback does): it must not outlive the call,
+         * since the term is cleaned and reused. A pending exception is kept across this. */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
         PyObject *rr = PyObject_CallMethodNoArgs(view, release_str);
         if (rr == NULL) PyErr_Clear(); else Py_DECREF(rr);
+        PyErr_Restore(type, value, tb);
     }
     Py_DECREF(view);
     return r;
