@@ -42,7 +42,9 @@ Control frames (SETUP, SM, NAK, RTTM, ERR) and unknown types are sent one per da
 walk ends after them and bytes past their frame_length are ignored, as Aeron's driver does.
 
 Every length is checked against the datagram before it is read, so any byte string either
-decodes or raises :class:`MalformedFrame` (never ``struct.error`` or ``IndexError``).
+decodes or raises :class:`MalformedFrame` (never ``struct.error`` or ``IndexError``). The
+checks are structural only (lengths, version, type); whether a term offset, session or window
+makes sense is for the sender and receiver state machines to judge.
 """
 
 from __future__ import annotations
@@ -254,7 +256,8 @@ class DataHeader:
 
     @property
     def is_heartbeat(self) -> bool:
-        """A DATA frame with frame_length 0 (sent as exactly 32 bytes)."""
+        """A DATA frame with frame_length 0 (sent as exactly 32 bytes). Aeron's receiver only
+        counts a whole 32-byte datagram as a heartbeat: see the module's :func:`is_heartbeat`."""
         return self.type == HDR_TYPE_DATA and self.frame_length == 0
 
     @property
@@ -299,8 +302,18 @@ class DataHeader:
         size = self.wire_length
         _require_room(buffer, offset, size)
         _pack_into(
-            _DATA, buffer, offset, self.frame_length, self.version, self.flags, self.type,
-            self.term_offset, self.session_id, self.stream_id, self.term_id, self.reserved_value,
+            _DATA,
+            buffer,
+            offset,
+            self.frame_length,
+            self.version,
+            self.flags,
+            self.type,
+            self.term_offset,
+            self.session_id,
+            self.stream_id,
+            self.term_id,
+            self.reserved_value,
         )
         if size > DATA_HEADER_LENGTH:
             start = offset + DATA_HEADER_LENGTH
@@ -337,9 +350,21 @@ class SetupFrame:
         """Write the 40-byte frame at ``offset``; return 40."""
         _require_room(buffer, offset, SETUP_LENGTH)
         _pack_into(
-            _SETUP, buffer, offset, SETUP_LENGTH, self.version, self.flags, HDR_TYPE_SETUP,
-            self.term_offset, self.session_id, self.stream_id, self.initial_term_id,
-            self.active_term_id, self.term_length, self.mtu, self.ttl,
+            _SETUP,
+            buffer,
+            offset,
+            SETUP_LENGTH,
+            self.version,
+            self.flags,
+            HDR_TYPE_SETUP,
+            self.term_offset,
+            self.session_id,
+            self.stream_id,
+            self.initial_term_id,
+            self.active_term_id,
+            self.term_length,
+            self.mtu,
+            self.ttl,
         )
         return SETUP_LENGTH
 
@@ -379,9 +404,19 @@ class StatusMessage:
         length = self.frame_length
         _require_room(buffer, offset, length)
         _pack_into(
-            _SM, buffer, offset, length, self.version, self.flags, HDR_TYPE_SM,
-            self.session_id, self.stream_id, self.consumption_term_id,
-            self.consumption_term_offset, self.receiver_window, self.receiver_id,
+            _SM,
+            buffer,
+            offset,
+            length,
+            self.version,
+            self.flags,
+            HDR_TYPE_SM,
+            self.session_id,
+            self.stream_id,
+            self.consumption_term_id,
+            self.consumption_term_offset,
+            self.receiver_window,
+            self.receiver_id,
         )
         if self.group_tag is not None:
             _pack_into(_INT64, buffer, offset + SM_LENGTH, self.group_tag)
@@ -412,8 +447,18 @@ class Nak:
         """Write the 28-byte frame at ``offset``; return 28."""
         _require_room(buffer, offset, NAK_LENGTH)
         _pack_into(
-            _NAK, buffer, offset, NAK_LENGTH, self.version, self.flags, HDR_TYPE_NAK,
-            self.session_id, self.stream_id, self.term_id, self.term_offset, self.length,
+            _NAK,
+            buffer,
+            offset,
+            NAK_LENGTH,
+            self.version,
+            self.flags,
+            HDR_TYPE_NAK,
+            self.session_id,
+            self.stream_id,
+            self.term_id,
+            self.term_offset,
+            self.length,
         )
         return NAK_LENGTH
 
@@ -448,8 +493,17 @@ class RttMeasurement:
         """Write the 40-byte frame at ``offset``; return 40."""
         _require_room(buffer, offset, RTTM_LENGTH)
         _pack_into(
-            _RTTM, buffer, offset, RTTM_LENGTH, self.version, self.flags, HDR_TYPE_RTTM,
-            self.session_id, self.stream_id, self.echo_timestamp, self.reception_delta,
+            _RTTM,
+            buffer,
+            offset,
+            RTTM_LENGTH,
+            self.version,
+            self.flags,
+            HDR_TYPE_RTTM,
+            self.session_id,
+            self.stream_id,
+            self.echo_timestamp,
+            self.reception_delta,
             self.receiver_id,
         )
         return RTTM_LENGTH
@@ -466,7 +520,8 @@ class ErrorFrame:
 
     ``group_tag`` is the raw field; it is meaningful only when ``flags`` has ERR_FLAG_GROUP_TAG
     (see :attr:`has_group_tag`). ``message`` is the raw text (UTF-8 by convention, at most
-    ERR_MAX_MESSAGE_LENGTH bytes when encoding); :attr:`text` decodes it.
+    ERR_MAX_MESSAGE_LENGTH bytes when encoding); :attr:`text` decodes it. Decoding requires
+    40 + error_length <= frame_length and ignores any bytes between the text and frame_length.
     """
 
     version: int = CURRENT_VERSION
@@ -500,8 +555,18 @@ class ErrorFrame:
         length = ERR_HEADER_LENGTH + size
         _require_room(buffer, offset, length)
         _pack_into(
-            _ERR, buffer, offset, length, self.version, self.flags, HDR_TYPE_ERR,
-            self.session_id, self.stream_id, self.receiver_id, self.group_tag, self.error_code,
+            _ERR,
+            buffer,
+            offset,
+            length,
+            self.version,
+            self.flags,
+            HDR_TYPE_ERR,
+            self.session_id,
+            self.stream_id,
+            self.receiver_id,
+            self.group_tag,
+            self.error_code,
             size,
         )
         start = offset + ERR_HEADER_LENGTH
@@ -692,8 +757,17 @@ def _decode_data(
 ) -> DataHeader:
     if remaining < DATA_HEADER_LENGTH:
         raise MalformedFrame("short", f"{remaining} bytes left for a 32-byte header", offset)
-    (frame_length, version, flags, frame_type, term_offset, session_id, stream_id, term_id,
-     reserved_value) = _DATA.unpack_from(view, offset)
+    (
+        frame_length,
+        version,
+        flags,
+        frame_type,
+        term_offset,
+        session_id,
+        stream_id,
+        term_id,
+        reserved_value,
+    ) = _DATA.unpack_from(view, offset)
     if frame_type == HDR_TYPE_PAD:
         if frame_length < DATA_HEADER_LENGTH:
             raise MalformedFrame("length", f"PAD frame_length {frame_length}", offset)
@@ -733,8 +807,20 @@ def _check_control_length(
 
 def _decode_setup(view: memoryview, offset: int, remaining: int, frame_length: int) -> SetupFrame:
     _check_control_length("SETUP", SETUP_LENGTH, offset, remaining, frame_length)
-    (_, version, flags, _, term_offset, session_id, stream_id, initial_term_id, active_term_id,
-     term_length, mtu, ttl) = _SETUP.unpack_from(view, offset)
+    (
+        _,
+        version,
+        flags,
+        _,
+        term_offset,
+        session_id,
+        stream_id,
+        initial_term_id,
+        active_term_id,
+        term_length,
+        mtu,
+        ttl,
+    ) = _SETUP.unpack_from(view, offset)
     return SetupFrame(
         version=version,
         flags=flags,
@@ -751,8 +837,9 @@ def _decode_setup(view: memoryview, offset: int, remaining: int, frame_length: i
 
 def _decode_sm(view: memoryview, offset: int, remaining: int, frame_length: int) -> StatusMessage:
     _check_control_length("SM", SM_LENGTH, offset, remaining, frame_length)
-    (_, version, flags, _, session_id, stream_id, term_id, term_offset, window,
-     receiver_id) = _SM.unpack_from(view, offset)
+    (_, version, flags, _, session_id, stream_id, term_id, term_offset, window, receiver_id) = (
+        _SM.unpack_from(view, offset)
+    )
     group_tag = None
     if frame_length == SM_LENGTH_WITH_GROUP_TAG:
         (group_tag,) = _INT64.unpack_from(view, offset + SM_LENGTH)
@@ -771,8 +858,9 @@ def _decode_sm(view: memoryview, offset: int, remaining: int, frame_length: int)
 
 def _decode_nak(view: memoryview, offset: int, remaining: int, frame_length: int) -> Nak:
     _check_control_length("NAK", NAK_LENGTH, offset, remaining, frame_length)
-    (_, version, flags, _, session_id, stream_id, term_id, term_offset,
-     length) = _NAK.unpack_from(view, offset)
+    (_, version, flags, _, session_id, stream_id, term_id, term_offset, length) = _NAK.unpack_from(
+        view, offset
+    )
     return Nak(
         version=version,
         flags=flags,
@@ -788,8 +876,9 @@ def _decode_rttm(
     view: memoryview, offset: int, remaining: int, frame_length: int
 ) -> RttMeasurement:
     _check_control_length("RTTM", RTTM_LENGTH, offset, remaining, frame_length)
-    (_, version, flags, _, session_id, stream_id, echo_timestamp, reception_delta,
-     receiver_id) = _RTTM.unpack_from(view, offset)
+    (_, version, flags, _, session_id, stream_id, echo_timestamp, reception_delta, receiver_id) = (
+        _RTTM.unpack_from(view, offset)
+    )
     return RttMeasurement(
         version=version,
         flags=flags,
@@ -803,8 +892,18 @@ def _decode_rttm(
 
 def _decode_err(view: memoryview, offset: int, remaining: int, frame_length: int) -> ErrorFrame:
     _check_control_length("ERR", ERR_HEADER_LENGTH, offset, remaining, frame_length)
-    (_, version, flags, _, session_id, stream_id, receiver_id, group_tag, error_code,
-     error_length) = _ERR.unpack_from(view, offset)
+    (
+        _,
+        version,
+        flags,
+        _,
+        session_id,
+        stream_id,
+        receiver_id,
+        group_tag,
+        error_code,
+        error_length,
+    ) = _ERR.unpack_from(view, offset)
     if error_length < 0 or ERR_HEADER_LENGTH + error_length > frame_length:
         raise MalformedFrame(
             "length", f"ERR error_length {error_length} in frame_length {frame_length}", offset

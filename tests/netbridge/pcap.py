@@ -55,7 +55,9 @@ def read_udp(path: Path) -> Iterator[UdpDatagram]:
     else:
         raise ValueError("not a classic pcap file (pcapng is not supported)")
     scale = 1e-6 if magic == _MAGIC_US else 1e-9
-    _vmaj, _vmin, _zone, _sigfigs, _snaplen, linktype = struct.unpack_from(order + "HHiIII", data, 4)
+    _vmaj, _vmin, _zone, _sigfigs, _snaplen, linktype = struct.unpack_from(
+        order + "HHiIII", data, 4
+    )
     if linktype != LINKTYPE_ETHERNET:
         raise ValueError(f"unsupported link type {linktype}")
     record = struct.Struct(order + "IIII")
@@ -84,8 +86,9 @@ def _parse_ethernet(packet: bytes, number: int, timestamp: float) -> UdpDatagram
         pos += 4
     if ethertype != ETHERTYPE_IPV4:
         return None
-    (ver_ihl, _tos, total_length, _ident, frag, _ttl, proto, _csum, src,
-     dst) = _IPV4.unpack_from(packet, pos)
+    (ver_ihl, _tos, total_length, _ident, frag, _ttl, proto, _csum, src, dst) = _IPV4.unpack_from(
+        packet, pos
+    )
     if ver_ihl >> 4 != 4:
         raise ValueError(f"packet {number}: IP version {ver_ihl >> 4}")
     if frag & 0x3FFF:
