@@ -5,6 +5,8 @@ of ``offer``, poll actions, idle strategies and errors. Everything not named her
 """
 
 from shmbus._native import AtomicBuffer, Header
+from shmbus.channel_uri import ChannelUriError
+from shmbus.client import Client, connect
 from shmbus.codes import (
     ADMIN_ACTION,
     BACK_PRESSURED,
@@ -14,7 +16,16 @@ from shmbus.codes import (
     Action,
     result_name,
 )
-from shmbus.errors import PublicationError, ShmbusError
+from shmbus.context import Context
+from shmbus.errors import (
+    ClientClosedError,
+    ClientTimeoutError,
+    DriverTimeoutError,
+    DriverUnavailableError,
+    PublicationError,
+    RegistrationError,
+    ShmbusError,
+)
 from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.idle_strategy import (
     BackoffIdleStrategy,
@@ -44,6 +55,13 @@ __all__ = [
     "BackoffIdleStrategy",
     "BufferClaim",
     "BusySpinIdleStrategy",
+    "ChannelUriError",
+    "Client",
+    "ClientClosedError",
+    "ClientTimeoutError",
+    "Context",
+    "DriverTimeoutError",
+    "DriverUnavailableError",
     "ConcurrentPublication",
     "ExclusivePublication",
     "FragmentAssembler",
@@ -55,9 +73,11 @@ __all__ = [
     "NoOpIdleStrategy",
     "Publication",
     "PublicationError",
+    "RegistrationError",
     "ShmbusError",
     "SleepingIdleStrategy",
     "Subscription",
     "YieldingIdleStrategy",
+    "connect",
     "result_name",
 ]

@@ -15,3 +15,27 @@ class PublicationError(ShmbusError):
     def __init__(self, code: int, message: str | None = None) -> None:
         self.code = code
         super().__init__(message or f"publication refused: {result_name(code)}")
+
+
+class DriverUnavailableError(ShmbusError):
+    """No live driver in the bus directory, and none could be started."""
+
+
+class DriverTimeoutError(ShmbusError):
+    """The driver stopped heartbeating (or answering) within the driver timeout."""
+
+
+class ClientTimeoutError(ShmbusError):
+    """The driver declared this client dead (its heartbeat stopped); connect again."""
+
+
+class ClientClosedError(ShmbusError):
+    """The client was closed (or failed) and can no longer be used."""
+
+
+class RegistrationError(ShmbusError):
+    """The driver refused a command; ``code`` is Aeron's error code, the message says why."""
+
+    def __init__(self, code: int, message: str) -> None:
+        self.code = code
+        super().__init__(message)

@@ -1,0 +1,151 @@
+"""Channel URIs (seed 000): ``aeron:ipc``, ``aeron:udp?endpoint=host:port|...`` and
+``aeron-spy:aeron:udp?...``.
+
+Parsing checks the media, every parameter name and the value of every parameter shmbus uses;
+each error names the part of the URI that is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shmbus.log_buffer import LogBufferError, check_mtu, check_term_length
+
+SPY_PREFIX = "aeron-spy:"
+MEDIA = ("ipc", "udp")
+
+#: Parameters of Aeron's channel URIs that shmbus accepts.
+KNOWN_PARAMS = frozenset({
+    "endpoint", "interface", "control", "control-mode", "ttl", "mtu", "term-length",
+    "tether", "session-id", "rcv-wnd", "fc", "gtag", "ssc", "reliable", "linger", "sparse",
+    "eos", "group", "rejoin", "cc", "so-sndbuf", "so-rcvbuf", "nak-delay", "alias", "tags",
+    "init-term-id", "term-id", "term-offset", "untethered-window-limit-timeout",
+    "untethered-resting-timeout",
+})
+_BOOLEAN_PARAMS = ("tether", "ssc", "reliable", "sparse", "eos", "group", "rejoin")
+_INT_PARAMS = ("ttl", "mtu", "term-length", "session-id", "rcv-wnd", "so-sndbuf", "so-rcvbuf",
+               "gtag", "init-term-id", "term-id", "term-offset")
+
+
+class ChannelUriError(ValueError):
+    """A channel URI that cannot be parsed; the message names the bad part."""
+
+
+@dataclass(frozen=True)
+class ChannelUri:
+    """A parsed channel: media ('ipc' or 'udp'), parameters, and whether it is a spy."""
+
+    media: str
+    params: dict[str, str] = field(default_factory=dict)
+    spy: bool = False
+
+    @classmethod
+    def parse(cls, uri: str) -> ChannelUri:
+        """Parse and validate ``uri``; raise ChannelUriError naming what is wrong."""
+        if not isinstance(uri, str):
+            raise ChannelUriError(f"a channel URI is a string, not {type(uri).__name__}")
+        text = uri
+        spy = text.startswith(SPY_PREFIX)
+        if spy:
+            text = text[len(SPY_PREFIX):]
+        if not text.startswith("aeron:"):
+            raise ChannelUriError(f"channel {uri!r} must start with 'aeron:' (or 'aeron-spy:')")
+        rest = text[len("aeron:"):]
+        media, _, query = rest.partition("?")
+        if media not in MEDIA:
+            raise ChannelUriError(f"channel {uri!r}: unknown media {media!r} (ipc or udp)")
+        if spy and media != "udp":
+            raise ChannelUriError(f"channel {uri!r}: only udp publications can be spied on")
+        params: dict[str, str] = {}
+        if query:
+            for item in query.split("|"):
+                key, sep, value = item.partition("=")
+                if not sep or not key:
+                    raise ChannelUriError(f"channel {uri!r}: parameter {item!r} is not key=value")
+                if key not in KNOWN_PARAMS:
+                    raise ChannelUriError(f"channel {uri!r}: unknown parameter {key!r}")
+                if key in params:
+                    raise ChannelUriError(f"channel {uri!r}: parameter {key!r} given twice")
+                params[key] = value
+        elif rest.endswith("?"):
+            raise ChannelUriError(f"channel {uri!r}: empty parameter list after '?'")
+        channel = cls(media, params, spy)
+        channel._validate(uri)
+        return channel
+
+    def _validate(self, uri: str) -> None:
+        for key in _BOOLEAN_PARAMS:
+            if key in self.params and self.params[key] not in ("true", "false"):
+                raise ChannelUriError(
+                    f"channel {uri!r}: {key}={self.params[key]!r} must be true or false")
+        for key in _INT_PARAMS:
+            if key in self.params:
+                try:
+                    self.int_param(key)
+                except ValueError:
+                    raise ChannelUriError(
+                        f"channel {uri!r}: {key}={self.params[key]!r} is not an integer"
+                    ) from None
+        try:
+            if "term-length" in self.params:
+                check_term_length(self.int_param("term-length"))
+            if "mtu" in self.params:
+                check_mtu(self.int_param("mtu"),
+                          self.int_param("term-length") if "term-length" in self.params
+                          else 1 << 30)
+        except LogBufferError as e:
+            raise ChannelUriError(f"channel {uri!r}: {e}") from None
+        if "session-id" in self.params and not -(2**31) <= self.int_param("session-id") < 2**31:
+            raise ChannelUriError(f"channel {uri!r}: session-id is not a 32-bit integer")
+        if self.media == "udp":
+            if "endpoint" not in self.params and "control" not in self.params:
+                raise ChannelUriError(f"channel {uri!r}: udp needs an endpoint or a control")
+            for key in ("endpoint", "control"):
+                if key in self.params:
+                    _check_host_port(uri, key, self.params[key])
+            if "control-mode" in self.params:
+                if self.params["control-mode"] not in ("manual", "dynamic"):
+                    raise ChannelUriError(f"channel {uri!r}: control-mode must be manual or "
+                                          f"dynamic, not {self.params['control-mode']!r}")
+                if "control" not in self.params and self.params["control-mode"] == "dynamic":
+                    raise ChannelUriError(
+                        f"channel {uri!r}: control-mode=dynamic needs a control address")
+        else:
+            for key in ("endpoint", "interface", "control", "control-mode", "ttl"):
+                if key in self.params:
+                    raise ChannelUriError(f"channel {uri!r}: {key} is not a parameter of ipc")
+
+    def int_param(self, key: str, default: int | None = None) -> int:
+        """An integer parameter, with Aeron's k/m/g suffixes; ``default`` when absent."""
+        if key not in self.params:
+            if default is None:
+                raise KeyError(key)
+            return default
+        value = self.params[key].lower()
+        scale = 1
+        if value and value[-1] in "kmg":
+            scale = {"k": 1024, "m": 1024**2, "g": 1024**3}[value[-1]]
+            value = value[:-1]
+        return int(value) * scale
+
+    def bool_param(self, key: str, default: bool) -> bool:
+        return self.params[key] == "true" if key in self.params else default
+
+    @property
+    def is_ipc(self) -> bool:
+        return self.media == "ipc"
+
+    def canonical(self) -> str:
+        """The channel as a string: what the driver labels counters with."""
+        base = f"aeron:{self.media}"
+        if self.params:
+            base += "?" + "|".join(f"{k}={v}" for k, v in self.params.items())
+        return SPY_PREFIX + base if self.spy else base
+
+
+def _check_host_port(uri: str, key: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ChannelUriError(f"channel {uri!r}: {key}={value!r} is not host:port")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ChannelUriError(f"channel {uri!r}: {key} port {port!r} is not 0..65535")

@@ -1,0 +1,111 @@
+"""Settings of a bus: keyword arguments, then ``SHMBUS_*`` environment variables, then defaults.
+
+A :class:`Context` is a frozen dataclass, so it pickles: pass it to multiprocessing workers and
+they connect with the parent's settings (``shmbus.connect(context)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from shmbus.log_buffer import MTU_DEFAULT, TERM_LENGTH_DEFAULT, check_mtu, check_term_length
+
+
+def default_directory() -> str:
+    """``/dev/shm/shmbus-<user>`` where /dev/shm exists, else the temp directory."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
+    return os.path.join(base, f"shmbus-{getpass.getuser()}")
+
+
+@dataclass(frozen=True)
+class Context:
+    """Every setting of a bus client and its driver. Times are in seconds, sizes in bytes."""
+
+    #: the bus directory (SHMBUS_DIR)
+    dir: str = dataclasses.field(default_factory=default_directory)
+    #: a client gives up on a driver whose heartbeat is older than this
+    driver_timeout: float = 10.0
+    #: the driver declares a client dead whose heartbeat is older than this
+    client_liveness_timeout: float = 10.0
+    #: how often a client's native thread writes its heartbeat
+    keepalive_interval: float = 0.5
+    #: a concurrent publication blocked this long by a dead writer is unblocked
+    publication_unblock_timeout: float = 15.0
+    #: an ended publication's log stays this long for slow subscribers
+    publication_linger_timeout: float = 5.0
+    #: an untethered subscriber this long at the bottom of the window goes unavailable
+    untethered_window_limit_timeout: float = 5.0
+    #: then rests this long before it rejoins
+    untethered_resting_timeout: float = 10.0
+    #: term length of IPC publications unless the channel sets term-length
+    ipc_term_length: int = TERM_LENGTH_DEFAULT
+    #: IPC publication window (0: term length / 2)
+    ipc_window: int = 0
+    #: mtu of publications unless the channel sets mtu
+    mtu: int = MTU_DEFAULT
+    #: an embedded driver exits after this long with no client
+    driver_idle_timeout: float = 10.0
+    #: the driver's timer: liveness, heartbeats and tethering are checked at this period
+    timer_interval: float = 0.1
+    #: whether a client starts a driver when none is running
+    embedded_driver: bool = True
+    #: subscriptions are tethers unless the channel says tether=false
+    tether_subscriptions: bool = True
+
+    def __post_init__(self) -> None:
+        check_term_length(self.ipc_term_length)
+        check_mtu(self.mtu, self.ipc_term_length)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float" and not value > 0:
+                raise ValueError(f"{f.name} must be a positive number of seconds, not {value!r}")
+
+    @classmethod
+    def resolve(cls, **overrides: Any) -> Context:
+        """A context from keyword arguments, then ``SHMBUS_<NAME>`` variables, then defaults.
+
+        Unknown keywords raise TypeError; an unparsable variable raises ValueError naming it.
+        """
+        known = {f.name: f for f in fields(cls)}
+        for key in overrides:
+            if key not in known:
+                raise TypeError(f"unknown setting {key!r}; settings are {sorted(known)}")
+        values: dict[str, Any] = {}
+        for name, f in known.items():
+            if name in overrides and overrides[name] is not None:
+                values[name] = overrides[name]
+                continue
+            env = os.environ.get(f"SHMBUS_{name.upper()}")
+            if env is not None:
+                values[name] = _parse(f"SHMBUS_{name.upper()}", f.type, env)
+        return cls(**values)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir)
+
+    def with_(self, **changes: Any) -> Context:
+        """A copy with some settings changed."""
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(variable: str, kind: Any, text: str) -> Any:
+    try:
+        if kind == "bool":
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if kind == "int":
+            return int(text, 0)
+        if kind == "float":
+            return float(text)
+        return text
+    except ValueError:
+        raise ValueError(f"{variable}={text!r} is not a valid {kind}") from None

@@ -1,0 +1,221 @@
+"""Messages between clients and the driver: commands on the to-driver ring buffer, responses
+and events on the to-clients broadcast buffer. Pure encode/decode, no I/O.
+
+Each message is a fixed little-endian part followed by zero or more UTF-8 strings, each
+prefixed by its length (i32). Type ids follow Aeron's ControlProtocolEvents where one exists.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import astuple, dataclass, fields
+from typing import ClassVar
+
+
+class MalformedMessage(ValueError):
+    """A command or response whose bytes do not decode."""
+
+
+# Aeron's error codes for ON_ERROR
+GENERIC_ERROR = 0
+INVALID_CHANNEL = 1
+UNKNOWN_SUBSCRIPTION = 2
+UNKNOWN_PUBLICATION = 3
+UNKNOWN_COMMAND_TYPE_ID = 6
+MALFORMED_COMMAND = 7
+STORAGE_SPACE = 11
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of every message: ``FORMAT`` is the fixed part; str fields follow it."""
+
+    TYPE_ID: ClassVar[int] = 0
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<")
+
+    def encode(self) -> bytes:
+        values = astuple(self)
+        fixed_count = len(values) - self._string_count()
+        out = [self.FORMAT.pack(*values[:fixed_count])]
+        for text in values[fixed_count:]:
+            data = text.encode()
+            out.append(struct.pack("<i", len(data)))
+            out.append(data)
+        return b"".join(out)
+
+    @classmethod
+    def _string_count(cls) -> int:
+        return sum(1 for f in fields(cls) if f.type == "str")
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> Message:
+        data = bytes(data)
+        try:
+            values = list(cls.FORMAT.unpack_from(data, 0))
+            offset = cls.FORMAT.size
+            for _ in range(cls._string_count()):
+                (length,) = struct.unpack_from("<i", data, offset)
+                offset += 4
+                if length < 0 or offset + length > len(data):
+                    raise MalformedMessage(f"{cls.__name__}: string length {length} overruns")
+                values.append(data[offset:offset + length].decode())
+                offset += length
+        except (struct.error, UnicodeDecodeError) as e:
+            raise MalformedMessage(f"{cls.__name__}: {e}") from None
+        return cls(*values)
+
+
+# -- commands (client -> driver) ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClientConnect(Message):
+    """A new client introduces itself; the driver answers ClientReady."""
+
+    TYPE_ID: ClassVar[int] = 0x10
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqq")
+    client_id: int
+    correlation_id: int
+    pid: int
+    name: str
+
+
+@dataclass(frozen=True)
+class AddPublication(Message):
+    TYPE_ID: ClassVar[int] = 0x01
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqi")
+    client_id: int
+    correlation_id: int
+    stream_id: int
+    channel: str
+
+
+@dataclass(frozen=True)
+class AddExclusivePublication(AddPublication):
+    TYPE_ID: ClassVar[int] = 0x03
+
+
+@dataclass(frozen=True)
+class AddSubscription(AddPublication):
+    TYPE_ID: ClassVar[int] = 0x04
+
+
+@dataclass(frozen=True)
+class RemovePublication(Message):
+    TYPE_ID: ClassVar[int] = 0x02
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqq")
+    client_id: int
+    correlation_id: int
+    registration_id: int
+
+
+@dataclass(frozen=True)
+class RemoveSubscription(RemovePublication):
+    TYPE_ID: ClassVar[int] = 0x05
+
+
+@dataclass(frozen=True)
+class ClientClose(Message):
+    TYPE_ID: ClassVar[int] = 0x0A
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qq")
+    client_id: int
+    correlation_id: int
+
+
+# -- responses and events (driver -> clients) ---------------------------------------------
+
+@dataclass(frozen=True)
+class OnError(Message):
+    TYPE_ID: ClassVar[int] = 0x0F01
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qi")
+    correlation_id: int
+    code: int
+    message: str
+
+
+@dataclass(frozen=True)
+class OnAvailableImage(Message):
+    """A publication's session is now readable by a subscription."""
+
+    TYPE_ID: ClassVar[int] = 0x0F02
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqiiiq")
+    correlation_id: int              # the image's id (the driver's link id)
+    subscription_registration_id: int
+    session_id: int
+    stream_id: int
+    position_counter_id: int         # sub-pos: the subscriber writes it
+    join_position: int
+    log_file: str
+    source_identity: str
+
+
+@dataclass(frozen=True)
+class OnPublicationReady(Message):
+    TYPE_ID: ClassVar[int] = 0x0F03
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqiii")
+    correlation_id: int
+    registration_id: int
+    session_id: int
+    stream_id: int
+    limit_counter_id: int            # pub-lmt: the driver writes it
+    log_file: str
+
+
+@dataclass(frozen=True)
+class OnOperationSuccess(Message):
+    TYPE_ID: ClassVar[int] = 0x0F04
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<q")
+    correlation_id: int
+
+
+@dataclass(frozen=True)
+class OnUnavailableImage(Message):
+    TYPE_ID: ClassVar[int] = 0x0F05
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqii")
+    correlation_id: int
+    subscription_registration_id: int
+    stream_id: int
+    session_id: int
+
+
+@dataclass(frozen=True)
+class OnExclusivePublicationReady(OnPublicationReady):
+    TYPE_ID: ClassVar[int] = 0x0F06
+
+
+@dataclass(frozen=True)
+class OnSubscriptionReady(Message):
+    TYPE_ID: ClassVar[int] = 0x0F07
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<q")
+    correlation_id: int
+
+
+@dataclass(frozen=True)
+class OnClientTimeout(Message):
+    TYPE_ID: ClassVar[int] = 0x0F0A
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<q")
+    client_id: int
+
+
+@dataclass(frozen=True)
+class OnClientReady(Message):
+    TYPE_ID: ClassVar[int] = 0x0F10
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qi")
+    correlation_id: int
+    heartbeat_counter_id: int
+
+
+MESSAGES: dict[int, type[Message]] = {
+    cls.TYPE_ID: cls
+    for cls in (ClientConnect, AddPublication, AddExclusivePublication, AddSubscription,
+                RemovePublication, RemoveSubscription, ClientClose, OnError,
+                OnAvailableImage, OnPublicationReady, OnOperationSuccess, OnUnavailableImage,
+                OnExclusivePublicationReady, OnSubscriptionReady, OnClientTimeout, OnClientReady)
+}
+
+
+def decode(type_id: int, data: bytes | memoryview) -> Message:
+    """Decode a message of ``type_id``; MalformedMessage for unknown types or bad bytes."""
+    cls = MESSAGES.get(type_id)
+    if cls is None:
+        raise MalformedMessage(f"unknown message type 0x{type_id:x}")
+    return cls.decode(data)

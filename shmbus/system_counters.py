@@ -1,0 +1,33 @@
+"""The driver's system counters: one counter each, allocated when the driver starts."""
+
+from __future__ import annotations
+
+import enum
+
+from shmbus.counters import SYSTEM, CountersManager
+
+
+class SystemCounter(enum.IntEnum):
+    """System counters; the value is the order they are allocated in (their counter id)."""
+
+    BYTES_PUBLISHED = 0
+    ERRORS = 1
+    CLIENT_TIMEOUTS = 2
+    UNBLOCKED_PUBLICATIONS = 3
+    UNBLOCKED_COMMANDS = 4
+    BACK_PRESSURE_EVENTS = 5
+    PUBLICATIONS = 6
+    SUBSCRIPTIONS = 7
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", " ")
+
+
+def allocate_system_counters(counters: CountersManager) -> None:
+    """Allocate every system counter; they take ids 0..n-1 in a fresh counters section."""
+    for counter in SystemCounter:
+        counter_id = counters.allocate(counter.label, SYSTEM, key=counter.value.to_bytes(4,
+                                                                                        "little"))
+        if counter_id != counter.value:
+            raise RuntimeError(f"system counter {counter.name} got id {counter_id}")
