@@ -176,7 +176,7 @@ class BroadcastReceiver(_Region):
     so it is never torn. :attr:`lapped_count` counts the times records were lost.
     """
 
-    __slots__ = ("_cursor", "_next_record", "_msg_type", "_payload", "_lapped_count")
+    __slots__ = ("_next_record", "_msg_type", "_payload", "_lapped_count")
 
     #: How many times one :meth:`receive_next` may restart after being lapped mid-copy.
     MAX_RETRIES = 16
@@ -184,7 +184,6 @@ class BroadcastReceiver(_Region):
     def __init__(self, buffer: AtomicBuffer, offset: int = 0, length: int | None = None) -> None:
         super().__init__(buffer, offset, length)
         self._next_record = buffer.get_int64_acquire(self._tail)
-        self._cursor = self._next_record
         self._msg_type = 0
         self._payload = b""
         self._lapped_count = 0
@@ -219,13 +218,13 @@ class BroadcastReceiver(_Region):
             if self._is_intact(cursor):
                 record = self._copy(cursor)
                 if record is not None:
-                    self._cursor, self._next_record, self._msg_type, self._payload = record
+                    self._next_record, self._msg_type, self._payload = record
                     return True
             self._lapped_count += 1
             self._next_record = buffer.get_int64_acquire(self._latest)
         return False
 
-    def _copy(self, cursor: int) -> tuple[int, int, int, bytes] | None:
+    def _copy(self, cursor: int) -> tuple[int, int, bytes] | None:
         """Copy the record at ``cursor`` (skipping padding); None if it was overwritten."""
         buffer = self._buffer
         capacity = self._capacity
@@ -247,7 +246,7 @@ class BroadcastReceiver(_Region):
         payload = buffer.get_bytes(at + HEADER_LENGTH, length - HEADER_LENGTH)
         if not self._is_intact(cursor):
             return None
-        return cursor, cursor + align(length), msg_type, payload
+        return cursor + align(length), msg_type, payload
 
     def _is_intact(self, cursor: int) -> bool:
         """True if no record from ``cursor`` on can have been overwritten so far."""

@@ -34,7 +34,7 @@ from shmbus.cnc import (
 )
 from shmbus.context import Context
 from shmbus.counters import CountersReader
-from shmbus.driver import context_argument
+from shmbus.driver import EMBEDDED_DRIVER_COMMAND, context_argument
 from shmbus.errors import (
     ClientClosedError,
     ClientTimeoutError,
@@ -392,7 +392,7 @@ def _launch(context: Context) -> CncFile:
     directory = Path(context.dir)
     with tempfile.TemporaryFile() as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "shmbus.driver", context_argument(context)],
+            [sys.executable, "-c", EMBEDDED_DRIVER_COMMAND, context_argument(context)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
             start_new_session=True)
         _launched.append(process)

@@ -154,17 +154,17 @@ def run_driver(context: Context, *, embedded: bool = False) -> None:
     driver.run()
 
 
-def _main() -> None:
-    """``python -m shmbus.driver '<context as JSON>'``: how connect() starts an embedded driver."""
+#: ``python -c EMBEDDED_DRIVER_COMMAND '<context as JSON>'``: how connect() starts a driver.
+EMBEDDED_DRIVER_COMMAND = "from shmbus.driver import embedded_main; embedded_main()"
+
+
+def embedded_main() -> None:
+    """Run an embedded driver with the context given as JSON in ``sys.argv[1]``."""
     fields = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     context = Context(**fields)
     run_driver(context, embedded=True)
 
 
 def context_argument(context: Context) -> str:
-    """The JSON argument ``_main`` reads back."""
+    """The JSON argument ``embedded_main`` reads back."""
     return json.dumps(dataclasses.asdict(context))
-
-
-if __name__ == "__main__":
-    _main()

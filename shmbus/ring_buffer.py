@@ -45,7 +45,7 @@ written yet".
 Failure semantics. A full buffer is not an error: ``write`` returns False and the caller retries
 or gives up. A producer that dies between claiming and committing leaves a record the consumer
 cannot pass; after a timeout of no progress, the consumer (the driver) calls :meth:`unblock`,
-which turns that record, or the zeroed gap it left, into padding, and counts the event.
+which turns that record, or the zeroed gap it left, into padding (the driver counts these).
 """
 
 from __future__ import annotations

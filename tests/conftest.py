@@ -32,3 +32,57 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@pytest.fixture
+def bus_context(shm_dir: Path):
+    """Settings for a test bus in a fresh directory, with short timeouts."""
+    from shmbus import Context
+
+    return Context(dir=str(shm_dir / "bus"), driver_timeout=5.0, client_liveness_timeout=2.0,
+                   keepalive_interval=0.1, publication_unblock_timeout=1.0,
+                   publication_linger_timeout=1.0, untethered_window_limit_timeout=0.5,
+                   untethered_resting_timeout=1.0, ipc_term_length=65536,
+                   driver_idle_timeout=600.0, timer_interval=0.02, embedded_driver=False)
+
+
+@pytest.fixture
+def driver(bus_context):
+    """A driver process serving ``bus_context.dir``; stopped (SIGTERM) after the test.
+
+    Yields the subprocess.Popen; tests may kill it. Clients connect with
+    ``shmbus.connect(bus_context)``.
+    """
+    import os
+    import signal
+    import sys
+    import time
+
+    from shmbus.client import _try_open
+    from shmbus.driver import EMBEDDED_DRIVER_COMMAND, context_argument
+
+    process = subprocess.Popen([sys.executable, "-c", EMBEDDED_DRIVER_COMMAND,
+                                context_argument(bus_context)])
+    deadline = time.monotonic() + 20
+    while True:
+        cnc = _try_open(Path(bus_context.dir), bus_context) if os.path.isdir(
+            bus_context.dir) else None
+        if cnc is not None and cnc.pid == process.pid:
+            cnc.close()
+            break
+        if cnc is not None:
+            cnc.close()
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"test driver did not start (exit code {process.returncode})")
+        time.sleep(0.01)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

@@ -1,0 +1,5 @@
+"""``python -m shmbus``: the command line."""
+
+from shmbus.cli import main
+
+main()

@@ -1,0 +1,152 @@
+"""The client and the driver together, in one test process plus the driver process."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import shmbus
+from shmbus import control_protocol as cp
+
+
+def wait_for(condition, timeout: float = 5.0, poll=None) -> None:
+    """Wait until condition() is true, calling poll() meanwhile; fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout} s")
+        if poll is not None:
+            poll()
+        time.sleep(0.001)
+
+
+def test_publish_and_subscribe_through_the_driver(bus_context, driver) -> None:
+    events = []
+    with shmbus.connect(bus_context) as bus:
+        sub = bus.add_subscription("aeron:ipc", 7, on_available_image=lambda i: events.append(
+            ("available", i.session_id)))
+        pub = bus.add_publication("aeron:ipc", 7)
+        wait_for(lambda: sub.images, poll=lambda: sub.poll(lambda b, h: None, 1))
+        assert pub.is_connected
+        assert events == [("available", pub.session_id)]
+        got = []
+        assembler = shmbus.FragmentAssembler(lambda b, h: got.append(bytes(b)))
+        for i in range(1000):  # 450 KB through a 32 KB window: publish and read in turn
+            message = i.to_bytes(4, "little") * 100
+            while pub.offer(message) < 0:
+                sub.poll(assembler, 100)
+        wait_for(lambda: len(got) == 1000, poll=lambda: sub.poll(assembler, 100))
+        assert [int.from_bytes(m[:4], "little") for m in got] == list(range(1000))
+
+
+def test_no_subscriber_is_not_connected(bus_context, driver) -> None:
+    with shmbus.connect(bus_context) as bus:
+        pub = bus.add_exclusive_publication("aeron:ipc", 8)
+        assert not pub.is_connected
+        assert pub.offer(b"x") == shmbus.NOT_CONNECTED
+
+
+def test_late_subscriber_starts_at_the_current_position(bus_context, driver) -> None:
+    with shmbus.connect(bus_context) as bus:
+        early = bus.add_subscription("aeron:ipc", 9)
+        pub = bus.add_publication("aeron:ipc", 9)
+        for i in range(10):
+            pub.publish(bytes([i]))
+        late = bus.add_subscription("aeron:ipc", 9)
+        wait_for(lambda: late.images, poll=lambda: late.poll(lambda b, h: None, 1))
+        assert late.images[0].position == pub.position()
+        pub.publish(b"after")
+        assert list(late.messages(timeout=0.3)) == [b"after"]
+        assert len(list(early.messages(timeout=0.3))) == 11
+
+
+@pytest.mark.parametrize(("channel", "stream_id", "fragment"), [
+    ("aeron:ipc?tether=maybe", 1, "tether='maybe'"),
+    ("aeron:ipc?term-length=1000", 1, "term length 1000"),
+    ("aeron:ipcx", 1, "unknown media 'ipcx'"),
+    ("aeron:ipc?endpoint=a:1", 1, "endpoint is not a parameter of ipc"),
+    ("aeron:ipc", 0, "stream id 0"),
+    ("nonsense", 1, "must start with 'aeron:'"),
+])
+def test_bad_channels_are_refused_with_the_reason(bus_context, driver, channel, stream_id,
+                                                  fragment) -> None:
+    with shmbus.connect(bus_context) as bus:
+        with pytest.raises(shmbus.RegistrationError, match=fragment) as info:
+            bus.add_publication(channel, stream_id)
+        assert info.value.code in (cp.INVALID_CHANNEL,)
+        with pytest.raises(shmbus.RegistrationError, match=fragment):
+            bus.add_subscription(channel, stream_id)
+        # the client still works after a refusal
+        bus.add_publication("aeron:ipc", 3).close()
+
+
+def test_second_driver_on_a_live_directory_is_refused(bus_context, driver) -> None:
+    from shmbus.driver import Driver, DriverAlreadyRunningError
+
+    with pytest.raises(DriverAlreadyRunningError, match=f"pid {driver.pid}"):
+        Driver(bus_context).start()
+
+
+def test_no_driver_and_no_embedding_says_how_to_start_one(bus_context) -> None:
+    with pytest.raises(shmbus.DriverUnavailableError, match="shmbus driver --dir"):
+        shmbus.connect(bus_context)
+
+
+def test_directory_of_another_user_is_refused(bus_context) -> None:
+    os.makedirs(bus_context.dir)
+    os.chown(bus_context.dir, 12345, 12345)
+    with pytest.raises(PermissionError, match="owned by uid 12345"):
+        shmbus.connect(bus_context)
+
+
+def test_embedded_driver_starts_and_exits_when_idle(bus_context) -> None:
+    context = bus_context.with_(embedded_driver=True, driver_idle_timeout=0.5)
+    with shmbus.connect(context) as bus:
+        pid = bus.cnc.pid
+        assert pid != os.getpid()
+        assert oct(os.stat(context.dir).st_mode & 0o777) == "0o700"
+        assert os.stat(os.path.join(context.dir, "cnc.dat")).st_mode & 0o777 == 0o600
+        second = shmbus.connect(context)  # finds the running driver
+        assert second.cnc.pid == pid
+        second.close()
+    wait_for(lambda: not os.path.exists(os.path.join(context.dir, "cnc.dat")), timeout=10)
+
+
+def test_client_is_not_usable_after_fork(bus_context, driver) -> None:
+    with shmbus.connect(bus_context) as bus:
+        pub = bus.add_exclusive_publication("aeron:ipc", 5)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child reports what it sees, then leaves without cleanup
+            try:
+                bus.add_publication("aeron:ipc", 5)
+                message = b"no error"
+            except shmbus.ShmbusError as e:
+                message = str(e).encode()
+            message += b"|" + str(pub.offer(b"x")).encode()
+            os.write(write, message)
+            os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        text, offer_result = os.read(read, 1000).decode().split("|")
+        os.close(read)
+        assert "after fork, call shmbus.connect() again in the child" in text
+        assert int(offer_result) == shmbus.CLOSED
+
+
+def test_context_pickles_and_reads_the_environment(monkeypatch, bus_context) -> None:
+    import pickle
+
+    monkeypatch.setenv("SHMBUS_DRIVER_TIMEOUT", "3.5")
+    monkeypatch.setenv("SHMBUS_IPC_TERM_LENGTH", "131072")
+    context = shmbus.Context.resolve(dir="/tmp/x", ipc_term_length=65536)
+    assert context.driver_timeout == 3.5  # environment
+    assert context.ipc_term_length == 65536  # keyword wins over the environment
+    assert pickle.loads(pickle.dumps(context)) == context
+    monkeypatch.setenv("SHMBUS_MTU", "big")
+    with pytest.raises(ValueError, match="SHMBUS_MTU='big'"):
+        shmbus.Context.resolve()
+    with pytest.raises(TypeError, match="unknown setting 'bogus'"):
+        shmbus.Context.resolve(bogus=1)
