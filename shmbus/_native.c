@@ -1658,8 +1658,31 @@ static PyObject *native_epoch_ms(PyObject *m, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLongLong(epoch_ms());
 }
 
+static PyObject *native_acquire_fence(PyObject *m, PyObject *Py_UNUSED(ignored))
+{
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *native_release_fence(PyObject *m, PyObject *Py_UNUSED(ignored))
+{
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *native_full_fence(PyObject *m, PyObject *Py_UNUSED(ignored))
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef native_functions[] = {
     {"epoch_ms", native_epoch_ms, METH_NOARGS, "epoch_ms() -> int: the clock heartbeats use"},
+    {"acquire_fence", native_acquire_fence, METH_NOARGS,
+     "acquire_fence(): loads before it are not reordered with loads and stores after it"},
+    {"release_fence", native_release_fence, METH_NOARGS,
+     "release_fence(): loads and stores before it are not reordered with stores after it"},
+    {"full_fence", native_full_fence, METH_NOARGS, "full_fence(): a sequentially consistent fence"},
     {NULL, NULL, 0, NULL},
 };
 

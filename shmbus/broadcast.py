@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shmbus._native import AtomicBuffer
+from shmbus._native import AtomicBuffer, acquire_fence
 
 #: Length of the record header (length i32, type i32) in bytes.
 HEADER_LENGTH = 8
@@ -244,6 +244,7 @@ class BroadcastReceiver(_Region):
         if length < HEADER_LENGTH or offset + length > capacity:
             return None
         payload = buffer.get_bytes(at + HEADER_LENGTH, length - HEADER_LENGTH)
+        acquire_fence()  # the copy's loads complete before the tail intent is checked
         if not self._is_intact(cursor):
             return None
         return cursor + align(length), msg_type, payload

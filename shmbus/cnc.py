@@ -34,6 +34,7 @@ from pathlib import Path
 
 from shmbus._native import AtomicBuffer
 from shmbus.broadcast import broadcast_buffer_length
+from shmbus.counters import COUNTER_LENGTH, METADATA_LENGTH
 from shmbus.ring_buffer import ring_buffer_length
 
 CNC_FILE = "cnc.dat"
@@ -51,9 +52,6 @@ CLIENT_LIVENESS_TIMEOUT_OFFSET = 24
 START_TIME_OFFSET = 32
 PID_OFFSET = 40
 HEARTBEAT_OFFSET = 128
-
-COUNTER_METADATA_LENGTH = 512
-COUNTER_VALUE_LENGTH = 64
 
 
 class CncError(RuntimeError):
@@ -79,11 +77,11 @@ class CncLengths:
 
     @property
     def counters_metadata(self) -> int:
-        return self.counters * COUNTER_METADATA_LENGTH
+        return self.counters * METADATA_LENGTH
 
     @property
     def counters_values(self) -> int:
-        return self.counters * COUNTER_VALUE_LENGTH
+        return self.counters * COUNTER_LENGTH
 
 
 def _aligned(n: int) -> int:
