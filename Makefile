@@ -5,7 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench lint clean
+.PHONY: test demo bench lint clean system-deps
+
+# Tools the tests use beyond pip, installed when missing (CI runs as root on Debian).
+system-deps:
+	@command -v tshark >/dev/null || { \
+		echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark >/dev/null; }
+	@command -v ip >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,7 +24,7 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py shmbus/_native.c
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)
