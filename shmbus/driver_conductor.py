@@ -117,9 +117,12 @@ class DriverConductor:
     def do_work(self, now_ms: int) -> int:
         """One duty cycle: commands, limits, and (every timer interval) timers. Returns work."""
         work = self.to_driver.read(self._on_command, 50)
+        published = 0
         for publication in self.publications:
-            if publication.update_limit():
-                work += 1
+            published += publication.update_limit()
+        if published:
+            self._add(SystemCounter.BYTES_PUBLISHED, published)
+            work += 1
         if now_ms >= self._next_timer_ms:
             self._next_timer_ms = now_ms + int(self.context.timer_interval * 1000)
             work += self._on_timer(now_ms)
@@ -223,6 +226,7 @@ class DriverConductor:
             uri.bool_param("tether", self.context.tether_subscriptions),
             uri.int_param("session-id") if "session-id" in uri.params else None)
         self.subscriptions[link.registration_id] = link
+        self._add(SystemCounter.SUBSCRIPTIONS, 1)
         self.clients[command.client_id].subscriptions.add(link.registration_id)
         self._send(cp.OnSubscriptionReady(command.correlation_id))
         for publication in self.publications:

@@ -107,20 +107,22 @@ class IpcPublication:
         return [s.position.get() for s in self.subscribers.values()
                 if s.state is not LinkState.RESTING]
 
-    def update_limit(self) -> bool:
+    def update_limit(self) -> int:
         """Sample pub-pos, set pub-lmt from the counted subscribers, clean behind them.
 
-        Returns True when the limit moved (work done).
+        Returns how many bytes were published since the last call (0: nothing happened).
         """
-        self.pub_pos.set(self.producer_position())
-        before = self.limit.get()
+        producer = self.producer_position()
+        published = producer - self.pub_pos.get()
+        if published:
+            self.pub_pos.set(producer)
         positions = self._flow_positions()
         if self.state is PublicationState.ACTIVE:
             self.flow.update(positions)
         connected = bool(positions) and self.state is PublicationState.ACTIVE
         if connected != self.log.is_connected:
             self.log.is_connected = connected
-        return self.limit.get() != before
+        return published
 
     # -- timers -------------------------------------------------------------------------------
 

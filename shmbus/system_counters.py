@@ -10,14 +10,20 @@ from shmbus.counters import SYSTEM, CountersManager
 class SystemCounter(enum.IntEnum):
     """System counters; the value is the order they are allocated in (their counter id)."""
 
+    #: bytes appended to IPC logs, frame headers and padding included
     BYTES_PUBLISHED = 0
+    #: commands refused and internal errors (each also in the error log)
     ERRORS = 1
+    #: clients declared dead because their heartbeat stopped
     CLIENT_TIMEOUTS = 2
+    #: logs padded over a frame whose writer died mid-append
     UNBLOCKED_PUBLICATIONS = 3
+    #: to-driver commands padded over because their writer died mid-write
     UNBLOCKED_COMMANDS = 4
-    BACK_PRESSURE_EVENTS = 5
-    PUBLICATIONS = 6
-    SUBSCRIPTIONS = 7
+    #: publication logs created
+    PUBLICATIONS = 5
+    #: subscriptions added
+    SUBSCRIPTIONS = 6
 
     @property
     def label(self) -> str:
