@@ -135,6 +135,14 @@ class ChannelUri:
     def is_ipc(self) -> bool:
         return self.media == "ipc"
 
+    def endpoint_key(self) -> tuple[str, ...]:
+        """What identifies the transport: publications and subscriptions with the same key
+        (and stream id) meet. IPC has one; udp is keyed by endpoint, control and interface."""
+        if self.is_ipc:
+            return ("ipc",)
+        return ("udp", self.params.get("endpoint", ""), self.params.get("control", ""),
+                self.params.get("interface", ""))
+
     def canonical(self) -> str:
         """The channel as a string: what the driver labels counters with."""
         base = f"aeron:{self.media}"

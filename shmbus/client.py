@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,9 @@ class Client:
         self._driver_timeout_ms = int(context.driver_timeout * 1000)
         self._next_driver_check = 0.0
         self._responses: dict[int, cp.Message] = {}
+        self._awaiting: set[int] = set()
+        #: called with driver events this client does not handle itself (the netbridge's)
+        self.on_driver_event: Callable[[cp.Message], None] | None = None
         self._logs: dict[str, tuple[LogBuffer, int]] = {}
         self._publications: dict[int, Publication] = {}
         self._subscriptions: dict[int, Subscription] = {}
@@ -199,9 +203,10 @@ class Client:
                 self._fail(ClientTimeoutError(
                     f"the driver timed this client out (no heartbeat for "
                     f"{self.context.client_liveness_timeout} s); connect again"))
-        elif isinstance(message, (cp.OnError, cp.OnPublicationReady, cp.OnSubscriptionReady,
-                                  cp.OnOperationSuccess, cp.OnClientReady)):
-            self._responses[message.correlation_id] = message
+        elif getattr(message, "correlation_id", None) in self._awaiting:
+            self._responses[message.correlation_id] = message  # type: ignore[attr-defined]
+        elif self.on_driver_event is not None:
+            self.on_driver_event(message)
 
     def _add_image(self, subscription: Subscription, event: cp.OnAvailableImage) -> None:
         if subscription.image_by_session_id(event.session_id) is not None:
@@ -221,6 +226,13 @@ class Client:
 
     def _request(self, command: cp.Message) -> cp.Message:
         correlation_id = command.correlation_id  # type: ignore[attr-defined]
+        self._awaiting.add(correlation_id)
+        try:
+            return self._await(command, correlation_id)
+        finally:
+            self._awaiting.discard(correlation_id)
+
+    def _await(self, command: cp.Message, correlation_id: int) -> cp.Message:
         deadline = time.monotonic() + self.context.driver_timeout
         idle = BackoffIdleStrategy()
         while not self._to_driver.write(command.TYPE_ID, command.encode()):

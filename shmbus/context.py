@@ -56,6 +56,13 @@ class Context:
     embedded_driver: bool = True
     #: subscriptions are tethers unless the channel says tether=false
     tether_subscriptions: bool = True
+    #: the driver starts a netbridge when the first udp channel appears
+    netbridge_auto_start: bool = True
+    #: loss injection in the netbridge's sockets, for tests: "drop=0.05,dup=0.05,
+    #: reorder=0.05,delay=0.001,seed=1" (rates per datagram; delay in seconds); empty: off
+    netbridge_loss: str = ""
+    #: UDP socket buffer sizes of the netbridge (0: the system default)
+    netbridge_socket_buffer: int = 2 * 1024 * 1024
 
     def __post_init__(self) -> None:
         check_term_length(self.ipc_term_length)

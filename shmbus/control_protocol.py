@@ -204,12 +204,135 @@ class OnClientReady(Message):
     heartbeat_counter_id: int
 
 
+# -- the netbridge's commands (a client with extra rights) --------------------------------
+
+@dataclass(frozen=True)
+class RegisterBridge(ClientClose):
+    """The client is the netbridge: it gets network publications and receive channels."""
+
+    TYPE_ID: ClassVar[int] = 0x20
+
+
+@dataclass(frozen=True)
+class AddCounter(Message):
+    """Allocate a counter owned by the client (freed when the client goes away)."""
+
+    TYPE_ID: ClassVar[int] = 0x0C
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqi")
+    client_id: int
+    correlation_id: int
+    type_id: int
+    label: str
+
+
+@dataclass(frozen=True)
+class CreateImage(Message):
+    """A SETUP arrived: make an image log; answered by OnImageReady."""
+
+    TYPE_ID: ClassVar[int] = 0x21
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqiiiiiq")
+    client_id: int
+    correlation_id: int
+    session_id: int
+    stream_id: int
+    initial_term_id: int
+    term_length: int
+    mtu: int
+    join_position: int
+    channel: str
+    source_identity: str
+
+
+@dataclass(frozen=True)
+class CloseImage(Message):
+    """The image ended (end of stream or liveness timeout)."""
+
+    TYPE_ID: ClassVar[int] = 0x22
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqq")
+    client_id: int
+    correlation_id: int
+    image_id: int
+
+
+# -- events for the netbridge --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OnCounterReady(Message):
+    TYPE_ID: ClassVar[int] = 0x0F08
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qi")
+    correlation_id: int
+    counter_id: int
+
+
+@dataclass(frozen=True)
+class OnImageReady(Message):
+    TYPE_ID: ClassVar[int] = 0x0F11
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqii")
+    correlation_id: int
+    image_id: int
+    rcv_hwm_counter_id: int
+    rcv_pos_counter_id: int
+    log_file: str
+
+
+@dataclass(frozen=True)
+class OnNetworkPublication(Message):
+    """A publication on a udp channel: the netbridge sends it."""
+
+    TYPE_ID: ClassVar[int] = 0x0F20
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qiiiii")
+    registration_id: int
+    session_id: int
+    stream_id: int
+    snd_pos_counter_id: int
+    snd_lmt_counter_id: int
+    snd_bpe_counter_id: int
+    channel: str
+    log_file: str
+
+
+@dataclass(frozen=True)
+class OnNetworkPublicationClosed(Message):
+    TYPE_ID: ClassVar[int] = 0x0F21
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qq")
+    registration_id: int
+    end_position: int
+
+
+@dataclass(frozen=True)
+class OnReceiveChannel(Message):
+    """A subscription on a udp channel: the netbridge listens for its stream."""
+
+    TYPE_ID: ClassVar[int] = 0x0F22
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<i")
+    stream_id: int
+    channel: str
+
+
+@dataclass(frozen=True)
+class OnReceiveChannelClosed(OnReceiveChannel):
+    TYPE_ID: ClassVar[int] = 0x0F23
+
+
+@dataclass(frozen=True)
+class OnImageSubscribers(Message):
+    """The sub-pos counters of an image's subscribers (comma-separated ids), after a change."""
+
+    TYPE_ID: ClassVar[int] = 0x0F24
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<q")
+    image_id: int
+    counter_ids: str
+
+
 MESSAGES: dict[int, type[Message]] = {
     cls.TYPE_ID: cls
     for cls in (ClientConnect, AddPublication, AddExclusivePublication, AddSubscription,
                 RemovePublication, RemoveSubscription, ClientClose, OnError,
                 OnAvailableImage, OnPublicationReady, OnOperationSuccess, OnUnavailableImage,
-                OnExclusivePublicationReady, OnSubscriptionReady, OnClientTimeout, OnClientReady)
+                OnExclusivePublicationReady, OnSubscriptionReady, OnClientTimeout, OnClientReady,
+                RegisterBridge, AddCounter, CreateImage, CloseImage, OnCounterReady, OnImageReady,
+                OnNetworkPublication, OnNetworkPublicationClosed, OnReceiveChannel,
+                OnReceiveChannelClosed, OnImageSubscribers)
 }
 
 

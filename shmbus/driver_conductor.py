@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,11 @@ from shmbus.counters import (
     CLIENT_HEARTBEAT,
     PUB_LIMIT,
     PUB_POS,
+    RCV_HWM,
+    RCV_POS,
+    SND_BPE,
+    SND_LMT,
+    SND_POS,
     SUB_POS,
     CountersFullError,
     CountersManager,
@@ -32,17 +39,21 @@ from shmbus.ipc_publication import (
     ImageEvent,
     IpcPublication,
     LinkState,
+    NetworkPublication,
     PublicationOwner,
     PublicationState,
     SubscriberLink,
     Timeouts,
 )
 from shmbus.log_buffer import LogBuffer, LogBufferError
+from shmbus.network_image import NetworkImage
 from shmbus.position import Position
 from shmbus.ring_buffer import ManyToOneRingBuffer
 from shmbus.system_counters import SystemCounter
 
 LOGS_DIR = "logs"
+#: ``python -c BRIDGE_COMMAND '<context as JSON>'``: how the driver starts a netbridge.
+BRIDGE_COMMAND = "from netbridge.bridge import embedded_main; embedded_main()"
 
 
 class CommandError(Exception):
@@ -63,6 +74,7 @@ class ClientSession:
     heartbeat_counter_id: int
     publications: set[int] = field(default_factory=set)      # owner registration ids
     subscriptions: set[int] = field(default_factory=set)     # subscription ids
+    counters: set[int] = field(default_factory=set)          # counters it asked for
 
 
 @dataclass
@@ -75,6 +87,11 @@ class SubscriptionLink:
     channel: str
     tethered: bool
     session_id: int | None
+    endpoint_key: tuple[str, ...] = ("ipc",)
+
+    @property
+    def is_network(self) -> bool:
+        return self.endpoint_key[0] != "ipc"
 
 
 class DriverConductor:
@@ -107,6 +124,10 @@ class DriverConductor:
         self.publications: list[IpcPublication] = []
         self.subscriptions: dict[int, SubscriptionLink] = {}
         self._owner_index: dict[int, IpcPublication] = {}
+        self.images: dict[int, NetworkImage] = {}
+        self.bridge_client_id: int | None = None
+        self._bridge_process: subprocess.Popen[bytes] | None = None
+        self._bridge_started_ms = 0
         self._next_timer_ms = 0
         self._last_client_ms = counters.clock()
         self._random = random.Random()
@@ -142,6 +163,10 @@ class DriverConductor:
                 work += 1
             if publication.state is PublicationState.DONE:
                 self._delete_publication(publication)
+                work += 1
+        for image in list(self.images.values()):
+            if image.is_done(now_ms, self.timeouts.linger_ms):
+                self._delete_image(image)
                 work += 1
         if self.clients:
             self._last_client_ms = now_ms
@@ -195,7 +220,10 @@ class DriverConductor:
 
     def _on_add_publication(self, command: cp.AddPublication) -> None:
         exclusive = isinstance(command, cp.AddExclusivePublication)
-        channel = self._ipc_channel(command.channel, command.stream_id)
+        channel = self._parse_channel(command.channel, command.stream_id)
+        if channel.spy:
+            raise CommandError(cp.INVALID_CHANNEL,
+                               f"channel {command.channel!r}: spies are for subscriptions")
         publication = None
         if not exclusive:
             publication = self._find_concurrent(channel, command.stream_id)
@@ -219,16 +247,30 @@ class DriverConductor:
         self._send(cp.OnOperationSuccess(command.correlation_id))
 
     def _on_add_subscription(self, command: cp.AddSubscription) -> None:
-        channel = self._ipc_channel(command.channel, command.stream_id)
-        uri = ChannelUri.parse(command.channel)
+        uri = self._parse_channel(command.channel, command.stream_id)
+        if uri.spy:
+            raise CommandError(cp.INVALID_CHANNEL, f"channel {command.channel!r}: spy "
+                               f"subscriptions come with the multicast/MDC netbridge work")
         link = SubscriptionLink(
-            command.correlation_id, command.client_id, command.stream_id, channel,
+            command.correlation_id, command.client_id, command.stream_id, uri.canonical(),
             uri.bool_param("tether", self.context.tether_subscriptions),
-            uri.int_param("session-id") if "session-id" in uri.params else None)
+            uri.int_param("session-id") if "session-id" in uri.params else None,
+            uri.endpoint_key())
+        new_receive_channel = link.is_network and not any(
+            other.endpoint_key == link.endpoint_key and other.stream_id == link.stream_id
+            for other in self.subscriptions.values())
         self.subscriptions[link.registration_id] = link
         self._add(SystemCounter.SUBSCRIPTIONS, 1)
         self.clients[command.client_id].subscriptions.add(link.registration_id)
         self._send(cp.OnSubscriptionReady(command.correlation_id))
+        if link.is_network:
+            if new_receive_channel:
+                self._ensure_bridge()
+                self._send(cp.OnReceiveChannel(link.stream_id, link.channel))
+            for image in self.images.values():
+                if self._matches_image(link, image):
+                    self._link_image(image, link)
+            return
         for publication in self.publications:
             if self._matches(link, publication):
                 self._link(publication, link)
@@ -244,7 +286,80 @@ class DriverConductor:
     def _on_client_close(self, command: cp.ClientClose) -> None:
         self._remove_client(command.client_id)
 
+    # -- the netbridge's commands --------------------------------------------------------------
+
+    def _on_register_bridge(self, command: cp.RegisterBridge) -> None:
+        if self.bridge_client_id is not None and self.bridge_client_id != command.client_id:
+            raise CommandError(cp.GENERIC_ERROR, f"a netbridge (client "
+                               f"{self.bridge_client_id}) is already registered")
+        self.bridge_client_id = command.client_id
+        self._send(cp.OnOperationSuccess(command.correlation_id))
+        for publication in self.publications:
+            if isinstance(publication, NetworkPublication):
+                self._announce(publication)
+        announced: set[tuple[tuple[str, ...], int]] = set()
+        for link in self.subscriptions.values():
+            key = (link.endpoint_key, link.stream_id)
+            if link.is_network and key not in announced:
+                announced.add(key)
+                self._send(cp.OnReceiveChannel(link.stream_id, link.channel))
+
+    def _on_add_counter(self, command: cp.AddCounter) -> None:
+        counter_id = self.counters.allocate(command.label, command.type_id,
+                                            registration_id=command.correlation_id,
+                                            owner_id=command.client_id)
+        self.clients[command.client_id].counters.add(counter_id)
+        self._send(cp.OnCounterReady(command.correlation_id, counter_id))
+
+    def _on_create_image(self, command: cp.CreateImage) -> None:
+        self._require_bridge(command.client_id)
+        uri = ChannelUri.parse(command.channel)
+        image_id = command.correlation_id
+        log_file = f"{LOGS_DIR}/{image_id}.log"
+        log = LogBuffer.create(self.directory / log_file, term_length=command.term_length,
+                               initial_term_id=command.initial_term_id, mtu=command.mtu,
+                               session_id=command.session_id, stream_id=command.stream_id,
+                               registration_id=image_id)
+        label = (f"{image_id} {command.session_id} {command.stream_id} {uri.canonical()} "
+                 f"{command.source_identity}")
+        hwm = self.counters.allocate(f"rcv-hwm: {label}", RCV_HWM, registration_id=image_id,
+                                     owner_id=command.client_id,
+                                     reference_id=command.session_id)
+        pos = self.counters.allocate(f"rcv-pos: {label}", RCV_POS, registration_id=image_id,
+                                     owner_id=command.client_id,
+                                     reference_id=command.session_id)
+        rcv_pos = self._position(pos)
+        rcv_pos.set(command.join_position)
+        self._position(hwm).set(command.join_position)
+        image = NetworkImage(image_id, uri.canonical(), command.session_id, command.stream_id,
+                             command.source_identity, log, log_file, hwm, pos, rcv_pos,
+                             command.join_position)
+        self.images[image_id] = image
+        self._send(cp.OnImageReady(command.correlation_id, image_id, hwm, pos, log_file))
+        endpoint_key = uri.endpoint_key()
+        for link in self.subscriptions.values():
+            if link.endpoint_key == endpoint_key and self._matches_image(link, image):
+                self._link_image(image, link, notify_bridge=False)
+        self._send(cp.OnImageSubscribers(image_id, image.subscriber_counter_ids()))
+
+    def _on_close_image(self, command: cp.CloseImage) -> None:
+        self._require_bridge(command.client_id)
+        image = self.images.get(command.image_id)
+        if image is None:
+            raise CommandError(cp.GENERIC_ERROR, f"unknown image {command.image_id}")
+        if image.closing_since_ms is None:
+            image.closing_since_ms = self._now_ms()
+        self._send(cp.OnOperationSuccess(command.correlation_id))
+
+    def _require_bridge(self, client_id: int) -> None:
+        if client_id != self.bridge_client_id:
+            raise CommandError(cp.GENERIC_ERROR, "only the registered netbridge may do this")
+
     _handlers: dict[type, Callable[[DriverConductor, cp.Message], None]] = {
+        cp.RegisterBridge: _on_register_bridge,
+        cp.AddCounter: _on_add_counter,
+        cp.CreateImage: _on_create_image,
+        cp.CloseImage: _on_close_image,
         cp.ClientConnect: _on_client_connect,
         cp.AddPublication: _on_add_publication,
         cp.AddExclusivePublication: _on_add_publication,
@@ -256,21 +371,18 @@ class DriverConductor:
 
     # -- publications and links ----------------------------------------------------------------
 
-    def _ipc_channel(self, channel: str, stream_id: int) -> ChannelUri:
+    def _parse_channel(self, channel: str, stream_id: int) -> ChannelUri:
         uri = ChannelUri.parse(channel)
         if not -(2**31) <= stream_id < 2**31 or stream_id == 0:
             raise CommandError(cp.INVALID_CHANNEL,
                                f"stream id {stream_id} must be a non-zero 32-bit integer")
-        if not uri.is_ipc:
-            raise CommandError(cp.INVALID_CHANNEL,
-                               f"channel {channel!r}: udp channels need the netbridge, which "
-                               f"this driver does not run yet")
         return uri
 
     def _find_concurrent(self, uri: ChannelUri, stream_id: int) -> IpcPublication | None:
         session = uri.int_param("session-id") if "session-id" in uri.params else None
         for publication in self.publications:
             if (not publication.exclusive and publication.stream_id == stream_id
+                    and publication.endpoint_key == uri.endpoint_key()
                     and publication.state is PublicationState.ACTIVE
                     and (session is None or publication.session_id == session)):
                 return publication
@@ -309,18 +421,40 @@ class DriverConductor:
             os.unlink(self.directory / log_file)
             raise
         limit = self._position(counter_ids[0])
-        publication = IpcPublication(
+        fields = dict(
             registration_id=registration_id, session_id=session_id,
             stream_id=command.stream_id, channel=uri.canonical(), exclusive=exclusive,
             log=log, log_file=log_file, limit_counter_id=counter_ids[0], limit=limit,
             pub_pos_counter_id=counter_ids[1], pub_pos=self._position(counter_ids[1]),
-            flow=IpcFlowControl(log, limit, self.context.ipc_window or None))
+            endpoint_key=uri.endpoint_key())
+        if uri.is_ipc:
+            publication = IpcPublication(
+                **fields, flow=IpcFlowControl(log, limit, self.context.ipc_window or None))
+        else:
+            snd = [self.counters.allocate(f"{name}: {label}", type_id,
+                                          registration_id=registration_id,
+                                          owner_id=command.client_id, reference_id=session_id)
+                   for type_id, name in ((SND_POS, "snd-pos"), (SND_LMT, "snd-lmt"),
+                                         (SND_BPE, "snd-bpe"))]
+            publication = NetworkPublication(
+                **fields, flow=IpcFlowControl(log, limit, clean_lag=term_length),
+                snd_pos_counter_id=snd[0], snd_lmt_counter_id=snd[1],
+                snd_bpe_counter_id=snd[2], snd_pos=self._position(snd[0]))
         self.publications.append(publication)
         self._add(SystemCounter.PUBLICATIONS, 1)
+        if isinstance(publication, NetworkPublication):
+            self._ensure_bridge()
+            self._announce(publication)
         for link in self.subscriptions.values():
             if self._matches(link, publication):
                 self._link(publication, link)
         return publication
+
+    def _announce(self, publication: NetworkPublication) -> None:
+        self._send(cp.OnNetworkPublication(
+            publication.registration_id, publication.session_id, publication.stream_id,
+            publication.snd_pos_counter_id, publication.snd_lmt_counter_id,
+            publication.snd_bpe_counter_id, publication.channel, publication.log_file))
 
     def _new_session_id(self, stream_id: int) -> int:
         used = {p.session_id for p in self.publications if p.stream_id == stream_id}
@@ -332,24 +466,49 @@ class DriverConductor:
     @staticmethod
     def _matches(link: SubscriptionLink, publication: IpcPublication) -> bool:
         return (link.stream_id == publication.stream_id
+                and link.endpoint_key == publication.endpoint_key
                 and publication.state is PublicationState.ACTIVE
                 and (link.session_id is None or link.session_id == publication.session_id))
 
-    def _link(self, publication: IpcPublication, link: SubscriptionLink) -> None:
-        join = publication.join_position()
+    @staticmethod
+    def _matches_image(link: SubscriptionLink, image: NetworkImage) -> bool:
+        return (link.stream_id == image.stream_id and link.is_network
+                and image.closing_since_ms is None
+                and link.endpoint_key == ChannelUri.parse(image.channel).endpoint_key()
+                and (link.session_id is None or link.session_id == image.session_id))
+
+    def _link_image(self, image: NetworkImage, link: SubscriptionLink,
+                    notify_bridge: bool = True) -> None:
+        join = image.rcv_pos.get()
+        subscriber = self._subscriber_link(link, image.session_id, image.stream_id,
+                                           image.channel, image.image_id, join)
+        image.subscribers[subscriber.link_id] = subscriber
+        self._send(cp.OnAvailableImage(subscriber.link_id, link.registration_id,
+                                       image.session_id, image.stream_id, subscriber.counter_id,
+                                       join, image.log_file, image.source_identity))
+        if notify_bridge:
+            self._send(cp.OnImageSubscribers(image.image_id, image.subscriber_counter_ids()))
+
+    def _subscriber_link(self, link: SubscriptionLink, session_id: int, stream_id: int,
+                         channel: str, reference_id: int, join: int) -> SubscriberLink:
         client = self.clients.get(link.client_id)
         who = f" pid={client.pid} {client.name}" if client else ""
         counter_id = self.counters.allocate(
-            f"sub-pos: {link.registration_id} {publication.session_id} {publication.stream_id} "
-            f"{publication.channel} @{join}{who}", SUB_POS,
-            registration_id=link.registration_id, owner_id=link.client_id,
-            reference_id=publication.registration_id)
+            f"sub-pos: {link.registration_id} {session_id} {stream_id} {channel} @{join}{who}",
+            SUB_POS, registration_id=link.registration_id, owner_id=link.client_id,
+            reference_id=reference_id)
         position = self._position(counter_id)
         position.set(join)
-        link_id = self.to_driver.next_correlation_id()
-        subscriber = SubscriberLink(link_id, link.registration_id, link.client_id, counter_id,
-                                    position, link.tethered, LinkState.ACTIVE, self._now_ms())
-        publication.subscribers[link_id] = subscriber
+        return SubscriberLink(self.to_driver.next_correlation_id(), link.registration_id,
+                              link.client_id, counter_id, position, link.tethered,
+                              LinkState.ACTIVE, self._now_ms())
+
+    def _link(self, publication: IpcPublication, link: SubscriptionLink) -> None:
+        join = publication.join_position()
+        subscriber = self._subscriber_link(link, publication.session_id, publication.stream_id,
+                                           publication.channel, publication.registration_id,
+                                           join)
+        publication.subscribers[subscriber.link_id] = subscriber
         publication.update_limit()
         self._send_image_event(publication, ImageEvent(True, subscriber, join))
 
@@ -365,12 +524,23 @@ class DriverConductor:
                                              publication.stream_id, publication.session_id))
 
     def _remove_subscription(self, registration_id: int) -> None:
-        self.subscriptions.pop(registration_id, None)
+        removed = self.subscriptions.pop(registration_id, None)
         for publication in self.publications:
             for link_id, link in list(publication.subscribers.items()):
                 if link.subscription_id == registration_id:
                     del publication.subscribers[link_id]
                     self.counters.free(link.counter_id)
+        for image in self.images.values():
+            for link_id, link in list(image.subscribers.items()):
+                if link.subscription_id == registration_id:
+                    del image.subscribers[link_id]
+                    self.counters.free(link.counter_id)
+                    self._send(cp.OnImageSubscribers(image.image_id,
+                                                     image.subscriber_counter_ids()))
+        if removed is not None and removed.is_network and not any(
+                other.endpoint_key == removed.endpoint_key and other.stream_id == removed.stream_id
+                for other in self.subscriptions.values()):
+            self._send(cp.OnReceiveChannelClosed(removed.stream_id, removed.channel))
 
     def _delete_publication(self, publication: IpcPublication) -> None:
         self.publications.remove(publication)
@@ -378,11 +548,47 @@ class DriverConductor:
             self.counters.free(link.counter_id)
         self.counters.free(publication.limit_counter_id)
         self.counters.free(publication.pub_pos_counter_id)
+        if isinstance(publication, NetworkPublication):
+            for counter_id in (publication.snd_pos_counter_id, publication.snd_lmt_counter_id,
+                               publication.snd_bpe_counter_id):
+                self.counters.free(counter_id)
         publication.log.close()
         try:
             os.unlink(self.directory / publication.log_file)
         except FileNotFoundError:
             pass
+
+    def _delete_image(self, image: NetworkImage) -> None:
+        del self.images[image.image_id]
+        for link in image.subscribers.values():
+            self._send(cp.OnUnavailableImage(link.link_id, link.subscription_id,
+                                             image.stream_id, image.session_id))
+            self.counters.free(link.counter_id)
+        self.counters.free(image.rcv_hwm_counter_id)
+        self.counters.free(image.rcv_pos_counter_id)
+        image.log.close()
+        try:
+            os.unlink(self.directory / image.log_file)
+        except FileNotFoundError:
+            pass
+
+    # -- the netbridge process -----------------------------------------------------------------
+
+    def _ensure_bridge(self) -> None:
+        """Start a netbridge for this directory unless one is registered or starting."""
+        if self.bridge_client_id is not None or not self.context.netbridge_auto_start:
+            return
+        now_ms = self._now_ms()
+        process = self._bridge_process
+        if process is not None and process.poll() is None and (
+                now_ms - self._bridge_started_ms < 10_000):
+            return
+        from shmbus.driver import context_argument
+
+        self._bridge_process = subprocess.Popen(
+            [sys.executable, "-c", BRIDGE_COMMAND, context_argument(self.context)],
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        self._bridge_started_ms = now_ms
 
     # -- clients -------------------------------------------------------------------------------
 
@@ -411,7 +617,17 @@ class DriverConductor:
             publication = self._owner_index.pop(registration_id, None)
             if publication is not None:
                 publication.remove_owner(registration_id, now_ms)
+        for counter_id in client.counters:
+            self.counters.free(counter_id)
         self.counters.free(client.heartbeat_counter_id)
+        if client_id == self.bridge_client_id:
+            self.bridge_client_id = None
+            for image in self.images.values():
+                if image.closing_since_ms is None:
+                    image.closing_since_ms = now_ms
+            for publication in self.publications:
+                if isinstance(publication, NetworkPublication):
+                    publication.log.is_connected = False
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -438,3 +654,8 @@ class DriverConductor:
         for publication in self.publications:
             publication.log.close()
         self.publications.clear()
+        for image in self.images.values():
+            image.log.close()
+        self.images.clear()
+        if self._bridge_process is not None and self._bridge_process.poll() is None:
+            self._bridge_process.terminate()

@@ -28,10 +28,13 @@ class IpcFlowControl:
     Only one process (the driver, or a test standing in for it) may own an instance per log.
     """
 
-    def __init__(self, log: LogBuffer, limit: Position, window: int | None = None) -> None:
+    def __init__(self, log: LogBuffer, limit: Position, window: int | None = None, *,
+                 clean_lag: int = 0) -> None:
         self.log = log
         self.limit = limit
         self.window = ipc_window(log.term_length, window)
+        #: bytes behind the slowest consumer kept uncleaned (a term for network retransmits)
+        self.clean_lag = clean_lag
         self.trip_gain = self.window // 8
         self.clean_position = self._start_position()
         self.consumer_position = self.clean_position
@@ -52,13 +55,13 @@ class IpcFlowControl:
             self.consumer_position = max(self.consumer_position, max(positions))
             proposed = lowest + self.window
             if proposed >= self._trip_limit:
-                self.clean_to(lowest)
+                self.clean_to(lowest - self.clean_lag)
                 self.limit.set(proposed)
                 self._trip_limit = proposed + self.trip_gain
         elif self.limit.get() > self.consumer_position:
             self.limit.set(self.consumer_position)
             self._trip_limit = self.consumer_position
-            self.clean_to(self.consumer_position)
+            self.clean_to(self.consumer_position - self.clean_lag)
         return self.limit.get()
 
     def clean_to(self, position: int) -> None:

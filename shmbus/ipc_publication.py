@@ -87,6 +87,7 @@ class IpcPublication:
     pub_pos_counter_id: int
     pub_pos: Position
     flow: IpcFlowControl
+    endpoint_key: tuple[str, ...] = ("ipc",)
     owners: list[PublicationOwner] = field(default_factory=list)
     subscribers: dict[int, SubscriberLink] = field(default_factory=dict)
     state: PublicationState = PublicationState.ACTIVE
@@ -104,8 +105,18 @@ class IpcPublication:
         return self.producer_position()
 
     def _flow_positions(self) -> list[int]:
+        """The consumer positions that hold the publisher back."""
         return [s.position.get() for s in self.subscribers.values()
                 if s.state is not LinkState.RESTING]
+
+    def _update_connected(self, positions: list[int]) -> None:
+        connected = bool(positions) and self.state is PublicationState.ACTIVE
+        if connected != self.log.is_connected:
+            self.log.is_connected = connected
+
+    def _is_drained(self, end: int) -> bool:
+        return all(s.position.get() >= end for s in self.subscribers.values()
+                   if s.state is not LinkState.RESTING)
 
     def update_limit(self) -> int:
         """Sample pub-pos, set pub-lmt from the counted subscribers, clean behind them.
@@ -119,9 +130,7 @@ class IpcPublication:
         positions = self._flow_positions()
         if self.state is PublicationState.ACTIVE:
             self.flow.update(positions)
-        connected = bool(positions) and self.state is PublicationState.ACTIVE
-        if connected != self.log.is_connected:
-            self.log.is_connected = connected
+        self._update_connected(positions)
         return published
 
     # -- timers -------------------------------------------------------------------------------
@@ -131,10 +140,8 @@ class IpcPublication:
         events = self._check_untethered(now_ms, timeouts)
         unblocked = self._check_blocked(now_ms, timeouts)
         if self.state is PublicationState.DRAINING:
-            end = self.log.end_of_stream_position
-            drained = all(s.position.get() >= end for s in self.subscribers.values()
-                          if s.state is not LinkState.RESTING)
-            if drained or now_ms - self.time_of_state_change_ms > timeouts.linger_ms:
+            lingered = now_ms - self.time_of_state_change_ms > timeouts.linger_ms
+            if self._is_drained(self.log.end_of_stream_position) or lingered:
                 self.state = PublicationState.DONE
                 events.extend(ImageEvent(False, s) for s in self.subscribers.values()
                               if s.state is LinkState.ACTIVE)
@@ -201,5 +208,30 @@ class IpcPublication:
             end = self.producer_position()
             self.log.end_of_stream_position = end
             self.limit.set(end)
-            self.log.is_connected = False
+            self._update_connected([])
         return True
+
+
+@dataclass
+class NetworkPublication(IpcPublication):
+    """A publication on a udp channel: the netbridge sends it and owns snd-pos and
+    is-connected; the limit follows the sender position, and a term is kept behind it
+    uncleaned for retransmits."""
+
+    snd_pos_counter_id: int = 0
+    snd_lmt_counter_id: int = 0
+    snd_bpe_counter_id: int = 0
+    snd_pos: Position | None = None
+
+    def _flow_positions(self) -> list[int]:
+        positions = super()._flow_positions()  # spies
+        if self.log.is_connected and self.snd_pos is not None:
+            positions.append(self.snd_pos.get())
+        return positions
+
+    def _update_connected(self, positions: list[int]) -> None:
+        pass  # the netbridge sets it from status messages
+
+    def _is_drained(self, end: int) -> bool:
+        return self.snd_pos is not None and self.snd_pos.get() >= end and super()._is_drained(
+            end)
