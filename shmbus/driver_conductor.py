@@ -168,13 +168,17 @@ class DriverConductor:
             if image.is_done(now_ms, self.timeouts.linger_ms):
                 self._delete_image(image)
                 work += 1
-        if self.clients:
+        if self._has_users():
             self._last_client_ms = now_ms
         return work
 
+    def _has_users(self) -> bool:
+        """Clients other than the netbridge (which serves them, and ends with the driver)."""
+        return any(client_id != self.bridge_client_id for client_id in self.clients)
+
     def idle_for_ms(self, now_ms: int) -> int:
         """How long the driver has had no client (0 while it has one)."""
-        return 0 if self.clients else now_ms - self._last_client_ms
+        return 0 if self._has_users() else now_ms - self._last_client_ms
 
     # -- commands ------------------------------------------------------------------------------
 

@@ -1,0 +1,105 @@
+"""Loss injection for tests, in the manner of Aeron's debug channel endpoints (off by default).
+
+A :class:`LossFilter` sits in the socket layer between a state machine and ``sendto``: given a
+datagram it returns the datagrams to send and when. A seeded random rule drops, duplicates,
+reorders (holds a datagram back until after the next one) and delays datagrams. Sans-IO: the
+time is an argument.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from dataclasses import dataclass
+
+
+class LossSpecError(ValueError):
+    """A loss specification that does not parse; the message names the bad part."""
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """Rates are probabilities per datagram (0..1); ``delay`` is seconds added to delayed ones."""
+
+    drop: float = 0.0
+    dup: float = 0.0
+    reorder: float = 0.0
+    delay: float = 0.0
+    seed: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> LossSpec | None:
+        """``"drop=0.05,dup=0.05,reorder=0.05,delay=0.001,seed=7"``; empty text: None (off)."""
+        if not text.strip():
+            return None
+        values: dict[str, float | int] = {}
+        for item in text.split(","):
+            key, sep, value = item.strip().partition("=")
+            if not sep or key not in ("drop", "dup", "reorder", "delay", "seed"):
+                raise LossSpecError(f"loss spec {text!r}: {item!r} is not drop=, dup=, "
+                                    f"reorder=, delay= or seed=")
+            try:
+                values[key] = int(value) if key == "seed" else float(value)
+            except ValueError:
+                raise LossSpecError(f"loss spec {text!r}: {key}={value!r} is not a number") \
+                    from None
+            if key in ("drop", "dup", "reorder") and not 0 <= values[key] <= 1:
+                raise LossSpecError(f"loss spec {text!r}: {key} must be between 0 and 1")
+        return cls(**values)  # type: ignore[arg-type]
+
+
+class LossFilter:
+    """Applies a :class:`LossSpec` to outgoing datagrams; counts what it did."""
+
+    def __init__(self, spec: LossSpec) -> None:
+        self.spec = spec
+        self._random = random.Random(spec.seed)
+        self._held: tuple[bytes, object] | None = None
+        self._delayed: list[tuple[int, int, bytes, object]] = []
+        self._order = itertools.count()
+        self.dropped = 0
+        self.duplicated = 0
+        self.reordered = 0
+        self.delayed = 0
+
+    def send(self, now_ns: int, datagram: bytes | memoryview, destination: object
+             ) -> list[tuple[bytes, object]]:
+        """What to send now for this datagram (maybe nothing; later ones come from due())."""
+        spec = self.spec
+        rnd = self._random.random
+        data = bytes(datagram)  # the log may be cleaned before a held datagram goes out
+        if rnd() < spec.drop:
+            self.dropped += 1
+            return []
+        out = [(data, destination)]
+        if rnd() < spec.dup:
+            self.duplicated += 1
+            out.append((data, destination))
+        if spec.delay and rnd() < spec.reorder:
+            self.delayed += 1
+            heapq.heappush(self._delayed, (now_ns + int(spec.delay * 1e9), next(self._order),
+                                           data, destination))
+            return []
+        if rnd() < spec.reorder and self._held is None:
+            self.reordered += 1
+            self._held = out.pop(0)
+            return out
+        if self._held is not None:
+            out.append(self._held)
+            self._held = None
+        return out
+
+    def due(self, now_ns: int) -> list[tuple[bytes, object]]:
+        """Delayed datagrams whose time has come; a held one goes out too (nothing waits)."""
+        out = []
+        while self._delayed and self._delayed[0][0] <= now_ns:
+            _, _, data, destination = heapq.heappop(self._delayed)
+            out.append((data, destination))
+        if self._held is not None:
+            out.append(self._held)
+            self._held = None
+        return out
+
+    def next_deadline(self) -> int | None:
+        return self._delayed[0][0] if self._delayed else None
