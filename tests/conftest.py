@@ -46,15 +46,9 @@ def bus_context(shm_dir: Path):
                    driver_idle_timeout=600.0, timer_interval=0.02, embedded_driver=False)
 
 
-@pytest.fixture
-def driver(bus_context):
-    """A driver process serving ``bus_context.dir``; stopped (SIGTERM) after the test.
-
-    Yields the subprocess.Popen; tests may kill it. Clients connect with
-    ``shmbus.connect(bus_context)``.
-    """
+def start_driver(context) -> subprocess.Popen:
+    """Start a driver process for ``context.dir`` and wait until it serves (20 s at most)."""
     import os
-    import signal
     import sys
     import time
 
@@ -62,27 +56,43 @@ def driver(bus_context):
     from shmbus.driver import EMBEDDED_DRIVER_COMMAND, context_argument
 
     process = subprocess.Popen([sys.executable, "-c", EMBEDDED_DRIVER_COMMAND,
-                                context_argument(bus_context)])
+                                context_argument(context)])
     deadline = time.monotonic() + 20
     while True:
-        cnc = _try_open(Path(bus_context.dir), bus_context) if os.path.isdir(
-            bus_context.dir) else None
-        if cnc is not None and cnc.pid == process.pid:
-            cnc.close()
-            break
+        cnc = _try_open(Path(context.dir), context) if os.path.isdir(context.dir) else None
         if cnc is not None:
+            pid = cnc.pid
             cnc.close()
+            if pid == process.pid:
+                return process
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             pytest.fail(f"test driver did not start (exit code {process.returncode})")
         time.sleep(0.01)
+
+
+def stop_driver(process: subprocess.Popen) -> None:
+    """SIGTERM a driver (it removes its files and stops its netbridge), SIGKILL if stuck."""
+    import signal
+
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def driver(bus_context):
+    """A driver process serving ``bus_context.dir``; stopped (SIGTERM) after the test.
+
+    Yields the subprocess.Popen; tests may kill it. Clients connect with
+    ``shmbus.connect(bus_context)``.
+    """
+    process = start_driver(bus_context)
     try:
         yield process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_driver(process)
