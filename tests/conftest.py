@@ -46,8 +46,11 @@ def bus_context(shm_dir: Path):
                    driver_idle_timeout=600.0, timer_interval=0.02, embedded_driver=False)
 
 
-def start_driver(context) -> subprocess.Popen:
-    """Start a driver process for ``context.dir`` and wait until it serves (20 s at most)."""
+def start_driver(context, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+    """Start a driver process for ``context.dir`` and wait until it serves (20 s at most).
+
+    ``prefix`` runs it through another command, e.g. ``("ip", "netns", "exec", name)``.
+    """
     import os
     import sys
     import time
@@ -55,7 +58,7 @@ def start_driver(context) -> subprocess.Popen:
     from shmbus.client import _try_open
     from shmbus.driver import EMBEDDED_DRIVER_COMMAND, context_argument
 
-    process = subprocess.Popen([sys.executable, "-c", EMBEDDED_DRIVER_COMMAND,
+    process = subprocess.Popen([*prefix, sys.executable, "-c", EMBEDDED_DRIVER_COMMAND,
                                 context_argument(context)])
     deadline = time.monotonic() + 20
     while True:

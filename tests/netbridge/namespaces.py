@@ -1,0 +1,54 @@
+"""Test hosts: network namespaces joined by veth pairs or a bridge, made and removed by tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@dataclass(frozen=True)
+class Host:
+    """A namespace with one address on the test network."""
+
+    name: str
+    address: str
+
+    @property
+    def exec_prefix(self) -> tuple[str, ...]:
+        return ("ip", "netns", "exec", self.name)
+
+
+@contextmanager
+def hosts(count: int, subnet: int) -> Iterator[list[Host]]:
+    """``count`` namespaces on 10.<subnet>.0.0/24, joined by a Linux bridge in the root
+    namespace, each with a route for multicast; all removed on exit, also after a failure."""
+    tag = f"{os.getpid() % 100000}"
+    bridge = f"sb{tag}"
+    made: list[Host] = []
+    ip("link", "add", bridge, "type", "bridge")
+    try:
+        ip("link", "set", bridge, "up")
+        for i in range(count):
+            host = Host(f"shmbus-{tag}-{i}", f"10.{subnet}.0.{i + 1}")
+            outside, inside = f"sv{tag}h{i}", f"sv{tag}n{i}"
+            ip("netns", "add", host.name)
+            made.append(host)
+            ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+            ip("link", "set", outside, "master", bridge, "up")
+            ip("link", "set", inside, "netns", host.name)
+            ip("-n", host.name, "addr", "add", f"{host.address}/24", "dev", inside)
+            ip("-n", host.name, "link", "set", inside, "up")
+            ip("-n", host.name, "link", "set", "lo", "up")
+            ip("-n", host.name, "route", "add", "224.0.0.0/4", "dev", inside)
+        yield made
+    finally:
+        for host in made:
+            subprocess.run(["ip", "netns", "del", host.name], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
