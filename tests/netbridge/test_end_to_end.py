@@ -61,3 +61,52 @@ def test_a_million_messages_cross_exactly_once_in_order(shm_dir, loss: str) -> N
     finally:
         for process in drivers:
             stop_driver(process)
+
+
+def test_hostile_datagrams_are_counted_and_dropped(shm_dir) -> None:
+    import random
+    import struct
+    import time
+
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir)
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    rng = random.Random(3)
+    try:
+        with shmbus.connect(ctx_b) as bus_b, shmbus.connect(ctx_a) as bus_a:
+            sub = bus_b.add_subscription(channel, 4)
+            pub = bus_a.add_publication(channel, 4)
+            got: list[bytes] = []
+            assembler = shmbus.FragmentAssembler(lambda b, h: got.append(bytes(b)))
+            deadline = time.monotonic() + 30
+            while not sub.images and time.monotonic() < deadline:
+                sub.poll(assembler, 10)
+                time.sleep(0.005)
+            session = pub.session_id
+            hostile = [
+                b"",                                             # empty
+                bytes(rng.getrandbits(8) for _ in range(100)),   # garbage
+                b"\x20\x00\x00\x00\x07\xc0\x01\x00",             # wrong version, short
+                struct.pack("<iBBHiiiiq", 5000, 0, 0xC0, 1, 0, session, 4, 0, 0) + bytes(64),
+                struct.pack("<iBBHiiiiq", 64, 0, 0xC0, 1, 1 << 30, session, 4, 0, 0)
+                + bytes(32),                                     # term offset outside the term
+                struct.pack("<iBBHiiiiq", 64, 0, 0xC0, 1, 0, 12345, 4, 0, 0) + bytes(32),
+                struct.pack("<iBBHii", 36, 0, 0, 3, session, 4),  # truncated SM
+            ]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as attacker:
+                sent = 0
+                while sent < 2000 or len(got) < 2000:
+                    assert time.monotonic() < deadline, f"stuck at {len(got)} messages"
+                    if sent < 2000 and pub.offer(bridge_workers.message(sent)) > 0:
+                        sent += 1
+                        attacker.sendto(hostile[sent % len(hostile)], ("127.0.0.1", port))
+                    sub.poll(assembler, 50)
+            assert got == [bridge_workers.message(i) for i in range(2000)]
+            time.sleep(0.3)  # the bridge mirrors its counters every duty cycle
+            stats = {c.label.split(":")[0]: c.value for c in bus_b.counters.counters()
+                     if c.type_id >= 100}
+            assert stats["invalid datagrams"] > 0
+            assert bus_b.cnc.pid == drivers[1].pid and drivers[1].poll() is None
+    finally:
+        for process in drivers:
+            stop_driver(process)
