@@ -1,0 +1,227 @@
+"""Sender flow-control strategies: how a publication turns receivers' status messages into its
+sender limit (seed 001, "Flow Control Strategies"; wire facts 5.3).
+
+A strategy is pure state over positions and nanosecond timestamps, with no clock and no I/O.
+The :class:`~netbridge.sender.NetworkSender` owns one instance and calls it as follows:
+
+* :meth:`FlowControl.initialize` once, before anything else, with the stream's geometry;
+* :meth:`FlowControl.on_status_message` for every status message without the SETUP flag that
+  names the sender's session and stream; the result becomes the new sender limit;
+* :meth:`FlowControl.on_idle` on every sender poll (it may expire receivers); the result
+  becomes the new sender limit;
+* :meth:`FlowControl.has_required_receivers` when the sender reports whether it is connected.
+
+Positions are stream positions (bytes from the start of the initial term). A status message's
+position is its consumption term id and offset converted with :func:`sm_position`; the limit a
+receiver allows is that position plus its advertised window.
+
+Strategies: :class:`UnicastFlowControl` (the unicast default), :class:`MaxFlowControl` (the
+fastest receiver sets the pace; the multicast default), :class:`MinFlowControl` (the slowest
+live receiver sets the pace) and :class:`TaggedFlowControl` (the slowest live receiver of a
+tagged group). A new strategy subclasses :class:`FlowControl`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Final
+
+from netbridge.frames import SM_FLAG_EOS, StatusMessage
+from shmbus.log_buffer import compute_position
+
+__all__ = [
+    "RECEIVER_TIMEOUT_NS_DEFAULT",
+    "FlowControl",
+    "MaxFlowControl",
+    "MinFlowControl",
+    "TaggedFlowControl",
+    "UnicastFlowControl",
+    "sm_position",
+]
+
+#: How long a min/tagged strategy keeps a receiver that sends no status message (Aeron: 5 s).
+RECEIVER_TIMEOUT_NS_DEFAULT: Final = 5_000_000_000
+
+
+def sm_position(sm: StatusMessage, initial_term_id: int, term_length: int) -> int:
+    """The stream position a status message reports as consumed."""
+    return compute_position(
+        sm.consumption_term_id, sm.consumption_term_offset, term_length, initial_term_id
+    )
+
+
+class FlowControl(ABC):
+    """The interface every strategy implements (see the module docstring for the call order).
+
+    Contract: ``on_status_message`` and ``on_idle`` return the sender limit to use from now on;
+    they may return a limit below the current sender position (the sender then waits).
+    Strategies never raise on odd input: a status message with a negative window is ignored
+    (the current limit is returned).
+    """
+
+    initial_term_id: int = 0
+    term_length: int = 0
+
+    def initialize(self, *, initial_term_id: int, term_length: int) -> None:
+        """Bind the strategy to one stream's geometry; called once by the sender."""
+        self.initial_term_id = initial_term_id
+        self.term_length = term_length
+
+    def position_of(self, sm: StatusMessage) -> int:
+        """The consumption position of ``sm`` in this stream."""
+        return sm_position(sm, self.initial_term_id, self.term_length)
+
+    @abstractmethod
+    def on_status_message(
+        self,
+        sm: StatusMessage,
+        sender_position: int,
+        now_ns: int,
+        *,
+        sender_limit: int,
+        source: object = None,
+    ) -> int:
+        """A status message (without the SETUP flag) arrived from ``source``; return the new
+        sender limit given the current ``sender_limit``."""
+
+    def on_idle(self, now_ns: int, sender_limit: int, sender_position: int) -> int:
+        """Called on every sender poll; return the sender limit (default: unchanged)."""
+        return sender_limit
+
+    def has_required_receivers(self) -> bool:
+        """Whether enough receivers are known for the publication to count as connected."""
+        return True
+
+
+class UnicastFlowControl(FlowControl):
+    """One receiver: limit = max(current limit, consumption position + receiver window).
+
+    The limit never moves back, so a reordered (older) status message cannot pull it down.
+    """
+
+    def on_status_message(
+        self,
+        sm: StatusMessage,
+        sender_position: int,
+        now_ns: int,
+        *,
+        sender_limit: int,
+        source: object = None,
+    ) -> int:
+        if sm.receiver_window < 0:
+            return sender_limit
+        return max(sender_limit, self.position_of(sm) + sm.receiver_window)
+
+
+class MaxFlowControl(UnicastFlowControl):
+    """Many receivers, the fastest sets the pace: limit = max over status messages of
+    position + window (Aeron's default for multicast and MDC). A slow receiver that falls
+    behind loses data and eventually its image; it never holds the sender back."""
+
+
+@dataclass(slots=True)
+class _Receiver:
+    limit: int
+    last_seen_ns: int
+
+
+class MinFlowControl(FlowControl):
+    """Many receivers, the slowest live one sets the pace.
+
+    Each receiver (by receiver id) is tracked with its latest position + window and the time of
+    its latest status message. The limit is the minimum over receivers heard from within
+    ``receiver_timeout_ns``; with none, the current limit is kept. A receiver that sends an
+    end-of-stream status message has left and is forgotten. :meth:`has_required_receivers` is
+    true once ``group_min_size`` receivers are live (0 by default: always true).
+    """
+
+    def __init__(
+        self, *, receiver_timeout_ns: int = RECEIVER_TIMEOUT_NS_DEFAULT, group_min_size: int = 0
+    ) -> None:
+        if receiver_timeout_ns <= 0:
+            raise ValueError(f"receiver_timeout_ns {receiver_timeout_ns} must be positive")
+        if group_min_size < 0:
+            raise ValueError(f"group_min_size {group_min_size} must not be negative")
+        self.receiver_timeout_ns = receiver_timeout_ns
+        self.group_min_size = group_min_size
+        self.receivers: dict[int, _Receiver] = {}
+
+    def _counts(self, sm: StatusMessage) -> bool:
+        """Whether this status message's receiver takes part in the minimum."""
+        return True
+
+    def _untracked(self, sm: StatusMessage, sender_limit: int) -> int:
+        """The limit after a status message from a receiver that does not take part."""
+        return sender_limit
+
+    def _minimum(self, sender_limit: int) -> int:
+        if not self.receivers:
+            return sender_limit
+        return min(receiver.limit for receiver in self.receivers.values())
+
+    def on_status_message(
+        self,
+        sm: StatusMessage,
+        sender_position: int,
+        now_ns: int,
+        *,
+        sender_limit: int,
+        source: object = None,
+    ) -> int:
+        if sm.receiver_window < 0:
+            return sender_limit
+        if not self._counts(sm):
+            return self._untracked(sm, sender_limit)
+        if sm.flags & SM_FLAG_EOS:
+            self.receivers.pop(sm.receiver_id, None)
+            return self._minimum(sender_limit)
+        limit = self.position_of(sm) + sm.receiver_window
+        receiver = self.receivers.get(sm.receiver_id)
+        if receiver is None:
+            self.receivers[sm.receiver_id] = _Receiver(limit, now_ns)
+        else:
+            # a reordered, older status message does not pull one receiver's limit back
+            receiver.limit = max(receiver.limit, limit)
+            receiver.last_seen_ns = now_ns
+        return self._minimum(sender_limit)
+
+    def on_idle(self, now_ns: int, sender_limit: int, sender_position: int) -> int:
+        expired = [
+            receiver_id
+            for receiver_id, receiver in self.receivers.items()
+            if now_ns - receiver.last_seen_ns > self.receiver_timeout_ns
+        ]
+        for receiver_id in expired:
+            del self.receivers[receiver_id]
+        return self._minimum(sender_limit)
+
+    def has_required_receivers(self) -> bool:
+        return len(self.receivers) >= self.group_min_size
+
+
+class TaggedFlowControl(MinFlowControl):
+    """The slowest live receiver whose status messages carry ``group_tag`` sets the pace.
+
+    Status messages without the tag (or with another) do not take part in the minimum; while no
+    tagged receiver is live they advance the limit as :class:`MaxFlowControl` would, so the
+    stream is not held back before the tagged group has joined.
+    """
+
+    def __init__(
+        self,
+        group_tag: int,
+        *,
+        receiver_timeout_ns: int = RECEIVER_TIMEOUT_NS_DEFAULT,
+        group_min_size: int = 0,
+    ) -> None:
+        super().__init__(receiver_timeout_ns=receiver_timeout_ns, group_min_size=group_min_size)
+        self.group_tag = group_tag
+
+    def _counts(self, sm: StatusMessage) -> bool:
+        return sm.group_tag == self.group_tag
+
+    def _untracked(self, sm: StatusMessage, sender_limit: int) -> int:
+        if self.receivers:
+            return self._minimum(sender_limit)
+        return max(sender_limit, self.position_of(sm) + sm.receiver_window)

@@ -1,0 +1,150 @@
+"""Loss detection for one image: which parts of the stream between the rebuild position and
+the high-water mark are missing, and when to NAK them (seed 000, "Data Recovery via
+Retransmit Request"; wire facts 5.4).
+
+:class:`LossDetector` is pure bookkeeping over stream positions; the receiver tells it which
+byte ranges it placed in the image log (whole frames, as the sender packs them) and which
+positions heartbeats announced, and asks it at each poll for the NAKs that are due.
+
+* The rebuild position (rcv-pos) is the end of the contiguous data from the join position; the
+  high-water mark (rcv-hwm) is the end of the highest data or heartbeat position seen.
+* Every gap between them is tracked, not only the first. A new gap is NAKed after
+  ``nak_delay_ns`` (0 for unicast: at the next poll) and, while any part of it stays missing,
+  again every ``nak_retry_ns`` (10 ms by default, Aeron's unicast retry). A gap that is filled
+  in part keeps its timer, so a retransmit that arrives in several datagrams does not cause
+  a burst of NAKs for the rest.
+* A NAK never spans a term boundary: a gap across one is NAKed as one range per term.
+
+Invariant (what the receiver relies on): every byte in [rebuild_position, hwm_position) that is
+in no gap has been placed in the log; rebuild_position is the start of the first gap, or the
+high-water mark when there is none. Gaps start and end on frame boundaries because datagrams
+carry whole frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["NAK_RETRY_NS_DEFAULT", "Gap", "LossDetector", "NakRequest"]
+
+#: Aeron's unicast NAK retry: delay (100 us) x 100.
+NAK_RETRY_NS_DEFAULT: Final = 10_000_000
+
+
+@dataclass(slots=True)
+class Gap:
+    """Missing bytes [start, end) of the stream; ``nak_at_ns`` is when to NAK it next and
+    ``naks`` how many times it was NAKed."""
+
+    start: int
+    end: int
+    nak_at_ns: int
+    naks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NakRequest:
+    """A range to NAK, within one term: stream ``position`` and ``length`` in bytes; ``first``
+    is True the first time this loss is reported."""
+
+    position: int
+    length: int
+    first: bool
+
+
+class LossDetector:
+    """Tracks received ranges and gaps of one image from ``position`` (the join position)."""
+
+    def __init__(
+        self,
+        position: int,
+        term_length: int,
+        *,
+        nak_delay_ns: int = 0,
+        nak_retry_ns: int = NAK_RETRY_NS_DEFAULT,
+    ) -> None:
+        if nak_retry_ns <= 0 or nak_delay_ns < 0:
+            raise ValueError("nak_retry_ns must be positive and nak_delay_ns not negative")
+        self.rebuild_position = position
+        self.hwm_position = position
+        self.term_length = term_length
+        self.nak_delay_ns = nak_delay_ns
+        self.nak_retry_ns = nak_retry_ns
+        self.gaps: list[Gap] = []
+        #: gaps ever detected, and their bytes (the receiver's loss counters)
+        self.gaps_detected = 0
+        self.bytes_lost = 0
+
+    @property
+    def has_gaps(self) -> bool:
+        return bool(self.gaps)
+
+    def on_data(self, now_ns: int, start: int, end: int) -> bool:
+        """Data [start, end) was placed in the log (``start`` >= the rebuild position, unless
+        it is a duplicate). Returns True if it filled anything that was missing or extended the
+        high-water mark, False for a pure duplicate."""
+        if end <= self.rebuild_position:
+            return False
+        hwm = self.hwm_position
+        if start >= hwm:
+            if start > hwm:
+                self._add_gap(now_ns, hwm, start)
+            self.hwm_position = end
+            if not self.gaps:
+                self.rebuild_position = end
+            return True
+        filled = False
+        if self.gaps:
+            kept: list[Gap] = []
+            for gap in self.gaps:
+                if gap.end <= start or gap.start >= end:
+                    kept.append(gap)
+                    continue
+                filled = True
+                if gap.start < start:
+                    kept.append(Gap(gap.start, start, gap.nak_at_ns, gap.naks))
+                if gap.end > end:
+                    kept.append(Gap(end, gap.end, gap.nak_at_ns, gap.naks))
+            self.gaps = kept
+        if end > hwm:
+            self.hwm_position = end
+            filled = True
+        self.rebuild_position = self.gaps[0].start if self.gaps else self.hwm_position
+        return filled
+
+    def on_heartbeat(self, now_ns: int, position: int) -> None:
+        """The sender announced it has sent up to ``position``: anything between the
+        high-water mark and it is missing."""
+        if position > self.hwm_position:
+            self._add_gap(now_ns, self.hwm_position, position)
+            self.hwm_position = position
+
+    def _add_gap(self, now_ns: int, start: int, end: int) -> None:
+        self.gaps.append(Gap(start, end, now_ns + self.nak_delay_ns))
+        self.gaps_detected += 1
+        self.bytes_lost += end - start
+
+    def poll(self, now_ns: int) -> list[NakRequest]:
+        """The NAKs due at ``now_ns`` (each within one term); reschedules each NAKed gap."""
+        requests: list[NakRequest] = []
+        term_length = self.term_length
+        for gap in self.gaps:
+            if now_ns < gap.nak_at_ns:
+                continue
+            first = gap.naks == 0
+            gap.naks += 1
+            gap.nak_at_ns = now_ns + self.nak_retry_ns
+            start = gap.start
+            while start < gap.end:
+                term_end = (start // term_length + 1) * term_length
+                end = min(gap.end, term_end)
+                requests.append(NakRequest(start, end - start, first))
+                start = end
+        return requests
+
+    def next_deadline(self) -> int | None:
+        """When the next NAK falls due, or None without gaps."""
+        if not self.gaps:
+            return None
+        return min(gap.nak_at_ns for gap in self.gaps)

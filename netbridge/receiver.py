@@ -1,0 +1,841 @@
+"""The receiver side of a receive channel: a sans-IO state machine that rebuilds images
+(seed 000, seed 001; wire facts 3.4 and 5.4).
+
+:class:`NetworkReceiver` takes datagrams (DATA, PAD, heartbeats, SETUP, RTTM) with the time
+and their source, and from :meth:`NetworkReceiver.poll` returns the datagrams to send (status
+messages, NAKs, RTT replies), events (:class:`ImageAvailable`, :class:`LossDetected`,
+:class:`EndOfStream`, :class:`ImageUnavailable`) and the time to poll again. Nothing here
+opens a socket, reads a clock or starts a thread.
+
+One :class:`ReceiverImage` per publishing session (session id, stream id):
+
+* **Creation.** A SETUP for a subscribed stream calls the ``image_factory`` the process layer
+  provides; it returns the image's log buffer (same term length and initial term id as the
+  SETUP, freshly zeroed) and a callable giving the subscribers' (minimum) position.
+* **Placement.** A DATA datagram is validated whole (every frame's version, type, length,
+  session, stream, term id and term offset must agree with its place in the datagram, and the
+  frames must lie inside the term) and then copied into the log at its term id and offset in
+  one block, the first frame's length last with a release store, as Aeron's term rebuilder
+  does: a reader (shmbus ``Image.poll``) that sees that length sees the whole block. Frames
+  below the rebuild position are not rewritten (that part of the log may be cleaned already);
+  data past the window (last status message position + receiver window) is dropped.
+* **Positions.** rcv-hwm is the highest position seen in data or heartbeats; rcv-pos (the
+  rebuild position) is the end of the contiguous data (see :mod:`netbridge.loss_detector`).
+* **Loss.** Every gap is NAKed at once (unicast) and again every NAK retry time while it
+  stays; each new gap is reported once as :class:`LossDetected`.
+* **Status messages.** Sent when the image is created or a SETUP repeats, when the
+  subscribers' position moves into a new term or more than a quarter of the window past the
+  last scheduled one (or so far that less than an MTU of the advertised window is left, when
+  the window is small: a full frame must always fit), and every status-message timeout
+  (200 ms) otherwise, repeating the last scheduled position. They carry the EOS flag once the
+  image reached end of stream. The window is at least the MTU and at most half a term.
+* **Cleaning.** The log is zeroed one term behind the subscribers' position, so a term is clean
+  before it is written again.
+* **End.** An end-of-stream heartbeat sets the end position; when the rebuild position reaches
+  it, :class:`EndOfStream` is reported and the log's end-of-stream position is set. An image
+  that hears nothing for the image liveness timeout (10 s) is removed
+  (:class:`ImageUnavailable`, reason ``"end_of_stream"`` or ``"timeout"``), as is one the
+  process layer closes (reason ``"closed"``); its session is then ignored for a cool-down.
+* **Unknown sessions.** DATA for a subscribed stream but an unknown session is dropped and
+  answered with a status message with the SETUP flag (at most every 200 ms per session).
+
+Hostile input (malformed datagrams, unknown sessions, offsets outside the term, lengths past
+the datagram, positions outside the window) is counted and dropped and never reaches the log.
+The receiver never closes an image's log: the process layer does, after ImageUnavailable.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Final, NamedTuple
+
+from netbridge.frames import (
+    CURRENT_VERSION,
+    DATA_FLAG_EOS,
+    DATA_HEADER_LENGTH,
+    FRAME_ALIGNMENT,
+    HDR_TYPE_DATA,
+    HDR_TYPE_PAD,
+    RTTM_FLAG_REPLY,
+    SM_FLAG_EOS,
+    SM_FLAG_SETUP,
+    DataHeader,
+    Frame,
+    MalformedFrame,
+    Nak,
+    RttMeasurement,
+    SetupFrame,
+    StatusMessage,
+    decode_frames,
+    encode_datagram,
+)
+from netbridge.loss_detector import NAK_RETRY_NS_DEFAULT, LossDetector
+from shmbus.log_buffer import (
+    PARTITION_COUNT,
+    LogBuffer,
+    LogBufferError,
+    check_mtu,
+    check_term_length,
+    compute_position,
+)
+
+__all__ = [
+    "IMAGE_LIVENESS_TIMEOUT_NS_DEFAULT",
+    "RECEIVER_WINDOW_DEFAULT",
+    "SM_TIMEOUT_NS_DEFAULT",
+    "EndOfStream",
+    "ImageAvailable",
+    "ImageFactory",
+    "ImageRequest",
+    "ImageResources",
+    "ImageUnavailable",
+    "LossDetected",
+    "NetworkReceiver",
+    "ReceiverEvent",
+    "ReceiverImage",
+    "ReceiverPoll",
+]
+
+RECEIVER_WINDOW_DEFAULT: Final = 128 * 1024
+SM_TIMEOUT_NS_DEFAULT: Final = 200_000_000
+IMAGE_LIVENESS_TIMEOUT_NS_DEFAULT: Final = 10_000_000_000
+SETUP_ELICIT_INTERVAL_NS_DEFAULT: Final = 200_000_000
+IMAGE_COOLDOWN_NS_DEFAULT: Final = 1_000_000_000
+
+_HEADER = struct.Struct("<iBBHiiii")  # the first 24 bytes of a DATA/PAD header
+_INT32 = struct.Struct("<i")
+_ALIGN_MASK: Final = ~(FRAME_ALIGNMENT - 1)
+_ELICIT_TABLE_LIMIT: Final = 1024
+
+Outgoing = tuple[bytes, object]
+
+
+# --- what the process layer provides --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRequest:
+    """What a SETUP announced, for the image factory. ``join_position`` is where the image
+    starts (the subscribers' initial position); ``source`` is the sender's address."""
+
+    session_id: int
+    stream_id: int
+    initial_term_id: int
+    active_term_id: int
+    term_offset: int
+    term_length: int
+    mtu: int
+    join_position: int
+    source: object
+
+
+@dataclass(slots=True)
+class ImageResources:
+    """What the image factory returns: a zeroed log buffer created with the request's term
+    length, initial term id, mtu, session and stream id; a callable returning the minimum
+    position of the image's subscribers (values below the join position are taken as the
+    join position); optionally a receiver window for this image (``rcv-wnd``)."""
+
+    log: LogBuffer
+    subscriber_position: Callable[[], int]
+    receiver_window: int | None = None
+
+
+ImageFactory = Callable[[ImageRequest], ImageResources | None]
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ImageAvailable:
+    """A SETUP created ``image``; its log is ready for subscribers from its join position."""
+
+    image: ReceiverImage
+
+
+@dataclass(frozen=True, slots=True)
+class LossDetected:
+    """A new gap in ``image``: ``length`` bytes at (term_id, term_offset), NAKed."""
+
+    image: ReceiverImage
+    term_id: int
+    term_offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfStream:
+    """``image`` holds everything up to the end of its stream, ``position``."""
+
+    image: ReceiverImage
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class ImageUnavailable:
+    """``image`` was removed (reason ``"timeout"``, ``"end_of_stream"`` or ``"closed"``);
+    the process layer may close its log once subscribers are done with it."""
+
+    image: ReceiverImage
+    reason: str
+
+
+ReceiverEvent = ImageAvailable | LossDetected | EndOfStream | ImageUnavailable
+
+
+class ReceiverPoll(NamedTuple):
+    """What :meth:`NetworkReceiver.poll` returns: datagrams to send as (bytes, destination),
+    events, and when to poll again (None: nothing is scheduled; poll when a datagram comes)."""
+
+    datagrams: list[Outgoing]
+    events: list[ReceiverEvent]
+    next_deadline_ns: int | None
+
+
+# --- one image --------------------------------------------------------------------------------
+
+
+class ReceiverImage:
+    """One publishing session being rebuilt into an image log. Created by the receiver.
+
+    Read-only attributes for the process layer: ``session_id``, ``stream_id``,
+    ``initial_term_id``, ``term_length``, ``mtu``, ``join_position``, ``log``, ``window``,
+    ``control_address`` (where SMs and NAKs go), ``rcv_hwm`` and ``rcv_pos`` (properties),
+    ``consumption_position`` (the subscribers' position as last polled), ``sm_position`` (the
+    last scheduled status message position), ``end_of_stream_position`` (None until an EOS
+    heartbeat), ``is_end_of_stream``, and counters: ``datagrams_received``, ``bytes_received``,
+    ``heartbeats_received``, ``duplicates``, ``overruns`` (data past the window),
+    ``invalid_datagrams``, ``naks_sent``, ``sms_sent``, ``gaps_detected``, ``bytes_lost``.
+    """
+
+    def __init__(
+        self,
+        receiver: NetworkReceiver,
+        request: ImageRequest,
+        resources: ImageResources,
+        now_ns: int,
+    ) -> None:
+        log = resources.log
+        d = log.descriptor
+        if (d.term_length, d.initial_term_id) != (request.term_length, request.initial_term_id):
+            raise ValueError(
+                f"image log has term length {d.term_length} and initial term id "
+                f"{d.initial_term_id}; the SETUP says {request.term_length} and "
+                f"{request.initial_term_id}"
+            )
+        self._receiver = receiver
+        self.session_id = request.session_id
+        self.stream_id = request.stream_id
+        self.initial_term_id = request.initial_term_id
+        self.term_length = request.term_length
+        self.mtu = request.mtu
+        self.join_position = request.join_position
+        self.log = log
+        self.subscriber_position = resources.subscriber_position
+        window = resources.receiver_window or receiver.receiver_window
+        # at least one MTU (else a full frame could never be sent), at most half a term
+        self.window = min(max(window, self.mtu), self.term_length // 2)
+        self.control_address = request.source
+
+        self._buffer = log.buffer
+        self._position_bits = self.term_length.bit_length() - 1
+        self._term_mask = self.term_length - 1
+        # A heartbeat may lie past the window by the padding the sender skipped after sending
+        # a PAD header that fit it; a quarter term is more than any padding can be.
+        self._heartbeat_slack = self.term_length // 4
+        self.loss = LossDetector(
+            request.join_position,
+            self.term_length,
+            nak_delay_ns=receiver.nak_delay_ns,
+            nak_retry_ns=receiver.nak_retry_ns,
+        )
+        self.consumption_position = request.join_position
+        self.sm_position = request.join_position
+        self._clean_position = request.join_position
+        self._sm_due = True
+        self._last_sm_ns: int | None = None
+        self.last_heard_ns = now_ns
+        self.end_of_stream_position: int | None = None
+        self.is_end_of_stream = False
+
+        self.datagrams_received = 0
+        self.bytes_received = 0
+        self.heartbeats_received = 0
+        self.duplicates = 0
+        self.overruns = 0
+        self.invalid_datagrams = 0
+        self.naks_sent = 0
+        self.sms_sent = 0
+
+    @property
+    def rcv_hwm(self) -> int:
+        """The highest position seen (rcv-hwm)."""
+        return self.loss.hwm_position
+
+    @property
+    def rcv_pos(self) -> int:
+        """The rebuild position: everything below it is in the log (rcv-pos)."""
+        return self.loss.rebuild_position
+
+    @property
+    def gaps_detected(self) -> int:
+        return self.loss.gaps_detected
+
+    @property
+    def bytes_lost(self) -> int:
+        return self.loss.bytes_lost
+
+    def _position(self, term_id: int, term_offset: int) -> int:
+        term_count = ((term_id - self.initial_term_id + 2**31) & 0xFFFFFFFF) - 2**31
+        return (term_count << self._position_bits) + term_offset
+
+    def _term_id(self, position: int) -> int:
+        term_id = self.initial_term_id + (position >> self._position_bits)
+        return ((term_id + 2**31) & 0xFFFFFFFF) - 2**31
+
+    def _invalid(self) -> None:
+        self.invalid_datagrams += 1
+        self._receiver.invalid_datagrams += 1
+
+    # -- data ------------------------------------------------------------------------------------
+
+    def on_data(
+        self,
+        now_ns: int,
+        view: memoryview,
+        frame_length: int,
+        frame_type: int,
+        flags: int,
+        term_offset: int,
+        term_id: int,
+        source: object,
+    ) -> None:
+        """Place one DATA/PAD datagram (or take a heartbeat) whose first header was unpacked
+        by the receiver into the arguments."""
+        size = len(view)
+        term_length = self.term_length
+        if term_offset < 0 or term_offset >= term_length or term_offset & (FRAME_ALIGNMENT - 1):
+            self._invalid()
+            return
+        if frame_type == HDR_TYPE_DATA and frame_length == 0:
+            if size != DATA_HEADER_LENGTH:
+                self._invalid()
+                return
+            self._on_heartbeat(now_ns, flags, self._position(term_id, term_offset), source)
+            return
+
+        position = self._position(term_id, term_offset)
+        rebuild = self.loss.rebuild_position
+        session_id, stream_id = self.session_id, self.stream_id
+        offset = 0  # bytes of the datagram walked
+        skip = 0  # leading bytes of frames wholly below the rebuild position
+        span = 0  # bytes of the stream the datagram covers (a PAD covers its whole length)
+        while True:
+            if frame_type == HDR_TYPE_DATA:
+                if frame_length < DATA_HEADER_LENGTH or offset + frame_length > size:
+                    self._invalid()
+                    return
+                aligned = (frame_length + FRAME_ALIGNMENT - 1) & _ALIGN_MASK
+                if skip == offset and position + offset + aligned <= rebuild:
+                    skip = offset + aligned
+                offset += aligned
+                span = offset
+            elif frame_type == HDR_TYPE_PAD:
+                if frame_length < DATA_HEADER_LENGTH:
+                    self._invalid()
+                    return
+                aligned = (frame_length + FRAME_ALIGNMENT - 1) & _ALIGN_MASK
+                if skip == offset and position + offset + aligned <= rebuild:
+                    skip = offset + DATA_HEADER_LENGTH
+                span = offset + aligned
+                offset += DATA_HEADER_LENGTH
+                break  # a PAD ends the datagram, sent as its header
+            else:
+                self._invalid()
+                return
+            if offset >= size:
+                break
+            if size - offset < DATA_HEADER_LENGTH:
+                self._invalid()
+                return
+            (frame_length, version, _flags, frame_type, f_offset, f_session, f_stream,
+             f_term) = _HEADER.unpack_from(view, offset)
+            if (
+                version != CURRENT_VERSION
+                or f_offset != term_offset + offset
+                or f_session != session_id
+                or f_stream != stream_id
+                or f_term != term_id
+            ):
+                self._invalid()
+                return
+        if term_offset + span > term_length:
+            self._invalid()
+            return
+
+        copy_end = min(offset, size)
+        self.last_heard_ns = now_ns
+        if source is not None:
+            self.control_address = source
+        self.datagrams_received += 1
+        self.bytes_received += size
+        if position + span <= rebuild:
+            self.duplicates += 1
+            return
+        if position + copy_end > self.sm_position + self.window:
+            self.overruns += 1
+            self._receiver.overruns += 1
+            return
+        if self.end_of_stream_position is not None and position + span > (
+            self.end_of_stream_position
+        ):
+            self._invalid()
+            return
+        if not self.loss.on_data(now_ns, position + skip, position + span):
+            self.duplicates += 1
+            return
+        if skip < copy_end:
+            index = (position >> self._position_bits) % PARTITION_COUNT
+            at = index * term_length + term_offset + skip
+            buffer = self._buffer
+            buffer.put_bytes(at + 4, view[skip + 4 : copy_end])
+            buffer.put_int32_release(at, _INT32.unpack_from(view, skip)[0])
+
+    def _on_heartbeat(self, now_ns: int, flags: int, position: int, source: object) -> None:
+        self.heartbeats_received += 1
+        self._receiver.heartbeats_received += 1
+        self.last_heard_ns = now_ns
+        if source is not None:
+            self.control_address = source
+        if (
+            position > self.sm_position + self.window + self._heartbeat_slack
+            or position < self.loss.rebuild_position
+        ):
+            return  # outside the window: alive, but the position says nothing usable
+        self.loss.on_heartbeat(now_ns, position)
+        if (
+            flags & DATA_FLAG_EOS
+            and self.end_of_stream_position is None
+            and position >= self.loss.hwm_position
+        ):
+            self.end_of_stream_position = position
+
+    def on_setup(self, now_ns: int, source: object) -> None:
+        """A SETUP for this existing image: answer with a status message at once."""
+        self.last_heard_ns = now_ns
+        if source is not None:
+            self.control_address = source
+        self._sm_due = True
+
+    # -- timers ---------------------------------------------------------------------------------
+
+    def poll(self, now_ns: int, out: list[Outgoing], events: list[ReceiverEvent]) -> int:
+        """Track consumption, clean, detect end of stream, send due NAKs and status messages;
+        return the next time this image needs a poll."""
+        receiver = self._receiver
+        rebuild = self.loss.rebuild_position
+        subscriber = self.subscriber_position()
+        if subscriber > self.consumption_position:
+            self.consumption_position = min(subscriber, rebuild) & _ALIGN_MASK
+            self._clean_to(self.consumption_position - self.term_length)
+
+        if (
+            self.end_of_stream_position is not None
+            and not self.is_end_of_stream
+            and rebuild >= self.end_of_stream_position
+        ):
+            self.is_end_of_stream = True
+            self.log.end_of_stream_position = self.end_of_stream_position
+            self._sm_due = True
+            events.append(EndOfStream(self, self.end_of_stream_position))
+
+        for request in self.loss.poll(now_ns):
+            term_id = self._term_id(request.position)
+            term_offset = request.position & self._term_mask
+            nak = Nak(
+                session_id=self.session_id,
+                stream_id=self.stream_id,
+                term_id=term_id,
+                term_offset=term_offset,
+                length=request.length,
+            )
+            out.append((nak.encode(), self.control_address))
+            self.naks_sent += 1
+            receiver.naks_sent += 1
+            if request.first:
+                events.append(LossDetected(self, term_id, term_offset, request.length))
+
+        consumption = self.consumption_position
+        sm_position = self.sm_position
+        if consumption > sm_position and (
+            consumption - sm_position > self.window // 4
+            or consumption >> self._position_bits > sm_position >> self._position_bits
+            # less than a frame of room left: the sender may be waiting for this SM
+            or consumption + self.mtu > sm_position + self.window
+        ):
+            self.sm_position = consumption
+            self._sm_due = True
+        timeout = receiver.sm_timeout_ns
+        if self._sm_due or self._last_sm_ns is None or now_ns - self._last_sm_ns >= timeout:
+            self._send_sm(now_ns, out)
+
+        deadline = self._last_sm_ns + timeout  # type: ignore[operator]
+        nak_deadline = self.loss.next_deadline()
+        if nak_deadline is not None:
+            deadline = min(deadline, nak_deadline)
+        return deadline
+
+    def _send_sm(self, now_ns: int, out: list[Outgoing]) -> None:
+        receiver = self._receiver
+        position = self.sm_position
+        sm = StatusMessage(
+            flags=SM_FLAG_EOS if self.is_end_of_stream else 0,
+            session_id=self.session_id,
+            stream_id=self.stream_id,
+            consumption_term_id=self._term_id(position),
+            consumption_term_offset=position & self._term_mask,
+            receiver_window=self.window,
+            receiver_id=receiver.receiver_id,
+            group_tag=receiver.group_tag,
+        )
+        out.append((sm.encode(), self.control_address))
+        self._sm_due = False
+        self._last_sm_ns = now_ns
+        self.sms_sent += 1
+        receiver.sms_sent += 1
+
+    def _clean_to(self, position: int) -> None:
+        """Zero the log from the clean position up to ``position``, term by term, the first
+        8 bytes of each span last with a release store (the log's owner only)."""
+        term_length = self.term_length
+        buffer = self._buffer
+        while position > self._clean_position:
+            clean = self._clean_position
+            index = (clean >> self._position_bits) % PARTITION_COUNT
+            term_offset = clean & self._term_mask
+            length = min(position - clean, term_length - term_offset)
+            start = index * term_length + term_offset
+            if length > 8:
+                buffer.set_memory(start + 8, length - 8, 0)
+                buffer.put_int64_release(start, 0)
+            else:
+                buffer.set_memory(start, length, 0)
+            self._clean_position = clean + length
+
+    def __repr__(self) -> str:
+        return (
+            f"ReceiverImage(session_id={self.session_id}, stream_id={self.stream_id}, "
+            f"rcv_pos={self.rcv_pos}, rcv_hwm={self.rcv_hwm})"
+        )
+
+
+# --- the receive channel -----------------------------------------------------------------------
+
+
+class NetworkReceiver:
+    """The sans-IO receiver of one receive channel endpoint (one socket's traffic).
+
+    ``image_factory`` is called on a SETUP for a subscribed stream without an image and returns
+    :class:`ImageResources` (or None to decline). ``receiver_id`` goes into every status
+    message, with ``group_tag`` when not None. ``receiver_window`` is the default window
+    (128 KiB; each image uses at most half its term length). Timings default to Aeron's: status
+    message timeout 200 ms, image liveness 10 s, NAK delay 0 and retry 10 ms (unicast); SETUP
+    elicitation at most every 200 ms per session; a removed image's session is ignored for
+    ``image_cooldown_ns`` (1 s).
+
+    Streams are subscribed with :meth:`add_subscription`; traffic for other streams is
+    ignored. Channel counters (plain ints): ``datagrams_received``, ``bytes_received``,
+    ``invalid_datagrams``, ``unknown_session_datagrams``, ``ignored_frames``,
+    ``heartbeats_received``, ``overruns``, ``naks_sent``, ``sms_sent``, ``setups_received``,
+    ``setup_elicitations``, ``images_created``, ``rttm_replies``; ``gaps_detected`` and
+    ``bytes_lost`` (properties, over current and removed images).
+    """
+
+    def __init__(
+        self,
+        image_factory: ImageFactory,
+        *,
+        receiver_id: int,
+        group_tag: int | None = None,
+        receiver_window: int = RECEIVER_WINDOW_DEFAULT,
+        sm_timeout_ns: int = SM_TIMEOUT_NS_DEFAULT,
+        image_liveness_timeout_ns: int = IMAGE_LIVENESS_TIMEOUT_NS_DEFAULT,
+        nak_delay_ns: int = 0,
+        nak_retry_ns: int = NAK_RETRY_NS_DEFAULT,
+        setup_elicit_interval_ns: int = SETUP_ELICIT_INTERVAL_NS_DEFAULT,
+        image_cooldown_ns: int = IMAGE_COOLDOWN_NS_DEFAULT,
+    ) -> None:
+        if receiver_window < FRAME_ALIGNMENT:
+            raise ValueError(f"receiver_window {receiver_window} is below {FRAME_ALIGNMENT}")
+        self.image_factory = image_factory
+        self.receiver_id = receiver_id
+        self.group_tag = group_tag
+        self.receiver_window = receiver_window
+        self.sm_timeout_ns = sm_timeout_ns
+        self.image_liveness_timeout_ns = image_liveness_timeout_ns
+        self.nak_delay_ns = nak_delay_ns
+        self.nak_retry_ns = nak_retry_ns
+        self.setup_elicit_interval_ns = setup_elicit_interval_ns
+        self.image_cooldown_ns = image_cooldown_ns
+
+        self.subscriptions: set[int] = set()
+        self.images: dict[tuple[int, int], ReceiverImage] = {}
+        self._cooldown: dict[tuple[int, int], int] = {}
+        self._elicited: dict[tuple[int, int], int] = {}
+        self._pending: list[Outgoing] = []
+        self._events: list[ReceiverEvent] = []
+        self._retired_gaps = 0
+        self._retired_bytes_lost = 0
+
+        self.datagrams_received = 0
+        self.bytes_received = 0
+        self.invalid_datagrams = 0
+        self.unknown_session_datagrams = 0
+        self.ignored_frames = 0
+        self.heartbeats_received = 0
+        self.overruns = 0
+        self.naks_sent = 0
+        self.sms_sent = 0
+        self.setups_received = 0
+        self.setup_elicitations = 0
+        self.images_created = 0
+        self.rttm_replies = 0
+
+    @property
+    def gaps_detected(self) -> int:
+        return self._retired_gaps + sum(i.gaps_detected for i in self.images.values())
+
+    @property
+    def bytes_lost(self) -> int:
+        return self._retired_bytes_lost + sum(i.bytes_lost for i in self.images.values())
+
+    # -- subscriptions and images ---------------------------------------------------------------
+
+    def add_subscription(self, stream_id: int) -> None:
+        """Accept SETUPs and data for ``stream_id``."""
+        self.subscriptions.add(stream_id)
+
+    def remove_subscription(self, stream_id: int, now_ns: int) -> None:
+        """Stop taking ``stream_id``: its images are removed (reason ``"closed"``)."""
+        self.subscriptions.discard(stream_id)
+        for session_id, image_stream in list(self.images):
+            if image_stream == stream_id:
+                self.close_image(session_id, stream_id, now_ns)
+
+    def close_image(self, session_id: int, stream_id: int, now_ns: int) -> None:
+        """Remove an image now (ImageUnavailable, reason ``"closed"``, at the next poll)."""
+        image = self.images.get((session_id, stream_id))
+        if image is not None:
+            self._remove(image, "closed", now_ns)
+
+    def _remove(self, image: ReceiverImage, reason: str, now_ns: int) -> None:
+        key = (image.session_id, image.stream_id)
+        del self.images[key]
+        self._retired_gaps += image.gaps_detected
+        self._retired_bytes_lost += image.bytes_lost
+        self._cooldown[key] = now_ns + self.image_cooldown_ns
+        self._events.append(ImageUnavailable(image, reason))
+
+    # -- input ------------------------------------------------------------------------------------
+
+    def on_datagram(
+        self,
+        now_ns: int,
+        datagram: bytes | bytearray | memoryview | Iterable[Frame],
+        source: object = None,
+    ) -> None:
+        """Handle one datagram from the data path: raw bytes (the fast path, no per-frame
+        objects), or frames already decoded. Replies and events come out of :meth:`poll`."""
+        if not isinstance(datagram, bytes | bytearray | memoryview):
+            self._on_frames(now_ns, list(datagram), source)
+            return
+        view = datagram if isinstance(datagram, memoryview) else memoryview(datagram)
+        size = len(view)
+        self.datagrams_received += 1
+        self.bytes_received += size
+        if size >= DATA_HEADER_LENGTH:
+            (frame_length, version, flags, frame_type, term_offset, session_id, stream_id,
+             term_id) = _HEADER.unpack_from(view, 0)
+            if frame_type == HDR_TYPE_DATA or frame_type == HDR_TYPE_PAD:
+                if version != CURRENT_VERSION:
+                    self.invalid_datagrams += 1
+                    return
+                image = self.images.get((session_id, stream_id))
+                if image is None:
+                    self._on_unknown_session(now_ns, session_id, stream_id, source)
+                    return
+                image.on_data(now_ns, view, frame_length, frame_type, flags, term_offset,
+                              term_id, source)
+                return
+        try:
+            frames = list(decode_frames(view))
+        except MalformedFrame:
+            self.invalid_datagrams += 1
+            return
+        for frame in frames:
+            self._on_control(now_ns, frame, source)
+
+    def _on_frames(self, now_ns: int, frames: list[Frame], source: object) -> None:
+        if frames and all(isinstance(frame, DataHeader) for frame in frames):
+            try:
+                datagram = encode_datagram(frames)
+            except ValueError:
+                self.invalid_datagrams += 1
+                return
+            self.on_datagram(now_ns, datagram, source)
+            return
+        self.datagrams_received += 1
+        for frame in frames:
+            if isinstance(frame, DataHeader):
+                self.ignored_frames += 1  # DATA mixed with control frames: not Aeron's packing
+            else:
+                self._on_control(now_ns, frame, source)
+
+    def _on_control(self, now_ns: int, frame: Frame, source: object) -> None:
+        if isinstance(frame, SetupFrame):
+            self._on_setup(now_ns, frame, source)
+        elif isinstance(frame, RttMeasurement):
+            self._on_rttm(frame, source)
+        else:
+            self.ignored_frames += 1
+
+    def _on_unknown_session(
+        self, now_ns: int, session_id: int, stream_id: int, source: object
+    ) -> None:
+        self.unknown_session_datagrams += 1
+        key = (session_id, stream_id)
+        if stream_id not in self.subscriptions or self._cooling_down(key, now_ns):
+            return
+        last = self._elicited.get(key)
+        if last is not None and now_ns - last < self.setup_elicit_interval_ns:
+            return
+        if last is None and len(self._elicited) >= _ELICIT_TABLE_LIMIT:
+            self._prune_elicited(now_ns)
+            if len(self._elicited) >= _ELICIT_TABLE_LIMIT:
+                return
+        self._elicited[key] = now_ns
+        sm = StatusMessage(
+            flags=SM_FLAG_SETUP,
+            session_id=session_id,
+            stream_id=stream_id,
+            consumption_term_id=0,
+            consumption_term_offset=0,
+            receiver_window=0,
+            receiver_id=self.receiver_id,
+            group_tag=self.group_tag,
+        )
+        self._pending.append((sm.encode(), source))
+        self.setup_elicitations += 1
+        self.sms_sent += 1
+
+    def _cooling_down(self, key: tuple[int, int], now_ns: int) -> bool:
+        until = self._cooldown.get(key)
+        if until is None:
+            return False
+        if now_ns < until:
+            return True
+        del self._cooldown[key]
+        return False
+
+    def _on_setup(self, now_ns: int, setup: SetupFrame, source: object) -> None:
+        self.setups_received += 1
+        key = (setup.session_id, setup.stream_id)
+        image = self.images.get(key)
+        if image is not None:
+            image.on_setup(now_ns, source)
+            return
+        if setup.stream_id not in self.subscriptions or self._cooling_down(key, now_ns):
+            self.ignored_frames += 1
+            return
+        term_length = setup.term_length
+        try:
+            check_term_length(term_length)
+            check_mtu(setup.mtu, term_length)
+        except LogBufferError:
+            self.invalid_datagrams += 1
+            return
+        term_offset = setup.term_offset
+        if term_offset < 0 or term_offset >= term_length or term_offset % FRAME_ALIGNMENT:
+            self.invalid_datagrams += 1
+            return
+        join_position = compute_position(
+            setup.active_term_id, term_offset, term_length, setup.initial_term_id
+        )
+        if join_position < 0:
+            self.invalid_datagrams += 1
+            return
+        request = ImageRequest(
+            session_id=setup.session_id,
+            stream_id=setup.stream_id,
+            initial_term_id=setup.initial_term_id,
+            active_term_id=setup.active_term_id,
+            term_offset=term_offset,
+            term_length=term_length,
+            mtu=setup.mtu,
+            join_position=join_position,
+            source=source,
+        )
+        resources = self.image_factory(request)
+        if resources is None:
+            return
+        image = ReceiverImage(self, request, resources, now_ns)
+        self.images[key] = image
+        self._elicited.pop(key, None)
+        self.images_created += 1
+        self._events.append(ImageAvailable(image))
+
+    def _on_rttm(self, rttm: RttMeasurement, source: object) -> None:
+        if not rttm.flags & RTTM_FLAG_REPLY:
+            self.ignored_frames += 1  # an echo of a measurement this receiver never starts
+            return
+        if (rttm.session_id, rttm.stream_id) not in self.images or rttm.receiver_id not in (
+            0,
+            self.receiver_id,
+        ):
+            self.ignored_frames += 1
+            return
+        reply = RttMeasurement(
+            flags=0,
+            session_id=rttm.session_id,
+            stream_id=rttm.stream_id,
+            echo_timestamp=rttm.echo_timestamp,
+            reception_delta=0,
+            receiver_id=rttm.receiver_id,
+        )
+        self._pending.append((reply.encode(), source))
+        self.rttm_replies += 1
+
+    # -- output -----------------------------------------------------------------------------------
+
+    def poll(self, now_ns: int) -> ReceiverPoll:
+        """Run every image's timers: liveness, consumption and cleaning, end of stream, NAKs,
+        status messages. Returns the datagrams to send, the events, and the next deadline."""
+        out = self._pending
+        self._pending = []
+        deadline: int | None = None
+        liveness = self.image_liveness_timeout_ns
+        for image in list(self.images.values()):
+            if now_ns - image.last_heard_ns > liveness:
+                reason = "end_of_stream" if image.is_end_of_stream else "timeout"
+                self._remove(image, reason, now_ns)
+                continue
+            due = min(image.poll(now_ns, out, self._events), image.last_heard_ns + liveness + 1)
+            deadline = due if deadline is None else min(deadline, due)
+        events = self._events
+        self._events = []
+        if len(self._elicited) > _ELICIT_TABLE_LIMIT // 2:
+            self._prune_elicited(now_ns)
+        if self._cooldown:
+            for key in [k for k, until in self._cooldown.items() if now_ns >= until]:
+                del self._cooldown[key]
+        if deadline is not None:
+            deadline = max(deadline, now_ns)
+        return ReceiverPoll(out, events, deadline)
+
+    def _prune_elicited(self, now_ns: int) -> None:
+        interval = self.setup_elicit_interval_ns
+        for key in [k for k, at in self._elicited.items() if now_ns - at >= interval]:
+            del self._elicited[key]
