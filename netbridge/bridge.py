@@ -47,7 +47,7 @@ RECEIVE_CHANNEL_STAT = 102
 SEND_STATS = ("bytes sent", "datagrams sent", "heartbeats sent", "retransmits",
               "naks received", "sms received", "invalid datagrams")
 RECEIVE_STATS = ("bytes received", "datagrams received", "heartbeats received", "naks sent",
-                 "sms sent", "invalid datagrams", "gaps", "bytes lost")
+                 "sms sent", "invalid datagrams", "gaps", "bytes lost", "rtt ns")
 
 _SESSION_STREAM = struct.Struct("<ii")
 _RECV_BATCH = 64
@@ -381,9 +381,9 @@ class Bridge:
             sender.snd_lmt.set(s.sender_limit)
         if sender.snd_bpe.get() != s.back_pressure_events:
             sender.snd_bpe.set(s.back_pressure_events)
-        connected = s.is_connected and not s.closed
-        if sender.log.is_connected != connected:
-            sender.log.is_connected = connected
+        connected = 1 if s.is_connected and not s.closed else 0
+        if sender.log.active_transport_count != connected:
+            sender.log.active_transport_count = connected  # the driver derives is-connected
 
     def _mirror_send(self, channel: SendChannel) -> None:
         senders = [s.sender for s in channel.senders.values()]
@@ -411,6 +411,8 @@ class Bridge:
             "heartbeats received": r.heartbeats_received, "naks sent": r.naks_sent,
             "sms sent": r.sms_sent, "invalid datagrams": r.invalid_datagrams,
             "gaps": r.gaps_detected, "bytes lost": r.bytes_lost,
+            # the latest round-trip time of the channel's images (the worst of them), 0 if none
+            "rtt ns": max((i.rtt_ns or 0 for i in r.images.values()), default=0),
         })
 
     def _received(self, image: ReceiverImage) -> ReceivedImage | None:

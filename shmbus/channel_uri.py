@@ -107,9 +107,24 @@ class ChannelUri:
                 if self.params["control-mode"] not in ("manual", "dynamic"):
                     raise ChannelUriError(f"channel {uri!r}: control-mode must be manual or "
                                           f"dynamic, not {self.params['control-mode']!r}")
-                if "control" not in self.params and self.params["control-mode"] == "dynamic":
+                if "control" not in self.params:
+                    raise ChannelUriError(f"channel {uri!r}: control-mode="
+                                          f"{self.params['control-mode']} needs a control "
+                                          f"address (control=host:port)")
+            if "endpoint" in self.params:
+                group = multicast_group(self.params["endpoint"])
+                if group is not None and group % 2 == 0:
                     raise ChannelUriError(
-                        f"channel {uri!r}: control-mode=dynamic needs a control address")
+                        f"channel {uri!r}: endpoint {self.params['endpoint']} is an even "
+                        f"multicast address; the data group must be odd (control uses the "
+                        f"next, even one)")
+            if "interface" in self.params:
+                _check_host_port(uri, "interface", self.params["interface"], port_optional=True)
+            if "fc" in self.params:
+                try:
+                    parse_flow_control(self.params["fc"])
+                except ValueError as e:
+                    raise ChannelUriError(f"channel {uri!r}: {e}") from None
         else:
             for key in ("endpoint", "interface", "control", "control-mode", "ttl"):
                 if key in self.params:
@@ -135,6 +150,15 @@ class ChannelUri:
     def is_ipc(self) -> bool:
         return self.media == "ipc"
 
+    @property
+    def is_multicast(self) -> bool:
+        return "endpoint" in self.params and multicast_group(self.params["endpoint"]) is not None
+
+    @property
+    def control_mode(self) -> str | None:
+        """'manual' or 'dynamic' for multi-destination-cast publications, else None."""
+        return self.params.get("control-mode")
+
     def endpoint_key(self) -> tuple[str, ...]:
         """What identifies the transport: publications and subscriptions with the same key
         (and stream id) meet. IPC has one; udp is keyed by endpoint, control and interface."""
@@ -151,8 +175,60 @@ class ChannelUri:
         return SPY_PREFIX + base if self.spy else base
 
 
-def _check_host_port(uri: str, key: str, value: str) -> None:
+@dataclass(frozen=True)
+class FlowControlSpec:
+    """The ``fc`` parameter: ``max``, ``min`` or ``tagged``, with Aeron's ``g:<tag>/<n>``
+    (group tag and minimum group size) and ``t:<timeout>`` (receiver timeout) options."""
+
+    strategy: str
+    group_tag: int | None = None
+    group_min_size: int = 0
+    receiver_timeout_ns: int | None = None
+
+
+def parse_flow_control(text: str) -> FlowControlSpec:
+    """Parse ``fc=...``; ValueError names the bad part (e.g. ``fc=fastest``)."""
+    strategy, *options = text.split(",")
+    if strategy not in ("max", "min", "tagged"):
+        raise ValueError(f"fc={text!r}: unknown strategy {strategy!r} (max, min or tagged)")
+    tag: int | None = None
+    size = 0
+    timeout: int | None = None
+    for option in options:
+        try:
+            if option.startswith("g:"):
+                tag_text, _, size_text = option[2:].partition("/")
+                tag = int(tag_text) if tag_text else None
+                size = int(size_text) if size_text else 0
+            elif option.startswith("t:"):
+                value = option[2:]
+                scale = {"ms": 10**6, "us": 10**3, "ns": 1, "s": 10**9}
+                unit = next((u for u in ("ms", "us", "ns", "s") if value.endswith(u)), "ns")
+                timeout = int(value[: len(value) - len(unit)] if value.endswith(unit)
+                              else value) * scale[unit]
+            else:
+                raise ValueError(option)
+        except ValueError:
+            raise ValueError(f"fc={text!r}: bad option {option!r} (g:<tag>/<n> or "
+                             f"t:<timeout>)") from None
+    if strategy == "tagged" and tag is None:
+        raise ValueError(f"fc={text!r}: tagged flow control needs a group tag (g:<tag>)")
+    return FlowControlSpec(strategy, tag, size, timeout)
+
+
+def multicast_group(address: str) -> int | None:
+    """The last octet of an IPv4 multicast host:port, or None when it is not multicast."""
+    host = address.rpartition(":")[0]
+    parts = host.split(".")
+    if len(parts) == 4 and all(p.isdigit() for p in parts) and 224 <= int(parts[0]) <= 239:
+        return int(parts[3])
+    return None
+
+
+def _check_host_port(uri: str, key: str, value: str, port_optional: bool = False) -> None:
     host, sep, port = value.rpartition(":")
+    if port_optional and not sep:
+        host, sep, port = value, ":", "0"
     if not sep or not host:
         raise ChannelUriError(f"channel {uri!r}: {key}={value!r} is not host:port")
     if not port.isdigit() or not 0 <= int(port) <= 65535:

@@ -132,7 +132,8 @@ class Client:
         limit = Position(self.counters.values, self.counters.counter_offset(
             ready.limit_counter_id))
         publication = kind(log, limit, channel=channel, registration_id=ready.registration_id,
-                           on_close=self._on_publication_close)
+                           on_close=self._on_publication_close,
+                           on_destination=self._on_destination)
         self._publications[ready.registration_id] = publication
         return publication
 
@@ -286,6 +287,12 @@ class Client:
             self._send(cp.RemovePublication(self.client_id, self._correlation(),
                                             publication.registration_id))
         self._unmap_log(publication.log)
+
+    def _on_destination(self, publication: Publication, destination: str, add: bool) -> None:
+        self._check_usable()
+        command = cp.AddDestination if add else cp.RemoveDestination
+        self._request(command(self.client_id, self._correlation(), publication.registration_id,
+                              destination))
 
     def _on_subscription_close(self, subscription: Subscription) -> None:
         if self._subscriptions.pop(subscription.registration_id, None) is None:

@@ -204,6 +204,23 @@ class OnClientReady(Message):
     heartbeat_counter_id: int
 
 
+@dataclass(frozen=True)
+class AddDestination(Message):
+    """Add a destination to a manual multi-destination-cast publication."""
+
+    TYPE_ID: ClassVar[int] = 0x07
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqq")
+    client_id: int
+    correlation_id: int
+    registration_id: int
+    destination: str
+
+
+@dataclass(frozen=True)
+class RemoveDestination(AddDestination):
+    TYPE_ID: ClassVar[int] = 0x08
+
+
 # -- the netbridge's commands (a client with extra rights) --------------------------------
 
 @dataclass(frozen=True)
@@ -315,6 +332,17 @@ class OnReceiveChannelClosed(OnReceiveChannel):
 
 
 @dataclass(frozen=True)
+class OnDestination(Message):
+    """Add (added=1) or remove (0) a destination of a network publication."""
+
+    TYPE_ID: ClassVar[int] = 0x0F25
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qi")
+    registration_id: int
+    added: int
+    destination: str
+
+
+@dataclass(frozen=True)
 class OnImageSubscribers(Message):
     """The sub-pos counters of an image's subscribers (comma-separated ids), after a change."""
 
@@ -332,7 +360,8 @@ MESSAGES: dict[int, type[Message]] = {
                 OnExclusivePublicationReady, OnSubscriptionReady, OnClientTimeout, OnClientReady,
                 RegisterBridge, AddCounter, CreateImage, CloseImage, OnCounterReady, OnImageReady,
                 OnNetworkPublication, OnNetworkPublicationClosed, OnReceiveChannel,
-                OnReceiveChannelClosed, OnImageSubscribers)
+                OnReceiveChannelClosed, OnImageSubscribers, AddDestination, RemoveDestination,
+                OnDestination)
 }
 
 

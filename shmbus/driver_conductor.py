@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from shmbus import control_protocol as cp
 from shmbus.broadcast import BroadcastTransmitter
@@ -88,10 +91,13 @@ class SubscriptionLink:
     tethered: bool
     session_id: int | None
     endpoint_key: tuple[str, ...] = ("ipc",)
+    spy: bool = False                   # reads a local network publication's log
+    simulate_connection: bool = False   # ssc=true: a spy counts as a connection
 
     @property
     def is_network(self) -> bool:
-        return self.endpoint_key[0] != "ipc"
+        """Received from the network by the netbridge (spies read locally)."""
+        return self.endpoint_key[0] != "ipc" and not self.spy
 
 
 class DriverConductor:
@@ -252,14 +258,11 @@ class DriverConductor:
 
     def _on_add_subscription(self, command: cp.AddSubscription) -> None:
         uri = self._parse_channel(command.channel, command.stream_id)
-        if uri.spy:
-            raise CommandError(cp.INVALID_CHANNEL, f"channel {command.channel!r}: spy "
-                               f"subscriptions come with the multicast/MDC netbridge work")
         link = SubscriptionLink(
             command.correlation_id, command.client_id, command.stream_id, uri.canonical(),
             uri.bool_param("tether", self.context.tether_subscriptions),
             uri.int_param("session-id") if "session-id" in uri.params else None,
-            uri.endpoint_key())
+            uri.endpoint_key(), spy=uri.spy, simulate_connection=uri.bool_param("ssc", False))
         new_receive_channel = link.is_network and not any(
             other.endpoint_key == link.endpoint_key and other.stream_id == link.stream_id
             for other in self.subscriptions.values())
@@ -289,6 +292,24 @@ class DriverConductor:
 
     def _on_client_close(self, command: cp.ClientClose) -> None:
         self._remove_client(command.client_id)
+
+    def _on_destination(self, command: cp.AddDestination) -> None:
+        publication = self._owner_index.get(command.registration_id)
+        if not isinstance(publication, NetworkPublication):
+            raise CommandError(cp.UNKNOWN_PUBLICATION,
+                               f"publication {command.registration_id} is not a udp publication")
+        if ChannelUri.parse(publication.channel).control_mode != "manual":
+            raise CommandError(cp.INVALID_CHANNEL,
+                               f"destinations are added to control-mode=manual publications; "
+                               f"{publication.channel!r} is not one")
+        destination = ChannelUri.parse(command.destination)
+        if destination.is_ipc or "endpoint" not in destination.params:
+            raise CommandError(cp.INVALID_CHANNEL, f"destination {command.destination!r} "
+                               f"needs aeron:udp?endpoint=host:port")
+        added = not isinstance(command, cp.RemoveDestination)
+        self._send(cp.OnDestination(publication.registration_id, int(added),
+                                    destination.params["endpoint"]))
+        self._send(cp.OnOperationSuccess(command.correlation_id))
 
     # -- the netbridge's commands --------------------------------------------------------------
 
@@ -360,6 +381,8 @@ class DriverConductor:
             raise CommandError(cp.GENERIC_ERROR, "only the registered netbridge may do this")
 
     _handlers: dict[type, Callable[[DriverConductor, cp.Message], None]] = {
+        cp.AddDestination: _on_destination,
+        cp.RemoveDestination: _on_destination,
         cp.RegisterBridge: _on_register_bridge,
         cp.AddCounter: _on_add_counter,
         cp.CreateImage: _on_create_image,
@@ -377,6 +400,14 @@ class DriverConductor:
 
     def _parse_channel(self, channel: str, stream_id: int) -> ChannelUri:
         uri = ChannelUri.parse(channel)
+        if "interface" in uri.params:
+            host = uri.params["interface"].partition(":")[0]
+            local = {a.address for addresses in psutil.net_if_addrs().values()
+                     for a in addresses if a.family == socket.AF_INET}
+            if host not in local and host != "0.0.0.0":
+                raise CommandError(cp.INVALID_CHANNEL,
+                                   f"channel {channel!r}: interface {host} is not an address "
+                                   f"of this host ({', '.join(sorted(local))})")
         if not -(2**31) <= stream_id < 2**31 or stream_id == 0:
             raise CommandError(cp.INVALID_CHANNEL,
                                f"stream id {stream_id} must be a non-zero 32-bit integer")
@@ -471,6 +502,7 @@ class DriverConductor:
     def _matches(link: SubscriptionLink, publication: IpcPublication) -> bool:
         return (link.stream_id == publication.stream_id
                 and link.endpoint_key == publication.endpoint_key
+                and link.spy == isinstance(publication, NetworkPublication)
                 and publication.state is PublicationState.ACTIVE
                 and (link.session_id is None or link.session_id == publication.session_id))
 
@@ -513,6 +545,8 @@ class DriverConductor:
                                            publication.channel, publication.registration_id,
                                            join)
         publication.subscribers[subscriber.link_id] = subscriber
+        if link.simulate_connection and isinstance(publication, NetworkPublication):
+            publication.spies_simulate_connection = True
         publication.update_limit()
         self._send_image_event(publication, ImageEvent(True, subscriber, join))
 
@@ -631,7 +665,7 @@ class DriverConductor:
                     image.closing_since_ms = now_ms
             for publication in self.publications:
                 if isinstance(publication, NetworkPublication):
-                    publication.log.is_connected = False
+                    publication.log.active_transport_count = 0
 
     # -- helpers -------------------------------------------------------------------------------
 

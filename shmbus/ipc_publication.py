@@ -223,14 +223,21 @@ class NetworkPublication(IpcPublication):
     snd_bpe_counter_id: int = 0
     snd_pos: Position | None = None
 
-    def _flow_positions(self) -> list[int]:
-        positions = super()._flow_positions()  # spies
-        if self.log.is_connected and self.snd_pos is not None:
-            positions.append(self.snd_pos.get())
-        return positions
+    #: a spy subscribed with ssc=true counts as a connection
+    spies_simulate_connection: bool = False
 
-    def _update_connected(self, positions: list[int]) -> None:
-        pass  # the netbridge sets it from status messages
+    def _network_connected(self) -> bool:
+        """The netbridge's sender hears receivers (it keeps the active transport count)."""
+        return self.log.active_transport_count > 0
+
+    def _flow_positions(self) -> list[int]:
+        network = self._network_connected()
+        spies = super()._flow_positions()
+        if not network and not (spies and self.spies_simulate_connection):
+            return []
+        if network and self.snd_pos is not None:
+            spies.append(self.snd_pos.get())
+        return spies
 
     def _is_drained(self, end: int) -> bool:
         return self.snd_pos is not None and self.snd_pos.get() >= end and super()._is_drained(

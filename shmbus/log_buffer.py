@@ -12,7 +12,7 @@ written concurrently sits on its own cache lines; the owner of each field is nam
     24   active term count (i32)       publishers (rotation, compare-and-set)
     128  end-of-stream position (i64)  driver
     136  is connected (i32)            driver: 1 while a subscriber is linked
-    140  active transport count (i32)  netbridge (images)
+    140  active transport count (i32)  netbridge: receivers its sender hears
     256  registration id (i64)         set at creation, then read-only
     264  initial term id (i32)            "
     268  default frame header length     "  (32)
@@ -308,6 +308,15 @@ class LogBuffer:
     @is_connected.setter
     def is_connected(self, value: bool) -> None:
         self.buffer.put_int32_release(self.meta_offset + IS_CONNECTED_OFFSET, 1 if value else 0)
+
+    @property
+    def active_transport_count(self) -> int:
+        """Receivers a network publication's sender hears (written by the netbridge)."""
+        return self.buffer.get_int32_acquire(self.meta_offset + ACTIVE_TRANSPORT_COUNT_OFFSET)
+
+    @active_transport_count.setter
+    def active_transport_count(self, count: int) -> None:
+        self.buffer.put_int32_release(self.meta_offset + ACTIVE_TRANSPORT_COUNT_OFFSET, count)
 
     @property
     def end_of_stream_position(self) -> int:

@@ -98,6 +98,7 @@ class Publication(PublicationCore):
         channel: str = "aeron:ipc",
         registration_id: int = 0,
         on_close: Any = None,
+        on_destination: Any = None,
     ) -> None:
         d = log.descriptor
         super().__init__(
@@ -108,6 +109,7 @@ class Publication(PublicationCore):
         self.channel = channel
         self.registration_id = registration_id
         self._on_close = on_close
+        self._on_destination = on_destination
 
     def try_claim(self, length: int, reserved_value: int = 0) -> BufferClaim:
         """Claim ``length`` bytes (at most ``max_payload_length``) to fill in place.
@@ -164,6 +166,21 @@ class Publication(PublicationCore):
                                            f"{codes.result_name(result)}")
                 idle.idle(0)
         return total
+
+    def add_destination(self, destination: str) -> None:
+        """Send to ``destination`` (``aeron:udp?endpoint=host:port``) too: for publications on
+        a ``control-mode=manual`` channel (multi-destination-cast). Raises RegistrationError
+        when the driver refuses (not a manual MDC publication, a bad URI)."""
+        self._change_destination(destination, True)
+
+    def remove_destination(self, destination: str) -> None:
+        """Stop sending to ``destination`` (see :meth:`add_destination`)."""
+        self._change_destination(destination, False)
+
+    def _change_destination(self, destination: str, add: bool) -> None:
+        if self._on_destination is None:
+            raise ValueError("this publication was not made by a bus client")
+        self._on_destination(self, destination, add)
 
     @property
     def available_window(self) -> int:

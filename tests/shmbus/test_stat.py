@@ -10,6 +10,7 @@ and must agree with what the processes report, without writing to cnc.dat.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import mmap
 import multiprocessing as mp
@@ -270,7 +271,8 @@ def test_streams_names_the_slow_subscriber_as_the_one_holding_the_publisher(scen
     assert stream["publisher_pid"] == scenario.publisher.pid
     assert stream["pub_pos"] == scenario.pub_pos and stream["pub_lmt"] == scenario.pub_lmt
     assert stream["window"] == WINDOW and stream["term_length"] == 2 * WINDOW
-    assert stream["state"] == "held"
+    assert stream["kind"] == "publication" and stream["sender"] is None
+    assert stream["state"] == "held" and not stream["held_by_sender"]
     assert stream["held_by"] == [scenario.slow.pid]
     subscribers = {s["pid"]: s for s in stream["subscribers"]}
     assert subscribers[scenario.slow.pid]["lag"] == scenario.pub_pos - scenario.slow_pos
@@ -428,7 +430,11 @@ def test_commands_never_write_to_cnc_dat(scenario, monkeypatch) -> None:
 
 
 def shmbus_executable() -> str:
-    return str(Path(sys.executable).with_name("shmbus"))
+    """The installed ``shmbus`` script of this interpreter's environment (.venv/bin/shmbus)."""
+    script = Path(sys.executable).with_name("shmbus")
+    if not script.exists():
+        pytest.skip(f"no shmbus script next to {sys.executable}")
+    return str(script)
 
 
 def test_installed_entry_point_prints_the_documented_json(bus_context, driver) -> None:
@@ -475,8 +481,8 @@ def test_a_killed_driver_leaves_a_stale_bus(bus_context, driver) -> None:
         bus.add_exclusive_publication("aeron:ipc", 5)
         driver.kill()
         driver.wait(10)
-        for command in ("stat", "streams", "clients", "errors"):
-            result = run(command, "--dir", bus_context.dir)
+        for command in (["stat", "--once"], ["streams"], ["clients"], ["errors"]):
+            result = run(*command, "--dir", bus_context.dir)
             assert result.exit_code == busstat.EXIT_STALE, (command, result.output)
             assert f"STALE: driver pid {driver.pid}: process is gone" in result.stdout
         doc = json.loads(run("stat", "--once", "--json", "--dir", bus_context.dir).stdout)
@@ -537,13 +543,63 @@ def test_verdicts() -> None:
     mib = 1 << 20
     held = busstat.verdict(8 * mib, 8 * mib, 4 * mib,
                            [sub(1, 5 * mib, 8 * mib), sub(4242, 4 * mib + 102 * 1024, 8 * mib)])
-    assert held[0] == "held" and [s.pid for s in held[1]] == [4242]
-    assert held[2] == "held by subscriber pid 4242 (w4242), 3.9 MiB behind; window 4 MiB"
+    assert held.state == "held" and [s.pid for s in held.held_by] == [4242]
+    assert held.sentence == "held by subscriber pid 4242 (w4242), 3.9 MiB behind; window 4 MiB"
+    assert not held.held_by_sender
     tie = busstat.verdict(100, 100, None, [sub(1, 50, 100), sub(2, 50, 100)])
-    assert tie[2] == "held by subscribers pid 1 (w1), pid 2 (w2), 50 B behind"
+    assert tie.sentence == "held by subscribers pid 1 (w1), pid 2 (w2), 50 B behind"
     free = busstat.verdict(2 * mib - 2 * mib // 10, 4 * mib, 4 * mib, [sub(1, 0, 0)])
-    assert free[:2] == ("free", ()) and free[2] == "free: 2.2 MiB of window left"
-    assert busstat.verdict(0, 0, 4 * mib, [])[0] == "not-connected"
+    assert (free.state, free.held_by) == ("free", ())
+    assert free.sentence == "free: 2.2 MiB of window left"
+    assert busstat.verdict(0, 0, 4 * mib, []).state == "not-connected"
+
+
+def test_streams_of_a_network_publication_and_image() -> None:
+    udp = "aeron:udp?endpoint=h:1"
+    counters = [
+        Counter(7, 11, "client-heartbeat: 3 pid=4240 pub", 1000, 3, 3, 4240, b""),
+        Counter(8, 1, f"pub-lmt: 5 -77 9 {udp}", 40000, 5, 3, -77, b""),
+        Counter(9, 12, f"pub-pos: 5 -77 9 {udp}", 40000, 5, 3, -77, b""),
+        Counter(10, 2, f"snd-pos: 5 -77 9 {udp}", 8000, 5, 3, -77, b""),
+        Counter(11, 9, f"snd-lmt: 5 -77 9 {udp}", 8000, 5, 3, -77, b""),
+        Counter(12, 13, f"snd-bpe: 5 -77 9 {udp}", 3, 5, 3, -77, b""),
+        Counter(13, 3, f"rcv-hwm: 20 -5 9 {udp} 127.0.0.1:4000", 5000, 20, 99, -5, b""),
+        Counter(14, 5, f"rcv-pos: 20 -5 9 {udp} 127.0.0.1:4000", 4000, 20, 99, -5, b""),
+        Counter(15, 4, f"sub-pos: 21 -5 9 {udp} @0 pid=4242 w", 3000, 21, 30, 20, b""),
+    ]
+    logs = {5: busstat.LogInfo(5, -77, 9, 65536, 1408, True)}
+    snap = busstat.BusSnapshot("d", 0, 0.0, busstat.DriverInfo("cnc.dat", 1, 1, 1, 0, 10_000),
+                               tuple(counters), logs)
+    publication, image = busstat.analyse_streams(snap)
+    assert (publication.kind, publication.stream_id, publication.session_id) == (
+        "publication", 9, -77)
+    assert publication.publisher_pid == 4240 and publication.window == 32768
+    assert publication.sender == busstat.SenderView(8000, 8000, 3, True)
+    assert publication.verdict.held_by_sender and publication.state == "held"
+    assert publication.verdict.sentence == (
+        "held by the sender (waiting at snd-lmt for the receivers), 31.2 KiB behind; "
+        "window 32 KiB")
+    assert "snd-pos 8,000, snd-lmt 8,000" in publication.line()
+    assert (image.kind, image.session_id, image.pub_pos) == ("image", -5, None)
+    assert image.receiver == busstat.ReceiverView(5000, 4000, "127.0.0.1:4000")
+    (subscriber,) = image.subscribers
+    assert (subscriber.pid, subscriber.name, subscriber.lag) == (4242, "w", 1000)
+    assert image.verdict.sentence == (
+        "receiving; slowest subscriber pid 4242 (w), 1000 B behind rcv-pos; 1000 B between "
+        "rcv-pos and rcv-hwm (loss being repaired)")
+    assert image.line().startswith(f"stream 9 session -5 {udp} image from 127.0.0.1:4000: "
+                                   f"rcv-pos 4,000, rcv-hwm 5,000")
+    views = {v.counter.counter_id: v for v in busstat.describe_counters(snap)}
+    assert (views[15].stream_id, views[15].session_id, views[15].channel) == (9, -5, udp)
+    assert (views[15].client_pid, views[10].client_pid, views[13].client_pid) == (4242, 4240,
+                                                                                  None)
+    assert [v.counter.counter_id for v in busstat.filter_counters(
+        views.values(), sessions=[-5])] == [13, 14, 15]
+
+    alone = dataclasses.replace(snap, logs={5: dataclasses.replace(logs[5],
+                                                                   is_connected=False)})
+    assert busstat.analyse_streams(alone)[0].verdict.sentence == (
+        "not connected: no receiver has answered the sender")
 
 
 def test_formatting_and_type_names() -> None:
