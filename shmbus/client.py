@@ -365,7 +365,14 @@ def _check_stream_id(stream_id: int) -> None:
 
 
 def _process_name() -> str:
-    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    """The script's name; for ``python -c`` and multiprocessing workers, the worker's name."""
+    import multiprocessing
+
+    script = sys.argv[0] if sys.argv else ""
+    if script not in ("", "-c", "-"):
+        return os.path.basename(script)
+    worker = multiprocessing.current_process().name
+    return "python" if worker == "MainProcess" else worker
 
 
 def _driver_alive(cnc: CncFile, context: Context) -> bool:

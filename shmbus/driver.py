@@ -97,6 +97,8 @@ class Driver:
                 counters,
                 DistinctErrorLog(self.cnc.section(ERROR_LOG), clock=epoch_ms),
                 self.cnc.set_driver_heartbeat)
+            # ids start at 1: 0 is the counters' "no owner"
+            self.conductor.to_driver.next_correlation_id()
         except BaseException:
             self.close()
             raise

@@ -475,6 +475,7 @@ class DriverConductor:
                 **fields, flow=IpcFlowControl(log, limit, clean_lag=term_length),
                 snd_pos_counter_id=snd[0], snd_lmt_counter_id=snd[1],
                 snd_bpe_counter_id=snd[2], snd_pos=self._position(snd[0]))
+        log.publication_window = publication.flow.window
         self.publications.append(publication)
         self._add(SystemCounter.PUBLICATIONS, 1)
         if isinstance(publication, NetworkPublication):

@@ -22,6 +22,7 @@ written concurrently sits on its own cache lines; the owner of each field is nam
     284  layout version (i32)              "
     288  session id (i32)                  "
     292  stream id (i32)                   "
+    296  publication window (i32)       driver, before the log is announced (0: unset)
     384  default frame header (32 bytes)   "
 
 Only the native module (through :class:`AtomicBuffer`) reads or writes the concurrently
@@ -65,6 +66,7 @@ PAGE_SIZE_OFFSET = 280
 LAYOUT_VERSION_OFFSET = 284
 SESSION_ID_OFFSET = 288
 STREAM_ID_OFFSET = 292
+PUBLICATION_WINDOW_OFFSET = 296
 DEFAULT_FRAME_HEADER_OFFSET = 384
 
 HDR_TYPE_PAD = 0
@@ -308,6 +310,15 @@ class LogBuffer:
     @is_connected.setter
     def is_connected(self, value: bool) -> None:
         self.buffer.put_int32_release(self.meta_offset + IS_CONNECTED_OFFSET, 1 if value else 0)
+
+    @property
+    def publication_window(self) -> int:
+        """The window the driver holds the publisher to (0 until the driver sets it)."""
+        return self.buffer.get_int32(self.meta_offset + PUBLICATION_WINDOW_OFFSET)
+
+    @publication_window.setter
+    def publication_window(self, window: int) -> None:
+        self.buffer.put_int32_release(self.meta_offset + PUBLICATION_WINDOW_OFFSET, window)
 
     @property
     def active_transport_count(self) -> int:

@@ -72,9 +72,8 @@ Every document is one JSON object on one line, with these common keys::
 
 A subscriber's ``lag`` is pub-pos (an image: rcv-pos) minus its position.
 
-``window`` is the driver's default IPC window for the log, term length / 2 (read from the log
-file's metadata): a smaller ``ipc_window`` the driver was started with is not visible to a
-reader of the bus directory.
+``window`` is the publication window the driver set in the log file's metadata (term length
+/ 2 unless the driver runs with a smaller ``ipc_window``; 0 there reads as term length / 2).
 
 ``clients`` adds ``"clients"``::
 
@@ -137,6 +136,7 @@ from shmbus.log_buffer import (
     IS_CONNECTED_OFFSET,
     LOG_META_DATA_LENGTH,
     MTU_OFFSET,
+    PUBLICATION_WINDOW_OFFSET,
     REGISTRATION_ID_OFFSET,
     SESSION_ID_OFFSET,
     STREAM_ID_OFFSET,
@@ -207,11 +207,7 @@ class LogInfo:
     term_length: int
     mtu: int
     is_connected: bool  # a subscriber (or, on the network, a receiver) is there
-
-    @property
-    def window(self) -> int:
-        """The driver's default IPC window for this log (term length / 2)."""
-        return ipc_window(self.term_length)
+    window: int  # the publication window the driver uses for this log
 
 
 @dataclass(frozen=True)
@@ -296,13 +292,14 @@ def read_log_infos(logs_dir: Path) -> dict[int, LogInfo]:
         if len(meta) < LOG_META_DATA_LENGTH:
             continue
         (registration_id,) = struct.unpack_from("<q", meta, REGISTRATION_ID_OFFSET)
-        term_length, mtu, session_id, stream_id, connected = (
+        term_length, mtu, session_id, stream_id, connected, window = (
             struct.unpack_from("<i", meta, offset)[0]
             for offset in (TERM_LENGTH_OFFSET, MTU_OFFSET, SESSION_ID_OFFSET, STREAM_ID_OFFSET,
-                           IS_CONNECTED_OFFSET))
+                           IS_CONNECTED_OFFSET, PUBLICATION_WINDOW_OFFSET))
         if term_length > 0:
             infos[registration_id] = LogInfo(registration_id, session_id, stream_id,
-                                             term_length, mtu, connected == 1)
+                                             term_length, mtu, connected == 1,
+                                             window or ipc_window(term_length))
     return infos
 
 

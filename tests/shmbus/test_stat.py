@@ -567,7 +567,7 @@ def test_streams_of_a_network_publication_and_image() -> None:
         Counter(14, 5, f"rcv-pos: 20 -5 9 {udp} 127.0.0.1:4000", 4000, 20, 99, -5, b""),
         Counter(15, 4, f"sub-pos: 21 -5 9 {udp} @0 pid=4242 w", 3000, 21, 30, 20, b""),
     ]
-    logs = {5: busstat.LogInfo(5, -77, 9, 65536, 1408, True)}
+    logs = {5: busstat.LogInfo(5, -77, 9, 65536, 1408, True, 32768)}
     snap = busstat.BusSnapshot("d", 0, 0.0, busstat.DriverInfo("cnc.dat", 1, 1, 1, 0, 10_000),
                                tuple(counters), logs)
     publication, image = busstat.analyse_streams(snap)
