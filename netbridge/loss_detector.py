@@ -23,13 +23,43 @@ carry whole frames.
 
 from __future__ import annotations
 
+import math
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["NAK_RETRY_NS_DEFAULT", "Gap", "LossDetector", "NakRequest"]
+__all__ = [
+    "NAK_RETRY_NS_DEFAULT",
+    "Gap",
+    "LossDetector",
+    "NakRequest",
+    "multicast_nak_delay",
+]
 
 #: Aeron's unicast NAK retry: delay (100 us) x 100.
 NAK_RETRY_NS_DEFAULT: Final = 10_000_000
+#: Aeron's multicast NAK defaults: an expected group of 10 receivers, back-off up to 10 ms.
+NAK_MULTICAST_GROUP_SIZE_DEFAULT: Final = 10
+NAK_MULTICAST_MAX_BACKOFF_NS_DEFAULT: Final = 10_000_000
+
+
+def multicast_nak_delay(
+    rng: random.Random,
+    *,
+    group_size: int = NAK_MULTICAST_GROUP_SIZE_DEFAULT,
+    max_backoff_ns: int = NAK_MULTICAST_MAX_BACKOFF_NS_DEFAULT,
+) -> Callable[[], int]:
+    """A randomized NAK delay for multicast receivers (the "optimal" feedback delay of
+    Nonnenmacher and Biersack that Aeron uses): a truncated exponential over [0, max backoff]
+    that makes it likely one receiver NAKs first and the others hear it and stay quiet."""
+    rate = math.log(group_size) + 1.0
+    scale = math.exp(rate) - 1.0
+
+    def delay() -> int:
+        return int(max_backoff_ns / rate * math.log(rng.random() * scale + 1.0))
+
+    return delay
 
 
 @dataclass(slots=True)
@@ -63,9 +93,13 @@ class LossDetector:
         *,
         nak_delay_ns: int = 0,
         nak_retry_ns: int = NAK_RETRY_NS_DEFAULT,
+        nak_delay: Callable[[], int] | None = None,
     ) -> None:
+        """``nak_delay`` (a callable giving each new gap its delay) replaces the fixed
+        ``nak_delay_ns``: multicast receivers use :func:`multicast_nak_delay`."""
         if nak_retry_ns <= 0 or nak_delay_ns < 0:
             raise ValueError("nak_retry_ns must be positive and nak_delay_ns not negative")
+        self.nak_delay = nak_delay
         self.rebuild_position = position
         self.hwm_position = position
         self.term_length = term_length
@@ -120,8 +154,21 @@ class LossDetector:
             self._add_gap(now_ns, self.hwm_position, position)
             self.hwm_position = position
 
+    def on_nak_heard(self, now_ns: int, position: int, length: int) -> int:
+        """Another receiver NAKed [position, position + length): gaps it covers wait a retry
+        interval as if this receiver had NAKed them (multicast NAK suppression). Returns how
+        many gaps were suppressed."""
+        end = position + length
+        suppressed = 0
+        for gap in self.gaps:
+            if gap.start < end and position < gap.end:
+                gap.nak_at_ns = max(gap.nak_at_ns, now_ns + self.nak_retry_ns)
+                suppressed += 1
+        return suppressed
+
     def _add_gap(self, now_ns: int, start: int, end: int) -> None:
-        self.gaps.append(Gap(start, end, now_ns + self.nak_delay_ns))
+        delay = self.nak_delay() if self.nak_delay is not None else self.nak_delay_ns
+        self.gaps.append(Gap(start, end, now_ns + delay))
         self.gaps_detected += 1
         self.bytes_lost += end - start
 
