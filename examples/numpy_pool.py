@@ -66,8 +66,9 @@ def main() -> None:
             for index, matrix in enumerate(items):
                 work.publish(matrix, timeout=10, reserved_value=index)
             sums: dict[int, np.ndarray] = {}
+            # the buffer is only valid during the call: copy what is kept
             batches = shmbus.FragmentAssembler(
-                lambda b, h: sums.update({int(r["item"]): r["sums"]
+                lambda b, h: sums.update({int(r["item"]): r["sums"].copy()
                                           for r in np.frombuffer(b, RESULT)}))
             while len(sums) < ITEMS and time.monotonic() < deadline + 30:
                 if not results.poll(batches, 64):
