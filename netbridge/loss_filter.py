@@ -20,31 +20,46 @@ class LossSpecError(ValueError):
 
 @dataclass(frozen=True)
 class LossSpec:
-    """Rates are probabilities per datagram (0..1); ``delay`` is seconds added to delayed ones."""
+    """Rates are probabilities per datagram (0..1); ``delay`` is seconds added to delayed ones;
+    ``direction`` says which datagrams pass the filter: ``out`` (sent), ``in`` (received) or
+    ``both``."""
 
     drop: float = 0.0
     dup: float = 0.0
     reorder: float = 0.0
     delay: float = 0.0
     seed: int = 0
+    direction: str = "out"
+
+    @property
+    def outgoing(self) -> bool:
+        return self.direction in ("out", "both")
+
+    @property
+    def incoming(self) -> bool:
+        return self.direction in ("in", "both")
 
     @classmethod
     def parse(cls, text: str) -> LossSpec | None:
-        """``"drop=0.05,dup=0.05,reorder=0.05,delay=0.001,seed=7"``; empty text: None (off)."""
+        """``"drop=0.05,dup=0.05,reorder=0.05,delay=0.001,seed=7,direction=in"``; empty text:
+        None (off)."""
         if not text.strip():
             return None
-        values: dict[str, float | int] = {}
+        values: dict[str, float | int | str] = {}
         for item in text.split(","):
             key, sep, value = item.strip().partition("=")
+            if key == "direction" and value in ("in", "out", "both"):
+                values[key] = value
+                continue
             if not sep or key not in ("drop", "dup", "reorder", "delay", "seed"):
                 raise LossSpecError(f"loss spec {text!r}: {item!r} is not drop=, dup=, "
-                                    f"reorder=, delay= or seed=")
+                                    f"reorder=, delay=, seed= or direction=in|out|both")
             try:
                 values[key] = int(value) if key == "seed" else float(value)
             except ValueError:
                 raise LossSpecError(f"loss spec {text!r}: {key}={value!r} is not a number") \
                     from None
-            if key in ("drop", "dup", "reorder") and not 0 <= values[key] <= 1:
+            if key in ("drop", "dup", "reorder") and not 0 <= float(values[key]) <= 1:
                 raise LossSpecError(f"loss spec {text!r}: {key} must be between 0 and 1")
         return cls(**values)  # type: ignore[arg-type]
 
