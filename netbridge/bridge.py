@@ -52,6 +52,7 @@ RECEIVE_STATS = ("bytes received", "datagrams received", "heartbeats received", 
 _SESSION_STREAM = struct.Struct("<ii")
 _RECV_BATCH = 64
 _SENDER_LINGER_NS = 2_000_000_000
+_NO_END_OF_STREAM = (1 << 63) - 1  # a log's end-of-stream position while it is open
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -83,6 +84,9 @@ class Sender:
     snd_lmt: Position
     snd_bpe: Position
     closed_at_ns: int | None = None
+    #: (snd-pos, snd-lmt, snd-bpe, connected) as last written: counters are written only when
+    #: the sender's own value changes, never read back (the driver may free and reuse them)
+    mirrored: tuple[int, int, int, int] = (-1, -1, -1, -1)
 
 
 @dataclass
@@ -308,10 +312,13 @@ class Bridge:
             work += self._receive(channel.sock, lambda data, source, c=channel:
                                   self._on_control(c, now, data, source))
             for key, sender in list(channel.senders.items()):
+                self._check_closed(sender)
                 datagrams, due = sender.sender.poll(now)
                 work += self._send(channel.sock, channel.loss, datagrams, now)
                 deadline = min(deadline, due)
-                self._mirror_sender(sender)
+                if sender.closed_at_ns is None:
+                    # after the end of stream is mirrored the driver frees the counters
+                    self._mirror_sender(sender)
                 if sender.sender.is_end_of_stream:
                     sender.closed_at_ns = sender.closed_at_ns or now
                     if now - sender.closed_at_ns > _SENDER_LINGER_NS:
@@ -327,6 +334,16 @@ class Bridge:
                 if next_loss is not None:
                     deadline = min(deadline, next_loss)
         return work, deadline
+
+    @staticmethod
+    def _check_closed(sender: Sender) -> None:
+        """The driver marks a publication closed (its last owner gone) by setting the log's
+        end-of-stream position; from then on the sender ends the stream there (EOS
+        heartbeats once everything is sent)."""
+        if not sender.sender.closed:
+            end = sender.log.end_of_stream_position
+            if end != _NO_END_OF_STREAM:
+                sender.sender.close(end)
 
     def _receive(self, sock: socket.socket, handle: Callable[[bytes, object], None]) -> int:
         count = 0
@@ -375,15 +392,20 @@ class Bridge:
 
     def _mirror_sender(self, sender: Sender) -> None:
         s = sender.sender
-        if sender.snd_pos.get() != s.sender_position:
-            sender.snd_pos.set(s.sender_position)
-        if sender.snd_lmt.get() != s.sender_limit:
-            sender.snd_lmt.set(s.sender_limit)
-        if sender.snd_bpe.get() != s.back_pressure_events:
-            sender.snd_bpe.set(s.back_pressure_events)
-        connected = 1 if s.is_connected and not s.closed else 0
-        if sender.log.active_transport_count != connected:
-            sender.log.active_transport_count = connected  # the driver derives is-connected
+        values = (s.sender_position, s.sender_limit, s.back_pressure_events,
+                  1 if s.is_connected and not s.closed else 0)
+        last = sender.mirrored
+        if values == last:
+            return
+        sender.mirrored = values
+        if values[0] != last[0]:
+            sender.snd_pos.set(values[0])
+        if values[1] != last[1]:
+            sender.snd_lmt.set(values[1])
+        if values[2] != last[2]:
+            sender.snd_bpe.set(values[2])
+        if values[3] != last[3]:
+            sender.log.active_transport_count = values[3]  # the driver derives is-connected
 
     def _mirror_send(self, channel: SendChannel) -> None:
         senders = [s.sender for s in channel.senders.values()]

@@ -3,9 +3,9 @@
 
 :class:`NetworkReceiver` takes datagrams (DATA, PAD, heartbeats, SETUP, RTTM) with the time
 and their source, and from :meth:`NetworkReceiver.poll` returns the datagrams to send (status
-messages, NAKs, RTT replies), events (:class:`ImageAvailable`, :class:`LossDetected`,
-:class:`EndOfStream`, :class:`ImageUnavailable`) and the time to poll again. Nothing here
-opens a socket, reads a clock or starts a thread.
+messages, NAKs, RTT measurement requests and replies), events (:class:`ImageAvailable`,
+:class:`LossDetected`, :class:`EndOfStream`, :class:`ImageUnavailable`) and the time to poll
+again. Nothing here opens a socket, reads a clock or starts a thread.
 
 One :class:`ReceiverImage` per publishing session (session id, stream id):
 
@@ -38,6 +38,19 @@ One :class:`ReceiverImage` per publishing session (session id, stream id):
   process layer closes (reason ``"closed"``); its session is then ignored for a cool-down.
 * **Unknown sessions.** DATA for a subscribed stream but an unknown session is dropped and
   answered with a status message with the SETUP flag (at most every 200 ms per session).
+* **Round-trip time.** Every ``rttm_interval_ns`` (1 s; 0 disables) each image sends an RTTM
+  request to its control address: flag 0x80 (``RTTM_FLAG_REPLY``: "echo this"), echo_timestamp
+  = the receiver's clock in ns, reception_delta 0, its receiver id. The sender echoes it with
+  flags 0 and the same echo_timestamp and receiver_id; the echo for an image (same session and
+  stream) and this receiver's id gives ``rtt = now - echo_timestamp - reception_delta``, kept
+  as the image's ``rtt_ns`` (the last measurement). Echoes for another receiver id, an unknown
+  session or with a timestamp in the future are counted as ignored frames. Aeron's driver
+  measures only with ``cc=cubic`` and ``AERON_CUBICCONGESTIONCONTROL_MEASURERTT=true`` (its
+  congestion control is the only consumer; wire facts 3.4, 5.4); shmbus measures always, at
+  this low rate, so that ``shmbus stat`` can show the RTT of each receive channel. It costs one
+  40-byte datagram each way per image per interval, and a sender that never answers (an Aeron
+  driver answers every request, whatever its congestion control) only leaves ``rtt_ns`` None.
+  An RTTM *request* from the sender (flag 0x80) is echoed, as Aeron's receiver does.
 
 Hostile input (malformed datagrams, unknown sessions, offsets outside the term, lengths past
 the datagram, positions outside the window) is counted and dropped and never reaches the log.
@@ -72,6 +85,7 @@ from netbridge.frames import (
     encode_datagram,
 )
 from netbridge.loss_detector import NAK_RETRY_NS_DEFAULT, LossDetector
+from shmbus import _native
 from shmbus.log_buffer import (
     PARTITION_COUNT,
     LogBuffer,
@@ -84,6 +98,7 @@ from shmbus.log_buffer import (
 __all__ = [
     "IMAGE_LIVENESS_TIMEOUT_NS_DEFAULT",
     "RECEIVER_WINDOW_DEFAULT",
+    "RTTM_INTERVAL_NS_DEFAULT",
     "SM_TIMEOUT_NS_DEFAULT",
     "EndOfStream",
     "ImageAvailable",
@@ -103,6 +118,8 @@ SM_TIMEOUT_NS_DEFAULT: Final = 200_000_000
 IMAGE_LIVENESS_TIMEOUT_NS_DEFAULT: Final = 10_000_000_000
 SETUP_ELICIT_INTERVAL_NS_DEFAULT: Final = 200_000_000
 IMAGE_COOLDOWN_NS_DEFAULT: Final = 1_000_000_000
+#: how often each image measures its round-trip time (shmbus's choice; Aeron: cubic only)
+RTTM_INTERVAL_NS_DEFAULT: Final = 1_000_000_000
 
 _HEADER = struct.Struct("<iBBHiiii")  # the first 24 bytes of a DATA/PAD header
 _INT32 = struct.Struct("<i")
@@ -208,7 +225,9 @@ class ReceiverImage:
     last scheduled status message position), ``end_of_stream_position`` (None until an EOS
     heartbeat), ``is_end_of_stream``, and counters: ``datagrams_received``, ``bytes_received``,
     ``heartbeats_received``, ``duplicates``, ``overruns`` (data past the window),
-    ``invalid_datagrams``, ``naks_sent``, ``sms_sent``, ``gaps_detected``, ``bytes_lost``.
+    ``invalid_datagrams``, ``naks_sent``, ``sms_sent``, ``gaps_detected``, ``bytes_lost``;
+    round-trip time: ``rtt_ns`` (the last measurement in ns, None before the first),
+    ``rttm_requests`` (RTTM requests sent) and ``rtt_measurements`` (echoes taken).
     """
 
     def __init__(
@@ -269,6 +288,12 @@ class ReceiverImage:
         self.invalid_datagrams = 0
         self.naks_sent = 0
         self.sms_sent = 0
+        self.rtt_ns: int | None = None
+        self.rttm_requests = 0
+        self.rtt_measurements = 0
+        interval = receiver.rttm_interval_ns
+        # the first measurement one interval after the SETUP, then every interval
+        self._next_rttm_ns: int | None = now_ns + interval if interval > 0 else None
 
     @property
     def rcv_hwm(self) -> int:
@@ -329,54 +354,18 @@ class ReceiverImage:
 
         position = self._position(term_id, term_offset)
         rebuild = self.loss.rebuild_position
-        session_id, stream_id = self.session_id, self.stream_id
-        offset = 0  # bytes of the datagram walked
-        skip = 0  # leading bytes of frames wholly below the rebuild position
-        span = 0  # bytes of the stream the datagram covers (a PAD covers its whole length)
-        while True:
-            if frame_type == HDR_TYPE_DATA:
-                if frame_length < DATA_HEADER_LENGTH or offset + frame_length > size:
-                    self._invalid()
-                    return
-                aligned = (frame_length + FRAME_ALIGNMENT - 1) & _ALIGN_MASK
-                if skip == offset and position + offset + aligned <= rebuild:
-                    skip = offset + aligned
-                offset += aligned
-                span = offset
-            elif frame_type == HDR_TYPE_PAD:
-                if frame_length < DATA_HEADER_LENGTH:
-                    self._invalid()
-                    return
-                aligned = (frame_length + FRAME_ALIGNMENT - 1) & _ALIGN_MASK
-                if skip == offset and position + offset + aligned <= rebuild:
-                    skip = offset + DATA_HEADER_LENGTH
-                span = offset + aligned
-                offset += DATA_HEADER_LENGTH
-                break  # a PAD ends the datagram, sent as its header
-            else:
-                self._invalid()
-                return
-            if offset >= size:
-                break
-            if size - offset < DATA_HEADER_LENGTH:
-                self._invalid()
-                return
-            (frame_length, version, _flags, frame_type, f_offset, f_session, f_stream,
-             f_term) = _HEADER.unpack_from(view, offset)
-            if (
-                version != CURRENT_VERSION
-                or f_offset != term_offset + offset
-                or f_session != session_id
-                or f_stream != stream_id
-                or f_term != term_id
-            ):
-                self._invalid()
-                return
-        if term_offset + span > term_length:
+        # Every frame's version, type, length, session, stream, term id and term offset
+        # checked against its place in the datagram and the term, in one native call
+        # (shmbus._native.validate_datagram): -1, or (copy_end: bytes of the datagram to copy,
+        # a PAD sent as its header; span: bytes of the stream covered, a PAD's whole length;
+        # skip: leading bytes of frames wholly below the rebuild position).
+        walked = _native.validate_datagram(view, term_offset, self.session_id, self.stream_id,
+                                           term_id, term_length, rebuild - position)
+        if walked == -1:
             self._invalid()
             return
+        copy_end, span, skip = walked
 
-        copy_end = min(offset, size)
         self.last_heard_ns = now_ns
         if source is not None:
             self.control_address = source
@@ -398,11 +387,10 @@ class ReceiverImage:
             self.duplicates += 1
             return
         if skip < copy_end:
+            # one block, the first frame's length last with a release store
             index = (position >> self._position_bits) % PARTITION_COUNT
-            at = index * term_length + term_offset + skip
-            buffer = self._buffer
-            buffer.put_bytes(at + 4, view[skip + 4 : copy_end])
-            buffer.put_int32_release(at, _INT32.unpack_from(view, skip)[0])
+            _native.insert_frames(self._buffer, index * term_length + term_offset + skip, view,
+                                  skip, copy_end)
 
     def _on_heartbeat(self, now_ns: int, flags: int, position: int, source: object) -> None:
         self.heartbeats_received += 1
@@ -422,6 +410,16 @@ class ReceiverImage:
             and position >= self.loss.hwm_position
         ):
             self.end_of_stream_position = position
+
+    def on_rttm_echo(self, now_ns: int, rttm: RttMeasurement) -> bool:
+        """The sender's echo of one of this image's RTTM requests: take the round-trip time.
+        Returns False (nothing taken) when the echo claims a time after ``now_ns``."""
+        rtt = now_ns - rttm.echo_timestamp - rttm.reception_delta
+        if rtt < 0:
+            return False
+        self.rtt_ns = rtt
+        self.rtt_measurements += 1
+        return True
 
     def on_setup(self, now_ns: int, source: object) -> None:
         """A SETUP for this existing image: answer with a status message at once."""
@@ -482,11 +480,35 @@ class ReceiverImage:
         if self._sm_due or self._last_sm_ns is None or now_ns - self._last_sm_ns >= timeout:
             self._send_sm(now_ns, out)
 
+        next_rttm = self._next_rttm_ns
+        if next_rttm is not None and not self.is_end_of_stream:
+            if now_ns >= next_rttm:
+                self._send_rttm(now_ns, out)
+                next_rttm = self._next_rttm_ns = now_ns + receiver.rttm_interval_ns
+        else:
+            next_rttm = None
+
         deadline = self._last_sm_ns + timeout  # type: ignore[operator]
         nak_deadline = self.loss.next_deadline()
         if nak_deadline is not None:
             deadline = min(deadline, nak_deadline)
+        if next_rttm is not None:
+            deadline = min(deadline, next_rttm)
         return deadline
+
+    def _send_rttm(self, now_ns: int, out: list[Outgoing]) -> None:
+        receiver = self._receiver
+        request = RttMeasurement(
+            flags=RTTM_FLAG_REPLY,  # "echo this" (Wireshark's "Reply" label notwithstanding)
+            session_id=self.session_id,
+            stream_id=self.stream_id,
+            echo_timestamp=now_ns,
+            reception_delta=0,
+            receiver_id=receiver.receiver_id,
+        )
+        out.append((request.encode(), self.control_address))
+        self.rttm_requests += 1
+        receiver.rttm_requests += 1
 
     def _send_sm(self, now_ns: int, out: list[Outgoing]) -> None:
         receiver = self._receiver
@@ -544,14 +566,17 @@ class NetworkReceiver:
     (128 KiB; each image uses at most half its term length). Timings default to Aeron's: status
     message timeout 200 ms, image liveness 10 s, NAK delay 0 and retry 10 ms (unicast); SETUP
     elicitation at most every 200 ms per session; a removed image's session is ignored for
-    ``image_cooldown_ns`` (1 s).
+    ``image_cooldown_ns`` (1 s). Each image measures its round-trip time every
+    ``rttm_interval_ns`` (1 s; 0 disables; see the module docstring).
 
     Streams are subscribed with :meth:`add_subscription`; traffic for other streams is
     ignored. Channel counters (plain ints): ``datagrams_received``, ``bytes_received``,
     ``invalid_datagrams``, ``unknown_session_datagrams``, ``ignored_frames``,
     ``heartbeats_received``, ``overruns``, ``naks_sent``, ``sms_sent``, ``setups_received``,
-    ``setup_elicitations``, ``images_created``, ``rttm_replies``; ``gaps_detected`` and
-    ``bytes_lost`` (properties, over current and removed images).
+    ``setup_elicitations``, ``images_created``, ``rttm_replies`` (echoes of the sender's
+    requests), ``rttm_requests`` (requests of our own sent), ``rtt_measurements`` (echoes of
+    them taken); ``gaps_detected`` and ``bytes_lost`` (properties, over current and removed
+    images).
     """
 
     def __init__(
@@ -567,9 +592,12 @@ class NetworkReceiver:
         nak_retry_ns: int = NAK_RETRY_NS_DEFAULT,
         setup_elicit_interval_ns: int = SETUP_ELICIT_INTERVAL_NS_DEFAULT,
         image_cooldown_ns: int = IMAGE_COOLDOWN_NS_DEFAULT,
+        rttm_interval_ns: int = RTTM_INTERVAL_NS_DEFAULT,
     ) -> None:
         if receiver_window < FRAME_ALIGNMENT:
             raise ValueError(f"receiver_window {receiver_window} is below {FRAME_ALIGNMENT}")
+        if rttm_interval_ns < 0:
+            raise ValueError(f"rttm_interval_ns {rttm_interval_ns} is negative (0 disables)")
         self.image_factory = image_factory
         self.receiver_id = receiver_id
         self.group_tag = group_tag
@@ -580,6 +608,7 @@ class NetworkReceiver:
         self.nak_retry_ns = nak_retry_ns
         self.setup_elicit_interval_ns = setup_elicit_interval_ns
         self.image_cooldown_ns = image_cooldown_ns
+        self.rttm_interval_ns = rttm_interval_ns
 
         self.subscriptions: set[int] = set()
         self.images: dict[tuple[int, int], ReceiverImage] = {}
@@ -603,6 +632,8 @@ class NetworkReceiver:
         self.setup_elicitations = 0
         self.images_created = 0
         self.rttm_replies = 0
+        self.rttm_requests = 0
+        self.rtt_measurements = 0
 
     @property
     def gaps_detected(self) -> int:
@@ -698,7 +729,7 @@ class NetworkReceiver:
         if isinstance(frame, SetupFrame):
             self._on_setup(now_ns, frame, source)
         elif isinstance(frame, RttMeasurement):
-            self._on_rttm(frame, source)
+            self._on_rttm(now_ns, frame, source)
         else:
             self.ignored_frames += 1
 
@@ -787,14 +818,21 @@ class NetworkReceiver:
         self.images_created += 1
         self._events.append(ImageAvailable(image))
 
-    def _on_rttm(self, rttm: RttMeasurement, source: object) -> None:
+    def _on_rttm(self, now_ns: int, rttm: RttMeasurement, source: object) -> None:
+        image = self.images.get((rttm.session_id, rttm.stream_id))
         if not rttm.flags & RTTM_FLAG_REPLY:
-            self.ignored_frames += 1  # an echo of a measurement this receiver never starts
+            # the sender's echo of an image's request: only ours (receiver id) count
+            if (
+                image is None
+                or rttm.receiver_id != self.receiver_id
+                or not image.on_rttm_echo(now_ns, rttm)
+            ):
+                self.ignored_frames += 1
+                return
+            self.rtt_measurements += 1
             return
-        if (rttm.session_id, rttm.stream_id) not in self.images or rttm.receiver_id not in (
-            0,
-            self.receiver_id,
-        ):
+        # a request from the sender (flag 0x80): echo it, as Aeron's receiver does
+        if image is None or rttm.receiver_id not in (0, self.receiver_id):
             self.ignored_frames += 1
             return
         reply = RttMeasurement(

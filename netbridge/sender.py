@@ -29,7 +29,6 @@ from typing import Final
 from netbridge.flow_control import FlowControl, UnicastFlowControl
 from netbridge.frames import (
     FRAME_ALIGNMENT,
-    HDR_TYPE_PAD,
     SM_FLAG_SETUP,
     ErrorFrame,
     Frame,
@@ -41,8 +40,8 @@ from netbridge.frames import (
     decode_frames,
     heartbeat,
 )
+from shmbus import _native
 from shmbus.log_buffer import (
-    HEADER_LENGTH,
     PARTITION_COUNT,
     LogBuffer,
     compute_position,
@@ -70,7 +69,7 @@ MAX_DATAGRAMS_PER_POLL_DEFAULT: Final = 64
 #: to. Destinations are opaque to the state machine (the socket layer uses (host, port)).
 Outgoing = tuple[bytes | memoryview, object]
 
-_ALIGN_MASK: Final = ~(FRAME_ALIGNMENT - 1)
+_term_scan = _native.term_scan
 
 
 @dataclass(slots=True)
@@ -443,27 +442,12 @@ class NetworkSender:
         """Committed whole frames from ``term_offset`` of term ``index``: returns (bytes to
         send, padding skipped after them). Stops at an uncommitted frame (length <= 0), at
         ``max_length`` bytes, at a frame starting at or after ``stop``, and after a PAD frame
-        (sent as its 32-byte header; the rest of its length is the returned padding)."""
-        buffer = self._buffer
-        base = index * self.term_length
-        available = 0
-        while available < max_length:
-            offset = term_offset + available
-            if offset >= stop:
-                break
-            frame_length = buffer.get_int32_acquire(base + offset)
-            if frame_length <= 0:
-                break
-            if (buffer.get_int32(base + offset + 4) >> 16) & 0xFFFF == HDR_TYPE_PAD:
-                if available + HEADER_LENGTH > max_length:
-                    break
-                padding = ((frame_length + FRAME_ALIGNMENT - 1) & _ALIGN_MASK) - HEADER_LENGTH
-                return available + HEADER_LENGTH, padding
-            aligned = (frame_length + FRAME_ALIGNMENT - 1) & _ALIGN_MASK
-            if available + aligned > max_length:
-                break
-            available += aligned
-        return available, 0
+        (sent as its 32-byte header; the rest of its length is the returned padding). The
+        loop over frame headers is native (shmbus._native.term_scan), which also never steps
+        past the end of the term."""
+        term_length = self.term_length
+        return _term_scan(self._buffer, index * term_length, term_length, term_offset,
+                          max_length, stop)
 
     def _send_data(self, now_ns: int, out: list[Outgoing]) -> bool:
         """Send DATA from the sender position up to the limit; True if the per-poll budget ran

@@ -1687,6 +1687,197 @@ static PyMethodDef native_functions[] = {
 };
 
 /* ====================================================================================== */
+/* netbridge wire helpers: the per-frame loops of the UDP sender and receiver              */
+/* ====================================================================================== */
+/*
+ * term_scan        the sender's scan of committed frames from a term offset (one datagram's
+ *                  worth), instead of a Python loop over frame headers.
+ * validate_datagram the receiver's check of every frame header of a DATA/PAD datagram against
+ *                  its place in the term, instead of a Python loop over headers.
+ * insert_frames    the receiver's copy of validated frames into an image term, the first
+ *                  frame's length last with a release store (Aeron's TermRebuilder.insert).
+ *
+ * All three are bounds-checked against the buffers they are given: bad arguments raise
+ * IndexError/ValueError and a bad datagram is an error code, never a read or write outside a
+ * buffer. Frames are read as the log layout above says (little-endian 32-byte headers).
+ */
+
+#define WIRE_INVALID (-1)
+
+static inline int64_t align_frame(int64_t length)
+{
+    return (length + FRAME_ALIGNMENT - 1) & ~(int64_t)(FRAME_ALIGNMENT - 1);
+}
+
+/* term_scan(buffer, term_start, term_length, term_offset, max_length, stop) -> (length, padding)
+ *
+ * Committed whole frames of the term at buffer[term_start : term_start + term_length], from
+ * term_offset on: `length` is how many bytes of them to send, `padding` the bytes skipped after
+ * them. Stops at an uncommitted frame (length <= 0, read with acquire), before a frame that
+ * would take the scan past max_length or past the end of the term, at a frame starting at or
+ * after `stop`, and after a PAD frame: a PAD is sent as its 32-byte header and the rest of its
+ * (aligned) length is the returned padding. */
+static PyObject *native_term_scan(PyObject *m, PyObject *args)
+{
+    PyObject *obj;
+    Py_ssize_t term_start, term_length, term_offset, max_length, stop;
+    if (!PyArg_ParseTuple(args, "O!nnnnn", &AtomicBufferType, &obj, &term_start, &term_length,
+                          &term_offset, &max_length, &stop))
+        return NULL;
+    AtomicBuffer *ab = (AtomicBuffer *)obj;
+    if (term_length <= 0 || term_length % FRAME_ALIGNMENT) {
+        PyErr_Format(PyExc_ValueError, "term length %zd is not a positive multiple of %d",
+                     term_length, FRAME_ALIGNMENT);
+        return NULL;
+    }
+    if (ab_check(ab, term_start, term_length, 8) < 0)
+        return NULL;
+    if (term_offset < 0 || term_offset > term_length || term_offset % FRAME_ALIGNMENT) {
+        PyErr_Format(PyExc_IndexError, "term offset %zd is not a 32-byte aligned offset in a "
+                     "term of %zd bytes", term_offset, term_length);
+        return NULL;
+    }
+    const uint8_t *term = ab->data + term_start;
+    if (stop > term_length)
+        stop = term_length;
+    int64_t available = 0, padding = 0;
+    while (available < max_length) {
+        int64_t offset = term_offset + available;
+        if (offset >= stop)
+            break;
+        int32_t frame_length = LOAD_ACQUIRE((const int32_t *)(term + offset));
+        if (frame_length <= 0)
+            break;
+        int64_t aligned = align_frame(frame_length);
+        if (offset + aligned > term_length)
+            break; /* not a frame this log could hold: never step past the term */
+        if (rd_u16(term + offset + TYPE_OFFSET) == HDR_TYPE_PAD) {
+            if (available + HEADER_LENGTH <= max_length) {
+                available += HEADER_LENGTH;
+                padding = aligned - HEADER_LENGTH;
+            }
+            break;
+        }
+        if (available + aligned > max_length)
+            break;
+        available += aligned;
+    }
+    return Py_BuildValue("LL", (long long)available, (long long)padding);
+}
+
+/* validate_datagram(datagram, term_offset, session_id, stream_id, term_id, term_length, below)
+ *     -> (end, span, skip), or WIRE_INVALID (-1)
+ *
+ * Walks every frame of a DATA/PAD datagram whose first frame is at term_offset of term
+ * term_id: each header must have version 0, type DATA (length >= 32, within the datagram) or
+ * PAD (length >= 32; it ends the datagram, sent as its header), the session, stream and term
+ * id given, and its own term offset = term_offset + its place in the datagram; the frames
+ * (a PAD with its whole length) must end inside the term. `end` is the bytes of the datagram to
+ * copy, `span` the bytes of the stream it covers, `skip` the leading bytes of frames that end
+ * at or below `below` (the rebuild position minus the datagram's position: frames already in
+ * the log, not rewritten). A heartbeat (DATA of length 0) is not for this function: invalid. */
+static PyObject *native_validate_datagram(PyObject *m, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t term_offset, term_length;
+    int session_id, stream_id, term_id;
+    long long below;
+    if (!PyArg_ParseTuple(args, "y*niiinL", &view, &term_offset, &session_id, &stream_id,
+                          &term_id, &term_length, &below))
+        return NULL;
+    const uint8_t *d = (const uint8_t *)view.buf;
+    const int64_t size = view.len;
+    int64_t offset = 0, skip = 0, span = 0;
+    int valid = term_offset >= 0 && term_offset < term_length && term_length > 0 &&
+                term_offset % FRAME_ALIGNMENT == 0 && size >= HEADER_LENGTH;
+    while (valid) {
+        const uint8_t *h = d + offset;
+        int32_t frame_length = rd_i32(h + FRAME_LENGTH_OFFSET);
+        uint16_t type = rd_u16(h + TYPE_OFFSET);
+        if (h[VERSION_OFFSET] != 0 || rd_i32(h + TERM_OFFSET_OFFSET) != term_offset + offset ||
+            rd_i32(h + SESSION_ID_OFFSET) != session_id ||
+            rd_i32(h + STREAM_ID_OFFSET) != stream_id || rd_i32(h + TERM_ID_OFFSET) != term_id ||
+            frame_length < HEADER_LENGTH) {
+            valid = 0;
+            break;
+        }
+        int64_t aligned = align_frame(frame_length);
+        if (type == HDR_TYPE_DATA) {
+            if (offset + frame_length > size) {
+                valid = 0;
+                break;
+            }
+            if (skip == offset && offset + aligned <= below)
+                skip = offset + aligned;
+            offset += aligned;
+            span = offset;
+        } else if (type == HDR_TYPE_PAD) {
+            if (skip == offset && offset + aligned <= below)
+                skip = offset + HEADER_LENGTH;
+            span = offset + aligned;
+            offset += HEADER_LENGTH;
+            break;
+        } else {
+            valid = 0;
+            break;
+        }
+        if (offset >= size)
+            break;
+        if (size - offset < HEADER_LENGTH) {
+            valid = 0;
+            break;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (!valid || term_offset + span > term_length)
+        return PyLong_FromLong(WIRE_INVALID);
+    return Py_BuildValue("LLL", (long long)(offset < size ? offset : size), (long long)span,
+                         (long long)skip);
+}
+
+/* insert_frames(buffer, at, datagram, start, end) -> bytes inserted (end - start)
+ *
+ * Copies datagram[start:end] (whole frames) to buffer[at:], the first frame's 4-byte length
+ * last with a release store, so a reader that sees that length sees every byte after it. */
+static PyObject *native_insert_frames(PyObject *m, PyObject *args)
+{
+    PyObject *obj;
+    Py_ssize_t at, start, end;
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "O!ny*nn", &AtomicBufferType, &obj, &at, &view, &start, &end))
+        return NULL;
+    AtomicBuffer *ab = (AtomicBuffer *)obj;
+    if (start < 0 || end > view.len || end - start < 4) {
+        PyErr_Format(PyExc_IndexError, "frames [%zd, %zd) are not inside a datagram of %zd "
+                     "bytes (or shorter than a frame length)", start, end, view.len);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (ab_check(ab, at, end - start, 4) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    const uint8_t *src = (const uint8_t *)view.buf + start;
+    memcpy(ab->data + at + 4, src + 4, (size_t)(end - start - 4));
+    STORE_RELEASE((int32_t *)(ab->data + at), rd_i32(src));
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(end - start);
+}
+
+static PyMethodDef netbridge_wire_functions[] = {
+    {"term_scan", native_term_scan, METH_VARARGS,
+     "term_scan(buffer, term_start, term_length, term_offset, max_length, stop) -> (length, "
+     "padding): committed whole frames to send from term_offset (see _native.c)"},
+    {"validate_datagram", native_validate_datagram, METH_VARARGS,
+     "validate_datagram(datagram, term_offset, session_id, stream_id, term_id, term_length, "
+     "below) -> (end, span, skip) or -1 if any frame header is invalid (see _native.c)"},
+    {"insert_frames", native_insert_frames, METH_VARARGS,
+     "insert_frames(buffer, at, datagram, start, end) -> int: copy datagram[start:end] to "
+     "buffer[at:], the first frame's length last with a release store"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ====================================================================================== */
 /* module                                                                                  */
 /* ====================================================================================== */
 
@@ -1714,7 +1905,8 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddObjectRef(m, "PublicationCore", (PyObject *)&PublicationCoreType) < 0 ||
         PyModule_AddObjectRef(m, "Header", (PyObject *)&HeaderType) < 0 ||
         PyModule_AddObjectRef(m, "ImageCore", (PyObject *)&ImageCoreType) < 0 ||
-        PyModule_AddObjectRef(m, "Heartbeat", (PyObject *)&HeartbeatType) < 0) {
+        PyModule_AddObjectRef(m, "Heartbeat", (PyObject *)&HeartbeatType) < 0 ||
+        PyModule_AddFunctions(m, netbridge_wire_functions) < 0) {
         Py_DECREF(m);
         return NULL;
     }

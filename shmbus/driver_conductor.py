@@ -249,8 +249,7 @@ class DriverConductor:
 
     def _on_remove_publication(self, command: cp.RemovePublication) -> None:
         publication = self._owner_index.pop(command.registration_id, None)
-        if publication is None or not publication.remove_owner(command.registration_id,
-                                                               self._now_ms()):
+        if publication is None or not self._remove_owner(publication, command.registration_id):
             raise CommandError(cp.UNKNOWN_PUBLICATION,
                                f"unknown publication {command.registration_id}")
         self.clients[command.client_id].publications.discard(command.registration_id)
@@ -486,6 +485,16 @@ class DriverConductor:
                 self._link(publication, link)
         return publication
 
+    def _remove_owner(self, publication: IpcPublication, registration_id: int) -> bool:
+        """Drop an owner; when the last one goes, a network publication's stream ends."""
+        if not publication.remove_owner(registration_id, self._now_ms()):
+            return False
+        if (isinstance(publication, NetworkPublication)
+                and publication.state is PublicationState.DRAINING):
+            self._send(cp.OnNetworkPublicationClosed(publication.registration_id,
+                                                     publication.log.end_of_stream_position))
+        return True
+
     def _announce(self, publication: NetworkPublication) -> None:
         self._send(cp.OnNetworkPublication(
             publication.registration_id, publication.session_id, publication.stream_id,
@@ -655,7 +664,7 @@ class DriverConductor:
         for registration_id in client.publications:
             publication = self._owner_index.pop(registration_id, None)
             if publication is not None:
-                publication.remove_owner(registration_id, now_ms)
+                self._remove_owner(publication, registration_id)
         for counter_id in client.counters:
             self.counters.free(counter_id)
         self.counters.free(client.heartbeat_counter_id)

@@ -407,6 +407,91 @@ def test_rttm_request_is_echoed(host: ImageHost) -> None:
     assert receiver.rttm_replies == 1 and receiver.ignored_frames == 2
 
 
+def rttms(result) -> list[tuple[RttMeasurement, object]]:
+    return [(f, d) for f, d in frames_out(result) if isinstance(f, RttMeasurement)]
+
+
+def echo_of(request: RttMeasurement, *, reception_delta: int = 0, **changes: int) -> bytes:
+    """The sender's echo of ``request`` (flags 0), with ``changes`` to its fields."""
+    fields = {"session_id": request.session_id, "stream_id": request.stream_id,
+              "echo_timestamp": request.echo_timestamp, "receiver_id": request.receiver_id}
+    fields.update(changes)
+    return RttMeasurement(flags=0, reception_delta=reception_delta, **fields).encode()
+
+
+def test_rtt_is_measured_at_the_interval_and_taken_from_the_echo(host: ImageHost) -> None:
+    receiver = joined(host, rttm_interval_ns=1000 * MS)
+    image = receiver.images[(SESSION, STREAM)]
+    assert image.rtt_ns is None and image.rttm_requests == 0
+    # no request before one interval has passed since the SETUP; the deadline says when
+    assert rttms(receiver.poll(999 * MS)) == []
+    receiver.on_datagram(999 * MS, beat(0), SENDER)  # keep the image alive
+    result = receiver.poll(1000 * MS)
+    ((request, destination),) = rttms(result)
+    assert destination == image.control_address == SENDER
+    assert request.flags == 0x80 and request.wants_reply
+    assert (request.session_id, request.stream_id) == (SESSION, STREAM)
+    assert (request.echo_timestamp, request.reception_delta) == (1000 * MS, 0)
+    assert request.receiver_id == RECEIVER_ID
+    assert request.encode()[5] == 0x80  # the raw flags byte on the wire
+    assert image.rttm_requests == receiver.rttm_requests == 1
+    # nothing more until the next interval, which bounds the next deadline
+    assert rttms(receiver.poll(1500 * MS)) == []
+    assert receiver.poll(1900 * MS).next_deadline_ns <= 2000 * MS
+
+    # the echo comes back 3 ms later (2 ms of it spent in the sender): rtt = 1 ms
+    receiver.on_datagram(1003 * MS, echo_of(request, reception_delta=2 * MS), SENDER)
+    assert image.rtt_ns == 1 * MS
+    assert image.rtt_measurements == receiver.rtt_measurements == 1
+    assert rttms(receiver.poll(1003 * MS)) == []  # an echo is not echoed again
+    assert receiver.rttm_replies == 0
+
+    ((second, _),) = rttms(receiver.poll(2000 * MS))
+    assert second.echo_timestamp == 2000 * MS
+    receiver.on_datagram(2000 * MS + 250_000, echo_of(second), SENDER)
+    assert image.rtt_ns == 250_000  # the last measurement, not an average
+    assert image.rtt_measurements == 2
+
+
+def test_rtt_echoes_for_another_receiver_or_session_are_ignored(host: ImageHost) -> None:
+    receiver = joined(host, rttm_interval_ns=100 * MS)
+    image = receiver.images[(SESSION, STREAM)]
+    ((request, _),) = rttms(receiver.poll(100 * MS))
+    ignored = receiver.ignored_frames
+    receiver.on_datagram(101 * MS, echo_of(request, receiver_id=RECEIVER_ID + 1), SENDER)
+    receiver.on_datagram(101 * MS, echo_of(request, receiver_id=0), SENDER)
+    receiver.on_datagram(101 * MS, echo_of(request, session_id=SESSION + 1), SENDER)
+    receiver.on_datagram(101 * MS, echo_of(request, stream_id=STREAM + 1), SENDER)
+    # an echo that claims a time after now (a broken clock or a forged frame)
+    receiver.on_datagram(101 * MS, echo_of(request, echo_timestamp=102 * MS), SENDER)
+    assert image.rtt_ns is None and receiver.rtt_measurements == 0
+    assert receiver.ignored_frames == ignored + 5
+    assert rttms(receiver.poll(101 * MS)) == []  # none of them is answered
+    receiver.on_datagram(102 * MS, echo_of(request), SENDER)
+    assert image.rtt_ns == 2 * MS
+
+
+def test_rtt_measurement_can_be_disabled_and_stops_at_end_of_stream(host: ImageHost) -> None:
+    with pytest.raises(ValueError, match="rttm_interval_ns"):
+        make_receiver(host, rttm_interval_ns=-1)
+    receiver = joined(host, rttm_interval_ns=0)
+    for t in range(1, 40):
+        receiver.on_datagram(t * 250 * MS, beat(0), SENDER)
+        assert rttms(receiver.poll(t * 250 * MS)) == []
+    assert receiver.images[(SESSION, STREAM)].rttm_requests == 0
+
+    # an image at end of stream measures no more (its sender is going away)
+    other = SESSION + 1
+    receiver = make_receiver(host, rttm_interval_ns=100 * MS)
+    receiver.on_datagram(0, setup(0, session_id=other), SENDER)
+    receiver.poll(0)
+    receiver.on_datagram(50 * MS, beat(0, eos=True, session_id=other), SENDER)
+    receiver.poll(50 * MS)
+    image = receiver.images[(other, STREAM)]
+    assert image.is_end_of_stream
+    assert rttms(receiver.poll(500 * MS)) == [] and image.rttm_requests == 0
+
+
 def test_decoded_frames_are_accepted_as_well_as_bytes(host: ImageHost) -> None:
     receiver = make_receiver(host)
     receiver.on_datagram(0, list(decode_frames(setup(0))), SENDER)
