@@ -919,6 +919,10 @@ static PyObject *pub_claim(PublicationCore *self, PyObject *args)
 
 static uint8_t *claimed_frame(PublicationCore *self, PyObject *arg)
 {
+    if (self->closed) {
+        PyErr_SetString(PyExc_ValueError, "the publication is closed (its claims were aborted)");
+        return NULL;
+    }
     Py_ssize_t frame_offset = PyLong_AsSsize_t(arg);
     if (frame_offset == -1 && PyErr_Occurred())
         return NULL;
@@ -963,7 +967,8 @@ static PyObject *pub_claim_view(PublicationCore *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "nn", &frame_offset, &length))
         return NULL;
     Py_ssize_t log_terms = (Py_ssize_t)self->g.term_length * PARTITION_COUNT;
-    if (frame_offset < 0 || length < 0 || frame_offset + HEADER_LENGTH + length > log_terms) {
+    if (self->closed || frame_offset < 0 || length < 0 ||
+        frame_offset + HEADER_LENGTH + length > log_terms) {
         PyErr_SetString(PyExc_ValueError, "claim is outside this log");
         return NULL;
     }
@@ -1217,6 +1222,7 @@ typedef struct {
     LogGeometry g;
     int64_t *position;        /* the subscriber position: written only by this reader */
     Header *header;           /* reused while nobody else holds it */
+    int closed;               /* once set, the log may be unmapped: never touch it again */
 } ImageCore;
 
 static PyObject *release_str;
@@ -1283,6 +1289,8 @@ static PyObject *img_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nar
     long limit = PyLong_AsLong(args[1]);
     if (limit == -1 && PyErr_Occurred())
         return NULL;
+    if (self->closed)
+        return PyLong_FromLong(0);
     int64_t position = LOAD_ACQUIRE(self->position);
     int32_t term_offset = (int32_t)(position & (self->g.term_length - 1));
     uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
@@ -1302,6 +1310,8 @@ static PyObject *img_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nar
         PyObject *r = deliver(self, handler, frame, length);
         if (r == NULL) { failed = 1; break; }
         Py_DECREF(r);
+        if (self->closed)
+            break;  /* the handler closed the image: its log may be gone */
     }
     if (offset != term_offset)
         STORE_RELEASE(self->position, position + (offset - term_offset));
@@ -1320,6 +1330,8 @@ static PyObject *img_controlled_poll(ImageCore *self, PyObject *const *args, Py_
     long limit = PyLong_AsLong(args[1]);
     if (limit == -1 && PyErr_Occurred())
         return NULL;
+    if (self->closed)
+        return PyLong_FromLong(0);
     int64_t position = LOAD_ACQUIRE(self->position);
     int32_t initial_offset = (int32_t)(position & (self->g.term_length - 1));
     uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
@@ -1347,7 +1359,7 @@ static PyObject *img_controlled_poll(ImageCore *self, PyObject *const *args, Py_
             offset -= aligned;
             break;
         }
-        if (action == ACTION_BREAK)
+        if (action == ACTION_BREAK || self->closed)
             break;
         if (action == ACTION_COMMIT) {
             position += offset - initial_offset;
@@ -1379,6 +1391,10 @@ static PyObject *img_scan(ImageCore *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "nw*w*w*", &limit, &offs, &lens, &flags))
         return NULL;
     PyObject *result = NULL;
+    if (self->closed) {
+        result = Py_BuildValue("(nii)", (Py_ssize_t)0, 0, 0);
+        goto done;
+    }
     if (offs.len < limit * 8 || lens.len < limit * 4 || flags.len < limit) {
         PyErr_SetString(PyExc_ValueError, "scan arrays are smaller than the limit");
         goto done;
@@ -1414,6 +1430,15 @@ done:
     PyBuffer_Release(&flags);
     return result;
 }
+
+static PyObject *img_close_core(ImageCore *self, PyObject *Py_UNUSED(ignored))
+{
+    self->closed = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *img_get_is_closed(ImageCore *self, void *c)
+{ return PyBool_FromLong(self->closed); }
 
 static PyObject *img_get_position(ImageCore *self, void *c)
 { return PyLong_FromLongLong(LOAD_ACQUIRE(self->position)); }
@@ -1488,6 +1513,7 @@ static PyGetSetDef img_getset[] = {
      "the subscriber position: bytes consumed so far in this stream", NULL},
     {"term_length", (getter)img_get_term_length, NULL, "term length in bytes", NULL},
     {"initial_term_id", (getter)img_get_initial_term_id, NULL, "initial term id", NULL},
+    {"is_closed", (getter)img_get_is_closed, NULL, "True once closed", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1502,6 +1528,7 @@ static PyMethodDef img_methods[] = {
      "Action: ABORT (not consumed, stop), BREAK (consumed, stop), COMMIT (consumed, position "
      "saved now), CONTINUE (or None)."},
     {"_scan", (PyCFunction)img_scan, METH_VARARGS, NULL},
+    {"_close_core", (PyCFunction)img_close_core, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

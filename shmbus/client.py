@@ -81,6 +81,7 @@ class Client:
         self.directory = Path(context.dir)
         self._pid = os.getpid()
         self._closed = False
+        self._closing = False
         self.cnc = _open_or_launch(context)
         self._to_driver = ManyToOneRingBuffer(self.cnc.section(TO_DRIVER))
         self._to_clients = BroadcastReceiver(self.cnc.section(TO_CLIENTS))
@@ -272,18 +273,20 @@ class Client:
         return entry[0]
 
     def _unmap_log(self, log: LogBuffer) -> None:
+        """One user fewer; the last one unmaps it (its users are closed by then)."""
         for name, (mapped, count) in list(self._logs.items()):
             if mapped is log:
                 if count > 1:
                     self._logs[name] = (mapped, count - 1)
                 else:
                     del self._logs[name]
+                    mapped.close()
                 return
 
     def _on_publication_close(self, publication: Publication) -> None:
         if self._publications.pop(publication.registration_id, None) is None:
             return
-        if not self._closed and os.getpid() == self._pid:
+        if not self._closing and os.getpid() == self._pid:
             self._send(cp.RemovePublication(self.client_id, self._correlation(),
                                             publication.registration_id))
         self._unmap_log(publication.log)
@@ -294,10 +297,13 @@ class Client:
         self._request(command(self.client_id, self._correlation(), publication.registration_id,
                               destination))
 
-    def _on_subscription_close(self, subscription: Subscription) -> None:
+    def _on_subscription_close(self, subscription: Subscription,
+                               images: tuple[Image, ...]) -> None:
+        for image in images:
+            self._unmap_log(image.log)
         if self._subscriptions.pop(subscription.registration_id, None) is None:
             return
-        if not self._closed and os.getpid() == self._pid:
+        if not self._closing and os.getpid() == self._pid:
             self._send(cp.RemoveSubscription(self.client_id, self._correlation(),
                                              subscription.registration_id))
 
@@ -328,8 +334,9 @@ class Client:
     def _release(self, *, send_close: bool) -> None:
         if self._closed:
             return
+        self._closing = True  # what is closed now goes with the ClientClose below
         for publication in list(self._publications.values()):
-            publication._close_core()
+            publication.close()
         for subscription in list(self._subscriptions.values()):
             subscription.close()
         if send_close:
@@ -340,10 +347,11 @@ class Client:
         self._closed = True
         if self._heartbeat is not None:
             self._heartbeat.stop()
-        for publication in self._publications.values():
-            self._unmap_log(publication.log)
         self._publications.clear()
         self._subscriptions.clear()
+        for log, _ in self._logs.values():
+            log.close()
+        self._logs.clear()
         _live_clients.discard(self)
         _reap_launched()
 

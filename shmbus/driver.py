@@ -83,6 +83,7 @@ class Driver:
         os.write(fd, f"{os.getpid()}\n".encode())
         try:
             self._remove_files()
+            (self.directory / LOGS_DIR).mkdir(mode=0o700)  # before clients can find the bus
             now = epoch_ms()
             self.cnc = CncFile.create(
                 self.directory, self.lengths, pid=os.getpid(), start_time_ms=now,
@@ -150,9 +151,9 @@ def _read_pid(directory: Path) -> str:
 def run_driver(context: Context, *, embedded: bool = False) -> None:
     """Start a driver and serve until SIGINT/SIGTERM (or idle, when embedded)."""
     driver = Driver(context, embedded=embedded)
-    driver.start()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: driver.stop())
+    driver.start()
     driver.run()
 
 

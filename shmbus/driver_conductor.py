@@ -137,7 +137,6 @@ class DriverConductor:
         self._next_timer_ms = 0
         self._last_client_ms = counters.clock()
         self._random = random.Random()
-        (directory / LOGS_DIR).mkdir(mode=0o700, exist_ok=True)
 
     # -- the loop ------------------------------------------------------------------------------
 

@@ -96,7 +96,6 @@ class Image(ImageCore):
         if join_position is not None:
             self.position = join_position
         self.join_position = self.position
-        self._closed = False
         self._batch_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._terms: list[np.ndarray] | None = None
 
@@ -113,7 +112,7 @@ class Image(ImageCore):
                                   np.empty(fragment_limit, np.uint8))
         offsets, lengths, flags = self._batch_arrays
         count, index, scanned = self._scan(fragment_limit, offsets, lengths, flags)
-        if scanned == 0:
+        if scanned == 0 or self.is_closed:
             return 0
         position = self.position
         try:
@@ -128,17 +127,13 @@ class Image(ImageCore):
         return count
 
     @property
-    def is_closed(self) -> bool:
-        return self._closed
-
-    @property
     def is_end_of_stream(self) -> bool:
         """True once the publisher ended the stream and everything up to the end was read."""
         return self.position >= self.log.end_of_stream_position
 
     def close(self) -> None:
-        """Stop reading; the log is unmapped when nothing else holds it. Idempotent."""
-        self._closed = True
+        """Stop reading: later polls return 0 and the log may be unmapped. Idempotent."""
+        self._close_core()
         self._terms = None
 
     def __repr__(self) -> str:

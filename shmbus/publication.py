@@ -10,6 +10,7 @@ different writers never interleave. Both return Aeron's codes from ``offer`` (se
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +37,7 @@ class BufferClaim:
     after the frame, or the negative code when the claim failed.
     """
 
-    __slots__ = ("_publication", "_frame_offset", "result", "buffer")
+    __slots__ = ("_publication", "_frame_offset", "result", "buffer", "__weakref__")
 
     def __init__(self, publication: Publication, result: int, frame_offset: int,
                  length: int) -> None:
@@ -110,6 +111,7 @@ class Publication(PublicationCore):
         self.registration_id = registration_id
         self._on_close = on_close
         self._on_destination = on_destination
+        self._claims: weakref.WeakSet[BufferClaim] = weakref.WeakSet()
 
     def try_claim(self, length: int, reserved_value: int = 0) -> BufferClaim:
         """Claim ``length`` bytes (at most ``max_payload_length``) to fill in place.
@@ -118,7 +120,10 @@ class Publication(PublicationCore):
         failed (back-pressure, rotation, not connected, closed).
         """
         result, frame_offset = self._claim(length, reserved_value)
-        return BufferClaim(self, result, frame_offset, length)
+        claim = BufferClaim(self, result, frame_offset, length)
+        if claim:
+            self._claims.add(claim)
+        return claim
 
     def publish(self, *buffers: Buffer, timeout: float = 1.0, reserved_value: int = 0) -> int:
         """Offer until it succeeds, idling between tries; returns the new position.
@@ -188,9 +193,13 @@ class Publication(PublicationCore):
         return self.position_limit - self.position()
 
     def close(self) -> None:
-        """Close: later offers return CLOSED. Idempotent."""
+        """Close: later offers return CLOSED; claims not yet committed are aborted (their
+        buffers released), and the log may be unmapped. Idempotent."""
         if self.is_closed:
             return
+        for claim in list(self._claims):
+            if claim.buffer is not None:
+                claim.abort()
         self._close_core()
         if self._on_close is not None:
             self._on_close(self)

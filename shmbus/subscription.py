@@ -31,7 +31,7 @@ class Subscription:
         on_available_image: ImageHandler | None = None,
         on_unavailable_image: ImageHandler | None = None,
         service: Callable[[], Any] | None = None,
-        on_close: Callable[[Subscription], Any] | None = None,
+        on_close: Callable[[Subscription, tuple[Image, ...]], Any] | None = None,
     ) -> None:
         self.channel = channel
         self.stream_id = stream_id
@@ -164,11 +164,11 @@ class Subscription:
         if self._closed:
             return
         self._closed = True
-        for image in self._images:
+        images, self._images = self._images, ()
+        for image in images:
             image.close()
-        self._images = ()
         if self._on_close is not None:
-            self._on_close(self)
+            self._on_close(self, images)
 
     def __enter__(self) -> Subscription:
         return self
