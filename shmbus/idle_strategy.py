@@ -2,7 +2,9 @@
 
 Every strategy has ``idle(work_count)``: it idles only when work_count is 0, and ``reset()``
 after work was done. The default is :class:`BackoffIdleStrategy`: a few spins, then yields,
-then sleeps growing from 1 us to 1 ms, so an idle bus costs almost no CPU on a small machine.
+then sleeps growing from 50 us to 1 ms, so an idle bus costs almost no CPU on a small machine.
+(Linux rounds short sleeps up by the thread's timer slack, 50 us by default, so shorter
+sleeps would not be shorter.)
 """
 
 from __future__ import annotations
@@ -66,8 +68,8 @@ class BackoffIdleStrategy:
     def __init__(
         self,
         max_spins: int = 10,
-        max_yields: int = 20,
-        min_sleep_s: float = 1e-6,
+        max_yields: int = 50,
+        min_sleep_s: float = 50e-6,
         max_sleep_s: float = 1e-3,
     ) -> None:
         self.max_spins = max_spins

@@ -70,6 +70,12 @@ class FragmentBatch:
                              f"{dtype.itemsize}-byte whole messages")
         if n == 0:
             return np.empty(0, dtype)
+        first = int(self.offsets[0])
+        stride = int(self.offsets[1] - self.offsets[0]) if n > 1 else dtype.itemsize
+        if n == 1 or bool(np.all(np.diff(self.offsets) == stride)):
+            # equally spaced frames (the usual case): one strided copy
+            return np.ndarray((n,), dtype, buffer=self.term, offset=first,
+                              strides=(stride,)).copy()
         index = self.offsets[:, None] + np.arange(dtype.itemsize)
         return self.term[index].view(dtype).reshape(n)
 

@@ -52,6 +52,9 @@ class IpcFlowControl:
         positions = list(subscriber_positions)
         if positions:
             lowest = min(positions)
+            # a reader behind where cleaning would start (flow control taken over mid-stream)
+            # must not find stale frames three terms on: clean from it instead
+            self.clean_position = min(self.clean_position, lowest)
             self.consumer_position = max(self.consumer_position, max(positions))
             proposed = lowest + self.window
             if proposed >= self._trip_limit:
