@@ -28,12 +28,5 @@ class Position:
         """Store a new value (release store). Only the owner may call this."""
         self.buffer.put_int64_release(self.offset, value)
 
-    def propose_max(self, value: int) -> bool:
-        """Raise the value to ``value`` if it is higher; True if it moved."""
-        if value > self.get():
-            self.set(value)
-            return True
-        return False
-
     def __repr__(self) -> str:
         return f"Position(offset={self.offset}, value={self.get()})"
