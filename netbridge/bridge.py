@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import select
 import signal
 import socket
@@ -23,6 +24,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from netbridge.destinations import DestinationTracker
+from netbridge.flow_control import strategy_for
+from netbridge.frames import HDR_TYPE_SM, SETUP_FLAG_GROUP, SM_FLAG_SETUP, StatusMessage
+from netbridge.loss_detector import multicast_nak_delay
 from netbridge.loss_filter import LossFilter, LossSpec
 from netbridge.receiver import (
     ImageRequest,
@@ -32,8 +37,15 @@ from netbridge.receiver import (
     ReceiverImage,
 )
 from netbridge.sender import NetworkSender
+from netbridge.transport import (
+    ReceiveTransport,
+    SendTransport,
+    open_receive,
+    open_send,
+    parse_address,
+)
 from shmbus import control_protocol as cp
-from shmbus.channel_uri import ChannelUri
+from shmbus.channel_uri import ChannelUri, parse_flow_control
 from shmbus.client import Client
 from shmbus.context import Context
 from shmbus.errors import ShmbusError
@@ -52,12 +64,16 @@ RECEIVE_STATS = ("bytes received", "datagrams received", "heartbeats received", 
 _SESSION_STREAM = struct.Struct("<ii")
 _RECV_BATCH = 64
 _SENDER_LINGER_NS = 2_000_000_000
+#: dynamic MDC receivers announce themselves this often (Aeron: 1 s)
+_ANNOUNCE_INTERVAL_NS = 1_000_000_000
+#: driver events are serviced, and channel statistics mirrored, at most this often (not at
+#: every duty cycle: under load a duty cycle takes a few microseconds)
+_SERVICE_INTERVAL_NS = 200_000
+_STATS_INTERVAL_NS = 1_000_000
+#: select() timeouts after 1, 2, ... duty cycles without work: poll a few times, then sleep
+#: longer and longer, up to 1 ms (a sender cannot wait on its log, only on its socket)
+_IDLE_TIMEOUTS_NS = (0, 0, 0, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
 _NO_END_OF_STREAM = (1 << 63) - 1  # a log's end-of-stream position while it is open
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return socket.gethostbyname(host.strip("[]")), int(port)
 
 
 @dataclass
@@ -65,12 +81,17 @@ class ChannelCounters:
     """A channel's statistics: counters in cnc.dat, mirrored from plain ints."""
 
     positions: dict[str, Position]
+    #: the values as last written: a counter is written when its value changes, never read
+    last: dict[str, int] = field(default_factory=dict)
 
     def update(self, values: dict[str, int]) -> None:
+        last = self.last
         for name, value in values.items():
-            position = self.positions.get(name)
-            if position is not None and position.get() != value:
-                position.set(value)
+            if last.get(name) != value:
+                position = self.positions.get(name)
+                if position is not None:
+                    position.set(value)
+                last[name] = value
 
 
 @dataclass
@@ -91,15 +112,33 @@ class Sender:
 
 @dataclass
 class SendChannel:
-    """One socket sending to one endpoint, shared by every publication to it."""
+    """One socket sending to one endpoint (or group, or set of destinations), shared by every
+    publication on the channel."""
 
     channel: str
-    destination: tuple[str, int]
-    sock: socket.socket
+    transport: SendTransport
     counters: ChannelCounters
-    loss: LossFilter | None
+    loss_out: LossFilter | None
+    loss_in: LossFilter | None
+    #: multi-destination-cast: who gets the data
+    tracker: DestinationTracker | None = None
     senders: dict[tuple[int, int], Sender] = field(default_factory=dict)
     invalid: int = 0
+
+    @property
+    def sock(self) -> socket.socket:
+        return self.transport.sock
+
+    def apply_destinations(self) -> None:
+        """Tell every sender about destinations added or dropped since the last call."""
+        if self.tracker is None:
+            return
+        added, removed = self.tracker.changes()
+        for sender in self.senders.values():
+            for destination in added:
+                sender.sender.add_destination(destination)
+            for destination in removed:
+                sender.sender.remove_destination(destination)
 
 
 @dataclass
@@ -124,13 +163,19 @@ class ReceivedImage:
 
 @dataclass
 class ReceiveChannel:
-    """One socket bound to an endpoint, with the receiver state machine for it."""
+    """The sockets of one subscribed endpoint, with the receiver state machine for them."""
 
     channel: str
-    sock: socket.socket
+    transport: ReceiveTransport
     receiver: NetworkReceiver
     counters: ChannelCounters
-    loss: LossFilter | None
+    loss_out: LossFilter | None
+    loss_in: LossFilter | None
+    next_announce_ns: int = 0
+
+    @property
+    def sock(self) -> socket.socket:
+        return self.transport.sock
 
 
 class Bridge:
@@ -143,8 +188,18 @@ class Bridge:
         self.receive_channels: dict[str, ReceiveChannel] = {}
         self._images_by_id: dict[int, ReceivedImage] = {}
         self._stopped = False
+        self._next_service_ns = 0
+        self._next_stats_ns = 0
+        # datagrams are received into one buffer (recvfrom_into) and handled before the next
+        self._recv_buffer = bytearray(65536)
+        self._recv_view = memoryview(self._recv_buffer)
         self.client = Client(self.context)
         self._receiver_id = self.client.client_id
+        #: what a dynamic MDC receiver sends its control address: an SM for session 0 and
+        #: stream 0 with the SETUP flag
+        self._announcement = StatusMessage(
+            flags=SM_FLAG_SETUP, session_id=0, stream_id=0, consumption_term_id=0,
+            consumption_term_offset=0, receiver_window=0, receiver_id=self._receiver_id).encode()
         # events are queued and handled in do_work, never inside another request
         self._events: list[cp.Message] = []
         self.client.on_driver_event = self._events.append
@@ -172,6 +227,8 @@ class Bridge:
             channel = self.receive_channels.get(message.channel)
             if channel is not None:
                 channel.receiver.remove_subscription(message.stream_id, time.monotonic_ns())
+        elif isinstance(message, cp.OnDestination):
+            self._on_destination(message)
         elif isinstance(message, cp.OnImageSubscribers):
             image = self._images_by_id.get(message.image_id)
             if image is not None:
@@ -191,56 +248,75 @@ class Bridge:
             positions[name] = self._counter(ready.counter_id)
         return ChannelCounters(positions)
 
-    def _loss_filter(self) -> LossFilter | None:
-        """One filter per socket, each with its own seed (derived from the spec's)."""
+    def _loss_filters(self) -> tuple[LossFilter | None, LossFilter | None]:
+        """(outgoing, incoming) filters for a new channel, each with its own seed."""
         spec = self._loss_spec
         if spec is None:
-            return None
-        count = len(self.send_channels) + len(self.receive_channels)
-        return LossFilter(dataclasses.replace(spec, seed=spec.seed * 1000 + count))
-
-    def _socket(self) -> socket.socket:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        size = self.context.netbridge_socket_buffer
-        if size:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
-        sock.setblocking(False)
-        return sock
+            return None, None
+        count = 2 * (len(self.send_channels) + len(self.receive_channels))
+        out = LossFilter(dataclasses.replace(spec, seed=spec.seed * 1000 + count))
+        into = LossFilter(dataclasses.replace(spec, seed=spec.seed * 1000 + count + 1))
+        return (out if spec.outgoing else None), (into if spec.incoming else None)
 
     def _add_sender(self, event: cp.OnNetworkPublication) -> None:
         uri = ChannelUri.parse(event.channel)
-        destination = parse_address(uri.params["endpoint"])
-        channel = self.send_channels.get(destination)
+        key = uri.endpoint_key()
+        channel = self.send_channels.get(key)
         if channel is None:
-            sock = self._socket()
-            interface = uri.params.get("interface", "0.0.0.0:0")
-            host, _, port = interface.partition(":")
-            sock.bind((host, int(port or 0)))
-            channel = SendChannel(event.channel, destination, sock, self._add_counters(
-                SEND_CHANNEL_STAT, uri.canonical(), SEND_STATS), self._loss_filter())
-            self.send_channels[destination] = channel
+            transport = open_send(uri, self.context.netbridge_socket_buffer)
+            tracker = (DestinationTracker(dynamic=transport.control_mode == "dynamic")
+                       if transport.control_mode else None)
+            channel = SendChannel(event.channel, transport, self._add_counters(
+                SEND_CHANNEL_STAT, uri.canonical(), SEND_STATS), *self._loss_filters(),
+                tracker=tracker)
+            self.send_channels[key] = channel
         log = LogBuffer.open(self.client.directory / event.log_file)
         snd_pos = self._counter(event.snd_pos_counter_id)
-        sender = NetworkSender(log, destination=destination, position=snd_pos.get(),
-                               mtu=uri.int_param("mtu", log.descriptor.mtu))
+        transport = channel.transport
+        fc_spec = parse_flow_control(uri.params["fc"]) if "fc" in uri.params else None
+        destinations = list(transport.destinations)
+        if channel.tracker is not None:
+            destinations += channel.tracker.destinations
+        sender = NetworkSender(
+            log, destination=None, position=snd_pos.get(),
+            mtu=uri.int_param("mtu", log.descriptor.mtu), ttl=uri.int_param("ttl", 0),
+            flow_control=strategy_for(fc_spec, group=transport.group),
+            setup_flags=SETUP_FLAG_GROUP if transport.group else 0)
+        for destination in destinations:
+            sender.add_destination(destination)
         channel.senders[(event.session_id, event.stream_id)] = Sender(
             event.registration_id, sender, log, snd_pos, self._counter(event.snd_lmt_counter_id),
             self._counter(event.snd_bpe_counter_id))
+
+    def _on_destination(self, event: cp.OnDestination) -> None:
+        for channel in self.send_channels.values():
+            if channel.tracker is None:
+                continue
+            if any(s.registration_id == event.registration_id for s in channel.senders.values()):
+                destination = parse_address(event.destination)
+                if event.added:
+                    channel.tracker.add(destination)
+                else:
+                    channel.tracker.remove(destination)
+                channel.apply_destinations()
 
     def _receive_channel(self, channel_text: str) -> ReceiveChannel:
         channel = self.receive_channels.get(channel_text)
         if channel is not None:
             return channel
         uri = ChannelUri.parse(channel_text)
-        sock = self._socket()
-        sock.bind(parse_address(uri.params["endpoint"]))
+        transport = open_receive(uri, self.context.netbridge_socket_buffer)
         window = uri.int_param("rcv-wnd", 128 * 1024)
+        multicast = transport.control_address is not None
         holder: list[ReceiveChannel] = []
-        receiver = NetworkReceiver(lambda request: self._create_image(holder[0], request),
-                                   receiver_id=self._receiver_id, receiver_window=window)
-        channel = ReceiveChannel(channel_text, sock, receiver, self._add_counters(
-            RECEIVE_CHANNEL_STAT, uri.canonical(), RECEIVE_STATS), self._loss_filter())
+        receiver = NetworkReceiver(
+            lambda request: self._create_image(holder[0], request),
+            receiver_id=self._receiver_id, receiver_window=window,
+            group_tag=uri.int_param("gtag") if "gtag" in uri.params else None,
+            control_address=transport.control_address,
+            nak_delay=multicast_nak_delay(random.Random()) if multicast else None)
+        channel = ReceiveChannel(channel_text, transport, receiver, self._add_counters(
+            RECEIVE_CHANNEL_STAT, uri.canonical(), RECEIVE_STATS), *self._loss_filters())
         holder.append(channel)
         self.receive_channels[channel_text] = channel
         return channel
@@ -267,13 +343,18 @@ class Bridge:
 
     def run(self) -> None:
         """Serve until stop() or the driver goes away; then close()."""
+        idle = 0  # duty cycles in a row without work
+        last_idle = len(_IDLE_TIMEOUTS_NS) - 1
         try:
             while not self._stopped:
                 now = time.monotonic_ns()
                 work, deadline = self.do_work(now)
-                if not work:
-                    timeout = max(0.0, min((deadline - time.monotonic_ns()) / 1e9, 0.001))
-                    select.select(self._sockets(), [], [], timeout)
+                if work:
+                    idle = 0
+                    continue
+                timeout = min(deadline - time.monotonic_ns(), _IDLE_TIMEOUTS_NS[idle])
+                idle = min(idle + 1, last_idle)
+                select.select(self._sockets(), [], [], max(0, timeout) / 1e9)
         except ShmbusError as e:  # the driver went away: nothing left to bridge
             print(f"netbridge: stopping: {e}", file=sys.stderr)
         finally:
@@ -284,11 +365,17 @@ class Bridge:
 
     def _sockets(self) -> list[socket.socket]:
         return [c.sock for c in self.send_channels.values()] + [
-            c.sock for c in self.receive_channels.values()]
+            sock for c in self.receive_channels.values() for sock in c.transport.sockets()]
 
     def do_work(self, now: int) -> tuple[int, int]:
         """One duty cycle; returns (work done, when to come back at the latest)."""
-        work = self.client._service()
+        work = 0
+        if now >= self._next_service_ns:
+            self._next_service_ns = now + _SERVICE_INTERVAL_NS
+            work = self.client._service()
+        stats = now >= self._next_stats_ns
+        if stats:
+            self._next_stats_ns = now + _STATS_INTERVAL_NS
         while self._events:
             work += 1
             event = self._events.pop(0)
@@ -298,23 +385,35 @@ class Bridge:
                 print(f"netbridge: {type(event).__name__}: {e}", file=sys.stderr)
         deadline = now + 1_000_000
         for channel in list(self.receive_channels.values()):
-            work += self._receive(channel.sock, lambda data, source, c=channel:
-                                  c.receiver.on_datagram(now, data, source))
-            polled = channel.receiver.poll(now)
-            work += self._send(channel.sock, channel.loss, polled.datagrams, now)
+            receiver = channel.receiver
+            work += self._receive(channel.sock, channel.loss_in, now,
+                                  lambda data, source, r=receiver:
+                                  r.on_datagram(now, data, source))
+            if channel.transport.control_sock is not None:  # multicast: others' NAKs
+                work += self._receive(channel.transport.control_sock, None, now,
+                                      lambda data, source, r=receiver: r.on_nak_heard(now, data))
+            if channel.transport.announce_to is not None and now >= channel.next_announce_ns:
+                channel.next_announce_ns = now + _ANNOUNCE_INTERVAL_NS
+                self._sendto(channel.sock, self._announcement, channel.transport.announce_to)
+            polled = receiver.poll(now)
+            work += self._send(channel.sock, channel.loss_out, polled.datagrams, now)
             for event in polled.events:
                 if isinstance(event, ImageUnavailable):
                     self._close_image(channel, event.image)
             if polled.next_deadline_ns is not None:
                 deadline = min(deadline, polled.next_deadline_ns)
-            self._mirror_receive(channel)
+            if stats:
+                self._mirror_receive(channel)
         for channel in list(self.send_channels.values()):
-            work += self._receive(channel.sock, lambda data, source, c=channel:
-                                  self._on_control(c, now, data, source))
+            work += self._receive(channel.sock, channel.loss_in, now, lambda data, source,
+                                  c=channel: self._on_control(c, now, data, source))
+            if stats and channel.tracker is not None:
+                channel.tracker.on_idle(now)
+                channel.apply_destinations()
             for key, sender in list(channel.senders.items()):
                 self._check_closed(sender)
                 datagrams, due = sender.sender.poll(now)
-                work += self._send(channel.sock, channel.loss, datagrams, now)
+                work += self._send(channel.sock, channel.loss_out, datagrams, now)
                 deadline = min(deadline, due)
                 if sender.closed_at_ns is None:
                     # after the end of stream is mirrored the driver frees the counters
@@ -324,13 +423,21 @@ class Bridge:
                     if now - sender.closed_at_ns > _SENDER_LINGER_NS:
                         del channel.senders[key]
                         sender.log.close()
-            self._mirror_send(channel)
+            if stats:
+                self._mirror_send(channel)
         for channel in (*self.send_channels.values(), *self.receive_channels.values()):
-            if channel.loss is not None:
-                for data, destination in channel.loss.due(now):
-                    self._sendto(channel.sock, data, destination)
+            for loss, outgoing in ((channel.loss_out, True), (channel.loss_in, False)):
+                if loss is None:
+                    continue
+                for data, address in loss.due(now):
                     work += 1
-                next_loss = channel.loss.next_deadline()
+                    if outgoing:
+                        self._sendto(channel.sock, data, address)
+                    elif isinstance(channel, SendChannel):
+                        self._on_control(channel, now, memoryview(data), address)
+                    else:
+                        channel.receiver.on_datagram(now, data, address)
+                next_loss = loss.next_deadline()
                 if next_loss is not None:
                     deadline = min(deadline, next_loss)
         return work, deadline
@@ -345,29 +452,44 @@ class Bridge:
             if end != _NO_END_OF_STREAM:
                 sender.sender.close(end)
 
-    def _receive(self, sock: socket.socket, handle: Callable[[bytes, object], None]) -> int:
+    def _receive(self, sock: socket.socket, loss: LossFilter | None, now: int,
+                 handle: Callable[[memoryview, object], None]) -> int:
+        """Up to _RECV_BATCH datagrams, each handed to ``handle`` as a memoryview of the
+        receive buffer, valid only until ``handle`` returns (through the incoming loss
+        filter when there is one)."""
+        buffer, view = self._recv_buffer, self._recv_view
         count = 0
         for _ in range(_RECV_BATCH):
             try:
-                data, source = sock.recvfrom(65536)
+                size, source = sock.recvfrom_into(buffer)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
                 break  # e.g. ICMP port unreachable reported on a later recv
-            handle(data, source)
             count += 1
+            if loss is None:
+                handle(view[:size], source)
+            else:
+                for data, address in loss.send(now, view[:size], source):
+                    handle(memoryview(data), address)
         return count
 
-    def _on_control(self, channel: SendChannel, now: int, data: bytes, source: object) -> None:
+    def _on_control(self, channel: SendChannel, now: int, data: memoryview,
+                    source: object) -> None:
         if len(data) < 16:
             channel.invalid += 1
             return
         key = _SESSION_STREAM.unpack_from(data, 8)
+        if channel.tracker is not None and data[6] == HDR_TYPE_SM and data[7] == 0:
+            channel.tracker.on_status_message(source, now)  # dynamic MDC: a destination
+            channel.apply_destinations()
+            if key == (0, 0):
+                return  # an announcement, for no stream in particular
         sender = channel.senders.get(key)
         if sender is None:
             channel.invalid += 1
             return
-        sender.sender.on_datagram(now, data, source)
+        sender.sender.on_datagram(now, bytes(data), source)  # frames may keep their bytes
 
     def _send(self, sock: socket.socket, loss: LossFilter | None,
               datagrams: list[tuple[bytes | memoryview, object]], now: int) -> int:
@@ -462,7 +584,8 @@ class Bridge:
                 sender.log.close()
             channel.sock.close()
         for channel in self.receive_channels.values():
-            channel.sock.close()
+            for sock in channel.transport.sockets():
+                sock.close()
         for image in self._images_by_id.values():
             image.log.close()
         self.send_channels.clear()

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from netbridge.frames import SM_FLAG_EOS, StatusMessage
+from shmbus.channel_uri import FlowControlSpec
 from shmbus.log_buffer import compute_position
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "TaggedFlowControl",
     "UnicastFlowControl",
     "sm_position",
+    "strategy_for",
 ]
 
 #: How long a min/tagged strategy keeps a receiver that sends no status message (Aeron: 5 s).
@@ -225,3 +227,18 @@ class TaggedFlowControl(MinFlowControl):
         if self.receivers:
             return self._minimum(sender_limit)
         return max(sender_limit, self.position_of(sm) + sm.receiver_window)
+
+
+def strategy_for(spec: FlowControlSpec | None, *, group: bool) -> FlowControl:
+    """The strategy a publication's ``fc`` parameter asks for; without one, max for multicast
+    and multi-destination-cast (``group``) and unicast otherwise, as Aeron chooses."""
+    if spec is None:
+        return MaxFlowControl() if group else UnicastFlowControl()
+    if spec.strategy == "max":
+        return MaxFlowControl()
+    timeout = spec.receiver_timeout_ns or RECEIVER_TIMEOUT_NS_DEFAULT
+    if spec.strategy == "min":
+        return MinFlowControl(receiver_timeout_ns=timeout, group_min_size=spec.group_min_size)
+    assert spec.group_tag is not None  # the channel parser requires it for tagged
+    return TaggedFlowControl(spec.group_tag, receiver_timeout_ns=timeout,
+                             group_min_size=spec.group_min_size)

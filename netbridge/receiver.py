@@ -257,7 +257,9 @@ class ReceiverImage:
         window = resources.receiver_window or receiver.receiver_window
         # at least one MTU (else a full frame could never be sent), at most half a term
         self.window = min(max(window, self.mtu), self.term_length // 2)
-        self.control_address = request.source
+        # multicast sends control to the channel's control group, unicast back to the source
+        self._follow_source = receiver.control_address is None
+        self.control_address = request.source if self._follow_source else receiver.control_address
 
         self._buffer = log.buffer
         self._position_bits = self.term_length.bit_length() - 1
@@ -270,6 +272,7 @@ class ReceiverImage:
             self.term_length,
             nak_delay_ns=receiver.nak_delay_ns,
             nak_retry_ns=receiver.nak_retry_ns,
+            nak_delay=receiver.nak_delay,
         )
         self.consumption_position = request.join_position
         self.sm_position = request.join_position
@@ -367,7 +370,7 @@ class ReceiverImage:
         copy_end, span, skip = walked
 
         self.last_heard_ns = now_ns
-        if source is not None:
+        if source is not None and self._follow_source:
             self.control_address = source
         self.datagrams_received += 1
         self.bytes_received += size
@@ -396,7 +399,7 @@ class ReceiverImage:
         self.heartbeats_received += 1
         self._receiver.heartbeats_received += 1
         self.last_heard_ns = now_ns
-        if source is not None:
+        if source is not None and self._follow_source:
             self.control_address = source
         if (
             position > self.sm_position + self.window + self._heartbeat_slack
@@ -424,7 +427,7 @@ class ReceiverImage:
     def on_setup(self, now_ns: int, source: object) -> None:
         """A SETUP for this existing image: answer with a status message at once."""
         self.last_heard_ns = now_ns
-        if source is not None:
+        if source is not None and self._follow_source:
             self.control_address = source
         self._sm_due = True
 
@@ -593,6 +596,8 @@ class NetworkReceiver:
         setup_elicit_interval_ns: int = SETUP_ELICIT_INTERVAL_NS_DEFAULT,
         image_cooldown_ns: int = IMAGE_COOLDOWN_NS_DEFAULT,
         rttm_interval_ns: int = RTTM_INTERVAL_NS_DEFAULT,
+        control_address: object | None = None,
+        nak_delay: Callable[[], int] | None = None,
     ) -> None:
         if receiver_window < FRAME_ALIGNMENT:
             raise ValueError(f"receiver_window {receiver_window} is below {FRAME_ALIGNMENT}")
@@ -609,6 +614,11 @@ class NetworkReceiver:
         self.setup_elicit_interval_ns = setup_elicit_interval_ns
         self.image_cooldown_ns = image_cooldown_ns
         self.rttm_interval_ns = rttm_interval_ns
+        #: multicast: status messages and NAKs go to the control group, not to the source
+        self.control_address = control_address
+        #: multicast: a randomized delay per new gap (see loss_detector.multicast_nak_delay)
+        self.nak_delay = nak_delay
+        self.naks_suppressed = 0
 
         self.subscriptions: set[int] = set()
         self.images: dict[tuple[int, int], ReceiverImage] = {}
@@ -732,6 +742,21 @@ class NetworkReceiver:
             self._on_rttm(now_ns, frame, source)
         else:
             self.ignored_frames += 1
+
+    def on_nak_heard(self, now_ns: int, datagram: bytes | memoryview) -> None:
+        """A datagram from the control group (multicast): another receiver's NAK for a gap
+        this receiver also has suppresses its own NAK for a retry interval."""
+        try:
+            frames = list(decode_frames(datagram))
+        except MalformedFrame:
+            return
+        for frame in frames:
+            if not isinstance(frame, Nak):
+                continue
+            image = self.images.get((frame.session_id, frame.stream_id))
+            if image is not None:
+                position = image._position(frame.term_id, frame.term_offset)
+                self.naks_suppressed += image.loss.on_nak_heard(now_ns, position, frame.length)
 
     def _on_unknown_session(
         self, now_ns: int, session_id: int, stream_id: int, source: object

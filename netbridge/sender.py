@@ -142,7 +142,9 @@ class NetworkSender:
             raise ValueError(f"position {position} must be a non-negative multiple of 32")
         if max_datagrams_per_poll < 1 or max_retransmits < 0:
             raise ValueError("max_datagrams_per_poll must be >= 1 and max_retransmits >= 0")
-        self.destinations: list[object] = [destination]
+        #: where DATA goes; empty (``destination=None``) until a multi-destination-cast
+        #: publication is given its first destination
+        self.destinations: list[object] = [] if destination is None else [destination]
         self.flow_control = flow_control if flow_control is not None else UnicastFlowControl()
         self.flow_control.initialize(initial_term_id=d.initial_term_id, term_length=d.term_length)
         self.ttl = ttl
