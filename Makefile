@@ -19,7 +19,7 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml setup.py shmbus/_native.c
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,bench,spark]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -6,8 +6,9 @@
    directory in /dev/shm (default segments of 32 MiB). Prints the recording rate.
 2. Writes the same rows (the columns the shmbus source gives) to a Parquet file with pyarrow
    (snappy, one row group per 1M rows: what Spark writes by default).
-3. In one local SparkSession (local[2], the machine's two cores), for each source: one warm-up
-   run, then the best of ``--repeat`` timed runs of
+3. In one local SparkSession (local[2], the machine's two cores): two untimed warm-up rounds,
+   then the best of ``--repeat`` (default 7) rounds, each running every query on both sources
+   in turn (interleaved, so that both meet the same machine load), of
    * ``count()``: what the issue asks for. Parquet answers it from row-group metadata without
      reading a column, the shmbus source reads every message;
    * ``agg(sum(length(payload)))``: both read every payload.
@@ -86,20 +87,27 @@ def to_parquet(directory: Path, path: Path) -> int:
     return table.num_rows
 
 
-def best_of(repeat: int, run) -> tuple[float, object]:
-    run()  # warm-up
-    times, result = [], None
+def best_times(repeat: int, runs: dict[tuple[str, str], object],
+               warm_up: int = 2) -> dict[tuple[str, str], float]:
+    """Best wall time of each run over ``repeat`` rounds, all the runs interleaved in each
+    round (so that every source meets the same load), after ``warm_up`` untimed rounds (the
+    JVM compiles the read paths of both sources before anything is timed)."""
+    for _ in range(warm_up):
+        for run in runs.values():
+            run()
+    best = dict.fromkeys(runs, float("inf"))
     for _ in range(repeat):
-        start = time.perf_counter()
-        result = run()
-        times.append(time.perf_counter() - start)
-    return min(times), result
+        for key, run in runs.items():
+            start = time.perf_counter()
+            run()
+            best[key] = min(best[key], time.perf_counter() - start)
+    return best
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
 
@@ -137,21 +145,24 @@ def main() -> None:
                 .load(),
                 "parquet": lambda: spark.read.parquet(str(parquet)),
             }
+            queries = {"count": args.messages, "sum(length(payload))": 32 * args.messages}
+
+            def run(load, query: str) -> None:
+                df = load()
+                value = df.count() if query == "count" else df.agg(
+                    F.sum(F.length("payload"))).collect()[0][0]
+                assert value == queries[query], (query, value)
+
+            best = best_times(args.repeat, {
+                (query, name): lambda load=load, query=query: run(load, query)
+                for query in queries for name, load in sources.items()})
             results: dict[str, dict[str, float]] = {}
-            for query in ("count", "sum(length(payload))"):
-                for name, load in sources.items():
-                    if query == "count":
-                        seconds, value = best_of(args.repeat, lambda load=load: load().count())
-                    else:
-                        seconds, value = best_of(args.repeat, lambda load=load: load().agg(
-                            F.sum(F.length("payload"))).collect()[0][0])
-                    expected = args.messages if query == "count" else 32 * args.messages
-                    assert value == expected, (name, query, value)
-                    results.setdefault(query, {})[name] = args.messages / seconds
+            for (query, name), seconds in best.items():
+                results.setdefault(query, {})[name] = args.messages / seconds
         finally:
             spark.stop()
-        print(f"\nSpark local[2], {args.messages:,} rows, best of {args.repeat} after a "
-              f"warm-up:")
+        print(f"\nSpark local[2], {args.messages:,} rows, best of {args.repeat} interleaved "
+              f"rounds after 2 warm-up rounds (load average {os.getloadavg()[0]:.1f}):")
         print(f"{'query':<24}{'shmbus rows/s':>16}{'parquet rows/s':>17}{'shmbus/parquet':>16}")
         for query, by_source in results.items():
             ratio = by_source["shmbus"] / by_source["parquet"]
