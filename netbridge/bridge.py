@@ -194,7 +194,8 @@ class Bridge:
         self._recv_buffer = bytearray(65536)
         self._recv_view = memoryview(self._recv_buffer)
         self.client = Client(self.context)
-        self._receiver_id = self.client.client_id
+        # unique across hosts (client ids are only unique within one bus), as Aeron's are
+        self._receiver_id = random.SystemRandom().getrandbits(63)
         #: what a dynamic MDC receiver sends its control address: an SM for session 0 and
         #: stream 0 with the SETUP flag
         self._announcement = StatusMessage(

@@ -193,7 +193,8 @@ class EndOfStream:
 
 @dataclass(frozen=True, slots=True)
 class ImageUnavailable:
-    """``image`` was removed (reason ``"timeout"``, ``"end_of_stream"`` or ``"closed"``);
+    """``image`` was removed (reason ``"timeout"``, ``"end_of_stream"``, ``"closed"``, or
+    ``"lost"``: it fell further behind than the sender keeps data for retransmission);
     the process layer may close its log once subscribers are done with it."""
 
     image: ReceiverImage
@@ -276,6 +277,8 @@ class ReceiverImage:
         )
         self.consumption_position = request.join_position
         self.sm_position = request.join_position
+        #: the furthest position the sender was seen at (data past the window included)
+        self.furthest_seen = request.join_position
         self._clean_position = request.join_position
         self._sm_due = True
         self._last_sm_ns: int | None = None
@@ -380,6 +383,7 @@ class ReceiverImage:
         if position + copy_end > self.sm_position + self.window:
             self.overruns += 1
             self._receiver.overruns += 1
+            self.furthest_seen = max(self.furthest_seen, position + span)
             return
         if self.end_of_stream_position is not None and position + span > (
             self.end_of_stream_position
@@ -401,6 +405,7 @@ class ReceiverImage:
         self.last_heard_ns = now_ns
         if source is not None and self._follow_source:
             self.control_address = source
+        self.furthest_seen = max(self.furthest_seen, position)
         if (
             position > self.sm_position + self.window + self._heartbeat_slack
             or position < self.loss.rebuild_position
@@ -783,7 +788,8 @@ class NetworkReceiver:
             receiver_id=self.receiver_id,
             group_tag=self.group_tag,
         )
-        self._pending.append((sm.encode(), source))
+        # multicast: the sender listens on the control group, not on its source address
+        self._pending.append((sm.encode(), self.control_address or source))
         self.setup_elicitations += 1
         self.sms_sent += 1
 
@@ -884,6 +890,11 @@ class NetworkReceiver:
             if now_ns - image.last_heard_ns > liveness:
                 reason = "end_of_stream" if image.is_end_of_stream else "timeout"
                 self._remove(image, reason, now_ns)
+                continue
+            if image.furthest_seen - image.rcv_pos > image.term_length:
+                # a gap older than any sender keeps for retransmission (a slow receiver under
+                # max flow control): it can never be filled, so the image ends here
+                self._remove(image, "lost", now_ns)
                 continue
             due = min(image.poll(now_ns, out, self._events), image.last_heard_ns + liveness + 1)
             deadline = due if deadline is None else min(deadline, due)

@@ -185,6 +185,7 @@ class NetworkSender:
         self.has_initial_connection = False
         self._has_receivers = False
         self._should_send_setup = True
+        self._setup_requested = False  # a receiver asked for a SETUP (SM with SETUP flag)
         self._next_setup_ns: int | None = None  # None: at the first poll
         self._last_sm_ns = 0
         self._last_send_ns: int | None = None
@@ -284,8 +285,8 @@ class NetworkSender:
         self.sms_received += 1
         if sm.flags & SM_FLAG_SETUP:
             if not self.is_end_of_stream:
-                self._should_send_setup = True
-                self._next_setup_ns = now_ns
+                # kept until sent: another receiver's status message must not cancel it
+                self._setup_requested = True
             return
         self._has_receivers = True
         self._last_sm_ns = now_ns
@@ -370,7 +371,10 @@ class NetworkSender:
         )
         deadline = now_ns + self.heartbeat_interval_ns
 
-        if self._should_send_setup:
+        if self._setup_requested:
+            self._setup_requested = False
+            self._send_setup(out)
+        elif self._should_send_setup:
             if self._next_setup_ns is None or now_ns >= self._next_setup_ns:
                 self._send_setup(out)
                 self._next_setup_ns = now_ns + self.setup_interval_ns

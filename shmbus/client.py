@@ -197,7 +197,7 @@ class Client:
         elif isinstance(message, cp.OnUnavailableImage):
             subscription = self._subscriptions.get(message.subscription_registration_id)
             if subscription is not None:
-                image = subscription._remove_image(message.session_id)
+                image = subscription._remove_image(message.correlation_id)
                 if image is not None:
                     self._unmap_log(image.log)
         elif isinstance(message, cp.OnClientTimeout):
@@ -211,8 +211,13 @@ class Client:
             self.on_driver_event(message)
 
     def _add_image(self, subscription: Subscription, event: cp.OnAvailableImage) -> None:
-        if subscription.image_by_session_id(event.session_id) is not None:
-            return
+        previous = subscription.image_by_session_id(event.session_id)
+        if previous is not None:
+            if previous.correlation_id == event.correlation_id:
+                return
+            # the session came back (rejoined after it was lost): the old image is done
+            if subscription._remove_image(previous.correlation_id) is not None:
+                self._unmap_log(previous.log)
         log = self._map_log(event.log_file)
         position = Position(self.counters.values,
                             self.counters.counter_offset(event.position_counter_id))

@@ -67,8 +67,9 @@ class Subscription:
         if self.on_available_image is not None:
             self.on_available_image(image)
 
-    def _remove_image(self, session_id: int) -> Image | None:
-        image = self.image_by_session_id(session_id)
+    def _remove_image(self, correlation_id: int) -> Image | None:
+        """Remove the image the driver knows by ``correlation_id``; None if it is not here."""
+        image = next((i for i in self._images if i.correlation_id == correlation_id), None)
         if image is None:
             return None
         self._images = tuple(i for i in self._images if i is not image)
