@@ -13,6 +13,7 @@ system-deps:
 		echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark >/dev/null; }
 	@command -v ip >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
+	@command -v java >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null; }
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
