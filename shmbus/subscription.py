@@ -89,33 +89,30 @@ class Subscription:
         start = self._round_robin = (self._round_robin + 1) % len(images)
         return images, start
 
+    def _each_image(self, read: Callable[[Image, Any, int], int], handler: Any,
+                    fragment_limit: int) -> int:
+        """``read(image, handler, limit)`` over the images round-robin, within the limit."""
+        images, start = self._start()
+        n = len(images)
+        fragments = 0
+        for i in range(n):
+            if fragments >= fragment_limit:
+                break
+            fragments += read(images[(start + i) % n], handler, fragment_limit - fragments)
+        return fragments
+
     def poll(self, handler: FragmentHandler, fragment_limit: int = 10) -> int:
         """Call ``handler(buffer, header)`` for up to ``fragment_limit`` fragments in all.
 
         The buffer is a read-only memoryview valid only during the call. Wrap the handler in
         :class:`FragmentAssembler` to get whole messages. Returns the number of fragments.
         """
-        images, start = self._start()
-        n = len(images)
-        fragments = 0
-        for i in range(n):
-            if fragments >= fragment_limit:
-                break
-            fragments += images[(start + i) % n].poll(handler, fragment_limit - fragments)
-        return fragments
+        return self._each_image(Image.poll, handler, fragment_limit)
 
     def controlled_poll(self, handler: Callable[[memoryview, Header], Any],
                         fragment_limit: int = 10) -> int:
         """Like :meth:`poll`, but the handler returns an :class:`~shmbus.Action`."""
-        images, start = self._start()
-        n = len(images)
-        fragments = 0
-        for i in range(n):
-            if fragments >= fragment_limit:
-                break
-            fragments += images[(start + i) % n].controlled_poll(handler,
-                                                                 fragment_limit - fragments)
-        return fragments
+        return self._each_image(Image.controlled_poll, handler, fragment_limit)
 
     def poll_batch(self, handler: Callable[[FragmentBatch], Any],
                    fragment_limit: int = 4096) -> int:
@@ -124,14 +121,7 @@ class Subscription:
         One handler call per image with data, no Python call per fragment. Returns the number
         of fragments.
         """
-        images, start = self._start()
-        n = len(images)
-        fragments = 0
-        for i in range(n):
-            if fragments >= fragment_limit:
-                break
-            fragments += images[(start + i) % n].poll_batch(handler, fragment_limit - fragments)
-        return fragments
+        return self._each_image(Image.poll_batch, handler, fragment_limit)
 
     def messages(self, timeout: float | None = 1.0) -> Iterator[bytes]:
         """Yield whole messages as bytes, reassembled, until none arrives for ``timeout`` s.
