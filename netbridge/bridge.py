@@ -57,7 +57,7 @@ SEND_CHANNEL_STAT = 101
 RECEIVE_CHANNEL_STAT = 102
 
 SEND_STATS = ("bytes sent", "datagrams sent", "heartbeats sent", "retransmits",
-              "naks received", "sms received", "invalid datagrams")
+              "naks received", "sms received", "invalid datagrams", "destinations")
 RECEIVE_STATS = ("bytes received", "datagrams received", "heartbeats received", "naks sent",
                  "sms sent", "invalid datagrams", "gaps", "bytes lost", "rtt ns")
 
@@ -222,12 +222,12 @@ class Bridge:
                 for sender in channel.senders.values():
                     if sender.registration_id == message.registration_id:
                         sender.sender.close(message.end_position)
-        elif isinstance(message, cp.OnReceiveChannel):
-            self._receive_channel(message.channel).receiver.add_subscription(message.stream_id)
-        elif isinstance(message, cp.OnReceiveChannelClosed):
+        elif isinstance(message, cp.OnReceiveChannelClosed):  # before its base class
             channel = self.receive_channels.get(message.channel)
             if channel is not None:
                 channel.receiver.remove_subscription(message.stream_id, time.monotonic_ns())
+        elif isinstance(message, cp.OnReceiveChannel):
+            self._receive_channel(message.channel).receiver.add_subscription(message.stream_id)
         elif isinstance(message, cp.OnDestination):
             self._on_destination(message)
         elif isinstance(message, cp.OnImageSubscribers):
@@ -393,7 +393,10 @@ class Bridge:
             if channel.transport.control_sock is not None:  # multicast: others' NAKs
                 work += self._receive(channel.transport.control_sock, None, now,
                                       lambda data, source, r=receiver: r.on_nak_heard(now, data))
-            if channel.transport.announce_to is not None and now >= channel.next_announce_ns:
+            # dynamic MDC: announce while a subscription wants the channel (once the last one
+            # goes, the sender drops this destination after its timeout)
+            if (channel.transport.announce_to is not None and receiver.subscriptions
+                    and now >= channel.next_announce_ns):
                 channel.next_announce_ns = now + _ANNOUNCE_INTERVAL_NS
                 self._sendto(channel.sock, self._announcement, channel.transport.announce_to)
             polled = receiver.poll(now)
@@ -540,6 +543,9 @@ class Bridge:
             "naks received": sum(s.naks_received for s in senders),
             "sms received": sum(s.sms_received for s in senders),
             "invalid datagrams": channel.invalid + sum(s.invalid_datagrams for s in senders),
+            # where data goes: the endpoint or group, or the MDC destinations known now
+            "destinations": len(channel.transport.destinations) + (
+                len(channel.tracker.destinations) if channel.tracker is not None else 0),
         })
 
     def _mirror_receive(self, channel: ReceiveChannel) -> None:

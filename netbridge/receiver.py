@@ -118,6 +118,7 @@ SM_TIMEOUT_NS_DEFAULT: Final = 200_000_000
 IMAGE_LIVENESS_TIMEOUT_NS_DEFAULT: Final = 10_000_000_000
 SETUP_ELICIT_INTERVAL_NS_DEFAULT: Final = 200_000_000
 IMAGE_COOLDOWN_NS_DEFAULT: Final = 1_000_000_000
+LOST_TIMEOUT_NS_DEFAULT: Final = 1_000_000_000
 #: how often each image measures its round-trip time (shmbus's choice; Aeron: cubic only)
 RTTM_INTERVAL_NS_DEFAULT: Final = 1_000_000_000
 
@@ -277,8 +278,11 @@ class ReceiverImage:
         )
         self.consumption_position = request.join_position
         self.sm_position = request.join_position
-        #: the furthest position the sender was seen at (data past the window included)
+        #: the furthest position the sender was seen at (data past the window included), and
+        #: since when (at which rcv-pos) it has been out of retransmission reach
         self.furthest_seen = request.join_position
+        self.behind_since_ns: int | None = None
+        self.behind_at = 0
         self._clean_position = request.join_position
         self._sm_due = True
         self._last_sm_ns: int | None = None
@@ -603,6 +607,7 @@ class NetworkReceiver:
         rttm_interval_ns: int = RTTM_INTERVAL_NS_DEFAULT,
         control_address: object | None = None,
         nak_delay: Callable[[], int] | None = None,
+        lost_timeout_ns: int = LOST_TIMEOUT_NS_DEFAULT,
     ) -> None:
         if receiver_window < FRAME_ALIGNMENT:
             raise ValueError(f"receiver_window {receiver_window} is below {FRAME_ALIGNMENT}")
@@ -624,6 +629,8 @@ class NetworkReceiver:
         #: multicast: a randomized delay per new gap (see loss_detector.multicast_nak_delay)
         self.nak_delay = nak_delay
         self.naks_suppressed = 0
+        #: an image out of retransmission reach this long is lost
+        self.lost_timeout_ns = lost_timeout_ns
 
         self.subscriptions: set[int] = set()
         self.images: dict[tuple[int, int], ReceiverImage] = {}
@@ -891,11 +898,19 @@ class NetworkReceiver:
                 reason = "end_of_stream" if image.is_end_of_stream else "timeout"
                 self._remove(image, reason, now_ns)
                 continue
-            if image.furthest_seen - image.rcv_pos > image.term_length:
-                # a gap older than any sender keeps for retransmission (a slow receiver under
-                # max flow control): it can never be filled, so the image ends here
-                self._remove(image, "lost", now_ns)
-                continue
+            if image.furthest_seen - image.rcv_pos > image.window + image._heartbeat_slack:
+                # the sender is further ahead than this image can take even once its
+                # subscribers read everything (a slow receiver under max flow control): its
+                # data is dropped past the window and its heartbeats say nothing usable, so no
+                # gap is known and none is NAKed; once that lasts (one stray datagram with a
+                # far position must not end an image), the image can never move again
+                if image.behind_since_ns is None or image.behind_at != image.rcv_pos:
+                    image.behind_since_ns, image.behind_at = now_ns, image.rcv_pos
+                elif now_ns - image.behind_since_ns > self.lost_timeout_ns:
+                    self._remove(image, "lost", now_ns)
+                    continue
+            else:
+                image.behind_since_ns = None
             due = min(image.poll(now_ns, out, self._events), image.last_heard_ns + liveness + 1)
             deadline = due if deadline is None else min(deadline, due)
         events = self._events

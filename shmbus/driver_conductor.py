@@ -131,6 +131,9 @@ class DriverConductor:
         self.subscriptions: dict[int, SubscriptionLink] = {}
         self._owner_index: dict[int, IpcPublication] = {}
         self.images: dict[int, NetworkImage] = {}
+        #: manual MDC destinations by publication: told again to a netbridge that registers
+        #: after they were added (the one the publication starts, or a restarted one)
+        self._destinations: dict[int, list[str]] = {}
         self.bridge_client_id: int | None = None
         self._bridge_process: subprocess.Popen[bytes] | None = None
         self._bridge_started_ms = 0
@@ -305,8 +308,13 @@ class DriverConductor:
             raise CommandError(cp.INVALID_CHANNEL, f"destination {command.destination!r} "
                                f"needs aeron:udp?endpoint=host:port")
         added = not isinstance(command, cp.RemoveDestination)
-        self._send(cp.OnDestination(publication.registration_id, int(added),
-                                    destination.params["endpoint"]))
+        endpoint = destination.params["endpoint"]
+        known = self._destinations.setdefault(publication.registration_id, [])
+        if added and endpoint not in known:
+            known.append(endpoint)
+        elif not added and endpoint in known:
+            known.remove(endpoint)
+        self._send(cp.OnDestination(publication.registration_id, int(added), endpoint))
         self._send(cp.OnOperationSuccess(command.correlation_id))
 
     # -- the netbridge's commands --------------------------------------------------------------
@@ -320,6 +328,8 @@ class DriverConductor:
         for publication in self.publications:
             if isinstance(publication, NetworkPublication):
                 self._announce(publication)
+                for endpoint in self._destinations.get(publication.registration_id, ()):
+                    self._send(cp.OnDestination(publication.registration_id, 1, endpoint))
         announced: set[tuple[tuple[str, ...], int]] = set()
         for link in self.subscriptions.values():
             key = (link.endpoint_key, link.stream_id)
@@ -591,6 +601,7 @@ class DriverConductor:
 
     def _delete_publication(self, publication: IpcPublication) -> None:
         self.publications.remove(publication)
+        self._destinations.pop(publication.registration_id, None)
         for link in publication.subscribers.values():
             self.counters.free(link.counter_id)
         self.counters.free(publication.limit_counter_id)

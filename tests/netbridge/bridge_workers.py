@@ -16,28 +16,53 @@ def message(sequence: int) -> bytes:
 
 
 def publish(context: shmbus.Context, channel: str, stream_id: int, count: int,
-            timeout: float) -> int:
-    """Publish ``count`` messages once connected; returns how many were published."""
+            timeout: float, rate: float = 0.0) -> int:
+    """Publish ``count`` messages once connected (at most ``rate`` a second when given);
+    returns how many were published."""
     deadline = time.monotonic() + timeout
-    idle = shmbus.BackoffIdleStrategy()
     with shmbus.connect(context) as bus:
         publication = bus.add_exclusive_publication(channel, stream_id)
-        sequence = 0
-        while sequence < count and time.monotonic() < deadline:
-            result = publication.offer(message(sequence))
-            if result > 0:
-                sequence += 1
-                idle.reset()
-            elif result == shmbus.ADMIN_ACTION:
-                continue
-            else:
-                idle.idle(0)
+        sequence = publish_range(publication, 0, count, deadline, rate)
         # stay until the bridge has sent everything (the subscriber says when it is done)
         while time.monotonic() < deadline and not publication.is_closed:
             time.sleep(0.05)
             if publication.position() <= _sent(bus, publication):
                 break
         return sequence
+
+
+def publish_range(publication: shmbus.Publication, start: int, stop: int, deadline: float,
+                  rate: float = 0.0) -> int:
+    """Offer messages ``start`` .. ``stop - 1`` from this process until ``deadline``
+    (time.monotonic()), at most ``rate`` a second when given; returns the next sequence."""
+    idle = shmbus.BackoffIdleStrategy()
+    began = time.monotonic()
+    sequence = start
+    while sequence < stop and time.monotonic() < deadline:
+        if rate and sequence % 100 == 0:
+            ahead = began + (sequence - start) / rate - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
+        result = publication.offer(message(sequence))
+        if result > 0:
+            sequence += 1
+            idle.reset()
+        elif result == shmbus.ADMIN_ACTION:
+            continue
+        else:
+            idle.idle(0)
+    return sequence
+
+
+def wait_sent(bus: shmbus.Client, publication: shmbus.Publication, timeout: float) -> bool:
+    """Wait until the netbridge has sent everything published (snd-pos reached the
+    publication's position); False after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _sent(bus, publication) >= publication.position():
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def _sent(bus: shmbus.Client, publication: shmbus.Publication) -> int:
@@ -78,3 +103,68 @@ def subscribe(context: shmbus.Context, channel: str, stream_id: int, count: int,
         while summary["received"] < count and time.monotonic() < deadline:
             idle.idle(subscription.poll(assembler, 256))
     return summary
+
+
+def receive(context: shmbus.Context, channel: str, stream_id: int, count: int, timeout: float,
+            ready, stop=None, sleep: float = 0.0,  # noqa: ANN001
+            fragment_limit: int = 256) -> dict[str, int]:
+    """Receive until message ``count - 1`` arrived, ``stop`` (an Event) is set, or timeout.
+
+    ``sleep`` > 0 makes a slow subscriber: it sleeps that long after each poll of at most
+    ``fragment_limit`` fragments. Returns a summary: ``received``, ``first`` and ``last``
+    sequence (-1 before any), ``gaps`` (forward jumps in the sequence), ``backwards``
+    (a sequence at or below the previous one), ``bad_checksum``, ``images`` and
+    ``unavailable`` (image callbacks), ``position`` (the subscriber position at the end).
+    """
+    summary = {"received": 0, "first": -1, "last": -1, "gaps": 0, "backwards": 0,
+               "bad_checksum": 0, "images": 0, "unavailable": 0, "position": 0}
+
+    def on_message(buffer: memoryview, header: shmbus.Header) -> None:
+        data = bytes(buffer)
+        sequence = int.from_bytes(data[:8], "little")
+        crc = int.from_bytes(data[8:12], "little")
+        if zlib.crc32(data[12:]) != crc or data[12:] != message(sequence)[12:]:
+            summary["bad_checksum"] += 1
+        last = summary["last"]
+        if last == -1:
+            summary["first"] = sequence
+        elif sequence <= last:
+            summary["backwards"] += 1
+        elif sequence != last + 1:
+            summary["gaps"] += 1
+        summary["last"] = sequence
+        summary["received"] += 1
+
+    def count_image(key: str) -> None:
+        summary[key] += 1
+
+    deadline = time.monotonic() + timeout
+    idle = shmbus.BackoffIdleStrategy()
+    with shmbus.connect(context) as bus:
+        subscription = bus.add_subscription(
+            channel, stream_id, on_available_image=lambda image: count_image("images"),
+            on_unavailable_image=lambda image: count_image("unavailable"))
+        ready.set()
+        assembler = shmbus.FragmentAssembler(on_message)
+        while (summary["last"] < count - 1 and time.monotonic() < deadline
+               and not (stop is not None and stop.is_set())):
+            fragments = subscription.poll(assembler, fragment_limit)
+            if sleep:
+                time.sleep(sleep)
+            else:
+                idle.idle(fragments)
+        summary["position"] = max((image.position for image in subscription.images),
+                                  default=0)
+    return summary
+
+
+def channel_stats(context: shmbus.Context) -> dict[str, int]:
+    """The netbridge's channel statistics of a bus (counter type ids >= 100), by name, summed
+    over its channels: {"naks sent": ..., "datagrams received": ..., ...}."""
+    stats: dict[str, int] = {}
+    with shmbus.connect(context) as bus:
+        for counter in bus.counters.counters():
+            if counter.type_id >= 100:
+                name = counter.label.split(":")[0]
+                stats[name] = stats.get(name, 0) + counter.value
+    return stats

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+_calls = itertools.count()
 
 
 def ip(*args: str) -> None:
@@ -29,7 +32,9 @@ class Host:
 def hosts(count: int, subnet: int) -> Iterator[list[Host]]:
     """``count`` namespaces on 10.<subnet>.0.0/24, joined by a Linux bridge in the root
     namespace, each with a route for multicast; all removed on exit, also after a failure."""
-    tag = f"{os.getpid() % 100000}"
+    # unique per call: a deleted namespace's veth pairs go away asynchronously, so the next
+    # call in the same process must not reuse their names
+    tag = f"{os.getpid() % 100000}x{next(_calls) % 100}"
     bridge = f"sb{tag}"
     made: list[Host] = []
     ip("link", "add", bridge, "type", "bridge")
@@ -49,6 +54,7 @@ def hosts(count: int, subnet: int) -> Iterator[list[Host]]:
             ip("-n", host.name, "route", "add", "224.0.0.0/4", "dev", inside)
         yield made
     finally:
-        for host in made:
+        for i, host in enumerate(made):
+            subprocess.run(["ip", "link", "del", f"sv{tag}h{i}"], capture_output=True)
             subprocess.run(["ip", "netns", "del", host.name], capture_output=True)
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)

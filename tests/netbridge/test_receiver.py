@@ -708,3 +708,24 @@ def test_heartbeat_or_data_flags_for_eos_do_not_end_an_image_early(host: ImageHo
     receiver.on_datagram(1 * MS, beat(128, eos=True), SENDER)  # behind what arrived: ignored
     assert not [e for e in receiver.poll(1 * MS).events if isinstance(e, EndOfStream)]
     assert receiver.images[(SESSION, STREAM)].end_of_stream_position is None
+
+
+def test_an_image_the_sender_left_behind_past_its_window_is_lost(host: ImageHost) -> None:
+    """A slow receiver under max flow control: the sender (now idle) is further ahead than
+    the window and heartbeat slack reach, but less than a term. Nothing tells the image which
+    data it misses, so it can never move again: after the lost timeout it is removed
+    (``"lost"``) instead of waiting forever, and the session may then rejoin."""
+    receiver = joined(host)
+    receiver.on_datagram(1 * MS, data(0, payload(0)), SENDER)
+    assert host.read() == [payload(0)]
+    ahead = WINDOW + TERM // 4 + 1024  # past what even a heartbeat may announce
+    assert ahead < TERM
+    events = []
+    for ms in range(2, 1_600, 100):
+        receiver.on_datagram(ms * MS, beat(ahead), SENDER)
+        result = receiver.poll(ms * MS)
+        assert naks(result) == []  # no gap is known: nothing to NAK
+        events += result.events
+    (event,) = events
+    assert isinstance(event, ImageUnavailable) and event.reason == "lost"
+    assert receiver.images == {}
