@@ -825,7 +825,7 @@ static PyObject *pub_offer_many(PublicationCore *self, PyObject *messages)
 {
     Py_buffer block;
     if (PyObject_CheckBuffer(messages)) {
-        if (PyObject_GetBuffer(messages, &block, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        if (PyObject_GetBuffer(messages, &block, PyBUF_C_CONTIGUOUS) < 0)
             return NULL;
         Py_ssize_t count, record_length;
         if (block.ndim >= 2) {

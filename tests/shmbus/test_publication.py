@@ -220,13 +220,16 @@ def test_offer_many_sequence_2d_and_records(stream, exclusive) -> None:
     records = np.zeros(3, dtype=[("seq", "<u8"), ("price", "<f8")])
     records["seq"] = [1, 2, 3]
     assert pub.offer_many(records) == 3
+    stamped = np.zeros(2, dtype=[("time", "M8[ns]"), ("price", "<f8")])  # datetime fields too
+    assert pub.offer_many(stamped) == 2
     assert pub.offer_many([]) == 0
     with pytest.raises(TypeError, match="offer_many"):
         pub.offer_many(b"just bytes")
     got = [m for m, *_ in drain(stream, stream.image())]
     assert got[:3] == [b"a", b"bb", b"ccc"]
     assert got[3:7] == [r.tobytes() for r in rows]
-    assert got[7:] == [r.tobytes() for r in records]
+    assert got[7:10] == [r.tobytes() for r in records]
+    assert got[10:] == [r.tobytes() for r in stamped]
 
 
 def test_offer_many_stops_at_the_term_end_and_limit(stream, exclusive) -> None:
