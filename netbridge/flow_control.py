@@ -11,6 +11,9 @@ The :class:`~netbridge.sender.NetworkSender` owns one instance and calls it as f
   becomes the new sender limit;
 * :meth:`FlowControl.has_required_receivers` when the sender reports whether it is connected.
 
+Every strategy keeps the receivers it hears from (:class:`Receiver`: position, window, source,
+last heard), so the process layer can count them and publish a position for each.
+
 Positions are stream positions (bytes from the start of the initial term). A status message's
 position is its consumption term id and offset converted with :func:`sm_position`; the limit a
 receiver allows is that position plus its advertised window.
@@ -36,6 +39,7 @@ __all__ = [
     "FlowControl",
     "MaxFlowControl",
     "MinFlowControl",
+    "Receiver",
     "TaggedFlowControl",
     "UnicastFlowControl",
     "sm_position",
@@ -53,8 +57,35 @@ def sm_position(sm: StatusMessage, initial_term_id: int, term_length: int) -> in
     )
 
 
+@dataclass(slots=True)
+class Receiver:
+    """What a sender knows of one receiver (by receiver id) from its status messages.
+
+    ``position`` is the highest consumption position it reported, ``window`` its latest
+    receiver window, ``source`` where its status messages come from (the socket layer's
+    address), ``counted`` whether it takes part in the strategy's limit (tagged: only
+    receivers of the group)."""
+
+    receiver_id: int
+    source: object
+    position: int
+    window: int
+    last_seen_ns: int
+    counted: bool
+
+    @property
+    def limit(self) -> int:
+        """How far this receiver lets the sender go."""
+        return self.position + self.window
+
+
 class FlowControl(ABC):
     """The interface every strategy implements (see the module docstring for the call order).
+
+    Every strategy keeps :attr:`receivers`, each receiver heard from within
+    ``receiver_timeout_ns`` (an end-of-stream status message forgets it at once), so that the
+    process layer can show who is there and where; a strategy decides the limit from them in
+    :meth:`_limit`.
 
     Contract: ``on_status_message`` and ``on_idle`` return the sender limit to use from now on;
     they may return a limit below the current sender position (the sender then waits).
@@ -65,6 +96,16 @@ class FlowControl(ABC):
     initial_term_id: int = 0
     term_length: int = 0
 
+    def __init__(self, *, receiver_timeout_ns: int = RECEIVER_TIMEOUT_NS_DEFAULT,
+                 group_min_size: int = 0) -> None:
+        if receiver_timeout_ns <= 0:
+            raise ValueError(f"receiver_timeout_ns {receiver_timeout_ns} must be positive")
+        if group_min_size < 0:
+            raise ValueError(f"group_min_size {group_min_size} must not be negative")
+        self.receiver_timeout_ns = receiver_timeout_ns
+        self.group_min_size = group_min_size
+        self.receivers: dict[int, Receiver] = {}
+
     def initialize(self, *, initial_term_id: int, term_length: int) -> None:
         """Bind the strategy to one stream's geometry; called once by the sender."""
         self.initial_term_id = initial_term_id
@@ -74,7 +115,10 @@ class FlowControl(ABC):
         """The consumption position of ``sm`` in this stream."""
         return sm_position(sm, self.initial_term_id, self.term_length)
 
-    @abstractmethod
+    def counts(self, sm: StatusMessage) -> bool:
+        """Whether the receiver that sent ``sm`` takes part in the limit (default: all)."""
+        return True
+
     def on_status_message(
         self,
         sm: StatusMessage,
@@ -86,14 +130,48 @@ class FlowControl(ABC):
     ) -> int:
         """A status message (without the SETUP flag) arrived from ``source``; return the new
         sender limit given the current ``sender_limit``."""
+        if sm.receiver_window < 0:
+            return sender_limit
+        if sm.flags & SM_FLAG_EOS:
+            self.receivers.pop(sm.receiver_id, None)
+            return self._limit(sm, sender_limit)
+        position = self.position_of(sm)
+        receiver = self.receivers.get(sm.receiver_id)
+        if receiver is None:
+            self.receivers[sm.receiver_id] = Receiver(
+                sm.receiver_id, source, position, sm.receiver_window, now_ns, self.counts(sm))
+        else:
+            # a reordered, older status message does not pull one receiver's position back
+            receiver.position = max(receiver.position, position)
+            receiver.window = sm.receiver_window
+            receiver.last_seen_ns = now_ns
+            receiver.source = source
+        return self._limit(sm, sender_limit)
+
+    @abstractmethod
+    def _limit(self, sm: StatusMessage | None, sender_limit: int) -> int:
+        """The limit after :attr:`receivers` changed, on status message ``sm`` (None when
+        receivers timed out)."""
 
     def on_idle(self, now_ns: int, sender_limit: int, sender_position: int) -> int:
-        """Called on every sender poll; return the sender limit (default: unchanged)."""
-        return sender_limit
+        """Called on every sender poll: forget receivers silent past the receiver timeout;
+        return the sender limit."""
+        timeout = self.receiver_timeout_ns
+        expired = [receiver_id for receiver_id, receiver in self.receivers.items()
+                   if now_ns - receiver.last_seen_ns > timeout]
+        if not expired:
+            return sender_limit
+        for receiver_id in expired:
+            del self.receivers[receiver_id]
+        return self._limit(None, sender_limit)
+
+    def counted_receivers(self) -> int:
+        """How many live receivers take part in the limit."""
+        return sum(1 for receiver in self.receivers.values() if receiver.counted)
 
     def has_required_receivers(self) -> bool:
         """Whether enough receivers are known for the publication to count as connected."""
-        return True
+        return self.counted_receivers() >= self.group_min_size
 
 
 class UnicastFlowControl(FlowControl):
@@ -102,16 +180,8 @@ class UnicastFlowControl(FlowControl):
     The limit never moves back, so a reordered (older) status message cannot pull it down.
     """
 
-    def on_status_message(
-        self,
-        sm: StatusMessage,
-        sender_position: int,
-        now_ns: int,
-        *,
-        sender_limit: int,
-        source: object = None,
-    ) -> int:
-        if sm.receiver_window < 0:
+    def _limit(self, sm: StatusMessage | None, sender_limit: int) -> int:
+        if sm is None or sm.flags & SM_FLAG_EOS:
             return sender_limit
         return max(sender_limit, self.position_of(sm) + sm.receiver_window)
 
@@ -122,84 +192,23 @@ class MaxFlowControl(UnicastFlowControl):
     behind loses data and eventually its image; it never holds the sender back."""
 
 
-@dataclass(slots=True)
-class _Receiver:
-    limit: int
-    last_seen_ns: int
-
-
 class MinFlowControl(FlowControl):
     """Many receivers, the slowest live one sets the pace.
 
-    Each receiver (by receiver id) is tracked with its latest position + window and the time of
-    its latest status message. The limit is the minimum over receivers heard from within
+    The limit is the minimum of position + window over the receivers heard from within
     ``receiver_timeout_ns``; with none, the current limit is kept. A receiver that sends an
     end-of-stream status message has left and is forgotten. :meth:`has_required_receivers` is
     true once ``group_min_size`` receivers are live (0 by default: always true).
     """
 
-    def __init__(
-        self, *, receiver_timeout_ns: int = RECEIVER_TIMEOUT_NS_DEFAULT, group_min_size: int = 0
-    ) -> None:
-        if receiver_timeout_ns <= 0:
-            raise ValueError(f"receiver_timeout_ns {receiver_timeout_ns} must be positive")
-        if group_min_size < 0:
-            raise ValueError(f"group_min_size {group_min_size} must not be negative")
-        self.receiver_timeout_ns = receiver_timeout_ns
-        self.group_min_size = group_min_size
-        self.receivers: dict[int, _Receiver] = {}
-
-    def _counts(self, sm: StatusMessage) -> bool:
-        """Whether this status message's receiver takes part in the minimum."""
-        return True
-
-    def _untracked(self, sm: StatusMessage, sender_limit: int) -> int:
-        """The limit after a status message from a receiver that does not take part."""
+    def _limit(self, sm: StatusMessage | None, sender_limit: int) -> int:
+        limits = [receiver.limit for receiver in self.receivers.values() if receiver.counted]
+        if limits:
+            return min(limits)
+        if sm is not None and not self.counts(sm) and not sm.flags & SM_FLAG_EOS:
+            # tagged, before any receiver of the group: move like max
+            return max(sender_limit, self.position_of(sm) + sm.receiver_window)
         return sender_limit
-
-    def _minimum(self, sender_limit: int) -> int:
-        if not self.receivers:
-            return sender_limit
-        return min(receiver.limit for receiver in self.receivers.values())
-
-    def on_status_message(
-        self,
-        sm: StatusMessage,
-        sender_position: int,
-        now_ns: int,
-        *,
-        sender_limit: int,
-        source: object = None,
-    ) -> int:
-        if sm.receiver_window < 0:
-            return sender_limit
-        if not self._counts(sm):
-            return self._untracked(sm, sender_limit)
-        if sm.flags & SM_FLAG_EOS:
-            self.receivers.pop(sm.receiver_id, None)
-            return self._minimum(sender_limit)
-        limit = self.position_of(sm) + sm.receiver_window
-        receiver = self.receivers.get(sm.receiver_id)
-        if receiver is None:
-            self.receivers[sm.receiver_id] = _Receiver(limit, now_ns)
-        else:
-            # a reordered, older status message does not pull one receiver's limit back
-            receiver.limit = max(receiver.limit, limit)
-            receiver.last_seen_ns = now_ns
-        return self._minimum(sender_limit)
-
-    def on_idle(self, now_ns: int, sender_limit: int, sender_position: int) -> int:
-        expired = [
-            receiver_id
-            for receiver_id, receiver in self.receivers.items()
-            if now_ns - receiver.last_seen_ns > self.receiver_timeout_ns
-        ]
-        for receiver_id in expired:
-            del self.receivers[receiver_id]
-        return self._minimum(sender_limit)
-
-    def has_required_receivers(self) -> bool:
-        return len(self.receivers) >= self.group_min_size
 
 
 class TaggedFlowControl(MinFlowControl):
@@ -220,13 +229,8 @@ class TaggedFlowControl(MinFlowControl):
         super().__init__(receiver_timeout_ns=receiver_timeout_ns, group_min_size=group_min_size)
         self.group_tag = group_tag
 
-    def _counts(self, sm: StatusMessage) -> bool:
+    def counts(self, sm: StatusMessage) -> bool:
         return sm.group_tag == self.group_tag
-
-    def _untracked(self, sm: StatusMessage, sender_limit: int) -> int:
-        if self.receivers:
-            return self._minimum(sender_limit)
-        return max(sender_limit, self.position_of(sm) + sm.receiver_window)
 
 
 def strategy_for(spec: FlowControlSpec | None, *, group: bool) -> FlowControl:
@@ -234,9 +238,9 @@ def strategy_for(spec: FlowControlSpec | None, *, group: bool) -> FlowControl:
     and multi-destination-cast (``group``) and unicast otherwise, as Aeron chooses."""
     if spec is None:
         return MaxFlowControl() if group else UnicastFlowControl()
-    if spec.strategy == "max":
-        return MaxFlowControl()
     timeout = spec.receiver_timeout_ns or RECEIVER_TIMEOUT_NS_DEFAULT
+    if spec.strategy == "max":
+        return MaxFlowControl(receiver_timeout_ns=timeout)
     if spec.strategy == "min":
         return MinFlowControl(receiver_timeout_ns=timeout, group_min_size=spec.group_min_size)
     assert spec.group_tag is not None  # the channel parser requires it for tagged

@@ -145,6 +145,24 @@ def _free_tcp_port() -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+def netbridge_cpu(driver: subprocess.Popen) -> dict[int, float]:
+    """CPU seconds (user + system) of each child of a driver process (its netbridge), by pid;
+    empty when it has none (or it is gone)."""
+    cpu = {}
+    for task in Path(f"/proc/{driver.pid}/task").glob("*/children"):
+        try:
+            children = task.read_text().split()
+        except OSError:
+            continue
+        for pid in map(int, children):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            cpu[pid] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu
+
+
 @dataclass
 class Buses:
     contexts: tuple[Any, Any]
@@ -154,17 +172,7 @@ class Buses:
         """CPU seconds (user + system) of each netbridge process (the drivers' children)."""
         cpu = {}
         for driver in self.drivers:
-            for task in Path(f"/proc/{driver.pid}/task").glob("*/children"):
-                try:
-                    children = task.read_text().split()
-                except OSError:
-                    continue
-                for pid in map(int, children):
-                    try:
-                        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                    except OSError:
-                        continue
-                    cpu[pid] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+            cpu.update(netbridge_cpu(driver))
         return cpu
 
 
@@ -219,8 +227,13 @@ def start_buses(root: Path, term_length: int) -> Buses:
     return Buses(contexts, drivers)  # type: ignore[arg-type]
 
 
-def _connect_publication(bus: Any, uri: str, stream_id: int, deadline: float) -> Any:
+def _connect_publication(bus: Any, uri: str, stream_id: int, deadline: float,
+                         destinations: tuple[str, ...] = ()) -> Any:
+    """An exclusive publication on uri, with destinations added (a control-mode=manual
+    channel's), once connected; BenchError if it is not connected by deadline."""
     publication = bus.add_exclusive_publication(uri, stream_id)
+    for destination in destinations:
+        publication.add_destination(destination)
     while not publication.is_connected:
         if time.monotonic() > deadline:
             raise BenchError(f"publication on {uri} stream {stream_id} never connected")
@@ -271,11 +284,15 @@ def _offer(offer: Callable[[Any], int], message: Any, idle: Any, deadline_ns: in
 
 
 def _shm_writer(barrier: Any, context: Any, uri: str, stream_id: int, size: int,
-                duration_s: float, timeout_s: float, done: Any, batch: bool) -> dict[str, Any]:
+                duration_s: float, timeout_s: float, done: Any, batch: bool,
+                destinations: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Send for duration_s, then STOP; keep the publication until done (its wait(timeout))
+    says every reader has everything. destinations: see _connect_publication."""
     import shmbus
 
     with shmbus.connect(context) as bus:
-        publication = _connect_publication(bus, uri, stream_id, time.monotonic() + timeout_s)
+        publication = _connect_publication(bus, uri, stream_id, time.monotonic() + timeout_s,
+                                           destinations)
         offer = publication.offer
         offer_many = publication.offer_many
         pack = _codec(size).pack_into
@@ -669,24 +686,25 @@ def _zmq_pong(barrier: Any, endpoint: str, timeout_s: float, done: Any) -> dict[
 # ---------------------------------------------------------------------------------------------
 
 
-def run_pair(ctx: Any, a: tuple[str, Callable[..., dict[str, Any]], tuple[Any, ...]],
-             b: tuple[str, Callable[..., dict[str, Any]], tuple[Any, ...]],
-             timeout_s: float) -> dict[str, dict[str, Any]]:
-    """Run two (role, function, args) in two spawned processes; their results by role.
+def run_processes(ctx: Any,
+                  members: list[tuple[str, Callable[..., dict[str, Any]], tuple[Any, ...]]],
+                  timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Run each (role, function, args) in a spawned process of its own, all sharing one
+    barrier; their results by role (roles are unique).
 
-    Raises BenchError if either fails or if both are not done within timeout_s (then both
-    are terminated).
+    Raises BenchError if any fails or if not all are done within timeout_s (then all are
+    terminated).
     """
     results = ctx.Queue()
-    barrier = ctx.Barrier(2)
+    barrier = ctx.Barrier(len(members))
     procs = [ctx.Process(target=_child, args=(role, fn, args, barrier, results), daemon=True)
-             for role, fn, args in (a, b)]
+             for role, fn, args in members]
     for p in procs:
         p.start()
     collected: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
     try:
-        while len(collected) < 2:
+        while len(collected) < len(members):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise BenchError(f"timed out after {timeout_s:.0f} s")
@@ -749,7 +767,7 @@ def run_throughput(ctx: Any, buses: Buses, transport: str, config: ChannelConfig
             reader = ("reader", _shm_reader, (buses.contexts[1], uri, 1000 + run, size,
                                               opt.timeout_s, done, batch))
         cpu0, wall0 = buses.bridge_cpu(), time.monotonic()
-        out = run_pair(ctx, reader, writer, 2 * opt.timeout_s + opt.duration_s + 30)
+        out = run_processes(ctx, [reader, writer], 2 * opt.timeout_s + opt.duration_s + 30)
         wall = time.monotonic() - wall0
         bridge_cpu = sum(v - cpu0.get(pid, 0.0) for pid, v in buses.bridge_cpu().items())
         sent, received = out["writer"]["sent"], out["reader"]["received"]
@@ -786,7 +804,7 @@ def run_latency(ctx: Any, buses: Buses, transport: str, config: ChannelConfig | 
                                           opt.duration_s, opt.timeout_s, done))
             ponger = ("pong", _shm_pong, (buses.contexts[1], ping_uri, pong_uri, 1000 + run,
                                           opt.timeout_s, done))
-        out = run_pair(ctx, ponger, pinger, 2 * opt.timeout_s + opt.duration_s + 30)
+        out = run_processes(ctx, [ponger, pinger], 2 * opt.timeout_s + opt.duration_s + 30)
         samples = np.frombuffer(out["ping"]["samples"], np.int64)
         errors = out["ping"]["errors"] + out["pong"]["errors"]
         if errors or out["pong"]["received"] != len(samples):
@@ -864,6 +882,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             "-" if cpu is None else f"{cpu / r['pair_wall_s']:.0%}",
             "ok" if r["ok"] else "FAILED",
         ])
+    return render_table(headers, lines, right, [(r["test"], r["size"]) for r in rows])
+
+
+def render_table(headers: list[str], lines: list[list[str]], right: set[int],
+                 groups: list[Any]) -> str:
+    """A text table: the headers, a rule, then one line of cells per row, the columns whose
+    index is in right right-aligned; a blank line where the group key (one per row) changes."""
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
 
     def render(cells: list[str]) -> str:
@@ -872,10 +897,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
     out = [render(headers), render(["-" * w for w in widths])]
     previous = None
-    for r, line in zip(rows, lines, strict=True):
-        if previous is not None and (r["test"], r["size"]) != previous:
+    for group, line in zip(groups, lines, strict=True):
+        if previous is not None and group != previous:
             out.append("")
-        previous = (r["test"], r["size"])
+        previous = group
         out.append(render(line))
     return "\n".join(out)
 

@@ -107,11 +107,12 @@ def subscribe(context: shmbus.Context, channel: str, stream_id: int, count: int,
 
 def receive(context: shmbus.Context, channel: str, stream_id: int, count: int, timeout: float,
             ready, stop=None, sleep: float = 0.0,  # noqa: ANN001
-            fragment_limit: int = 256) -> dict[str, int]:
+            fragment_limit: int = 256, catch_up: bool = False) -> dict[str, int]:
     """Receive until message ``count - 1`` arrived, ``stop`` (an Event) is set, or timeout.
 
     ``sleep`` > 0 makes a slow subscriber: it sleeps that long after each poll of at most
-    ``fragment_limit`` fragments. Returns a summary: ``received``, ``first`` and ``last``
+    ``fragment_limit`` fragments (with ``catch_up``, only until an image goes unavailable;
+    from then on it reads at full speed). Returns a summary: ``received``, ``first`` and ``last``
     sequence (-1 before any), ``gaps`` (forward jumps in the sequence), ``backwards``
     (a sequence at or below the previous one), ``bad_checksum``, ``images`` and
     ``unavailable`` (image callbacks), ``position`` (the subscriber position at the end).
@@ -148,8 +149,9 @@ def receive(context: shmbus.Context, channel: str, stream_id: int, count: int, t
         assembler = shmbus.FragmentAssembler(on_message)
         while (summary["last"] < count - 1 and time.monotonic() < deadline
                and not (stop is not None and stop.is_set())):
-            fragments = subscription.poll(assembler, fragment_limit)
-            if sleep:
+            slow = not (catch_up and summary["unavailable"])
+            fragments = subscription.poll(assembler, fragment_limit if slow else 256)
+            if sleep and slow:
                 time.sleep(sleep)
             else:
                 idle.idle(fragments)

@@ -116,4 +116,26 @@ def test_tagged_counts_only_receivers_of_its_group() -> None:
     assert fc.on_status_message(sm(9600, 1000, receiver_id=5), 0, 1, sender_limit=limit) == 1640
     assert fc.on_status_message(sm(9600, 1000, receiver_id=6, group_tag=7), 0, 1,
                                 sender_limit=limit) == 1640
+    assert {r.receiver_id for r in fc.receivers.values() if r.counted} == {1}
+    assert set(fc.receivers) == {1, 5, 6}  # the others are known, not counted
+
+
+@pytest.mark.parametrize("strategy", [MaxFlowControl, MinFlowControl, UnicastFlowControl])
+def test_every_strategy_knows_its_receivers_positions_and_sources(strategy) -> None:
+    fc = make(strategy(receiver_timeout_ns=5 * SECOND))
+    fc.on_status_message(sm(640, 1000, receiver_id=1), 0, 0, sender_limit=0, source="a")
+    fc.on_status_message(sm(3200, 1000, receiver_id=2), 0, SECOND, sender_limit=0, source="b")
+    fc.on_status_message(sm(320, 2000, receiver_id=1), 0, SECOND, sender_limit=0, source="a")
+    known = {r.receiver_id: (r.position, r.window, r.source, r.limit)
+             for r in fc.receivers.values()}
+    # an older position (reordered) does not move a receiver back; its window is the latest
+    assert known == {1: (640, 2000, "a", 2640), 2: (3200, 1000, "b", 4200)}
+    assert fc.counted_receivers() == 2
+    fc.on_idle(6 * SECOND, 0, 0)  # receiver 1 was last heard at 1 s, receiver 2 too
+    assert set(fc.receivers) == {1, 2}
+    fc.on_status_message(sm(960, 1000, receiver_id=1), 0, 5 * SECOND, sender_limit=0)
+    fc.on_idle(6 * SECOND + 1, 0, 0)  # receiver 2 has been silent for 5 s + 1 ns
     assert set(fc.receivers) == {1}
+    fc.on_status_message(sm(960, 1000, receiver_id=1, flags=SM_FLAG_EOS), 0, 7 * SECOND,
+                         sender_limit=0)
+    assert not fc.receivers  # it said goodbye

@@ -15,12 +15,15 @@ whole file stays within about three minutes on a loaded two-core machine.
 from __future__ import annotations
 
 import multiprocessing as mp
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 import shmbus
@@ -204,6 +207,38 @@ def test_under_min_a_slow_receiving_host_holds_the_publisher_back(shm_dir: Path)
         assert len(lag) > 20 and max(lag) <= WITHIN, (len(lag), max(lag, default=None))
 
 
+def test_under_max_a_slow_host_falls_behind_loses_its_image_and_rejoins(
+        shm_dir: Path) -> None:
+    """fc=max (the multicast default): the fast host sets the pace and gets everything; the
+    slow host falls out of the sender's reach, its image goes unavailable while the others go
+    on, and (rejoin, as Aeron's default) the session comes back as a new image at the live
+    position: from there that host reads on to the end, in order and intact."""
+    count = 30_000
+    with buses(shm_dir, 3, subnet=223) as (hs, contexts), workers(3) as (pool, manager):
+        group = "224.1.23.1:42301"
+        ready = [manager.Event() for _ in range(2)]
+        fast = pool.apply_async(bridge_workers.receive, (
+            contexts[1], f"aeron:udp?endpoint={group}|interface={hs[1].address}", STREAM,
+            count, 60, ready[0]))
+        # about 200 messages a second until its image goes unavailable, then full speed
+        slow = pool.apply_async(bridge_workers.receive, (
+            contexts[2], f"aeron:udp?endpoint={group}|interface={hs[2].address}", STREAM,
+            count, 60, ready[1], None, 0.005, 1, True))
+        wait_listening(contexts[1:], ready)
+        # 6 s of stream: time to fall behind, be lost (1 s), cool down (1 s) and rejoin
+        publisher = pool.apply_async(bridge_workers.publish, (
+            contexts[0], f"aeron:udp?endpoint={group}|interface={hs[0].address}|"
+            f"term-length={TERM}", STREAM, count, 60, 5_000))
+        assert publisher.get(60) == count
+        got_exactly(fast.get(30), 0, count)
+        summary = slow.get(30)
+        assert summary["unavailable"] >= 1 and summary["images"] >= 2, summary
+        assert summary["gaps"] >= 1 and summary["last"] == count - 1, summary
+        assert summary["first"] == 0 and summary["backwards"] == 0, summary
+        assert summary["bad_checksum"] == 0, summary
+        assert summary["received"] < count, summary  # what it missed was not made up
+
+
 def test_under_tagged_only_tagged_receivers_count(shm_dir: Path) -> None:
     """fc=tagged,g:7: host 1 (gtag=7, slowish) holds the publisher back; host 2 (untagged,
     much slower) does not: the publisher runs far past it."""
@@ -317,6 +352,108 @@ def test_mdc_manual_destinations_added_and_removed_while_streaming(shm_dir: Path
             bus.add_exclusive_publication(
                 f"aeron:udp?control={hs[0].address}:42603|control-mode=dynamic",
                 STREAM).add_destination(destinations[0])
+
+
+def kill_host(context: shmbus.Context) -> None:
+    """SIGKILL a host's driver and netbridge (every process started for its bus directory),
+    as a crash of that host would end them."""
+    victims = [p for p in psutil.process_iter(["cmdline"])
+               if any(context.dir in arg for arg in p.info["cmdline"] or ())]
+    assert len(victims) == 2, [p.info["cmdline"] for p in victims]  # driver and netbridge
+    for process in victims:
+        process.kill()
+    psutil.wait_procs(victims, timeout=10)
+
+
+#: counts the UDP datagrams that reach an address for a while: (address, port, seconds)
+_LISTENER = """
+import socket, sys, time
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.bind((sys.argv[1], int(sys.argv[2])))
+sock.settimeout(0.05)
+count, until = 0, time.monotonic() + float(sys.argv[3])
+while time.monotonic() < until:
+    try:
+        sock.recv(65536)
+        count += 1
+    except TimeoutError:
+        pass
+print(count)
+"""
+
+
+def datagrams_heard(host: Host, port: int, seconds: float, while_listening: Callable[[], Any],
+                    ) -> int:
+    """How many datagrams reach ``host``'s address on ``port`` during ``seconds`` (a plain
+    socket in its namespace), while this process runs ``while_listening``."""
+    listener = subprocess.Popen(
+        [*host.exec_prefix, sys.executable, "-c", _LISTENER, host.address, str(port),
+         str(seconds + 0.5)], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.2)  # bound before the traffic it is to hear
+        while_listening()
+        out, _ = listener.communicate(timeout=seconds + 20)
+    finally:
+        listener.kill()
+    return int(out)
+
+
+def test_mdc_dynamic_a_late_receiver_joins_and_a_killed_one_is_dropped(shm_dir: Path) -> None:
+    """control-mode=dynamic: host 1 subscribes from the start, host 2 after 5,000 messages and
+    gets exactly the rest (it joins at the live position); then host 1 is killed (driver and
+    netbridge): the sender keeps sending to it until the destination timeout (5 s) drops it,
+    and after that nothing more goes there, while host 2 goes on to the end."""
+    joined, killed, count = 5_000, 10_000, 20_000
+    with buses(shm_dir, 3, subnet=227) as (hs, contexts), workers(2) as (pool, manager), \
+            shmbus.connect(contexts[0]) as bus:
+        port, control = 42702, f"{hs[0].address}:42701"
+        ready = [manager.Event() for _ in range(2)]
+        stop = manager.Event()
+        channels = [f"aeron:udp?endpoint={hs[i].address}:{port}|control={control}"
+                    for i in (1, 2)]
+        first = pool.apply_async(bridge_workers.receive, (
+            contexts[1], channels[0], STREAM, count, 60, ready[0], stop))
+        wait_listening([contexts[1]], ready[:1])
+        publication = bus.add_exclusive_publication(
+            f"aeron:udp?control={control}|control-mode=dynamic", STREAM)
+        wait_for(lambda: publication.is_connected, 20, "host 1 to announce itself")
+        deadline = time.monotonic() + 90
+
+        def send(start: int, stop_at: int) -> None:
+            assert publish_range(publication, start, stop_at, deadline, 5_000) == stop_at
+            assert wait_sent(bus, publication, 20)
+
+        send(0, joined)
+        second = pool.apply_async(bridge_workers.receive, (
+            contexts[2], channels[1], STREAM, count, 60, ready[1]))
+        wait_listening([contexts[2]], ready[1:])
+        wait_for(lambda: send_stat(contexts[0], "destinations") == 2, 20,
+                 "host 2 to become a destination")
+        time.sleep(0.3)  # its SETUP, at the position reached, and its image
+        send(joined, killed)
+        with shmbus.connect(contexts[1]) as host_1:
+            wait_for(lambda: largest(host_1, SUB_POS) == publication.position(), 20,
+                     "host 1 to read everything sent so far")
+        kill_host(contexts[1])
+        stop.set()
+        got_exactly(first.get(30), 0, killed)
+
+        sequence = killed
+
+        def stream_for(seconds: float) -> None:
+            nonlocal sequence
+            end = sequence + int(seconds * 1_000)
+            sequence = publish_range(publication, sequence, end, deadline, 1_000)
+            assert sequence == end
+
+        # still a destination (its timeout has not passed): the data goes there
+        assert datagrams_heard(hs[1], port, 1.0, lambda: stream_for(1.0)) > 0
+        while send_stat(contexts[0], "destinations") != 1:
+            assert time.monotonic() < deadline, "host 1 was never dropped"
+            stream_for(0.2)
+        assert datagrams_heard(hs[1], port, 1.0, lambda: stream_for(1.0)) == 0
+        send(sequence, count)
+        got_exactly(second.get(60), joined, count)
 
 
 BAD_CHANNELS = [  # (channel, the parameter its error must name)
