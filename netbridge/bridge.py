@@ -48,6 +48,7 @@ from shmbus import control_protocol as cp
 from shmbus.channel_uri import ChannelUri, parse_flow_control
 from shmbus.client import Client
 from shmbus.context import Context
+from shmbus.counters import FC_RCV_POS, FC_RECEIVERS
 from shmbus.errors import ShmbusError
 from shmbus.log_buffer import LogBuffer
 from shmbus.position import Position
@@ -104,10 +105,19 @@ class Sender:
     snd_pos: Position
     snd_lmt: Position
     snd_bpe: Position
+    #: "<registration> <session> <stream> <channel>": how its counters' labels name it
+    label: str
+    #: the bridge's own counters for it: fc-receivers, then one fc-rcv-pos per receiver
+    fc_receivers: tuple[int, Position]
+    receiver_positions: dict[int, tuple[int, Position]] = field(default_factory=dict)
     closed_at_ns: int | None = None
     #: (snd-pos, snd-lmt, snd-bpe, connected) as last written: counters are written only when
     #: the sender's own value changes, never read back (the driver may free and reuse them)
     mirrored: tuple[int, int, int, int] = (-1, -1, -1, -1)
+
+    def counter_ids(self) -> list[int]:
+        """The ids of the counters the bridge allocated for this sender."""
+        return [self.fc_receivers[0], *(c for c, _ in self.receiver_positions.values())]
 
 
 @dataclass
@@ -240,14 +250,20 @@ class Bridge:
         counters = self.client.counters
         return Position(counters.values, counters.counter_offset(counter_id))
 
+    def _add_counter(self, type_id: int, label: str, registration_id: int = 0,
+                     reference_id: int = 0) -> tuple[int, Position]:
+        """A counter of the bridge's own (freed with _remove_counter or when it goes away)."""
+        ready = self._request(cp.AddCounter(self.client.client_id, self._correlation(), type_id,
+                                            registration_id, reference_id, label))
+        assert isinstance(ready, cp.OnCounterReady)
+        return ready.counter_id, self._counter(ready.counter_id)
+
+    def _remove_counter(self, counter_id: int) -> None:
+        self._request(cp.RemoveCounter(self.client.client_id, self._correlation(), counter_id))
+
     def _add_counters(self, kind: int, channel: str, names: tuple[str, ...]) -> ChannelCounters:
-        positions = {}
-        for name in names:
-            ready = self._request(cp.AddCounter(self.client.client_id, self._correlation(), kind,
-                                                f"{name}: {channel}"))
-            assert isinstance(ready, cp.OnCounterReady)
-            positions[name] = self._counter(ready.counter_id)
-        return ChannelCounters(positions)
+        return ChannelCounters({name: self._add_counter(kind, f"{name}: {channel}")[1]
+                                for name in names})
 
     def _loss_filters(self) -> tuple[LossFilter | None, LossFilter | None]:
         """(outgoing, incoming) filters for a new channel, each with its own seed."""
@@ -285,9 +301,13 @@ class Bridge:
             setup_flags=SETUP_FLAG_GROUP if transport.group else 0)
         for destination in destinations:
             sender.add_destination(destination)
+        label = (f"{event.registration_id} {event.session_id} {event.stream_id} "
+                 f"{uri.canonical()}")
         channel.senders[(event.session_id, event.stream_id)] = Sender(
             event.registration_id, sender, log, snd_pos, self._counter(event.snd_lmt_counter_id),
-            self._counter(event.snd_bpe_counter_id))
+            self._counter(event.snd_bpe_counter_id), label, self._add_counter(
+                FC_RECEIVERS, f"fc-receivers: {label}", event.registration_id,
+                event.session_id))
 
     def _on_destination(self, event: cp.OnDestination) -> None:
         for channel in self.send_channels.values():
@@ -422,11 +442,15 @@ class Bridge:
                 if sender.closed_at_ns is None:
                     # after the end of stream is mirrored the driver frees the counters
                     self._mirror_sender(sender)
+                if stats:
+                    self._mirror_receivers(sender)
                 if sender.sender.is_end_of_stream:
                     sender.closed_at_ns = sender.closed_at_ns or now
                     if now - sender.closed_at_ns > _SENDER_LINGER_NS:
                         del channel.senders[key]
                         sender.log.close()
+                        for counter_id in sender.counter_ids():
+                            self._remove_counter(counter_id)
             if stats:
                 self._mirror_send(channel)
         for channel in (*self.send_channels.values(), *self.receive_channels.values()):
@@ -532,6 +556,26 @@ class Bridge:
             sender.snd_bpe.set(values[2])
         if values[3] != last[3]:
             sender.log.active_transport_count = values[3]  # the driver derives is-connected
+
+    def _mirror_receivers(self, sender: Sender) -> None:
+        """Keep one fc-rcv-pos counter per receiver the flow control knows (allocated when it
+        is first heard, freed when the strategy forgets it) and the fc-receivers count."""
+        flow_control = sender.sender.flow_control
+        known = flow_control.receivers
+        counters = sender.receiver_positions
+        for receiver_id in [r for r in counters if r not in known]:
+            self._remove_counter(counters.pop(receiver_id)[0])
+        for receiver_id, receiver in known.items():
+            counter = counters.get(receiver_id)
+            if counter is None:
+                host, port = receiver.source  # type: ignore[misc]
+                uncounted = "" if receiver.counted else " (not counted)"
+                counter = counters[receiver_id] = self._add_counter(
+                    FC_RCV_POS, f"fc-rcv-pos: {sender.label} receiver {receiver_id} at "
+                                f"{host}:{port}{uncounted}",
+                    sender.registration_id, sender.sender.session_id)
+            counter[1].set(receiver.position)
+        sender.fc_receivers[1].set(flow_control.counted_receivers())
 
     def _mirror_send(self, channel: SendChannel) -> None:
         senders = [s.sender for s in channel.senders.values()]

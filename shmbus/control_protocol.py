@@ -232,14 +232,30 @@ class RegisterBridge(ClientClose):
 
 @dataclass(frozen=True)
 class AddCounter(Message):
-    """Allocate a counter owned by the client (freed when the client goes away)."""
+    """Allocate a counter owned by the client (freed by RemoveCounter or when the client goes
+    away); answered by OnCounterReady. ``registration_id`` and ``reference_id`` go into the
+    counter (a registration id of 0: the correlation id), so that a counter about a stream can
+    name its log as the driver's own stream counters do."""
 
     TYPE_ID: ClassVar[int] = 0x0C
-    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqi")
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqiqq")
     client_id: int
     correlation_id: int
     type_id: int
+    registration_id: int
+    reference_id: int
     label: str
+
+
+@dataclass(frozen=True)
+class RemoveCounter(Message):
+    """Free a counter the client allocated; answered by OnOperationSuccess."""
+
+    TYPE_ID: ClassVar[int] = 0x0D
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqi")
+    client_id: int
+    correlation_id: int
+    counter_id: int
 
 
 @dataclass(frozen=True)
@@ -358,7 +374,8 @@ MESSAGES: dict[int, type[Message]] = {
                 RemovePublication, RemoveSubscription, ClientClose, OnError,
                 OnAvailableImage, OnPublicationReady, OnOperationSuccess, OnUnavailableImage,
                 OnExclusivePublicationReady, OnSubscriptionReady, OnClientTimeout, OnClientReady,
-                RegisterBridge, AddCounter, CreateImage, CloseImage, OnCounterReady, OnImageReady,
+                RegisterBridge, AddCounter, RemoveCounter, CreateImage, CloseImage,
+                OnCounterReady, OnImageReady,
                 OnNetworkPublication, OnNetworkPublicationClosed, OnReceiveChannel,
                 OnReceiveChannelClosed, OnImageSubscribers, AddDestination, RemoveDestination,
                 OnDestination)

@@ -58,6 +58,11 @@ SND_LMT = 9
 CLIENT_HEARTBEAT = 11
 PUB_POS = 12
 SND_BPE = 13
+#: a network publication's flow control: how many receivers take part in its limit
+FC_RECEIVERS = 17
+#: a network publication's flow control: one receiver's position, from its status messages
+#: (shmbus's own: Aeron has no such counter)
+FC_RCV_POS = 19
 
 #: Short readable name of each type id, as ``shmbus stat`` prints it.
 TYPE_NAMES: dict[int, str] = {
@@ -71,6 +76,8 @@ TYPE_NAMES: dict[int, str] = {
     CLIENT_HEARTBEAT: "client-heartbeat",
     PUB_POS: "pub-pos",
     SND_BPE: "snd-bpe",
+    FC_RECEIVERS: "fc-receivers",
+    FC_RCV_POS: "fc-rcv-pos",
 }
 
 

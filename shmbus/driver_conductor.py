@@ -338,11 +338,21 @@ class DriverConductor:
                 self._send(cp.OnReceiveChannel(link.stream_id, link.channel))
 
     def _on_add_counter(self, command: cp.AddCounter) -> None:
-        counter_id = self.counters.allocate(command.label, command.type_id,
-                                            registration_id=command.correlation_id,
-                                            owner_id=command.client_id)
+        counter_id = self.counters.allocate(
+            command.label, command.type_id,
+            registration_id=command.registration_id or command.correlation_id,
+            owner_id=command.client_id, reference_id=command.reference_id)
         self.clients[command.client_id].counters.add(counter_id)
         self._send(cp.OnCounterReady(command.correlation_id, counter_id))
+
+    def _on_remove_counter(self, command: cp.RemoveCounter) -> None:
+        owned = self.clients[command.client_id].counters
+        if command.counter_id not in owned:
+            raise CommandError(cp.GENERIC_ERROR, f"counter {command.counter_id} is not one "
+                                                 f"client {command.client_id} allocated")
+        owned.discard(command.counter_id)
+        self.counters.free(command.counter_id)
+        self._send(cp.OnOperationSuccess(command.correlation_id))
 
     def _on_create_image(self, command: cp.CreateImage) -> None:
         self._require_bridge(command.client_id)
@@ -393,6 +403,7 @@ class DriverConductor:
         cp.RemoveDestination: _on_destination,
         cp.RegisterBridge: _on_register_bridge,
         cp.AddCounter: _on_add_counter,
+        cp.RemoveCounter: _on_remove_counter,
         cp.CreateImage: _on_create_image,
         cp.CloseImage: _on_close_image,
         cp.ClientConnect: _on_client_connect,

@@ -61,11 +61,17 @@ Every document is one JSON object on one line, with these common keys::
      "pub_pos": 43008 | null, "pub_lmt": 43008 | null,      # null for an image
      "window": 32768 | null, "term_length": 65536 | null,
      "sender": null | {"position": snd-pos, "limit": snd-lmt, "back_pressure_events": snd-bpe,
-                       "connected": true | false | null},
+                       "connected": true | false | null,
+                       "flow_control": "max" | "min" | "tagged" | "unicast" | "unknown",
+                       "fc_receivers": 2 | null,   # receivers that take part in snd-lmt
+                       "receivers": [{"receiver_id": 123, "address": "10.0.0.2:40123",
+                                      "position": 40960, "counted": true}],
+                       "holding_receiver": null | the receiver that sets snd-lmt},
      "receiver": null | {"hwm": rcv-hwm, "position": rcv-pos, "source": "127.0.0.1:40123"},
      "state": "held" | "free" | "not-connected" | "receiving" | "unknown",
      "held_by": [4242],         # pids of the slowest subscribers, when held
-     "held_by_sender": false,   # the sender is the slowest (a network publication)
+     "held_by_sender": false,   # the sender is the slowest (a network publication): it waits
+                                # at snd-lmt for the sender's holding_receiver
      "verdict": "held by subscriber pid 4242 (worker-3), 32 KiB behind; window 32 KiB",
      "subscribers": [{"subscription_id": 4, "client_id": 2, "pid": 4242, "name": "worker-3",
                       "counter_id": 11, "position": 10240, "lag": 32768}]}
@@ -106,6 +112,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shmbus._native import AtomicBuffer, epoch_ms
+from shmbus.channel_uri import ChannelUri, ChannelUriError
 from shmbus.cnc import (
     CNC_FILE,
     COUNTERS_METADATA,
@@ -116,6 +123,8 @@ from shmbus.cnc import (
 )
 from shmbus.counters import (
     CLIENT_HEARTBEAT,
+    FC_RCV_POS,
+    FC_RECEIVERS,
     PUB_LIMIT,
     PUB_POS,
     RCV_HWM,
@@ -475,13 +484,15 @@ _STREAM_LABEL = re.compile(
     r"(?P<channel>\S+) ?(?P<rest>.*)$", re.DOTALL)
 _CLIENT_LABEL = re.compile(r"^client-heartbeat: (?P<client>-?\d+) pid=(?P<pid>\d+) ?(?P<name>.*)$",
                            re.DOTALL)
+_RECEIVER_IN_LABEL = re.compile(
+    r"^receiver (?P<id>-?\d+) at (?P<address>\S+)(?P<uncounted> \(not counted\))?$")
 _PID_IN_LABEL = re.compile(r" pid=(?P<pid>\d+) ?(?P<name>.*)$", re.DOTALL)
 
 #: Counters of one log (publication or network image): registration id = the log's
 #: registration id, reference id = its session id; stream and channel are in the label.
 LOG_TYPES = frozenset({PUB_LIMIT, PUB_POS, SND_POS, SND_LMT, SND_BPE, RCV_HWM, RCV_POS})
 #: LOG_TYPES and sub-pos (whose reference id is the registration id of the log it reads).
-STREAM_TYPES = LOG_TYPES | {SUB_POS}
+STREAM_TYPES = LOG_TYPES | {SUB_POS, FC_RECEIVERS, FC_RCV_POS}
 
 
 @dataclass(frozen=True)
@@ -683,17 +694,55 @@ class SubscriberView:
 
 
 @dataclass(frozen=True)
+class FlowReceiverView:
+    """A receiver of a network publication as the sender's flow control knows it (an
+    fc-rcv-pos counter): its position from its status messages, and whether it takes part in
+    the sender limit (under tagged flow control only the group's receivers do)."""
+
+    receiver_id: int
+    address: str
+    position: int
+    counted: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"receiver_id": self.receiver_id, "address": self.address,
+                "position": self.position, "counted": self.counted}
+
+    @property
+    def who(self) -> str:
+        return f"receiver {self.address} (id {self.receiver_id})"
+
+
+@dataclass(frozen=True)
 class SenderView:
-    """The netbridge's side of a network publication: snd-pos, snd-lmt, snd-bpe."""
+    """The netbridge's side of a network publication: snd-pos, snd-lmt, snd-bpe, its flow
+    control (the strategy, from the channel's ``fc``) and the receivers it knows."""
 
     position: int | None
     limit: int | None
     back_pressure_events: int | None
     connected: bool | None  # the log's is-connected flag (a receiver answers); None: unknown
+    flow_control: str = "unicast"
+    fc_receivers: int | None = None
+    receivers: tuple[FlowReceiverView, ...] = ()
+
+    @property
+    def holding_receiver(self) -> FlowReceiverView | None:
+        """The receiver whose status messages set snd-lmt: the slowest counted one under min
+        and tagged flow control, the fastest under max and unicast (None: none known)."""
+        counted = [r for r in self.receivers if r.counted]
+        if not counted:
+            return None
+        pick = min if self.flow_control in ("min", "tagged") else max
+        return pick(counted, key=lambda r: r.position)
 
     def to_json(self) -> dict[str, Any]:
+        holder = self.holding_receiver
         return {"position": self.position, "limit": self.limit,
-                "back_pressure_events": self.back_pressure_events, "connected": self.connected}
+                "back_pressure_events": self.back_pressure_events, "connected": self.connected,
+                "flow_control": self.flow_control, "fc_receivers": self.fc_receivers,
+                "receivers": [r.to_json() for r in self.receivers],
+                "holding_receiver": holder.to_json() if holder else None}
 
 
 @dataclass(frozen=True)
@@ -771,7 +820,12 @@ class StreamView:
             head += f"{pub}: pub-pos {_num(self.pub_pos)}, pub-lmt {_num(self.pub_lmt)}"
             if self.sender is not None:
                 head += (f", snd-pos {_num(self.sender.position)}, snd-lmt "
-                         f"{_num(self.sender.limit)}")
+                         f"{_num(self.sender.limit)}, fc {self.sender.flow_control}")
+                receivers = "; ".join(
+                    f"{r.address} at {r.position:,}" + ("" if r.counted else " (not counted)")
+                    for r in self.sender.receivers)
+                if receivers:
+                    head += f", receivers: {receivers}"
         return f"{head}; subscribers: {subs} => {self.verdict.sentence}"
 
 
@@ -815,8 +869,14 @@ def verdict(pub_pos: int | None, pub_lmt: int | None, window: int | None,
         assert sender is not None
         waiting = (sender.limit is not None and sender.position is not None
                    and sender.position >= sender.limit)
-        names.append("the sender" + (" (waiting at snd-lmt for the receivers)"
-                                     if waiting else ""))
+        holder = sender.holding_receiver
+        if not waiting:
+            names.append("the sender")
+        elif holder is None:
+            names.append("the sender (waiting at snd-lmt for the receivers)")
+        else:
+            names.append(f"the sender (waiting at snd-lmt for {holder.who} at "
+                         f"{holder.position:,}, fc {sender.flow_control})")
     if held_by:
         noun = "subscriber" if len(held_by) == 1 else "subscribers"
         names.append(f"{noun} " + ", ".join(s.who for s in held_by))
@@ -841,17 +901,47 @@ def image_verdict(receiver: ReceiverView, subscribers: Sequence[SubscriberView])
                               f"{format_bytes(slowest.lag)} behind rcv-pos{gap}", held_by)
 
 
+def _flow_receiver(c: Counter) -> FlowReceiverView | None:
+    fields = _label_fields(c.label)
+    match = _RECEIVER_IN_LABEL.match(fields[4]) if fields is not None else None
+    if match is None:
+        return None
+    return FlowReceiverView(int(match["id"]), match["address"], c.value,
+                            match["uncounted"] is None)
+
+
+def _flow_control(channel: str | None) -> str:
+    """The flow-control strategy of a network publication's channel: its ``fc`` parameter,
+    else max for multicast and multi-destination-cast and unicast otherwise (as the
+    netbridge chooses)."""
+    try:
+        uri = ChannelUri.parse(channel or "")
+    except ChannelUriError:  # none, or cut short in a counter label
+        return "unknown"
+    if "fc" in uri.params:
+        return uri.params["fc"].partition(",")[0]
+    return "max" if "control-mode" in uri.params or uri.is_multicast else "unicast"
+
+
 def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
     """One view per log (publications, then network images, each in counter id order)."""
     clients = clients_by_id(snapshot)
     logs = _logs_by_registration(snapshot)
     by_type: dict[int, dict[int, Counter]] = {t: {} for t in LOG_TYPES}
     subs: dict[int, list[Counter]] = {}
+    fc_receivers: dict[int, int] = {}
+    flow_receivers: dict[int, list[FlowReceiverView]] = {}
     for c in snapshot.counters:
         if c.type_id in LOG_TYPES:
             by_type[c.type_id].setdefault(c.registration_id, c)
         elif c.type_id == SUB_POS:
             subs.setdefault(c.reference_id, []).append(c)
+        elif c.type_id == FC_RECEIVERS:
+            fc_receivers[c.registration_id] = c.value
+        elif c.type_id == FC_RCV_POS:
+            receiver = _flow_receiver(c)
+            if receiver is not None:
+                flow_receivers.setdefault(c.registration_id, []).append(receiver)
 
     def value(type_id: int, registration_id: int) -> int | None:
         c = by_type[type_id].get(registration_id)
@@ -889,7 +979,10 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
                     sender = SenderView(value(SND_POS, registration_id),
                                         value(SND_LMT, registration_id),
                                         value(SND_BPE, registration_id),
-                                        info.is_connected if info else None)
+                                        info.is_connected if info else None,
+                                        _flow_control(ref.channel if ref else None),
+                                        fc_receivers.get(registration_id),
+                                        tuple(flow_receivers.get(registration_id, ())))
                 result = verdict(head, pub_lmt, window, subscribers, sender)
                 publisher = clients.get(first.owner_id)
             else:

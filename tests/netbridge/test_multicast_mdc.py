@@ -18,6 +18,7 @@ import multiprocessing as mp
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -29,6 +30,7 @@ import pytest
 import shmbus
 from netbridge.bridge import RECEIVE_STATS
 from shmbus.counters import PUB_POS, RCV_HWM, SUB_POS
+from shmbus.stat import SenderView, analyse_streams, read_snapshot
 from tests.conftest import start_driver, stop_driver
 from tests.netbridge import bridge_workers
 from tests.netbridge.bridge_workers import channel_stats, publish_range, wait_sent
@@ -105,10 +107,12 @@ def send_stat(context: shmbus.Context, name: str) -> int:
 
 
 def sample_lags(pub_context: shmbus.Context, sub_contexts: list[shmbus.Context],
-                until: Any) -> list[list[int]]:
+                until: Any) -> tuple[list[list[int]], list[SenderView]]:
     """While ``until`` (an AsyncResult) is not ready (60 s at most): every 20 ms, how far the
-    publisher's position is ahead of each subscriber host's position (pub-pos - sub-pos)."""
+    publisher's position is ahead of each subscriber host's position (pub-pos - sub-pos), and
+    how ``shmbus streams`` sees the publication's sender at the moments it is held back."""
     lags: list[list[int]] = [[] for _ in sub_contexts]
+    held: list[SenderView] = []
     with ExitStack() as stack:
         pub_bus = stack.enter_context(shmbus.connect(pub_context))
         sub_buses = [stack.enter_context(shmbus.connect(c)) for c in sub_contexts]
@@ -119,8 +123,11 @@ def sample_lags(pub_context: shmbus.Context, sub_contexts: list[shmbus.Context],
                 consumed = largest(bus, SUB_POS)
                 if published is not None and consumed is not None:
                     lag.append(published - consumed)
+            held += [view.sender for view in analyse_streams(read_snapshot(pub_context.dir))
+                     if view.sender is not None and view.verdict.held_by_sender
+                     and view.sender.position]  # under way (not waiting for the first SM)
             time.sleep(0.02)
-    return lags
+    return lags, held
 
 
 def span(first: int, stop: int) -> dict[str, int]:
@@ -200,11 +207,17 @@ def test_under_min_a_slow_receiving_host_holds_the_publisher_back(shm_dir: Path)
         publisher = pool.apply_async(bridge_workers.publish, (
             contexts[0], f"aeron:udp?endpoint={group}|interface={hs[0].address}|fc=min|"
             f"term-length={TERM}", STREAM, count, 60))
-        (lag,) = sample_lags(contexts[0], [contexts[2]], slow)
+        (lag,), held = sample_lags(contexts[0], [contexts[2]], slow)
         assert publisher.get(30) == count
         got_exactly(fast.get(30), 0, count)
         got_exactly(slow.get(30), 0, count)
         assert len(lag) > 20 and max(lag) <= WITHIN, (len(lag), max(lag, default=None))
+        # shmbus streams: both receivers count, and the slow host is the one holding it back
+        assert held, "the sender was never seen waiting at its limit"
+        assert all(s.flow_control == "min" and s.fc_receivers == 2 for s in held), held
+        holders = Counter(s.holding_receiver.address.partition(":")[0] for s in held
+                          if s.holding_receiver is not None)
+        assert holders.most_common(1)[0][0] == hs[2].address, holders
 
 
 def test_under_max_a_slow_host_falls_behind_loses_its_image_and_rejoins(
@@ -257,13 +270,20 @@ def test_under_tagged_only_tagged_receivers_count(shm_dir: Path) -> None:
         publisher = pool.apply_async(bridge_workers.publish, (
             contexts[0], f"aeron:udp?endpoint={group}|interface={hs[0].address}|"
             f"fc=tagged,g:7|term-length={TERM}", STREAM, count, 60))
-        lag_tagged, lag_untagged = sample_lags(contexts[0], contexts[1:], tagged)
+        (lag_tagged, lag_untagged), held = sample_lags(contexts[0], contexts[1:], tagged)
         assert publisher.get(30) == count
         got_exactly(tagged.get(30), 0, count)
         stop.set()
         assert untagged.get(30)["bad_checksum"] == 0
         assert len(lag_tagged) > 20 and max(lag_tagged) <= WITHIN, max(lag_tagged)
         assert max(lag_untagged) > 4 * WITHIN, max(lag_untagged)
+        # shmbus streams: one receiver counts (the tagged one, holding the sender back); the
+        # untagged one is known but not counted
+        assert held and all(s.fc_receivers == 1 for s in held), held
+        assert all(s.holding_receiver is not None and
+                   s.holding_receiver.address.startswith(hs[1].address + ":") for s in held)
+        assert any({(r.address.partition(":")[0], r.counted) for r in s.receivers} == {
+            (hs[1].address, True), (hs[2].address, False)} for s in held), held
 
 
 def test_minimum_group_size_keeps_the_publication_unconnected(shm_dir: Path) -> None:

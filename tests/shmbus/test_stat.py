@@ -601,6 +601,45 @@ def test_streams_of_a_network_publication_and_image() -> None:
         "not connected: no receiver has answered the sender")
 
 
+@pytest.mark.parametrize("fc, holder", [("min", "10.0.0.3:40"), ("tagged,g:7", "10.0.0.3:40"),
+                                        ("max", "10.0.0.2:40")])
+def test_streams_name_the_receiver_that_sets_the_sender_limit(fc: str, holder: str) -> None:
+    """fc-rcv-pos counters (the netbridge's, one per receiver its flow control knows): under
+    min and tagged the slowest counted receiver holds the sender back, under max the fastest
+    sets the limit; an uncounted receiver (not of the tagged group) never does."""
+    udp = f"aeron:udp?endpoint=224.0.1.1:40|fc={fc}"
+    counters = [
+        Counter(8, 1, f"pub-lmt: 5 -77 9 {udp}", 40000, 5, 3, -77, b""),
+        Counter(9, 12, f"pub-pos: 5 -77 9 {udp}", 40000, 5, 3, -77, b""),
+        Counter(10, 2, f"snd-pos: 5 -77 9 {udp}", 8000, 5, 3, -77, b""),
+        Counter(11, 9, f"snd-lmt: 5 -77 9 {udp}", 8000, 5, 3, -77, b""),
+        Counter(12, 17, f"fc-receivers: 5 -77 9 {udp}", 2, 5, 99, -77, b""),
+        Counter(13, 19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 71 at 10.0.0.2:40", 7000, 5, 99,
+                -77, b""),
+        Counter(14, 19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 72 at 10.0.0.3:40", 4000, 5, 99,
+                -77, b""),
+        Counter(15, 19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 73 at 10.0.0.4:40 (not counted)",
+                1000, 5, 99, -77, b""),
+    ]
+    logs = {5: busstat.LogInfo(5, -77, 9, 65536, 1408, True, 32768)}
+    snap = busstat.BusSnapshot("d", 0, 0.0, busstat.DriverInfo("cnc.dat", 1, 1, 1, 0, 10_000),
+                               tuple(counters), logs)
+    (publication,) = busstat.analyse_streams(snap)
+    sender = publication.sender
+    assert sender is not None and sender.fc_receivers == 2
+    assert sender.flow_control == fc.partition(",")[0]
+    assert [(r.receiver_id, r.position, r.counted) for r in sender.receivers] == [
+        (71, 7000, True), (72, 4000, True), (73, 1000, False)]
+    assert sender.holding_receiver is not None and sender.holding_receiver.address == holder
+    assert f"waiting at snd-lmt for receiver {holder}" in publication.verdict.sentence
+    assert "10.0.0.4:40 at 1,000 (not counted)" in publication.line()
+    document = publication.to_json()["sender"]
+    assert document["holding_receiver"]["address"] == holder
+    assert len(document["receivers"]) == 3
+    views = {v.counter.counter_id: v for v in busstat.describe_counters(snap)}
+    assert (views[14].stream_id, views[14].session_id, views[14].channel) == (9, -77, udp)
+
+
 def test_formatting_and_type_names() -> None:
     assert [busstat.format_bytes(n) for n in (0, 1023, 1024, 32768, 4 << 20, 3 << 30)] == [
         "0 B", "1023 B", "1 KiB", "32 KiB", "4 MiB", "3 GiB"]
