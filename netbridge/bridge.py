@@ -49,7 +49,7 @@ from shmbus.channel_uri import ChannelUri, parse_flow_control
 from shmbus.client import Client
 from shmbus.context import Context
 from shmbus.counters import FC_RCV_POS, FC_RECEIVERS
-from shmbus.errors import ShmbusError
+from shmbus.errors import RegistrationError, ShmbusError
 from shmbus.log_buffer import LogBuffer
 from shmbus.position import Position
 
@@ -75,6 +75,9 @@ _STATS_INTERVAL_NS = 1_000_000
 #: longer and longer, up to 1 ms (a sender cannot wait on its log, only on its socket)
 _IDLE_TIMEOUTS_NS = (0, 0, 0, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
 _NO_END_OF_STREAM = (1 << 63) - 1  # a log's end-of-stream position while it is open
+#: at most this many fc-rcv-pos counters per publication (a flood of status messages with
+#: made-up receiver ids must not use up the counters)
+_RECEIVER_COUNTERS_PER_SENDER = 64
 
 
 @dataclass
@@ -110,6 +113,7 @@ class Sender:
     #: the bridge's own counters for it: fc-receivers, then one fc-rcv-pos per receiver
     fc_receivers: tuple[int, Position]
     receiver_positions: dict[int, tuple[int, Position]] = field(default_factory=dict)
+    counters_refused: bool = False  # the driver refused an fc-rcv-pos counter: ask no more
     closed_at_ns: int | None = None
     #: (snd-pos, snd-lmt, snd-bpe, connected) as last written: counters are written only when
     #: the sender's own value changes, never read back (the driver may free and reuse them)
@@ -568,12 +572,20 @@ class Bridge:
         for receiver_id, receiver in known.items():
             counter = counters.get(receiver_id)
             if counter is None:
+                if len(counters) >= _RECEIVER_COUNTERS_PER_SENDER or sender.counters_refused:
+                    continue  # still counted in fc-receivers
                 host, port = receiver.source  # type: ignore[misc]
                 uncounted = "" if receiver.counted else " (not counted)"
-                counter = counters[receiver_id] = self._add_counter(
-                    FC_RCV_POS, f"fc-rcv-pos: {sender.label} receiver {receiver_id} at "
-                                f"{host}:{port}{uncounted}",
-                    sender.registration_id, sender.sender.session_id)
+                try:
+                    counter = counters[receiver_id] = self._add_counter(
+                        FC_RCV_POS, f"fc-rcv-pos: {sender.label} receiver {receiver_id} at "
+                                    f"{host}:{port}{uncounted}",
+                        sender.registration_id, sender.sender.session_id)
+                except RegistrationError as e:  # e.g. no counter left: not worth a retry
+                    print(f"netbridge: no fc-rcv-pos counter for {sender.label}: {e}",
+                          file=sys.stderr)
+                    sender.counters_refused = True
+                    continue
             counter[1].set(receiver.position)
         sender.fc_receivers[1].set(flow_control.counted_receivers())
 

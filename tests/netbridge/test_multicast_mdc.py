@@ -191,19 +191,25 @@ def test_multicast_to_three_hosts_and_a_spy(shm_dir: Path, lossy: int | None) ->
 # --- flow control -----------------------------------------------------------------------------
 
 
+def fast_and_slow(pool: Any, manager: Any, hs: list[Host], contexts: list[shmbus.Context],
+                  group: str, count: int, *slow: Any) -> tuple[Any, Any]:
+    """Subscribers of multicast ``group`` for ``count`` messages: host 1's reads at full speed,
+    host 2's as ``slow`` says (bridge_workers.receive's sleep, fragment_limit, catch_up).
+    Returns their AsyncResults once both hosts listen."""
+    ready = [manager.Event() for _ in range(2)]
+    results = tuple(pool.apply_async(bridge_workers.receive, (
+        contexts[i], f"aeron:udp?endpoint={group}|interface={hs[i].address}", STREAM, count, 60,
+        ready[i - 1], None, *args)) for i, args in ((1, ()), (2, slow)))
+    wait_listening(contexts[1:], ready)
+    return results
+
+
 def test_under_min_a_slow_receiving_host_holds_the_publisher_back(shm_dir: Path) -> None:
     count = 6_000
     with buses(shm_dir, 3, subnet=222) as (hs, contexts), workers(3) as (pool, manager):
         group = "224.1.22.1:42201"
-        ready = [manager.Event() for _ in range(2)]
-        fast = pool.apply_async(bridge_workers.receive, (
-            contexts[1], f"aeron:udp?endpoint={group}|interface={hs[1].address}", STREAM,
-            count, 60, ready[0]))
-        # about 3,000 messages a second
-        slow = pool.apply_async(bridge_workers.receive, (
-            contexts[2], f"aeron:udp?endpoint={group}|interface={hs[2].address}", STREAM,
-            count, 60, ready[1], None, 0.001, 4))
-        wait_listening(contexts[1:], ready)
+        # the slow host: about 3,000 messages a second
+        fast, slow = fast_and_slow(pool, manager, hs, contexts, group, count, 0.001, 4)
         publisher = pool.apply_async(bridge_workers.publish, (
             contexts[0], f"aeron:udp?endpoint={group}|interface={hs[0].address}|fc=min|"
             f"term-length={TERM}", STREAM, count, 60))
@@ -229,15 +235,9 @@ def test_under_max_a_slow_host_falls_behind_loses_its_image_and_rejoins(
     count = 30_000
     with buses(shm_dir, 3, subnet=223) as (hs, contexts), workers(3) as (pool, manager):
         group = "224.1.23.1:42301"
-        ready = [manager.Event() for _ in range(2)]
-        fast = pool.apply_async(bridge_workers.receive, (
-            contexts[1], f"aeron:udp?endpoint={group}|interface={hs[1].address}", STREAM,
-            count, 60, ready[0]))
-        # about 200 messages a second until its image goes unavailable, then full speed
-        slow = pool.apply_async(bridge_workers.receive, (
-            contexts[2], f"aeron:udp?endpoint={group}|interface={hs[2].address}", STREAM,
-            count, 60, ready[1], None, 0.005, 1, True))
-        wait_listening(contexts[1:], ready)
+        # the slow host: about 200 messages a second until its image goes unavailable, then
+        # full speed
+        fast, slow = fast_and_slow(pool, manager, hs, contexts, group, count, 0.005, 1, True)
         # 6 s of stream: time to fall behind, be lost (1 s), cool down (1 s) and rejoin
         publisher = pool.apply_async(bridge_workers.publish, (
             contexts[0], f"aeron:udp?endpoint={group}|interface={hs[0].address}|"

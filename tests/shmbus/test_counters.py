@@ -10,6 +10,8 @@ from shmbus import AtomicBuffer
 from shmbus.counters import (
     CLIENT_HEARTBEAT,
     COUNTER_LENGTH,
+    FC_RCV_POS,
+    FC_RECEIVERS,
     FREE_FOR_REUSE_DEADLINE_OFFSET,
     KEY_OFFSET,
     LABEL_LENGTH_OFFSET,
@@ -83,11 +85,13 @@ def test_layout_offsets() -> None:
 
 def test_type_ids_are_aerons_and_named() -> None:
     assert (SYSTEM, PUB_LIMIT, SND_POS, RCV_HWM, SUB_POS, RCV_POS) == (0, 1, 2, 3, 4, 5)
-    assert (SND_LMT, CLIENT_HEARTBEAT, PUB_POS, SND_BPE) == (9, 11, 12, 13)
+    assert (SND_LMT, CLIENT_HEARTBEAT, PUB_POS, SND_BPE, FC_RECEIVERS) == (9, 11, 12, 13, 17)
+    assert FC_RCV_POS == 19  # shmbus's own
     assert type_name(PUB_LIMIT) == "pub-lmt"
     assert type_name(SND_BPE) == "snd-bpe"
+    assert type_name(FC_RCV_POS) == "fc-rcv-pos"
     assert type_name(99) == "type-99"
-    assert len(set(TYPE_NAMES.values())) == len(TYPE_NAMES) == 10
+    assert len(set(TYPE_NAMES.values())) == len(TYPE_NAMES) == 12
 
 
 def test_should_allocate_counters_from_zero(manager: CountersManager) -> None:

@@ -1,0 +1,81 @@
+"""Spies on a network publication (``aeron-spy:``): they read the publication's log locally and
+take part in its flow control; only with ``ssc=true`` does a spy count as a connection.
+
+One bus with a driver (and the netbridge it starts) on loopback; the publication's endpoint
+has no receiver, so the only readers are the spies.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import zlib
+
+import shmbus
+from tests.netbridge.bridge_workers import message, publish_range
+
+STREAM = 9
+COUNT = 5_000
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Reader:
+    """Polls a subscription and checks each message's sequence and crc32."""
+
+    def __init__(self, subscription: shmbus.Subscription) -> None:
+        self.subscription = subscription
+        self.sequences: list[int] = []
+        self.bad = 0
+        self.assembler = shmbus.FragmentAssembler(self._on_message)
+
+    def _on_message(self, buffer: memoryview, header: shmbus.Header) -> None:
+        data = bytes(buffer)
+        sequence = int.from_bytes(data[:8], "little")
+        if zlib.crc32(data[12:]) != int.from_bytes(data[8:12], "little") or (
+                data != message(sequence)):
+            self.bad += 1
+        self.sequences.append(sequence)
+
+    def poll(self) -> int:
+        return self.subscription.poll(self.assembler, 256)
+
+
+def test_a_spy_counts_as_a_connection_only_with_ssc(bus_context, driver) -> None:
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"  # nobody receives there
+    with shmbus.connect(bus_context) as bus:
+        publication = bus.add_exclusive_publication(channel, STREAM)
+        plain = Reader(bus.add_subscription(f"aeron-spy:{channel}", STREAM))
+        deadline = time.monotonic() + 10
+        while not plain.subscription.images:
+            plain.poll()
+            assert time.monotonic() < deadline, "the spy never got its image"
+            time.sleep(0.01)
+        until = time.monotonic() + 1.0
+        while time.monotonic() < until:  # a spy alone: not connected
+            plain.poll()
+            assert not publication.is_connected
+            assert publication.offer(b"nobody is there") == shmbus.NOT_CONNECTED
+            time.sleep(0.05)
+
+        counted = Reader(bus.add_subscription(f"aeron-spy:{channel}|ssc=true", STREAM))
+        while not publication.is_connected:
+            counted.poll()
+            assert time.monotonic() < deadline + 10, "ssc=true did not connect the publication"
+            time.sleep(0.01)
+        sequence = 0
+        deadline = time.monotonic() + 30
+        while sequence < COUNT or min(len(plain.sequences), len(counted.sequences)) < COUNT:
+            assert time.monotonic() < deadline, (sequence, len(plain.sequences),
+                                                 len(counted.sequences))
+            # both spies hold the publisher back (its window): publish what fits, then read
+            sequence = publish_range(publication, sequence, min(COUNT, sequence + 100),
+                                     time.monotonic() + 0.05)
+            plain.poll()
+            counted.poll()
+        for reader in (plain, counted):
+            assert reader.sequences == list(range(COUNT)) and reader.bad == 0
