@@ -62,6 +62,7 @@ Every document is one JSON object on one line, with these common keys::
      "window": 32768 | null, "term_length": 65536 | null,
      "sender": null | {"position": snd-pos, "limit": snd-lmt, "back_pressure_events": snd-bpe,
                        "connected": true | false | null,
+                       "at_limit": true | false,   # less than one mtu of room under snd-lmt
                        "flow_control": "max" | "min" | "tagged" | "unicast" | "unknown",
                        "fc_receivers": 2 | null,   # receivers that take part in snd-lmt
                        "receivers": [{"receiver_id": 123, "address": "10.0.0.2:40123",
@@ -725,6 +726,14 @@ class SenderView:
     flow_control: str = "unicast"
     fc_receivers: int | None = None
     receivers: tuple[FlowReceiverView, ...] = ()
+    mtu: int = 0  # the log's: the largest frame the sender may be waiting to send
+
+    @property
+    def at_limit(self) -> bool:
+        """The sender has less than one frame (at most an mtu) of room under snd-lmt: it
+        waits for the receivers."""
+        return (self.position is not None and self.limit is not None
+                and self.limit - self.position < max(self.mtu, 1))
 
     @property
     def holding_receiver(self) -> FlowReceiverView | None:
@@ -740,7 +749,8 @@ class SenderView:
         holder = self.holding_receiver
         return {"position": self.position, "limit": self.limit,
                 "back_pressure_events": self.back_pressure_events, "connected": self.connected,
-                "flow_control": self.flow_control, "fc_receivers": self.fc_receivers,
+                "at_limit": self.at_limit, "flow_control": self.flow_control,
+                "fc_receivers": self.fc_receivers,
                 "receivers": [r.to_json() for r in self.receivers],
                 "holding_receiver": holder.to_json() if holder else None}
 
@@ -867,10 +877,8 @@ def verdict(pub_pos: int | None, pub_lmt: int | None, window: int | None,
     names = []
     if by_sender:
         assert sender is not None
-        waiting = (sender.limit is not None and sender.position is not None
-                   and sender.position >= sender.limit)
         holder = sender.holding_receiver
-        if not waiting:
+        if not sender.at_limit:
             names.append("the sender")
         elif holder is None:
             names.append("the sender (waiting at snd-lmt for the receivers)")
@@ -982,7 +990,8 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
                                         info.is_connected if info else None,
                                         _flow_control(ref.channel if ref else None),
                                         fc_receivers.get(registration_id),
-                                        tuple(flow_receivers.get(registration_id, ())))
+                                        tuple(flow_receivers.get(registration_id, ())),
+                                        info.mtu if info else 0)
                 result = verdict(head, pub_lmt, window, subscribers, sender)
                 publisher = clients.get(first.owner_id)
             else:

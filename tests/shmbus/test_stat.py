@@ -573,7 +573,7 @@ def test_streams_of_a_network_publication_and_image() -> None:
     assert (publication.kind, publication.stream_id, publication.session_id) == (
         "publication", 9, -77)
     assert publication.publisher_pid == 4240 and publication.window == 32768
-    assert publication.sender == busstat.SenderView(8000, 8000, 3, True)
+    assert publication.sender == busstat.SenderView(8000, 8000, 3, True, mtu=1408)
     assert publication.verdict.held_by_sender and publication.state == "held"
     assert publication.verdict.sentence == (
         "held by the sender (waiting at snd-lmt for the receivers), 31.2 KiB behind; "
@@ -612,7 +612,7 @@ def test_streams_name_the_receiver_that_sets_the_sender_limit(fc: str, holder: s
         Counter(8, 1, f"pub-lmt: 5 -77 9 {udp}", 40000, 5, 3, -77, b""),
         Counter(9, 12, f"pub-pos: 5 -77 9 {udp}", 40000, 5, 3, -77, b""),
         Counter(10, 2, f"snd-pos: 5 -77 9 {udp}", 8000, 5, 3, -77, b""),
-        Counter(11, 9, f"snd-lmt: 5 -77 9 {udp}", 8000, 5, 3, -77, b""),
+        Counter(11, 9, f"snd-lmt: 5 -77 9 {udp}", 8064, 5, 3, -77, b""),  # < 1 mtu of room
         Counter(12, 17, f"fc-receivers: 5 -77 9 {udp}", 2, 5, 99, -77, b""),
         Counter(13, 19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 71 at 10.0.0.2:40", 7000, 5, 99,
                 -77, b""),
