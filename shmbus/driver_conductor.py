@@ -697,6 +697,21 @@ class DriverConductor:
             for publication in self.publications:
                 if isinstance(publication, NetworkPublication):
                     publication.log.active_transport_count = 0
+            if self._network_in_use():
+                # it died (or hung): a new one takes over every udp channel as it registers
+                self.error_log.record(f"netbridge (client {client_id}, pid {client.pid}) "
+                                      f"went away with udp channels in use; starting another")
+                old = self._bridge_process
+                if old is not None and old.pid == client.pid and old.poll() is None:
+                    old.kill()  # declared dead: it must not come back beside the new one
+                self._bridge_process = None
+                self._ensure_bridge()
+
+    def _network_in_use(self) -> bool:
+        """Whether any publication or subscription is on a udp channel."""
+        return any(isinstance(p, NetworkPublication) and p.state is PublicationState.ACTIVE
+                   for p in self.publications) or any(
+            link.is_network for link in self.subscriptions.values())
 
     # -- helpers -------------------------------------------------------------------------------
 

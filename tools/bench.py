@@ -49,6 +49,12 @@ shmbus.connect() arrives.
 Bounded waits: shmbus loops and barriers check deadlines, posix_ipc and zmq calls have
 timeouts; mp.Queue and mp.Pipe block natively (a timeout would add a poll() per message), so
 for them, as for everything, the parent's watchdog terminates a run that overruns its deadline.
+
+Fan-out over the network (--fanout after the above, --fanout-only instead of it): the section
+of tools/bench_fanout.py, with this run's --quick, --duration, --repeat and --timeout: one
+publisher's throughput to one receiving host by unicast, and to two by multicast and by MDC
+(manual and dynamic), between network namespaces (needs root); its table follows this one and
+its report goes into --json as "fanout".
 """
 
 from __future__ import annotations
@@ -1078,6 +1084,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                             "(default 32,256,4096; at least 16)")
     parser.add_argument("--only", help="run only the transports whose name contains this")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--fanout", action="store_true",
+                        help="then run the fan-out network bench (tools/bench_fanout.py: "
+                             "unicast to one host, multicast and MDC to two; needs root)")
+    parser.add_argument("--fanout-only", action="store_true",
+                        help="run only the fan-out network bench")
     args = parser.parse_args(argv)
     for size in args.sizes:
         if size < 16 or size % 8:
@@ -1118,8 +1129,31 @@ notes:
   MB = 10^6 payload bytes. x best peer: against the fastest peer at that size."""
 
 
+def fanout_argv(args: argparse.Namespace) -> list[str]:
+    """tools/bench_fanout.py's command line for this run's --quick, --duration, --repeat and
+    --timeout (it keeps its own message sizes)."""
+    return [*(["--quick"] if args.quick else []), "--duration", str(args.duration),
+            "--repeat", str(args.repeat), "--timeout", str(args.timeout)]
+
+
+def run_fanout_section(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the fan-out bench with this run's settings and print its report; returns the report
+    (settings and rows, each row ok or not)."""
+    import bench_fanout  # a sibling: tools/ is on sys.path when bench.py runs as a script
+
+    report = bench_fanout.measure(bench_fanout.parse_args(fanout_argv(args)))
+    print()
+    bench_fanout.print_report(report)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.fanout_only:
+        import bench_fanout
+
+        return bench_fanout.main([*fanout_argv(args), *(["--json", args.json] if args.json
+                                                         else [])])
     _use_repo_imports()
     duration = 0.2 if args.quick else args.duration
     repeat = 1 if args.quick else args.repeat
@@ -1193,6 +1227,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in rows if not r["ok"]]
     for r in failed:
         print(f"\nFAILED {r['test']} {r['transport']} {r['size']} B: {r['error']}")
+    fanout = run_fanout_section(args) if args.fanout else None
+    if fanout is not None:
+        failed += [r for r in fanout["rows"] if not r["ok"]]
     if args.json:
         report = {
             "settings": {"duration_s": duration, "repeat": repeat,
@@ -1205,6 +1242,8 @@ def main(argv: list[str] | None = None) -> int:
             "rows": rows,
             "targets": targets,
         }
+        if fanout is not None:
+            report["fanout"] = fanout
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 1 if failed else 0
 

@@ -964,17 +964,23 @@ def _channel_configs(names: str, tuned_params: str) -> list[ChannelConfig]:
     return out
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_run_options(parser: argparse.ArgumentParser, duration_s: float, what: str) -> None:
+    """The options of how long and how often each measurement runs: --quick (0.3 s),
+    --duration (default duration_s; help: "seconds <what>"), --repeat, --timeout."""
     parser.add_argument("--quick", action="store_true",
                         help="smoke pass: 0.3 s per measurement instead of --duration")
-    parser.add_argument("--duration", type=float, default=2.0,
-                        help="seconds per throughput and ping-pong run (default 2)")
+    parser.add_argument("--duration", type=float, default=duration_s,
+                        help=f"seconds {what} (default {duration_s:g})")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run each measurement this many times, interleaved, and keep the "
                              "best (a failed run fails the row; default 1)")
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="deadline of each run beyond its duration, seconds (default 30)")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_options(parser, 2.0, "per throughput and ping-pong run")
     parser.add_argument("--channels", default="default,tuned",
                         help="shmbus channel configurations to run, comma-separated: default "
                              "(plain endpoint URI) and/or tuned (default: both)")

@@ -1,0 +1,429 @@
+# Run from the repository root: .venv/bin/python tools/bench_fanout.py [--quick] [--json out.json]
+"""Fan-out network benchmark: one publisher to one or two receiving hosts over UDP.
+
+Three hosts are network namespaces (tests/netbridge/namespaces.hosts: 10.<subnet>.0.1 .. .3
+on a Linux bridge, with a multicast route); each runs its own driver in its namespace, and the
+driver starts its netbridge there when the first udp channel appears. The publisher and the
+subscribers run outside the namespaces (they only touch their bus's shared memory), so a
+message goes publisher -> log (host 0's bus) -> netbridge 0 -> UDP over veth and the bridge ->
+netbridge N -> image log (host N's bus) -> subscriber N. In the same run, for each message
+size, one publisher on host 0 sends to:
+
+* unicast: ``aeron:udp?endpoint=<host 1>:PORT``, one subscriber on host 1 (the default
+  flow control, which only has that one receiver): the base line of the "x unicast" ratio;
+* multicast: ``aeron:udp?endpoint=224.1.31.1:PORT|interface=<host 0>|fc=min,g:/2``,
+  subscribers ``aeron:udp?endpoint=224.1.31.1:PORT|interface=<own address>`` on hosts 1 and 2
+  (one datagram on the wire for both);
+* MDC manual: ``aeron:udp?control=<host 0>:PORT+1|control-mode=manual|fc=min,g:/2`` with
+  ``add_destination("aeron:udp?endpoint=<host N>:PORT")`` for hosts 1 and 2, subscribers on
+  that endpoint (the netbridge sends every datagram once per destination);
+* MDC dynamic: ``aeron:udp?control=<host 0>:PORT+1|control-mode=dynamic|fc=min,g:/2``,
+  subscribers ``aeron:udp?endpoint=<own address>:PORT|control=<host 0>:PORT+1`` on hosts 1 and
+  2 (they announce themselves with status messages to the control address).
+
+Flow control: the fan-out publications use ``fc=min`` (the slowest receiver sets the pace), so
+their rate is the rate at which BOTH receivers get everything; under the multicast/MDC default,
+max, the faster receiver sets the pace and the other one may fall behind and lose data.
+``g:/2`` keeps the publication unconnected until both receivers have answered, so neither
+joins late. Channels are otherwise defaults: term 1 MiB, mtu 1408 (the veths' MTU is 1500),
+receiver window 128 KiB.
+
+Throughput: the writer (tools/bench_netbridge._shm_writer: ExclusivePublication.offer per
+message, or offer_many with --batch) sends for a fixed duration, then a STOP message; each
+reader (bench_netbridge._shm_reader: Subscription.poll, or Image.poll_batch with --batch)
+checks the sequence number that every message carries at its head and its tail, so a lost,
+duplicated, reordered or torn message fails the run. A run counts only if every receiver got
+exactly the messages sent, in order; its rate is messages / (time the LAST receiver saw STOP -
+time the writer started), CLOCK_MONOTONIC in every process. That rate is per receiver: each
+receiver got all of them ("MB/s delivered" counts every receiver's copy).
+
+Every measurement runs in fresh spawned processes (one writer, one reader per receiving host)
+that the parent starts and watches; the drivers and their netbridges are started once and serve
+every run (each run on its own stream id and UDP ports, so each run has fresh logs, images and
+sockets). Idle strategies as in tools/bench_netbridge.py: back-off on the application sides,
+select() in the netbridges, back-off in the drivers; on a 2-core machine nine processes (three
+drivers, three netbridges, writer, two readers) share the two cores.
+
+Bounded waits: every loop checks a deadline, the parent terminates the processes of a run that
+overruns, and the drivers are stopped and the namespaces removed on exit, also after a failure
+or SIGTERM. Needs root (ip netns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from bench_netbridge import (
+    BATCH_ROWS,
+    POLL_LIMIT,
+    BenchError,
+    Options,
+    _fmt,
+    _shm_reader,
+    _shm_writer,
+    _use_repo_imports,
+    add_run_options,
+    best_of,
+    netbridge_cpu,
+    render_table,
+    run_processes,
+)
+
+SIZES = (32, 1024)
+SUBNET = 231  # the tests use 221..229
+GROUP = "224.1.31.1"  # the multicast data group (odd; its control group is 224.1.31.2)
+FIRST_PORT = 43100  # run n's UDP ports: FIRST_PORT + 2n (data), FIRST_PORT + 2n + 1 (MDC control)
+FIRST_STREAM_ID = 3001
+FAN_OUT_FLOW_CONTROL = "fc=min,g:/2"
+
+#: the configurations, as the table names them
+UNICAST, MULTICAST, MDC_MANUAL, MDC_DYNAMIC = "unicast", "multicast", "MDC manual", "MDC dynamic"
+#: the configurations by their --configs names, in the order they run
+CONFIG_NAMES = {"unicast": UNICAST, "multicast": MULTICAST, "mdc-manual": MDC_MANUAL,
+                "mdc-dynamic": MDC_DYNAMIC}
+
+
+@dataclass(frozen=True)
+class Channels:
+    """The URIs of one configuration: the publication's (on host 0), the destinations added to
+    it (a control-mode=manual channel's), and one subscription per receiving host."""
+
+    publication: str
+    destinations: tuple[str, ...]
+    subscriptions: tuple[str, ...]
+
+
+def channels_for(config: str, addresses: list[str], port: int | str,
+                 control_port: int | str) -> Channels:
+    """The channels of config from the publishing host addresses[0] to the receiving hosts
+    addresses[1:] (the first of them for unicast, all for the others) on UDP port port; the
+    MDC control address is addresses[0]:control_port. (Ports may be names, for the notes.)"""
+    sender, receivers = addresses[0], addresses[1:]
+    control = f"{sender}:{control_port}"
+    if config == UNICAST:
+        endpoint = f"aeron:udp?endpoint={receivers[0]}:{port}"
+        return Channels(endpoint, (), (endpoint,))
+    if config == MULTICAST:
+        group = f"aeron:udp?endpoint={GROUP}:{port}|interface="
+        return Channels(f"{group}{sender}|{FAN_OUT_FLOW_CONTROL}", (),
+                        tuple(group + address for address in receivers))
+    if config == MDC_MANUAL:
+        endpoints = tuple(f"aeron:udp?endpoint={address}:{port}" for address in receivers)
+        return Channels(f"aeron:udp?control={control}|control-mode=manual|"
+                        f"{FAN_OUT_FLOW_CONTROL}", endpoints, endpoints)
+    if config == MDC_DYNAMIC:
+        return Channels(f"aeron:udp?control={control}|control-mode=dynamic|"
+                        f"{FAN_OUT_FLOW_CONTROL}", (),
+                        tuple(f"aeron:udp?endpoint={address}:{port}|control={control}"
+                              for address in receivers))
+    raise ValueError(f"unknown configuration {config!r}")
+
+
+@dataclass(frozen=True)
+class ReadersDone:
+    """Done once every reader is: each reader's set() counts one, the writer's wait() returns
+    True when all have (False after timeout seconds). Picklable into spawned processes."""
+
+    semaphore: Any  # a multiprocessing Semaphore(0) of the run's context
+    readers: int
+
+    def set(self) -> None:
+        self.semaphore.release()
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for _ in range(self.readers):
+            if not self.semaphore.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The hosts: a namespace, a bus and a driver (which starts the netbridge) each
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Network:
+    """The hosts (host 0 publishes, hosts 1 and 2 receive), each one's bus context and driver
+    process (running in the host's namespace)."""
+
+    hosts: list[Any]  # tests.netbridge.namespaces.Host
+    contexts: list[Any]  # shmbus.Context
+    drivers: list[subprocess.Popen]
+
+    def bridge_cpu(self) -> list[float]:
+        """CPU seconds (user + system) so far of each host's netbridge (0 before it starts)."""
+        return [sum(netbridge_cpu(driver).values()) for driver in self.drivers]
+
+
+@contextmanager
+def network(root: Path, subnet: int) -> Iterator[Network]:
+    """Three hosts on 10.<subnet>.0.0/24, each with a driver in its namespace and its bus
+    directory under root; the drivers stopped (they stop their netbridges) and the namespaces
+    removed on exit, also after a failure."""
+    _use_repo_imports()
+    import shmbus
+    from tests.conftest import start_driver, stop_driver
+    from tests.netbridge.namespaces import hosts
+
+    with hosts(3, subnet) as made, ExitStack() as running:
+        net = Network(made, [], [])
+        for host in made:
+            context = shmbus.Context(dir=str(root / host.name), embedded_driver=False,
+                                     driver_idle_timeout=600)
+            driver = start_driver(context, host.exec_prefix)
+            running.callback(stop_driver, driver)
+            net.contexts.append(context)
+            net.drivers.append(driver)
+        yield net
+
+
+# ---------------------------------------------------------------------------------------------
+# One measurement
+# ---------------------------------------------------------------------------------------------
+
+
+def run_fanout(ctx: Any, net: Network, config: str, size: int, batch: bool, opt: Options,
+               port: int, stream_id: int) -> dict[str, Any]:
+    """One throughput run of config with size-byte messages: a row for the table, ok=False
+    with the error when any process failed or any receiver missed, repeated, reordered or tore
+    a message."""
+    channels = channels_for(config, [host.address for host in net.hosts], port, port + 1)
+    receivers = len(channels.subscriptions)
+    row: dict[str, Any] = {"test": "throughput", "config": config, "receivers": receivers,
+                           "size": size, "publication": channels.publication,
+                           "destinations": list(channels.destinations),
+                           "subscriptions": list(channels.subscriptions)}
+    done = ReadersDone(ctx.Semaphore(0), receivers)
+    writer = ("writer", _shm_writer, (net.contexts[0], channels.publication, stream_id, size,
+                                      opt.duration_s, opt.timeout_s, done, batch,
+                                      channels.destinations))
+    readers = [(f"reader on host {host}", _shm_reader, (net.contexts[host], uri, stream_id, size,
+                                                        opt.timeout_s, done, batch))
+               for host, uri in enumerate(channels.subscriptions, start=1)]
+    try:
+        cpu_before, wall_before = net.bridge_cpu(), time.monotonic()
+        out = run_processes(ctx, [*readers, writer], 2 * opt.timeout_s + opt.duration_s + 30)
+        wall = time.monotonic() - wall_before
+        sent, t0 = out["writer"]["sent"], out["writer"]["t0"]
+        got = [out[role] for role, _, _ in readers]
+        short = [f"{role} received {r['received']} in order, {r['errors']} bad (first: "
+                 f"{r['first_bad']})" for (role, _, _), r in zip(readers, got, strict=True)
+                 if r["errors"] or r["received"] != sent]
+        if short:
+            raise BenchError(f"sent {sent}; " + "; ".join(short))
+        last = max(r["t1"] for r in got)
+        seconds = (last - t0) / 1e9
+        row.update(ok=True, messages=sent, seconds=seconds, msgs_per_s=sent / seconds,
+                   mb_per_s=sent * size / seconds / 1e6,
+                   delivered_mb_per_s=receivers * sent * size / seconds / 1e6,
+                   receiver_spread_ms=(last - min(r["t1"] for r in got)) / 1e6,
+                   bridge_cpu_s=[after - before for before, after
+                                 in zip(cpu_before, net.bridge_cpu(), strict=True)],
+                   wall_s=wall)
+    except BenchError as e:
+        row.update(ok=False, error=str(e))
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """x_unicast: each row's msgs/s over the unicast row's at the same size (both ok)."""
+    for r in rows:
+        base = next((u for u in rows if u["ok"] and u["config"] == UNICAST
+                     and u["size"] == r["size"]), None)
+        if r["ok"] and base is not None:
+            r["x_unicast"] = r["msgs_per_s"] / base["msgs_per_s"]
+
+
+def _bridge_cpu_cell(row: dict[str, Any]) -> str:
+    """Netbridge CPU microseconds per message: the sending host's / each receiving host's."""
+    if not row["ok"]:
+        return "-"
+    costs = [f"{cpu / row['messages'] * 1e6:.2f}"
+             for cpu in row["bridge_cpu_s"][:row["receivers"] + 1]]
+    return f"{costs[0]} / {' '.join(costs[1:])}"
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    headers = ["configuration", "receivers", "size", "msgs/s per receiver", "MB/s per receiver",
+               "MB/s delivered", "x unicast", "last - first rcv ms",
+               "bridge cpu us/msg: sender / receivers", "check"]
+    lines = [[r["config"], str(r["receivers"]), str(r["size"]), _fmt(r.get("msgs_per_s")),
+              _fmt(r.get("mb_per_s"), 1), _fmt(r.get("delivered_mb_per_s"), 1),
+              _fmt(r.get("x_unicast"), 2), _fmt(r.get("receiver_spread_ms"), 1),
+              _bridge_cpu_cell(r), "ok" if r["ok"] else "FAILED"] for r in rows]
+    return render_table(headers, lines, {1, 2, 3, 4, 5, 6, 7}, [r["size"] for r in rows])
+
+
+NOTES = """\
+notes:
+  path: writer -> log (host 0's bus) -> netbridge 0 -> UDP (veth, Linux bridge) -> netbridge N
+    -> image (host N's bus) -> reader N; each host is a network namespace with its own driver,
+    which started its netbridge; writer and readers run outside the namespaces.
+  channels (PORT differs for every run; MDC control on PORT+1):
+{channels}
+    multicast and MDC use {flow_control}: the slowest receiver sets the pace and the publication
+    connects once both receivers answered, so the rate is that at which BOTH got everything.
+    Otherwise defaults: term 1 MiB, mtu 1408, receiver window 128 KiB.
+  api: {api}.
+  msgs/s per receiver: messages / (time the LAST receiver saw STOP - time the writer started);
+    every receiver got every message, in order (sequence number at head and tail, checked by
+    every reader). MB/s delivered = MB/s per receiver x receivers. MB = 10^6 payload bytes.
+  x unicast: msgs/s / the unicast row's msgs/s at the same size, same run.
+  last - first rcv ms: how much later the last receiver saw STOP than the first.
+  bridge cpu us/msg: CPU time (user + system) of each host's netbridge during the run (the
+    processes' start and connection included) / messages sent: host 0's / hosts 1 and 2's.
+    A warm-up run first starts every host's netbridge, so no row pays for a start."""
+
+API_OFFER = (f"ExclusivePublication.offer per message / Subscription.poll(limit {POLL_LIMIT}), "
+             f"back-off idle")
+API_BATCH = (f"offer_many of ({BATCH_ROWS}, size) uint8 arrays / Image.poll_batch(limit "
+             f"{BATCH_ROWS}), back-off idle")
+
+
+def _channel_templates(configs: list[str]) -> str:
+    """The channels of each configuration, for the notes: hosts as HOSTn, ports as names."""
+    out = []
+    for config in configs:
+        channels = channels_for(config, ["HOST0", "HOST1", "HOST2"], "PORT", "PORT+1")
+        out.append(f"    [{config}] publication {channels.publication}")
+        out.extend(f"      + destination {uri}" for uri in channels.destinations)
+        out.extend(f"      subscription {uri}" for uri in channels.subscriptions)
+    return "\n".join(out)
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The table, the notes and any failures of a report that measure() returned."""
+    settings = report["settings"]
+    load = settings["load_before"][0], settings["load_after"][0]
+    print(f"fan-out bench: {settings['duration_s']} s per run, best of {settings['repeat']}; "
+          f"python {settings['python']}, {settings['cpus']} CPUs; load average {load[0]:.2f} "
+          f"before, {load[1]:.2f} after")
+    print()
+    print(format_table(report["rows"]))
+    print()
+    print(NOTES.format(channels=_channel_templates(settings["configs"]),
+                       api=API_BATCH if settings["batch"] else API_OFFER,
+                       flow_control=settings["flow_control"]))
+    for r in report["rows"]:
+        if not r["ok"]:
+            print(f"\nFAILED {r['config']} {r['size']} B: {r['error']}")
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_options(parser, 1.5, "each writer sends")
+    parser.add_argument("--sizes", type=lambda v: tuple(int(x) for x in v.split(",")),
+                        default=SIZES, help="message sizes, comma-separated (default 32,1024)")
+    parser.add_argument("--configs", default=",".join(CONFIG_NAMES),
+                        help=f"configurations, comma-separated (default: all of "
+                             f"{','.join(CONFIG_NAMES)})")
+    parser.add_argument("--batch", action="store_true",
+                        help="offer_many/poll_batch instead of per-message offer/poll")
+    parser.add_argument("--subnet", type=int, default=SUBNET,
+                        help=f"the hosts' addresses are 10.SUBNET.0.1..3 (default {SUBNET})")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    for size in args.sizes:
+        if size < 16 or size % 8:
+            parser.error(f"message size {size}: a multiple of 8, at least 16")
+    unknown = set(args.configs.split(",")) - set(CONFIG_NAMES)
+    if unknown:
+        parser.error(f"--configs: unknown {', '.join(sorted(unknown))} (known: "
+                     f"{', '.join(CONFIG_NAMES)})")
+    return args
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> NoReturn:
+    raise SystemExit(128 + signum)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Set up the hosts, run every measurement (progress on stderr), tear everything down;
+    the report: settings and rows (the best of --repeat runs each, ratios added)."""
+    duration = 0.3 if args.quick else args.duration
+    repeat = 1 if args.quick else args.repeat
+    opt = Options(duration_s=duration, timeout_s=args.timeout)
+    configs = [CONFIG_NAMES[name] for name in args.configs.split(",")]
+    plan = [(config, size) for size in args.sizes for config in configs]
+    ctx = mp.get_context("spawn")
+    ports = itertools.count(FIRST_PORT, 2)
+    stream_ids = itertools.count(FIRST_STREAM_ID)
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {key: [] for key in plan}
+    load_before = os.getloadavg()
+    print(f"fan-out bench: {duration} s per run, best of {repeat}, {os.cpu_count()} CPUs, "
+          f"load {load_before[0]:.2f}; progress on stderr", file=sys.stderr, flush=True)
+    # SIGTERM unwinds like Ctrl-C: drivers stopped, namespaces and bus directories removed
+    previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    root = Path(tempfile.mkdtemp(prefix="shmbus-bench-fanout-", dir="/dev/shm"))
+    try:
+        with network(root, args.subnet) as net:
+            # the drivers start their netbridges on the first udp channel: a short multicast
+            # run starts all three, so that no measurement's bridge cpu includes a start
+            warm_up = run_fanout(ctx, net, MULTICAST, args.sizes[0], args.batch,
+                                 Options(duration_s=0.1, timeout_s=args.timeout), next(ports),
+                                 next(stream_ids))
+            print("  warm-up: " + ("ok" if warm_up["ok"] else "FAILED: " + warm_up["error"]),
+                  file=sys.stderr, flush=True)
+            # repeats interleaved, so that a burst of load elsewhere hits every configuration
+            for _ in range(repeat):
+                for config, size in plan:
+                    row = run_fanout(ctx, net, config, size, args.batch, opt, next(ports),
+                                     next(stream_ids))
+                    summary = (f"{row['msgs_per_s']:,.0f} msgs/s per receiver" if row["ok"]
+                               else "FAILED: " + row["error"])
+                    print(f"  {config:12s} {size:5d} B  {summary}", file=sys.stderr, flush=True)
+                    runs[(config, size)].append(row)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous_handler)
+    rows = [best_of(runs[key]) for key in plan]
+    add_ratios(rows)
+    return {"settings": {"duration_s": duration, "repeat": repeat, "sizes": list(args.sizes),
+                         "configs": configs, "batch": args.batch, "subnet": args.subnet,
+                         "flow_control": FAN_OUT_FLOW_CONTROL, "cpus": os.cpu_count(),
+                         "load_before": load_before, "load_after": os.getloadavg(),
+                         "python": platform.python_version(), "platform": platform.platform()},
+            "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, print the report, write it as JSON with --json; 1 if any row failed."""
+    args = parse_args(argv)
+    report = measure(args)
+    print()
+    print_report(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 1 if any(not r["ok"] for r in report["rows"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
