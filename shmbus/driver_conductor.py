@@ -699,8 +699,10 @@ class DriverConductor:
                     publication.log.active_transport_count = 0
             if self._network_in_use():
                 # it died (or hung): a new one takes over every udp channel as it registers
+                then = ("starting another" if self.context.netbridge_auto_start
+                        else "start one by hand (netbridge_auto_start is off)")
                 self.error_log.record(f"netbridge (client {client_id}, pid {client.pid}) "
-                                      f"went away with udp channels in use; starting another")
+                                      f"went away with udp channels in use; {then}")
                 old = self._bridge_process
                 if old is not None and old.pid == client.pid and old.poll() is None:
                     old.kill()  # declared dead: it must not come back beside the new one
