@@ -211,8 +211,8 @@ def test_under_min_a_slow_receiving_host_holds_the_publisher_back(shm_dir: Path)
         # the slow host: about 3,000 messages a second
         fast, slow = fast_and_slow(pool, manager, hs, contexts, group, count, 0.001, 4)
         publisher = pool.apply_async(bridge_workers.publish, (
-            contexts[0], f"aeron:udp?endpoint={group}|interface={hs[0].address}|fc=min|"
-            f"term-length={TERM}", STREAM, count, 60))
+            contexts[0], f"aeron:udp?endpoint={group}|interface={hs[0].address}|fc=min,g:/2|"
+            f"term-length={TERM}", STREAM, count, 60))  # g:/2: both count from the start
         (lag,), held = sample_lags(contexts[0], [contexts[2]], slow)
         assert publisher.get(30) == count
         got_exactly(fast.get(30), 0, count)
@@ -269,7 +269,7 @@ def test_under_tagged_only_tagged_receivers_count(shm_dir: Path) -> None:
         wait_listening(contexts[1:], ready)
         publisher = pool.apply_async(bridge_workers.publish, (
             contexts[0], f"aeron:udp?endpoint={group}|interface={hs[0].address}|"
-            f"fc=tagged,g:7|term-length={TERM}", STREAM, count, 60))
+            f"fc=tagged,g:7/1|term-length={TERM}", STREAM, count, 60))  # /1: the tagged one first
         (lag_tagged, lag_untagged), held = sample_lags(contexts[0], contexts[1:], tagged)
         assert publisher.get(30) == count
         got_exactly(tagged.get(30), 0, count)
