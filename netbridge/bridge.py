@@ -45,7 +45,7 @@ from netbridge.transport import (
     parse_address,
 )
 from shmbus import control_protocol as cp
-from shmbus.channel_uri import ChannelUri, parse_flow_control
+from shmbus.channel_uri import ChannelUri
 from shmbus.client import Client
 from shmbus.context import Context
 from shmbus.counters import FC_RCV_POS, FC_RECEIVERS
@@ -294,14 +294,13 @@ class Bridge:
         log = LogBuffer.open(self.client.directory / event.log_file)
         snd_pos = self._counter(event.snd_pos_counter_id)
         transport = channel.transport
-        fc_spec = parse_flow_control(uri.params["fc"]) if "fc" in uri.params else None
         destinations = list(transport.destinations)
         if channel.tracker is not None:
             destinations += channel.tracker.destinations
         sender = NetworkSender(
             log, destination=None, position=snd_pos.get(),
             mtu=uri.int_param("mtu", log.descriptor.mtu), ttl=uri.int_param("ttl", 0),
-            flow_control=strategy_for(fc_spec, group=transport.group),
+            flow_control=strategy_for(uri),
             setup_flags=SETUP_FLAG_GROUP if transport.group else 0)
         for destination in destinations:
             sender.add_destination(destination)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from netbridge.frames import SM_FLAG_EOS, StatusMessage
-from shmbus.channel_uri import FlowControlSpec
+from shmbus.channel_uri import ChannelUri, parse_flow_control
 from shmbus.log_buffer import compute_position
 
 __all__ = [
@@ -105,6 +105,9 @@ class FlowControl(ABC):
         self.receiver_timeout_ns = receiver_timeout_ns
         self.group_min_size = group_min_size
         self.receivers: dict[int, Receiver] = {}
+        #: no receiver can expire at or before this time (a lower bound; the sender polls
+        #: often, so on_idle looks at the receivers only when one may have expired)
+        self._next_expiry_ns: int | None = None
 
     def initialize(self, *, initial_term_id: int, term_length: int) -> None:
         """Bind the strategy to one stream's geometry; called once by the sender."""
@@ -140,6 +143,9 @@ class FlowControl(ABC):
         if receiver is None:
             self.receivers[sm.receiver_id] = Receiver(
                 sm.receiver_id, source, position, sm.receiver_window, now_ns, self.counts(sm))
+            expiry = now_ns + self.receiver_timeout_ns
+            if self._next_expiry_ns is None or expiry < self._next_expiry_ns:
+                self._next_expiry_ns = expiry
         else:
             # a reordered, older status message does not pull one receiver's position back
             receiver.position = max(receiver.position, position)
@@ -156,9 +162,14 @@ class FlowControl(ABC):
     def on_idle(self, now_ns: int, sender_limit: int, sender_position: int) -> int:
         """Called on every sender poll: forget receivers silent past the receiver timeout;
         return the sender limit."""
+        if self._next_expiry_ns is None or now_ns <= self._next_expiry_ns:
+            return sender_limit
         timeout = self.receiver_timeout_ns
         expired = [receiver_id for receiver_id, receiver in self.receivers.items()
                    if now_ns - receiver.last_seen_ns > timeout]
+        self._next_expiry_ns = min(
+            (r.last_seen_ns + timeout for r in self.receivers.values()
+             if now_ns - r.last_seen_ns <= timeout), default=None)
         if not expired:
             return sender_limit
         for receiver_id in expired:
@@ -233,15 +244,17 @@ class TaggedFlowControl(MinFlowControl):
         return sm.group_tag == self.group_tag
 
 
-def strategy_for(spec: FlowControlSpec | None, *, group: bool) -> FlowControl:
-    """The strategy a publication's ``fc`` parameter asks for; without one, max for multicast
-    and multi-destination-cast (``group``) and unicast otherwise, as Aeron chooses."""
-    if spec is None:
-        return MaxFlowControl() if group else UnicastFlowControl()
-    timeout = spec.receiver_timeout_ns or RECEIVER_TIMEOUT_NS_DEFAULT
-    if spec.strategy == "max":
+def strategy_for(uri: ChannelUri) -> FlowControl:
+    """The strategy of a publication on ``uri`` (:attr:`ChannelUri.flow_control`: its ``fc``
+    parameter, else max for multicast and multi-destination-cast and unicast otherwise)."""
+    strategy = uri.flow_control
+    if strategy == "unicast":
+        return UnicastFlowControl()
+    spec = parse_flow_control(uri.params["fc"]) if "fc" in uri.params else None
+    timeout = (spec and spec.receiver_timeout_ns) or RECEIVER_TIMEOUT_NS_DEFAULT
+    if spec is None or strategy == "max":
         return MaxFlowControl(receiver_timeout_ns=timeout)
-    if spec.strategy == "min":
+    if strategy == "min":
         return MinFlowControl(receiver_timeout_ns=timeout, group_min_size=spec.group_min_size)
     assert spec.group_tag is not None  # the channel parser requires it for tagged
     return TaggedFlowControl(spec.group_tag, receiver_timeout_ns=timeout,

@@ -155,6 +155,15 @@ class ChannelUri:
         return "endpoint" in self.params and multicast_group(self.params["endpoint"]) is not None
 
     @property
+    def flow_control(self) -> str:
+        """The flow-control strategy of a network publication on this channel: its ``fc``
+        parameter's, else max for multicast and multi-destination-cast and unicast otherwise
+        (as Aeron chooses)."""
+        if "fc" in self.params:
+            return parse_flow_control(self.params["fc"]).strategy
+        return "max" if self.is_multicast or self.control_mode is not None else "unicast"
+
+    @property
     def control_mode(self) -> str | None:
         """'manual' or 'dynamic' for multi-destination-cast publications, else None."""
         return self.params.get("control-mode")

@@ -919,16 +919,11 @@ def _flow_receiver(c: Counter) -> FlowReceiverView | None:
 
 
 def _flow_control(channel: str | None) -> str:
-    """The flow-control strategy of a network publication's channel: its ``fc`` parameter,
-    else max for multicast and multi-destination-cast and unicast otherwise (as the
-    netbridge chooses)."""
+    """The flow-control strategy of a network publication's channel ("unknown" without one)."""
     try:
-        uri = ChannelUri.parse(channel or "")
+        return ChannelUri.parse(channel or "").flow_control
     except ChannelUriError:  # none, or cut short in a counter label
         return "unknown"
-    if "fc" in uri.params:
-        return uri.params["fc"].partition(",")[0]
-    return "max" if "control-mode" in uri.params or uri.is_multicast else "unicast"
 
 
 def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:

@@ -63,8 +63,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -159,40 +157,9 @@ class ReadersDone:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Network:
-    """The hosts (host 0 publishes, hosts 1 and 2 receive), each one's bus context and driver
-    process (running in the host's namespace)."""
-
-    hosts: list[Any]  # tests.netbridge.namespaces.Host
-    contexts: list[Any]  # shmbus.Context
-    drivers: list[subprocess.Popen]
-
-    def bridge_cpu(self) -> list[float]:
-        """CPU seconds (user + system) so far of each host's netbridge (0 before it starts)."""
-        return [sum(netbridge_cpu(driver).values()) for driver in self.drivers]
-
-
-@contextmanager
-def network(root: Path, subnet: int) -> Iterator[Network]:
-    """Three hosts on 10.<subnet>.0.0/24, each with a driver in its namespace and its bus
-    directory under root; the drivers stopped (they stop their netbridges) and the namespaces
-    removed on exit, also after a failure."""
-    _use_repo_imports()
-    import shmbus
-    from tests.conftest import start_driver, stop_driver
-    from tests.netbridge.namespaces import hosts
-
-    with hosts(3, subnet) as made, ExitStack() as running:
-        net = Network(made, [], [])
-        for host in made:
-            context = shmbus.Context(dir=str(root / host.name), embedded_driver=False,
-                                     driver_idle_timeout=600)
-            driver = start_driver(context, host.exec_prefix)
-            running.callback(stop_driver, driver)
-            net.contexts.append(context)
-            net.drivers.append(driver)
-        yield net
+def bridge_cpu(drivers: list[subprocess.Popen]) -> list[float]:
+    """CPU seconds (user + system) so far of each host's netbridge (0 before it starts)."""
+    return [sum(netbridge_cpu(driver).values()) for driver in drivers]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,7 +167,7 @@ def network(root: Path, subnet: int) -> Iterator[Network]:
 # ---------------------------------------------------------------------------------------------
 
 
-def run_fanout(ctx: Any, net: Network, config: str, size: int, batch: bool, opt: Options,
+def run_fanout(ctx: Any, net: Any, config: str, size: int, batch: bool, opt: Options,
                port: int, stream_id: int) -> dict[str, Any]:
     """One throughput run of config with size-byte messages: a row for the table, ok=False
     with the error when any process failed or any receiver missed, repeated, reordered or tore
@@ -219,7 +186,7 @@ def run_fanout(ctx: Any, net: Network, config: str, size: int, batch: bool, opt:
                                                         opt.timeout_s, done, batch))
                for host, uri in enumerate(channels.subscriptions, start=1)]
     try:
-        cpu_before, wall_before = net.bridge_cpu(), time.monotonic()
+        cpu_before, wall_before = bridge_cpu(net.drivers), time.monotonic()
         out = run_processes(ctx, [*readers, writer], 2 * opt.timeout_s + opt.duration_s + 30)
         wall = time.monotonic() - wall_before
         sent, t0 = out["writer"]["sent"], out["writer"]["t0"]
@@ -236,7 +203,7 @@ def run_fanout(ctx: Any, net: Network, config: str, size: int, batch: bool, opt:
                    delivered_mb_per_s=receivers * sent * size / seconds / 1e6,
                    receiver_spread_ms=(last - min(r["t1"] for r in got)) / 1e6,
                    bridge_cpu_s=[after - before for before, after
-                                 in zip(cpu_before, net.bridge_cpu(), strict=True)],
+                                 in zip(cpu_before, bridge_cpu(net.drivers), strict=True)],
                    wall_s=wall)
     except BenchError as e:
         row.update(ok=False, error=str(e))
@@ -384,7 +351,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     root = Path(tempfile.mkdtemp(prefix="shmbus-bench-fanout-", dir="/dev/shm"))
     try:
-        with network(root, args.subnet) as net:
+        _use_repo_imports()
+        from tests.netbridge.namespaces import host_buses
+
+        with host_buses(root, 3, args.subnet) as net:
             # the drivers start their netbridges on the first udp channel: a short multicast
             # run starts all three, so that no measurement's bridge cpu includes a start
             warm_up = run_fanout(ctx, net, MULTICAST, args.sizes[0], args.batch,

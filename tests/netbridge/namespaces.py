@@ -6,8 +6,10 @@ import itertools
 import os
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
 
 _calls = itertools.count()
 
@@ -58,3 +60,33 @@ def hosts(count: int, subnet: int) -> Iterator[list[Host]]:
             subprocess.run(["ip", "link", "del", f"sv{tag}h{i}"], capture_output=True)
             subprocess.run(["ip", "netns", "del", host.name], capture_output=True)
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+
+
+class HostBuses(NamedTuple):
+    """Hosts, each with a bus (its context) and a driver process serving it in the host's
+    namespace (the driver starts the host's netbridge when a udp channel appears)."""
+
+    hosts: list[Host]
+    contexts: list[Any]  # shmbus.Context
+    drivers: list[subprocess.Popen]
+
+
+@contextmanager
+def host_buses(root: Path, count: int, subnet: int,
+               settings: dict[int, dict[str, Any]] | None = None) -> Iterator[HostBuses]:
+    """``count`` hosts (see :func:`hosts`), each with a bus directory under ``root`` and a
+    driver in its namespace; host ``i``'s context takes ``settings[i]`` too. Drivers stopped
+    (they stop their netbridges) and namespaces removed on exit, also after a failure."""
+    import shmbus
+    from tests.conftest import start_driver, stop_driver
+
+    settings = settings or {}
+    with hosts(count, subnet) as made, ExitStack() as running:
+        contexts = [shmbus.Context(dir=str(root / host.name), embedded_driver=False,
+                                   driver_idle_timeout=600, **settings.get(i, {}))
+                    for i, host in enumerate(made)]
+        drivers = []
+        for context, host in zip(contexts, made, strict=True):
+            drivers.append(start_driver(context, host.exec_prefix))
+            running.callback(stop_driver, drivers[-1])
+        yield HostBuses(made, contexts, drivers)

@@ -10,8 +10,10 @@ from netbridge.flow_control import (
     TaggedFlowControl,
     UnicastFlowControl,
     sm_position,
+    strategy_for,
 )
 from netbridge.frames import SM_FLAG_EOS, StatusMessage
+from shmbus.channel_uri import ChannelUri
 
 TERM = 64 * 1024
 INITIAL = 100
@@ -139,3 +141,17 @@ def test_every_strategy_knows_its_receivers_positions_and_sources(strategy) -> N
     fc.on_status_message(sm(960, 1000, receiver_id=1, flags=SM_FLAG_EOS), 0, 7 * SECOND,
                          sender_limit=0)
     assert not fc.receivers  # it said goodbye
+
+
+@pytest.mark.parametrize("channel, strategy", [
+    ("aeron:udp?endpoint=10.0.0.2:40", UnicastFlowControl),
+    ("aeron:udp?endpoint=10.0.0.2:40|fc=min", MinFlowControl),
+    ("aeron:udp?endpoint=224.0.1.1:40", MaxFlowControl),
+    ("aeron:udp?control=10.0.0.1:41|control-mode=dynamic", MaxFlowControl),
+    ("aeron:udp?endpoint=224.0.1.1:40|fc=tagged,g:7/2,t:1s", TaggedFlowControl),
+])
+def test_the_channel_chooses_the_strategy(channel: str, strategy: type) -> None:
+    fc = strategy_for(ChannelUri.parse(channel))
+    assert type(fc) is strategy
+    if strategy is TaggedFlowControl:
+        assert (fc.group_tag, fc.group_min_size, fc.receiver_timeout_ns) == (7, 2, SECOND)

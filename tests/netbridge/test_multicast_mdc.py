@@ -31,10 +31,9 @@ import shmbus
 from netbridge.bridge import RECEIVE_STATS
 from shmbus.counters import PUB_POS, RCV_HWM, SUB_POS
 from shmbus.stat import SenderView, analyse_streams, read_snapshot
-from tests.conftest import start_driver, stop_driver
 from tests.netbridge import bridge_workers
 from tests.netbridge.bridge_workers import channel_stats, publish_range, wait_sent
-from tests.netbridge.namespaces import Host, hosts
+from tests.netbridge.namespaces import Host, host_buses
 
 #: messages of the multicast tests, as many as the issue asks for (about 12 s each here)
 MULTICAST = 500_000
@@ -46,22 +45,6 @@ TERM = 64 * 1024
 WITHIN = 2 * TERM
 
 spawn = mp.get_context("spawn")
-
-
-@contextmanager
-def buses(shm_dir: Path, count: int, subnet: int,
-          settings: dict[int, dict[str, Any]] | None = None,
-          ) -> Iterator[tuple[list[Host], list[shmbus.Context]]]:
-    """``count`` hosts, each with a driver (and its netbridge) in its namespace; host ``i``'s
-    context takes ``settings[i]`` too. Drivers stopped and namespaces removed on exit."""
-    settings = settings or {}
-    with hosts(count, subnet) as made, ExitStack() as stack:
-        contexts = [shmbus.Context(dir=str(shm_dir / host.name), embedded_driver=False,
-                                   driver_idle_timeout=600, **settings.get(i, {}))
-                    for i, host in enumerate(made)]
-        for context, host in zip(contexts, made, strict=True):
-            stack.callback(stop_driver, start_driver(context, host.exec_prefix))
-        yield made, contexts
 
 
 @contextmanager
@@ -169,8 +152,8 @@ def test_multicast_to_three_hosts_and_a_spy(shm_dir: Path, lossy: int | None) ->
     loss filter, direction=in), host 3 NAKs its gaps and they are retransmitted; the other
     hosts hardly NAK (they miss nothing)."""
     settings = {lossy: {"netbridge_loss": "drop=0.05,seed=3,direction=in"}} if lossy else {}
-    with buses(shm_dir, 4, subnet=221, settings=settings) as (hs, contexts), workers(5) as (
-            pool, manager):
+    with host_buses(shm_dir, 4, subnet=221, settings=settings) as (hs, contexts, _), \
+            workers(5) as (pool, manager):
         group = "224.1.21.1:42101"
         ready = [manager.Event() for _ in range(4)]
         subscribers = [pool.apply_async(bridge_workers.receive, (
@@ -220,7 +203,7 @@ def fast_and_slow(pool: Any, manager: Any, hs: list[Host], contexts: list[shmbus
 
 def test_under_min_a_slow_receiving_host_holds_the_publisher_back(shm_dir: Path) -> None:
     count = 6_000
-    with buses(shm_dir, 3, subnet=222) as (hs, contexts), workers(3) as (pool, manager):
+    with host_buses(shm_dir, 3, subnet=222) as (hs, contexts, _), workers(3) as (pool, manager):
         group = "224.1.22.1:42201"
         # the slow host: about 3,000 messages a second
         fast, slow = fast_and_slow(pool, manager, hs, contexts, group, count, 0.001, 4)
@@ -246,7 +229,7 @@ def test_under_max_a_slow_host_falls_behind_loses_its_image_and_rejoins(
     on, and (rejoin, as Aeron's default) the session comes back as a new image at the live
     position: from there that host reads on to the end, in order and intact."""
     count = 30_000
-    with buses(shm_dir, 3, subnet=223) as (hs, contexts), workers(3) as (pool, manager):
+    with host_buses(shm_dir, 3, subnet=223) as (hs, contexts, _), workers(3) as (pool, manager):
         group = "224.1.23.1:42301"
         # the slow host: about 200 messages a second until its image goes unavailable, then
         # full speed
@@ -269,7 +252,7 @@ def test_under_tagged_only_tagged_receivers_count(shm_dir: Path) -> None:
     """fc=tagged,g:7: host 1 (gtag=7, slowish) holds the publisher back; host 2 (untagged,
     much slower) does not: the publisher runs far past it."""
     count = 8_000
-    with buses(shm_dir, 3, subnet=224) as (hs, contexts), workers(3) as (pool, manager):
+    with host_buses(shm_dir, 3, subnet=224) as (hs, contexts, _), workers(3) as (pool, manager):
         group = "224.1.24.1:42401"
         ready = [manager.Event() for _ in range(2)]
         stop = manager.Event()
@@ -302,7 +285,7 @@ def test_minimum_group_size_keeps_the_publication_unconnected(shm_dir: Path) -> 
     """fc=min,g:/2: with one receiver the publication is not connected (offer says
     NOT_CONNECTED); with the second it connects and both get the stream."""
     count = 2_000
-    with buses(shm_dir, 3, subnet=225) as (hs, contexts), workers(2) as (pool, manager), \
+    with host_buses(shm_dir, 3, subnet=225) as (hs, contexts, _), workers(2) as (pool, manager), \
             shmbus.connect(contexts[0]) as bus:
         group = "224.1.25.1:42501"
         publication = bus.add_exclusive_publication(
@@ -337,7 +320,7 @@ def test_mdc_manual_destinations_added_and_removed_while_streaming(shm_dir: Path
     """Host 1 is a destination for [0, 8000), host 2 from 4000 on: each receives exactly that
     contiguous span and nothing published while it was not a destination."""
     added, removed, count = 4_000, 8_000, 12_000
-    with buses(shm_dir, 3, subnet=226) as (hs, contexts), workers(2) as (pool, manager), \
+    with host_buses(shm_dir, 3, subnet=226) as (hs, contexts, _), workers(2) as (pool, manager), \
             shmbus.connect(contexts[0]) as bus:
         port = 42602
         ready = [manager.Event() for _ in range(2)]
@@ -399,17 +382,16 @@ def kill_host(context: shmbus.Context) -> None:
 
 #: counts the UDP datagrams that reach an address for a while: (address, port, seconds)
 _LISTENER = """
-import socket, sys, time
+import contextlib, socket, sys, time
 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 sock.bind((sys.argv[1], int(sys.argv[2])))
 sock.settimeout(0.05)
+print("bound", flush=True)
 count, until = 0, time.monotonic() + float(sys.argv[3])
 while time.monotonic() < until:
-    try:
+    with contextlib.suppress(TimeoutError):
         sock.recv(65536)
         count += 1
-    except TimeoutError:
-        pass
 print(count)
 """
 
@@ -422,7 +404,9 @@ def datagrams_heard(host: Host, port: int, seconds: float, while_listening: Call
         [*host.exec_prefix, sys.executable, "-c", _LISTENER, host.address, str(port),
          str(seconds + 0.5)], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.2)  # bound before the traffic it is to hear
+        assert listener.stdout is not None
+        # bound before the traffic it is to hear (it exits, ending the line, if it cannot)
+        assert listener.stdout.readline() == "bound\n"
         while_listening()
         out, _ = listener.communicate(timeout=seconds + 20)
     finally:
@@ -436,7 +420,7 @@ def test_mdc_dynamic_a_late_receiver_joins_and_a_killed_one_is_dropped(shm_dir: 
     netbridge): the sender keeps sending to it until the destination timeout (5 s) drops it,
     and after that nothing more goes there, while host 2 goes on to the end."""
     joined, killed, count = 5_000, 10_000, 20_000
-    with buses(shm_dir, 3, subnet=227) as (hs, contexts), workers(2) as (pool, manager), \
+    with host_buses(shm_dir, 3, subnet=227) as (hs, contexts, _), workers(2) as (pool, manager), \
             shmbus.connect(contexts[0]) as bus:
         port, control = 42702, f"{hs[0].address}:42701"
         ready = [manager.Event() for _ in range(2)]
@@ -461,7 +445,9 @@ def test_mdc_dynamic_a_late_receiver_joins_and_a_killed_one_is_dropped(shm_dir: 
         wait_listening([contexts[2]], ready[1:])
         wait_for(lambda: send_stat(contexts[0], "destinations") == 2, 20,
                  "host 2 to become a destination")
-        time.sleep(0.3)  # its SETUP, at the position reached, and its image
+        with shmbus.connect(contexts[2]) as host_2:  # its image, from the position reached
+            wait_for(lambda: largest(host_2, SUB_POS) == publication.position(), 20,
+                     "host 2's image")
         send(joined, killed)
         with shmbus.connect(contexts[1]) as host_1:
             wait_for(lambda: largest(host_1, SUB_POS) == publication.position(), 20,
@@ -501,7 +487,8 @@ BAD_CHANNELS = [  # (channel, the parameter its error must name)
 
 
 def test_bad_channels_are_refused_naming_the_parameter(shm_dir: Path) -> None:
-    with buses(shm_dir, 2, subnet=229) as (hs, contexts), shmbus.connect(contexts[0]) as bus:
+    with host_buses(shm_dir, 2, subnet=229) as (hs, contexts, _), \
+            shmbus.connect(contexts[0]) as bus:
         for channel, parameter in BAD_CHANNELS:
             text = channel.format(own=hs[0].address, other=hs[1].address)
             adds = [bus.add_exclusive_publication]
