@@ -19,7 +19,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml setup.py shmbus/_native.c
+$(STAMP): $(BIN)/python pyproject.toml setup.py shmbus/shm/_native.c
 	$(BIN)/pip install --quiet -e '.[dev,bench,spark]'
 	touch $(STAMP)
 
@@ -38,4 +38,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check shmbus netbridge tests tools examples
 
 clean:
-	rm -rf $(VENV) build *.egg-info shmbus/*.so
+	rm -rf $(VENV) build *.egg-info shmbus/shm/*.so

@@ -1,12 +1,12 @@
-"""Builds the native core (shmbus/_native.c); all metadata lives in pyproject.toml."""
+"""Builds the native core (shmbus/shm/_native.c); all metadata lives in pyproject.toml."""
 
 from setuptools import Extension, setup
 
 setup(
     ext_modules=[
         Extension(
-            "shmbus._native",
-            sources=["shmbus/_native.c"],
+            "shmbus.shm._native",
+            sources=["shmbus/shm/_native.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         )
     ]

@@ -81,7 +81,7 @@ def main() -> None:
 
 
 def _subscribers(bus: shmbus.Client, stream_id: int) -> int:
-    from shmbus.counters import SUB_POS
+    from shmbus.shm.counters import SUB_POS
 
     return sum(1 for c in bus.counters.counters()
                if c.type_id == SUB_POS and f" {stream_id} aeron:ipc" in c.label)

@@ -13,7 +13,6 @@ channel appears.
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import select
 import signal
@@ -44,14 +43,14 @@ from netbridge.transport import (
     open_send,
     parse_address,
 )
-from shmbus import control_protocol as cp
 from shmbus.channel_uri import ChannelUri
 from shmbus.client import Client
 from shmbus.context import Context
-from shmbus.counters import FC_RCV_POS, FC_RECEIVERS
+from shmbus.driver import control_protocol as cp
 from shmbus.errors import RegistrationError, ShmbusError
-from shmbus.log_buffer import LogBuffer
-from shmbus.position import Position
+from shmbus.shm.counters import FC_RCV_POS, FC_RECEIVERS
+from shmbus.shm.log_buffer import LogBuffer
+from shmbus.shm.position import Position
 
 #: counter type ids of the netbridge's per-channel statistics
 SEND_CHANNEL_STAT = 101
@@ -666,5 +665,4 @@ def run_bridge(context: Context) -> None:
 
 def embedded_main() -> None:
     """How the driver starts a netbridge: the context as JSON in ``sys.argv[1]``."""
-    fields = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
-    run_bridge(Context(**fields))
+    run_bridge(Context.from_json(sys.argv[1]) if len(sys.argv) > 1 else Context())

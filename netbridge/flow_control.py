@@ -32,7 +32,7 @@ from typing import Final
 
 from netbridge.frames import SM_FLAG_EOS, StatusMessage
 from shmbus.channel_uri import ChannelUri, parse_flow_control
-from shmbus.log_buffer import compute_position
+from shmbus.shm.log_buffer import compute_position
 
 __all__ = [
     "RECEIVER_TIMEOUT_NS_DEFAULT",

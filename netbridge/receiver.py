@@ -85,8 +85,8 @@ from netbridge.frames import (
     encode_datagram,
 )
 from netbridge.loss_detector import NAK_RETRY_NS_DEFAULT, LossDetector
-from shmbus import _native
-from shmbus.log_buffer import (
+from shmbus.shm import _native
+from shmbus.shm.log_buffer import (
     PARTITION_COUNT,
     LogBuffer,
     LogBufferError,
@@ -366,7 +366,7 @@ class ReceiverImage:
         rebuild = self.loss.rebuild_position
         # Every frame's version, type, length, session, stream, term id and term offset
         # checked against its place in the datagram and the term, in one native call
-        # (shmbus._native.validate_datagram): -1, or (copy_end: bytes of the datagram to copy,
+        # (shmbus.shm._native.validate_datagram): -1, or (copy_end: bytes of the datagram to copy,
         # a PAD sent as its header; span: bytes of the stream covered, a PAD's whole length;
         # skip: leading bytes of frames wholly below the rebuild position).
         walked = _native.validate_datagram(view, term_offset, self.session_id, self.stream_id,

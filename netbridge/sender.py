@@ -40,8 +40,8 @@ from netbridge.frames import (
     decode_frames,
     heartbeat,
 )
-from shmbus import _native
-from shmbus.log_buffer import (
+from shmbus.shm import _native
+from shmbus.shm.log_buffer import (
     PARTITION_COUNT,
     LogBuffer,
     compute_position,
@@ -449,7 +449,7 @@ class NetworkSender:
         send, padding skipped after them). Stops at an uncommitted frame (length <= 0), at
         ``max_length`` bytes, at a frame starting at or after ``stop``, and after a PAD frame
         (sent as its 32-byte header; the rest of its length is the returned padding). The
-        loop over frame headers is native (shmbus._native.term_scan), which also never steps
+        loop over frame headers is native (shmbus.shm._native.term_scan), which also never steps
         past the end of the term."""
         term_length = self.term_length
         return _term_scan(self._buffer, index * term_length, term_length, term_offset,

@@ -4,7 +4,6 @@ Public API: publications and subscriptions over shared-memory log buffers, the r
 of ``offer``, poll actions, idle strategies and errors. Everything not named here is private.
 """
 
-from shmbus._native import AtomicBuffer, Header
 from shmbus.channel_uri import ChannelUriError
 from shmbus.client import Client, connect
 from shmbus.codes import (
@@ -35,13 +34,14 @@ from shmbus.idle_strategy import (
     YieldingIdleStrategy,
 )
 from shmbus.image import FragmentBatch, Image
-from shmbus.log_buffer import LogBuffer, LogBufferError
 from shmbus.publication import (
     BufferClaim,
     ConcurrentPublication,
     ExclusivePublication,
     Publication,
 )
+from shmbus.shm._native import AtomicBuffer, Header
+from shmbus.shm.log_buffer import LogBuffer, LogBufferError
 from shmbus.subscription import Subscription
 
 __all__ = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shmbus.log_buffer import LogBufferError, check_mtu, check_term_length
+from shmbus.shm.log_buffer import LogBufferError, check_mtu, check_term_length
 
 SPY_PREFIX = "aeron-spy:"
 MEDIA = ("ipc", "udp")

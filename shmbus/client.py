@@ -21,21 +21,8 @@ from typing import Any
 
 import psutil
 
-from shmbus import control_protocol as cp
-from shmbus._native import Heartbeat, epoch_ms
-from shmbus.broadcast import BroadcastReceiver
-from shmbus.bus_directory import prepare_directory
-from shmbus.cnc import (
-    COUNTERS_METADATA,
-    COUNTERS_VALUES,
-    TO_CLIENTS,
-    TO_DRIVER,
-    CncError,
-    CncFile,
-)
 from shmbus.context import Context
-from shmbus.counters import CountersReader
-from shmbus.driver import EMBEDDED_DRIVER_COMMAND, context_argument
+from shmbus.driver import control_protocol as cp
 from shmbus.errors import (
     ClientClosedError,
     ClientTimeoutError,
@@ -46,10 +33,22 @@ from shmbus.errors import (
 )
 from shmbus.idle_strategy import BackoffIdleStrategy
 from shmbus.image import Image
-from shmbus.log_buffer import LogBuffer
-from shmbus.position import Position
 from shmbus.publication import ConcurrentPublication, ExclusivePublication, Publication
-from shmbus.ring_buffer import ManyToOneRingBuffer
+from shmbus.shm._native import Heartbeat, epoch_ms
+from shmbus.shm.broadcast import BroadcastReceiver
+from shmbus.shm.bus_directory import prepare_directory
+from shmbus.shm.cnc import (
+    COUNTERS_METADATA,
+    COUNTERS_VALUES,
+    TO_CLIENTS,
+    TO_DRIVER,
+    CncError,
+    CncFile,
+)
+from shmbus.shm.counters import CountersReader
+from shmbus.shm.log_buffer import LogBuffer
+from shmbus.shm.position import Position
+from shmbus.shm.ring_buffer import ManyToOneRingBuffer
 from shmbus.subscription import ImageHandler, Subscription
 
 LAUNCH_LOCK = "launch.lock"
@@ -431,7 +430,7 @@ def _launch(context: Context) -> CncFile:
     directory = Path(context.dir)
     with tempfile.TemporaryFile() as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-c", EMBEDDED_DRIVER_COMMAND, context_argument(context)],
+            context.driver_command(),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
             start_new_session=True)
         _launched.append(process)

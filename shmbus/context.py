@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import json
 import os
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from shmbus.log_buffer import MTU_DEFAULT, TERM_LENGTH_DEFAULT, check_mtu, check_term_length
+from shmbus.shm.log_buffer import MTU_DEFAULT, TERM_LENGTH_DEFAULT, check_mtu, check_term_length
 
 
 def default_directory() -> str:
@@ -99,6 +101,19 @@ class Context:
     def with_(self, **changes: Any) -> Context:
         """A copy with some settings changed."""
         return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        """The settings as one JSON object: how a driver or netbridge child process gets them."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Context:
+        """The context ``to_json`` wrote; ValueError names a setting that is not valid."""
+        return cls(**json.loads(text))
+
+    def driver_command(self) -> list[str]:
+        """The command line that runs a driver for this context in the foreground."""
+        return [sys.executable, "-m", "shmbus.driver", self.to_json()]
 
 
 def _parse(variable: str, kind: Any, text: str) -> Any:

@@ -9,6 +9,6 @@ forgets the partial message of a session that went away. It runs in the native c
 fragment costs no Python call.
 """
 
-from shmbus._native import FragmentAssembler
+from shmbus.shm._native import FragmentAssembler
 
 __all__ = ["FragmentAssembler"]

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from shmbus._native import Header, ImageCore
-from shmbus.log_buffer import BEGIN_FLAG, END_FLAG, LogBuffer
-from shmbus.position import Position
+from shmbus.shm._native import Header, ImageCore
+from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG, LogBuffer
+from shmbus.shm.position import Position
 
 FragmentHandler = Callable[[memoryview, Header], Any]
 

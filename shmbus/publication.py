@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from shmbus import codes
-from shmbus._native import PublicationCore
 from shmbus.errors import PublicationError
 from shmbus.idle_strategy import BackoffIdleStrategy
-from shmbus.log_buffer import LogBuffer
-from shmbus.position import Position
+from shmbus.shm._native import PublicationCore
+from shmbus.shm.log_buffer import LogBuffer
+from shmbus.shm.position import Position
 
 try:
     from collections.abc import Buffer

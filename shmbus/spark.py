@@ -9,8 +9,8 @@ Register it once per session with :func:`register`, then::
     df.writeStream.format("shmbus").option("stream_id", 2001).start()
 
 Reading (batch and streaming) reads the files of a recording directory written by
-:class:`shmbus.recorder.Recorder`, never the bus, so it works from any executor that sees the
-directory (shared storage on a cluster). Columns (:data:`SCHEMA`): ``recording_id``,
+:class:`shmbus.archive.recorder.Recorder`, never the bus, so it works from any executor that sees
+the directory (shared storage on a cluster). Columns (:data:`SCHEMA`): ``recording_id``,
 ``position`` (stream position of the message's first fragment), ``session_id``, ``stream_id``,
 ``term_id``, ``term_offset``, ``reserved_value`` (of the first fragment), ``payload`` (the whole
 message, reassembled) and ``record_time`` (when the recorder had written it).
@@ -82,8 +82,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from shmbus.catalog import RecordingDescriptor, RecordingError, live_position, read_catalog
-from shmbus.recording_reader import CHUNK_LENGTH, MessageBatch, RecordingReader
+from shmbus.archive.catalog import RecordingDescriptor, RecordingError, live_position, read_catalog
+from shmbus.archive.recording_reader import CHUNK_LENGTH, MessageBatch, RecordingReader
 
 NAME = "shmbus"
 PARTITION_BYTES_DEFAULT = 32 * 1024 * 1024
@@ -420,7 +420,7 @@ class _RecordingSource:
 
 
 def to_arrow(batch: MessageBatch, record_dtype: np.dtype | None = None) -> pa.RecordBatch:
-    """A :class:`~shmbus.recording_reader.MessageBatch` as an Arrow batch of :data:`SCHEMA`
+    """A :class:`~shmbus.archive.recording_reader.MessageBatch` as an Arrow batch of :data:`SCHEMA`
     (then the fields of ``record_dtype``, decoded from the payloads, if given)."""
     n = len(batch)
     payload = pa.Array.from_buffers(pa.binary(), n, [

@@ -6,10 +6,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from shmbus._native import Header
 from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.idle_strategy import BackoffIdleStrategy
 from shmbus.image import FragmentBatch, FragmentHandler, Image
+from shmbus.shm._native import Header
 
 ImageHandler = Callable[[Image], Any]
 

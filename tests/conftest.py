@@ -52,14 +52,11 @@ def start_driver(context, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
     ``prefix`` runs it through another command, e.g. ``("ip", "netns", "exec", name)``.
     """
     import os
-    import sys
     import time
 
     from shmbus.client import _try_open
-    from shmbus.driver import EMBEDDED_DRIVER_COMMAND, context_argument
 
-    process = subprocess.Popen([*prefix, sys.executable, "-c", EMBEDDED_DRIVER_COMMAND,
-                                context_argument(context)])
+    process = subprocess.Popen([*prefix, *context.driver_command()])
     deadline = time.monotonic() + 20
     while True:
         cnc = _try_open(Path(context.dir), context) if os.path.isdir(context.dir) else None

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 
 from shmbus import AtomicBuffer, ConcurrentPublication, ExclusivePublication, Image
-from shmbus.ipc_flow_control import IpcFlowControl
-from shmbus.log_buffer import LogBuffer
-from shmbus.position import Position
+from shmbus.driver.ipc_flow_control import IpcFlowControl
+from shmbus.shm.log_buffer import LogBuffer
+from shmbus.shm.position import Position
 
 POSITIONS_LENGTH = 4096
 LIMIT_OFFSET = 0

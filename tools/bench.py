@@ -165,8 +165,8 @@ class ShmbusStream:
 
     def __init__(self, spec: StreamSpec, *, driver: bool = False) -> None:
         _use_repo_imports()
-        from shmbus.ipc_flow_control import ipc_window
-        from shmbus.position import Position
+        from shmbus.driver.ipc_flow_control import ipc_window
+        from shmbus.shm.position import Position
         from tests.standalone_stream import StandaloneStream, reader_offset
 
         self._stream = StandaloneStream(spec.directory)
@@ -567,7 +567,7 @@ def _idle_on_code(result: int, idle: Any, deadline_ns: int) -> None:
 def _shm_batch_reader(barrier: Any, spec: StreamSpec, size: int,
                       timeout_s: float) -> dict[str, Any]:
     from shmbus import BackoffIdleStrategy
-    from shmbus.log_buffer import BEGIN_FLAG, END_FLAG
+    from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG
 
     stream = ShmbusStream(spec, driver=True)
     poll_batch = stream.image().poll_batch
@@ -1207,7 +1207,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(rows))
     print()
-    from shmbus.log_buffer import MTU_DEFAULT
+    from shmbus.shm.log_buffer import MTU_DEFAULT
 
     mtu = opt.mtu or MTU_DEFAULT
     import posix_ipc

@@ -179,10 +179,8 @@ class Buses:
 def start_driver(context: Any, timeout_s: float = 20.0) -> subprocess.Popen:
     """A driver process for context.dir, as tests/conftest.start_driver starts one."""
     from shmbus.client import _try_open
-    from shmbus.driver import EMBEDDED_DRIVER_COMMAND, context_argument
 
-    process = subprocess.Popen([sys.executable, "-c", EMBEDDED_DRIVER_COMMAND,
-                                context_argument(context)], cwd=ROOT)
+    process = subprocess.Popen(context.driver_command(), cwd=ROOT)
     deadline = time.monotonic() + timeout_s
     while True:
         cnc = _try_open(Path(context.dir), context) if os.path.isdir(context.dir) else None
@@ -344,7 +342,7 @@ def _shm_writer(barrier: Any, context: Any, uri: str, stream_id: int, size: int,
 def _shm_reader(barrier: Any, context: Any, uri: str, stream_id: int, size: int,
                 timeout_s: float, done: Any, batch: bool) -> dict[str, Any]:
     import shmbus
-    from shmbus.log_buffer import BEGIN_FLAG, END_FLAG
+    from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG
 
     unpack = _codec(size).unpack_from
     expected = errors = payload_bytes = 0

@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import shmbus  # noqa: E402
-from shmbus.catalog import read_catalog  # noqa: E402
-from shmbus.recorder import Recorder  # noqa: E402
-from shmbus.recording_reader import RecordingReader  # noqa: E402
+from shmbus.archive.catalog import read_catalog  # noqa: E402
+from shmbus.archive.recorder import Recorder  # noqa: E402
+from shmbus.archive.recording_reader import RecordingReader  # noqa: E402
 
 
 def record(directory: Path, bus_dir: Path, messages: int) -> float:

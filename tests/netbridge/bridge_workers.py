@@ -66,7 +66,7 @@ def wait_sent(bus: shmbus.Client, publication: shmbus.Publication, timeout: floa
 
 
 def _sent(bus: shmbus.Client, publication: shmbus.Publication) -> int:
-    from shmbus.counters import SND_POS
+    from shmbus.shm.counters import SND_POS
 
     for counter in bus.counters.counters():
         if counter.type_id == SND_POS and counter.reference_id == publication.session_id:

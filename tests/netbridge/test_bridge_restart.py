@@ -8,8 +8,8 @@ import time
 import psutil
 
 import shmbus
-from shmbus.driver_conductor import BRIDGE_COMMAND
-from shmbus.stat import read_snapshot
+from shmbus.cli.stat import read_snapshot
+from shmbus.driver.conductor import BRIDGE_COMMAND
 from tests.netbridge.bridge_workers import message
 from tests.netbridge.test_spies import Reader, free_udp_port
 

@@ -29,8 +29,8 @@ import pytest
 
 import shmbus
 from netbridge.bridge import RECEIVE_STATS
-from shmbus.counters import PUB_POS, RCV_HWM, SUB_POS
-from shmbus.stat import SenderView, analyse_streams, read_snapshot
+from shmbus.cli.stat import SenderView, analyse_streams, read_snapshot
+from shmbus.shm.counters import PUB_POS, RCV_HWM, SUB_POS
 from tests.netbridge import bridge_workers
 from tests.netbridge.bridge_workers import channel_stats, publish_range, wait_sent
 from tests.netbridge.namespaces import Host, host_buses

@@ -39,8 +39,8 @@ from netbridge.receiver import (
     NetworkReceiver,
 )
 from shmbus import AtomicBuffer, Image
-from shmbus.log_buffer import LogBuffer
-from shmbus.position import Position
+from shmbus.shm.log_buffer import LogBuffer
+from shmbus.shm.position import Position
 
 TERM = 64 * 1024
 INITIAL = 0x7FFF_FFFE  # term ids wrap to negative after two terms

@@ -29,9 +29,9 @@ from netbridge.frames import (
 )
 from netbridge.sender import NetworkSender
 from shmbus import BACK_PRESSURED, AtomicBuffer, ExclusivePublication
-from shmbus.ipc_flow_control import IpcFlowControl
-from shmbus.log_buffer import LogBuffer
-from shmbus.position import Position
+from shmbus.driver.ipc_flow_control import IpcFlowControl
+from shmbus.shm.log_buffer import LogBuffer
+from shmbus.shm.position import Position
 
 TERM = 64 * 1024
 INITIAL = 0x7FFF_FFFE  # term ids wrap to negative after two terms

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 import shmbus
-from shmbus.log_buffer import align
+from shmbus.shm.log_buffer import align
 from tests.standalone_stream import StandaloneStream, reader_offset
 
 TAG = struct.Struct("<HII")  # writer id, sequence, crc32 of the rest of the payload

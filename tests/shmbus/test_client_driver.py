@@ -8,7 +8,7 @@ import time
 import pytest
 
 import shmbus
-from shmbus import control_protocol as cp
+from shmbus.driver import control_protocol as cp
 
 
 def wait_for(condition, timeout: float = 5.0, poll=None) -> None:
@@ -83,7 +83,7 @@ def test_bad_channels_are_refused_with_the_reason(bus_context, driver, channel, 
 
 
 def test_second_driver_on_a_live_directory_is_refused(bus_context, driver) -> None:
-    from shmbus.driver import Driver, DriverAlreadyRunningError
+    from shmbus.driver.media_driver import Driver, DriverAlreadyRunningError
 
     with pytest.raises(DriverAlreadyRunningError, match=f"pid {driver.pid}"):
         Driver(bus_context).start()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from shmbus.log_buffer import HDR_TYPE_DATA, HDR_TYPE_PAD, align
+from shmbus.shm.log_buffer import HDR_TYPE_DATA, HDR_TYPE_PAD, align
 from tests.shmbus import mp_workers
 from tests.standalone_stream import StandaloneStream, reader_offset
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmbus
-from shmbus.log_buffer import (
+from shmbus.shm.log_buffer import (
     ACTIVE_TERM_COUNT_OFFSET,
     TAIL_COUNTERS_OFFSET,
 )

@@ -22,9 +22,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 import shmbus
 import shmbus.spark as ss
-from shmbus.recorder import Recorder
-from shmbus.recording_reader import RecordingReader
-from tests.shmbus.recording_helpers import FakeLog, random_payloads, start_recording
+from shmbus.archive.recorder import Recorder
+from shmbus.archive.recording_reader import RecordingReader
+from tests.shmbus.archive.recording_helpers import FakeLog, random_payloads, start_recording
 
 DEADLINE_S = 30.0
 

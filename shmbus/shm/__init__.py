@@ -1,0 +1,7 @@
+"""What every process maps: the structures in shared memory and the C core that touches them.
+
+Log buffers, the to-driver ring buffer, the to-clients broadcast buffer, counters, cnc.dat, the
+error log and positions. Each module draws its layout; every field another process writes
+concurrently is read and written through ``_native`` (atomics with acquire/release ordering).
+Nothing here knows which process it runs in.
+"""

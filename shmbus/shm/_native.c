@@ -1,0 +1,2127 @@
+/*
+ * shmbus.shm._native: the only code that touches memory another process writes concurrently.
+ *
+ *   AtomicBuffer      bounds-checked plain/acquire/release/atomic access over any writable buffer
+ *                     (Agrona's AtomicBuffer): a bad offset raises IndexError, never crashes.
+ *   PublicationCore   the term appender for exclusive (one writer) and concurrent (many threads
+ *                     and processes) publications: offer, gather, offer_many, claim/commit/abort,
+ *                     end-of-term padding and log rotation.
+ *   ImageCore         the term reader: poll, controlled_poll and the batch scan.
+ *   Header            a copy of one frame's 32-byte header, handed to fragment handlers.
+ *
+ * Log buffer layout (see shmbus/log_buffer.py for the Python mirror of these offsets):
+ *   term 0 | term 1 | term 2 | metadata (4096 bytes)
+ * Frame header (little-endian, the wire DATA header of Aeron):
+ *   0 frame_length i32 | 4 version u8 | 5 flags u8 | 6 type u16 | 8 term_offset i32 |
+ *   12 session_id i32 | 16 stream_id i32 | 20 term_id i32 | 24 reserved_value i64
+ *
+ * Memory ordering: a frame is published by a release store of its positive length; readers load
+ * the length with acquire and never look past a length <= 0. Concurrent appenders reserve space
+ * with fetch-add on the active term's tail counter and rotate terms with compare-and-set.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- atomics (gcc/clang builtins; x86-64 and aarch64) ------------------------------------ */
+
+#define LOAD_ACQUIRE(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE_RELEASE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define FETCH_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_SEQ_CST)
+#define CAS(p, expected_ptr, desired) \
+    __atomic_compare_exchange_n((p), (expected_ptr), (desired), 0, __ATOMIC_SEQ_CST, \
+                                __ATOMIC_SEQ_CST)
+
+/* ---- layout constants ---------------------------------------------------------------------- */
+
+#define HEADER_LENGTH 32
+#define FRAME_ALIGNMENT 32
+#define PARTITION_COUNT 3
+#define LOG_META_DATA_LENGTH 4096
+
+#define FRAME_LENGTH_OFFSET 0
+#define VERSION_OFFSET 4
+#define FLAGS_OFFSET 5
+#define TYPE_OFFSET 6
+#define TERM_OFFSET_OFFSET 8
+#define SESSION_ID_OFFSET 12
+#define STREAM_ID_OFFSET 16
+#define TERM_ID_OFFSET 20
+#define RESERVED_VALUE_OFFSET 24
+
+#define HDR_TYPE_PAD 0
+#define HDR_TYPE_DATA 1
+#define BEGIN_FLAG 0x80
+#define END_FLAG 0x40
+#define UNFRAGMENTED 0xC0
+
+/* metadata offsets, relative to the start of the metadata section */
+#define META_TAIL_COUNTERS 0
+#define META_ACTIVE_TERM_COUNT 24
+#define META_END_OF_STREAM_POSITION 128
+#define META_IS_CONNECTED 136
+
+/* publication result codes, Aeron's values */
+#define NOT_CONNECTED (-1)
+#define BACK_PRESSURED (-2)
+#define ADMIN_ACTION (-3)
+#define CLOSED (-4)
+#define MAX_POSITION_EXCEEDED (-5)
+
+/* controlled poll actions, Aeron's order */
+#define ACTION_ABORT 1
+#define ACTION_BREAK 2
+#define ACTION_COMMIT 3
+#define ACTION_CONTINUE 4
+
+#define ALIGN(v, a) (((v) + ((a) - 1)) & ~((a) - 1))
+
+static inline int32_t rd_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+static inline int64_t rd_i64(const uint8_t *p) { int64_t v; memcpy(&v, p, 8); return v; }
+static inline void wr_i32(uint8_t *p, int32_t v) { memcpy(p, &v, 4); }
+static inline void wr_i64(uint8_t *p, int64_t v) { memcpy(p, &v, 8); }
+static inline uint16_t rd_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+static inline int32_t term_id_of(int64_t raw_tail) { return (int32_t)(raw_tail >> 32); }
+static inline int64_t term_offset_of(int64_t raw_tail) { return raw_tail & 0xFFFFFFFFLL; }
+static inline int64_t pack_tail(int32_t term_id, int32_t offset)
+{
+    return (int64_t)(((uint64_t)(uint32_t)term_id << 32) | (uint32_t)offset);
+}
+
+/* term count between two term ids, correct across the int32 wrap */
+static inline int64_t term_count_between(int32_t term_id, int32_t initial_term_id)
+{
+    return (int64_t)(int32_t)((uint32_t)term_id - (uint32_t)initial_term_id);
+}
+
+/* ====================================================================================== */
+/* AtomicBuffer                                                                            */
+/* ====================================================================================== */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    uint8_t *data;
+    Py_ssize_t capacity;
+    int has_view;
+} AtomicBuffer;
+
+static PyTypeObject AtomicBufferType;
+
+static int atomic_buffer_init(AtomicBuffer *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"buffer", NULL};
+    PyObject *obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &obj))
+        return -1;
+    if (self->has_view) {
+        PyBuffer_Release(&self->view);
+        self->has_view = 0;
+    }
+    if (PyObject_GetBuffer(obj, &self->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    self->has_view = 1;
+    self->data = (uint8_t *)self->view.buf;
+    self->capacity = self->view.len;
+    return 0;
+}
+
+static void atomic_buffer_dealloc(AtomicBuffer *self)
+{
+    if (self->has_view)
+        PyBuffer_Release(&self->view);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int ab_check(AtomicBuffer *self, Py_ssize_t offset, Py_ssize_t length, Py_ssize_t align)
+{
+    if (!self->has_view) {
+        PyErr_SetString(PyExc_ValueError, "AtomicBuffer is closed");
+        return -1;
+    }
+    if (offset < 0 || length < 0 || offset > self->capacity - length) {
+        PyErr_Format(PyExc_IndexError,
+                     "offset %zd length %zd is outside the buffer of capacity %zd", offset, length,
+                     self->capacity);
+        return -1;
+    }
+    if (align > 1 && (((uintptr_t)(self->data + offset)) % (uintptr_t)align) != 0) {
+        PyErr_Format(PyExc_ValueError, "offset %zd is not %zd-byte aligned for an atomic access",
+                     offset, align);
+        return -1;
+    }
+    return 0;
+}
+
+#define AB_OFFSET_ARG(name)                                   \
+    Py_ssize_t name;                                          \
+    if (!PyArg_ParseTuple(args, "n", &name)) return NULL;
+
+static PyObject *ab_get_int32(AtomicBuffer *self, PyObject *args)
+{
+    AB_OFFSET_ARG(off);
+    if (ab_check(self, off, 4, 1)) return NULL;
+    return PyLong_FromLong(rd_i32(self->data + off));
+}
+
+static PyObject *ab_get_int64(AtomicBuffer *self, PyObject *args)
+{
+    AB_OFFSET_ARG(off);
+    if (ab_check(self, off, 8, 1)) return NULL;
+    return PyLong_FromLongLong(rd_i64(self->data + off));
+}
+
+static PyObject *ab_get_int32_acquire(AtomicBuffer *self, PyObject *args)
+{
+    AB_OFFSET_ARG(off);
+    if (ab_check(self, off, 4, 4)) return NULL;
+    return PyLong_FromLong(LOAD_ACQUIRE((int32_t *)(self->data + off)));
+}
+
+static PyObject *ab_get_int64_acquire(AtomicBuffer *self, PyObject *args)
+{
+    AB_OFFSET_ARG(off);
+    if (ab_check(self, off, 8, 8)) return NULL;
+    return PyLong_FromLongLong(LOAD_ACQUIRE((int64_t *)(self->data + off)));
+}
+
+static PyObject *ab_put_int32(AtomicBuffer *self, PyObject *args)
+{
+    Py_ssize_t off; int v;
+    if (!PyArg_ParseTuple(args, "ni", &off, &v)) return NULL;
+    if (ab_check(self, off, 4, 1)) return NULL;
+    wr_i32(self->data + off, v);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ab_put_int64(AtomicBuffer *self, PyObject *args)
+{
+    Py_ssize_t off; long long v;
+    if (!PyArg_ParseTuple(args, "nL", &off, &v)) return NULL;
+    if (ab_check(self, off, 8, 1)) return NULL;
+    wr_i64(self->data + off, v);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ab_put_int32_release(AtomicBuffer *self, PyObject *args)
+{
+    Py_ssize_t off; int v;
+    if (!PyArg_ParseTuple(args, "ni", &off, &v)) return NULL;
+    if (ab_check(self, off, 4, 4)) return NULL;
+    STORE_RELEASE((int32_t *)(self->data + off), (int32_t)v);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ab_put_int64_release(AtomicBuffer *self, PyObject *args)
+{
+    Py_ssize_t off; long long v;
+    if (!PyArg_ParseTuple(args, "nL", &off, &v)) return NULL;
+    if (ab_check(self, off, 8, 8)) return NULL;
+    STORE_RELEASE((int64_t *)(self->data + off), (int64_t)v);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ab_get_and_add_int32(AtomicBuffer *self, PyObject *args)
+{
+    Py_ssize_t off; int v;
+    if (!PyArg_ParseTuple(args, "ni", &off, &v)) return NULL;
+    if (ab_check(self, off, 4, 4)) return NULL;
+    return PyLong_FromLong(FETCH_ADD((int32_t *)(self->data + off), (int32_t)v));
+}
+
+static PyObject *ab_get_and_add_int64(AtomicBuffer *self, PyObject *args)
+{
+    Py_ssize_t off; long long v;
+    if (!PyArg_ParseTuple(args, "nL", &off, &v)) return NULL;
+    if (ab_check(self, off, 8, 8)) return NULL;
+    return PyLong_FromLongLong(FETCH_ADD((int64_t *)(self->data + off), (int64_t)v));
+}
+
+static PyObject *ab_compare_and_set_int32(AtomicBuffer *self, PyObject *args)
+{
+    Py_ssize_t off; int expected, desired;
+    if (!PyArg_ParseTuple(args, "nii", &off, &expected, &desired)) return NULL;
+    if (ab_check(self, off, 4, 4)) return NULL;
+    int32_t e = (int32_t)expected;
+    return PyBool_FromLong(CAS((int32_t *)(self->data + off), &e, (int32_t)desired));
+}
+
+static PyObject *ab_compare_and_set_int64(AtomicBuffer *self, PyObject *args)
+{
+    Py_ssize_t off; long long expected, desired;
+    if (!PyArg_ParseTuple(args, "nLL", &off, &expected, &desired)) return NULL;
+    if (ab_check(self, off, 8, 8)) return NULL;
+    int64_t e = (int64_t)expected;
+    return PyBool_FromLong(CAS((int64_t *)(self->data + off), &e, (int64_t)desired));
+}
+
+static PyObject *ab_get_bytes(AtomicBuffer *self, PyObject *args)
+{
+    Py_ssize_t off, len;
+    if (!PyArg_ParseTuple(args, "nn", &off, &len)) return NULL;
+    if (ab_check(self, off, len, 1)) return NULL;
+    return PyBytes_FromStringAndSize((const char *)self->data + off, len);
+}
+
+static PyObject *ab_put_bytes(AtomicBuffer *self, PyObject *args)
+{
+    Py_ssize_t off; Py_buffer src;
+    if (!PyArg_ParseTuple(args, "ny*", &off, &src)) return NULL;
+    if (ab_check(self, off, src.len, 1)) { PyBuffer_Release(&src); return NULL; }
+    memcpy(self->data + off, src.buf, (size_t)src.len);
+    PyBuffer_Release(&src);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ab_set_memory(AtomicBuffer *self, PyObject *args)
+{
+    Py_ssize_t off, len; int value;
+    if (!PyArg_ParseTuple(args, "nni", &off, &len, &value)) return NULL;
+    if (ab_check(self, off, len, 1)) return NULL;
+    memset(self->data + off, value, (size_t)len);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ab_release(AtomicBuffer *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->has_view) {
+        PyBuffer_Release(&self->view);
+        self->has_view = 0;
+        self->data = NULL;
+        self->capacity = 0;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *ab_get_capacity(AtomicBuffer *self, void *closure)
+{
+    return PyLong_FromSsize_t(self->capacity);
+}
+
+static PyMethodDef atomic_buffer_methods[] = {
+    {"get_int32", (PyCFunction)ab_get_int32, METH_VARARGS, "get_int32(offset) -> int: plain load"},
+    {"get_int64", (PyCFunction)ab_get_int64, METH_VARARGS, "get_int64(offset) -> int: plain load"},
+    {"get_int32_acquire", (PyCFunction)ab_get_int32_acquire, METH_VARARGS,
+     "get_int32_acquire(offset) -> int: load with acquire ordering (offset 4-aligned)"},
+    {"get_int64_acquire", (PyCFunction)ab_get_int64_acquire, METH_VARARGS,
+     "get_int64_acquire(offset) -> int: load with acquire ordering (offset 8-aligned)"},
+    {"put_int32", (PyCFunction)ab_put_int32, METH_VARARGS, "put_int32(offset, value): plain store"},
+    {"put_int64", (PyCFunction)ab_put_int64, METH_VARARGS, "put_int64(offset, value): plain store"},
+    {"put_int32_release", (PyCFunction)ab_put_int32_release, METH_VARARGS,
+     "put_int32_release(offset, value): store with release ordering"},
+    {"put_int64_release", (PyCFunction)ab_put_int64_release, METH_VARARGS,
+     "put_int64_release(offset, value): store with release ordering"},
+    {"get_and_add_int32", (PyCFunction)ab_get_and_add_int32, METH_VARARGS,
+     "get_and_add_int32(offset, delta) -> previous value (atomic)"},
+    {"get_and_add_int64", (PyCFunction)ab_get_and_add_int64, METH_VARARGS,
+     "get_and_add_int64(offset, delta) -> previous value (atomic)"},
+    {"compare_and_set_int32", (PyCFunction)ab_compare_and_set_int32, METH_VARARGS,
+     "compare_and_set_int32(offset, expected, desired) -> bool (atomic)"},
+    {"compare_and_set_int64", (PyCFunction)ab_compare_and_set_int64, METH_VARARGS,
+     "compare_and_set_int64(offset, expected, desired) -> bool (atomic)"},
+    {"get_bytes", (PyCFunction)ab_get_bytes, METH_VARARGS, "get_bytes(offset, length) -> bytes"},
+    {"put_bytes", (PyCFunction)ab_put_bytes, METH_VARARGS, "put_bytes(offset, data)"},
+    {"set_memory", (PyCFunction)ab_set_memory, METH_VARARGS,
+     "set_memory(offset, length, value): fill with a byte value"},
+    {"release", (PyCFunction)ab_release, METH_NOARGS,
+     "release(): drop the underlying buffer; later accesses raise ValueError"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef atomic_buffer_getset[] = {
+    {"capacity", (getter)ab_get_capacity, NULL, "length of the buffer in bytes", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject AtomicBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmbus.shm._native.AtomicBuffer",
+    .tp_basicsize = sizeof(AtomicBuffer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "AtomicBuffer(buffer): bounds-checked atomic access over a writable buffer.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)atomic_buffer_init,
+    .tp_dealloc = (destructor)atomic_buffer_dealloc,
+    .tp_methods = atomic_buffer_methods,
+    .tp_getset = atomic_buffer_getset,
+};
+
+/* Resolve (AtomicBuffer, offset) to an aligned int64 pointer, keeping a reference. */
+static int64_t *position_ptr(PyObject *buffer, Py_ssize_t offset)
+{
+    if (!PyObject_TypeCheck(buffer, &AtomicBufferType)) {
+        PyErr_SetString(PyExc_TypeError, "a position must live in an AtomicBuffer");
+        return NULL;
+    }
+    if (ab_check((AtomicBuffer *)buffer, offset, 8, 8)) return NULL;
+    return (int64_t *)(((AtomicBuffer *)buffer)->data + offset);
+}
+
+/* ====================================================================================== */
+/* Log geometry shared by appender and reader                                            */
+/* ====================================================================================== */
+
+typedef struct {
+    uint8_t *terms;           /* start of term 0 */
+    uint8_t *meta;            /* start of the metadata section */
+    int32_t term_length;
+    int position_bits;        /* log2(term_length) */
+    int32_t initial_term_id;
+} LogGeometry;
+
+static int geometry_from(AtomicBuffer *log, int32_t term_length, int32_t initial_term_id,
+                         LogGeometry *g)
+{
+    if (term_length < 65536 || (term_length & (term_length - 1)) != 0) {
+        PyErr_Format(PyExc_ValueError, "term length %d is not a power of two >= 65536",
+                     term_length);
+        return -1;
+    }
+    if (ab_check(log, 0, (Py_ssize_t)term_length * PARTITION_COUNT + LOG_META_DATA_LENGTH, 8))
+        return -1;
+    g->terms = log->data;
+    g->meta = log->data + (Py_ssize_t)term_length * PARTITION_COUNT;
+    g->term_length = term_length;
+    g->position_bits = __builtin_ctz((unsigned)term_length);
+    g->initial_term_id = initial_term_id;
+    return 0;
+}
+
+static inline uint8_t *term_at(const LogGeometry *g, int index)
+{
+    return g->terms + (Py_ssize_t)index * g->term_length;
+}
+
+static inline int64_t *tail_ptr(const LogGeometry *g, int index)
+{
+    return (int64_t *)(g->meta + META_TAIL_COUNTERS + 8 * index);
+}
+
+static inline int32_t *active_term_count_ptr(const LogGeometry *g)
+{
+    return (int32_t *)(g->meta + META_ACTIVE_TERM_COUNT);
+}
+
+static inline int64_t term_begin_position(const LogGeometry *g, int32_t term_id)
+{
+    return term_count_between(term_id, g->initial_term_id) << g->position_bits;
+}
+
+/* ====================================================================================== */
+/* PublicationCore: the term appender                                                     */
+/* ====================================================================================== */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *log_buffer;     /* AtomicBuffer over the whole log file */
+    PyObject *limit_buffer;   /* AtomicBuffer holding the publication-limit position */
+    LogGeometry g;
+    int64_t *limit;
+    int32_t session_id;
+    int32_t stream_id;
+    int32_t mtu;
+    int32_t max_payload;
+    int32_t max_message;
+    int64_t max_possible_position;
+    int exclusive;
+    int closed;
+    /* exclusive publications only: the single writer's own view of the tail */
+    int32_t x_term_offset;
+    int32_t x_term_id;
+    int32_t x_term_count;
+    int64_t x_term_begin_position;
+} PublicationCore;
+
+typedef struct {
+    const uint8_t *ptr;
+    Py_ssize_t len;
+} Piece;
+
+/* Copies n bytes out of a list of pieces, advancing the cursor (*pi, *po). */
+static void gather_copy(uint8_t *dst, const Piece *pieces, Py_ssize_t *pi, Py_ssize_t *po,
+                        Py_ssize_t n)
+{
+    while (n > 0) {
+        Py_ssize_t avail = pieces[*pi].len - *po;
+        if (avail == 0) { (*pi)++; *po = 0; continue; }
+        Py_ssize_t take = avail < n ? avail : n;
+        memcpy(dst, pieces[*pi].ptr + *po, (size_t)take);
+        dst += take; *po += take; n -= take;
+    }
+}
+
+static inline void write_header(PublicationCore *self, uint8_t *frame, int32_t frame_length,
+                                uint8_t flags, uint16_t type, int32_t term_offset,
+                                int32_t term_id, int64_t reserved_value)
+{
+    /* The negative length goes in first, so a writer that dies here leaves a frame the reader
+     * stops at and the driver can later recognise as blocked. */
+    STORE_RELEASE((int32_t *)frame, -frame_length);
+    frame[VERSION_OFFSET] = 0;
+    frame[FLAGS_OFFSET] = flags;
+    memcpy(frame + TYPE_OFFSET, &type, 2);
+    wr_i32(frame + TERM_OFFSET_OFFSET, term_offset);
+    wr_i32(frame + SESSION_ID_OFFSET, self->session_id);
+    wr_i32(frame + STREAM_ID_OFFSET, self->stream_id);
+    wr_i32(frame + TERM_ID_OFFSET, term_id);
+    wr_i64(frame + RESERVED_VALUE_OFFSET, reserved_value);
+}
+
+static inline void write_padding(PublicationCore *self, uint8_t *term, int32_t offset,
+                                 int32_t length, int32_t term_id)
+{
+    write_header(self, term + offset, length, UNFRAGMENTED, HDR_TYPE_PAD, offset, term_id, 0);
+    STORE_RELEASE((int32_t *)(term + offset), length);
+}
+
+/* Space a message of `length` bytes takes in the term, all fragments included. */
+static inline int32_t required_length(const PublicationCore *self, Py_ssize_t length)
+{
+    if (length <= self->max_payload)
+        return (int32_t)ALIGN(length + HEADER_LENGTH, FRAME_ALIGNMENT);
+    Py_ssize_t full = length / self->max_payload;
+    Py_ssize_t rest = length % self->max_payload;
+    Py_ssize_t required = full * ALIGN(self->max_payload + HEADER_LENGTH, FRAME_ALIGNMENT);
+    if (rest > 0)
+        required += ALIGN(rest + HEADER_LENGTH, FRAME_ALIGNMENT);
+    return (int32_t)required;
+}
+
+/* Writes one message (maybe fragmented) at term[offset]; the space is already reserved. */
+static void write_message(PublicationCore *self, uint8_t *term, int32_t offset, int32_t term_id,
+                          const Piece *pieces, Py_ssize_t length, int64_t reserved_value)
+{
+    Py_ssize_t pi = 0, po = 0;
+    if (length <= self->max_payload) {
+        int32_t frame_length = (int32_t)length + HEADER_LENGTH;
+        write_header(self, term + offset, frame_length, UNFRAGMENTED, HDR_TYPE_DATA, offset,
+                     term_id, reserved_value);
+        gather_copy(term + offset + HEADER_LENGTH, pieces, &pi, &po, length);
+        STORE_RELEASE((int32_t *)(term + offset), frame_length);
+        return;
+    }
+    Py_ssize_t remaining = length;
+    uint8_t flags = BEGIN_FLAG;
+    while (remaining > 0) {
+        Py_ssize_t chunk = remaining < self->max_payload ? remaining : self->max_payload;
+        int32_t frame_length = (int32_t)chunk + HEADER_LENGTH;
+        if (remaining == chunk)
+            flags |= END_FLAG;
+        write_header(self, term + offset, frame_length, flags, HDR_TYPE_DATA, offset, term_id,
+                     reserved_value);
+        gather_copy(term + offset + HEADER_LENGTH, pieces, &pi, &po, chunk);
+        STORE_RELEASE((int32_t *)(term + offset), frame_length);
+        offset += (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
+        remaining -= chunk;
+        flags = 0;
+    }
+}
+
+/* Moves the log to the next term (Aeron's rotateLog); safe for concurrent callers. */
+static void rotate_log(const LogGeometry *g, int32_t term_count, int32_t term_id)
+{
+    int32_t next_term_id = (int32_t)((uint32_t)term_id + 1u);
+    int32_t next_term_count = term_count + 1;
+    int next_index = next_term_count % PARTITION_COUNT;
+    int32_t expected_term_id = (int32_t)((uint32_t)next_term_id - PARTITION_COUNT);
+    int64_t new_raw_tail = pack_tail(next_term_id, 0);
+    int64_t *tail = tail_ptr(g, next_index);
+    for (;;) {
+        int64_t raw = LOAD_ACQUIRE(tail);
+        if (term_id_of(raw) != expected_term_id)
+            break;
+        if (CAS(tail, &raw, new_raw_tail))
+            break;
+    }
+    int32_t expected_count = term_count;
+    CAS(active_term_count_ptr(g), &expected_count, next_term_count);
+}
+
+static int64_t back_pressure_status(PublicationCore *self, int64_t position, int32_t length)
+{
+    if (position + length >= self->max_possible_position)
+        return MAX_POSITION_EXCEEDED;
+    if (LOAD_ACQUIRE((int32_t *)(self->g.meta + META_IS_CONNECTED)) == 1)
+        return BACK_PRESSURED;
+    return NOT_CONNECTED;
+}
+
+/* The state a writer sees before appending; see reserve(). */
+typedef struct {
+    int32_t term_count;
+    int32_t term_id;
+    int64_t term_offset;      /* may exceed the term length for concurrent writers */
+    int64_t position;
+    int64_t limit;
+} AppendState;
+
+/* Reads the current tail. Returns 0, or ADMIN_ACTION while a rotation is half done. */
+static int64_t read_state(PublicationCore *self, AppendState *s)
+{
+    s->limit = LOAD_ACQUIRE(self->limit);
+    if (self->exclusive) {
+        s->term_count = self->x_term_count;
+        s->term_id = self->x_term_id;
+        s->term_offset = self->x_term_offset;
+        s->position = self->x_term_begin_position + self->x_term_offset;
+        return 0;
+    }
+    s->term_count = LOAD_ACQUIRE(active_term_count_ptr(&self->g));
+    int64_t raw = LOAD_ACQUIRE(tail_ptr(&self->g, s->term_count % PARTITION_COUNT));
+    s->term_id = term_id_of(raw);
+    s->term_offset = term_offset_of(raw);
+    if (term_count_between(s->term_id, self->g.initial_term_id) != s->term_count)
+        return ADMIN_ACTION;
+    int64_t offset = s->term_offset < self->g.term_length ? s->term_offset : self->g.term_length;
+    s->position = term_begin_position(&self->g, s->term_id) + offset;
+    return 0;
+}
+
+/*
+ * Reserves `length` bytes in the active term. On success returns 0 and sets *term_id and
+ * *offset; the caller writes frames there. When the reservation does not fit in the term, the
+ * rest of the term is padded, the log rotated, and ADMIN_ACTION (or MAX_POSITION_EXCEEDED) is
+ * returned; *fit_end receives how far the reservation is usable (for batches).
+ */
+static int64_t reserve(PublicationCore *self, const AppendState *s, int32_t length,
+                       int32_t *term_id, int32_t *offset)
+{
+    const LogGeometry *g = &self->g;
+    int index = s->term_count % PARTITION_COUNT;
+    uint8_t *term = term_at(g, index);
+    int64_t start;
+    if (self->exclusive) {
+        *term_id = s->term_id;
+        start = s->term_offset;
+        if (start + length <= g->term_length) {
+            self->x_term_offset = (int32_t)(start + length);
+            STORE_RELEASE(tail_ptr(g, index), pack_tail(*term_id, self->x_term_offset));
+            *offset = (int32_t)start;
+            return 0;
+        }
+    } else {
+        int64_t raw = FETCH_ADD(tail_ptr(g, index), (int64_t)length);
+        *term_id = term_id_of(raw);
+        start = term_offset_of(raw);
+        if (start + length <= g->term_length) {
+            *offset = (int32_t)start;
+            return 0;
+        }
+    }
+    /* end of term: whoever's reservation covers the end pads it */
+    if (start < g->term_length)
+        write_padding(self, term, (int32_t)start, (int32_t)(g->term_length - start), *term_id);
+    int64_t term_end_position = term_begin_position(g, *term_id) + g->term_length;
+    if (term_end_position >= self->max_possible_position)
+        return MAX_POSITION_EXCEEDED;
+    if (self->exclusive) {
+        STORE_RELEASE(tail_ptr(g, index), pack_tail(*term_id, g->term_length));
+        rotate_log(g, s->term_count, *term_id);
+        self->x_term_count = s->term_count + 1;
+        self->x_term_id = (int32_t)((uint32_t)*term_id + 1u);
+        self->x_term_offset = 0;
+        self->x_term_begin_position = term_end_position;
+    } else {
+        rotate_log(g, s->term_count, *term_id);
+    }
+    return ADMIN_ACTION;
+}
+
+/* Appends one message given as pieces. Returns the new position or a negative code. */
+static int64_t append_pieces(PublicationCore *self, const Piece *pieces, Py_ssize_t length,
+                             int64_t reserved_value)
+{
+    if (self->closed)
+        return CLOSED;
+    AppendState s;
+    int64_t status = read_state(self, &s);
+    if (status < 0)
+        return status;
+    int32_t required = required_length(self, length);
+    if (s.position >= s.limit)
+        return back_pressure_status(self, s.position, required);
+    int32_t term_id, offset;
+    status = reserve(self, &s, required, &term_id, &offset);
+    if (status < 0)
+        return status;
+    write_message(self, term_at(&self->g, s.term_count % PARTITION_COUNT), offset, term_id,
+                  pieces, length, reserved_value);
+    return term_begin_position(&self->g, term_id) + offset + required;
+}
+
+static int check_length(PublicationCore *self, Py_ssize_t length)
+{
+    if (length > self->max_message) {
+        PyErr_Format(PyExc_ValueError,
+                     "message of %zd bytes exceeds the max message length of %d bytes "
+                     "(min(term length / 8, 16 MiB))",
+                     length, self->max_message);
+        return -1;
+    }
+    return 0;
+}
+
+static int get_message_buffer(PyObject *obj, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError,
+                         "a message must support the buffer protocol (bytes, bytearray, "
+                         "memoryview, numpy array), not %.100s", Py_TYPE(obj)->tp_name);
+        }
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_reserved(PyObject *kwnames, PyObject *const *args, Py_ssize_t nargs,
+                          int64_t *reserved)
+{
+    *reserved = 0;
+    if (kwnames == NULL)
+        return 0;
+    Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        if (PyUnicode_CompareWithASCIIString(name, "reserved_value") != 0) {
+            PyErr_Format(PyExc_TypeError,
+                         "offer() got an unexpected keyword argument '%U' "
+                         "(it takes reserved_value)", name);
+            return -1;
+        }
+        long long v = PyLong_AsLongLong(args[nargs + i]);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        *reserved = v;
+    }
+    return 0;
+}
+
+#define MAX_GATHER 16
+
+/* offer(*buffers, reserved_value=0) -> int: one message made of the buffers, concatenated. */
+static PyObject *pub_offer(PublicationCore *self, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames)
+{
+    int64_t reserved;
+    if (parse_reserved(kwnames, args, nargs, &reserved) < 0)
+        return NULL;
+    if (nargs == 1) {
+        Py_buffer view;
+        if (get_message_buffer(args[0], &view) < 0)
+            return NULL;
+        if (check_length(self, view.len) < 0) { PyBuffer_Release(&view); return NULL; }
+        Piece piece = {(const uint8_t *)view.buf, view.len};
+        int64_t result = append_pieces(self, &piece, view.len, reserved);
+        PyBuffer_Release(&view);
+        return PyLong_FromLongLong(result);
+    }
+    if (nargs < 1 || nargs > MAX_GATHER) {
+        PyErr_Format(PyExc_TypeError, "offer takes 1 to %d buffers, got %zd", MAX_GATHER, nargs);
+        return NULL;
+    }
+    Py_buffer views[MAX_GATHER];
+    Piece pieces[MAX_GATHER];
+    Py_ssize_t total = 0, got = 0;
+    PyObject *result = NULL;
+    for (; got < nargs; got++) {
+        if (get_message_buffer(args[got], &views[got]) < 0)
+            goto done;
+        pieces[got].ptr = views[got].buf;
+        pieces[got].len = views[got].len;
+        total += views[got].len;
+    }
+    if (check_length(self, total) < 0)
+        goto done;
+    result = PyLong_FromLongLong(append_pieces(self, pieces, total, reserved));
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    return result;
+}
+
+/*
+ * Appends messages[0..count) of a batch with a single reservation. get_piece(i) returns the
+ * i-th message. Returns the number appended (>= 1), or a negative code when none was.
+ */
+typedef int (*piece_getter)(void *ctx, Py_ssize_t i, Piece *out);
+
+static int64_t append_batch(PublicationCore *self, Py_ssize_t count, piece_getter get,
+                            void *ctx)
+{
+    if (self->closed)
+        return CLOSED;
+    AppendState s;
+    int64_t status = read_state(self, &s);
+    if (status < 0)
+        return status;
+    if (s.position >= s.limit) {
+        Piece first;
+        if (get(ctx, 0, &first) < 0) return INT64_MIN;
+        return back_pressure_status(self, s.position, required_length(self, first.len));
+    }
+    /* admit messages while the batch starts below the limit and fits in the term */
+    int64_t room = self->g.term_length - s.term_offset;
+    int64_t total = 0;
+    Py_ssize_t admitted = 0;
+    for (; admitted < count; admitted++) {
+        Piece p;
+        if (get(ctx, admitted, &p) < 0) return INT64_MIN;
+        int32_t required = required_length(self, p.len);
+        if (admitted > 0 && (total + required > room || s.position + total >= s.limit))
+            break;
+        total += required;
+    }
+    int32_t term_id, offset;
+    status = reserve(self, &s, (int32_t)total, &term_id, &offset);
+    uint8_t *term = term_at(&self->g, s.term_count % PARTITION_COUNT);
+    if (status == 0) {
+        for (Py_ssize_t i = 0; i < admitted; i++) {
+            Piece p;
+            get(ctx, i, &p);
+            write_message(self, term, offset, term_id, &p, p.len, 0);
+            offset += required_length(self, p.len);
+        }
+        return admitted;
+    }
+    return status;
+}
+
+typedef struct {
+    PyObject *const *items;
+    Py_buffer *views;
+} SeqCtx;
+
+static int seq_get(void *ctx, Py_ssize_t i, Piece *out)
+{
+    SeqCtx *c = ctx;
+    out->ptr = c->views[i].buf;
+    out->len = c->views[i].len;
+    return 0;
+}
+
+typedef struct {
+    const uint8_t *base;
+    Py_ssize_t record_length;
+} BlockCtx;
+
+static int block_get(void *ctx, Py_ssize_t i, Piece *out)
+{
+    BlockCtx *c = ctx;
+    out->ptr = c->base + i * c->record_length;
+    out->len = c->record_length;
+    return 0;
+}
+
+/* offer_many(messages) -> int: see the Python docstring of Publication.offer_many. */
+static PyObject *pub_offer_many(PublicationCore *self, PyObject *messages)
+{
+    Py_buffer block;
+    if (PyObject_CheckBuffer(messages)) {
+        if (PyObject_GetBuffer(messages, &block, PyBUF_C_CONTIGUOUS) < 0)
+            return NULL;
+        Py_ssize_t count, record_length;
+        if (block.ndim >= 2) {
+            count = block.shape[0];
+            record_length = count ? block.len / count : 0;
+        } else if (block.ndim == 1 && block.itemsize > 1) {
+            count = block.shape[0];
+            record_length = block.itemsize;
+        } else {
+            PyBuffer_Release(&block);
+            PyErr_SetString(PyExc_TypeError,
+                            "offer_many takes a sequence of messages, a 2-D array (one message "
+                            "per row) or a 1-D array of records; use offer() for one message");
+            return NULL;
+        }
+        if (check_length(self, record_length) < 0) { PyBuffer_Release(&block); return NULL; }
+        int64_t r = 0;
+        if (count > 0) {
+            BlockCtx ctx = {(const uint8_t *)block.buf, record_length};
+            r = append_batch(self, count, block_get, &ctx);
+        }
+        PyBuffer_Release(&block);
+        return PyLong_FromLongLong(r);
+    }
+    PyObject *seq = PySequence_Fast(messages, "offer_many takes a sequence of messages");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    /* bound the work per call so a huge list does not pin buffers for long */
+    if (count > 4096)
+        count = 4096;
+    Py_buffer *views = PyMem_Malloc(sizeof(Py_buffer) * (count ? count : 1));
+    if (views == NULL) { Py_DECREF(seq); return PyErr_NoMemory(); }
+    PyObject *const *items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t got = 0;
+    PyObject *result = NULL;
+    for (; got < count; got++) {
+        if (get_message_buffer(items[got], &views[got]) < 0)
+            goto done;
+        if (check_length(self, views[got].len) < 0) { got++; goto done; }
+    }
+    {
+        int64_t r = 0;
+        if (count > 0) {
+            SeqCtx ctx = {items, views};
+            r = append_batch(self, count, seq_get, &ctx);
+        }
+        result = PyLong_FromLongLong(r);
+    }
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* _claim(length, reserved_value) -> (result, frame_offset): frame_offset is into the log. */
+static PyObject *pub_claim(PublicationCore *self, PyObject *args)
+{
+    Py_ssize_t length; long long reserved = 0;
+    if (!PyArg_ParseTuple(args, "n|L", &length, &reserved))
+        return NULL;
+    if (length < 0 || length > self->max_payload) {
+        PyErr_Format(PyExc_ValueError,
+                     "claim length %zd is outside 0..%d (the max payload, mtu - 32)", length,
+                     self->max_payload);
+        return NULL;
+    }
+    if (self->closed)
+        return Py_BuildValue("(Ln)", (long long)CLOSED, (Py_ssize_t)-1);
+    AppendState s;
+    int64_t status = read_state(self, &s);
+    if (status < 0)
+        return Py_BuildValue("(Ln)", (long long)status, (Py_ssize_t)-1);
+    int32_t frame_length = (int32_t)length + HEADER_LENGTH;
+    int32_t required = (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
+    if (s.position >= s.limit)
+        return Py_BuildValue("(Ln)", (long long)back_pressure_status(self, s.position, required),
+                             (Py_ssize_t)-1);
+    int32_t term_id, offset;
+    status = reserve(self, &s, required, &term_id, &offset);
+    if (status < 0)
+        return Py_BuildValue("(Ln)", (long long)status, (Py_ssize_t)-1);
+    int index = s.term_count % PARTITION_COUNT;
+    write_header(self, term_at(&self->g, index) + offset, frame_length, UNFRAGMENTED,
+                 HDR_TYPE_DATA, offset, term_id, reserved);
+    Py_ssize_t frame_offset = (Py_ssize_t)index * self->g.term_length + offset;
+    return Py_BuildValue("(Ln)", (long long)(term_begin_position(&self->g, term_id) + offset +
+                                             required), frame_offset);
+}
+
+static uint8_t *claimed_frame(PublicationCore *self, PyObject *arg)
+{
+    if (self->closed) {
+        PyErr_SetString(PyExc_ValueError, "the publication is closed (its claims were aborted)");
+        return NULL;
+    }
+    Py_ssize_t frame_offset = PyLong_AsSsize_t(arg);
+    if (frame_offset == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t log_terms = (Py_ssize_t)self->g.term_length * PARTITION_COUNT;
+    if (frame_offset < 0 || frame_offset > log_terms - HEADER_LENGTH ||
+        frame_offset % FRAME_ALIGNMENT != 0) {
+        PyErr_Format(PyExc_ValueError, "%zd is not a frame offset in this log", frame_offset);
+        return NULL;
+    }
+    uint8_t *frame = self->g.terms + frame_offset;
+    if (LOAD_ACQUIRE((int32_t *)frame) >= 0) {
+        PyErr_SetString(PyExc_ValueError, "the claim was already committed or aborted");
+        return NULL;
+    }
+    return frame;
+}
+
+static PyObject *pub_commit(PublicationCore *self, PyObject *arg)
+{
+    uint8_t *frame = claimed_frame(self, arg);
+    if (frame == NULL)
+        return NULL;
+    STORE_RELEASE((int32_t *)frame, -rd_i32(frame));
+    Py_RETURN_NONE;
+}
+
+static PyObject *pub_abort(PublicationCore *self, PyObject *arg)
+{
+    uint8_t *frame = claimed_frame(self, arg);
+    if (frame == NULL)
+        return NULL;
+    uint16_t pad = HDR_TYPE_PAD;
+    memcpy(frame + TYPE_OFFSET, &pad, 2);
+    STORE_RELEASE((int32_t *)frame, -rd_i32(frame));
+    Py_RETURN_NONE;
+}
+
+/* Writable memoryview over a claimed frame's payload (valid until commit/abort). */
+static PyObject *pub_claim_view(PublicationCore *self, PyObject *args)
+{
+    Py_ssize_t frame_offset, length;
+    if (!PyArg_ParseTuple(args, "nn", &frame_offset, &length))
+        return NULL;
+    Py_ssize_t log_terms = (Py_ssize_t)self->g.term_length * PARTITION_COUNT;
+    if (self->closed || frame_offset < 0 || length < 0 ||
+        frame_offset + HEADER_LENGTH + length > log_terms) {
+        PyErr_SetString(PyExc_ValueError, "claim is outside this log");
+        return NULL;
+    }
+    return PyMemoryView_FromMemory((char *)self->g.terms + frame_offset + HEADER_LENGTH, length,
+                                   PyBUF_WRITE);
+}
+
+static PyObject *pub_position(PublicationCore *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->closed)
+        return PyLong_FromLong(CLOSED);
+    AppendState s;
+    if (read_state(self, &s) < 0) {
+        /* mid-rotation: the previous term is complete */
+        int32_t count = LOAD_ACQUIRE(active_term_count_ptr(&self->g));
+        return PyLong_FromLongLong((int64_t)count << self->g.position_bits);
+    }
+    return PyLong_FromLongLong(s.position);
+}
+
+static PyObject *pub_close_core(PublicationCore *self, PyObject *Py_UNUSED(ignored))
+{
+    self->closed = 1;
+    Py_RETURN_NONE;
+}
+
+static int pub_init(PublicationCore *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"log_buffer", "term_length", "initial_term_id", "mtu", "session_id",
+                             "stream_id", "limit_buffer", "limit_offset", "exclusive", NULL};
+    PyObject *log, *limit_buf;
+    int term_length, initial_term_id, mtu, session_id, stream_id, exclusive;
+    Py_ssize_t limit_offset;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iiiiiO!np", kwlist, &AtomicBufferType, &log,
+                                     &term_length, &initial_term_id, &mtu, &session_id,
+                                     &stream_id, &AtomicBufferType, &limit_buf, &limit_offset,
+                                     &exclusive))
+        return -1;
+    if (geometry_from((AtomicBuffer *)log, term_length, initial_term_id, &self->g) < 0)
+        return -1;
+    if (mtu < HEADER_LENGTH + FRAME_ALIGNMENT || mtu % FRAME_ALIGNMENT != 0 || mtu > 65504) {
+        PyErr_Format(PyExc_ValueError, "mtu %d is not a multiple of 32 in 64..65504", mtu);
+        return -1;
+    }
+    self->limit = position_ptr(limit_buf, limit_offset);
+    if (self->limit == NULL)
+        return -1;
+    Py_XSETREF(self->log_buffer, Py_NewRef(log));
+    Py_XSETREF(self->limit_buffer, Py_NewRef(limit_buf));
+    self->session_id = session_id;
+    self->stream_id = stream_id;
+    self->mtu = mtu;
+    self->max_payload = mtu - HEADER_LENGTH;
+    int32_t max_message = term_length / 8;
+    self->max_message = max_message < (16 << 20) ? max_message : (16 << 20);
+    self->max_possible_position = (int64_t)term_length << 31;
+    self->exclusive = exclusive;
+    self->closed = 0;
+    if (exclusive) {
+        int32_t count = LOAD_ACQUIRE(active_term_count_ptr(&self->g));
+        int64_t raw = LOAD_ACQUIRE(tail_ptr(&self->g, count % PARTITION_COUNT));
+        int64_t offset = term_offset_of(raw);
+        self->x_term_count = count;
+        self->x_term_id = term_id_of(raw);
+        self->x_term_offset = (int32_t)(offset < term_length ? offset : term_length);
+        self->x_term_begin_position = term_begin_position(&self->g, self->x_term_id);
+    }
+    return 0;
+}
+
+static int pub_traverse(PublicationCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->log_buffer);
+    Py_VISIT(self->limit_buffer);
+    return 0;
+}
+
+static int pub_clear(PublicationCore *self)
+{
+    Py_CLEAR(self->log_buffer);
+    Py_CLEAR(self->limit_buffer);
+    return 0;
+}
+
+static void pub_dealloc(PublicationCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    pub_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *pub_get_max_payload(PublicationCore *self, void *c)
+{ return PyLong_FromLong(self->max_payload); }
+static PyObject *pub_get_max_message(PublicationCore *self, void *c)
+{ return PyLong_FromLong(self->max_message); }
+static PyObject *pub_get_session_id(PublicationCore *self, void *c)
+{ return PyLong_FromLong(self->session_id); }
+static PyObject *pub_get_stream_id(PublicationCore *self, void *c)
+{ return PyLong_FromLong(self->stream_id); }
+static PyObject *pub_get_term_length(PublicationCore *self, void *c)
+{ return PyLong_FromLong(self->g.term_length); }
+static PyObject *pub_get_initial_term_id(PublicationCore *self, void *c)
+{ return PyLong_FromLong(self->g.initial_term_id); }
+static PyObject *pub_get_mtu(PublicationCore *self, void *c)
+{ return PyLong_FromLong(self->mtu); }
+static PyObject *pub_get_is_closed(PublicationCore *self, void *c)
+{ return PyBool_FromLong(self->closed); }
+static PyObject *pub_get_max_possible_position(PublicationCore *self, void *c)
+{ return PyLong_FromLongLong(self->max_possible_position); }
+static PyObject *pub_get_position_limit(PublicationCore *self, void *c)
+{ return PyLong_FromLongLong(LOAD_ACQUIRE(self->limit)); }
+static PyObject *pub_get_is_connected(PublicationCore *self, void *c)
+{
+    return PyBool_FromLong(!self->closed &&
+                           LOAD_ACQUIRE((int32_t *)(self->g.meta + META_IS_CONNECTED)) == 1);
+}
+
+static PyGetSetDef pub_getset[] = {
+    {"max_payload_length", (getter)pub_get_max_payload, NULL,
+     "largest payload of one frame (mtu - 32); larger messages are fragmented", NULL},
+    {"max_message_length", (getter)pub_get_max_message, NULL,
+     "largest message offer accepts: min(term length / 8, 16 MiB)", NULL},
+    {"session_id", (getter)pub_get_session_id, NULL, "session id of this publication", NULL},
+    {"stream_id", (getter)pub_get_stream_id, NULL, "stream id of this publication", NULL},
+    {"term_length", (getter)pub_get_term_length, NULL, "term length in bytes", NULL},
+    {"initial_term_id", (getter)pub_get_initial_term_id, NULL, "initial term id of the log", NULL},
+    {"mtu", (getter)pub_get_mtu, NULL, "maximum frame length including the header", NULL},
+    {"is_closed", (getter)pub_get_is_closed, NULL, "True once closed", NULL},
+    {"max_possible_position", (getter)pub_get_max_possible_position, NULL,
+     "term length * 2^31: offers at or past it return MAX_POSITION_EXCEEDED", NULL},
+    {"position_limit", (getter)pub_get_position_limit, NULL,
+     "the position beyond which offers are back-pressured", NULL},
+    {"is_connected", (getter)pub_get_is_connected, NULL,
+     "True while at least one subscriber is connected", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef pub_methods[] = {
+    {"offer", (PyCFunction)(void (*)(void))pub_offer, METH_FASTCALL | METH_KEYWORDS,
+     "offer(*buffers, reserved_value=0) -> int\n\nAppend one message made of the given buffers "
+     "(a gather of up to 16). Returns the new stream position (> 0) or a negative code: "
+     "NOT_CONNECTED, BACK_PRESSURED, ADMIN_ACTION, CLOSED, MAX_POSITION_EXCEEDED. Raises "
+     "ValueError when the message exceeds max_message_length, TypeError for a non-buffer."},
+    {"offer_many", (PyCFunction)pub_offer_many, METH_O,
+     "offer_many(messages) -> int\n\nAppend several messages with one reservation. messages is "
+     "a sequence of buffers, a 2-D array (one message per row) or a 1-D array of records (one "
+     "message per record). Returns how many were appended from the front (>= 1), or a negative "
+     "code when none was; 0 for an empty batch."},
+    {"_claim", (PyCFunction)pub_claim, METH_VARARGS, NULL},
+    {"_claim_view", (PyCFunction)pub_claim_view, METH_VARARGS, NULL},
+    {"_commit", (PyCFunction)pub_commit, METH_O, NULL},
+    {"_abort", (PyCFunction)pub_abort, METH_O, NULL},
+    {"_close_core", (PyCFunction)pub_close_core, METH_NOARGS, NULL},
+    {"position", (PyCFunction)pub_position, METH_NOARGS,
+     "position() -> int: the position the next message would be appended at"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PublicationCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmbus.shm._native.PublicationCore",
+    .tp_basicsize = sizeof(PublicationCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The term appender behind ExclusivePublication and ConcurrentPublication.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)pub_init,
+    .tp_dealloc = (destructor)pub_dealloc,
+    .tp_traverse = (traverseproc)pub_traverse,
+    .tp_clear = (inquiry)pub_clear,
+    .tp_methods = pub_methods,
+    .tp_getset = pub_getset,
+};
+
+/* ====================================================================================== */
+/* Header                                                                                  */
+/* ====================================================================================== */
+
+typedef struct {
+    PyObject_HEAD
+    uint8_t bytes[HEADER_LENGTH];
+    int position_bits;
+    int32_t initial_term_id;
+} Header;
+
+static PyTypeObject HeaderType;
+
+static PyObject *header_i32(Header *self, void *closure)
+{ return PyLong_FromLong(rd_i32(self->bytes + (intptr_t)closure)); }
+static PyObject *header_flags(Header *self, void *c)
+{ return PyLong_FromLong(self->bytes[FLAGS_OFFSET]); }
+static PyObject *header_type(Header *self, void *c)
+{ return PyLong_FromLong(rd_u16(self->bytes + TYPE_OFFSET)); }
+static PyObject *header_reserved(Header *self, void *c)
+{ return PyLong_FromLongLong(rd_i64(self->bytes + RESERVED_VALUE_OFFSET)); }
+static PyObject *header_position(Header *self, void *c)
+{
+    int32_t term_id = rd_i32(self->bytes + TERM_ID_OFFSET);
+    int64_t end = rd_i32(self->bytes + TERM_OFFSET_OFFSET) +
+                  ALIGN((int64_t)rd_i32(self->bytes + FRAME_LENGTH_OFFSET), FRAME_ALIGNMENT);
+    return PyLong_FromLongLong((term_count_between(term_id, self->initial_term_id)
+                                << self->position_bits) + end);
+}
+static PyObject *header_raw(Header *self, void *c)
+{ return PyBytes_FromStringAndSize((const char *)self->bytes, HEADER_LENGTH); }
+
+static PyObject *header_repr(Header *self)
+{
+    return PyUnicode_FromFormat(
+        "Header(session_id=%d, stream_id=%d, term_id=%d, term_offset=%d, frame_length=%d, "
+        "flags=0x%x)", rd_i32(self->bytes + SESSION_ID_OFFSET),
+        rd_i32(self->bytes + STREAM_ID_OFFSET), rd_i32(self->bytes + TERM_ID_OFFSET),
+        rd_i32(self->bytes + TERM_OFFSET_OFFSET), rd_i32(self->bytes + FRAME_LENGTH_OFFSET),
+        self->bytes[FLAGS_OFFSET]);
+}
+
+static PyGetSetDef header_getset[] = {
+    {"frame_length", (getter)header_i32, NULL, "header + payload length in bytes",
+     (void *)(intptr_t)FRAME_LENGTH_OFFSET},
+    {"term_offset", (getter)header_i32, NULL, "offset of the frame in its term",
+     (void *)(intptr_t)TERM_OFFSET_OFFSET},
+    {"session_id", (getter)header_i32, NULL, "publisher's session id",
+     (void *)(intptr_t)SESSION_ID_OFFSET},
+    {"stream_id", (getter)header_i32, NULL, "stream id", (void *)(intptr_t)STREAM_ID_OFFSET},
+    {"term_id", (getter)header_i32, NULL, "term id", (void *)(intptr_t)TERM_ID_OFFSET},
+    {"flags", (getter)header_flags, NULL, "B 0x80, E 0x40, EOS 0x20", NULL},
+    {"type", (getter)header_type, NULL, "frame type (1 DATA)", NULL},
+    {"reserved_value", (getter)header_reserved, NULL, "the 64-bit reserved value", NULL},
+    {"position", (getter)header_position, NULL, "stream position just after this frame", NULL},
+    {"raw", (getter)header_raw, NULL, "the 32 header bytes", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject HeaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmbus.Header",
+    .tp_basicsize = sizeof(Header),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The header of one fragment: a copy, safe to keep after the handler returns.",
+    .tp_getset = header_getset,
+    .tp_repr = (reprfunc)header_repr,
+};
+
+/* ====================================================================================== */
+/* ImageCore: the term reader                                                             */
+/* ====================================================================================== */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *log_buffer;
+    PyObject *position_buffer;
+    LogGeometry g;
+    int64_t *position;        /* the subscriber position: written only by this reader */
+    Header *header;           /* reused while nobody else holds it */
+    int closed;               /* once set, the log may be unmapped: never touch it again */
+} ImageCore;
+
+static PyObject *release_str;
+
+static Header *next_header(ImageCore *self, const uint8_t *frame)
+{
+    Header *h = self->header;
+    if (h == NULL || Py_REFCNT(h) > 1) {
+        Py_XDECREF(h);
+        h = PyObject_New(Header, &HeaderType);
+        if (h == NULL) { self->header = NULL; return NULL; }
+        h->position_bits = self->g.position_bits;
+        h->initial_term_id = self->g.initial_term_id;
+        self->header = h;
+    }
+    memcpy(h->bytes, frame, HEADER_LENGTH);
+    return h;
+}
+
+/* Calls handler(memoryview, header) for one fragment; returns its result (new ref) or NULL. */
+static PyObject *deliver(ImageCore *self, PyObject *handler, uint8_t *frame, int32_t length)
+{
+    PyObject *view = PyMemoryView_FromMemory((char *)frame + HEADER_LENGTH,
+                                             length - HEADER_LENGTH, PyBUF_READ);
+    if (view == NULL)
+        return NULL;
+    Header *h = next_header(self, frame);
+    if (h == NULL) { Py_DECREF(view); return NULL; }
+    PyObject *args[2] = {view, (PyObject *)h};
+    PyObject *r = PyObject_Vectorcall(handler, args, 2, NULL);
+    if (Py_REFCNT(view) > 1) {
+        /* the handler kept the view (or its traceback does): it must not outlive the call,
+         * since the term is cleaned and reused. A pending exception is kept across this. */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *rr = PyObject_CallMethodNoArgs(view, release_str);
+        if (rr == NULL) PyErr_Clear(); else Py_DECREF(rr);
+        PyErr_Restore(type, value, tb);
+    }
+    Py_DECREF(view);
+    return r;
+}
+
+/* Validates a committed frame; a corrupt one raises instead of being handed out. */
+static int frame_ok(ImageCore *self, int32_t offset, int32_t length)
+{
+    if (length < HEADER_LENGTH || (int64_t)offset + ALIGN((int64_t)length, FRAME_ALIGNMENT) >
+                                      self->g.term_length) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "corrupt log: frame length %d at term offset %d (term length %d)", length,
+                     offset, self->g.term_length);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *img_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "poll(handler, fragment_limit)");
+        return NULL;
+    }
+    PyObject *handler = args[0];
+    long limit = PyLong_AsLong(args[1]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    if (self->closed)
+        return PyLong_FromLong(0);
+    int64_t position = LOAD_ACQUIRE(self->position);
+    int32_t term_offset = (int32_t)(position & (self->g.term_length - 1));
+    uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
+    int32_t offset = term_offset;
+    long fragments = 0;
+    int failed = 0;
+    while (fragments < limit && offset < self->g.term_length) {
+        int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
+        if (length <= 0)
+            break;
+        if (!frame_ok(self, offset, length)) { failed = 1; break; }
+        uint8_t *frame = term + offset;
+        offset += (int32_t)ALIGN(length, FRAME_ALIGNMENT);
+        if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
+            continue;
+        fragments++;
+        PyObject *r = deliver(self, handler, frame, length);
+        if (r == NULL) { failed = 1; break; }
+        Py_DECREF(r);
+        if (self->closed)
+            break;  /* the handler closed the image: its log may be gone */
+    }
+    if (offset != term_offset)
+        STORE_RELEASE(self->position, position + (offset - term_offset));
+    if (failed)
+        return NULL;
+    return PyLong_FromLong(fragments);
+}
+
+static PyObject *img_controlled_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "controlled_poll(handler, fragment_limit)");
+        return NULL;
+    }
+    PyObject *handler = args[0];
+    long limit = PyLong_AsLong(args[1]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    if (self->closed)
+        return PyLong_FromLong(0);
+    int64_t position = LOAD_ACQUIRE(self->position);
+    int32_t initial_offset = (int32_t)(position & (self->g.term_length - 1));
+    uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
+    int32_t offset = initial_offset;
+    long fragments = 0;
+    int failed = 0;
+    while (fragments < limit && offset < self->g.term_length) {
+        int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
+        if (length <= 0)
+            break;
+        if (!frame_ok(self, offset, length)) { failed = 1; break; }
+        uint8_t *frame = term + offset;
+        int32_t aligned = (int32_t)ALIGN(length, FRAME_ALIGNMENT);
+        offset += aligned;
+        if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
+            continue;
+        fragments++;
+        PyObject *r = deliver(self, handler, frame, length);
+        if (r == NULL) { failed = 1; break; }
+        long action = r == Py_None ? ACTION_CONTINUE : PyLong_AsLong(r);
+        Py_DECREF(r);
+        if (action == -1 && PyErr_Occurred()) { failed = 1; break; }
+        if (action == ACTION_ABORT) {
+            fragments--;
+            offset -= aligned;
+            break;
+        }
+        if (action == ACTION_BREAK || self->closed)
+            break;
+        if (action == ACTION_COMMIT) {
+            position += offset - initial_offset;
+            initial_offset = offset;
+            STORE_RELEASE(self->position, position);
+        } else if (action != ACTION_CONTINUE) {
+            PyErr_Format(PyExc_ValueError, "controlled poll handler returned %ld, not an Action",
+                         action);
+            failed = 1;
+            break;
+        }
+    }
+    if (offset != initial_offset)
+        STORE_RELEASE(self->position, position + (offset - initial_offset));
+    if (failed)
+        return NULL;
+    return PyLong_FromLong(fragments);
+}
+
+/*
+ * _scan(limit, offsets, lengths, flags) -> (count, term_index, bytes_scanned)
+ * Fills payload offsets (int64, relative to the term) and payload lengths (int32) and flags
+ * (uint8) of up to `limit` DATA fragments from the current position, without moving it.
+ */
+static PyObject *img_scan(ImageCore *self, PyObject *args)
+{
+    Py_ssize_t limit;
+    Py_buffer offs, lens, flags;
+    if (!PyArg_ParseTuple(args, "nw*w*w*", &limit, &offs, &lens, &flags))
+        return NULL;
+    PyObject *result = NULL;
+    if (self->closed) {
+        result = Py_BuildValue("(nii)", (Py_ssize_t)0, 0, 0);
+        goto done;
+    }
+    if (offs.len < limit * 8 || lens.len < limit * 4 || flags.len < limit) {
+        PyErr_SetString(PyExc_ValueError, "scan arrays are smaller than the limit");
+        goto done;
+    }
+    int64_t position = LOAD_ACQUIRE(self->position);
+    int32_t term_offset = (int32_t)(position & (self->g.term_length - 1));
+    int index = (int)((position >> self->g.position_bits) % PARTITION_COUNT);
+    uint8_t *term = term_at(&self->g, index);
+    int64_t *o = offs.buf;
+    int32_t *l = lens.buf;
+    uint8_t *f = flags.buf;
+    int32_t offset = term_offset;
+    Py_ssize_t count = 0;
+    while (count < limit && offset < self->g.term_length) {
+        int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
+        if (length <= 0)
+            break;
+        if (!frame_ok(self, offset, length))
+            goto done;
+        uint8_t *frame = term + offset;
+        if (rd_u16(frame + TYPE_OFFSET) != HDR_TYPE_PAD) {
+            o[count] = offset + HEADER_LENGTH;
+            l[count] = length - HEADER_LENGTH;
+            f[count] = frame[FLAGS_OFFSET];
+            count++;
+        }
+        offset += (int32_t)ALIGN(length, FRAME_ALIGNMENT);
+    }
+    result = Py_BuildValue("(nii)", count, index, offset - term_offset);
+done:
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&lens);
+    PyBuffer_Release(&flags);
+    return result;
+}
+
+static PyObject *img_close_core(ImageCore *self, PyObject *Py_UNUSED(ignored))
+{
+    self->closed = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *img_get_is_closed(ImageCore *self, void *c)
+{ return PyBool_FromLong(self->closed); }
+
+static PyObject *img_get_position(ImageCore *self, void *c)
+{ return PyLong_FromLongLong(LOAD_ACQUIRE(self->position)); }
+
+static int img_set_position(ImageCore *self, PyObject *value, void *c)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "position cannot be deleted");
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0 || v % FRAME_ALIGNMENT != 0) {
+        PyErr_Format(PyExc_ValueError, "position %lld is not a non-negative multiple of 32", v);
+        return -1;
+    }
+    STORE_RELEASE(self->position, (int64_t)v);
+    return 0;
+}
+
+static PyObject *img_get_term_length(ImageCore *self, void *c)
+{ return PyLong_FromLong(self->g.term_length); }
+static PyObject *img_get_initial_term_id(ImageCore *self, void *c)
+{ return PyLong_FromLong(self->g.initial_term_id); }
+
+static int img_init(ImageCore *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"log_buffer", "term_length", "initial_term_id", "position_buffer",
+                             "position_offset", NULL};
+    PyObject *log, *pos_buf;
+    int term_length, initial_term_id;
+    Py_ssize_t pos_offset;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iiO!n", kwlist, &AtomicBufferType, &log,
+                                     &term_length, &initial_term_id, &AtomicBufferType, &pos_buf,
+                                     &pos_offset))
+        return -1;
+    if (geometry_from((AtomicBuffer *)log, term_length, initial_term_id, &self->g) < 0)
+        return -1;
+    self->position = position_ptr(pos_buf, pos_offset);
+    if (self->position == NULL)
+        return -1;
+    Py_XSETREF(self->log_buffer, Py_NewRef(log));
+    Py_XSETREF(self->position_buffer, Py_NewRef(pos_buf));
+    return 0;
+}
+
+static int img_traverse(ImageCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->log_buffer);
+    Py_VISIT(self->position_buffer);
+    return 0;
+}
+
+static int img_clear(ImageCore *self)
+{
+    Py_CLEAR(self->log_buffer);
+    Py_CLEAR(self->position_buffer);
+    Py_CLEAR(self->header);
+    return 0;
+}
+
+static void img_dealloc(ImageCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    img_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyGetSetDef img_getset[] = {
+    {"position", (getter)img_get_position, (setter)img_set_position,
+     "the subscriber position: bytes consumed so far in this stream", NULL},
+    {"term_length", (getter)img_get_term_length, NULL, "term length in bytes", NULL},
+    {"initial_term_id", (getter)img_get_initial_term_id, NULL, "initial term id", NULL},
+    {"is_closed", (getter)img_get_is_closed, NULL, "True once closed", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef img_methods[] = {
+    {"poll", (PyCFunction)(void (*)(void))img_poll, METH_FASTCALL,
+     "poll(handler, fragment_limit) -> int\n\nCall handler(buffer, header) for up to "
+     "fragment_limit fragments from the current position, then advance it. The buffer is a "
+     "read-only memoryview valid only during the call. Returns the number of fragments. If the "
+     "handler raises, the fragment counts as consumed and the exception propagates."},
+    {"controlled_poll", (PyCFunction)(void (*)(void))img_controlled_poll, METH_FASTCALL,
+     "controlled_poll(handler, fragment_limit) -> int\n\nLike poll, but the handler returns an "
+     "Action: ABORT (not consumed, stop), BREAK (consumed, stop), COMMIT (consumed, position "
+     "saved now), CONTINUE (or None)."},
+    {"_scan", (PyCFunction)img_scan, METH_VARARGS, NULL},
+    {"_close_core", (PyCFunction)img_close_core, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ImageCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmbus.shm._native.ImageCore",
+    .tp_basicsize = sizeof(ImageCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The term reader behind Image.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)img_init,
+    .tp_dealloc = (destructor)img_dealloc,
+    .tp_traverse = (traverseproc)img_traverse,
+    .tp_clear = (inquiry)img_clear,
+    .tp_methods = img_methods,
+    .tp_getset = img_getset,
+};
+
+/* ====================================================================================== */
+/* FragmentAssembler: reassembly of fragmented messages, per session                       */
+/* ====================================================================================== */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *delegate;
+    PyObject *builders;       /* dict: session id -> bytearray of the message so far */
+} Assembler;
+
+static PyTypeObject AssemblerType;
+
+/* The flags and session id of a Header (or of any object with those attributes). */
+static int header_fields(PyObject *header, int *flags, int32_t *session_id)
+{
+    if (PyObject_TypeCheck(header, &HeaderType)) {
+        *flags = ((Header *)header)->bytes[FLAGS_OFFSET];
+        *session_id = rd_i32(((Header *)header)->bytes + SESSION_ID_OFFSET);
+        return 0;
+    }
+    PyObject *f = PyObject_GetAttrString(header, "flags");
+    PyObject *s = f ? PyObject_GetAttrString(header, "session_id") : NULL;
+    long fv = f ? PyLong_AsLong(f) : -1, sv = s ? PyLong_AsLong(s) : -1;
+    Py_XDECREF(f);
+    Py_XDECREF(s);
+    if (PyErr_Occurred())
+        return -1;
+    *flags = (int)fv;
+    *session_id = (int32_t)sv;
+    return 0;
+}
+
+static int append_buffer(PyObject *bytearray, PyObject *buffer)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    Py_ssize_t old = PyByteArray_GET_SIZE(bytearray);
+    int rc = PyByteArray_Resize(bytearray, old + view.len);
+    if (rc == 0)
+        memcpy(PyByteArray_AS_STRING(bytearray) + old, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return rc;
+}
+
+static PyObject *assembler_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames)
+{
+    Assembler *self = (Assembler *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "a fragment handler takes (buffer, header)");
+        return NULL;
+    }
+    int flags;
+    int32_t session_id;
+    if (header_fields(args[1], &flags, &session_id) < 0)
+        return NULL;
+    flags &= UNFRAGMENTED;
+    if (flags == UNFRAGMENTED)
+        return PyObject_Vectorcall(self->delegate, args, 2, NULL);
+    PyObject *key = PyLong_FromLong(session_id);
+    if (key == NULL)
+        return NULL;
+    PyObject *result = NULL;
+    if (flags & BEGIN_FLAG) {
+        PyObject *builder = PyByteArray_FromStringAndSize(NULL, 0);
+        if (builder != NULL && append_buffer(builder, args[0]) == 0 &&
+            PyDict_SetItem(self->builders, key, builder) == 0)
+            result = Py_NewRef(Py_None);
+        Py_XDECREF(builder);
+        Py_DECREF(key);
+        return result;
+    }
+    PyObject *builder = PyDict_GetItemWithError(self->builders, key);  /* borrowed */
+    if (builder == NULL) {
+        Py_DECREF(key);
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;  /* joined in the middle of a message: dropped */
+    }
+    Py_INCREF(builder);
+    if (append_buffer(builder, args[0]) < 0)
+        goto done;
+    if (!(flags & END_FLAG)) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (PyDict_DelItem(self->builders, key) < 0)
+        goto done;
+    PyObject *view = PyMemoryView_FromObject(builder);
+    if (view == NULL)
+        goto done;
+    PyObject *call_args[2] = {view, args[1]};
+    result = PyObject_Vectorcall(self->delegate, call_args, 2, NULL);
+    Py_DECREF(view);
+done:
+    Py_DECREF(builder);
+    Py_DECREF(key);
+    return result;
+}
+
+static int assembler_init(Assembler *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"delegate", NULL};
+    PyObject *delegate;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &delegate))
+        return -1;
+    if (!PyCallable_Check(delegate)) {
+        PyErr_SetString(PyExc_TypeError, "the delegate must be callable (buffer, header)");
+        return -1;
+    }
+    Py_XSETREF(self->delegate, Py_NewRef(delegate));
+    Py_XSETREF(self->builders, PyDict_New());
+    if (self->builders == NULL)
+        return -1;
+    self->vectorcall = assembler_vectorcall;
+    return 0;
+}
+
+static PyObject *assembler_free_session(Assembler *self, PyObject *session_id)
+{
+    if (self->builders != NULL && PyDict_Contains(self->builders, session_id) == 1 &&
+        PyDict_DelItem(self->builders, session_id) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static int assembler_traverse(Assembler *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->delegate);
+    Py_VISIT(self->builders);
+    return 0;
+}
+
+static int assembler_clear(Assembler *self)
+{
+    Py_CLEAR(self->delegate);
+    Py_CLEAR(self->builders);
+    return 0;
+}
+
+static void assembler_dealloc(Assembler *self)
+{
+    PyObject_GC_UnTrack(self);
+    assembler_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef assembler_members[] = {
+    {"delegate", T_OBJECT, offsetof(Assembler, delegate), READONLY,
+     "the handler that gets whole messages"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef assembler_methods[] = {
+    {"free_session", (PyCFunction)assembler_free_session, METH_O,
+     "free_session(session_id): forget a partial message of a session that went away"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject AssemblerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmbus.FragmentAssembler",
+    .tp_basicsize = sizeof(Assembler),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "FragmentAssembler(delegate): a fragment handler that calls delegate(buffer, "
+              "header) once per whole message.\n\nUnfragmented messages pass straight through "
+              "(zero copy). Fragments are copied into a per-session buffer until the E flag "
+              "arrives; the delegate then gets a memoryview of the whole message and the header "
+              "of the last fragment. A fragment without a begun message (joined mid-message) is "
+              "dropped.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)assembler_init,
+    .tp_dealloc = (destructor)assembler_dealloc,
+    .tp_traverse = (traverseproc)assembler_traverse,
+    .tp_clear = (inquiry)assembler_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Assembler, vectorcall),
+    .tp_members = assembler_members,
+    .tp_methods = assembler_methods,
+};
+
+/* ====================================================================================== */
+/* Heartbeat: a native thread that keeps a client alive without the GIL                    */
+/* ====================================================================================== */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;           /* our own export of the mapping: it cannot be unmapped under us */
+    int has_view;
+    int64_t *slot;
+    int64_t interval_ns;
+    int running;              /* atomic: 1 while the thread should run */
+    int started;
+    pid_t owner_pid;          /* a forked child has no thread to stop */
+    pthread_t thread;
+} Heartbeat;
+
+static int64_t epoch_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void *heartbeat_run(void *arg)
+{
+    Heartbeat *self = arg;
+    while (LOAD_ACQUIRE(&self->running)) {
+        STORE_RELEASE(self->slot, epoch_ms());
+        int64_t left = self->interval_ns;
+        while (left > 0 && LOAD_ACQUIRE(&self->running)) {
+            int64_t step = left < 20000000 ? left : 20000000;
+            struct timespec ts = {0, (long)step};
+            nanosleep(&ts, NULL);
+            left -= step;
+        }
+    }
+    return NULL;
+}
+
+static void heartbeat_stop_thread(Heartbeat *self)
+{
+    if (self->started && self->owner_pid == getpid()) {
+        STORE_RELEASE(&self->running, 0);
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(self->thread, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    self->started = 0;
+    if (self->has_view) {
+        PyBuffer_Release(&self->view);
+        self->has_view = 0;
+    }
+}
+
+static int heartbeat_init(Heartbeat *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"buffer", "offset", "interval", NULL};
+    PyObject *buffer;
+    Py_ssize_t offset;
+    double interval;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!nd", kwlist, &AtomicBufferType, &buffer,
+                                     &offset, &interval))
+        return -1;
+    if (self->started) {
+        PyErr_SetString(PyExc_RuntimeError, "heartbeat already started");
+        return -1;
+    }
+    AtomicBuffer *ab = (AtomicBuffer *)buffer;
+    if (ab_check(ab, offset, 8, 8) < 0)
+        return -1;
+    if (!(interval > 0.0 && interval < 3600.0)) {
+        PyErr_Format(PyExc_ValueError, "heartbeat interval %f s is not in (0, 3600)", interval);
+        return -1;
+    }
+    if (PyObject_GetBuffer(ab->view.obj, &self->view, PyBUF_WRITABLE) < 0)
+        return -1;
+    self->has_view = 1;
+    self->slot = (int64_t *)((uint8_t *)self->view.buf + (ab->data - (uint8_t *)ab->view.buf) +
+                             offset);
+    self->interval_ns = (int64_t)(interval * 1e9);
+    self->owner_pid = getpid();
+    STORE_RELEASE(self->slot, epoch_ms());
+    self->running = 1;
+    if (pthread_create(&self->thread, NULL, heartbeat_run, self) != 0) {
+        PyBuffer_Release(&self->view);
+        self->has_view = 0;
+        PyErr_SetString(PyExc_OSError, "cannot start the heartbeat thread");
+        return -1;
+    }
+    self->started = 1;
+    return 0;
+}
+
+static PyObject *heartbeat_stop(Heartbeat *self, PyObject *Py_UNUSED(ignored))
+{
+    heartbeat_stop_thread(self);
+    Py_RETURN_NONE;
+}
+
+static void heartbeat_dealloc(Heartbeat *self)
+{
+    heartbeat_stop_thread(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *heartbeat_get_running(Heartbeat *self, void *c)
+{ return PyBool_FromLong(self->started && self->owner_pid == getpid()); }
+
+static PyMethodDef heartbeat_methods[] = {
+    {"stop", (PyCFunction)heartbeat_stop, METH_NOARGS,
+     "stop(): stop the thread and let go of the buffer. Idempotent; a no-op after fork."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef heartbeat_getset[] = {
+    {"running", (getter)heartbeat_get_running, NULL, "True while the thread runs", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject HeartbeatType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmbus.shm._native.Heartbeat",
+    .tp_basicsize = sizeof(Heartbeat),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Heartbeat(buffer, offset, interval): a thread (no GIL) that stores the epoch time "
+              "in ms at buffer[offset] every interval seconds until stop().",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)heartbeat_init,
+    .tp_dealloc = (destructor)heartbeat_dealloc,
+    .tp_methods = heartbeat_methods,
+    .tp_getset = heartbeat_getset,
+};
+
+static PyObject *native_epoch_ms(PyObject *m, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLongLong(epoch_ms());
+}
+
+static PyObject *native_acquire_fence(PyObject *m, PyObject *Py_UNUSED(ignored))
+{
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *native_release_fence(PyObject *m, PyObject *Py_UNUSED(ignored))
+{
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *native_full_fence(PyObject *m, PyObject *Py_UNUSED(ignored))
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef native_functions[] = {
+    {"epoch_ms", native_epoch_ms, METH_NOARGS, "epoch_ms() -> int: the clock heartbeats use"},
+    {"acquire_fence", native_acquire_fence, METH_NOARGS,
+     "acquire_fence(): loads before it are not reordered with loads and stores after it"},
+    {"release_fence", native_release_fence, METH_NOARGS,
+     "release_fence(): loads and stores before it are not reordered with stores after it"},
+    {"full_fence", native_full_fence, METH_NOARGS, "full_fence(): a sequentially consistent fence"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ====================================================================================== */
+/* netbridge wire helpers: the per-frame loops of the UDP sender and receiver              */
+/* ====================================================================================== */
+/*
+ * term_scan        the sender's scan of committed frames from a term offset (one datagram's
+ *                  worth), instead of a Python loop over frame headers.
+ * validate_datagram the receiver's check of every frame header of a DATA/PAD datagram against
+ *                  its place in the term, instead of a Python loop over headers.
+ * insert_frames    the receiver's copy of validated frames into an image term, the first
+ *                  frame's length last with a release store (Aeron's TermRebuilder.insert).
+ *
+ * All three are bounds-checked against the buffers they are given: bad arguments raise
+ * IndexError/ValueError and a bad datagram is an error code, never a read or write outside a
+ * buffer. Frames are read as the log layout above says (little-endian 32-byte headers).
+ */
+
+#define WIRE_INVALID (-1)
+
+static inline int64_t align_frame(int64_t length)
+{
+    return (length + FRAME_ALIGNMENT - 1) & ~(int64_t)(FRAME_ALIGNMENT - 1);
+}
+
+/* term_scan(buffer, term_start, term_length, term_offset, max_length, stop) -> (length, padding)
+ *
+ * Committed whole frames of the term at buffer[term_start : term_start + term_length], from
+ * term_offset on: `length` is how many bytes of them to send, `padding` the bytes skipped after
+ * them. Stops at an uncommitted frame (length <= 0, read with acquire), before a frame that
+ * would take the scan past max_length or past the end of the term, at a frame starting at or
+ * after `stop`, and after a PAD frame: a PAD is sent as its 32-byte header and the rest of its
+ * (aligned) length is the returned padding. */
+static PyObject *native_term_scan(PyObject *m, PyObject *args)
+{
+    PyObject *obj;
+    Py_ssize_t term_start, term_length, term_offset, max_length, stop;
+    if (!PyArg_ParseTuple(args, "O!nnnnn", &AtomicBufferType, &obj, &term_start, &term_length,
+                          &term_offset, &max_length, &stop))
+        return NULL;
+    AtomicBuffer *ab = (AtomicBuffer *)obj;
+    if (term_length <= 0 || term_length % FRAME_ALIGNMENT) {
+        PyErr_Format(PyExc_ValueError, "term length %zd is not a positive multiple of %d",
+                     term_length, FRAME_ALIGNMENT);
+        return NULL;
+    }
+    if (ab_check(ab, term_start, term_length, 8) < 0)
+        return NULL;
+    if (term_offset < 0 || term_offset > term_length || term_offset % FRAME_ALIGNMENT) {
+        PyErr_Format(PyExc_IndexError, "term offset %zd is not a 32-byte aligned offset in a "
+                     "term of %zd bytes", term_offset, term_length);
+        return NULL;
+    }
+    const uint8_t *term = ab->data + term_start;
+    if (stop > term_length)
+        stop = term_length;
+    int64_t available = 0, padding = 0;
+    while (available < max_length) {
+        int64_t offset = term_offset + available;
+        if (offset >= stop)
+            break;
+        int32_t frame_length = LOAD_ACQUIRE((const int32_t *)(term + offset));
+        if (frame_length <= 0)
+            break;
+        int64_t aligned = align_frame(frame_length);
+        if (offset + aligned > term_length)
+            break; /* not a frame this log could hold: never step past the term */
+        if (rd_u16(term + offset + TYPE_OFFSET) == HDR_TYPE_PAD) {
+            if (available + HEADER_LENGTH <= max_length) {
+                available += HEADER_LENGTH;
+                padding = aligned - HEADER_LENGTH;
+            }
+            break;
+        }
+        if (available + aligned > max_length)
+            break;
+        available += aligned;
+    }
+    return Py_BuildValue("LL", (long long)available, (long long)padding);
+}
+
+/* validate_datagram(datagram, term_offset, session_id, stream_id, term_id, term_length, below)
+ *     -> (end, span, skip), or WIRE_INVALID (-1)
+ *
+ * Walks every frame of a DATA/PAD datagram whose first frame is at term_offset of term
+ * term_id: each header must have version 0, type DATA (length >= 32, within the datagram) or
+ * PAD (length >= 32; it ends the datagram, sent as its header), the session, stream and term
+ * id given, and its own term offset = term_offset + its place in the datagram; the frames
+ * (a PAD with its whole length) must end inside the term. `end` is the bytes of the datagram to
+ * copy, `span` the bytes of the stream it covers, `skip` the leading bytes of frames that end
+ * at or below `below` (the rebuild position minus the datagram's position: frames already in
+ * the log, not rewritten). A heartbeat (DATA of length 0) is not for this function: invalid. */
+static PyObject *native_validate_datagram(PyObject *m, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t term_offset, term_length;
+    int session_id, stream_id, term_id;
+    long long below;
+    if (!PyArg_ParseTuple(args, "y*niiinL", &view, &term_offset, &session_id, &stream_id,
+                          &term_id, &term_length, &below))
+        return NULL;
+    const uint8_t *d = (const uint8_t *)view.buf;
+    const int64_t size = view.len;
+    int64_t offset = 0, skip = 0, span = 0;
+    int valid = term_offset >= 0 && term_offset < term_length && term_length > 0 &&
+                term_offset % FRAME_ALIGNMENT == 0 && size >= HEADER_LENGTH;
+    while (valid) {
+        const uint8_t *h = d + offset;
+        int32_t frame_length = rd_i32(h + FRAME_LENGTH_OFFSET);
+        uint16_t type = rd_u16(h + TYPE_OFFSET);
+        if (h[VERSION_OFFSET] != 0 || rd_i32(h + TERM_OFFSET_OFFSET) != term_offset + offset ||
+            rd_i32(h + SESSION_ID_OFFSET) != session_id ||
+            rd_i32(h + STREAM_ID_OFFSET) != stream_id || rd_i32(h + TERM_ID_OFFSET) != term_id ||
+            frame_length < HEADER_LENGTH) {
+            valid = 0;
+            break;
+        }
+        int64_t aligned = align_frame(frame_length);
+        if (type == HDR_TYPE_DATA) {
+            if (offset + frame_length > size) {
+                valid = 0;
+                break;
+            }
+            if (skip == offset && offset + aligned <= below)
+                skip = offset + aligned;
+            offset += aligned;
+            span = offset;
+        } else if (type == HDR_TYPE_PAD) {
+            if (skip == offset && offset + aligned <= below)
+                skip = offset + HEADER_LENGTH;
+            span = offset + aligned;
+            offset += HEADER_LENGTH;
+            break;
+        } else {
+            valid = 0;
+            break;
+        }
+        if (offset >= size)
+            break;
+        if (size - offset < HEADER_LENGTH) {
+            valid = 0;
+            break;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (!valid || term_offset + span > term_length)
+        return PyLong_FromLong(WIRE_INVALID);
+    return Py_BuildValue("LLL", (long long)(offset < size ? offset : size), (long long)span,
+                         (long long)skip);
+}
+
+/* insert_frames(buffer, at, datagram, start, end) -> bytes inserted (end - start)
+ *
+ * Copies datagram[start:end] (whole frames) to buffer[at:], the first frame's 4-byte length
+ * last with a release store, so a reader that sees that length sees every byte after it. */
+static PyObject *native_insert_frames(PyObject *m, PyObject *args)
+{
+    PyObject *obj;
+    Py_ssize_t at, start, end;
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "O!ny*nn", &AtomicBufferType, &obj, &at, &view, &start, &end))
+        return NULL;
+    AtomicBuffer *ab = (AtomicBuffer *)obj;
+    if (start < 0 || end > view.len || end - start < 4) {
+        PyErr_Format(PyExc_IndexError, "frames [%zd, %zd) are not inside a datagram of %zd "
+                     "bytes (or shorter than a frame length)", start, end, view.len);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (ab_check(ab, at, end - start, 4) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    const uint8_t *src = (const uint8_t *)view.buf + start;
+    memcpy(ab->data + at + 4, src + 4, (size_t)(end - start - 4));
+    STORE_RELEASE((int32_t *)(ab->data + at), rd_i32(src));
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(end - start);
+}
+
+static PyMethodDef netbridge_wire_functions[] = {
+    {"term_scan", native_term_scan, METH_VARARGS,
+     "term_scan(buffer, term_start, term_length, term_offset, max_length, stop) -> (length, "
+     "padding): committed whole frames to send from term_offset (see _native.c)"},
+    {"validate_datagram", native_validate_datagram, METH_VARARGS,
+     "validate_datagram(datagram, term_offset, session_id, stream_id, term_id, term_length, "
+     "below) -> (end, span, skip) or -1 if any frame header is invalid (see _native.c)"},
+    {"insert_frames", native_insert_frames, METH_VARARGS,
+     "insert_frames(buffer, at, datagram, start, end) -> int: copy datagram[start:end] to "
+     "buffer[at:], the first frame's length last with a release store"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ====================================================================================== */
+/* module                                                                                  */
+/* ====================================================================================== */
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "shmbus.shm._native",
+    .m_doc = "Native core of shmbus: atomics, term appender and term reader.",
+    .m_size = -1,
+    .m_methods = native_functions,
+};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    if (PyType_Ready(&AtomicBufferType) < 0 || PyType_Ready(&PublicationCoreType) < 0 ||
+        PyType_Ready(&HeaderType) < 0 || PyType_Ready(&ImageCoreType) < 0 ||
+        PyType_Ready(&HeartbeatType) < 0 || PyType_Ready(&AssemblerType) < 0)
+        return NULL;
+    release_str = PyUnicode_InternFromString("release");
+    if (release_str == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&native_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "AtomicBuffer", (PyObject *)&AtomicBufferType) < 0 ||
+        PyModule_AddObjectRef(m, "PublicationCore", (PyObject *)&PublicationCoreType) < 0 ||
+        PyModule_AddObjectRef(m, "Header", (PyObject *)&HeaderType) < 0 ||
+        PyModule_AddObjectRef(m, "ImageCore", (PyObject *)&ImageCoreType) < 0 ||
+        PyModule_AddObjectRef(m, "Heartbeat", (PyObject *)&HeartbeatType) < 0 ||
+        PyModule_AddObjectRef(m, "FragmentAssembler", (PyObject *)&AssemblerType) < 0 ||
+        PyModule_AddFunctions(m, netbridge_wire_functions) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
