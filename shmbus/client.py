@@ -133,7 +133,7 @@ class Client:
             ready.limit_counter_id))
         publication = kind(log, limit, channel=channel, registration_id=ready.registration_id,
                            on_close=self._on_publication_close,
-                           on_destination=self._on_destination)
+                           on_destination=self._on_destination, counters=self.counters.values)
         self._publications[ready.registration_id] = publication
         return publication
 

@@ -16,8 +16,7 @@ from typing import Any
 
 from shmbus import codes
 from shmbus.errors import PublicationError
-from shmbus.idle_strategy import BackoffIdleStrategy
-from shmbus.shm._native import PublicationCore
+from shmbus.shm._native import AtomicBuffer, PublicationCore
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 
@@ -100,11 +99,12 @@ class Publication(PublicationCore):
         registration_id: int = 0,
         on_close: Any = None,
         on_destination: Any = None,
+        counters: AtomicBuffer | None = None,
     ) -> None:
         d = log.descriptor
         super().__init__(
             log.buffer, d.term_length, d.initial_term_id, d.mtu, d.session_id, d.stream_id,
-            limit.buffer, limit.offset, self._exclusive,
+            limit.buffer, limit.offset, self._exclusive, counters,
         )
         self.log = log
         self.channel = channel
@@ -126,13 +126,13 @@ class Publication(PublicationCore):
         return claim
 
     def publish(self, *buffers: Buffer, timeout: float = 1.0, reserved_value: int = 0) -> int:
-        """Offer until it succeeds, idling between tries; returns the new position.
+        """Offer until it succeeds, sleeping while back-pressured; returns the new position.
 
+        A back-pressured publisher sleeps (no CPU) until a subscriber moves, woken by it.
         Raises :class:`PublicationError` with the last code after ``timeout`` seconds, or at
         once when the publication is closed or its position space is exhausted.
         """
         deadline = time.monotonic() + timeout
-        idle = BackoffIdleStrategy()
         while True:
             result = self.offer(*buffers, reserved_value=reserved_value)
             if result > 0:
@@ -140,11 +140,18 @@ class Publication(PublicationCore):
             if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
                 raise PublicationError(result)
             if result != codes.ADMIN_ACTION:
-                if time.monotonic() >= deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise PublicationError(
                         result, f"offer not accepted within {timeout} s: "
                         f"{codes.result_name(result)}")
-                idle.idle(0)
+                self._wait(result, remaining)
+
+    def _wait(self, result: int, remaining: float) -> None:
+        """Sleep until the limit may have moved: woken by readers (IPC), else in 1 ms slices
+        (a network sender's position and a new subscriber are not signalled)."""
+        self._await_progress(min(remaining, 0.001 if result == codes.NOT_CONNECTED or
+                                 not self.channel.startswith("aeron:ipc") else 0.1))
 
     def publish_many(self, messages: Sequence[Buffer] | Buffer, timeout: float = 1.0) -> int:
         """``offer_many`` until every message is appended; returns the count.
@@ -154,22 +161,21 @@ class Publication(PublicationCore):
         total = len(messages)
         done = 0
         deadline = time.monotonic() + timeout
-        idle = BackoffIdleStrategy()
         while done < total:
             result = self.offer_many(messages[done:] if done else messages)
             if result > 0:
                 done += result
                 deadline = time.monotonic() + timeout
-                idle.reset()
                 continue
             if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
                 raise PublicationError(result)
             if result != codes.ADMIN_ACTION:
-                if time.monotonic() >= deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise PublicationError(result, f"{total - done} of {total} messages not "
                                            f"accepted within {timeout} s: "
                                            f"{codes.result_name(result)}")
-                idle.idle(0)
+                self._wait(result, remaining)
         return total
 
     def add_destination(self, destination: str) -> None:
