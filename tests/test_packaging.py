@@ -1,0 +1,96 @@
+"""The distributions: a wheel with the compiled core that works in a clean venv, and an sdist
+that carries the C source and builds that wheel.
+
+Built once per module from this checkout into a temporary folder (pip and build fetch
+setuptools and the dependencies from pip's cache or the index, as a user's install would).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+PACKAGES = ["shmbus", "shmbus/driver", "shmbus/shm", "shmbus/archive", "shmbus/cli", "netbridge"]
+# PYTHONPATH could put the checkout before the installed package; SHMBUS_* would change settings.
+CLEAN_ENV = {name: value for name, value in os.environ.items()
+             if name not in ("PYTHONPATH", "VIRTUAL_ENV") and not name.startswith("SHMBUS_")}
+CLEAN_ENV["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+
+
+def run(*command: str | Path, cwd: Path, timeout: float = 120) -> str:
+    """Run a command; its output, or a failure showing that output."""
+    result = subprocess.run([str(part) for part in command], cwd=cwd, env=CLEAN_ENV,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{command} exited {result.returncode}:\n" \
+                                   f"{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def only(folder: Path, pattern: str) -> Path:
+    """The one file in ``folder`` matching ``pattern``."""
+    found = sorted(folder.glob(pattern))
+    assert len(found) == 1, f"expected one {pattern} in {folder}, found {found}"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with the sdist and the wheel built from the checkout (as `pip wheel .` does)."""
+    folder = tmp_path_factory.mktemp("dist")
+    run(sys.executable, "-m", "build", "--sdist", "--outdir", folder, CHECKOUT, cwd=folder)
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", folder, CHECKOUT,
+        cwd=folder)
+    return folder
+
+
+def test_wheel_holds_every_package_and_the_compiled_core_but_no_tests(dist: Path) -> None:
+    names = zipfile.ZipFile(only(dist, "shmbus-*.whl")).namelist()
+    for package in PACKAGES:
+        assert f"{package}/__init__.py" in names, package
+    assert [n for n in names if n.startswith("shmbus/shm/_native.")] == \
+        ["shmbus/shm/_native" + sysconfig.get_config_var("EXT_SUFFIX")]
+    assert not [n for n in names if n.split("/")[0] in ("tests", "tools", "examples")]
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    text = zipfile.ZipFile(only(dist, "shmbus-*.whl")).read(entry_points).decode()
+    assert "shmbus = shmbus.cli:app" in text and "netbridge = netbridge.cli:app" in text
+
+
+def test_sdist_carries_the_c_source_and_builds_the_wheel(dist: Path, tmp_path: Path) -> None:
+    sdist = only(dist, "shmbus-*.tar.gz")
+    names = {name.split("/", 1)[1] for name in tarfile.open(sdist).getnames() if "/" in name}
+    assert {"shmbus/shm/_native.c", "setup.py", "pyproject.toml", "README.md"} <= names
+    assert {f"{package}/__init__.py" for package in PACKAGES} <= names
+    assert not [n for n in names if n.split("/")[0] in ("tests", "tools", "examples")]
+    assert not [n for n in names if n.endswith(".so")], "a compiled module leaked into the sdist"
+
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", tmp_path, sdist,
+        cwd=tmp_path)
+    built = zipfile.ZipFile(only(tmp_path, "shmbus-*.whl")).namelist()
+    assert [n for n in built if n.startswith("shmbus/shm/_native.") and n.endswith(".so")]
+
+
+def test_wheel_installed_in_a_clean_venv_runs_a_pub_sub_and_the_cli(dist: Path,
+                                                                     tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+    python, bin_dir = venv / "bin" / "python", venv / "bin"
+    run(python, "-m", "pip", "install", "--quiet", only(dist, "shmbus-*.whl"), cwd=tmp_path,
+        timeout=300)
+
+    # From tmp_path, outside the checkout, so only the installed shmbus can be imported.
+    output = run(python, "-P", CHECKOUT / "tests" / "wheel_smoke.py", cwd=tmp_path)
+    site_packages = venv / "lib" / f"python{sysconfig.get_python_version()}" / "site-packages"
+    assert f"shmbus from {site_packages / 'shmbus' / '__init__.py'}" in output, output
+    assert f"native core from {site_packages / 'shmbus' / 'shm' / '_native.'}" in output, output
+    assert "1000 messages received exactly" in output, output
+
+    assert "driver" in run(bin_dir / "shmbus", "--help", cwd=tmp_path)
+    assert "Usage" in run(bin_dir / "netbridge", "--help", cwd=tmp_path)
