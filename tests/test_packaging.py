@@ -1,17 +1,19 @@
 """The distributions: a wheel with the compiled core that works in a clean venv, and an sdist
 that carries the C source and builds that wheel.
 
-Built once per module from this checkout into a temporary folder (pip and build fetch
-setuptools and the dependencies from pip's cache or the index, as a user's install would).
+Built once per module from this checkout into temporary folders (pip and build fetch setuptools
+and the dependencies from pip's cache or the index, as a user's install would).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -25,9 +27,12 @@ CLEAN_ENV = {name: value for name, value in os.environ.items()
 CLEAN_ENV["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
 
 
-def run(*command: str | Path, cwd: Path, timeout: float = 120) -> str:
-    """Run a command; its output, or a failure showing that output."""
-    result = subprocess.run([str(part) for part in command], cwd=cwd, env=CLEAN_ENV,
+def run(*command: str | Path, cwd: Path, timeout: float = 120, path: Path | None = None) -> str:
+    """Run a command (``path`` first on PATH); its output, or a failure showing that output."""
+    env = dict(CLEAN_ENV)
+    if path is not None:
+        env["PATH"] = f"{path}{os.pathsep}{env.get('PATH', os.defpath)}"
+    result = subprocess.run([str(part) for part in command], cwd=cwd, env=env,
                             capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{command} exited {result.returncode}:\n" \
                                    f"{result.stdout}\n{result.stderr}"
@@ -43,10 +48,17 @@ def only(folder: Path, pattern: str) -> Path:
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder with the sdist and the wheel built from the checkout (as `pip wheel .` does)."""
+    """A folder with the sdist and the wheel (`pip wheel .`) built from the checkout.
+
+    Built from a copy without the checkout's build products, as a fresh clone has none: a stale
+    build/ or egg-info would put into the wheel or sdist files the configuration no longer does.
+    """
+    source = tmp_path_factory.mktemp("source") / "shmbus"
+    shutil.copytree(CHECKOUT, source, ignore=shutil.ignore_patterns(
+        ".*", "build", "*.egg-info", "__pycache__", "*.so"))
     folder = tmp_path_factory.mktemp("dist")
-    run(sys.executable, "-m", "build", "--sdist", "--outdir", folder, CHECKOUT, cwd=folder)
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", folder, CHECKOUT,
+    run(sys.executable, "-m", "build", "--sdist", "--outdir", folder, source, cwd=folder)
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", folder, source,
         cwd=folder)
     return folder
 
@@ -81,12 +93,15 @@ def test_wheel_installed_in_a_clean_venv_runs_a_pub_sub_and_the_cli(dist: Path,
                                                                      tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
-    python, bin_dir = venv / "bin" / "python", venv / "bin"
-    run(python, "-m", "pip", "install", "--quiet", only(dist, "shmbus-*.whl"), cwd=tmp_path,
-        timeout=300)
+    bin_dir = venv / "bin"
+    run(bin_dir / "python", "-m", "pip", "install", "--quiet", only(dist, "shmbus-*.whl"),
+        cwd=tmp_path, timeout=300)
 
-    # From tmp_path, outside the checkout, so only the installed shmbus can be imported.
-    output = run(python, "-P", CHECKOUT / "tests" / "wheel_smoke.py", cwd=tmp_path)
+    # cibuildwheel's test-command, run as cibuildwheel runs it: by sh, with the venv's python
+    # first on PATH, from a folder outside the checkout, so only the installed shmbus imports.
+    config = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["tool"]["cibuildwheel"]
+    command = config["test-command"].replace("{project}", str(CHECKOUT))
+    output = run("sh", "-c", command, cwd=tmp_path, path=bin_dir)
     site_packages = venv / "lib" / f"python{sysconfig.get_python_version()}" / "site-packages"
     assert f"shmbus from {site_packages / 'shmbus' / '__init__.py'}" in output, output
     assert f"native core from {site_packages / 'shmbus' / 'shm' / '_native.'}" in output, output
