@@ -50,12 +50,12 @@ def only(folder: Path, pattern: str) -> Path:
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder with the sdist and the wheel (`pip wheel .`) built from the checkout.
 
-    Built from a copy without the checkout's build products, as a fresh clone has none: a stale
-    build/ or egg-info would put into the wheel or sdist files the configuration no longer does.
+    Built from a copy without the checkout's build/ and egg-info, as a fresh clone has none:
+    stale ones would put into the wheel or sdist files the configuration no longer does.
     """
     source = tmp_path_factory.mktemp("source") / "shmbus"
     shutil.copytree(CHECKOUT, source, ignore=shutil.ignore_patterns(
-        ".*", "build", "*.egg-info", "__pycache__", "*.so"))
+        ".*", "build", "*.egg-info", "__pycache__"))
     folder = tmp_path_factory.mktemp("dist")
     run(sys.executable, "-m", "build", "--sdist", "--outdir", folder, source, cwd=folder)
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", folder, source,
@@ -64,14 +64,15 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_wheel_holds_every_package_and_the_compiled_core_but_no_tests(dist: Path) -> None:
-    names = zipfile.ZipFile(only(dist, "shmbus-*.whl")).namelist()
+    wheel = zipfile.ZipFile(only(dist, "shmbus-*.whl"))
+    names = wheel.namelist()
     for package in PACKAGES:
         assert f"{package}/__init__.py" in names, package
     assert [n for n in names if n.startswith("shmbus/shm/_native.")] == \
         ["shmbus/shm/_native" + sysconfig.get_config_var("EXT_SUFFIX")]
     assert not [n for n in names if n.split("/")[0] in ("tests", "tools", "examples")]
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    text = zipfile.ZipFile(only(dist, "shmbus-*.whl")).read(entry_points).decode()
+    text = wheel.read(entry_points).decode()
     assert "shmbus = shmbus.cli:app" in text and "netbridge = netbridge.cli:app" in text
 
 
@@ -92,10 +93,11 @@ def test_sdist_carries_the_c_source_and_builds_the_wheel(dist: Path, tmp_path: P
 def test_wheel_installed_in_a_clean_venv_runs_a_pub_sub_and_the_cli(dist: Path,
                                                                      tmp_path: Path) -> None:
     venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+    run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     bin_dir = venv / "bin"
-    run(bin_dir / "python", "-m", "pip", "install", "--quiet", only(dist, "shmbus-*.whl"),
-        cwd=tmp_path, timeout=300)
+    # This pip installs into the venv (--python): quicker than bootstrapping pip inside it.
+    run(sys.executable, "-m", "pip", "--python", bin_dir / "python", "install", "--quiet",
+        only(dist, "shmbus-*.whl"), cwd=tmp_path, timeout=300)
 
     # cibuildwheel's test-command, run as cibuildwheel runs it: by sh, with the venv's python
     # first on PATH, from a folder outside the checkout, so only the installed shmbus imports.
