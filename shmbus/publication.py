@@ -190,7 +190,7 @@ class Publication(PublicationCore):
     @property
     def available_window(self) -> int:
         """Bytes that can be offered before back-pressure."""
-        return self.position_limit - self.position()
+        return self.position_limit - self.position
 
     def close(self) -> None:
         """Close: later offers return CLOSED; claims not yet committed are aborted (their
@@ -212,7 +212,7 @@ class Publication(PublicationCore):
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(channel={self.channel!r}, stream_id={self.stream_id}, "
-                f"session_id={self.session_id}, position={self.position()})")
+                f"session_id={self.session_id}, position={self.position})")
 
 
 class ExclusivePublication(Publication):

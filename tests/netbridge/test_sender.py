@@ -202,7 +202,7 @@ def test_data_is_sent_straight_from_the_log_packed_up_to_the_mtu(pub: Publicatio
     sizes = [10, 200, 1376, 3000, 50] + [20] * 60
     for i, size in enumerate(sizes):
         assert pub.offer(bytes([i % 256]) * size) > 0
-    end = pub.publication.position()
+    end = pub.publication.position
     out, deadline = sender.poll(1 * MS)
     assert deadline == 1 * MS + 100 * MS
     assert sender.sender_position == end
@@ -526,7 +526,7 @@ def test_offer_is_back_pressured_at_the_limit_set_from_the_sender_position(
     while (result := pub.offer(b"b" * 1000)) > 0:
         pass
     assert result == BACK_PRESSURED
-    assert TERM // 2 <= pub.publication.position() <= TERM // 2 + 1056  # at most one past
+    assert TERM // 2 <= pub.publication.position <= TERM // 2 + 1056  # at most one past
 
 
 def test_destinations_can_be_added_and_removed(pub: PublicationLog) -> None:
