@@ -451,8 +451,11 @@ def test_bad_datagrams_are_counted_and_ignored(pub: PublicationLog) -> None:
                        message=b"no")
     sender.on_datagram(1, error.encode(), CONTROL)
     assert sender.errors_received == 1 and sender.last_error.text == "no"
-    # decoded frames are accepted as well as bytes
-    sender.on_datagram(1, list(decode_frames(sm(64, 64 * 1024))), CONTROL)
+    # a datagram is bytes, never decoded frames
+    with pytest.raises(TypeError, match="list"):
+        sender.on_datagram(1, list(decode_frames(sm(64, 64 * 1024))), CONTROL)
+    assert sender.sender_limit == 32 * 1024
+    sender.on_datagram(1, memoryview(sm(64, 64 * 1024)), CONTROL)
     assert sender.sender_limit == 64 + 64 * 1024
 
 
