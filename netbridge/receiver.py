@@ -369,7 +369,7 @@ class ReceiverImage:
         # skip: leading bytes of frames wholly below the rebuild position).
         walked = _native.validate_datagram(view, term_offset, self.session_id, self.stream_id,
                                            term_id, term_length, rebuild - position)
-        if walked == -1:
+        if isinstance(walked, int):  # -1: some frame header is invalid
             self._invalid()
             return
         copy_end, span, skip = walked

@@ -384,13 +384,15 @@ class NetworkSender:
             if self._send_data(now_ns, out):
                 deadline = now_ns
             eos_due = self.is_end_of_stream and not self._eos_heartbeat_sent
+            last_send = self._last_send_ns
             if (
                 eos_due
-                or self._last_send_ns is None
-                or now_ns - self._last_send_ns >= self.heartbeat_interval_ns
+                or last_send is None
+                or now_ns - last_send >= self.heartbeat_interval_ns
             ):
                 self._send_heartbeat(now_ns, out)
-            deadline = min(deadline, self._last_send_ns + self.heartbeat_interval_ns)
+                last_send = now_ns
+            deadline = min(deadline, last_send + self.heartbeat_interval_ns)
             if self._has_receivers:
                 deadline = min(deadline, self._last_sm_ns + self.connection_timeout_ns + 1)
         return out, max(deadline, now_ns)

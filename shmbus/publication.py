@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmbus import codes
 from shmbus.errors import PublicationError
@@ -21,10 +21,10 @@ from shmbus.shm._native import PublicationCore
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 
-try:
-    from collections.abc import Buffer
-except ImportError:  # Python 3.11: any object with the buffer protocol
-    Buffer = Any  # type: ignore[misc,assignment]
+if TYPE_CHECKING:
+    import numpy as np
+
+    from shmbus.shm._native import Buffer  # a type of the stub only: any buffer-protocol object
 
 
 class BufferClaim:
@@ -146,7 +146,8 @@ class Publication(PublicationCore):
                         f"{codes.result_name(result)}")
                 idle.idle(0)
 
-    def publish_many(self, messages: Sequence[Buffer] | Buffer, timeout: float = 1.0) -> int:
+    def publish_many(self, messages: Sequence[Buffer] | np.ndarray[Any, Any],
+                     timeout: float = 1.0) -> int:
         """``offer_many`` until every message is appended; returns the count.
 
         Raises :class:`PublicationError` after ``timeout`` seconds without progress.
