@@ -51,7 +51,7 @@ from shmbus.shm.position import Position
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer
 from shmbus.subscription import ImageHandler, Subscription
 
-P = TypeVar("P", bound=Publication)
+PublicationT = TypeVar("PublicationT", bound=Publication)
 
 LAUNCH_LOCK = "launch.lock"
 _DRIVER_CHECK_INTERVAL_S = 0.1
@@ -124,8 +124,8 @@ class Client:
         return self._add_publication(cp.AddExclusivePublication, ExclusivePublication, channel,
                                      stream_id)
 
-    def _add_publication(self, command: type[cp.AddPublication], kind: type[P],
-                         channel: str, stream_id: int) -> P:
+    def _add_publication(self, command: type[cp.AddPublication], kind: type[PublicationT],
+                         channel: str, stream_id: int) -> PublicationT:
         self._check_usable()
         _check_stream_id(stream_id)
         ready = self._request(command(self.client_id, self._correlation(), stream_id, channel))

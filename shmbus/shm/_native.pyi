@@ -1,7 +1,6 @@
-"""Types of the native core (shmbus/shm/_native.c); keep in step with its method tables.
-
-Arguments the C code parses positionally are positional-only here; a closed core returns
-CLOSED or 0 rather than raising, as the C code does.
+"""Types of the native core (shmbus/shm/_native.c); keep in step with its method tables
+(tests/shmbus/shm/test_native_stub.py checks that every name is here). Arguments the C code
+parses positionally are positional-only here.
 """
 
 from collections.abc import Callable, Sequence
