@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmbus import codes
 from shmbus.errors import PublicationError
@@ -20,10 +20,10 @@ from shmbus.shm._native import AtomicBuffer, PublicationCore
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 
-try:
-    from collections.abc import Buffer
-except ImportError:  # Python 3.11: any object with the buffer protocol
-    Buffer = Any  # type: ignore[misc,assignment]
+if TYPE_CHECKING:
+    import numpy as np
+
+    from shmbus.shm._native import Buffer  # a type of the stub only: any buffer-protocol object
 
 
 class BufferClaim:
@@ -153,7 +153,8 @@ class Publication(PublicationCore):
         self._await_progress(min(remaining, 0.001 if result == codes.NOT_CONNECTED or
                                  not self.channel.startswith("aeron:ipc") else 0.1))
 
-    def publish_many(self, messages: Sequence[Buffer] | Buffer, timeout: float = 1.0) -> int:
+    def publish_many(self, messages: Sequence[Buffer] | np.ndarray[Any, Any],
+                     timeout: float = 1.0) -> int:
         """``offer_many`` until every message is appended; returns the count.
 
         Raises :class:`PublicationError` after ``timeout`` seconds without progress.
@@ -196,7 +197,7 @@ class Publication(PublicationCore):
     @property
     def available_window(self) -> int:
         """Bytes that can be offered before back-pressure."""
-        return self.position_limit - self.position()
+        return self.position_limit - self.position
 
     def close(self) -> None:
         """Close: later offers return CLOSED; claims not yet committed are aborted (their
@@ -218,7 +219,7 @@ class Publication(PublicationCore):
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(channel={self.channel!r}, stream_id={self.stream_id}, "
-                f"session_id={self.session_id}, position={self.position()})")
+                f"session_id={self.session_id}, position={self.position})")
 
 
 class ExclusivePublication(Publication):

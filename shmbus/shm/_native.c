@@ -1222,7 +1222,7 @@ static PyObject *pub_claim_view(PublicationCore *self, PyObject *args)
                                    PyBUF_WRITE);
 }
 
-static PyObject *pub_position(PublicationCore *self, PyObject *Py_UNUSED(ignored))
+static PyObject *pub_get_position(PublicationCore *self, void *c)
 {
     if (self->closed)
         return PyLong_FromLong(CLOSED);
@@ -1395,6 +1395,8 @@ static PyGetSetDef pub_getset[] = {
     {"is_closed", (getter)pub_get_is_closed, NULL, "True once closed", NULL},
     {"max_possible_position", (getter)pub_get_max_possible_position, NULL,
      "term length * 2^31: offers at or past it return MAX_POSITION_EXCEEDED", NULL},
+    {"position", (getter)pub_get_position, NULL,
+     "the position the next message would be appended at (CLOSED once closed)", NULL},
     {"position_limit", (getter)pub_get_position_limit, NULL,
      "the position beyond which offers are back-pressured", NULL},
     {"is_connected", (getter)pub_get_is_connected, NULL,
@@ -1420,8 +1422,6 @@ static PyMethodDef pub_methods[] = {
     {"_close_core", (PyCFunction)pub_close_core, METH_NOARGS, NULL},
     {"_await_progress", (PyCFunction)pub_await_progress, METH_O,
      "_await_progress(timeout_s): sleep until a reader or the limit moves, or the timeout"},
-    {"position", (PyCFunction)pub_position, METH_NOARGS,
-     "position() -> int: the position the next message would be appended at"},
     {NULL, NULL, 0, NULL},
 };
 
