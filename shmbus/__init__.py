@@ -47,6 +47,7 @@ from shmbus.publication import (
 from shmbus.shm._native import AtomicBuffer, Header
 from shmbus.shm.log_buffer import LogBuffer, LogBufferError
 from shmbus.subscription import Subscription
+from shmbus.subscription_group import GroupImage, GroupSubscription
 
 __all__ = [
     "ADMIN_ACTION",
@@ -71,6 +72,8 @@ __all__ = [
     "ExclusivePublication",
     "FragmentAssembler",
     "FragmentBatch",
+    "GroupImage",
+    "GroupSubscription",
     "Header",
     "Image",
     "LogBuffer",

@@ -7,6 +7,7 @@ each error names the part of the URI that is wrong.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from shmbus.shm.log_buffer import LogBufferError, check_mtu, check_term_length
@@ -20,7 +21,7 @@ KNOWN_PARAMS = frozenset({
     "tether", "session-id", "rcv-wnd", "fc", "gtag", "ssc", "reliable", "linger", "sparse",
     "eos", "group", "rejoin", "cc", "so-sndbuf", "so-rcvbuf", "nak-delay", "alias", "tags",
     "init-term-id", "term-id", "term-offset", "untethered-window-limit-timeout",
-    "untethered-resting-timeout",
+    "untethered-resting-timeout", "consumer-group",
 })
 _BOOLEAN_PARAMS = ("tether", "ssc", "reliable", "sparse", "eos", "group", "rejoin")
 _INT_PARAMS = ("ttl", "mtu", "term-length", "session-id", "rcv-wnd", "so-sndbuf", "so-rcvbuf",
@@ -29,6 +30,21 @@ _INT_PARAMS = ("ttl", "mtu", "term-length", "session-id", "rcv-wnd", "so-sndbuf"
 
 class ChannelUriError(ValueError):
     """A channel URI that cannot be parsed; the message names the bad part."""
+
+
+#: Parameter naming a subscription's consumer group (shmbus's own; Aeron has none).
+CONSUMER_GROUP = "consumer-group"
+_GROUP_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def check_group_name(name: object) -> str:
+    """Return ``name`` if it can name a consumer group: 1 to 64 of A-Z a-z 0-9 _ . -
+
+    Raises ValueError naming the bad name otherwise.
+    """
+    if not isinstance(name, str) or not _GROUP_NAME.fullmatch(name):
+        raise ValueError(f"group name {name!r} must be 1 to 64 characters of A-Z a-z 0-9 _ . -")
+    return name
 
 
 @dataclass(frozen=True)
@@ -97,6 +113,14 @@ class ChannelUri:
             raise ChannelUriError(f"channel {uri!r}: {e}") from None
         if "session-id" in self.params and not -(2**31) <= self.int_param("session-id") < 2**31:
             raise ChannelUriError(f"channel {uri!r}: session-id is not a 32-bit integer")
+        if CONSUMER_GROUP in self.params:
+            if self.media != "ipc" or self.spy:
+                raise ChannelUriError(f"channel {uri!r}: {CONSUMER_GROUP} is for aeron:ipc "
+                                      f"subscriptions only")
+            try:
+                check_group_name(self.params[CONSUMER_GROUP])
+            except ValueError as e:
+                raise ChannelUriError(f"channel {uri!r}: {e}") from None
         if self.media == "udp":
             if "endpoint" not in self.params and "control" not in self.params:
                 raise ChannelUriError(f"channel {uri!r}: udp needs an endpoint or a control")

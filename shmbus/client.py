@@ -16,6 +16,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,6 +51,7 @@ from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer
 from shmbus.subscription import ImageHandler, Subscription
+from shmbus.subscription_group import GroupImage, GroupSubscription, group_channel
 
 PublicationT = TypeVar("PublicationT", bound=Publication)
 
@@ -145,15 +147,22 @@ class Client:
         stream_id: int,
         on_available_image: ImageHandler | None = None,
         on_unavailable_image: ImageHandler | None = None,
+        *,
+        group: str | None = None,
     ) -> Subscription:
         """Subscribe to a channel and stream; images appear as publishers do.
 
-        The image callbacks run on the thread that polls (or calls the client).
+        The image callbacks run on the thread that polls (or calls the client). With
+        ``group="name"`` (an aeron:ipc channel) this subscription joins that consumer group:
+        each message goes to one member only, at least once (see
+        :class:`~shmbus.subscription_group.GroupSubscription`). ValueError for a bad group name.
         """
         self._check_usable()
         _check_stream_id(stream_id)
+        channel, group = group_channel(channel, group)
         correlation_id = self._correlation()
-        subscription = Subscription(
+        kind = Subscription if group is None else partial(GroupSubscription, group=group)
+        subscription = kind(
             channel, stream_id, registration_id=correlation_id,
             on_available_image=on_available_image, on_unavailable_image=on_unavailable_image,
             service=self._service, on_close=self._on_subscription_close)
@@ -220,11 +229,18 @@ class Client:
             if subscription._remove_image(previous.correlation_id) is not None:
                 self._unmap_log(previous.log)
         log = self._map_log(event.log_file)
-        position = Position(self.counters.values,
-                            self.counters.counter_offset(event.position_counter_id))
-        image = Image(log, position, correlation_id=event.correlation_id,
-                      subscription_registration_id=event.subscription_registration_id,
-                      source_identity=event.source_identity)
+        image: Image
+        if isinstance(subscription, GroupSubscription):
+            image = GroupImage(log, self.counters, event.position_counter_id,
+                               correlation_id=event.correlation_id,
+                               subscription_registration_id=event.subscription_registration_id,
+                               source_identity=event.source_identity)
+        else:
+            position = Position(self.counters.values,
+                                self.counters.counter_offset(event.position_counter_id))
+            image = Image(log, position, correlation_id=event.correlation_id,
+                          subscription_registration_id=event.subscription_registration_id,
+                          source_identity=event.source_identity)
         subscription._add_image(image)
 
     # -- requests ------------------------------------------------------------------------------

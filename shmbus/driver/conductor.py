@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from shmbus.channel_uri import ChannelUri, ChannelUriError
+from shmbus.channel_uri import CONSUMER_GROUP, ChannelUri, ChannelUriError
 from shmbus.context import Context
 from shmbus.driver import control_protocol as cp
 from shmbus.driver.ipc_flow_control import IpcFlowControl
@@ -35,10 +35,17 @@ from shmbus.driver.ipc_publication import (
     Timeouts,
 )
 from shmbus.driver.network_image import NetworkImage
+from shmbus.driver.subscription_group import SubscriptionGroup
 from shmbus.driver.system_counters import SystemCounter
 from shmbus.shm.broadcast import BroadcastTransmitter
 from shmbus.shm.counters import (
     CLIENT_HEARTBEAT,
+    GROUP_CLAIM,
+    GROUP_CLAIM_KEY,
+    GROUP_MEMBERS,
+    GROUP_ORPHAN,
+    GROUP_POS,
+    GROUP_REDELIVERED,
     PUB_LIMIT,
     PUB_POS,
     RCV_HWM,
@@ -94,6 +101,7 @@ class SubscriptionLink:
     endpoint_key: tuple[str, ...] = ("ipc",)
     spy: bool = False                   # reads a local network publication's log
     simulate_connection: bool = False   # ssc=true: a spy counts as a connection
+    group: str | None = None            # consumer-group: each message to one member
 
     @property
     def is_network(self) -> bool:
@@ -163,6 +171,8 @@ class DriverConductor:
         self.to_driver.consumer_heartbeat_time = now_ms
         work = self._check_clients(now_ms)
         for publication in list(self.publications):
+            for group in publication.groups.values():
+                self._free(group.hand_on(publication.log))
             events, unblocked = publication.on_timer(now_ms, self.timeouts)
             if unblocked:
                 self._add(SystemCounter.UNBLOCKED_PUBLICATIONS, 1)
@@ -264,7 +274,8 @@ class DriverConductor:
             command.correlation_id, command.client_id, command.stream_id, uri.canonical(),
             uri.bool_param("tether", self.context.tether_subscriptions),
             uri.int_param("session-id") if "session-id" in uri.params else None,
-            uri.endpoint_key(), spy=uri.spy, simulate_connection=uri.bool_param("ssc", False))
+            uri.endpoint_key(), spy=uri.spy, simulate_connection=uri.bool_param("ssc", False),
+            group=uri.params.get(CONSUMER_GROUP))
         new_receive_channel = link.is_network and not any(
             other.endpoint_key == link.endpoint_key and other.stream_id == link.stream_id
             for other in self.subscriptions.values())
@@ -572,15 +583,83 @@ class DriverConductor:
                               LinkState.ACTIVE, self._now_ms())
 
     def _link(self, publication: IpcPublication, link: SubscriptionLink) -> None:
-        join = publication.join_position()
-        subscriber = self._subscriber_link(link, publication.session_id, publication.stream_id,
-                                           publication.channel, publication.registration_id,
-                                           join)
+        if link.group is not None:
+            subscriber = self._join_group(publication, link, link.group)
+            join = publication.groups[link.group].position.get()
+        else:
+            join = publication.join_position()
+            subscriber = self._subscriber_link(link, publication.session_id,
+                                               publication.stream_id, publication.channel,
+                                               publication.registration_id, join)
         publication.subscribers[subscriber.link_id] = subscriber
         if link.simulate_connection and isinstance(publication, NetworkPublication):
             publication.spies_simulate_connection = True
         publication.update_limit()
         self._send_image_event(publication, ImageEvent(True, subscriber, join))
+
+    def _join_group(self, publication: IpcPublication, link: SubscriptionLink,
+                    name: str) -> SubscriberLink:
+        """A member's claim record in its group on this publication (the group is made when
+        its first member comes); the record takes the place of a sub-pos counter."""
+        label = (f"{publication.registration_id} {publication.session_id} "
+                 f"{publication.stream_id} {publication.channel}")
+        group = publication.groups.get(name)
+        if group is None:
+            ids = self._allocate_all(
+                [(f"{kind}: {label} group={name}", type_id) for kind, type_id in (
+                    ("grp-pos", GROUP_POS), ("grp-orphan", GROUP_ORPHAN),
+                    ("grp-members", GROUP_MEMBERS), ("grp-redelivered", GROUP_REDELIVERED))],
+                registration_id=publication.registration_id, owner_id=link.client_id,
+                reference_id=publication.registration_id)
+            group = SubscriptionGroup(name, ids[0], self._position(ids[0]), ids[1],
+                                      self._position(ids[1]), ids[2], self._position(ids[2]),
+                                      ids[3], self._position(ids[3]))
+            group.start(publication.join_position())
+            publication.groups[name] = group
+        client = self.clients.get(link.client_id)
+        who = f" pid={client.pid} {client.name}" if client else ""
+        # the subscription's registration id is the member's claim-lock token
+        counter_id = self.counters.allocate(
+            f"grp-claim: {link.registration_id} {label} group={name}{who}", GROUP_CLAIM,
+            key=GROUP_CLAIM_KEY.pack(group.position_counter_id, group.orphan_counter_id,
+                                     link.registration_id),
+            registration_id=link.registration_id, owner_id=link.client_id,
+            reference_id=publication.registration_id)
+        record = self._position(counter_id)
+        group.add_member(counter_id, record)
+        return SubscriberLink(self.to_driver.next_correlation_id(), link.registration_id,
+                              link.client_id, counter_id, record, True, LinkState.ACTIVE,
+                              self._now_ms(), group=name)
+
+    def _leave_group(self, publication: IpcPublication, link: SubscriberLink, name: str) -> None:
+        """A member left (closed, or its client timed out): its unfinished claim is handed on;
+        the last member's leaving ends the group."""
+        group = publication.groups[name]
+        if group.remove_member(link.counter_id, link.subscription_id):
+            self.counters.free(link.counter_id)
+        if group.members:
+            self._free(group.hand_on(publication.log))
+        else:
+            self._free(group.counter_ids())
+            del publication.groups[name]
+
+    def _allocate_all(self, counters: list[tuple[str, int]], *, registration_id: int,
+                      owner_id: int, reference_id: int) -> list[int]:
+        """Allocate (label, type id) counters with the same ids, all or none."""
+        allocated: list[int] = []
+        try:
+            for label, type_id in counters:
+                allocated.append(self.counters.allocate(
+                    label, type_id, registration_id=registration_id, owner_id=owner_id,
+                    reference_id=reference_id))
+        except CountersFullError:
+            self._free(allocated)
+            raise
+        return allocated
+
+    def _free(self, counter_ids: list[int]) -> None:
+        for counter_id in counter_ids:
+            self.counters.free(counter_id)
 
     def _send_image_event(self, publication: IpcPublication, event: ImageEvent) -> None:
         link = event.link
@@ -599,7 +678,10 @@ class DriverConductor:
             for link_id, link in list(publication.subscribers.items()):
                 if link.subscription_id == registration_id:
                     del publication.subscribers[link_id]
-                    self.counters.free(link.counter_id)
+                    if link.group is None:
+                        self.counters.free(link.counter_id)
+                    else:
+                        self._leave_group(publication, link, link.group)
         for image in self.images.values():
             for link_id, link in list(image.subscribers.items()):
                 if link.subscription_id == registration_id:
@@ -616,7 +698,10 @@ class DriverConductor:
         self.publications.remove(publication)
         self._destinations.pop(publication.registration_id, None)
         for link in publication.subscribers.values():
-            self.counters.free(link.counter_id)
+            if link.group is None:
+                self.counters.free(link.counter_id)
+        for group in publication.groups.values():
+            self._free(group.counter_ids())
         self.counters.free(publication.limit_counter_id)
         self.counters.free(publication.pub_pos_counter_id)
         if isinstance(publication, NetworkPublication):

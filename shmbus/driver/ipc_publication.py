@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.driver.log_unblocker import unblock
+from shmbus.driver.subscription_group import IDLE, SubscriptionGroup
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 
@@ -37,6 +38,8 @@ class SubscriberLink:
     tethered: bool
     state: LinkState = LinkState.ACTIVE
     time_of_last_change_ms: int = 0
+    #: the consumer group it is a member of: its counter is then its claim record
+    group: str | None = None
 
 
 @dataclass
@@ -91,6 +94,7 @@ class IpcPublication:
     endpoint_key: tuple[str, ...] = ("ipc",)
     owners: list[PublicationOwner] = field(default_factory=list)
     subscribers: dict[int, SubscriberLink] = field(default_factory=dict)
+    groups: dict[str, SubscriptionGroup] = field(default_factory=dict)
     state: PublicationState = PublicationState.ACTIVE
     time_of_state_change_ms: int = 0
     _last_consumer_position: int = 0
@@ -107,12 +111,18 @@ class IpcPublication:
 
     def _flow_counters(self) -> list[tuple[int, Position]]:
         """The position counters (id, position) that hold the publisher back."""
-        return [(s.counter_id, s.position) for s in self.subscribers.values()
-                if s.state is not LinkState.RESTING]
+        counted = [(s.counter_id, s.position) for s in self.subscribers.values()
+                   if s.state is not LinkState.RESTING and s.group is None]
+        for group in self.groups.values():
+            counted.extend(group.flow_counters())
+        return counted
 
-    def _flow_positions(self) -> list[int]:
-        """The consumer positions that hold the publisher back."""
-        return [position.get() for _, position in self._flow_counters()]
+    def _flow_positions(self, counters: list[tuple[int, Position]] | None = None) -> list[int]:
+        """The consumer positions that hold the publisher back (idle group records left out)."""
+        if counters is None:
+            counters = self._flow_counters()
+        return [value for value in (position.get() for _, position in counters)
+                if value != IDLE]
 
     def _update_connected(self, positions: list[int]) -> None:
         connected = bool(positions) and self.state is PublicationState.ACTIVE
@@ -120,8 +130,10 @@ class IpcPublication:
             self.log.is_connected = connected
 
     def _is_drained(self, end: int) -> bool:
-        return all(s.position.get() >= end for s in self.subscribers.values()
-                   if s.state is not LinkState.RESTING)
+        return all(position >= end for position in self._flow_positions(
+            [(s.counter_id, s.position) for s in self.subscribers.values()
+             if s.state is not LinkState.RESTING] + [
+                counter for group in self.groups.values() for counter in group.flow_counters()]))
 
     def update_limit(self) -> int:
         """Sample pub-pos, set pub-lmt from the counted subscribers, clean behind them.
@@ -133,7 +145,7 @@ class IpcPublication:
         if published:
             self.pub_pos.set(producer)
         counters = self._flow_counters()
-        positions = [position.get() for _, position in counters]
+        positions = self._flow_positions(counters)
         if self.state is PublicationState.ACTIVE:
             self.flow.set_counted([counter_id for counter_id, _ in counters])
             self.flow.update(positions)
@@ -164,7 +176,8 @@ class IpcPublication:
             return events
         window = self.flow.window
         consumer = max((s.position.get() for s in self.subscribers.values()
-                        if s.state is not LinkState.RESTING), default=self.producer_position())
+                        if s.state is not LinkState.RESTING and s.group is None),
+                       default=self.producer_position())
         window_floor = consumer - window + window // 8
         for link in untethered:
             if link.state is LinkState.ACTIVE:

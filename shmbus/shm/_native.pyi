@@ -168,6 +168,38 @@ class ImageCore:
         """(fragments, term index, bytes scanned) from the current position, not moving it."""
     def _close_core(self) -> None: ...
 
+class GroupMemberCore(ImageCore):
+    """One member of a subscription group on one log (see _native.c, "Subscription groups").
+
+    ``counters`` is the bus's counter values; the offsets are the value slots of the group's
+    grp-pos, this member's grp-claim and the group's grp-orphan counters; ``token`` (> 0, unique
+    in the group) marks this member in the group's claim lock."""
+
+    def __init__(
+        self,
+        log_buffer: AtomicBuffer,
+        term_length: int,
+        initial_term_id: int,
+        counters: AtomicBuffer,
+        group_offset: int,
+        claim_offset: int,
+        orphan_offset: int,
+        token: int,
+    ) -> None: ...
+    @property  # type: ignore[misc]
+    def position(self) -> int:
+        """The group's claim position (read-only)."""
+    @property
+    def claim(self) -> tuple[int, int]:
+        """This member's claim record (start, end); it owns [start, end) while start < end."""
+    def poll(self, handler: Callable[[memoryview, Header], object], fragment_limit: int, /) -> int:
+        """Delivers this member's claim: the rest of an unfinished one, else the group's
+        orphan, else a new run of whole messages of up to fragment_limit fragments."""
+    def controlled_poll(self, *args: object) -> int:
+        """Raises TypeError: a member delivers whole claims with poll() only."""
+    def _scan(self, *args: object) -> tuple[int, int, int]:
+        """Raises TypeError, as controlled_poll does."""
+
 @final
 class FragmentAssembler:
     """A fragment handler that calls ``delegate(buffer, header)`` once per whole message."""

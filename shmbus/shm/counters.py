@@ -10,7 +10,9 @@ Values buffer: one 64-byte slot per counter id, at ``counter_id * 64``::
     8    registration id (i64)  set at allocation: the registration it belongs to
     16   owner id (i64)         set at allocation: the client that owns it
     24   reference id (i64)     set at allocation: a related registration
-    32   (padding to 64 bytes)
+    32   second word (i64)      grp-pos, grp-claim, grp-orphan only (see _native.c,
+                                "Subscription groups"); padding for the rest
+    40   (padding to 64 bytes)
 
 Metadata buffer: one 512-byte record per counter id, at ``counter_id * 512``::
 
@@ -40,6 +42,7 @@ not at once see someone else's counter under it.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -63,6 +66,17 @@ FC_RECEIVERS = 17
 #: a network publication's flow control: one receiver's position, from its status messages
 #: (shmbus's own: Aeron has no such counter)
 FC_RCV_POS = 19
+#: a subscription group on one log (shmbus's own): the claim position (everything before it
+#: was claimed by a member), one member's claim record, the claim the driver hands on from a
+#: member that left, the number of members, and the messages handed on that way
+GROUP_POS = 30
+GROUP_CLAIM = 31
+GROUP_ORPHAN = 32
+GROUP_MEMBERS = 33
+GROUP_REDELIVERED = 34
+#: The key of a grp-claim counter: the ids of its group's grp-pos and grp-orphan counters, and
+#: the member's token for the group's claim lock.
+GROUP_CLAIM_KEY = struct.Struct("<iiq")
 
 #: Short readable name of each type id, as ``shmbus stat`` prints it.
 TYPE_NAMES: dict[int, str] = {
@@ -78,6 +92,11 @@ TYPE_NAMES: dict[int, str] = {
     SND_BPE: "snd-bpe",
     FC_RECEIVERS: "fc-receivers",
     FC_RCV_POS: "fc-rcv-pos",
+    GROUP_POS: "grp-pos",
+    GROUP_CLAIM: "grp-claim",
+    GROUP_ORPHAN: "grp-orphan",
+    GROUP_MEMBERS: "grp-members",
+    GROUP_REDELIVERED: "grp-redelivered",
 }
 
 
@@ -94,6 +113,7 @@ VALUE_OFFSET = 0
 REGISTRATION_ID_OFFSET = 8
 OWNER_ID_OFFSET = 16
 REFERENCE_ID_OFFSET = 24
+SECOND_WORD_OFFSET = 32
 
 #: Bytes per counter in the metadata buffer.
 METADATA_LENGTH = 512
@@ -320,6 +340,7 @@ class CountersManager(CountersReader):
         values.put_int64_release(slot + REGISTRATION_ID_OFFSET, registration_id)
         values.put_int64_release(slot + OWNER_ID_OFFSET, owner_id)
         values.put_int64_release(slot + REFERENCE_ID_OFFSET, reference_id)
+        values.set_memory(slot + SECOND_WORD_OFFSET, COUNTER_LENGTH - SECOND_WORD_OFFSET, 0)
         values.put_int64_release(slot + VALUE_OFFSET, 0)
 
         metadata = self.metadata
