@@ -1,0 +1,104 @@
+"""Spawn targets for tests/shmbus/test_subscription_group.py: publishers and group members.
+
+Every function runs in a process of its own (multiprocessing "spawn"), connects to the test
+bus with the Context it is given and reports through a multiprocessing queue. Loops are
+bounded by deadlines and idle with back-off (two cores: no busy-spinning).
+
+A task is ``HEAD = (publisher u16, seq u32, crc32(body) u32)`` then a body cut from a random
+block; its length follows from (publisher, seq, lengths), so a member can check every byte.
+A member records each task it is handed, before it does anything else with it, by appending
+``RECORD = (publisher u16, seq u32)`` to its record file with one write(2): what a SIGKILLed
+member had been handed survives it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import time
+import zlib
+from typing import Any
+
+import shmbus
+
+CHANNEL = "aeron:ipc"
+HEAD = struct.Struct("<HII")
+RECORD = struct.Struct("<HI")
+_BLOCK = random.Random(20261124).randbytes(1 << 16)
+
+
+def task_length(publisher: int, seq: int, lengths: tuple[int, int]) -> int:
+    """The payload length of a publisher's task ``seq`` (at least HEAD.size)."""
+    low, high = lengths
+    return low + (seq * 7919 + publisher * 104729) % (high - low + 1)
+
+
+def make_task(publisher: int, seq: int, lengths: tuple[int, int]) -> bytes:
+    body_length = task_length(publisher, seq, lengths) - HEAD.size
+    start = (seq * 31 + publisher * 977) % (len(_BLOCK) - body_length)
+    body = _BLOCK[start:start + body_length]
+    return HEAD.pack(publisher, seq, zlib.crc32(body)) + body
+
+
+def check_task(buffer: memoryview, lengths: tuple[int, int]) -> tuple[int, int, str | None]:
+    """(publisher, seq, problem or None) of a task as delivered."""
+    publisher, seq, crc = HEAD.unpack_from(buffer)
+    if len(buffer) != task_length(publisher, seq, lengths):
+        return publisher, seq, f"length {len(buffer)}"
+    if zlib.crc32(buffer[HEAD.size:]) != crc:
+        return publisher, seq, "crc"
+    return publisher, seq, None
+
+
+def publish(context: shmbus.Context, stream_id: int, publisher: int, count: int,
+            lengths: tuple[int, int], results: Any) -> None:
+    """Publish tasks 0..count-1 of ``publisher``, waiting out back-pressure (120 s at most)."""
+    with shmbus.connect(context) as bus:
+        publication = bus.add_publication(CHANNEL, stream_id)
+        for seq in range(count):
+            publication.publish(make_task(publisher, seq, lengths), timeout=120.0)
+        results.put({"publisher": publisher, "sent": count})
+
+
+def work(context: shmbus.Context, stream_id: int, group: str, record_path: str, stop: Any,
+         lengths: tuple[int, int], results: Any, *, fragment_limit: int = 16,
+         hold_at: int | None = None, holding: Any = None, leave_after: int | None = None,
+         joined: Any = None) -> None:
+    """Be a member of ``group`` until ``stop`` is set (or 120 s pass), recording each task.
+
+    ``hold_at=n``: at the n-th task, after recording it, set ``holding`` and sleep (the test
+    kills this process there, or sets ``stop``). ``leave_after=n``: close the subscription
+    after n tasks and stay connected until ``stop``. Reports {"errors", "tasks"}.
+    """
+    fd = os.open(record_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    errors: list[str] = []
+    tasks = 0
+
+    def on_task(buffer: memoryview, header: shmbus.Header) -> None:
+        nonlocal tasks
+        publisher, seq, problem = check_task(buffer, lengths)
+        os.write(fd, RECORD.pack(publisher, seq))
+        tasks += 1
+        if problem is not None and len(errors) < 20:
+            errors.append(f"publisher {publisher} task {seq}: {problem}")
+        if tasks == hold_at:
+            holding.set()
+            stop.wait(60)
+
+    with shmbus.connect(context) as bus:
+        subscription = bus.add_subscription(CHANNEL, stream_id, group=group)
+        if joined is not None:
+            joined.set()
+        assembler = shmbus.FragmentAssembler(on_task)
+        idle = shmbus.BackoffIdleStrategy()
+        deadline = time.monotonic() + 120
+        while not stop.is_set() and time.monotonic() < deadline:
+            if leave_after is not None and tasks >= leave_after and not subscription.is_closed:
+                subscription.close()
+            if subscription.is_closed or subscription.poll(assembler, fragment_limit) == 0:
+                idle.idle(0)
+            else:
+                idle.reset()
+        os.close(fd)
+        results.put({"errors": errors, "tasks": tasks, "record": record_path})
