@@ -52,24 +52,32 @@ def check_task(buffer: memoryview, lengths: tuple[int, int]) -> tuple[int, int, 
 
 
 def publish(context: shmbus.Context, stream_id: int, publisher: int, count: int,
-            lengths: tuple[int, int], results: Any) -> None:
-    """Publish tasks 0..count-1 of ``publisher``, waiting out back-pressure (120 s at most)."""
+            lengths: tuple[int, int], results: Any, stop: Any, *, pause_at: int = -1,
+            resume: Any = None) -> None:
+    """Publish tasks 0..count-1 of ``publisher``, waiting out back-pressure (120 s at most),
+    then keep the publication until ``stop`` is set (its group counters stay to be read).
+    With ``pause_at``, wait for ``resume`` before publishing task ``pause_at``."""
     with shmbus.connect(context) as bus:
         publication = bus.add_publication(CHANNEL, stream_id)
         for seq in range(count):
+            if seq == pause_at:
+                resume.wait(120)
             publication.publish(make_task(publisher, seq, lengths), timeout=120.0)
+        stop.wait(120)
         results.put({"publisher": publisher, "sent": count})
 
 
 def work(context: shmbus.Context, stream_id: int, group: str, record_path: str, stop: Any,
          lengths: tuple[int, int], results: Any, *, fragment_limit: int = 16,
-         hold_at: int | None = None, holding: Any = None, leave_after: int | None = None,
-         joined: Any = None) -> None:
+         hold_at: int | None = None, holding: Any = None, release: Any = None,
+         leave_after: int | None = None, joined: Any = None) -> None:
     """Be a member of ``group`` until ``stop`` is set (or 120 s pass), recording each task.
 
-    ``hold_at=n``: at the n-th task, after recording it, set ``holding`` and sleep (the test
-    kills this process there, or sets ``stop``). ``leave_after=n``: close the subscription
-    after n tasks and stay connected until ``stop``. Reports {"errors", "tasks"}.
+    ``hold_at=n``: at the n-th task, after recording it, set ``holding`` and wait for
+    ``release`` (without one, sleep: the test kills this process there; a process killed
+    while waiting on an Event would leave that Event unusable). ``leave_after=n``: close the
+    subscription after n tasks and stay connected until ``stop``. Reports {"errors",
+    "tasks"}.
     """
     fd = os.open(record_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     errors: list[str] = []
@@ -84,7 +92,10 @@ def work(context: shmbus.Context, stream_id: int, group: str, record_path: str, 
             errors.append(f"publisher {publisher} task {seq}: {problem}")
         if tasks == hold_at:
             holding.set()
-            stop.wait(60)
+            if release is not None:
+                release.wait(60)
+            else:
+                time.sleep(60)
 
     with shmbus.connect(context) as bus:
         subscription = bus.add_subscription(CHANNEL, stream_id, group=group)
