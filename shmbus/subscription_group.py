@@ -17,6 +17,7 @@ anew starts at the end of the stream, as any new subscriber does.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,8 @@ def group_channel(channel: str, group: str | None) -> tuple[str, str | None]:
     return f"{channel}{'|' if query else '?'}{CONSUMER_GROUP}={group}", group
 
 
+#: Longest sleep of a waiting member between looks for a claim handed on (seconds).
+_HANDED_ON_CHECK_S = 0.1
 _WHOLE_CLAIMS = ("a group member delivers with poll(); controlled and batch polls would let a "
                  "claim be split across members")
 
@@ -124,21 +127,44 @@ class GroupSubscription(Subscription):
         super().__init__(channel, stream_id, **kwargs)
         self.group = group
 
-    def poll(self, handler: FragmentHandler, fragment_limit: int = 10) -> int:
+    def poll(self, handler: FragmentHandler, fragment_limit: int = 10,
+             timeout: float | None = None) -> int:
         """Call ``handler(buffer, header)`` for the fragments of whole messages this member
         claims, up to about ``fragment_limit`` in all (a fragmented message is delivered
-        whole). Returns the number of fragments; see :meth:`GroupImage.poll`."""
-        images, start = self._start()
+        whole); see :meth:`GroupImage.poll`. With ``timeout`` (seconds), sleep until there is
+        something to claim, at most that long. Returns the number of fragments; raises the
+        client's error once it failed (driver or client timeout)."""
+        fragments = self._claim(handler, fragment_limit)
+        if fragments:
+            return fragments
+        if not timeout:
+            self.wait(0)  # raises the client's failure, as a plain poll does
+            return 0
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0 and not self.is_closed:
+            # in slices: a claim handed on from a departed member does not ring the data word
+            # of a sleeper that started to sleep just before
+            self.wait(min(remaining, _HANDED_ON_CHECK_S))
+            fragments = self._claim(handler, fragment_limit)
+            if fragments:
+                return fragments
+        return 0
+
+    def _claim(self, handler: FragmentHandler, fragment_limit: int) -> int:
+        images: tuple[GroupImage, ...] = self.images
+        n = len(images)
+        if not n:
+            return 0
+        start = self._round_robin = (self._round_robin + 1) % n
         fragments = 0
-        for i in range(len(images)):
+        for i in range(n):
             if fragments >= fragment_limit:
                 break
-            fragments += images[(start + i) % len(images)].poll(handler,
-                                                                 fragment_limit - fragments)
+            fragments += images[(start + i) % n].poll(handler, fragment_limit - fragments)
         return fragments
 
     def controlled_poll(self, handler: Callable[[memoryview, Header], Any],
-                        fragment_limit: int = 10) -> int:
+                        fragment_limit: int = 10, timeout: float | None = None) -> int:
         """Not for group members: raises TypeError."""
         raise TypeError(_WHOLE_CLAIMS)
 
