@@ -128,6 +128,11 @@ from shmbus.shm.counters import (
     CLIENT_HEARTBEAT,
     FC_RCV_POS,
     FC_RECEIVERS,
+    GROUP_CLAIM,
+    GROUP_MEMBERS,
+    GROUP_ORPHAN,
+    GROUP_POS,
+    GROUP_REDELIVERED,
     PUB_LIMIT,
     PUB_POS,
     RCV_HWM,
@@ -492,8 +497,15 @@ _PID_IN_LABEL = re.compile(r" pid=(?P<pid>\d+) ?(?P<name>.*)$", re.DOTALL)
 #: Counters of one log (publication or network image): registration id = the log's
 #: registration id, reference id = its session id; stream and channel are in the label.
 LOG_TYPES = frozenset({PUB_LIMIT, PUB_POS, SND_POS, SND_LMT, SND_BPE, RCV_HWM, RCV_POS})
-#: LOG_TYPES and sub-pos (whose reference id is the registration id of the log it reads).
-STREAM_TYPES = LOG_TYPES | {SUB_POS, FC_RECEIVERS, FC_RCV_POS}
+#: A subscription group's counters on one log: registration id = the log's registration id.
+GROUP_TYPES = frozenset({GROUP_POS, GROUP_ORPHAN, GROUP_MEMBERS, GROUP_REDELIVERED})
+#: Counters of one reader of a log: reference id = the registration id of the log it reads.
+READER_TYPES = frozenset({SUB_POS, GROUP_CLAIM})
+#: Every counter that belongs to a stream.
+STREAM_TYPES = LOG_TYPES | GROUP_TYPES | READER_TYPES | {FC_RECEIVERS, FC_RCV_POS}
+#: A group member's claim record between claims (its start), and an empty orphan record.
+IDLE_CLAIM = (1 << 63) - 1
+_GROUP_IN_LABEL = re.compile(r"(?:^| )group=(?P<group>\S+)")
 
 
 @dataclass(frozen=True)
@@ -581,7 +593,7 @@ def _client_of(c: Counter, clients: Mapping[int, ClientRef]) -> tuple[int | None
         client = None
     if client is not None:
         return client.pid, client.name
-    if c.type_id == SUB_POS:  # its client is gone: the label still names it
+    if c.type_id in READER_TYPES:  # its client is gone: the label still names it
         match = _PID_IN_LABEL.search(c.label)
         if match is not None:
             return int(match["pid"]), match["name"]
@@ -598,7 +610,7 @@ def describe_counters(snapshot: BusSnapshot,
     for c in snapshot.counters:
         stream_id = session_id = channel = None
         if c.type_id in STREAM_TYPES:
-            log = logs.get(c.reference_id if c.type_id == SUB_POS else c.registration_id)
+            log = logs.get(c.reference_id if c.type_id in READER_TYPES else c.registration_id)
             if log is not None:
                 session_id, stream_id, channel = log.session_id, log.stream_id, log.channel
             elif (fields := _label_fields(c.label)) is not None:
@@ -682,16 +694,73 @@ class SubscriberView:
     counter_id: int
     position: int
     lag: int
+    #: a subscription group counted as one subscriber (at its oldest unfinished claim)
+    group: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"subscription_id": self.subscription_id, "client_id": self.client_id,
                 "pid": self.pid, "name": self.name, "counter_id": self.counter_id,
-                "position": self.position, "lag": self.lag}
+                "position": self.position, "lag": self.lag, "group": self.group}
 
     @property
     def who(self) -> str:
+        if self.group is not None:
+            return f"group {self.group}"
         pid = f"pid {self.pid}" if self.pid is not None else f"client {self.client_id}"
         return f"{pid} ({self.name})" if self.name else pid
+
+
+@dataclass(frozen=True)
+class GroupMemberView:
+    """A member of a subscription group on one log: ``claim`` is the start of the claim it
+    has not finished (None between claims)."""
+
+    subscription_id: int
+    pid: int | None
+    name: str | None
+    counter_id: int
+    claim: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"subscription_id": self.subscription_id, "pid": self.pid, "name": self.name,
+                "counter_id": self.counter_id, "claim": self.claim}
+
+    @property
+    def who(self) -> str:
+        pid = f"pid {self.pid}" if self.pid is not None else f"subscription {self.subscription_id}"
+        return f"{pid} ({self.name})" if self.name else pid
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A subscription group on one log: its claim position, its members, the claim waiting to
+    be handed on from a member that left (None: none) and how many messages were handed on.
+    ``position`` is what flow control counts: the oldest unfinished claim, else the claim
+    position."""
+
+    name: str
+    counter_id: int  # grp-pos
+    claimed: int
+    orphan: int | None
+    redelivered: int
+    members: tuple[GroupMemberView, ...]
+
+    @property
+    def position(self) -> int:
+        starts = [m.claim for m in self.members if m.claim is not None]
+        return min([self.claimed, *starts, *([self.orphan] if self.orphan is not None else [])])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "claimed": self.claimed, "position": self.position,
+                "orphan": self.orphan, "redelivered": self.redelivered,
+                "members": [m.to_json() for m in self.members]}
+
+    def line(self) -> str:
+        members = ", ".join(f"{m.who} " + ("idle" if m.claim is None else
+                                           f"claim at {m.claim:,}") for m in self.members)
+        handed = f", claim at {self.orphan:,} to hand on" if self.orphan is not None else ""
+        return (f"group {self.name} claimed to {self.claimed:,} ({len(self.members)} members: "
+                f"{members or 'none'}{handed}; {self.redelivered} redelivered)")
 
 
 @dataclass(frozen=True)
@@ -797,6 +866,7 @@ class StreamView:
     receiver: ReceiverView | None
     subscribers: tuple[SubscriberView, ...]
     verdict: Verdict
+    groups: tuple[GroupView, ...] = ()
 
     @property
     def state(self) -> str:
@@ -813,7 +883,8 @@ class StreamView:
                 "receiver": self.receiver.to_json() if self.receiver else None,
                 "state": v.state, "held_by": [s.pid for s in v.held_by],
                 "held_by_sender": v.held_by_sender, "verdict": v.sentence,
-                "subscribers": [s.to_json() for s in self.subscribers]}
+                "subscribers": [s.to_json() for s in self.subscribers],
+                "groups": [g.to_json() for g in self.groups]}
 
     def line(self) -> str:
         """The one-line text form ``shmbus streams`` prints."""
@@ -836,7 +907,8 @@ class StreamView:
                     for r in self.sender.receivers)
                 if receivers:
                     head += f", receivers: {receivers}"
-        return f"{head}; subscribers: {subs} => {self.verdict.sentence}"
+        groups = "".join(f"; {g.line()}" for g in self.groups)
+        return f"{head}; subscribers: {subs}{groups} => {self.verdict.sentence}"
 
 
 def _opt(value: object) -> str:
@@ -932,6 +1004,7 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
     logs = _logs_by_registration(snapshot)
     by_type: dict[int, dict[int, Counter]] = {t: {} for t in LOG_TYPES}
     subs: dict[int, list[Counter]] = {}
+    group_counters: list[Counter] = []
     fc_receivers: dict[int, int] = {}
     flow_receivers: dict[int, list[FlowReceiverView]] = {}
     for c in snapshot.counters:
@@ -939,6 +1012,8 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
             by_type[c.type_id].setdefault(c.registration_id, c)
         elif c.type_id == SUB_POS:
             subs.setdefault(c.reference_id, []).append(c)
+        elif c.type_id in GROUP_TYPES or c.type_id == GROUP_CLAIM:
+            group_counters.append(c)
         elif c.type_id == FC_RECEIVERS:
             fc_receivers[c.registration_id] = c.value
         elif c.type_id == FC_RCV_POS:
@@ -974,6 +1049,11 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
                 subscribers.append(SubscriberView(
                     c.registration_id, c.owner_id, pid, name, c.counter_id, c.value,
                     (head - c.value) if head is not None else 0))
+            groups = _groups(registration_id, group_counters, clients)
+            # a group holds the publisher back as one subscriber, at its oldest unfinished claim
+            subscribers.extend(SubscriberView(
+                0, 0, None, None, g.counter_id, g.position,
+                (head - g.position) if head is not None else 0, g.name) for g in groups)
             subscribers.sort(key=lambda s: (s.position, s.counter_id))
             window = info.window if info else None
             sender: SenderView | None = None
@@ -1001,8 +1081,39 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
                 publisher.pid if publisher else None, publisher.name if publisher else None,
                 head if kind == "publication" else None, pub_lmt, window,
                 info.term_length if info else None, sender, receiver, tuple(subscribers),
-                result))
+                result, groups))
     return views
+
+
+def _groups(registration_id: int, counters: Iterable[Counter],
+            clients: Mapping[int, ClientRef]) -> tuple[GroupView, ...]:
+    """The subscription groups on the log ``registration_id``, from their counters."""
+    found: dict[str, dict[int, Counter]] = {}
+    members: dict[str, list[GroupMemberView]] = {}
+    for c in counters:
+        match = _GROUP_IN_LABEL.search(c.label)
+        if match is None:
+            continue
+        name = match["group"]
+        if c.type_id == GROUP_CLAIM and c.reference_id == registration_id:
+            pid, client_name = _client_of(c, clients)
+            members.setdefault(name, []).append(GroupMemberView(
+                c.registration_id, pid, client_name, c.counter_id,
+                None if c.value == IDLE_CLAIM else c.value))
+        elif c.type_id != GROUP_CLAIM and c.registration_id == registration_id:
+            found.setdefault(name, {})[c.type_id] = c
+    views = []
+    for name, by_type in found.items():
+        if GROUP_POS not in by_type:
+            continue
+        orphan = by_type.get(GROUP_ORPHAN)
+        redelivered = by_type.get(GROUP_REDELIVERED)
+        views.append(GroupView(
+            name, by_type[GROUP_POS].counter_id, by_type[GROUP_POS].value,
+            None if orphan is None or orphan.value == IDLE_CLAIM else orphan.value,
+            redelivered.value if redelivered is not None else 0,
+            tuple(sorted(members.get(name, ()), key=lambda m: m.counter_id))))
+    return tuple(views)
 
 
 # -- clients -----------------------------------------------------------------------------------

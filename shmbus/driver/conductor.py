@@ -611,8 +611,8 @@ class DriverConductor:
                     name: str) -> SubscriberLink:
         """A member's claim record in its group on this publication (the group is made when
         its first member comes); the record takes the place of a sub-pos counter."""
-        label = (f"{publication.registration_id} {publication.session_id} "
-                 f"{publication.stream_id} {publication.channel}")
+        stream = f"{publication.session_id} {publication.stream_id} {publication.channel}"
+        label = f"{publication.registration_id} {stream}"
         group = publication.groups.get(name)
         if group is None:
             ids = self._allocate_all(
@@ -630,7 +630,7 @@ class DriverConductor:
         who = f" pid={client.pid} {client.name}" if client else ""
         # the subscription's registration id is the member's claim-lock token
         counter_id = self.counters.allocate(
-            f"grp-claim: {link.registration_id} {label} group={name}{who}", GROUP_CLAIM,
+            f"grp-claim: {link.registration_id} {stream} group={name}{who}", GROUP_CLAIM,
             key=GROUP_CLAIM_KEY.pack(group.position_counter_id, group.orphan_counter_id,
                                      link.registration_id),
             registration_id=link.registration_id, owner_id=link.client_id,
