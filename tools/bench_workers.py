@@ -35,6 +35,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -247,7 +248,7 @@ def run_workers(worker: Callable[..., None], producer: Callable[..., None], targ
             "driver_cpu": sum(used[1 + WORKERS:]) if extra else None}
 
 
-def run_shmbus(count: int, size: int, term_length: int) -> dict[str, Any]:
+def run_shmbus(count: int, size: int, *, term_length: int) -> dict[str, Any]:
     directory = tempfile.mkdtemp(prefix="bench-workers-", dir="/dev/shm")
     context = shmbus.Context(dir=directory + "/bus", ipc_term_length=term_length,
                              driver_idle_timeout=2.0)
@@ -304,13 +305,13 @@ def main() -> None:
     load = os.getloadavg()
     print(f"worker-pool bench: 1 producer, {WORKERS} workers, {os.cpu_count()} CPUs, load "
           f"average {load[0]:.2f}; shmbus term length {args.term_length}")
+    runners: dict[str, Callable[[int, int], dict[str, Any]]] = {
+        "shmbus": partial(run_shmbus, term_length=args.term_length), "mp.Queue": run_queue,
+        "mp.Pool": run_pool, "zmq PUSH/PULL": run_zmq}
     rows = []
     for size, count in ((32, args.tasks), (4096, args.large_tasks)):
-        for name, run in (("shmbus", lambda: run_shmbus(count, size, args.term_length)),
-                          ("mp.Queue", lambda: run_queue(count, size)),
-                          ("mp.Pool", lambda: run_pool(count, size)),
-                          ("zmq PUSH/PULL", lambda: run_zmq(count, size))):
-            row = {"size": size, "transport": name, "tasks": count, **run()}
+        for name, run in runners.items():
+            row = {"size": size, "transport": name, "tasks": count, **run(count, size)}
             rows.append(row)
             print(f"  {size} B {name}: {count / row['elapsed']:,.0f} tasks/s"
                   f"{'' if row['ok'] else ' FAILED'}", flush=True)
