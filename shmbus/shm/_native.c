@@ -2118,6 +2118,12 @@ static PyObject *sub_fail(SubscriptionCore *self, PyObject *error)
     Py_RETURN_NONE;
 }
 
+static PyObject *sub_wake(SubscriptionCore *self, PyObject *Py_UNUSED(ignored))
+{
+    sub_ring(self);
+    Py_RETURN_NONE;
+}
+
 static PyObject *sub_get_images(SubscriptionCore *self, void *c)
 {
     return Py_NewRef(self->images);
@@ -2201,6 +2207,7 @@ static PyMethodDef sub_methods[] = {
      "wait(timeout=None) -> bool\n\nSleep until an image has a fragment to read (True) or "
      "timeout seconds passed (False; None waits forever). Costs no CPU while asleep."},
     {"_fail", (PyCFunction)sub_fail, METH_O, NULL},
+    {"_wake", (PyCFunction)sub_wake, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
