@@ -37,7 +37,13 @@ class BufferClaim:
     after the frame, or the negative code when the claim failed.
     """
 
-    __slots__ = ("_publication", "_frame_offset", "result", "buffer", "__weakref__")
+    __slots__ = {
+        "_publication": None,
+        "_frame_offset": None,
+        "result": "the new stream position after the frame (> 0), or the failure code",
+        "buffer": "a writable memoryview of the claimed payload; None when the claim failed",
+        "__weakref__": None,
+    }
 
     def __init__(self, publication: Publication, result: int, frame_offset: int,
                  length: int) -> None:

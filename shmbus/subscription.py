@@ -52,6 +52,7 @@ class Subscription(SubscriptionCore):
     # -- images -----------------------------------------------------------------------------
 
     def image_by_session_id(self, session_id: int) -> Image | None:
+        """The image of publishing session ``session_id``, or None when it has none here."""
         images: tuple[Image, ...] = self.images
         return next((image for image in images if image.session_id == session_id), None)
 
@@ -157,6 +158,7 @@ class Subscription(SubscriptionCore):
 
     @property
     def is_closed(self) -> bool:
+        """True once closed (by :meth:`close`, the client's close, or its failure)."""
         return self._closed
 
     def close(self) -> None:
