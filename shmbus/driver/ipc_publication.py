@@ -109,13 +109,18 @@ class IpcPublication:
         """Where a subscriber that joins now starts: the current producer position."""
         return self.producer_position()
 
-    def _flow_counters(self) -> list[tuple[int, Position]]:
-        """The position counters (id, position) that hold the publisher back."""
+    def _reader_counters(self) -> list[tuple[int, Position]]:
+        """The position counters (id, position) of this log's readers: its subscribers that
+        are not resting, and its groups' (see SubscriptionGroup.flow_counters)."""
         counted = [(s.counter_id, s.position) for s in self.subscribers.values()
                    if s.state is not LinkState.RESTING and s.group is None]
         for group in self.groups.values():
             counted.extend(group.flow_counters())
         return counted
+
+    def _flow_counters(self) -> list[tuple[int, Position]]:
+        """The position counters (id, position) that hold the publisher back."""
+        return self._reader_counters()
 
     def _flow_positions(self, counters: list[tuple[int, Position]] | None = None) -> list[int]:
         """The consumer positions that hold the publisher back (idle group records left out)."""
@@ -131,9 +136,7 @@ class IpcPublication:
 
     def _is_drained(self, end: int) -> bool:
         return all(position >= end for position in self._flow_positions(
-            [(s.counter_id, s.position) for s in self.subscribers.values()
-             if s.state is not LinkState.RESTING] + [
-                counter for group in self.groups.values() for counter in group.flow_counters()]))
+            self._reader_counters()))
 
     def update_limit(self) -> int:
         """Sample pub-pos, set pub-lmt from the counted subscribers, clean behind them.

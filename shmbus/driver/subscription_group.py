@@ -19,8 +19,10 @@ The rule is at least once: a member that leaves (closes its subscription, or its
 timed out, e.g. after SIGKILL) gives up the part of its claim not yet done, and that part is
 handed to another member. A message is done once its handler returns, so a member that dies
 leaves at most one message unfinished (the one in its handler, or just done before the record
-moved): only that one can be delivered twice. A member timed out while still running goes on
-delivering the message in hand; that one, too, may be delivered twice.
+moved): only that one can be delivered twice. A member's client heartbeats from a native
+thread, so a long handler does not get it timed out; a process stopped for longer than the
+client liveness timeout (SIGSTOP, a debugger) is taken for dead, and if it wakes it may finish
+the message in its hand after another member got it.
 
 Pure state and rules over counters and the log; the conductor frees what is returned to free.
 """
@@ -120,14 +122,13 @@ class SubscriptionGroup:
     pending: list[tuple[int, Position, int, int]] = field(default_factory=list)
 
     def start(self, join_position: int) -> None:
-        """Set the counters of a new group: claims start at ``join_position``."""
+        """Set the counters of a new group (freshly allocated: second words zero): claims start
+        at ``join_position``."""
         self.position.set(join_position)
-        self._put_second(self.orphan, 0)
         self.orphan.set(IDLE)
 
     def add_member(self, counter_id: int, record: Position) -> None:
-        """A new member with an idle claim record."""
-        self._put_second(record, 0)
+        """A new member with an idle claim record (a freshly allocated counter)."""
         record.set(IDLE)
         self.members[counter_id] = record
         self.members_count.set(len(self.members))
