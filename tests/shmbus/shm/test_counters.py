@@ -13,6 +13,11 @@ from shmbus.shm.counters import (
     FC_RCV_POS,
     FC_RECEIVERS,
     FREE_FOR_REUSE_DEADLINE_OFFSET,
+    GROUP_CLAIM,
+    GROUP_MEMBERS,
+    GROUP_ORPHAN,
+    GROUP_POS,
+    GROUP_REDELIVERED,
     KEY_OFFSET,
     LABEL_LENGTH_OFFSET,
     LABEL_OFFSET,
@@ -30,6 +35,7 @@ from shmbus.shm.counters import (
     RECORD_UNUSED,
     REFERENCE_ID_OFFSET,
     REGISTRATION_ID_OFFSET,
+    SECOND_WORD_OFFSET,
     SND_BPE,
     SND_LMT,
     SND_POS,
@@ -91,7 +97,11 @@ def test_type_ids_are_aerons_and_named() -> None:
     assert type_name(SND_BPE) == "snd-bpe"
     assert type_name(FC_RCV_POS) == "fc-rcv-pos"
     assert type_name(99) == "type-99"
-    assert len(set(TYPE_NAMES.values())) == len(TYPE_NAMES) == 12
+    # subscription groups (shmbus's own)
+    assert (GROUP_POS, GROUP_CLAIM, GROUP_ORPHAN, GROUP_MEMBERS, GROUP_REDELIVERED) == (
+        30, 31, 32, 33, 34)
+    assert type_name(GROUP_CLAIM) == "grp-claim"
+    assert len(set(TYPE_NAMES.values())) == len(TYPE_NAMES) == 17
 
 
 def test_should_allocate_counters_from_zero(manager: CountersManager) -> None:
@@ -155,6 +165,8 @@ def test_should_free_and_reuse_only_after_the_timeout(manager: CountersManager,
     first = manager.allocate("one", registration_id=1)
     manager.allocate("two")
     manager.set_value(first, 99)
+    second_word = manager.counter_offset(first) + SECOND_WORD_OFFSET
+    manager.values.put_int64(second_word, 77)  # a group counter's second word
     manager.free(first)
     assert manager.get_state(first) == RECORD_RECLAIMED
     assert manager.get_free_for_reuse_deadline(first) == clock.now_ms + 1000
@@ -165,6 +177,7 @@ def test_should_free_and_reuse_only_after_the_timeout(manager: CountersManager,
     reused = manager.allocate("five", type_id=RCV_POS, registration_id=5)
     assert reused == first
     assert manager.get_value(reused) == 0
+    assert manager.values.get_int64(second_word) == 0
     assert manager.get_label(reused) == "five"
     assert manager.get_registration_id(reused) == 5
     assert manager.get_key(reused) == bytes(MAX_KEY_LENGTH)
