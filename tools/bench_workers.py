@@ -11,12 +11,15 @@ For 32 B and 4 KiB tasks, in one run, on the same machine:
 * pyzmq PUSH/PULL over ``ipc://``: the producer PUSHes, 4 workers PULL.
 
 A task is ``(seq u64, crc u32)`` then a body cut from a random block; ``crc`` is the crc32 of
-the body started from the low 32 bits of seq. Every worker checks every task's length and CRC
-and counts each seq it was handed; at the end the counts of all workers must be exactly one
-per task, else the row says FAILED. The clock runs from the producer's start until the
-workers' progress counters (a shared array, one slot per worker) add up to every task.
+the body started from the low 32 bits of seq. The producer makes every task before the clock
+starts, so the figures are those of moving and checking tasks, not of making them. Every
+worker checks every task's length and CRC and counts each seq it was handed; at the end the
+counts of all workers must be exactly one per task, else the row says FAILED. The clock runs
+from the producer's start until the workers' progress counters (a shared array, one slot per
+worker) add up to every task.
 CPU seconds (user + system) of every process over that time come from psutil: the producer,
-the sum of the workers, and the shmbus driver.
+the sum of the workers, and the shmbus driver; "cpu us/task" is all of it per task, the figure
+a busy machine disturbs least.
 
 Each transport runs ``--repeat`` times (default 3), the transports taking turns, and the best
 round of each is reported (the machine is shared: the best round is the one least disturbed).
@@ -36,7 +39,7 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -66,8 +69,11 @@ def make_task(seq: int, size: int) -> bytes:
     return HEAD.pack(seq, zlib.crc32(body, seq & 0xFFFFFFFF)) + body
 
 
-def tasks(count: int, size: int) -> Iterator[bytes]:
-    return (make_task(seq, size) for seq in range(count))
+def make_tasks(count: int, size: int, prepared: Any) -> list[bytes]:
+    """Every task, made before the clock starts (then ``prepared`` is set)."""
+    made = [make_task(seq, size) for seq in range(count)]
+    prepared.set()
+    return made
 
 
 class Checker:
@@ -111,18 +117,14 @@ def shmbus_worker(context: shmbus.Context, count: int, size: int, progress: Any,
         results.put(checker.report())
 
 
-def shmbus_producer(context: shmbus.Context, count: int, size: int, go: Any, stop: Any) -> None:
+def shmbus_producer(context: shmbus.Context, count: int, size: int, prepared: Any, go: Any,
+                    stop: Any) -> None:
     with shmbus.connect(context) as bus:
         publication = bus.add_publication("aeron:ipc", 1001)
+        made = make_tasks(count, size, prepared)
         go.wait(60)
-        batch: list[bytes] = []
-        for task in tasks(count, size):
-            batch.append(task)
-            if len(batch) == BATCH:
-                publication.publish_many(batch, timeout=60)
-                batch.clear()
-        if batch:
-            publication.publish_many(batch, timeout=60)
+        for start in range(0, count, BATCH):
+            publication.publish_many(made[start:start + BATCH], timeout=60)
         stop.wait(600)  # until every task is done: the stream stays meanwhile
 
 
@@ -141,9 +143,11 @@ def queue_worker(queue: Any, count: int, size: int, progress: Any, slot: int, re
     results.put(checker.report())
 
 
-def queue_producer(queue: Any, count: int, size: int, go: Any, stop: Any) -> None:
+def queue_producer(queue: Any, count: int, size: int, prepared: Any, go: Any,
+                   stop: Any) -> None:
+    made = make_tasks(count, size, prepared)
     go.wait(60)
-    for task in tasks(count, size):
+    for task in made:
         queue.put(task)
     stop.wait(600)
 
@@ -166,11 +170,13 @@ def zmq_worker(address: str, count: int, size: int, progress: Any, slot: int, re
         socket.close(linger=0)
 
 
-def zmq_producer(address: str, count: int, size: int, go: Any, stop: Any) -> None:
+def zmq_producer(address: str, count: int, size: int, prepared: Any, go: Any,
+                 stop: Any) -> None:
     with zmq.Context() as context, context.socket(zmq.PUSH) as socket:
         socket.bind(address)
+        made = make_tasks(count, size, prepared)
         go.wait(60)
-        for task in tasks(count, size):
+        for task in made:
             socket.send(task)
         stop.wait(600)  # until every task is done: queued tasks are not dropped
         socket.close(linger=0)
@@ -187,13 +193,14 @@ def pool_check(task: bytes) -> int:
 def run_pool(count: int, size: int) -> dict[str, Any]:
     with CTX.Pool(WORKERS) as pool:
         pool.map(pool_check, [make_task(0, size)] * WORKERS)  # start every worker first
+        made = make_tasks(count, size, CTX.Event())
         processes = [psutil.Process(p.pid) for p in pool._pool]  # type: ignore[attr-defined]
         me = psutil.Process()
         before = [cpu(p) for p in (me, *processes)]
         start = time.perf_counter()
         seen = np.zeros(count, np.int64)
         errors = 0
-        for seq in pool.imap_unordered(pool_check, tasks(count, size), chunksize=BATCH):
+        for seq in pool.imap_unordered(pool_check, made, chunksize=BATCH):
             if seq < 0:
                 errors += 1
             else:
@@ -217,7 +224,8 @@ def run_workers(worker: Callable[..., None], producer: Callable[..., None], targ
     """Start 4 workers (``worker(target, ...)``) and the producer, time until every task is
     done, collect the workers' counts and check each task was done exactly once."""
     progress = CTX.Array("q", WORKERS, lock=False)
-    ready, results, stop, go = CTX.Queue(), CTX.Queue(), CTX.Event(), CTX.Event()
+    ready, results = CTX.Queue(), CTX.Queue()
+    prepared, go, stop = CTX.Event(), CTX.Event(), CTX.Event()
     workers = [CTX.Process(target=worker, args=(target, count, size, progress, slot, ready,
                                                  stop, results), daemon=True)
                for slot in range(WORKERS)]
@@ -225,10 +233,12 @@ def run_workers(worker: Callable[..., None], producer: Callable[..., None], targ
         process.start()
     pids = [ready.get(timeout=60) for _ in workers]
     time.sleep(0.2)  # connections settle (zmq distributes only to connected pullers)
-    feeder = CTX.Process(target=producer, args=(target, count, size, go, stop), daemon=True)
+    feeder = CTX.Process(target=producer, args=(target, count, size, prepared, go, stop),
+                         daemon=True)
     feeder.start()
     watched = [psutil.Process(pid) for pid in (feeder.pid, *pids)] + extra
-    time.sleep(0.5)  # the producer connected and waits for go
+    if not prepared.wait(300):
+        raise SystemExit(f"{producer.__name__}: no tasks made in 300 s")
     before = [cpu(p) for p in watched]
     start = time.perf_counter()
     go.set()
@@ -278,9 +288,14 @@ def run_zmq(count: int, size: int) -> dict[str, Any]:
 
 # -- report --------------------------------------------------------------------------------
 
+def total_cpu(row: dict[str, Any]) -> float:
+    """CPU seconds of every process of a run: producer, workers and driver."""
+    return row["producer_cpu"] + row["workers_cpu"] + (row["driver_cpu"] or 0.0)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     header = ("size", "transport", "tasks", "tasks/s", "shmbus x", "cpu s: producer",
-              "workers", "driver", "check")
+              "workers", "driver", "cpu us/task", "check")
     lines = [header]
     for row in rows:
         base = next(r for r in rows if r["size"] == row["size"] and r["transport"] == "shmbus")
@@ -290,6 +305,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                       f"{rate:,.0f}", "-" if row is base else f"{ratio:.1f}",
                       f"{row['producer_cpu']:.2f}", f"{row['workers_cpu']:.2f}",
                       "-" if row["driver_cpu"] is None else f"{row['driver_cpu']:.2f}",
+                      f"{total_cpu(row) / row['tasks'] * 1e6:.2f}",
                       "ok" if row["ok"] else "FAILED"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True))
