@@ -125,7 +125,7 @@ def _cpu_seconds(pid: int) -> float | None:
     return times.user + times.system
 
 
-def _driver_children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
     try:
         return [child.pid for child in psutil.Process(pid).children()]
     except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -156,7 +156,7 @@ def run_processes(ctx: Any, members: Sequence[Member], timeout_s: float,
                                                                           strict=True)}
         drivers = {r["driver_pid"] for r in ready.values() if r.get("driver_pid")}
         labelled["driver"] = drivers
-        labelled["netbridge"] = {c for d in drivers for c in _driver_children(d)}
+        labelled["netbridge"] = {c for d in drivers for c in child_pids(d)}
         for label, pids in (watch or {}).items():
             labelled.setdefault(label, set()).update(pids)
         labelled = {label: pids for label, pids in labelled.items() if pids}
@@ -250,7 +250,7 @@ def _median_or_none(values: list[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def measure(thunk: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def attempt(thunk: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run one measurement; its row with ``status`` "ok", or "n/a" / "failed" and ``error``."""
     try:
         row = thunk()

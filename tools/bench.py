@@ -73,13 +73,13 @@ from _harness import (
     Member,
     Outcome,
     Unavailable,
+    attempt,
     codec,
     deadline_after,
     fmt,
     fmt_rate,
     machine,
     markdown_table,
-    measure,
     median_row,
     percentiles_us,
     run_processes,
@@ -1227,7 +1227,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for _ in range(runs):
             for (key, thunk), done in zip(measurements, results, strict=True):
-                row = {**key, **measure(thunk)}
+                row = {**key, **attempt(thunk)}
                 done.append(row)
                 print(f"  {_progress(row)}", file=sys.stderr, flush=True)
     finally:
