@@ -249,8 +249,8 @@ notes:
     every reader). MB/s delivered = MB/s per receiver x receivers. MB = 10^6 payload bytes.
   x unicast: msgs/s / the unicast row's msgs/s at the same size, same run.
   last - first rcv ms: how much later the last receiver saw STOP than the first.
-  bridge cpu us/msg: CPU time (user + system) of each host's netbridge during the run (the
-    processes' start and connection included) / messages sent: host 0's / hosts 1 and 2's.
+  bridge cpu us/msg: CPU time (user + system) of each host's netbridge from the start of the
+    measurement (all connected) to its end / messages sent: host 0's / hosts 1 and 2's.
     A warm-up run first starts every host's netbridge, so no row pays for a start."""
 
 API_OFFER = (f"ExclusivePublication.offer per message / Subscription.poll(limit {POLL_LIMIT}), "
