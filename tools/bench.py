@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -253,6 +254,7 @@ def _blocking_poll(subscription: Any) -> Callable[[Any, int, float], int]:
 
 def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, batch: bool,
                duration_s: float, timeout_s: float, done: Any) -> dict[str, Any]:
+    """Offer (batch: offer_many) checked messages for duration_s, then STOP."""
     import shmbus
 
     with bus_spec.connect() as bus:
@@ -310,6 +312,8 @@ def _offer_many(offer_many: Callable[[Any], int], block: Any, sent: int, idle: A
 
 def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, copy: bool,
                timeout_s: float, done: Any) -> dict[str, Any]:
+    """Poll until STOP: copy and check every message (copy=True), or read its sequence number
+    in place."""
     import shmbus
 
     tally = Counter()
@@ -362,6 +366,7 @@ def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, copy: bool,
 
 def shm_batch_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, timeout_s: float,
                      done: Any) -> dict[str, Any]:
+    """poll_batch until STOP, checking head and tail sequence numbers with numpy."""
     import shmbus
 
     tally = Counter()
@@ -615,6 +620,7 @@ def _open_iceoryx(end: PeerEnd, size: int, timeout_s: float) -> Any:
 
 def peer_writer(start: Any, end: PeerEnd, size: int, duration_s: float, timeout_s: float,
                 done: Any) -> dict[str, Any]:
+    """Send checked messages for duration_s, then STOP."""
     send, _, close = open_peer(end, size, timeout_s)
     checked = Checked(size)
     message = checked.message()
@@ -641,6 +647,7 @@ def peer_writer(start: Any, end: PeerEnd, size: int, duration_s: float, timeout_
 
 def peer_reader(start: Any, end: PeerEnd, size: int, timeout_s: float,
                 done: Any) -> dict[str, Any]:
+    """Receive until STOP, checking every message."""
     _, recv, close = open_peer(end, size, timeout_s)
     check = Checked(size).check
     tally = Counter()
@@ -787,6 +794,7 @@ def shm_rtt(start: Any, bus_spec: Bus, pinger: bool, wait: str, rate: int | None
 
 def peer_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_s: float,
              timeout_s: float, done: Any) -> dict[str, Any]:
+    """A peer's pinger (pinger=True) or ponger."""
     send, recv, close = open_peer(end, RTT_SIZE, timeout_s)
     start.ready()
     out = _ping_loop(send, recv, duration_s, rate) if pinger else _pong_loop(send, recv)
@@ -846,7 +854,7 @@ class Settings:
     root: Path
 
 
-_run_ids = iter(range(1, 1 << 30))
+_run_ids = itertools.count(1)
 
 
 class Scope:
@@ -892,6 +900,8 @@ def _stop(pid: int) -> None:
 
 
 def throughput(ctx: Any, transport: str, size: int, s: Settings) -> dict[str, Any]:
+    """One throughput run: msg/s, MB/s, cores by process; BenchError if a message was lost,
+    reordered or corrupted."""
     done = ctx.Event()
     with Scope(s) as scope:
         if transport in PEERS:
@@ -919,6 +929,8 @@ def throughput(ctx: Any, transport: str, size: int, s: Settings) -> dict[str, An
 
 def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
                s: Settings) -> dict[str, Any]:
+    """One ping-pong run (rate: pings per second, None: back-to-back): round-trip
+    percentiles and cores by process; BenchError if an echo was wrong."""
     done = ctx.Event()
     duration = s.duration_s if rate is None else s.paced_s
     with Scope(s) as scope:
@@ -943,13 +955,12 @@ def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
 
 
 def idle(ctx: Any, wait: str, s: Settings) -> dict[str, Any]:
+    """A publisher and a subscriber connected and idle for s.idle_s: cores by process."""
     with Scope(s) as scope:
         bus = scope.bus()
-        out = scope.run(ctx, [Member("subscriber", shm_idle, (bus, False, wait, s.idle_s,
-                                                                  s.timeout_s)),
-                                  Member("publisher", shm_idle, (bus, True, wait, s.idle_s,
-                                                                 s.timeout_s))],
-                            s.idle_s + s.timeout_s)
+        members = [Member(role, shm_idle, (bus, role == "publisher", wait, s.idle_s, s.timeout_s))
+                   for role in ("subscriber", "publisher")]
+        out = scope.run(ctx, members, s.idle_s + s.timeout_s)
     return {"errors": 0, "cores": out.cores}
 
 
