@@ -32,19 +32,24 @@ def test_quick_bench_measures_shmbus_and_a_peer_without_errors(tmp_path: Path) -
 
     rtt = {(r["transport"], r["rate"], r["wait"]): r for r in rows if r["test"] == "rtt"}
     for key in (("shmbus", "back-to-back", "busy-spin"), ("mp.Queue", "back-to-back", "blocking"),
-                ("shmbus", "1,000 msg/s", "back-off (default)")):
+                ("shmbus", "1,000 msg/s", "back-off (default)"),
+                ("shmbus", "1,000 msg/s", "blocking wait")):
         r = rtt[key]
         assert r["status"] == "ok", r
         assert 0 < r["p50_us"] <= r["p90_us"] <= r["p99_us"] <= r["max_us"]
         assert r["round_trips"] > 0 and r["errors"] == 0
-    # the blocking-wait API may not exist in this shmbus: then it is n/a, never a failure
-    assert rtt[("shmbus", "1,000 msg/s", "blocking wait")]["status"] in ("ok", "n/a")
+        assert r["cores"]["ponger"] is not None
 
     idle = [r for r in rows if r["test"] == "idle"]
     assert {r["wait"] for r in idle} == {"back-off (default)", "blocking wait"}
-    assert all(r["status"] in ("ok", "n/a") for r in idle)
+    for r in idle:
+        assert r["status"] == "ok", r
+        assert r["cores"]["subscriber"] is not None and r["cores"]["driver"] is not None
 
     markdown = (tmp_path / "bench.md").read_text()
-    assert "| shmbus offer/poll, copied + checked |" in markdown
+    blocking = rtt[("shmbus", "1,000 msg/s", "blocking wait")]
+    summary = next(line for line in markdown.splitlines()
+                   if line.startswith("| shmbus offer/poll, copied + checked |"))
+    assert f"| {blocking['p50_us']:.1f} / {blocking['cores']['ponger']:.1%} |" in summary
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert json.loads((tmp_path / "bench.json").read_text())["rows"] == rows
