@@ -117,7 +117,8 @@ class Outcome:
     cores: dict[str, float | None] = field(default_factory=dict)
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (all its threads); None if gone."""
     try:
         times = psutil.Process(pid).cpu_times()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -133,9 +134,10 @@ def child_pids(pid: int) -> list[int]:
 
 
 def run_processes(ctx: Any, members: Sequence[Member], timeout_s: float,
-                  watch: Mapping[str, Iterable[int]] | None = None) -> Outcome:
+                  watch: Callable[[], Mapping[str, Iterable[int]]] | None = None) -> Outcome:
     """Run each member in a spawned process of its own (roles unique) and account the CPU of
-    every process involved (see the module docstring); ``watch`` adds processes by label.
+    every process involved (see the module docstring); ``watch``, called once every member is
+    ready (so it sees what their setting up started, e.g. a netbridge), adds processes by label.
 
     ``timeout_s`` bounds the measured part (from the start to the last result). Raises
     BenchError if a member fails or overruns (all are then terminated), Unavailable if a
@@ -157,15 +159,15 @@ def run_processes(ctx: Any, members: Sequence[Member], timeout_s: float,
         drivers = {r["driver_pid"] for r in ready.values() if r.get("driver_pid")}
         labelled["driver"] = drivers
         labelled["netbridge"] = {c for d in drivers for c in child_pids(d)}
-        for label, pids in (watch or {}).items():
+        for label, pids in (watch() if watch else {}).items():
             labelled.setdefault(label, set()).update(pids)
         labelled = {label: pids for label, pids in labelled.items() if pids}
-        before = {pid: _cpu_seconds(pid) for pids in labelled.values() for pid in pids}
+        before = {pid: cpu_seconds(pid) for pids in labelled.values() for pid in pids}
         t0 = time.monotonic()
         barrier.wait(READY_TIMEOUT_S)
         results = _collect(messages, procs, len(members), timeout_s, barrier, want_ready=False)
         wall = time.monotonic() - t0
-        after = {pid: _cpu_seconds(pid) for pid in before}
+        after = {pid: cpu_seconds(pid) for pid in before}
     finally:
         release.set()
         for p in procs:

@@ -180,7 +180,9 @@ def run_fanout(ctx: Any, net: Any, channels: Channels, size: int, batch: bool,
     readers = [Member(f"reader on host {host}", _shm_reader,
                       (net.contexts[host], uri, stream_id, size, opt.timeout_s, done, batch))
                for host, uri in enumerate(channels.subscriptions, start=1)]
-    bridges = {f"bridge {i}": child_pids(driver.pid) for i, driver in enumerate(net.drivers)}
+    def bridges() -> dict[str, list[int]]:
+        return {f"bridge {i}": child_pids(driver.pid) for i, driver in enumerate(net.drivers)}
+
     out = run_processes(ctx, [*readers, writer], 2 * opt.timeout_s + opt.duration_s + 30,
                         watch=bridges)
     sent, t0 = out.results["writer"]["sent"], out.results["writer"]["t0"]

@@ -69,14 +69,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _aeron_c import AeronC, find_binaries
 from _harness import (
     STOP,
     BenchError,
     Member,
+    Unavailable,
     attempt,
+    child_pids,
     codec,
     fmt,
+    fmt_rate,
     machine,
+    markdown_table,
     median_row,
     percentiles_us,
     run_processes,
@@ -92,14 +97,18 @@ BEGIN_FLAG, END_FLAG = 0x80, 0x40  # FragmentBatch.flags: first and last fragmen
 MAX_SAMPLES = 500_000
 _RUN_IDS = itertools.count(1)
 
+PING_RATE = 10_000  # pings per second of the ping-pong runs (--rate)
+ROUND_TRIPS_PER_S_GUESS = 10_000  # sizes Aeron's back-to-back cping run: about --duration s
+
 SHM = "shmbus offer/poll"
 SHM_BATCH = "shmbus offer_many/poll_batch"
 ZMQ = "zmq PUSH/PULL tcp://"
 ZMQ_PP = "zmq PAIR tcp://"
+AERON = "Aeron C streaming_publisher -> rate_subscriber"
+AERON_PP = "Aeron C cping/cpong"
 PEERS = (ZMQ, ZMQ_PP)
-
-IDLE_SHM = "back-off / back-off"
-IDLE_PEER = "blocking / blocking"
+BACK_TO_BACK = "back-to-back"
+SIDES = ("bridge A", "bridge B", "driver A", "driver B")  # the per-side CPU labels
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,14 @@ def _free_tcp_port() -> int:
 class Buses:
     contexts: tuple[Any, Any]
     drivers: list[subprocess.Popen]
+
+    def sides(self) -> dict[str, set[int]]:
+        """The processes of each side by label (SIDES): its driver and its netbridge."""
+        out: dict[str, set[int]] = {}
+        for side, driver in zip("AB", self.drivers, strict=True):
+            out[f"driver {side}"] = {driver.pid}
+            out[f"bridge {side}"] = set(child_pids(driver.pid))
+        return out
 
 
 def start_driver(context: Any, prefix: tuple[str, ...] = (), timeout_s: float = 20.0
@@ -484,8 +501,23 @@ def _zmq_reader(start: Any, endpoint: str, size: int, timeout_s: float,
     return {"received": expected, "errors": errors, "first_bad": first_bad, "t1": t1}
 
 
+def _pace(began_ns: int, seq: int, period_ns: float | None) -> None:
+    """Sleep until ping ``seq`` is due (``period_ns`` apart from ``began_ns``, perf_counter
+    clock); at once when back-to-back (None) or late."""
+    if period_ns is not None:
+        wait_ns = began_ns + seq * period_ns - time.perf_counter_ns()
+        if wait_ns > 0:
+            time.sleep(wait_ns / 1e9)
+
+
+def _period_ns(rate: int | None) -> float | None:
+    return None if rate is None else 1e9 / rate
+
+
 def _shm_ping(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id: int,
-              duration_s: float, timeout_s: float, done: Any) -> dict[str, Any]:
+              rate: int | None, duration_s: float, timeout_s: float,
+              done: Any) -> dict[str, Any]:
+    """Ping ``rate`` times a second (None: back-to-back), timing each round trip."""
     import shmbus
 
     unpack = codec(LATENCY_SIZE).unpack_from
@@ -508,9 +540,10 @@ def _shm_ping(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
         samples = array("q")
         errors = 0
         clock = time.perf_counter_ns
+        period = _period_ns(rate)
         start.ready(bus.driver_pid)
-        start = clock()
-        end_ns = start + int(duration_s * 1e9)
+        began = clock()
+        end_ns = began + int(duration_s * 1e9)
         deadline = time.monotonic_ns() + int(timeout_s * 1e9)
         seq = 0
         while True:
@@ -532,10 +565,12 @@ def _shm_ping(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
             seq += 1
             if t1 >= end_ns or seq >= MAX_SAMPLES:
                 break
+            _pace(began, seq, period)
+        elapsed_s = (clock() - began) / 1e9
         pack(message, 0, STOP, STOP)
         _offer(offer, message, idle, deadline)
         done.wait(timeout_s)
-    return {"samples": samples.tobytes(), "errors": errors}
+    return {"samples": samples.tobytes(), "errors": errors, "pings_per_s": seq / elapsed_s}
 
 
 def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id: int,
@@ -585,8 +620,9 @@ def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
     return {"received": expected, "errors": errors}
 
 
-def _zmq_ping(start: Any, endpoint: str, duration_s: float, timeout_s: float,
+def _zmq_ping(start: Any, endpoint: str, rate: int | None, duration_s: float, timeout_s: float,
               done: Any) -> dict[str, Any]:
+    """Ping ``rate`` times a second (None: back-to-back), timing each round trip."""
     zctx, sock = _zmq_socket("PAIR", endpoint, False, timeout_s)
     send, recv = sock.send, sock.recv
     send(b"hello")
@@ -598,8 +634,10 @@ def _zmq_ping(start: Any, endpoint: str, duration_s: float, timeout_s: float,
     samples = array("q")
     errors = 0
     clock = time.perf_counter_ns
+    period = _period_ns(rate)
     start.ready()
-    end_ns = clock() + int(duration_s * 1e9)
+    began = clock()
+    end_ns = began + int(duration_s * 1e9)
     seq = 0
     while True:
         pack(message, 0, seq, seq)
@@ -613,12 +651,14 @@ def _zmq_ping(start: Any, endpoint: str, duration_s: float, timeout_s: float,
         seq += 1
         if t1 >= end_ns or seq >= MAX_SAMPLES:
             break
+        _pace(began, seq, period)
+    elapsed_s = (clock() - began) / 1e9
     pack(message, 0, STOP, STOP)
     send(message)
     done.wait(timeout_s)
     sock.close()
     zctx.term()
-    return {"samples": samples.tobytes(), "errors": errors}
+    return {"samples": samples.tobytes(), "errors": errors, "pings_per_s": seq / elapsed_s}
 
 
 def _zmq_pong(start: Any, endpoint: str, timeout_s: float, done: Any) -> dict[str, Any]:
@@ -654,14 +694,20 @@ def _zmq_pong(start: Any, endpoint: str, timeout_s: float, done: Any) -> dict[st
 class Options:
     duration_s: float
     timeout_s: float
+    rate: int | None = None  # pings per second of the ping-pong runs (None: back-to-back)
 
 
-def run_throughput(ctx: Any, buses: Buses, transport: str, config: ChannelConfig | None,
-                   size: int, opt: Options) -> dict[str, Any]:
+def run_throughput(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
+                   config: ChannelConfig | None, size: int, opt: Options) -> dict[str, Any]:
     """One throughput run: its figures (msgs/s, MB/s, cores by process); BenchError if any
     message was lost, repeated, reordered or torn."""
+    if transport == AERON:
+        assert aeron is not None and config is not None
+        return aeron.throughput(config.uri(_free_udp_port()), size, opt.duration_s,
+                                opt.timeout_s)
     run = next(_RUN_IDS)
     done = ctx.Event()
+    watch = None
     if transport == ZMQ:
         endpoint = f"tcp://127.0.0.1:{_free_tcp_port()}"
         writer = Member("writer", _zmq_writer, (endpoint, size, opt.duration_s, opt.timeout_s,
@@ -675,7 +721,8 @@ def run_throughput(ctx: Any, buses: Buses, transport: str, config: ChannelConfig
                                                 opt.duration_s, opt.timeout_s, done, batch))
         reader = Member("reader", _shm_reader, (buses.contexts[1], uri, 1000 + run, size,
                                                 opt.timeout_s, done, batch))
-    out = run_processes(ctx, [reader, writer], 2 * opt.timeout_s + opt.duration_s + 30)
+        watch = buses.sides
+    out = run_processes(ctx, [reader, writer], 2 * opt.timeout_s + opt.duration_s + 30, watch)
     w, r = out.results["writer"], out.results["reader"]
     if r["errors"] or w["sent"] != r["received"]:
         raise BenchError(f"sent {w['sent']}, received {r['received']} in order, {r['errors']} "
@@ -685,29 +732,44 @@ def run_throughput(ctx: Any, buses: Buses, transport: str, config: ChannelConfig
             "mb_per_s": w["sent"] * size / seconds / 1e6, "cores": out.cores}
 
 
-def run_latency(ctx: Any, buses: Buses, transport: str, config: ChannelConfig | None,
-                opt: Options) -> dict[str, Any]:
-    """One ping-pong run: its round-trip percentiles; BenchError if an echo was wrong."""
+def run_latency(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
+                config: ChannelConfig | None, opt: Options) -> dict[str, Any]:
+    """One ping-pong run: its round-trip percentiles, the pings per second it achieved and
+    cores by process; BenchError if an echo was wrong."""
+    if transport == AERON_PP:
+        assert aeron is not None and config is not None
+        round_trips = int(opt.duration_s * (opt.rate or ROUND_TRIPS_PER_S_GUESS))
+        return {**aeron.ping_pong(config.uri(_free_udp_port()), config.uri(_free_udp_port()),
+                                  round_trips, opt.timeout_s + opt.duration_s),
+                "pace": BACK_TO_BACK}
     run = next(_RUN_IDS)
     done = ctx.Event()
+    watch = None
     if transport == ZMQ_PP:
         endpoint = f"tcp://127.0.0.1:{_free_tcp_port()}"
-        pinger = Member("ping", _zmq_ping, (endpoint, opt.duration_s, opt.timeout_s, done))
+        pinger = Member("ping", _zmq_ping, (endpoint, opt.rate, opt.duration_s, opt.timeout_s,
+                                            done))
         ponger = Member("pong", _zmq_pong, (endpoint, opt.timeout_s, done))
     else:
         assert config is not None
         ping_uri, pong_uri = config.uri(_free_udp_port()), config.uri(_free_udp_port())
         pinger = Member("ping", _shm_ping, (buses.contexts[0], ping_uri, pong_uri, 1000 + run,
-                                            opt.duration_s, opt.timeout_s, done))
+                                            opt.rate, opt.duration_s, opt.timeout_s, done))
         ponger = Member("pong", _shm_pong, (buses.contexts[1], ping_uri, pong_uri, 1000 + run,
                                             opt.timeout_s, done))
-    out = run_processes(ctx, [ponger, pinger], 2 * opt.timeout_s + opt.duration_s + 30)
+        watch = buses.sides
+    out = run_processes(ctx, [ponger, pinger], 2 * opt.timeout_s + opt.duration_s + 30, watch)
     ping, pong = out.results["ping"], out.results["pong"]
     samples = np.frombuffer(ping["samples"], np.int64)
     errors = ping["errors"] + pong["errors"]
     if errors or pong["received"] != len(samples):
         raise BenchError(f"{len(samples)} pings, {pong['received']} echoed, {errors} bad")
-    return {**percentiles_us(samples), "cores": out.cores}
+    return {**percentiles_us(samples), "pings_per_s": ping["pings_per_s"],
+            "pace": _pace_name(opt.rate), "cores": out.cores}
+
+
+def _pace_name(rate: int | None) -> str:
+    return BACK_TO_BACK if rate is None else f"{rate:,}/s"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -731,40 +793,117 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             r["x_zmq"] = peer["p50_us"] / r["p50_us"]
 
 
-def evaluate_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    targets = []
-    channels = list(dict.fromkeys(r["channel"] for r in rows if r["transport"] not in PEERS))
-    for channel_name in channels:
+def _row(rows: list[dict[str, Any]], test: str, transport: str, channel: str,
+         size: int) -> dict[str, Any] | None:
+    """The measured row of that test, transport, channel and size, if any."""
+    return next((r for r in rows if (r["test"], r["transport"], r["channel"], r["size"]) ==
+                 (test, transport, channel, size) and r["status"] == "ok"), None)
+
+
+def evaluate_targets(rows: list[dict[str, Any]], channels: list[str]) -> list[dict[str, Any]]:
+    """Issue 14's targets, each as {target, value, goal, status: PASS / FAIL / n/a}: on the
+    default channel 32 B >= 3 M msg/s, >= 0.8x Aeron C and >= 2.5x zmq; 4 KiB >= 250 MB/s;
+    ping-pong p50 <= 100 us; on the tuned one (any other of ``channels``) 4 KiB >= 1x zmq."""
+    targets: list[dict[str, Any]] = []
+    default = DEFAULT_CHANNEL.name
+    tuned = next((name for name in channels if name != default), None)
+    checks: list[tuple[str, str, str, int, str, float, str]] = []  # name, test, .., field, goal
+    for transport in (SHM, SHM_BATCH):
+        checks += [
+            (f"32 B {transport} msg/s >= 3 M", "throughput", transport, 32, "msgs_per_s", 3e6,
+             ">="),
+            (f"32 B {transport} >= 0.8x Aeron C", "throughput", transport, 32, "x_aeron", 0.8,
+             ">="),
+            (f"32 B {transport} >= 2.5x zmq", "throughput", transport, 32, "x_zmq", 2.5, ">="),
+            (f"4 KiB {transport} MB/s >= 250", "throughput", transport, 4096, "mb_per_s", 250,
+             ">="),
+        ]
+    checks.append(("ping-pong p50 us <= 100", "ping-pong", SHM, LATENCY_SIZE, "p50_us", 100,
+                   "<="))
+    for name, test, transport, size, key, goal, sense in checks:
+        if default not in channels:
+            break
+        row = _row(rows, test, transport, default, size)
+        value = None if row is None else row.get(key)
+        if key == "x_aeron" and row is not None:
+            aeron = _row(rows, "throughput", AERON, default, size)
+            value = None if aeron is None else row["msgs_per_s"] / aeron["msgs_per_s"]
+        targets.append(_target(f"{name} [{default}]", value, goal, sense))
+    if tuned is not None:
         for transport in (SHM, SHM_BATCH):
-            for size, goal in ((32, 2.0), (4096, 1.0)):
-                row = next((r for r in rows if (r["test"], r["transport"], r["size"],
-                                                r["channel"]) ==
-                            ("throughput", transport, size, channel_name)
-                            and r["status"] == "ok"), None)
-                if row is None and not any(r["size"] == size for r in rows):
-                    continue
-                value = row.get("x_zmq") if row else None
-                status = "n/a" if value is None else ("PASS" if value >= goal else "FAIL")
-                targets.append({"target": f"{size} B {transport} [{channel_name}] msgs/s vs "
-                                          f"zmq >= {goal:g}x",
-                                "value": value, "goal": goal, "status": status})
+            row = _row(rows, "throughput", transport, tuned, 4096)
+            targets.append(_target(f"4 KiB {transport} >= 1x zmq [{tuned}]",
+                                   None if row is None else row.get("x_zmq"), 1.0, ">="))
     return targets
 
 
+def _target(name: str, value: float | None, goal: float, sense: str) -> dict[str, Any]:
+    met = value is not None and (value >= goal if sense == ">=" else value <= goal)
+    return {"target": name, "value": value, "goal": goal,
+            "status": "n/a" if value is None else ("PASS" if met else "FAIL")}
+
+
+def _sides_cell(row: dict[str, Any] | None) -> str:
+    cores = (row or {}).get("cores") or {}
+    if not any(cores.get(label) is not None for label in SIDES):
+        return "-"
+    return " / ".join("-" if cores.get(label) is None else f"{cores[label]:.0%}"
+                      for label in SIDES)
+
+
+def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...],
+                  channels: list[str]) -> str:
+    """Issue 14's table (markdown): a line per way of sending, msg/s by size (MB/s from 4 KiB),
+    its round trip p50 and the CPU of each bridge and driver in the first size's run."""
+    headers = ["loopback, one stream", *(f"{_size_name(z)} msg/s" for z in sizes),
+               f"RTT p50 us ({LATENCY_SIZE} B ping-pong)",
+               f"cores in the {_size_name(sizes[0])} run: {' / '.join(SIDES)}"]
+    ways = [(AERON, AERON_PP, channel) for channel in channels]
+    ways += [(t, SHM if t == SHM else None, channel) for channel in channels
+             for t in (SHM, SHM_BATCH)]
+    ways.append((ZMQ, ZMQ_PP, "-"))
+    lines = []
+    for transport, latency, channel in ways:
+        if not any(r["transport"] == transport and r["channel"] == channel for r in rows):
+            continue
+        cells = []
+        for size in sizes:
+            r = _row(rows, "throughput", transport, channel, size)
+            cells.append("-" if r is None else fmt_rate(r["msgs_per_s"]) + (
+                f" ({r['mb_per_s']:,.0f} MB/s)" if size >= 1024 else ""))
+        pp = None if latency is None else _row(rows, "ping-pong", latency, channel,
+                                               LATENCY_SIZE)
+        cells.append("-" if pp is None else f"{pp['p50_us']:,.1f} at {pp['pace']}")
+        cells.append(_sides_cell(_row(rows, "throughput", transport, channel, sizes[0])))
+        label = _SUMMARY_LABELS[transport] + ("" if channel == "-" else f" [{channel}]")
+        lines.append([label, *cells])
+    return markdown_table(headers, lines, range(1, len(headers) - 1))
+
+
+_SUMMARY_LABELS = {
+    AERON: "Aeron C driver (SHARED) x2: streaming_publisher -> rate_subscriber; RTT cping/cpong",
+    SHM: "shmbus over two netbridges: offer/poll",
+    SHM_BATCH: "shmbus over two netbridges: offer_many/poll_batch",
+    ZMQ: "pyzmq PUSH/PULL tcp://; RTT PAIR tcp://",
+}
+
+
+def _size_name(size: int) -> str:
+    return f"{size // 1024} KiB" if size >= 1024 and size % 1024 == 0 else f"{size} B"
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["test", "transport", "channel", "size", "idle: side A / side B", "msgs/s",
-               "MB/s", "x zmq", "p50 us", "p99 us", "max us", "bridges cpu", "check"]
+    headers = ["test", "transport", "channel", "size", "pace", "msgs/s", "MB/s", "x zmq",
+               "p50 us", "p99 us", "max us", f"cores: {' / '.join(SIDES)}", "check"]
     lines = []
     for r in rows:
-        bridges = (r.get("cores") or {}).get("netbridge")
         lines.append([
-            r["test"], r["transport"], r["channel"], str(r["size"]), r["idle"],
+            r["test"], r["transport"], r["channel"], str(r["size"]), r.get("pace", "-"),
             fmt(r.get("msgs_per_s")), fmt(r.get("mb_per_s"), 1), fmt(r.get("x_zmq"), 2),
             fmt(r.get("p50_us"), 1), fmt(r.get("p99_us"), 1), fmt(r.get("max_us"), 1),
-            "-" if bridges is None or r["transport"] in PEERS else f"{bridges:.0%}",
-            {"ok": "ok", "n/a": "n/a"}.get(r["status"], "FAILED"),
+            _sides_cell(r), {"ok": "ok", "n/a": "n/a"}.get(r["status"], "FAILED"),
         ])
-    return text_table(headers, lines, {3, 5, 6, 7, 8, 9, 10, 11},
+    return text_table(headers, lines, {3, 5, 6, 7, 8, 9, 10},
                       [(r["test"], r["size"]) for r in rows])
 
 
@@ -772,25 +911,29 @@ NOTES = f"""\
 notes:
   shmbus path: writer -> log (bus A) -> netbridge A -> UDP 127.0.0.1 -> netbridge B -> image
     (bus B) -> reader; each bus has its own driver process, which started its netbridge.
-  channels (shmbus rows only):
+  channels (shmbus and Aeron rows):
 {{channels}}
-    default: term 1 MiB, mtu 1408 (4 KiB messages in 3 fragments, 22 messages of 32 B per
-    datagram), receiver window 128 KiB.
-  idle: side A = writer or pinger, side B = reader or ponger. shmbus "back-off" =
-    BackoffIdleStrategy (spin 10, yield 20, sleep 1 us .. 1 ms) used only with nothing to do;
-    a netbridge with nothing to do waits in select() on its sockets (it cannot wait on a log):
-    after work it polls a few times, then waits 20 us, 50 us, .. up to 1 ms; drivers back off
-    to 1 ms sleeps. zmq "blocking": blocking calls with timeouts (and libzmq's I/O thread).
+    default: shmbus term 1 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
+    fragments, 22 messages of 32 B per datagram), receiver window 128 KiB.
+  waiting: a shmbus application side with nothing to do uses BackoffIdleStrategy (spin 10,
+    yield 20, sleep 1 us .. 1 ms); a netbridge with nothing to do waits in select() on its
+    sockets: after work it polls a few times, then waits 20 us, 50 us, .. up to 1 ms; drivers
+    back off to 1 ms sleeps. zmq: blocking calls with timeouts (and libzmq's I/O thread).
+    Aeron C: two aeronmd (threading SHARED, default back-off idle), the samples busy-spin.
   throughput: offer/poll = ExclusivePublication.offer / Subscription.poll(limit {POLL_LIMIT})
     with in-place checks (FragmentAssembler when fragmented); batch = offer_many of
     ({BATCH_ROWS}, size) uint8 arrays / Image.poll_batch(limit {BATCH_ROWS}), numpy checks.
     zmq PUSH/PULL: send(copy=True) of a reused buffer, recv() (copy=False for 4 KiB).
-  ping-pong: {LATENCY_SIZE} B round trips in microseconds, first 10% (<= 1000) dropped. shmbus:
-    two streams (ping A -> B, pong B -> A) on two UDP channels; zmq: PAIR over tcp://.
+    Aeron C: streaming_publisher -L size -m N (its own total: N over the time to offer them).
+  ping-pong: {LATENCY_SIZE} B round trips in microseconds, first 10% (<= 1000) dropped, paced
+    as "pace" says (pings sent on a fixed schedule; a late pong delays only its own ping).
+    shmbus: two streams (ping A -> B, pong B -> A) on two UDP channels; zmq: PAIR over tcp://;
+    Aeron C: cping/cpong, which have no pacing (back-to-back, busy-spinning).
   x zmq: throughput msgs/s / zmq's msgs/s at the same size; ping-pong zmq p50 / p50.
-  bridges cpu: CPU time of both netbridge processes / wall time, from the start of the
-    measurement (both sides connected) to its end (200% = two cores); tools/_harness.py.
-  every message carries its sequence number at head and tail, checked by every reader.
+  cores: CPU time / wall time of each side's netbridge and driver (Aeron: its drivers, which
+    do the bridges' work), from the start of the measurement to its end (100% = one core).
+  every shmbus and zmq message carries its sequence number at head and tail, checked by every
+    reader (Aeron's samples count messages only).
   MB = 10^6 payload bytes."""
 
 
@@ -840,6 +983,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"{TUNED_CHANNEL.params!r})")
     parser.add_argument("--sizes", type=lambda v: tuple(int(x) for x in v.split(",")),
                         default=SIZES, help="throughput sizes, comma-separated (default 32,4096)")
+    parser.add_argument("--rate", type=int, default=PING_RATE,
+                        help=f"pings per second of the ping-pong runs, 0 for back-to-back "
+                             f"(default {PING_RATE:,})")
+    parser.add_argument("--aeron-bin", type=Path, metavar="DIR",
+                        help="an Aeron C build's binaries (aeronmd, streaming_publisher, "
+                             "rate_subscriber, cping, cpong): measure Aeron C in the same run")
     parser.add_argument("--only", help="run only the transports whose name contains this")
     parser.add_argument("--no-latency", action="store_true", help="skip the ping-pong runs")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
@@ -847,20 +996,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for size in args.sizes:
         if size < 16 or size % 8:
             parser.error(f"message size {size}: a multiple of 8, at least 16")
+    if args.rate < 0:
+        parser.error(f"--rate {args.rate}: pings per second, 0 (back-to-back) or more")
+    if args.aeron_bin is not None:
+        try:
+            args.aeron_binaries = find_binaries(args.aeron_bin)
+        except Unavailable as e:
+            parser.error(str(e))
     return args
 
 
 def _key(test: str, transport: str, channel: str, size: int) -> dict[str, Any]:
-    """A row's identity: test, transport, channel and size, and the idle strategies used."""
-    return {"test": test, "transport": transport, "channel": channel, "size": size,
-            "idle": IDLE_PEER if transport in PEERS else IDLE_SHM}
+    """A row's identity: test, transport, channel and size."""
+    return {"test": test, "transport": transport, "channel": channel, "size": size}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     duration = 0.3 if args.quick else args.duration
     repeat = 1 if args.quick else args.repeat
-    opt = Options(duration_s=duration, timeout_s=args.timeout)
+    opt = Options(duration_s=duration, timeout_s=args.timeout, rate=args.rate or None)
     configs = _channel_configs(args.channels, args.tuned)
     ctx = mp.get_context("spawn")
     shm_root = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -881,55 +1036,66 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     print(f"netbridge bench: {duration} s per run, median of {repeat}, {os.cpu_count()} CPUs, "
           f"load {load_before[0]:.2f}; progress on stderr", file=sys.stderr, flush=True)
+    aeron = None
+    if args.aeron_bin is not None and (wanted(AERON) or wanted(AERON_PP)):
+        aeron = AeronC(args.aeron_binaries, root / "aeron")
+    shm_ways = [t for t in (SHM, SHM_BATCH) if wanted(t)]
     buses = start_buses(root, 1024 * 1024)
     # the measurements, as (key, thunk); repeats are interleaved, so that a burst of load
-    # elsewhere on the machine hits shmbus and zmq alike rather than one of them
+    # elsewhere on the machine hits every transport alike rather than one of them
     plan: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
     for size in args.sizes:
         for config in configs:
-            for transport in (SHM, SHM_BATCH):
-                if wanted(transport):
-                    plan.append((_key("throughput", transport, config.name, size),
-                                 lambda t=transport, c=config, s=size:
-                                 run_throughput(ctx, buses, t, c, s, opt)))
+            for transport in [*shm_ways, *([AERON] if aeron else [])]:
+                plan.append((_key("throughput", transport, config.name, size),
+                             lambda t=transport, c=config, s=size:
+                             run_throughput(ctx, buses, aeron, t, c, s, opt)))
         if wanted(ZMQ):
             plan.append((_key("throughput", ZMQ, "-", size),
-                         lambda s=size: run_throughput(ctx, buses, ZMQ, None, s, opt)))
+                         lambda s=size: run_throughput(ctx, buses, aeron, ZMQ, None, s, opt)))
     if not args.no_latency:
         for config in configs:
-            if wanted(SHM):
-                plan.append((_key("ping-pong", SHM, config.name, LATENCY_SIZE),
-                             lambda c=config: run_latency(ctx, buses, SHM, c, opt)))
+            for transport in [*([SHM] if wanted(SHM) else []), *([AERON_PP] if aeron else [])]:
+                plan.append((_key("ping-pong", transport, config.name, LATENCY_SIZE),
+                             lambda t=transport, c=config:
+                             run_latency(ctx, buses, aeron, t, c, opt)))
         if wanted(ZMQ_PP):
             plan.append((_key("ping-pong", ZMQ_PP, "-", LATENCY_SIZE),
-                         lambda: run_latency(ctx, buses, ZMQ_PP, None, opt)))
+                         lambda: run_latency(ctx, buses, aeron, ZMQ_PP, None, opt)))
     runs: list[list[dict[str, Any]]] = [[] for _ in plan]
     try:
+        if aeron is not None:
+            aeron.start()
         for _ in range(repeat):
             for (key, thunk), done in zip(plan, runs, strict=True):
                 row = {**key, **attempt(thunk)}
                 report(row)
                 done.append(row)
     finally:
+        if aeron is not None:
+            aeron.stop()
         for process in buses.drivers:
             stop_driver(process)
         shutil.rmtree(root, ignore_errors=True)
     load_after = os.getloadavg()
     rows = [median_row(r) for r in runs]
     add_ratios(rows)
-    targets = evaluate_targets(rows)
+    channel_names = [c.name for c in configs]
+    targets = evaluate_targets(rows, channel_names)
 
     print()
     print(f"netbridge bench: {duration} s per run, median of {repeat}; python "
           f"{machine()['python']}, {os.cpu_count()} CPUs; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print()
+    print(summary_table(rows, tuple(args.sizes), channel_names))
+    print()
     print(format_table(rows))
     print()
     channels = "\n".join(f"    [{c.name}] {c.uri(0).replace(':0', ':PORT')}" for c in configs)
     print(NOTES.format(channels=channels))
     print()
-    print("targets (issue 5):")
+    print("targets (issue 14):")
     print(format_targets(targets))
     failed = [r for r in rows if r["status"] != "ok"]
     for r in failed:
@@ -937,8 +1103,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['size']} B: {r['error']}")
     if args.json:
         report_json = {
-            "settings": {"duration_s": duration, "repeat": repeat,
+            "settings": {"duration_s": duration, "repeat": repeat, "rate": opt.rate,
                          "channels": {c.name: c.params for c in configs},
+                         "aeron_bin": None if args.aeron_bin is None else str(args.aeron_bin),
                          "load_before": load_before, "load_after": load_after, **machine()},
             "rows": rows,
             "targets": targets,
