@@ -208,7 +208,7 @@ class Bridge:
         # datagrams are received into one buffer (recvfrom_into) and handled before the next
         self._recv_buffer = bytearray(65536)
         self._recv_view = memoryview(self._recv_buffer)
-        self.client = Client(self.context)
+        self.client = Client(self.context, conductor_thread=False)
         # unique across hosts (client ids are only unique within one bus), as Aeron's are
         self._receiver_id = random.SystemRandom().getrandbits(63)
         #: what a dynamic MDC receiver sends its control address: an SM for session 0 and

@@ -1,9 +1,15 @@
 """The bus client: ``shmbus.connect()`` and what it returns.
 
-A :class:`Client` talks to the driver through cnc.dat: commands on the to-driver ring buffer,
-responses and image events on the broadcast buffer. Following Aeron's invoker mode, driver
-events are processed inside the application's own calls (add_*, poll, close), so callbacks run
-on the caller's thread; only the heartbeat runs on its own, in a native thread without the GIL.
+A :class:`Client` talks to the driver through cnc.dat: commands on the to-driver ring buffer
+(then it rings the driver's doorbell), responses and image events on the broadcast buffer (the
+driver rings the clients' doorbell). A conductor thread per client, asleep on that doorbell
+between events, handles them as Aeron's client conductor does: images appear and go, image
+callbacks run and a dead driver is noticed whether or not the application ever polls. Requests
+(add_*, close) wait for the conductor to hand them their answer. The heartbeat runs in a native
+thread without the GIL.
+
+With ``conductor_thread=False`` (Aeron's invoker mode, for processes with a duty loop of their
+own such as the netbridge) nothing runs in the background: the owner calls ``_service()``.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -31,21 +39,23 @@ from shmbus.errors import (
     RegistrationError,
     ShmbusError,
 )
-from shmbus.idle_strategy import BackoffIdleStrategy
 from shmbus.image import Image
 from shmbus.publication import ConcurrentPublication, ExclusivePublication, Publication
 from shmbus.shm._native import Heartbeat, epoch_ms
 from shmbus.shm.broadcast import BroadcastReceiver
 from shmbus.shm.bus_directory import prepare_directory
 from shmbus.shm.cnc import (
+    CLIENTS_DOORBELL_OFFSET,
     COUNTERS_METADATA,
     COUNTERS_VALUES,
+    DRIVER_DOORBELL_OFFSET,
     TO_CLIENTS,
     TO_DRIVER,
     CncError,
     CncFile,
 )
 from shmbus.shm.counters import CountersReader
+from shmbus.shm.doorbell import Doorbell
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer
@@ -55,6 +65,8 @@ PublicationT = TypeVar("PublicationT", bound=Publication)
 
 LAUNCH_LOCK = "launch.lock"
 _DRIVER_CHECK_INTERVAL_S = 0.1
+#: how long a removed image's log stays mapped: a handler may still hold a view into it
+_LOG_LINGER_S = 3.0
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 _launched: list[subprocess.Popen[bytes]] = []
 
@@ -75,9 +87,14 @@ def connect(context: Context | None = None, **settings: Any) -> Client:
 
 
 class Client:
-    """A connection to a driver. Not usable after fork: connect again in the child."""
+    """A connection to a driver. Not usable after fork: connect again in the child.
 
-    def __init__(self, context: Context) -> None:
+    Thread-safe: any thread may add, close, publish and poll. Once the driver is gone (or has
+    timed this client out), every call raises that error (DriverTimeoutError,
+    ClientTimeoutError) and the publications and subscriptions are closed.
+    """
+
+    def __init__(self, context: Context, *, conductor_thread: bool = True) -> None:
         self.context = context
         self.directory = Path(context.dir)
         self._pid = os.getpid()
@@ -92,6 +109,14 @@ class Client:
         self._next_driver_check = 0.0
         self._responses: dict[int, cp.Message] = {}
         self._awaiting: set[int] = set()
+        self._lock = threading.RLock()  # the client's state; held while events are handled
+        self._answered = threading.Condition(self._lock)
+        self._error: ShmbusError | None = None
+        self._driver_bell = self.cnc.doorbell(DRIVER_DOORBELL_OFFSET)
+        self._clients_bell = self.cnc.doorbell(CLIENTS_DOORBELL_OFFSET)
+        self._images_bell = Doorbell.private()  # wakes this client's waiting subscribers
+        self._lingering: list[tuple[float, LogBuffer]] = []
+        self._conductor: threading.Thread | None = None
         #: called with driver events this client does not handle itself (the netbridge's)
         self.on_driver_event: Callable[[cp.Message], None] | None = None
         self._logs: dict[str, tuple[LogBuffer, int]] = {}
@@ -107,6 +132,11 @@ class Client:
                                     self.counters.counter_offset(ready.heartbeat_counter_id),
                                     context.keepalive_interval)
         _live_clients.add(self)
+        if conductor_thread:
+            self._conductor = threading.Thread(
+                target=_run_conductor, args=(weakref.ref(self), self._clients_bell),
+                name=f"shmbus-conductor-{self.client_id}", daemon=True)
+            self._conductor.start()
 
     # -- publications and subscriptions --------------------------------------------------------
 
@@ -130,13 +160,16 @@ class Client:
         _check_stream_id(stream_id)
         ready = self._request(command(self.client_id, self._correlation(), stream_id, channel))
         assert isinstance(ready, cp.OnPublicationReady)
-        log = self._map_log(ready.log_file)
-        limit = Position(self.counters.values, self.counters.counter_offset(
-            ready.limit_counter_id))
-        publication = kind(log, limit, channel=channel, registration_id=ready.registration_id,
-                           on_close=self._on_publication_close,
-                           on_destination=self._on_destination, counters=self.counters.values)
-        self._publications[ready.registration_id] = publication
+        with self._lock:
+            log = self._map_log(ready.log_file)
+            limit = Position(self.counters.values, self.counters.counter_offset(
+                ready.limit_counter_id))
+            publication = kind(log, limit, channel=channel,
+                               registration_id=ready.registration_id,
+                               on_close=self._on_publication_close,
+                               on_destination=self._on_destination,
+                               counters=self.counters.values)
+            self._publications[ready.registration_id] = publication
         return publication
 
     def add_subscription(
@@ -148,7 +181,8 @@ class Client:
     ) -> Subscription:
         """Subscribe to a channel and stream; images appear as publishers do.
 
-        The image callbacks run on the thread that polls (or calls the client).
+        The image callbacks run on the client's conductor thread (keep them short; they may
+        call the client).
         """
         self._check_usable()
         _check_stream_id(stream_id)
@@ -156,35 +190,47 @@ class Client:
         subscription = Subscription(
             channel, stream_id, registration_id=correlation_id,
             on_available_image=on_available_image, on_unavailable_image=on_unavailable_image,
-            service=self._service, on_close=self._on_subscription_close)
+            on_close=self._on_subscription_close,
+            wake=(self._images_bell.buffer, self._images_bell.offset))
         # registered before the request: image events follow the ready response at once
-        self._subscriptions[correlation_id] = subscription
+        with self._lock:
+            self._subscriptions[correlation_id] = subscription
         try:
             self._request(cp.AddSubscription(self.client_id, correlation_id, stream_id, channel))
         except BaseException:
-            self._subscriptions.pop(correlation_id, None)
+            with self._lock:
+                self._subscriptions.pop(correlation_id, None)
             raise
         return subscription
 
     # -- driver events -------------------------------------------------------------------------
 
     def _service(self) -> int:
-        """Process driver events and check the driver is alive. Returns events handled."""
-        self._check_usable()
-        events = 0
-        receiver = self._to_clients
-        while receiver.receive_next():
-            events += 1
-            self._on_broadcast(receiver.msg_type, receiver.buffer)
-        now = time.monotonic()
-        if now >= self._next_driver_check:
-            self._next_driver_check = now + _DRIVER_CHECK_INTERVAL_S
-            age = epoch_ms() - self.cnc.driver_heartbeat_ms()
-            if age > self._driver_timeout_ms:
-                self._fail(DriverTimeoutError(
-                    f"the driver (pid {self.cnc.pid}) in {self.directory} has not "
-                    f"heartbeated for {age} ms (timeout {self._driver_timeout_ms} ms)"))
-        return events
+        """Process driver events, check the driver is alive, unmap lingering logs.
+
+        Called by the conductor thread, or by the owner in invoker mode. Returns events
+        handled; raises the client's error once it failed.
+        """
+        with self._lock:
+            self._check_usable()
+            events = 0
+            receiver = self._to_clients
+            while receiver.receive_next():
+                events += 1
+                self._on_broadcast(receiver.msg_type, receiver.buffer)
+            if events and self._awaiting:
+                self._answered.notify_all()
+            now = time.monotonic()
+            if now >= self._next_driver_check:
+                self._next_driver_check = now + _DRIVER_CHECK_INTERVAL_S
+                age = epoch_ms() - self.cnc.driver_heartbeat_ms()
+                if age > self._driver_timeout_ms:
+                    self._fail(DriverTimeoutError(
+                        f"the driver (pid {self.cnc.pid}) in {self.directory} has not "
+                        f"heartbeated for {age} ms (timeout {self._driver_timeout_ms} ms)"))
+                while self._lingering and self._lingering[0][0] <= now:
+                    self._lingering.pop(0)[1].close()
+            return events
 
     def _on_broadcast(self, msg_type: int, payload: bytes) -> None:
         try:
@@ -200,7 +246,7 @@ class Client:
             if subscription is not None:
                 image = subscription._remove_image(message.correlation_id)
                 if image is not None:
-                    self._unmap_log(image.log)
+                    self._unmap_log(image.log, linger=True)
         elif isinstance(message, cp.OnClientTimeout):
             if message.client_id == self.client_id:
                 self._fail(ClientTimeoutError(
@@ -218,7 +264,7 @@ class Client:
                 return
             # the session came back (rejoined after it was lost): the old image is done
             if subscription._remove_image(previous.correlation_id) is not None:
-                self._unmap_log(previous.log)
+                self._unmap_log(previous.log, linger=True)
         log = self._map_log(event.log_file)
         position = Position(self.counters.values,
                             self.counters.counter_offset(event.position_counter_id))
@@ -233,39 +279,66 @@ class Client:
         return self._to_driver.next_correlation_id()
 
     def _request(self, command: cp.Message) -> cp.Message:
-        correlation_id = command.correlation_id  # type: ignore[attr-defined]
-        self._awaiting.add(correlation_id)
-        try:
-            return self._await(command, correlation_id)
-        finally:
-            self._awaiting.discard(correlation_id)
+        """Send a command and wait for the driver's answer (at most driver_timeout seconds).
 
-    def _await(self, command: cp.Message, correlation_id: int) -> cp.Message:
-        deadline = time.monotonic() + self.context.driver_timeout
-        idle = BackoffIdleStrategy()
-        while not self._to_driver.write(command.TYPE_ID, command.encode()):
-            if time.monotonic() > deadline:
-                raise DriverTimeoutError(f"the driver in {self.directory} is not reading "
-                                         f"commands (its queue stayed full)")
-            idle.idle(0)
-        while correlation_id not in self._responses:
-            if self._service() == 0:
+        Raises RegistrationError for the driver's refusal, DriverTimeoutError without an
+        answer, the client's error once it failed.
+        """
+        correlation_id = command.correlation_id  # type: ignore[attr-defined]
+        with self._lock:
+            self._awaiting.add(correlation_id)
+        try:
+            deadline = time.monotonic() + self.context.driver_timeout
+            while not self._to_driver.write(command.TYPE_ID, command.encode()):
                 if time.monotonic() > deadline:
-                    raise DriverTimeoutError(
-                        f"no answer from the driver in {self.directory} within "
-                        f"{self.context.driver_timeout} s")
-                idle.idle(0)
+                    raise DriverTimeoutError(f"the driver in {self.directory} is not reading "
+                                             f"commands (its queue stayed full)")
+                time.sleep(0.001)
+            self._driver_bell.ring()
+            if self._conductor is None or threading.current_thread() is self._conductor:
+                self._service_until_answered(correlation_id, deadline)
             else:
-                idle.reset()
-        response = self._responses.pop(correlation_id)
+                self._wait_for_answer(correlation_id, deadline)
+            with self._lock:
+                response = self._responses.pop(correlation_id)
+        finally:
+            with self._lock:
+                self._awaiting.discard(correlation_id)
+                self._responses.pop(correlation_id, None)
         if isinstance(response, cp.OnError):
             raise RegistrationError(response.code, response.message)
         return response
+
+    def _wait_for_answer(self, correlation_id: int, deadline: float) -> None:
+        """Sleep until the conductor thread hands over the answer."""
+        with self._answered:
+            while correlation_id not in self._responses:
+                self._check_usable()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._no_answer()
+                self._answered.wait(remaining)
+
+    def _service_until_answered(self, correlation_id: int, deadline: float) -> None:
+        """Handle events on this thread until the answer is among them (invoker mode, or a
+        request from inside an image callback on the conductor thread)."""
+        while correlation_id not in self._responses:
+            seen = self._clients_bell.value()
+            if self._service() == 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._no_answer()
+                self._clients_bell.wait(seen, min(remaining, _DRIVER_CHECK_INTERVAL_S))
+
+    def _no_answer(self) -> None:
+        raise DriverTimeoutError(f"no answer from the driver in {self.directory} within "
+                                 f"{self.context.driver_timeout} s")
 
     def _send(self, command: cp.Message) -> None:
         """Send without waiting for the answer (removals)."""
         if not self._to_driver.write(command.TYPE_ID, command.encode()):
             raise DriverTimeoutError(f"the driver in {self.directory} is not reading commands")
+        self._driver_bell.ring()
 
     # -- logs ----------------------------------------------------------------------------------
 
@@ -278,24 +351,33 @@ class Client:
         self._logs[log_file] = (entry[0], entry[1] + 1)
         return entry[0]
 
-    def _unmap_log(self, log: LogBuffer) -> None:
-        """One user fewer; the last one unmaps it (its users are closed by then)."""
+    def _unmap_log(self, log: LogBuffer, *, linger: bool = False) -> None:
+        """One user fewer; the last one unmaps it (its users are closed by then).
+
+        ``linger``: another thread may still be reading it (an image the conductor removed),
+        so it is unmapped only after _LOG_LINGER_S. A failed client unmaps nothing: the
+        mappings go with their last reference.
+        """
         for name, (mapped, count) in list(self._logs.items()):
             if mapped is log:
                 if count > 1:
                     self._logs[name] = (mapped, count - 1)
                 else:
                     del self._logs[name]
-                    mapped.close()
+                    if linger:
+                        self._lingering.append((time.monotonic() + _LOG_LINGER_S, mapped))
+                    elif self._error is None:
+                        mapped.close()
                 return
 
     def _on_publication_close(self, publication: Publication) -> None:
-        if self._publications.pop(publication.registration_id, None) is None:
-            return
-        if not self._closing and os.getpid() == self._pid:
-            self._send(cp.RemovePublication(self.client_id, self._correlation(),
-                                            publication.registration_id))
-        self._unmap_log(publication.log)
+        with self._lock:
+            if self._publications.pop(publication.registration_id, None) is None:
+                return
+            if not self._closing and os.getpid() == self._pid:
+                self._send(cp.RemovePublication(self.client_id, self._correlation(),
+                                                publication.registration_id))
+            self._unmap_log(publication.log)
 
     def _on_destination(self, publication: Publication, destination: str, add: bool) -> None:
         self._check_usable()
@@ -305,13 +387,14 @@ class Client:
 
     def _on_subscription_close(self, subscription: Subscription,
                                images: tuple[Image, ...]) -> None:
-        for image in images:
-            self._unmap_log(image.log)
-        if self._subscriptions.pop(subscription.registration_id, None) is None:
-            return
-        if not self._closing and os.getpid() == self._pid:
-            self._send(cp.RemoveSubscription(self.client_id, self._correlation(),
-                                             subscription.registration_id))
+        with self._lock:
+            for image in images:
+                self._unmap_log(image.log)
+            if self._subscriptions.pop(subscription.registration_id, None) is None:
+                return
+            if not self._closing and os.getpid() == self._pid:
+                self._send(cp.RemoveSubscription(self.client_id, self._correlation(),
+                                                 subscription.registration_id))
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -320,11 +403,20 @@ class Client:
             raise ShmbusError(f"this shmbus Client was created in process {self._pid}; after "
                               f"fork, call shmbus.connect() again in the child (pass it the "
                               f"parent's client.context)")
+        if self._error is not None:
+            raise type(self._error)(str(self._error))
         if self._closed:
             raise ClientClosedError("this shmbus Client is closed")
 
     def _fail(self, error: ShmbusError) -> None:
-        self._release(send_close=False)
+        """The client is done for: keep the error for every later call, close everything,
+        wake whoever waits, and raise it."""
+        with self._lock:
+            self._error = error
+            for subscription in self._subscriptions.values():
+                subscription._fail(error)
+            self._release(send_close=False)
+            self._answered.notify_all()
         raise error
 
     @property
@@ -342,10 +434,19 @@ class Client:
         return self.cnc.pid
 
     def close(self) -> None:
-        """Close every publication and subscription made here, then disconnect. Idempotent."""
+        """Close every publication and subscription made here, then disconnect. Idempotent.
+
+        Do not close a client while other threads still use its publications and
+        subscriptions: their logs are unmapped.
+        """
         if self._closed or os.getpid() != self._pid:
             return
-        self._release(send_close=True)
+        with self._lock:
+            self._release(send_close=True)
+        conductor = self._conductor
+        if conductor is not None and conductor is not threading.current_thread():
+            self._clients_bell.ring()
+            conductor.join(1.0)
 
     def _release(self, *, send_close: bool) -> None:
         if self._closed:
@@ -365,9 +466,13 @@ class Client:
             self._heartbeat.stop()
         self._publications.clear()
         self._subscriptions.clear()
-        for log, _ in self._logs.values():
-            log.close()
+        if self._error is None:
+            for log, _ in self._logs.values():
+                log.close()
+            for _, log in self._lingering:
+                log.close()
         self._logs.clear()
+        self._lingering.clear()
         _live_clients.discard(self)
         _reap_launched()
 
@@ -382,6 +487,26 @@ class Client:
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+def _run_conductor(client_ref: weakref.ref[Client], doorbell: Doorbell) -> None:
+    """The conductor thread: asleep on the clients' doorbell, it handles driver events as they
+    come and checks the driver's heartbeat every _DRIVER_CHECK_INTERVAL_S. It holds the client
+    only while it works, so an abandoned client is still collected (and the thread ends)."""
+    while True:
+        seen = doorbell.value()
+        client = client_ref()
+        if client is None or client.is_closed:
+            return
+        try:
+            client._service()
+        except ShmbusError:
+            return  # the client failed; every later call raises its error
+        except Exception:
+            # an image callback raised: report it (as Aeron's error handler does), go on
+            traceback.print_exc()
+        del client
+        doorbell.wait(seen, _DRIVER_CHECK_INTERVAL_S)
+
 
 def _check_stream_id(stream_id: int) -> None:
     if not isinstance(stream_id, int) or isinstance(stream_id, bool):

@@ -168,6 +168,26 @@ class ImageCore:
         """(fragments, term index, bytes scanned) from the current position, not moving it."""
     def _close_core(self) -> None: ...
 
+class SubscriptionCore:
+    """The image set, polls and waits behind Subscription."""
+
+    def __init__(self, wake_buffer: AtomicBuffer | None = None, wake_offset: int = 0) -> None:
+        """wake_buffer/wake_offset: a word rung (by setting images, or _fail) to wake waiters."""
+    @property
+    def images(self) -> tuple[Any, ...]:
+        """The current images (Image instances), a snapshot: replaced, never changed."""
+    @images.setter
+    def images(self, value: tuple[ImageCore, ...]) -> None: ...
+    def poll(self, handler: Callable[[memoryview, Header], object], fragment_limit: int = 10,
+             timeout: float | None = None) -> int:
+        """Fragments delivered; with a timeout, sleeps until one arrives (at most timeout s)."""
+    def controlled_poll(self, handler: Callable[[memoryview, Header], object],
+                        fragment_limit: int = 10, timeout: float | None = None) -> int:
+        """Like poll, the handler returning an Action."""
+    def wait(self, timeout: float | None = None, /) -> bool:
+        """Sleeps until an image has a fragment (True) or timeout seconds pass (False)."""
+    def _fail(self, error: BaseException, /) -> None: ...
+
 @final
 class FragmentAssembler:
     """A fragment handler that calls ``delegate(buffer, header)`` once per whole message."""
