@@ -215,8 +215,7 @@ def _await_image(subscription: Any, deadline_ns: int) -> Any:
         if time.monotonic_ns() > deadline_ns:
             raise BenchError(f"subscription on stream {subscription.stream_id} never got an "
                              f"image")
-        subscription.poll(lambda buffer, header: None, 1)  # services the client
-        time.sleep(0.002)
+        time.sleep(0.002)  # the client's conductor thread adds the image
     return subscription
 
 
@@ -235,32 +234,6 @@ def _offer(offer: Callable[[Any], int], message: Any, idle: Any, deadline_ns: in
             idle.idle(0)
             if time.monotonic_ns() > deadline_ns:
                 raise BenchError(f"offer blocked: {shmbus.result_name(result)}")
-
-
-def _blocking_poll(subscription: Any) -> Callable[..., int]:
-    """``poll(handler, fragment_limit, timeout=seconds)``: sleeps up to ``timeout`` when there
-    is nothing to read, woken by the writer; the number of fragments read."""
-    return _wait_then_poll(subscription)  # once on main: return subscription.poll
-
-
-def _wait_then_poll(subscription: Any) -> Callable[..., int]:
-    """Stand-in for ``Subscription.poll(..., timeout=)`` until that lands on main, and the one
-    place in tools/ that reaches past the public API: the C core's futex wait on the
-    subscription's images (imported by name, so the import rule's scan does not see it).
-    Delete with the switch above."""
-    import importlib
-
-    wait_for_data = importlib.import_module("shmbus.shm._native").wait_for_data
-    poll = subscription.poll
-
-    def blocking_poll(handler: Any, fragment_limit: int, timeout: float | None = None) -> int:
-        read = poll(handler, fragment_limit)
-        if read or not timeout:
-            return read
-        wait_for_data(tuple(subscription.images), timeout)
-        return poll(handler, fragment_limit)
-
-    return blocking_poll
 
 
 # ---------------------------------------------------------------------------------------------
@@ -750,9 +723,8 @@ def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], by
         got.append(bytes(buffer))
 
     deadline = deadline_after(timeout_s + 60)
+    poll = subscription.poll
     if wait == BLOCKING:
-        poll = _blocking_poll(subscription)
-
         def recv() -> bytes:
             while not poll(handler, 1, timeout=0.1):
                 if time.monotonic_ns() > deadline:
@@ -760,7 +732,6 @@ def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], by
             return got.pop()
 
         return recv
-    poll = subscription.poll
     idle = shmbus.BusySpinIdleStrategy() if wait == SPIN else shmbus.BackoffIdleStrategy()
 
     def recv() -> bytes:
@@ -838,7 +809,7 @@ def shm_idle(start: Any, bus_spec: Bus, publisher: bool, wait: str, duration_s: 
             _publication(bus, 1, deadline)
         else:
             subscription = _subscription(bus, 1, deadline)
-            poll = _blocking_poll(subscription) if wait == BLOCKING else subscription.poll
+            poll = subscription.poll
         start.ready(bus.driver_pid)
         end_ns = deadline_after(duration_s)
         idle = shmbus.BackoffIdleStrategy()

@@ -1,12 +1,16 @@
 # Run from the repository root: .venv/bin/python tools/bench_netbridge.py [--quick]
+#   [--aeron-bin DIR]
 """netbridge benchmark: shmbus streams through two netbridges on loopback, beside pyzmq over TCP.
 
-Issue 5's benchmark: one-way throughput and ping-pong round trip between two buses, each with
-its own driver (a process: ``python -m shmbus.driver``, Context.driver_command) that starts its
-netbridge, so a message goes publisher -> log (bus A) -> netbridge A -> UDP 127.0.0.1 ->
-netbridge B -> image log (bus B) -> subscriber. Beside it, in the same run with the same
-loops, pyzmq PUSH/PULL over tcp://127.0.0.1 (throughput) and PAIR over tcp://127.0.0.1
-(ping-pong). Target: at least 2x pyzmq's msgs/s for 32 B messages, no worse for 4 KiB.
+One-way throughput and a paced ping-pong between two buses, each with its own driver (a
+process: ``python -m shmbus.driver``, Context.driver_command) that starts its netbridge, so a
+message goes publisher -> log (bus A) -> netbridge A -> UDP 127.0.0.1 -> netbridge B -> image
+log (bus B) -> subscriber. Beside it, in the same run with the same loops, pyzmq PUSH/PULL
+over tcp://127.0.0.1 (throughput) and PAIR over tcp://127.0.0.1 (ping-pong); with
+``--aeron-bin DIR``, Aeron C's driver and samples on the same channels (tools/_aeron_c.py).
+The first table is issue 14's: 32 B and 4 KiB msg/s, the 32 B round trip's p50 at 10,000
+pings a second, and the CPU of each side's bridge and driver; its targets are checked at the
+end.
 
 Every measurement runs in two fresh processes (multiprocessing, spawn) that the parent starts
 and watches; the two drivers and their netbridges are started once and serve every shmbus run
@@ -26,10 +30,11 @@ reporting a number.
 * zmq PUSH/PULL tcp://: send(copy=True) of a reused buffer; recv() (recv(copy=False) for 4 KiB).
   The pair exchanges a hello before the clock starts.
 
-Ping-pong: 32 B messages echoed; the pinger times each round trip (perf_counter_ns), drops the
-first 10% (at most 1000) as warm-up and checks every echo's sequence number. shmbus uses two
-streams on two UDP channels: ping (bus A -> bus B) and pong (bus B -> bus A). zmq uses one PAIR
-socket pair over TCP.
+Ping-pong: 32 B messages echoed, --rate pings a second (default 10,000: paced on a fixed
+schedule, not saturated; 0: back-to-back); the pinger times each round trip (perf_counter_ns),
+drops the first 10% (at most 1000) as warm-up and checks every echo's sequence number. shmbus
+uses two streams on two UDP channels: ping (bus A -> bus B) and pong (bus B -> bus A). zmq
+uses one PAIR socket pair over TCP.
 
 Channels: each shmbus measurement runs on the default channel (a plain endpoint URI: term
 1 MiB, mtu 1408, receiver window 128 KiB) and on a loopback-tuned one (mtu 65504, rcv-wnd
@@ -42,6 +47,9 @@ longer, up to 1 ms; each driver backs off to at most 1 ms sleeps. zmq sides bloc
 calls (with timeouts). So on a 2-core machine six processes share two cores in a shmbus run
 (two drivers, two netbridges, writer, reader), two processes and two zmq I/O threads in a zmq
 run.
+
+CPU: each side's netbridge and driver (labels bridge A, bridge B, driver A, driver B), CPU
+seconds over the wall seconds of the measurement (tools/_harness.py).
 
 Bounded waits: every loop checks a deadline, zmq calls have timeouts, and the parent
 terminates a pair of processes that overruns.
@@ -238,8 +246,7 @@ def _await_image(subscription: Any, deadline: float) -> Any:
     while not subscription.images:
         if time.monotonic() > deadline:
             raise BenchError("subscription never got an image")
-        subscription.poll(lambda b, h: None, 1)  # services the client: image events
-        time.sleep(0.002)
+        time.sleep(0.002)  # the client's conductor thread adds the image
     return subscription.images[0]
 
 
@@ -916,10 +923,12 @@ notes:
     default: shmbus term 1 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
     fragments, 22 messages of 32 B per datagram), receiver window 128 KiB.
   waiting: a shmbus application side with nothing to do uses BackoffIdleStrategy (spin 10,
-    yield 20, sleep 1 us .. 1 ms); a netbridge with nothing to do waits in select() on its
-    sockets: after work it polls a few times, then waits 20 us, 50 us, .. up to 1 ms; drivers
-    back off to 1 ms sleeps. zmq: blocking calls with timeouts (and libzmq's I/O thread).
-    Aeron C: two aeronmd (threading SHARED, default back-off idle), the samples busy-spin.
+    yield 20, sleep 1 us .. 1 ms; the netbridge does not wake blocked readers yet, so a
+    blocking poll would wait out its timeout); a netbridge with nothing to do waits in
+    select() on its sockets: after work it polls a few times, then waits 20 us, 50 us, .. up
+    to 1 ms; drivers back off to 1 ms sleeps. zmq: blocking calls with timeouts (and
+    libzmq's I/O thread). Aeron C: two aeronmd (threading SHARED, default back-off idle),
+    the samples busy-spin.
   throughput: offer/poll = ExclusivePublication.offer / Subscription.poll(limit {POLL_LIMIT})
     with in-place checks (FragmentAssembler when fragmented); batch = offer_many of
     ({BATCH_ROWS}, size) uint8 arrays / Image.poll_batch(limit {BATCH_ROWS}), numpy checks.
