@@ -106,7 +106,9 @@ MAX_SAMPLES = 500_000
 _RUN_IDS = itertools.count(1)
 
 PING_RATE = 10_000  # pings per second of the ping-pong runs (--rate)
-ROUND_TRIPS_PER_S_GUESS = 10_000  # sizes Aeron's back-to-back cping run: about --duration s
+#: cping's round trips per second of --duration: enough for a p99, few enough to finish on a
+#: loaded 2-core machine, where two busy-spinning samples starve the drivers (ms round trips)
+AERON_ROUND_TRIPS_PER_S = 1_000
 
 SHM = "shmbus offer/poll"
 SHM_BATCH = "shmbus offer_many/poll_batch"
@@ -745,7 +747,7 @@ def run_latency(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
     cores by process; BenchError if an echo was wrong."""
     if transport == AERON_PP:
         assert aeron is not None and config is not None
-        round_trips = int(opt.duration_s * (opt.rate or ROUND_TRIPS_PER_S_GUESS))
+        round_trips = max(100, int(opt.duration_s * AERON_ROUND_TRIPS_PER_S))
         return {**aeron.ping_pong(config.uri(_free_udp_port()), config.uri(_free_udp_port()),
                                   round_trips, opt.timeout_s + opt.duration_s),
                 "pace": BACK_TO_BACK}
@@ -865,7 +867,7 @@ def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...],
     headers = ["loopback, one stream", *(f"{_size_name(z)} msg/s" for z in sizes),
                f"RTT p50 us ({LATENCY_SIZE} B ping-pong)",
                f"cores in the {_size_name(sizes[0])} run: {' / '.join(SIDES)}"]
-    ways = [(AERON, AERON_PP, channel) for channel in channels]
+    ways = [(AERON, AERON_PP, DEFAULT_CHANNEL.name)]
     ways += [(t, SHM if t == SHM else None, channel) for channel in channels
              for t in (SHM, SHM_BATCH)]
     ways.append((ZMQ, ZMQ_PP, "-"))
@@ -918,7 +920,8 @@ NOTES = f"""\
 notes:
   shmbus path: writer -> log (bus A) -> netbridge A -> UDP 127.0.0.1 -> netbridge B -> image
     (bus B) -> reader; each bus has its own driver process, which started its netbridge.
-  channels (shmbus and Aeron rows):
+  channels (shmbus rows; Aeron's on the default one only: its driver refuses a receiver window
+  over its socket buffer, 128 KiB unless configured):
 {{channels}}
     default: shmbus term 1 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
     fragments, 22 messages of 32 B per datagram), receiver window 128 KiB.
@@ -937,7 +940,8 @@ notes:
   ping-pong: {LATENCY_SIZE} B round trips in microseconds, first 10% (<= 1000) dropped, paced
     as "pace" says (pings sent on a fixed schedule; a late pong delays only its own ping).
     shmbus: two streams (ping A -> B, pong B -> A) on two UDP channels; zmq: PAIR over tcp://;
-    Aeron C: cping/cpong, which have no pacing (back-to-back, busy-spinning).
+    Aeron C: cping/cpong, which have no pacing (back-to-back, busy-spinning;
+    {AERON_ROUND_TRIPS_PER_S:,} round trips per second of the run's duration).
   x zmq: throughput msgs/s / zmq's msgs/s at the same size; ping-pong zmq p50 / p50.
   cores: CPU time / wall time of each side's netbridge and driver (Aeron: its drivers, which
     do the bridges' work), from the start of the measurement to its end (100% = one core).
@@ -1055,7 +1059,8 @@ def main(argv: list[str] | None = None) -> int:
     plan: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
     for size in args.sizes:
         for config in configs:
-            for transport in [*shm_ways, *([AERON] if aeron else [])]:
+            aeron_too = aeron is not None and config == DEFAULT_CHANNEL
+            for transport in [*shm_ways, *([AERON] if aeron_too else [])]:
                 plan.append((_key("throughput", transport, config.name, size),
                              lambda t=transport, c=config, s=size:
                              run_throughput(ctx, buses, aeron, t, c, s, opt)))
@@ -1064,7 +1069,8 @@ def main(argv: list[str] | None = None) -> int:
                          lambda s=size: run_throughput(ctx, buses, aeron, ZMQ, None, s, opt)))
     if not args.no_latency:
         for config in configs:
-            for transport in [*([SHM] if wanted(SHM) else []), *([AERON_PP] if aeron else [])]:
+            aeron_too = aeron is not None and config == DEFAULT_CHANNEL
+            for transport in [*([SHM] if wanted(SHM) else []), *([AERON_PP] if aeron_too else [])]:
                 plan.append((_key("ping-pong", transport, config.name, LATENCY_SIZE),
                              lambda t=transport, c=config:
                              run_latency(ctx, buses, aeron, t, c, opt)))
