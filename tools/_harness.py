@@ -299,13 +299,13 @@ def fmt(value: Any, digits: int = 0) -> str:
 
 
 def fmt_rate(value: float | None) -> str:
-    """A rate as 2.13 M / 180 k / 950."""
+    """A rate as 2.13 M / 180 k / 6.4 k / 950."""
     if value is None:
         return "-"
     if value >= 1e6:
         return f"{value / 1e6:.2f} M"
     if value >= 1e3:
-        return f"{value / 1e3:.0f} k"
+        return f"{value / 1e3:.{0 if value >= 1e4 else 1}f} k"
     return f"{value:.0f}"
 
 

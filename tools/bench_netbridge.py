@@ -864,7 +864,8 @@ def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...],
                   channels: list[str]) -> str:
     """Issue 14's table (markdown): a line per way of sending, msg/s by size (MB/s from 4 KiB),
     its round trip p50 and the CPU of each bridge and driver in the first size's run."""
-    headers = ["loopback, one stream", *(f"{_size_name(z)} msg/s" for z in sizes),
+    headers = ["loopback, one stream",
+               *(f"{_size_name(z)} msg/s" + (" (MB/s)" if z >= 1024 else "") for z in sizes),
                f"RTT p50 us ({LATENCY_SIZE} B ping-pong)",
                f"cores in the {_size_name(sizes[0])} run: {' / '.join(SIDES)}"]
     ways = [(AERON, AERON_PP, DEFAULT_CHANNEL.name)]
