@@ -7,7 +7,7 @@ process: ``python -m shmbus.driver``, Context.driver_command) that starts its ne
 message goes publisher -> log (bus A) -> netbridge A -> UDP 127.0.0.1 -> netbridge B -> image
 log (bus B) -> subscriber. Beside it, in the same run with the same loops, pyzmq PUSH/PULL
 over tcp://127.0.0.1 (throughput) and PAIR over tcp://127.0.0.1 (ping-pong); with
-``--aeron-bin DIR``, Aeron C's driver and samples on the same channels (tools/_aeron_c.py).
+``--aeron-bin DIR``, Aeron C's driver and samples on the default channel (tools/_aeron_c.py).
 The first table is issue 14's: 32 B and 4 KiB msg/s, the 32 B round trip's p50 at 10,000
 pings a second, and the CPU of each side's bridge and driver; its targets are checked at the
 end.
