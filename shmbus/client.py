@@ -421,6 +421,7 @@ class Client:
 
     @property
     def is_closed(self) -> bool:
+        """True once closed, or failed (then every call raises the failure)."""
         return self._closed
 
     @property

@@ -96,6 +96,7 @@ class Context:
 
     @property
     def path(self) -> Path:
+        """The bus directory as a Path."""
         return Path(self.dir)
 
     def with_(self, **changes: Any) -> Context:

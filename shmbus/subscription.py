@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from shmbus.async_waits import sleep_on
 from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.image import FragmentBatch, Image
 from shmbus.shm._native import AtomicBuffer, SubscriptionCore
@@ -50,6 +52,7 @@ class Subscription(SubscriptionCore):
     # -- images -----------------------------------------------------------------------------
 
     def image_by_session_id(self, session_id: int) -> Image | None:
+        """The image of publishing session ``session_id``, or None when it has none here."""
         images: tuple[Image, ...] = self.images
         return next((image for image in images if image.session_id == session_id), None)
 
@@ -99,23 +102,63 @@ class Subscription(SubscriptionCore):
     def messages(self, timeout: float | None = 1.0) -> Iterator[bytes]:
         """Yield whole messages as bytes, reassembled, until none arrives for ``timeout`` s.
 
-        ``timeout=None`` waits forever. Sleeps (no CPU) while there is nothing to read, woken
-        by the writer.
+        ``timeout=None`` waits until the subscription is closed. Sleeps (no CPU) while there
+        is nothing to read, woken by the writer. A message is read only when it is yielded:
+        leaving the loop early loses nothing.
         """
         pending: list[bytes] = []
         assembler = FragmentAssembler(lambda buffer, header: pending.append(bytes(buffer)))
         slice_s = 1.0 if timeout is None else timeout
         while not self._closed:
-            if self.poll(assembler, 256, timeout=slice_s):
-                yield from pending
-                pending.clear()
+            if self.poll(assembler, 1, timeout=slice_s):
+                if pending:
+                    yield pending.pop()
             elif timeout is not None:
                 return
+
+    # -- asyncio ----------------------------------------------------------------------------
+
+    async def poll_async(self, handler: Callable[[memoryview, Any], Any],
+                         fragment_limit: int = 10, timeout: float | None = None) -> int:
+        """:meth:`poll`, awaiting (the event loop runs on) until a fragment arrives.
+
+        The handler runs on the event loop's thread. Returns the number of fragments, 0 when
+        ``timeout`` seconds passed (None: no limit). Cancelled, it has read nothing.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            fragments = self.poll(handler, fragment_limit)
+            if fragments or self._closed:
+                return fragments
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return 0
+            await sleep_on(self.wait, 3600.0 if remaining is None else remaining, self._wake)
+
+    async def messages_async(self, timeout: float | None = None) -> AsyncIterator[bytes]:
+        """Whole messages as bytes, awaited: ``async for message in sub.messages_async()``.
+
+        Ends when none arrives for ``timeout`` seconds (None: only when the subscription is
+        closed). A message is read only when it is yielded: a cancelled or abandoned loop
+        loses nothing.
+        """
+        pending: list[bytes] = []
+        assembler = FragmentAssembler(lambda buffer, header: pending.append(bytes(buffer)))
+        while not self._closed:
+            if not await self.poll_async(assembler, 1, timeout):
+                return
+            if pending:
+                yield pending.pop()
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        """``async for message in sub``: :meth:`messages_async` without a timeout."""
+        return self.messages_async()
 
     # -- lifecycle --------------------------------------------------------------------------
 
     @property
     def is_closed(self) -> bool:
+        """True once closed (by :meth:`close`, the client's close, or its failure)."""
         return self._closed
 
     def close(self) -> None:

@@ -69,6 +69,7 @@
 #define META_ACTIVE_TERM_COUNT 24
 #define META_END_OF_STREAM_POSITION 128
 #define META_IS_CONNECTED 136
+#define META_INITIAL_TERM_ID 264    /* i32, written once when the log is created */
 /* flow control and wake-ups (see shmbus/shm/log_buffer.py for the diagram) */
 #define META_FC_LOCK 512            /* i64: pid of the process cleaning and raising pub-lmt */
 #define META_FC_CLEAN_POSITION 520  /* i64: the log is zero from here on (behind consumers) */
@@ -583,6 +584,20 @@ static void fc_clean_to(const LogGeometry *g, int64_t position)
     }
 }
 
+/* The position the log is written up to (the active term's tail; a half-done rotation counts
+ * as the start of the new term). */
+static int64_t log_producer_position(const LogGeometry *g)
+{
+    int32_t count = LOAD_ACQUIRE(active_term_count_ptr(g));
+    int64_t raw = LOAD_ACQUIRE(tail_ptr(g, count % PARTITION_COUNT));
+    int64_t begin = (int64_t)count << g->position_bits;
+    int32_t initial_term_id = LOAD_ACQUIRE(meta_i32(g, META_INITIAL_TERM_ID));
+    if (term_count_between(term_id_of(raw), initial_term_id) != count)
+        return begin;
+    int64_t offset = term_offset_of(raw);
+    return begin + (offset < g->term_length ? offset : g->term_length);
+}
+
 enum { FC_RAISE = 0, FC_PULL_BACK = 1, FC_CLEAN_ONLY = 2 };
 
 /*
@@ -600,6 +615,10 @@ static int fc_advance(const LogGeometry *g, int64_t *limit, int64_t slowest, int
         fc_unlock(g);
         return 1;
     }
+    /* a position another process wrote is only trusted between 0 and what was written */
+    int64_t produced = log_producer_position(g);
+    if (slowest > produced) slowest = produced;
+    if (slowest < 0) slowest = 0;
     int64_t *clean_ptr = meta_i64(g, META_FC_CLEAN_POSITION);
     /* a reader behind the clean position (flow control taken over mid-stream) must not find
      * stale frames three terms on: clean from it instead */
@@ -2099,6 +2118,12 @@ static PyObject *sub_fail(SubscriptionCore *self, PyObject *error)
     Py_RETURN_NONE;
 }
 
+static PyObject *sub_wake(SubscriptionCore *self, PyObject *Py_UNUSED(ignored))
+{
+    sub_ring(self);
+    Py_RETURN_NONE;
+}
+
 static PyObject *sub_get_images(SubscriptionCore *self, void *c)
 {
     return Py_NewRef(self->images);
@@ -2182,6 +2207,7 @@ static PyMethodDef sub_methods[] = {
      "wait(timeout=None) -> bool\n\nSleep until an image has a fragment to read (True) or "
      "timeout seconds passed (False; None waits forever). Costs no CPU while asleep."},
     {"_fail", (PyCFunction)sub_fail, METH_O, NULL},
+    {"_wake", (PyCFunction)sub_wake, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

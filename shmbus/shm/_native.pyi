@@ -187,6 +187,8 @@ class SubscriptionCore:
     def wait(self, timeout: float | None = None, /) -> bool:
         """Sleeps until an image has a fragment (True) or timeout seconds pass (False)."""
     def _fail(self, error: BaseException, /) -> None: ...
+    def _wake(self) -> None:
+        """Wakes whoever waits on this subscription (they look again)."""
 
 @final
 class FragmentAssembler:

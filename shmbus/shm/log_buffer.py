@@ -320,6 +320,7 @@ class LogBuffer:
 
     @property
     def is_connected(self) -> bool:
+        """Whether a subscriber is connected (the driver sets it; publishers report it)."""
         return self.buffer.get_int32_acquire(self.meta_offset + IS_CONNECTED_OFFSET) == 1
 
     @is_connected.setter
@@ -346,6 +347,7 @@ class LogBuffer:
 
     @property
     def end_of_stream_position(self) -> int:
+        """Where the publisher ended the stream (bytes); the largest int64 until it does."""
         return self.buffer.get_int64_acquire(self.meta_offset + END_OF_STREAM_POSITION_OFFSET)
 
     @end_of_stream_position.setter

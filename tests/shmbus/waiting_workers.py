@@ -1,4 +1,5 @@
-"""Spawn targets for tests/shmbus/test_waiting.py: clients that sleep instead of polling.
+"""Spawn targets for tests/shmbus/test_waiting.py and test_asyncio.py: clients that sleep
+(or await) instead of polling.
 
 Each function runs in a process of its own (multiprocessing "spawn"), connects with
 ``shmbus.connect(context)`` and reports through a queue as dicts (``kind`` says which report).
@@ -8,13 +9,14 @@ process's own (``time.process_time``, every thread): they show that a waiting pr
 
 from __future__ import annotations
 
+import asyncio
 import time
 import types
 from typing import Any
 
 import shmbus
 from shmbus.shm.log_buffer import UNFRAGMENTED
-from tests.shmbus.driver.driver_workers import Checker, _report_errors
+from tests.shmbus.driver.driver_workers import Checker, _report_errors, make_message
 
 
 def blocking_reader(context: shmbus.Context, stream_id: int, expected: int, results: Any,
@@ -77,3 +79,71 @@ def hands_off_subscriber(context: shmbus.Context, stream_id: int, results: Any,
                          "events": list(events)})
 
     _report_errors(results, "disconnected", name, run)
+
+
+def _run_loop(main: Any, loop_kind: str) -> Any:
+    if loop_kind == "uvloop":
+        import uvloop
+
+        return uvloop.run(main)
+    return asyncio.run(main)
+
+
+async def _tick(ticks: list[int]) -> None:
+    """Proves the event loop runs while others await the bus."""
+    while True:
+        await asyncio.sleep(0.01)
+        ticks[0] += 1
+
+
+def async_reader(context: shmbus.Context, stream_id: int, expected: int, results: Any,
+                 timeout: float, loop_kind: str) -> None:
+    """Awaits one quiet second (``poll_async``), then reads ``expected`` messages with
+    ``async for ... in sub.messages_async()``, a ticker task running beside it."""
+    name = f"async-reader-{loop_kind}"
+
+    async def main() -> None:
+        ticks = [0]
+        ticker = asyncio.ensure_future(_tick(ticks))
+        with shmbus.connect(context) as bus:
+            sub = bus.add_subscription("aeron:ipc", stream_id)
+            results.put({"kind": "sub-ready", "name": name})
+            cpu, wall = time.process_time(), time.monotonic()
+            got = await sub.poll_async(lambda buffer, header: None, 10, timeout=1.0)
+            results.put({"kind": "quiet", "name": name, "got": got, "ticks": ticks[0],
+                         "cpu": time.process_time() - cpu, "wall": time.monotonic() - wall})
+            checker = Checker(stream_id=stream_id)
+            header = types.SimpleNamespace(session_id=0, flags=UNFRAGMENTED, position=0,
+                                           stream_id=stream_id)
+            async for message in sub.messages_async(timeout=timeout):
+                checker(memoryview(message), header)
+                if checker.count >= expected:
+                    break
+            ticker.cancel()
+            results.put({"kind": "sub", "name": name, "timed_out": checker.count < expected,
+                         "ticks": ticks[0], **checker.summary()})
+
+    _report_errors(results, "sub", name, lambda: _run_loop(main(), loop_kind))
+
+
+def async_publisher(context: shmbus.Context, stream_id: int, count: int, results: Any,
+                    loop_kind: str) -> None:
+    """Publishes ``count`` messages with ``publish_async`` (held back by a slow reader), a
+    ticker task running beside it; reports how often the loop ran meanwhile."""
+    name = f"async-publisher-{loop_kind}"
+
+    async def main() -> None:
+        ticks = [0]
+        ticker = asyncio.ensure_future(_tick(ticks))
+        with shmbus.connect(context) as bus:
+            pub = bus.add_exclusive_publication("aeron:ipc", stream_id)
+            while not pub.is_connected:
+                await asyncio.sleep(0.01)
+            began = time.monotonic()
+            for seq in range(count):
+                await pub.publish_async(make_message(1, seq), timeout=30)
+            ticker.cancel()
+            results.put({"kind": "pub", "name": name, "sent": count, "ticks": ticks[0],
+                         "elapsed": time.monotonic() - began})
+
+    _report_errors(results, "pub", name, lambda: _run_loop(main(), loop_kind))
