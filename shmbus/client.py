@@ -432,7 +432,7 @@ class Client:
         one that some client launched or one started with ``shmbus driver``. Any process may
         read it, also after :meth:`close`.
         """
-        return self.cnc.pid
+        return int(self.cnc.pid)
 
     def close(self) -> None:
         """Close every publication and subscription made here, then disconnect. Idempotent.
