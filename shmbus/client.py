@@ -439,6 +439,16 @@ class Client:
         """True once closed, or failed (then every call raises the failure)."""
         return self._closed
 
+    @property
+    def driver_pid(self) -> int:
+        """The pid of the driver process serving this bus, as its cnc.dat names it.
+
+        Read-only, for monitoring (e.g. the CPU the driver uses); the driver may be an embedded
+        one that some client launched or one started with ``shmbus driver``. Any process may
+        read it, also after :meth:`close`.
+        """
+        return int(self.cnc.pid)
+
     def close(self) -> None:
         """Close every publication and subscription made here, then disconnect. Idempotent.
 
