@@ -46,7 +46,12 @@ def test_streams_shows_a_group_its_members_and_the_claim_holding_the_publisher(
         # the fast member takes everything else; the publisher stops a window past the claim
         while publication.offer(bytes(100)) > 0 or fast.poll(lambda b, h: None, 64):
             assert time.monotonic() < deadline + 10
-        [view] = [s for s in streams_json(bus_context.dir) if s["stream_id"] == 30]
+        while True:  # the driver samples pub-pos on its duty cycle
+            [view] = [s for s in streams_json(bus_context.dir) if s["stream_id"] == 30]
+            if view["pub_pos"] == publication.position:
+                break
+            assert time.monotonic() < deadline + 20, "pub-pos never sampled"
+            time.sleep(0.02)
         [group] = view["groups"]
         assert group["name"] == "workers" and group["position"] == claim
         assert group["claimed"] == publication.position > claim
