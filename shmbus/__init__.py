@@ -44,6 +44,7 @@ from shmbus.publication import (
     ExclusivePublication,
     Publication,
 )
+from shmbus.reconnection import LostImage, Reconnected, RenewedPublication, RenewedSubscription
 from shmbus.shm._native import AtomicBuffer, Header
 from shmbus.shm.log_buffer import LogBuffer, LogBufferError
 from shmbus.subscription import Subscription
@@ -75,13 +76,17 @@ __all__ = [
     "Image",
     "LogBuffer",
     "LogBufferError",
+    "LostImage",
     "NoOpIdleStrategy",
     "Publication",
     "PublicationError",
+    "Reconnected",
     "RecordingError",
     "RecordingReader",
     "Recorder",
     "RegistrationError",
+    "RenewedPublication",
+    "RenewedSubscription",
     "ShmbusError",
     "SleepingIdleStrategy",
     "Subscription",

@@ -450,6 +450,9 @@ class Client:
             if self._heartbeat is not None:
                 self._heartbeat.stop()
             loss = self._lost = self._lost or DriverLoss(self.cnc.pid)
+            # the next driver names its logs as this one did: keep the old mappings apart
+            self._logs = {f"{name} (driver {self.cnc.pid}, lost)": entry
+                          for name, entry in self._logs.items()}
             for publication in self._publications.values():
                 loss.publication_lost(publication, publication.session_id, publication.position)
                 publication._detach()
