@@ -1,8 +1,9 @@
 """shmbus: a shared-memory message bus for Python processes, following Aeron's design.
 
 Public API: publications and subscriptions over shared-memory log buffers, the result codes
-of ``offer``, poll actions, idle strategies and errors, and the recorder and reader of
-recordings. Everything not named here is private.
+of ``offer``, poll actions, idle strategies and errors, what a reconnecting client reports
+(``Reconnected``), and the recorder and reader of recordings. Everything not named here is
+private.
 """
 
 from shmbus.archive.catalog import DiskFullError, RecordingError

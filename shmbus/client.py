@@ -261,13 +261,12 @@ class Client:
                 self._next_driver_check = now + _DRIVER_CHECK_INTERVAL_S
                 age = epoch_ms() - self.cnc.driver_heartbeat_ms()
                 if age > self._driver_timeout_ms:
-                    error = DriverTimeoutError(
-                        f"the driver (pid {self.cnc.pid}) in {self.directory} has not "
-                        f"heartbeated for {age} ms (timeout {self._driver_timeout_ms} ms)")
                     if self.context.reconnect:
                         self._lose_driver()
                         return events
-                    self._fail(error)
+                    self._fail(DriverTimeoutError(
+                        f"the driver (pid {self.cnc.pid}) in {self.directory} has not "
+                        f"heartbeated for {age} ms (timeout {self._driver_timeout_ms} ms)"))
                 while self._lingering and self._lingering[0][0] <= now:
                     self._lingering.pop(0)[1].close()
             return events
@@ -486,8 +485,9 @@ class Client:
                 return 0
             try:
                 report = self._rejoin(cnc, loss)
-            except ShmbusError:
-                self._lost = loss  # the new driver died too: detach again, look again
+            except (ShmbusError, OSError, ValueError):
+                # the new driver died too (or its logs went with it): detach, look again
+                self._lost = loss
                 self._lose_driver()
                 return 0
             self.reconnects += 1
@@ -503,7 +503,7 @@ class Client:
         self._attach(cnc)
         publications = list(self._publications.items())
         subscriptions = list(self._subscriptions.items())
-        refused: dict[Any, str] = {}
+        refused: dict[Publication | Subscription, str] = {}
         for old_id, publication in publications:
             command = (cp.AddExclusivePublication if isinstance(publication, ExclusivePublication)
                        else cp.AddPublication)

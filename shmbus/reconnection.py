@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shmbus.publication import Publication
+    from shmbus.subscription import Subscription
 
 
 @dataclass(frozen=True)
@@ -68,21 +72,22 @@ class DriverLoss:
 
     old_driver_pid: int
     #: publication -> (its session id, where that session ended)
-    sessions: dict[Any, tuple[int, int]] = field(default_factory=dict)
+    sessions: dict[Publication, tuple[int, int]] = field(default_factory=dict)
     #: subscription -> images it lost
-    images: dict[Any, list[LostImage]] = field(default_factory=dict)
+    images: dict[Subscription, list[LostImage]] = field(default_factory=dict)
 
-    def publication_lost(self, publication: Any, session_id: int, position: int) -> None:
+    def publication_lost(self, publication: Publication, session_id: int,
+                         position: int) -> None:
         self.sessions.setdefault(publication, (session_id, position))
 
-    def image_lost(self, subscription: Any, session_id: int, position: int) -> None:
+    def image_lost(self, subscription: Subscription, session_id: int, position: int) -> None:
         self.images.setdefault(subscription, []).append(LostImage(session_id, position))
 
-    def report(self, new_driver_pid: int, publications: Iterable[Any],
-               subscriptions: Iterable[Any], refused: dict[Any, str]) -> Reconnected:
-        """The report once ``publications`` and ``subscriptions`` (objects with channel,
-        stream_id and, for publications, session_id) are back; ``refused`` maps those the new
-        driver refused to its reason."""
+    def report(self, new_driver_pid: int, publications: Iterable[Publication],
+               subscriptions: Iterable[Subscription],
+               refused: dict[Publication | Subscription, str]) -> Reconnected:
+        """The report once ``publications`` and ``subscriptions`` are on the new driver;
+        ``refused`` maps those it refused (now closed) to its reason."""
         renewed = []
         for publication in publications:
             session_id, position = self.sessions.get(publication, (publication.session_id, 0))
