@@ -18,7 +18,8 @@ Failures raise subclasses of :class:`ShmbusError`: DriverUnavailableError (no dr
 startable), DriverTimeoutError (the driver stopped answering; every later call of that client
 raises it, unless it was connected with ``reconnect=True``: then it waits for a new driver,
 re-adds everything and reports a :class:`Reconnected`), RegistrationError (the driver
-refused a channel), PublicationError, ClientClosedError. Every name in ``__all__`` is public; everything else is private.
+refused a channel), PublicationError, ClientClosedError. Every name in ``__all__`` is public;
+everything else is private.
 """
 
 from shmbus.archive.catalog import DiskFullError, RecordingError
