@@ -16,8 +16,10 @@ sub`` yield whole messages as bytes.
 
 Failures raise subclasses of :class:`ShmbusError`: DriverUnavailableError (no driver, none
 startable), DriverTimeoutError (the driver stopped answering; every later call of that client
-raises it), RegistrationError (the driver refused a channel), PublicationError,
-ClientClosedError. Every name in ``__all__`` is public; everything else is private.
+raises it, unless it was connected with ``reconnect=True``: then it waits for a new driver,
+re-adds everything and reports a :class:`Reconnected`), RegistrationError (the driver
+refused a channel), PublicationError, ClientClosedError. Every name in ``__all__`` is public;
+everything else is private.
 """
 
 from shmbus.archive.catalog import DiskFullError, RecordingError
@@ -59,6 +61,7 @@ from shmbus.publication import (
     ExclusivePublication,
     Publication,
 )
+from shmbus.reconnection import LostImage, Reconnected, RenewedPublication, RenewedSubscription
 from shmbus.shm._native import AtomicBuffer, Header
 from shmbus.shm.log_buffer import LogBuffer, LogBufferError
 from shmbus.subscription import Subscription
@@ -93,13 +96,17 @@ __all__ = [
     "Image",
     "LogBuffer",
     "LogBufferError",
+    "LostImage",
     "NoOpIdleStrategy",
     "Publication",
     "PublicationError",
+    "Reconnected",
     "RecordingError",
     "RecordingReader",
     "Recorder",
     "RegistrationError",
+    "RenewedPublication",
+    "RenewedSubscription",
     "ShmbusError",
     "SleepingIdleStrategy",
     "Subscription",

@@ -42,6 +42,7 @@ from shmbus.errors import (
 )
 from shmbus.image import Image
 from shmbus.publication import ConcurrentPublication, ExclusivePublication, Publication
+from shmbus.reconnection import DriverLoss, Reconnected
 from shmbus.shm._native import Heartbeat, epoch_ms
 from shmbus.shm.broadcast import BroadcastReceiver
 from shmbus.shm.bus_directory import prepare_directory
@@ -94,6 +95,23 @@ class Client:
     Thread-safe: any thread may add, close, publish and poll. Once the driver is gone (or has
     timed this client out), every call raises that error (DriverTimeoutError,
     ClientTimeoutError) and the publications and subscriptions are closed.
+
+    With ``reconnect=True`` a client that finds its driver dead (no heartbeat for
+    driver_timeout) does not fail. It removes every image (``on_unavailable_image`` runs) and
+    its publications refuse offers (NOT_CONNECTED); it then looks for a new live driver in
+    the same directory every 0.1 s (or starts one, with ``embedded_driver``) for as long as
+    it is open, and re-adds every publication and subscription there: the same objects, with
+    new registration ids, a new session per publication, images from the new driver as
+    usual. ``on_reconnect`` (called on the conductor thread) then receives a
+    :class:`~shmbus.reconnection.Reconnected` saying what was lost; ``reconnects`` counts
+    them. What is lost: messages offered after the driver died and before the client
+    noticed (up to driver_timeout) unless a subscriber read them from the old log; after
+    that offers are refused until the new publication is connected; a subscriber loses
+    whatever the old logs held that it had not read. While reconnecting, ``add_*`` and
+    destination changes wait for the new driver (at most driver_timeout, then
+    DriverTimeoutError saying the client is reconnecting; at once on the conductor thread);
+    closing a publication, a subscription or the client works at once. A client timed out
+    by a live driver (ClientTimeoutError) still fails.
     """
 
     def __init__(self, context: Context, *, conductor_thread: bool = True) -> None:
@@ -102,11 +120,6 @@ class Client:
         self._pid = os.getpid()
         self._closed = False
         self._closing = False
-        self.cnc = _open_or_launch(context)
-        self._to_driver = ManyToOneRingBuffer(self.cnc.section(TO_DRIVER))
-        self._to_clients = BroadcastReceiver(self.cnc.section(TO_CLIENTS))
-        self.counters = CountersReader(self.cnc.section(COUNTERS_METADATA),
-                                       self.cnc.section(COUNTERS_VALUES))
         self._driver_timeout_ms = int(context.driver_timeout * 1000)
         self._next_driver_check = 0.0
         self._responses: dict[int, cp.Message] = {}
@@ -114,8 +127,11 @@ class Client:
         self._lock = threading.RLock()  # the client's state; held while events are handled
         self._answered = threading.Condition(self._lock)
         self._error: ShmbusError | None = None
-        self._driver_bell = self.cnc.doorbell(DRIVER_DOORBELL_OFFSET)
-        self._clients_bell = self.cnc.doorbell(CLIENTS_DOORBELL_OFFSET)
+        #: what a dead driver took, while reconnecting (context.reconnect)
+        self._lost: DriverLoss | None = None
+        #: called on the conductor thread after each reconnection, with what was lost
+        self.on_reconnect: Callable[[Reconnected], None] | None = None
+        self.reconnects = 0
         self._images_bell = Doorbell.private()  # wakes this client's waiting subscribers
         self._lingering: list[tuple[float, LogBuffer]] = []
         self._conductor: threading.Thread | None = None
@@ -125,6 +141,24 @@ class Client:
         self._publications: dict[int, Publication] = {}
         self._subscriptions: dict[int, Subscription] = {}
         self._heartbeat: Heartbeat | None = None
+        self._attach(_open_or_launch(context))
+        _live_clients.add(self)
+        if conductor_thread:
+            self._conductor = threading.Thread(
+                target=_run_conductor, args=(weakref.ref(self),),
+                name=f"shmbus-conductor-{self.client_id}", daemon=True)
+            self._conductor.start()
+
+    def _attach(self, cnc: CncFile) -> None:
+        """Map the driver's cnc.dat and introduce this client to it (a new client id, a
+        heartbeat). Raises as _request does."""
+        self.cnc = cnc
+        self._to_driver = ManyToOneRingBuffer(cnc.section(TO_DRIVER))
+        self._to_clients = BroadcastReceiver(cnc.section(TO_CLIENTS))
+        self.counters = CountersReader(cnc.section(COUNTERS_METADATA),
+                                       cnc.section(COUNTERS_VALUES))
+        self._driver_bell = cnc.doorbell(DRIVER_DOORBELL_OFFSET)
+        self._clients_bell = cnc.doorbell(CLIENTS_DOORBELL_OFFSET)
         self.client_id = self._to_driver.next_correlation_id()
         ready = self._request(cp.ClientConnect(self.client_id, self._correlation(), os.getpid(),
                                                _process_name()))
@@ -132,13 +166,7 @@ class Client:
         self.heartbeat_counter_id = ready.heartbeat_counter_id
         self._heartbeat = Heartbeat(self.counters.values,
                                     self.counters.counter_offset(ready.heartbeat_counter_id),
-                                    context.keepalive_interval)
-        _live_clients.add(self)
-        if conductor_thread:
-            self._conductor = threading.Thread(
-                target=_run_conductor, args=(weakref.ref(self), self._clients_bell),
-                name=f"shmbus-conductor-{self.client_id}", daemon=True)
-            self._conductor.start()
+                                    self.context.keepalive_interval)
 
     # -- publications and subscriptions --------------------------------------------------------
 
@@ -158,14 +186,14 @@ class Client:
 
     def _add_publication(self, command: type[cp.AddPublication], kind: type[PublicationT],
                          channel: str, stream_id: int) -> PublicationT:
-        self._check_usable()
+        self._await_reconnection()
         _check_stream_id(stream_id)
         ready = self._request(command(self.client_id, self._correlation(), stream_id, channel))
         assert isinstance(ready, cp.OnPublicationReady)
         with self._lock:
-            log = self._map_log(ready.log_file)
-            limit = Position(self.counters.values, self.counters.counter_offset(
-                ready.limit_counter_id))
+            if self._lost is not None:  # the driver died just after it answered
+                raise self._reconnecting_error()
+            log, limit = self._publication_log(ready)
             publication = kind(log, limit, channel=channel,
                                registration_id=ready.registration_id,
                                on_close=self._on_publication_close,
@@ -173,6 +201,10 @@ class Client:
                                counters=self.counters.values)
             self._publications[ready.registration_id] = publication
         return publication
+
+    def _publication_log(self, ready: cp.OnPublicationReady) -> tuple[LogBuffer, Position]:
+        return self._map_log(ready.log_file), Position(
+            self.counters.values, self.counters.counter_offset(ready.limit_counter_id))
 
     def add_subscription(
         self,
@@ -190,7 +222,7 @@ class Client:
         that consumer group: each message goes to one member only, at least once (see
         :class:`~shmbus.subscription_group.GroupSubscription`). ValueError for a bad group name.
         """
-        self._check_usable()
+        self._await_reconnection()
         _check_stream_id(stream_id)
         channel, group = group_channel(channel, group)
         correlation_id = self._correlation()
@@ -206,8 +238,8 @@ class Client:
         try:
             self._request(cp.AddSubscription(self.client_id, correlation_id, stream_id, channel))
         except BaseException:
-            with self._lock:
-                self._subscriptions.pop(correlation_id, None)
+            with self._lock:  # (re-added under a new id if the driver was replaced meanwhile)
+                self._subscriptions.pop(subscription.registration_id, None)
             raise
         return subscription
 
@@ -217,8 +249,12 @@ class Client:
         """Process driver events, check the driver is alive, unmap lingering logs.
 
         Called by the conductor thread, or by the owner in invoker mode. Returns events
-        handled; raises the client's error once it failed.
+        handled; raises the client's error once it failed. While reconnecting, it looks for
+        a new driver instead.
         """
+        if self._lost is not None:
+            self._check_usable()
+            return self._reconnect()
         with self._lock:
             self._check_usable()
             events = 0
@@ -233,6 +269,9 @@ class Client:
                 self._next_driver_check = now + _DRIVER_CHECK_INTERVAL_S
                 age = epoch_ms() - self.cnc.driver_heartbeat_ms()
                 if age > self._driver_timeout_ms:
+                    if self.context.reconnect:
+                        self._lose_driver()
+                        return events
                     self._fail(DriverTimeoutError(
                         f"the driver (pid {self.cnc.pid}) in {self.directory} has not "
                         f"heartbeated for {age} ms (timeout {self._driver_timeout_ms} ms)"))
@@ -329,6 +368,8 @@ class Client:
         with self._answered:
             while correlation_id not in self._responses:
                 self._check_usable()
+                if self._lost is not None:  # asked the driver that died: no answer comes
+                    raise self._reconnecting_error()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self._no_answer()
@@ -389,13 +430,13 @@ class Client:
         with self._lock:
             if self._publications.pop(publication.registration_id, None) is None:
                 return
-            if not self._closing and os.getpid() == self._pid:
+            if not self._closing and self._lost is None and os.getpid() == self._pid:
                 self._send(cp.RemovePublication(self.client_id, self._correlation(),
                                                 publication.registration_id))
             self._unmap_log(publication.log)
 
     def _on_destination(self, publication: Publication, destination: str, add: bool) -> None:
-        self._check_usable()
+        self._await_reconnection()
         command = cp.AddDestination if add else cp.RemoveDestination
         self._request(command(self.client_id, self._correlation(), publication.registration_id,
                               destination))
@@ -407,9 +448,127 @@ class Client:
                 self._unmap_log(image.log)
             if self._subscriptions.pop(subscription.registration_id, None) is None:
                 return
-            if not self._closing and os.getpid() == self._pid:
+            if not self._closing and self._lost is None and os.getpid() == self._pid:
                 self._send(cp.RemoveSubscription(self.client_id, self._correlation(),
                                                  subscription.registration_id))
+
+    # -- reconnecting (context.reconnect) ------------------------------------------------------
+
+    def _lose_driver(self) -> None:
+        """The driver died: detach from it and say what is lost (the conductor, in _service).
+
+        Publications refuse offers (NOT_CONNECTED) and each image is removed (its
+        on_unavailable_image runs); _reconnect then looks for a new driver.
+        """
+        with self._lock:
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
+            loss = self._lost = self._lost or DriverLoss(self.cnc.pid)
+            # the next driver names its logs as this one did: keep the old mappings apart
+            self._logs = {f"{name} (driver {self.cnc.pid}, lost)": entry
+                          for name, entry in self._logs.items()}
+            for publication in self._publications.values():
+                loss.publication_lost(publication, publication.session_id, publication.position)
+                publication._detach()
+            self._answered.notify_all()  # requests to the dead driver give up
+            for subscription in self._subscriptions.values():
+                for image in subscription.images:
+                    loss.image_lost(subscription, image.session_id, image.position)
+                    try:
+                        subscription._remove_image(image.correlation_id)
+                    except Exception:
+                        traceback.print_exc()  # an image callback raised: the others still run
+                    self._unmap_log(image.log, linger=True)
+
+    def _reconnect(self) -> int:
+        """Every _DRIVER_CHECK_INTERVAL_S, look for a live driver in the directory (start one
+        with embedded_driver) and, once there is one, re-add everything to it and call
+        on_reconnect. Returns 1 when it reconnected, else 0. The lock is not held while a
+        driver is looked for or started."""
+        now = time.monotonic()
+        if now < self._next_driver_check:
+            return 0
+        self._next_driver_check = now + _DRIVER_CHECK_INTERVAL_S
+        try:
+            cnc = _open_or_launch(self.context)
+        except (DriverUnavailableError, CncError):
+            return 0  # none yet (or one that cannot start, or of another version): again later
+        with self._lock:
+            loss, self._lost = self._lost, None
+            if loss is None or self._closed:
+                cnc.close()
+                return 0
+            try:
+                report = self._rejoin(cnc, loss)
+            except (ShmbusError, OSError, ValueError):
+                # the new driver died too (or its logs went with it): detach, look again
+                self._lost = loss
+                self._lose_driver()
+                return 0
+            self.reconnects += 1
+            self._answered.notify_all()  # requests waiting for the reconnection go on
+        if self.on_reconnect is not None:
+            self.on_reconnect(report)
+        return 1
+
+    def _rejoin(self, cnc: CncFile, loss: DriverLoss) -> Reconnected:
+        """Introduce this client to the driver of ``cnc`` and re-add every publication (same
+        kind, channel and stream; the same object rebound to its new log) and subscription
+        (same callbacks; a new registration id). What the new driver refuses is closed."""
+        self._attach(cnc)
+        publications = list(self._publications.items())
+        subscriptions = list(self._subscriptions.items())
+        refused: dict[Publication | Subscription, str] = {}
+        for old_id, publication in publications:
+            command = (cp.AddExclusivePublication if isinstance(publication, ExclusivePublication)
+                       else cp.AddPublication)
+            try:
+                ready = self._request(command(self.client_id, self._correlation(),
+                                              publication.stream_id, publication.channel))
+            except RegistrationError as e:
+                refused[publication] = str(e)
+                publication.close()
+                continue
+            assert isinstance(ready, cp.OnPublicationReady)
+            old_log = publication.log
+            log, limit = self._publication_log(ready)
+            publication._rebind(log, limit, self.counters.values, ready.registration_id)
+            del self._publications[old_id]
+            self._publications[ready.registration_id] = publication
+            self._unmap_log(old_log)
+        for old_id, subscription in subscriptions:
+            correlation_id = self._correlation()
+            # registered before the request: image events follow the ready response at once
+            del self._subscriptions[old_id]
+            subscription.registration_id = correlation_id
+            self._subscriptions[correlation_id] = subscription
+            try:
+                self._request(cp.AddSubscription(self.client_id, correlation_id,
+                                                 subscription.stream_id, subscription.channel))
+            except RegistrationError as e:
+                refused[subscription] = str(e)
+                subscription.close()
+        return loss.report(cnc.pid, [p for _, p in publications],
+                           [s for _, s in subscriptions], refused)
+
+    def _await_reconnection(self) -> None:
+        """Before a request: while reconnecting, wait for the new driver (at most
+        driver_timeout), then raise DriverTimeoutError; at once on the conductor thread or
+        in invoker mode (they do the reconnecting). Raises the client's error too."""
+        deadline = time.monotonic() + self.context.driver_timeout
+        with self._answered:
+            self._check_usable()
+            while self._lost is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._conductor in (None, threading.current_thread()):
+                    raise self._reconnecting_error()
+                self._answered.wait(remaining)
+                self._check_usable()
+
+    def _reconnecting_error(self) -> DriverTimeoutError:
+        return DriverTimeoutError(
+            f"the driver (pid {self.cnc.pid}) in {self.directory} died and this client is "
+            f"reconnecting (reconnect=True): no new driver has taken over yet")
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -458,7 +617,7 @@ class Client:
         if self._closed or os.getpid() != self._pid:
             return
         with self._lock:
-            self._release(send_close=True)
+            self._release(send_close=self._lost is None)
         conductor = self._conductor
         if conductor is not None and conductor is not threading.current_thread():
             self._clients_bell.ring()
@@ -504,15 +663,16 @@ class Client:
 
 # -- helpers -----------------------------------------------------------------------------------
 
-def _run_conductor(client_ref: weakref.ref[Client], doorbell: Doorbell) -> None:
+def _run_conductor(client_ref: weakref.ref[Client]) -> None:
     """The conductor thread: asleep on the clients' doorbell, it handles driver events as they
     come and checks the driver's heartbeat every _DRIVER_CHECK_INTERVAL_S. It holds the client
     only while it works, so an abandoned client is still collected (and the thread ends)."""
     while True:
-        seen = doorbell.value()
         client = client_ref()
         if client is None or client.is_closed:
             return
+        doorbell = client._clients_bell  # the new driver's, once the client reconnected
+        seen = doorbell.value()
         try:
             client._service()
         except ShmbusError:

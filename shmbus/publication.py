@@ -108,17 +108,33 @@ class Publication(PublicationCore):
         on_destination: Any = None,
         counters: AtomicBuffer | None = None,
     ) -> None:
-        d = log.descriptor
-        super().__init__(
-            log.buffer, d.term_length, d.initial_term_id, d.mtu, d.session_id, d.stream_id,
-            limit.buffer, limit.offset, self._exclusive, counters,
-        )
-        self.log = log
+        self._bind(log, limit, counters)
         self.channel = channel
         self.registration_id = registration_id
         self._on_close = on_close
         self._on_destination = on_destination
         self._claims: weakref.WeakSet[BufferClaim] = weakref.WeakSet()
+
+    def _bind(self, log: LogBuffer, limit: Position, counters: AtomicBuffer | None) -> None:
+        d = log.descriptor
+        PublicationCore.__init__(
+            self, log.buffer, d.term_length, d.initial_term_id, d.mtu, d.session_id,
+            d.stream_id, limit.buffer, limit.offset, self._exclusive, counters,
+        )
+        self.log = log
+
+    def _detach(self) -> None:
+        """The driver is gone (the client reconnects): claims not yet committed are aborted,
+        and offers return NOT_CONNECTED until :meth:`_rebind`. Called by the client only."""
+        self._abort_claims()
+        self._detach_core()
+
+    def _rebind(self, log: LogBuffer, limit: Position, counters: AtomicBuffer,
+                registration_id: int) -> None:
+        """Carry on in ``log``, the new driver's publication (a new session), after
+        :meth:`_detach`. The old log is not touched again. Called by the client only."""
+        self._bind(log, limit, counters)
+        self.registration_id = registration_id
 
     def try_claim(self, length: int, reserved_value: int = 0) -> BufferClaim:
         """Claim ``length`` bytes (at most ``max_payload_length``) to fill in place.
@@ -239,12 +255,15 @@ class Publication(PublicationCore):
         buffers released), and the log may be unmapped. Idempotent."""
         if self.is_closed:
             return
-        for claim in list(self._claims):
-            if claim.buffer is not None:
-                claim.abort()
+        self._abort_claims()
         self._close_core()
         if self._on_close is not None:
             self._on_close(self)
+
+    def _abort_claims(self) -> None:
+        for claim in list(self._claims):
+            if claim.buffer is not None:
+                claim.abort()
 
     def __enter__(self) -> Publication:
         return self

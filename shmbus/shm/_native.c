@@ -666,6 +666,7 @@ typedef struct {
     const uint8_t *values;    /* counter values, to raise the limit from counted positions */
     Py_ssize_t values_len;
     int sleeping;             /* threads of this process asleep in _await_progress */
+    uint32_t generation;      /* bumped whenever the sleepers are let go (close, detach, init) */
     int32_t session_id;
     int32_t stream_id;
     int32_t mtu;
@@ -674,6 +675,8 @@ typedef struct {
     int64_t max_possible_position;
     int exclusive;
     int closed;
+    int64_t refusal;          /* what offers return once closed: CLOSED, or NOT_CONNECTED when
+                               * detached from a lost driver (see _detach_core) */
     /* exclusive publications only: the single writer's own view of the tail */
     int32_t x_term_offset;
     int32_t x_term_id;
@@ -895,7 +898,7 @@ static int64_t append_pieces(PublicationCore *self, const Piece *pieces, Py_ssiz
                              int64_t reserved_value)
 {
     if (self->closed)
-        return CLOSED;
+        return self->refusal;
     AppendState s;
     int64_t status = read_state(self, &s);
     if (status < 0)
@@ -1016,7 +1019,7 @@ static int64_t append_batch(PublicationCore *self, Py_ssize_t count, piece_gette
                             void *ctx)
 {
     if (self->closed)
-        return CLOSED;
+        return self->refusal;
     AppendState s;
     int64_t status = read_state(self, &s);
     if (status < 0)
@@ -1157,7 +1160,7 @@ static PyObject *pub_claim(PublicationCore *self, PyObject *args)
         return NULL;
     }
     if (self->closed)
-        return Py_BuildValue("(Ln)", (long long)CLOSED, (Py_ssize_t)-1);
+        return Py_BuildValue("(Ln)", (long long)self->refusal, (Py_ssize_t)-1);
     AppendState s;
     int64_t status = read_state(self, &s);
     if (status < 0)
@@ -1243,7 +1246,7 @@ static PyObject *pub_claim_view(PublicationCore *self, PyObject *args)
 
 static PyObject *pub_get_position(PublicationCore *self, void *c)
 {
-    if (self->closed)
+    if (self->closed && self->refusal == CLOSED)
         return PyLong_FromLong(CLOSED);
     AppendState s;
     if (read_state(self, &s) < 0) {
@@ -1254,9 +1257,10 @@ static PyObject *pub_get_position(PublicationCore *self, void *c)
     return PyLong_FromLongLong(s.position);
 }
 
-/* Called with the GIL before the log is unmapped: sleepers are woken, and their waiter
- * counts taken back for them, since they must not touch the log once it is closed. */
-static PyObject *pub_close_core(PublicationCore *self, PyObject *Py_UNUSED(ignored))
+/* Lets go of this process's threads asleep in _await_progress on the current log (with the
+ * GIL, before the log is unmapped or replaced): they are woken, and their waiter counts taken
+ * back for them, since they must not touch that log again (the generation tells them). */
+static void release_sleepers(PublicationCore *self)
 {
     if (!self->closed && self->sleeping > 0) {
         __atomic_fetch_sub(meta_i32(&self->g, META_PROGRESS_WAITERS), self->sleeping,
@@ -1264,9 +1268,28 @@ static PyObject *pub_close_core(PublicationCore *self, PyObject *Py_UNUSED(ignor
         __atomic_fetch_add(meta_i32(&self->g, META_PROGRESS_WAKE), 1, __ATOMIC_SEQ_CST);
         syscall(SYS_futex, meta_i32(&self->g, META_PROGRESS_WAKE), FUTEX_WAKE, INT_MAX, NULL,
                 NULL, 0);
-        self->sleeping = 0;
     }
+    self->sleeping = 0;
+    self->generation++;
+}
+
+static PyObject *pub_close_core(PublicationCore *self, PyObject *Py_UNUSED(ignored))
+{
+    release_sleepers(self);
     self->closed = 1;
+    self->refusal = CLOSED;
+    Py_RETURN_NONE;
+}
+
+/* The driver is gone: offers return NOT_CONNECTED and the log is not written again, until
+ * the core is initialised anew over the next driver's log. The position stays readable. */
+static PyObject *pub_detach_core(PublicationCore *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->closed)
+        Py_RETURN_NONE;
+    release_sleepers(self);
+    self->closed = 1;
+    self->refusal = NOT_CONNECTED;
     Py_RETURN_NONE;
 }
 
@@ -1276,10 +1299,21 @@ static PyObject *pub_await_progress(PublicationCore *self, PyObject *arg)
     double timeout = PyFloat_AsDouble(arg);
     if (timeout == -1.0 && PyErr_Occurred())
         return NULL;
-    if (self->closed)
+    if (self->closed) {
+        if (self->refusal == NOT_CONNECTED && timeout > 0) {
+            /* detached: nothing will ring; the caller looks again after the timeout */
+            int64_t ns = timeout_to_ns(timeout < 1.0 ? timeout : 1.0);
+            struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+            Py_BEGIN_ALLOW_THREADS
+            nanosleep(&ts, NULL);
+            Py_END_ALLOW_THREADS
+        }
         Py_RETURN_NONE;
+    }
+    /* the log of this sleep: the core may be closed, detached or given another log meanwhile */
     int32_t *waiters = meta_i32(&self->g, META_PROGRESS_WAITERS);
     int32_t *word = meta_i32(&self->g, META_PROGRESS_WAKE);
+    uint32_t generation = self->generation;
     __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
     self->sleeping++;
     int32_t seen = LOAD_ACQUIRE(word);
@@ -1291,7 +1325,7 @@ static PyObject *pub_await_progress(PublicationCore *self, PyObject *arg)
         wait_words(&word, &seen, 1, ns);
         Py_END_ALLOW_THREADS
     }
-    if (!self->closed) {
+    if (self->generation == generation) {  /* else release_sleepers took our count back */
         __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
         self->sleeping--;
     }
@@ -1311,24 +1345,36 @@ static int pub_init(PublicationCore *self, PyObject *args, PyObject *kwds)
                                      &stream_id, &AtomicBufferType, &limit_buf, &limit_offset,
                                      &exclusive, &counters))
         return -1;
-    if (counters != Py_None) {
-        if (!PyObject_TypeCheck(counters, &AtomicBufferType)) {
-            PyErr_SetString(PyExc_TypeError, "counters must be an AtomicBuffer or None");
-            return -1;
-        }
-        self->values = ((AtomicBuffer *)counters)->data;
-        self->values_len = ((AtomicBuffer *)counters)->capacity;
-        Py_XSETREF(self->counters_buffer, Py_NewRef(counters));
+    /* everything is checked before anything changes: a failed init leaves the core as it was */
+    if (counters != Py_None && !PyObject_TypeCheck(counters, &AtomicBufferType)) {
+        PyErr_SetString(PyExc_TypeError, "counters must be an AtomicBuffer or None");
+        return -1;
     }
-    if (geometry_from((AtomicBuffer *)log, term_length, initial_term_id, &self->g) < 0)
+    LogGeometry g;
+    if (geometry_from((AtomicBuffer *)log, term_length, initial_term_id, &g) < 0)
         return -1;
     if (mtu < HEADER_LENGTH + FRAME_ALIGNMENT || mtu % FRAME_ALIGNMENT != 0 || mtu > 65504) {
         PyErr_Format(PyExc_ValueError, "mtu %d is not a multiple of 32 in 64..65504", mtu);
         return -1;
     }
-    self->limit = position_ptr(limit_buf, limit_offset);
-    if (self->limit == NULL)
+    int64_t *limit = position_ptr(limit_buf, limit_offset);
+    if (limit == NULL)
         return -1;
+    /* initialised again (a publication moved to a new driver's log): the old log's sleepers
+     * are let go before the geometry changes */
+    if (self->log_buffer != NULL)
+        release_sleepers(self);
+    self->g = g;
+    self->limit = limit;
+    if (counters != Py_None) {
+        self->values = ((AtomicBuffer *)counters)->data;
+        self->values_len = ((AtomicBuffer *)counters)->capacity;
+        Py_XSETREF(self->counters_buffer, Py_NewRef(counters));
+    } else {
+        self->values = NULL;
+        self->values_len = 0;
+        Py_CLEAR(self->counters_buffer);
+    }
     Py_XSETREF(self->log_buffer, Py_NewRef(log));
     Py_XSETREF(self->limit_buffer, Py_NewRef(limit_buf));
     self->session_id = session_id;
@@ -1340,6 +1386,9 @@ static int pub_init(PublicationCore *self, PyObject *args, PyObject *kwds)
     self->max_possible_position = (int64_t)term_length << 31;
     self->exclusive = exclusive;
     self->closed = 0;
+    self->refusal = CLOSED;
+    self->x_term_count = self->x_term_id = self->x_term_offset = 0;
+    self->x_term_begin_position = 0;
     if (exclusive) {
         int32_t count = LOAD_ACQUIRE(active_term_count_ptr(&self->g));
         int64_t raw = LOAD_ACQUIRE(tail_ptr(&self->g, count % PARTITION_COUNT));
@@ -1390,7 +1439,7 @@ static PyObject *pub_get_initial_term_id(PublicationCore *self, void *c)
 static PyObject *pub_get_mtu(PublicationCore *self, void *c)
 { return PyLong_FromLong(self->mtu); }
 static PyObject *pub_get_is_closed(PublicationCore *self, void *c)
-{ return PyBool_FromLong(self->closed); }
+{ return PyBool_FromLong(self->closed && self->refusal == CLOSED); }
 static PyObject *pub_get_max_possible_position(PublicationCore *self, void *c)
 { return PyLong_FromLongLong(self->max_possible_position); }
 static PyObject *pub_get_position_limit(PublicationCore *self, void *c)
@@ -1415,7 +1464,8 @@ static PyGetSetDef pub_getset[] = {
     {"max_possible_position", (getter)pub_get_max_possible_position, NULL,
      "term length * 2^31: offers at or past it return MAX_POSITION_EXCEEDED", NULL},
     {"position", (getter)pub_get_position, NULL,
-     "the position the next message would be appended at (CLOSED once closed)", NULL},
+     "the position the next message would be appended at (CLOSED once closed; while "
+     "detached from a lost driver, where the lost log ended)", NULL},
     {"position_limit", (getter)pub_get_position_limit, NULL,
      "the position beyond which offers are back-pressured", NULL},
     {"is_connected", (getter)pub_get_is_connected, NULL,
@@ -1439,6 +1489,8 @@ static PyMethodDef pub_methods[] = {
     {"_commit", (PyCFunction)pub_commit, METH_O, NULL},
     {"_abort", (PyCFunction)pub_abort, METH_O, NULL},
     {"_close_core", (PyCFunction)pub_close_core, METH_NOARGS, NULL},
+    {"_detach_core", (PyCFunction)pub_detach_core, METH_NOARGS,
+     "_detach_core(): the driver is gone; offers return NOT_CONNECTED until __init__ again"},
     {"_await_progress", (PyCFunction)pub_await_progress, METH_O,
      "_await_progress(timeout_s): sleep until a reader or the limit moves, or the timeout"},
     {NULL, NULL, 0, NULL},
