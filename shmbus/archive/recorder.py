@@ -489,12 +489,14 @@ class Recorder:
     @property
     def recordings(self) -> list[RecordingDescriptor]:
         """The catalog entries of the recordings in progress."""
-        return [w.descriptor for w in self._writers.values()]
+        with self._lock:  # image callbacks change them on the client's conductor thread
+            return [w.descriptor for w in self._writers.values()]
 
     @property
     def positions(self) -> dict[int, int]:
         """Recording id -> position recorded so far, for the recordings in progress."""
-        return {w.descriptor.recording_id: w.stop for w in self._writers.values()}
+        with self._lock:
+            return {w.descriptor.recording_id: w.stop for w in self._writers.values()}
 
     def poll(self) -> int:
         """Record what the images have: returns the number of fragments recorded.
