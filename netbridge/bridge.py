@@ -48,7 +48,7 @@ from shmbus.client import Client
 from shmbus.context import Context
 from shmbus.driver import control_protocol as cp
 from shmbus.errors import RegistrationError, ShmbusError
-from shmbus.shm.counters import FC_RCV_POS, FC_RECEIVERS
+from shmbus.shm.counters import FC_RCV_POS, FC_RECEIVERS, RCV_CC_WINDOW
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 
@@ -163,6 +163,9 @@ class ReceivedImage:
     rcv_hwm: Position
     rcv_pos: Position
     join_position: int
+    #: the bridge's own counter of the window its congestion control advertises (None when
+    #: the driver had no counter left)
+    cc_window: tuple[int, Position] | None
     subscriber_positions: list[Position] | None = None  # None until the driver says
 
     def subscriber_position(self) -> int:
@@ -335,6 +338,7 @@ class Bridge:
         receiver = NetworkReceiver(
             lambda request: self._create_image(holder[0], request),
             receiver_id=self._receiver_id, receiver_window=window,
+            congestion_control=uri.congestion_control,
             group_tag=uri.int_param("gtag") if "gtag" in uri.params else None,
             control_address=transport.control_address,
             nak_delay=multicast_nak_delay(random.Random()) if multicast else None)
@@ -357,8 +361,18 @@ class Bridge:
             return None
         assert isinstance(ready, cp.OnImageReady)
         log = LogBuffer.open(self.client.directory / ready.log_file)
+        label = (f"{ready.image_id} {request.session_id} {request.stream_id} "
+                 f"{ChannelUri.parse(channel.channel).canonical()} {host}:{port}")
+        try:
+            cc_window: tuple[int, Position] | None = self._add_counter(
+                RCV_CC_WINDOW, f"rcv-cc-window: {label}", ready.image_id, request.session_id)
+        except RegistrationError as e:  # e.g. no counter left: the image works without it
+            print(f"netbridge: no rcv-cc-window counter for image {ready.image_id}: {e}",
+                  file=sys.stderr)
+            cc_window = None
         image = ReceivedImage(ready.image_id, log, self._counter(ready.rcv_hwm_counter_id),
-                              self._counter(ready.rcv_pos_counter_id), request.join_position)
+                              self._counter(ready.rcv_pos_counter_id), request.join_position,
+                              cc_window)
         self._images_by_id[ready.image_id] = image
         return ImageResources(log, image.subscriber_position)
 
@@ -611,6 +625,8 @@ class Bridge:
                     received.rcv_hwm.set(image.rcv_hwm)
                 if received.rcv_pos.get() != image.rcv_pos:
                     received.rcv_pos.set(image.rcv_pos)
+                if received.cc_window is not None and received.cc_window[1].get() != image.window:
+                    received.cc_window[1].set(image.window)
         channel.counters.update({
             "bytes received": r.bytes_received, "datagrams received": r.datagrams_received,
             "heartbeats received": r.heartbeats_received, "naks sent": r.naks_sent,
@@ -633,6 +649,8 @@ class Bridge:
         received.rcv_pos.set(image.rcv_pos)
         del self._images_by_id[received.image_id]
         try:
+            if received.cc_window is not None:
+                self._remove_counter(received.cc_window[0])
             self._request(cp.CloseImage(self.client.client_id, self._correlation(),
                                         received.image_id))
         except ShmbusError as e:

@@ -33,15 +33,11 @@ from abc import ABC, abstractmethod
 from typing import Final
 
 __all__ = [
-    "CONGESTION_CONTROLS",
     "CongestionControl",
     "CubicCongestionControl",
     "StaticWindowCongestionControl",
     "congestion_control_for",
 ]
-
-#: the values of a channel's ``cc`` parameter, the default first
-CONGESTION_CONTROLS: Final = ("static", "cubic")
 
 #: CUBIC's scaling constant, in MTUs per second cubed (RFC 8312's C)
 CUBIC_C: Final = 0.4

@@ -130,6 +130,7 @@ from shmbus.shm.counters import (
     FC_RECEIVERS,
     PUB_LIMIT,
     PUB_POS,
+    RCV_CC_WINDOW,
     RCV_HWM,
     RCV_POS,
     SND_BPE,
@@ -492,8 +493,9 @@ _PID_IN_LABEL = re.compile(r" pid=(?P<pid>\d+) ?(?P<name>.*)$", re.DOTALL)
 #: Counters of one log (publication or network image): registration id = the log's
 #: registration id, reference id = its session id; stream and channel are in the label.
 LOG_TYPES = frozenset({PUB_LIMIT, PUB_POS, SND_POS, SND_LMT, SND_BPE, RCV_HWM, RCV_POS})
-#: LOG_TYPES and sub-pos (whose reference id is the registration id of the log it reads).
-STREAM_TYPES = LOG_TYPES | {SUB_POS, FC_RECEIVERS, FC_RCV_POS}
+#: LOG_TYPES, sub-pos (whose reference id is the registration id of the log it reads) and the
+#: netbridge's counters about one log.
+STREAM_TYPES = LOG_TYPES | {SUB_POS, FC_RECEIVERS, FC_RCV_POS, RCV_CC_WINDOW}
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,9 @@ FC_RECEIVERS = 17
 #: a network publication's flow control: one receiver's position, from its status messages
 #: (shmbus's own: Aeron has no such counter)
 FC_RCV_POS = 19
+#: a network image's receiver window as its congestion control sets it, in bytes (shmbus's
+#: own: Aeron's cubic congestion control has rcv-cc-cubic-wnd, in MTUs, under type 10)
+RCV_CC_WINDOW = 20
 
 #: Short readable name of each type id, as ``shmbus stat`` prints it.
 TYPE_NAMES: dict[int, str] = {
@@ -78,6 +81,7 @@ TYPE_NAMES: dict[int, str] = {
     SND_BPE: "snd-bpe",
     FC_RECEIVERS: "fc-receivers",
     FC_RCV_POS: "fc-rcv-pos",
+    RCV_CC_WINDOW: "rcv-cc-window",
 }
 
 
