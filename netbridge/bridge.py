@@ -83,7 +83,8 @@ _RECEIVER_COUNTERS_PER_SENDER = 64
 class ChannelCounters:
     """A channel's statistics: counters in cnc.dat, mirrored from plain ints."""
 
-    positions: dict[str, Position]
+    #: by name: (counter id, position)
+    counters: dict[str, tuple[int, Position]]
     #: the values as last written: a counter is written when its value changes, never read
     last: dict[str, int] = field(default_factory=dict)
 
@@ -91,9 +92,9 @@ class ChannelCounters:
         last = self.last
         for name, value in values.items():
             if last.get(name) != value:
-                position = self.positions.get(name)
-                if position is not None:
-                    position.set(value)
+                counter = self.counters.get(name)
+                if counter is not None:
+                    counter[1].set(value)
                 last[name] = value
 
 
@@ -179,7 +180,8 @@ class ReceivedImage:
 
 @dataclass
 class ReceiveChannel:
-    """The sockets of one subscribed endpoint, with the receiver state machine for them."""
+    """The sockets of one subscribed endpoint (the channel of its first subscription), with
+    the receiver state machine for them."""
 
     channel: str
     transport: ReceiveTransport
@@ -188,6 +190,8 @@ class ReceiveChannel:
     loss_out: LossFilter | None
     loss_in: LossFilter | None
     next_announce_ns: int = 0
+    #: since when no stream is subscribed (None while one is): closed after the linger
+    idle_since_ns: int | None = None
 
     @property
     def sock(self) -> socket.socket:
@@ -201,7 +205,9 @@ class Bridge:
         self.context = context.with_(embedded_driver=False)
         self._loss_spec = LossSpec.parse(context.netbridge_loss)
         self.send_channels: dict[tuple[str, int], SendChannel] = {}
-        self.receive_channels: dict[str, ReceiveChannel] = {}
+        #: by endpoint (ChannelUri.endpoint_key): one socket per endpoint, whatever the streams
+        self.receive_channels: dict[tuple[str, ...], ReceiveChannel] = {}
+        self._endpoint_linger_ns = int(context.netbridge_endpoint_linger * 1e9)
         self._images_by_id: dict[int, ReceivedImage] = {}
         self._stopped = False
         self._next_service_ns = 0
@@ -238,12 +244,15 @@ class Bridge:
                 for sender in channel.senders.values():
                     if sender.registration_id == message.registration_id:
                         sender.sender.close(message.end_position)
-        elif isinstance(message, cp.OnReceiveChannelClosed):  # before its base class
-            channel = self.receive_channels.get(message.channel)
+        elif isinstance(message, cp.OnReceiveChannelClosed):
+            channel = self.receive_channels.get(ChannelUri.parse(message.channel).endpoint_key())
             if channel is not None:
-                channel.receiver.remove_subscription(message.stream_id, time.monotonic_ns())
+                now = time.monotonic_ns()
+                channel.receiver.remove_subscription(message.stream_id, now)
+                if not channel.receiver.subscriptions:
+                    channel.idle_since_ns = now
         elif isinstance(message, cp.OnReceiveChannel):
-            self._receive_channel(message.channel).receiver.add_subscription(message.stream_id)
+            self._on_receive_channel(message)
         elif isinstance(message, cp.OnDestination):
             self._on_destination(message)
         elif isinstance(message, cp.OnImageSubscribers):
@@ -268,7 +277,7 @@ class Bridge:
         self._request(cp.RemoveCounter(self.client.client_id, self._correlation(), counter_id))
 
     def _add_counters(self, kind: int, channel: str, names: tuple[str, ...]) -> ChannelCounters:
-        return ChannelCounters({name: self._add_counter(kind, f"{name}: {channel}")[1]
+        return ChannelCounters({name: self._add_counter(kind, f"{name}: {channel}")
                                 for name in names})
 
     def _loss_filters(self) -> tuple[LossFilter | None, LossFilter | None]:
@@ -326,11 +335,29 @@ class Bridge:
                     channel.tracker.remove(destination)
                 channel.apply_destinations()
 
+    def _on_receive_channel(self, event: cp.OnReceiveChannel) -> None:
+        """Listen for the event's stream on its endpoint (opening the endpoint's sockets when
+        nothing listens there yet) and tell the driver how that went when a subscription waits
+        for it or when it failed."""
+        error = ""
+        try:
+            channel = self._receive_channel(event.channel)
+        except OSError as e:  # e.g. another process holds the address: the error names it
+            error = str(e)
+        else:
+            channel.receiver.add_subscription(event.stream_id)
+            channel.idle_since_ns = None
+        if event.subscription_id or error:
+            self._request(cp.ReceiveChannelStatus(
+                self.client.client_id, self._correlation(), event.subscription_id,
+                event.stream_id, event.channel, error))
+
     def _receive_channel(self, channel_text: str) -> ReceiveChannel:
-        channel = self.receive_channels.get(channel_text)
+        uri = ChannelUri.parse(channel_text)
+        key = uri.endpoint_key()
+        channel = self.receive_channels.get(key)
         if channel is not None:
             return channel
-        uri = ChannelUri.parse(channel_text)
         transport = open_receive(uri, self.context.netbridge_socket_buffer)
         window = uri.int_param("rcv-wnd", 128 * 1024)
         multicast = transport.control_address is not None
@@ -345,8 +372,17 @@ class Bridge:
         channel = ReceiveChannel(channel_text, transport, receiver, self._add_counters(
             RECEIVE_CHANNEL_STAT, uri.canonical(), RECEIVE_STATS), *self._loss_filters())
         holder.append(channel)
-        self.receive_channels[channel_text] = channel
+        self.receive_channels[key] = channel
         return channel
+
+    def _close_receive_channel(self, key: tuple[str, ...]) -> None:
+        """Let an endpoint go: its sockets are closed (another process may bind it at once)
+        and its counters freed. Its images are gone already."""
+        channel = self.receive_channels.pop(key)
+        for sock in channel.transport.sockets():
+            sock.close()
+        for counter_id, _ in channel.counters.counters.values():
+            self._remove_counter(counter_id)
 
     def _create_image(self, channel: ReceiveChannel, request: ImageRequest
                       ) -> ImageResources | None:
@@ -421,7 +457,7 @@ class Bridge:
             except OSError as e:  # e.g. an endpoint another process holds: report, go on
                 print(f"netbridge: {type(event).__name__}: {e}", file=sys.stderr)
         deadline = now + 1_000_000
-        for channel in list(self.receive_channels.values()):
+        for key, channel in list(self.receive_channels.items()):
             receiver = channel.receiver
             work += self._receive(channel.sock, channel.loss_in, now,
                                   lambda data, source, r=receiver:
@@ -442,6 +478,12 @@ class Bridge:
                     self._close_image(channel, event.image)
             if polled.next_deadline_ns is not None:
                 deadline = min(deadline, polled.next_deadline_ns)
+            if channel.idle_since_ns is not None and not receiver.images:
+                if now - channel.idle_since_ns >= self._endpoint_linger_ns:
+                    self._close_receive_channel(key)
+                    work += 1
+                    continue
+                deadline = min(deadline, channel.idle_since_ns + self._endpoint_linger_ns)
             if stats:
                 self._mirror_receive(channel)
         for channel in list(self.send_channels.values()):

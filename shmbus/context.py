@@ -66,6 +66,9 @@ class Context:
     netbridge_loss: str = ""
     #: UDP socket buffer sizes of the netbridge (0: the system default)
     netbridge_socket_buffer: int = 2 * 1024 * 1024
+    #: the netbridge closes a receive endpoint this long after its last subscription went (a
+    #: quick new subscription reuses the socket; after it, another process may bind the address)
+    netbridge_endpoint_linger: float = 0.5
 
     def __post_init__(self) -> None:
         check_term_length(self.ipc_term_length)
