@@ -6,6 +6,12 @@ on udp channels (it listens on their endpoints and asks the driver for an image 
 SETUP arrives). Everything protocol-shaped happens in :mod:`netbridge.sender` and
 :mod:`netbridge.receiver`; here are the sockets, the clock, the counters and the loop.
 
+Receive endpoints: one socket per endpoint, whatever the streams and channel parameters (those
+of its first subscription apply). Whether it could be bound goes back to the driver, which
+answers the waiting subscription (the error names the address and the process holding it); an
+endpoint is closed ``Context.netbridge_endpoint_linger`` after its last stream went, so that
+another process may bind it.
+
 Start it by hand with ``netbridge --dir DIR``, or let the driver start it when the first udp
 channel appears.
 """

@@ -52,9 +52,9 @@ One :class:`ReceiverImage` per publishing session (session id, stream id):
   stream) and this receiver's id gives ``rtt = now - echo_timestamp - reception_delta``, kept
   as the image's ``rtt_ns`` (the last measurement) and given to its congestion control.
   Echoes for another receiver id, an unknown session or with a timestamp in the future are
-  counted as ignored frames. Aeron's driver
-  measures only with ``cc=cubic`` and ``AERON_CUBICCONGESTIONCONTROL_MEASURERTT=true`` (its
-  congestion control is the only consumer; wire facts 3.4, 5.4); shmbus measures always, at
+  counted as ignored frames. Aeron's driver measures only with ``cc=cubic`` and
+  ``AERON_CUBICCONGESTIONCONTROL_MEASURERTT=true`` (its congestion control is the only
+  consumer; wire facts 3.4, 5.4); shmbus measures always, at
   this low rate, so that ``shmbus stat`` can show the RTT of each receive channel. It costs one
   40-byte datagram each way per image per interval, and a sender that never answers (an Aeron
   driver answers every request, whatever its congestion control) only leaves ``rtt_ns`` None.

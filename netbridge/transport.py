@@ -88,7 +88,7 @@ class ReceiveTransport:
         return [self.sock] + ([self.control_sock] if self.control_sock else [])
 
 
-def holders(address: tuple[str, int]) -> list[str]:
+def _holders(address: tuple[str, int]) -> list[str]:
     """The processes with a UDP socket bound to ``address`` (or to its port on every
     interface), as "pid N (name: command line)"; empty when none can be seen (sockets of
     another user's processes show no pid)."""
@@ -123,7 +123,7 @@ def _bind_endpoint(sock: socket.socket, endpoint: tuple[str, int]) -> None:
     except OSError as e:
         address = f"{endpoint[0]}:{endpoint[1]}"
         if e.errno == errno.EADDRINUSE:
-            who = holders(endpoint)
+            who = _holders(endpoint)
             by = ("by " + ", ".join(who)) if who else "by a process this user cannot see"
             raise OSError(e.errno, f"udp endpoint {address} is already bound {by}; only one "
                                    f"process can receive on a unicast endpoint") from None
