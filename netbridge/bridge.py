@@ -43,7 +43,7 @@ from netbridge.receiver import (
     NetworkReceiver,
     ReceiverImage,
 )
-from netbridge.sender import NetworkSender
+from netbridge.sender import DataBatch, NetworkSender
 from netbridge.transport import (
     ReceiveTransport,
     SendTransport,
@@ -56,6 +56,7 @@ from shmbus.client import Client
 from shmbus.context import Context
 from shmbus.driver import control_protocol as cp
 from shmbus.errors import RegistrationError, ShmbusError
+from shmbus.shm import _native
 from shmbus.shm.counters import FC_RCV_POS, FC_RECEIVERS, RCV_CC_WINDOW
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
@@ -70,7 +71,9 @@ RECEIVE_STATS = ("bytes received", "datagrams received", "heartbeats received", 
                  "sms sent", "invalid datagrams", "gaps", "bytes lost", "rtt ns")
 
 _SESSION_STREAM = struct.Struct("<ii")
+#: datagrams taken per socket per duty cycle (one recvmmsg), each in a slot of 64 KiB
 _RECV_BATCH = 64
+_RECV_SLOT = 65536
 _SENDER_LINGER_NS = 2_000_000_000
 #: dynamic MDC receivers announce themselves this often (Aeron: 1 s)
 _ANNOUNCE_INTERVAL_NS = 1_000_000_000
@@ -78,9 +81,10 @@ _ANNOUNCE_INTERVAL_NS = 1_000_000_000
 #: every duty cycle: under load a duty cycle takes a few microseconds)
 _SERVICE_INTERVAL_NS = 200_000
 _STATS_INTERVAL_NS = 1_000_000
-#: select() timeouts after 1, 2, ... duty cycles without work: poll a few times, then sleep
-#: longer and longer, up to 1 ms (a sender cannot wait on its log, only on its socket)
-_IDLE_TIMEOUTS_NS = (0, 0, 0, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
+#: with nothing to do the bridge sleeps until a datagram, a publisher's frame where a sender
+#: waits, or its next deadline, but at most this long: driver events (new channels) have no
+#: wake-up of their own
+_IDLE_WAIT_MAX_NS = 10_000_000
 _NO_END_OF_STREAM = (1 << 63) - 1  # a log's end-of-stream position while it is open
 #: at most this many fc-rcv-pos counters per publication (a flood of status messages with
 #: made-up receiver ids must not use up the counters)
@@ -220,9 +224,12 @@ class Bridge:
         self._stopped = False
         self._next_service_ns = 0
         self._next_stats_ns = 0
-        # datagrams are received into one buffer (recvfrom_into) and handled before the next
-        self._recv_buffer = bytearray(65536)
-        self._recv_view = memoryview(self._recv_buffer)
+        # a batch of datagrams is received into these slots and handled before the next
+        self._recv_slots = bytearray(_RECV_BATCH * _RECV_SLOT)
+        self._recv_view = memoryview(self._recv_slots)
+        #: wakes the loop when a publisher commits a frame where a sender waits for data
+        self._watcher = _native.LogWatcher()
+        self._poller: tuple[tuple[int, ...], select.poll] | None = None
         self.client = Client(self.context)
         # unique across hosts (client ids are only unique within one bus), as Aeron's are
         self._receiver_id = random.SystemRandom().getrandbits(63)
@@ -321,7 +328,7 @@ class Bridge:
             log, destination=None, position=snd_pos.get(),
             mtu=uri.int_param("mtu", log.descriptor.mtu), ttl=uri.int_param("ttl", 0),
             flow_control=strategy_for(uri),
-            setup_flags=SETUP_FLAG_GROUP if transport.group else 0)
+            setup_flags=SETUP_FLAG_GROUP if transport.group else 0, data_batches=True)
         for destination in destinations:
             sender.add_destination(destination)
         label = (f"{event.registration_id} {event.session_id} {event.stream_id} "
@@ -424,19 +431,21 @@ class Bridge:
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Serve until stop() or the driver goes away; then close()."""
-        idle = 0  # duty cycles in a row without work
-        last_idle = len(_IDLE_TIMEOUTS_NS) - 1
+        """Serve until stop() or the driver goes away; then close(). With nothing to do it
+        sleeps in poll() on its sockets and the log watcher's eventfd until the next
+        deadline."""
+        watcher = self._watcher
         try:
             while not self._stopped:
                 now = time.monotonic_ns()
                 work, deadline = self.do_work(now)
                 if work:
-                    idle = 0
                     continue
-                timeout = min(deadline - time.monotonic_ns(), _IDLE_TIMEOUTS_NS[idle])
-                idle = min(idle + 1, last_idle)
-                select.select(self._sockets(), [], [], max(0, timeout) / 1e9)
+                watcher.arm(self._watches())
+                timeout_ns = min(deadline - time.monotonic_ns(), _IDLE_WAIT_MAX_NS)
+                self._poll().poll(max(0, -(-timeout_ns // 1_000_000)))  # ms, rounded up
+                watcher.disarm()
+                watcher.clear()
         except ShmbusError as e:  # the driver went away: nothing left to bridge
             print(f"netbridge: stopping: {e}", file=sys.stderr)
         finally:
@@ -448,6 +457,24 @@ class Bridge:
     def _sockets(self) -> list[socket.socket]:
         return [c.sock for c in self.send_channels.values()] + [
             sock for c in self.receive_channels.values() for sock in c.transport.sockets()]
+
+    def _poll(self) -> select.poll:
+        """A poll object on every socket and the watcher's eventfd (made again when the
+        sockets change)."""
+        fds = (self._watcher.fileno(), *(sock.fileno() for sock in self._sockets()))
+        if self._poller is None or self._poller[0] != fds:
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            self._poller = (fds, poller)
+        return self._poller[1]
+
+    def _watches(self) -> tuple[tuple[_native.AtomicBuffer, int, int], ...]:
+        """Where senders wait for a publisher's next frame: (log buffer, term length,
+        position) for the watcher."""
+        return tuple((s.log.buffer, s.sender.term_length, s.sender.sender_position)
+                     for channel in self.send_channels.values()
+                     for s in channel.senders.values() if s.sender.waits_for_data)
 
     def do_work(self, now: int) -> tuple[int, int]:
         """One duty cycle; returns (work done, when to come back at the latest)."""
@@ -470,7 +497,7 @@ class Bridge:
         for key, channel in list(self.receive_channels.items()):
             receiver = channel.receiver
             work += self._receive(channel.sock, channel.loss_in, now,
-                                  functools.partial(receiver.on_datagram, now))
+                                  functools.partial(receiver.on_datagram, now), receiver)
             if channel.transport.control_sock is not None:  # multicast: others' NAKs
                 work += self._receive(
                     channel.transport.control_sock, None, now,
@@ -516,6 +543,7 @@ class Bridge:
                     sender.closed_at_ns = sender.closed_at_ns or now
                     if now - sender.closed_at_ns > _SENDER_LINGER_NS:
                         del channel.senders[sender_key]
+                        self._watcher.disarm(True)  # it may still be asleep on this log
                         sender.log.close()
                         for counter_id in sender.counter_ids():
                             self._remove_counter(counter_id)
@@ -551,26 +579,31 @@ class Bridge:
                 sender.sender.close(end)
 
     def _receive(self, sock: socket.socket, loss: LossFilter | None, now: int,
-                 handle: Callable[[memoryview, object], None]) -> int:
-        """Up to _RECV_BATCH datagrams, each handed to ``handle`` as a memoryview of the
-        receive buffer, valid only until ``handle`` returns (through the incoming loss
-        filter when there is one)."""
-        buffer, view = self._recv_buffer, self._recv_view
-        count = 0
-        for _ in range(_RECV_BATCH):
-            try:
-                size, source = sock.recvfrom_into(buffer)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break  # e.g. ICMP port unreachable reported on a later recv
-            count += 1
+                 handle: Callable[[memoryview, object], None],
+                 receiver: NetworkReceiver | None = None) -> int:
+        """One batch of up to _RECV_BATCH datagrams (_native.receive_batch). Data that
+        continues one of ``receiver``'s in-order images is placed natively; every other
+        datagram is handed to ``handle`` in order, as a memoryview of the receive slots valid
+        only until ``handle`` returns (through the incoming loss filter when there is one: then
+        every datagram takes that way)."""
+        images = receiver.in_order_images() if receiver is not None and loss is None else []
+        received, in_order, rest = _native.receive_batch(sock.fileno(), self._recv_slots, tuple(
+            (image.log.buffer, image.session_id, image.stream_id, image.term_length,
+             image.initial_term_id, image.rcv_pos, image.window_limit) for image in images))
+        for image, result in zip(images, in_order, strict=True):
+            if result is not None:
+                image.on_in_order_data(now, *result)
+        view = self._recv_view
+        for offset, size, source in rest:
             if loss is None:
-                handle(view[:size], source)
+                handle(view[offset:offset + size], source)
             else:
-                for data, address in loss.send(now, view[:size], source):
+                for data, address in loss.send(now, view[offset:offset + size], source):
                     handle(memoryview(data), address)
-        return count
+        if rest and receiver is not None:
+            for image in receiver.images.values():  # readers of data placed by the receiver
+                _native.wake_log_readers(image.log.buffer)
+        return received
 
     def _on_control(self, channel: SendChannel, now: int, data: memoryview,
                     source: object) -> None:
@@ -590,13 +623,25 @@ class Bridge:
         sender.sender.on_datagram(now, bytes(data), source)  # frames may keep their bytes
 
     def _send(self, sock: socket.socket, loss: LossFilter | None,
-              datagrams: Sequence[tuple[bytes | memoryview, object]], now: int) -> int:
+              datagrams: Sequence[tuple[bytes | memoryview | DataBatch, object]], now: int
+              ) -> int:
+        """Send each datagram, a DataBatch with one sendmmsg (_native.send_batch) unless a
+        loss filter must see its datagrams one by one."""
         for data, destination in datagrams:
-            if loss is None:
-                self._sendto(sock, data, destination)
+            if isinstance(data, DataBatch):
+                if loss is None:
+                    _native.send_batch(sock.fileno(), data.buffer, data.spans,
+                                       cast("tuple[str, int]", destination))
+                    continue
+                each: Sequence[bytes | memoryview] = data.datagrams()
             else:
-                for out, dest in loss.send(now, data, destination):
-                    self._sendto(sock, out, dest)
+                each = (data,)
+            for datagram in each:
+                if loss is None:
+                    self._sendto(sock, datagram, destination)
+                else:
+                    for out, dest in loss.send(now, datagram, destination):
+                        self._sendto(sock, out, dest)
         return len(datagrams)
 
     @staticmethod
@@ -712,6 +757,7 @@ class Bridge:
         received.log.close()
 
     def close(self) -> None:
+        self._watcher.close()
         for channel in self.send_channels.values():
             for sender in channel.senders.values():
                 sender.log.close()

@@ -418,6 +418,29 @@ class ReceiverImage:
             _native.insert_frames(self._buffer, index * term_length + term_offset + skip, view,
                                   skip, copy_end)
 
+    @property
+    def window_limit(self) -> int:
+        """Data may not end past this position (the last status message position plus the
+        receiver window); what does is dropped as an overrun."""
+        return self.sm_position + self.max_window
+
+    def on_in_order_data(self, now_ns: int, end_position: int, datagrams: int, size: int,
+                         source: object) -> None:
+        """``datagrams`` DATA datagrams (``size`` bytes, the latest from ``source``) that each
+        continued this image exactly where its data ended, valid and inside the window, were
+        placed in the log up to ``end_position`` by the native batch path (see
+        :meth:`NetworkReceiver.in_order_images`): count them and move the positions exactly as
+        :meth:`on_data` would have, one by one."""
+        self.last_heard_ns = now_ns
+        if source is not None and self._follow_source:
+            self.control_address = source
+        self.datagrams_received += datagrams
+        self.bytes_received += size
+        self.loss.on_data(now_ns, self.loss.rebuild_position, end_position)
+        receiver = self._receiver
+        receiver.datagrams_received += datagrams
+        receiver.bytes_received += size
+
     def _on_heartbeat(self, now_ns: int, flags: int, position: int, source: object) -> None:
         self.heartbeats_received += 1
         self._receiver.heartbeats_received += 1
@@ -757,6 +780,17 @@ class NetworkReceiver:
             return
         for frame in frames:
             self._on_control(now_ns, frame, source)
+
+    def in_order_images(self) -> list[ReceiverImage]:
+        """The images a datagram may be placed in without :meth:`on_datagram`: no gap, no end
+        of stream announced. A valid DATA/PAD datagram of one of them that starts exactly at its
+        ``rcv_pos`` and ends at or below its ``window_limit`` does nothing but copy its frames
+        and move rcv-pos and rcv-hwm to its end; the process layer may do that natively for a
+        batch and report each image's result with :meth:`ReceiverImage.on_in_order_data`
+        (every datagram after the first that does not qualify must go to on_datagram, in
+        order)."""
+        return [image for image in self.images.values()
+                if not image.loss.has_gaps and image.end_of_stream_position is None]
 
     def _on_control(self, now_ns: int, frame: Frame, source: object) -> None:
         if isinstance(frame, SetupFrame):
