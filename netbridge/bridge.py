@@ -27,10 +27,10 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from netbridge.datagram_io import DatagramIO, send_to
 from netbridge.destinations import DestinationTracker
 from netbridge.flow_control import strategy_for
 from netbridge.frames import HDR_TYPE_SM, SETUP_FLAG_GROUP, SM_FLAG_SETUP, StatusMessage
@@ -43,7 +43,7 @@ from netbridge.receiver import (
     NetworkReceiver,
     ReceiverImage,
 )
-from netbridge.sender import DataBatch, NetworkSender
+from netbridge.sender import NetworkSender
 from netbridge.transport import (
     ReceiveTransport,
     SendTransport,
@@ -67,13 +67,11 @@ RECEIVE_CHANNEL_STAT = 102
 
 SEND_STATS = ("bytes sent", "datagrams sent", "heartbeats sent", "retransmits",
               "naks received", "sms received", "invalid datagrams", "destinations")
-RECEIVE_STATS = ("bytes received", "datagrams received", "heartbeats received", "naks sent",
-                 "sms sent", "invalid datagrams", "gaps", "bytes lost", "rtt ns")
+RECEIVE_STATS = ("bytes received", "datagrams received", "datagrams in order",
+                 "heartbeats received", "naks sent", "sms sent", "invalid datagrams", "gaps",
+                 "bytes lost", "rtt ns")
 
 _SESSION_STREAM = struct.Struct("<ii")
-#: datagrams taken per socket per duty cycle (one recvmmsg), each in a slot of 64 KiB
-_RECV_BATCH = 64
-_RECV_SLOT = 65536
 _SENDER_LINGER_NS = 2_000_000_000
 #: dynamic MDC receivers announce themselves this often (Aeron: 1 s)
 _ANNOUNCE_INTERVAL_NS = 1_000_000_000
@@ -224,9 +222,7 @@ class Bridge:
         self._stopped = False
         self._next_service_ns = 0
         self._next_stats_ns = 0
-        # a batch of datagrams is received into these slots and handled before the next
-        self._recv_slots = bytearray(_RECV_BATCH * _RECV_SLOT)
-        self._recv_view = memoryview(self._recv_slots)
+        self._io = DatagramIO()
         #: wakes the loop when a publisher commits a frame where a sender waits for data
         self._watcher = _native.LogWatcher()
         self._poller: tuple[tuple[int, ...], select.poll] | None = None
@@ -496,20 +492,21 @@ class Bridge:
         channel: ReceiveChannel | SendChannel  # each loop below narrows it
         for key, channel in list(self.receive_channels.items()):
             receiver = channel.receiver
-            work += self._receive(channel.sock, channel.loss_in, now,
-                                  functools.partial(receiver.on_datagram, now), receiver)
+            work += self._io.receive(channel.sock, now,
+                                     functools.partial(receiver.on_datagram, now), receiver,
+                                     channel.loss_in)
             if channel.transport.control_sock is not None:  # multicast: others' NAKs
-                work += self._receive(
-                    channel.transport.control_sock, None, now,
+                work += self._io.receive(
+                    channel.transport.control_sock, now,
                     lambda data, _source: receiver.on_nak_heard(now, data))  # noqa: B023 (run now)
             # dynamic MDC: announce while a subscription wants the channel (once the last one
             # goes, the sender drops this destination after its timeout)
             if (channel.transport.announce_to is not None and receiver.subscriptions
                     and now >= channel.next_announce_ns):
                 channel.next_announce_ns = now + _ANNOUNCE_INTERVAL_NS
-                self._sendto(channel.sock, self._announcement, channel.transport.announce_to)
+                send_to(channel.sock, self._announcement, channel.transport.announce_to)
             polled = receiver.poll(now)
-            work += self._send(channel.sock, channel.loss_out, polled.datagrams, now)
+            work += self._io.send(channel.sock, polled.datagrams, now, channel.loss_out)
             for image_event in polled.events:
                 if isinstance(image_event, ImageUnavailable):
                     self._close_image(channel, image_event.image)
@@ -524,15 +521,16 @@ class Bridge:
             if stats:
                 self._mirror_receive(channel)
         for channel in list(self.send_channels.values()):
-            work += self._receive(channel.sock, channel.loss_in, now,
-                                  functools.partial(self._on_control, channel, now))
+            work += self._io.receive(channel.sock, now,
+                                     functools.partial(self._on_control, channel, now),
+                                     loss=channel.loss_in)
             if stats and channel.tracker is not None:
                 channel.tracker.on_idle(now)
                 channel.apply_destinations()
             for sender_key, sender in list(channel.senders.items()):
                 self._check_closed(sender)
                 datagrams, due = sender.sender.poll(now)
-                work += self._send(channel.sock, channel.loss_out, datagrams, now)
+                work += self._io.send(channel.sock, datagrams, now, channel.loss_out)
                 deadline = min(deadline, due)
                 if sender.closed_at_ns is None:
                     # after the end of stream is mirrored the driver frees the counters
@@ -558,7 +556,7 @@ class Bridge:
                 for data, address in loss.due(now):
                     work += 1
                     if outgoing:
-                        self._sendto(channel.sock, data, address)
+                        send_to(channel.sock, data, address)
                     elif isinstance(channel, SendChannel):
                         self._on_control(channel, now, memoryview(data), address)
                     else:
@@ -578,33 +576,6 @@ class Bridge:
             if end != _NO_END_OF_STREAM:
                 sender.sender.close(end)
 
-    def _receive(self, sock: socket.socket, loss: LossFilter | None, now: int,
-                 handle: Callable[[memoryview, object], None],
-                 receiver: NetworkReceiver | None = None) -> int:
-        """One batch of up to _RECV_BATCH datagrams (_native.receive_batch). Data that
-        continues one of ``receiver``'s in-order images is placed natively; every other
-        datagram is handed to ``handle`` in order, as a memoryview of the receive slots valid
-        only until ``handle`` returns (through the incoming loss filter when there is one: then
-        every datagram takes that way)."""
-        images = receiver.in_order_images() if receiver is not None and loss is None else []
-        received, in_order, rest = _native.receive_batch(sock.fileno(), self._recv_slots, tuple(
-            (image.log.buffer, image.session_id, image.stream_id, image.term_length,
-             image.initial_term_id, image.rcv_pos, image.window_limit) for image in images))
-        for image, result in zip(images, in_order, strict=True):
-            if result is not None:
-                image.on_in_order_data(now, *result)
-        view = self._recv_view
-        for offset, size, source in rest:
-            if loss is None:
-                handle(view[offset:offset + size], source)
-            else:
-                for data, address in loss.send(now, view[offset:offset + size], source):
-                    handle(memoryview(data), address)
-        if rest and receiver is not None:
-            for image in receiver.images.values():  # readers of data placed by the receiver
-                _native.wake_log_readers(image.log.buffer)
-        return received
-
     def _on_control(self, channel: SendChannel, now: int, data: memoryview,
                     source: object) -> None:
         if len(data) < 16:
@@ -621,37 +592,6 @@ class Bridge:
             channel.invalid += 1
             return
         sender.sender.on_datagram(now, bytes(data), source)  # frames may keep their bytes
-
-    def _send(self, sock: socket.socket, loss: LossFilter | None,
-              datagrams: Sequence[tuple[bytes | memoryview | DataBatch, object]], now: int
-              ) -> int:
-        """Send each datagram, a DataBatch with one sendmmsg (_native.send_batch) unless a
-        loss filter must see its datagrams one by one."""
-        for data, destination in datagrams:
-            if isinstance(data, DataBatch):
-                if loss is None:
-                    _native.send_batch(sock.fileno(), data.buffer, data.spans,
-                                       cast("tuple[str, int]", destination))
-                    continue
-                each: Sequence[bytes | memoryview] = data.datagrams()
-            else:
-                each = (data,)
-            for datagram in each:
-                if loss is None:
-                    self._sendto(sock, datagram, destination)
-                else:
-                    for out, dest in loss.send(now, datagram, destination):
-                        self._sendto(sock, out, dest)
-        return len(datagrams)
-
-    @staticmethod
-    def _sendto(sock: socket.socket, data: bytes | memoryview, destination: object) -> None:
-        try:
-            sock.sendto(data, destination)  # type: ignore[call-overload]
-        except (BlockingIOError, InterruptedError):
-            pass  # a full socket buffer is loss: the receiver NAKs it
-        except OSError:
-            pass  # unreachable peers are not our problem; status messages say who is there
 
     # -- counters ------------------------------------------------------------------------------
 
@@ -728,6 +668,7 @@ class Bridge:
                     received.cc_window[1].set(image.window)
         channel.counters.update({
             "bytes received": r.bytes_received, "datagrams received": r.datagrams_received,
+            "datagrams in order": r.datagrams_in_order,
             "heartbeats received": r.heartbeats_received, "naks sent": r.naks_sent,
             "sms sent": r.sms_sent, "invalid datagrams": r.invalid_datagrams,
             "gaps": r.gaps_detected, "bytes lost": r.bytes_lost,

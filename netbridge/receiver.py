@@ -439,6 +439,7 @@ class ReceiverImage:
         self.loss.on_data(now_ns, self.loss.rebuild_position, end_position)
         receiver = self._receiver
         receiver.datagrams_received += datagrams
+        receiver.datagrams_in_order += datagrams
         receiver.bytes_received += size
 
     def _on_heartbeat(self, now_ns: int, flags: int, position: int, source: object) -> None:
@@ -632,7 +633,8 @@ class NetworkReceiver:
     ``rttm_interval_ns`` (1 s; 0 disables; see the module docstring).
 
     Streams are subscribed with :meth:`add_subscription`; traffic for other streams is
-    ignored. Channel counters (plain ints): ``datagrams_received``, ``bytes_received``,
+    ignored. Channel counters (plain ints): ``datagrams_received`` (``datagrams_in_order``
+    of them placed by the native batch path), ``bytes_received``,
     ``invalid_datagrams``, ``unknown_session_datagrams``, ``ignored_frames``,
     ``heartbeats_received``, ``overruns``, ``naks_sent``, ``sms_sent``, ``setups_received``,
     ``setup_elicitations``, ``images_created``, ``rttm_replies`` (echoes of the sender's
@@ -697,6 +699,8 @@ class NetworkReceiver:
         self._retired_bytes_lost = 0
 
         self.datagrams_received = 0
+        #: of them, placed by the process layer's native batch path (on_in_order_data)
+        self.datagrams_in_order = 0
         self.bytes_received = 0
         self.invalid_datagrams = 0
         self.unknown_session_datagrams = 0
