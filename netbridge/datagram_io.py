@@ -1,13 +1,15 @@
 """Datagram I/O in batches, for the netbridge process: one recvmmsg per socket and duty cycle,
 one sendmmsg per batch of DATA (shmbus.shm._native: receive_batch, send_batch).
 
-Receiving: DATA that continues one of a receiver's in-order images exactly where its data ends
+Receiving: DATA that continues one of a receiver's images exactly at its high-water mark
 (:meth:`netbridge.receiver.NetworkReceiver.in_order_images`) is validated and copied into the
-image log natively, and the image is told the result once per batch; from the first datagram
-that is anything else (control frames, loss, a new session, data past the window) every
-datagram of the batch goes to the sans-IO state machine, in the order it came, so the protocol
-rules see exactly the stream they would have seen one datagram at a time. With an incoming
-loss filter every datagram goes through it and then to the state machine.
+image log natively, and the image is told the result once per batch. From the first datagram
+of an image that is anything else (loss, a retransmit, a heartbeat, a SETUP, data past the
+window) every later datagram of that image in the batch goes to the sans-IO state machine, in
+the order it came; after a datagram that concerns no single image, every later one does. An
+image's state depends only on its own datagrams, so the protocol rules end up exactly where one
+datagram at a time takes them. With an incoming loss filter every datagram goes through it and
+then to the state machine.
 
 Sending: a :class:`netbridge.sender.DataBatch` goes out with one sendmmsg straight from the log
 (or, through an outgoing loss filter, datagram by datagram); other datagrams with sendto. A
@@ -47,7 +49,7 @@ class DatagramIO:
         images = receiver.in_order_images() if receiver is not None and loss is None else []
         received, in_order, rest = _native.receive_batch(sock.fileno(), self._slots, tuple(
             (image.log.buffer, image.session_id, image.stream_id, image.term_length,
-             image.initial_term_id, image.rcv_pos, image.window_limit) for image in images))
+             image.initial_term_id, image.rcv_hwm, image.window_limit) for image in images))
         for image, result in zip(images, in_order, strict=True):
             if result is not None:
                 image.on_in_order_data(now, *result)

@@ -427,7 +427,7 @@ class ReceiverImage:
     def on_in_order_data(self, now_ns: int, end_position: int, datagrams: int, size: int,
                          source: object) -> None:
         """``datagrams`` DATA datagrams (``size`` bytes, the latest from ``source``) that each
-        continued this image exactly where its data ended, valid and inside the window, were
+        continued this image exactly at its high-water mark, valid and inside the window, were
         placed in the log up to ``end_position`` by the native batch path (see
         :meth:`NetworkReceiver.in_order_images`): count them and move the positions exactly as
         :meth:`on_data` would have, one by one."""
@@ -436,7 +436,7 @@ class ReceiverImage:
             self.control_address = source
         self.datagrams_received += datagrams
         self.bytes_received += size
-        self.loss.on_data(now_ns, self.loss.rebuild_position, end_position)
+        self.loss.on_data(now_ns, self.loss.hwm_position, end_position)
         receiver = self._receiver
         receiver.datagrams_received += datagrams
         receiver.datagrams_in_order += datagrams
@@ -786,15 +786,15 @@ class NetworkReceiver:
             self._on_control(now_ns, frame, source)
 
     def in_order_images(self) -> list[ReceiverImage]:
-        """The images a datagram may be placed in without :meth:`on_datagram`: no gap, no end
-        of stream announced. A valid DATA/PAD datagram of one of them that starts exactly at its
-        ``rcv_pos`` and ends at or below its ``window_limit`` does nothing but copy its frames
-        and move rcv-pos and rcv-hwm to its end; the process layer may do that natively for a
-        batch and report each image's result with :meth:`ReceiverImage.on_in_order_data`
-        (every datagram after the first that does not qualify must go to on_datagram, in
-        order)."""
-        return [image for image in self.images.values()
-                if not image.loss.has_gaps and image.end_of_stream_position is None]
+        """The images a datagram may be placed in without :meth:`on_datagram`: those whose end
+        of stream is not announced. A valid DATA/PAD datagram of one of them that starts exactly
+        at its ``rcv_hwm`` and ends at or below its ``window_limit`` does nothing but copy its
+        frames and move rcv-hwm (and rcv-pos, when no gap is open) to its end; the process
+        layer may do that natively for a batch and report each image's result with
+        :meth:`ReceiverImage.on_in_order_data`, once every later datagram of an image whose
+        datagram did not qualify goes to on_datagram, in order (an image's state depends only
+        on its own datagrams)."""
+        return [image for image in self.images.values() if image.end_of_stream_position is None]
 
     def _on_control(self, now_ns: int, frame: Frame, source: object) -> None:
         if isinstance(frame, SetupFrame):

@@ -2676,10 +2676,11 @@ static PyMethodDef netbridge_wire_functions[] = {
 /* ====================================================================================== */
 /*
  * receive_batch    one recvmmsg into a batch of slots; DATA that continues an image exactly
- *                  where its data ends (no gap, inside its window) is validated and inserted
- *                  here; the first datagram that does not, and every one after it, is handed
- *                  back for the Python receiver (control frames, loss, new sessions), so the
- *                  sans-IO rules see the stream in the order it came.
+ *                  at its high-water mark (inside its window) is validated and inserted
+ *                  here; the first datagram of an image that does not, and every one of that
+ *                  image after it, is handed back for the Python receiver (control frames,
+ *                  loss, new sessions), so its sans-IO rules see each image's datagrams in the
+ *                  order they came (a datagram that names no one image: every one after it).
  * scan_datagrams   the sender's DATA loop: whole datagrams of committed frames from the sender
  *                  position up to its limit, as (buffer offset, length) spans of the log.
  * send_batch       sendmmsg of such spans to one destination, straight from the log.
@@ -2730,10 +2731,11 @@ typedef struct {
     int32_t session_id, stream_id, initial_term_id;
     int64_t term_length;
     int position_bits;
-    int64_t position; /* where the image's data ends: the next in-order datagram starts here */
+    int64_t position; /* the image's high-water mark: the next in-order datagram starts here */
     int64_t limit;    /* data may not end past this (the image's window) */
     int64_t datagrams, bytes;
-    int last; /* the batch slot of its latest datagram, -1 while none */
+    int last;     /* the batch slot of its latest datagram, -1 while none */
+    int diverted; /* one of its datagrams went to Python: so do the rest of the batch's */
 } InOrderImage;
 
 static int in_order_image_arg(PyObject *item, InOrderImage *image)
@@ -2757,6 +2759,7 @@ static int in_order_image_arg(PyObject *item, InOrderImage *image)
     image->limit = limit;
     image->datagrams = image->bytes = 0;
     image->last = -1;
+    image->diverted = 0;
     return 0;
 }
 
@@ -2776,7 +2779,7 @@ static InOrderImage *insert_in_order(InOrderImage *images, Py_ssize_t count, con
     for (Py_ssize_t i = 0; i < count && image == NULL; i++)
         if (images[i].session_id == session_id && images[i].stream_id == stream_id)
             image = &images[i];
-    if (image == NULL)
+    if (image == NULL || image->diverted)
         return NULL;
     int64_t term_offset = rd_i32(d + TERM_OFFSET_OFFSET);
     int32_t term_id = rd_i32(d + TERM_ID_OFFSET);
@@ -2799,15 +2802,39 @@ static InOrderImage *insert_in_order(InOrderImage *images, Py_ssize_t count, con
     return image;
 }
 
+/* The (session, stream) a datagram for Python concerns alone: DATA/PAD (the receiver reads only
+ * its first frame), or a datagram of one SETUP or RTTM frame. 0 when it may concern several. */
+static int datagram_key(const uint8_t *d, int64_t size, int32_t *session_id, int32_t *stream_id)
+{
+    if (size < HEADER_LENGTH)
+        return 0;
+    uint16_t type = rd_u16(d + TYPE_OFFSET);
+    if (type == HDR_TYPE_DATA || type == HDR_TYPE_PAD || type == 0x05 /* SETUP */) {
+        if (type == 0x05 && rd_i32(d + FRAME_LENGTH_OFFSET) != size)
+            return 0;
+        *session_id = rd_i32(d + SESSION_ID_OFFSET);
+        *stream_id = rd_i32(d + STREAM_ID_OFFSET);
+        return 1;
+    }
+    if (type == 0x06 /* RTTM: session and stream right after the 8-byte header */ &&
+        rd_i32(d + FRAME_LENGTH_OFFSET) == size) {
+        *session_id = rd_i32(d + 8);
+        *stream_id = rd_i32(d + 12);
+        return 1;
+    }
+    return 0;
+}
+
 /* receive_batch(fd, slots, images) -> (received, in_order, rest)
  *
  * One recvmmsg (non-blocking) of up to len(slots) // 65536 datagrams (at most 64) into
  * `slots`, 65536 bytes each. `images` is a tuple of (log buffer, session id, stream id, term
- * length, initial term id, position, limit): images whose data is contiguous up to `position`.
+ * length, initial term id, position, limit), `position` the end of the highest data placed.
  * Each datagram, in order, that is DATA/PAD of one of them starting exactly at its position,
  * valid, and ending at or below its limit is inserted into its log (the first frame's length
- * last, with a release store) and moves its position; from the first datagram that is not
- * on, none is. `in_order` has one entry per image: None, or (position, datagrams, bytes,
+ * last, with a release store) and moves its position; from the first datagram of an image
+ * that is not on, none of that image's is (after one that concerns no single image
+ * (datagram_key), none at all). `in_order` has one entry per image: None, or (position, datagrams, bytes,
  * source of the latest); `rest` lists the others as (slot offset, length, source), in order.
  * Readers asleep on a log that got data are woken. A socket with nothing to read gives 0;
  * OSError for a bad descriptor. */
@@ -2870,7 +2897,14 @@ static PyObject *native_receive_batch(PyObject *m, PyObject *args)
             image->last = i;
             continue;
         }
-        diverted = 1;
+        int32_t session_id, stream_id;
+        if (!datagram_key(d, size, &session_id, &stream_id)) {
+            diverted = 1;
+        } else {
+            for (Py_ssize_t j = 0; j < image_count; j++)
+                if (images[j].session_id == session_id && images[j].stream_id == stream_id)
+                    images[j].diverted = 1;
+        }
         PyObject *source = source_tuple(&sources[i]);
         PyObject *entry = source == NULL ? NULL : Py_BuildValue(
             "(nLN)", (Py_ssize_t)(i * BATCH_SLOT), (long long)size, source);

@@ -249,7 +249,7 @@ def receive_batch(
            list[tuple[int, int, tuple[str, int] | None]]]:
     """One non-blocking recvmmsg into 64 KiB slots: (received, in_order, rest). ``images``
     are (log buffer, session id, stream id, term length, initial term id, position where its
-    contiguous data ends, limit its data may not pass). DATA that
+    highest data ends, limit its data may not pass). DATA that
     continues one of ``images`` exactly at its position, valid and within its limit, is inserted
     into its log (readers woken); in_order[i] is None or (position, datagrams, bytes, source of
     the latest). From the first datagram that is not, every datagram is in ``rest`` as (slot
