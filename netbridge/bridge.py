@@ -82,7 +82,7 @@ _STATS_INTERVAL_NS = 1_000_000
 #: with nothing to do the bridge sleeps until a datagram, a publisher's frame where a sender
 #: waits, or its next deadline, but at most this long: driver events (new channels) have no
 #: wake-up of their own
-_IDLE_WAIT_MAX_NS = 10_000_000
+_IDLE_WAIT_MAX_NS = 20_000_000
 _NO_END_OF_STREAM = (1 << 63) - 1  # a log's end-of-stream position while it is open
 #: at most this many fc-rcv-pos counters per publication (a flood of status messages with
 #: made-up receiver ids must not use up the counters)
@@ -431,17 +431,24 @@ class Bridge:
         sleeps in poll() on its sockets and the log watcher's eventfd until the next
         deadline."""
         watcher = self._watcher
+        watching: tuple[tuple[_native.AtomicBuffer, int, int], ...] | None = None
         try:
             while not self._stopped:
                 now = time.monotonic_ns()
                 work, deadline = self.do_work(now)
                 if work:
+                    if watching is not None:  # awake: publishers need not wake anyone
+                        watcher.disarm()
+                        watching = None
                     continue
-                watcher.arm(self._watches())
+                watches = self._watches()
+                if watches != watching:  # else it still watches just these
+                    watcher.arm(watches)
+                    watching = watches
                 timeout_ns = min(deadline - time.monotonic_ns(), _IDLE_WAIT_MAX_NS)
                 self._poll().poll(max(0, -(-timeout_ns // 1_000_000)))  # ms, rounded up
-                watcher.disarm()
-                watcher.clear()
+                if watcher.clear():  # it fired, and disarmed itself
+                    watching = None
         except ShmbusError as e:  # the driver went away: nothing left to bridge
             print(f"netbridge: stopping: {e}", file=sys.stderr)
         finally:
@@ -488,7 +495,7 @@ class Bridge:
                 self._on_driver_event(event)
             except OSError as e:  # e.g. an endpoint another process holds: report, go on
                 print(f"netbridge: {type(event).__name__}: {e}", file=sys.stderr)
-        deadline = now + 1_000_000
+        deadline = now + _IDLE_WAIT_MAX_NS
         channel: ReceiveChannel | SendChannel  # each loop below narrows it
         for key, channel in list(self.receive_channels.items()):
             receiver = channel.receiver
