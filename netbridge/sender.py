@@ -14,7 +14,8 @@ current time, sends what it returns, and calls again by the deadline it returns.
 Reading the log: the frame length at the sender position is read with an acquire load and
 scanning stops at a length <= 0, so only committed frames are sent (a publisher in another
 process may be writing the next frame). DATA datagrams are read-only ``memoryview`` slices of
-the log itself (no copy): the caller must send them (or copy them) before the log is cleaned
+the log itself, or a :class:`DataBatch` of spans of it (no copy; the scan over frame headers
+and datagrams is native): the caller must send them (or copy them) before the log is cleaned
 past them. The owner of the log must therefore clean it no closer than one term length behind
 the sender position, as Aeron does; retransmits read up to half a term plus the maximum message
 length behind it.
@@ -389,8 +390,8 @@ class NetworkSender:
         In order: replies and retransmits queued by :meth:`on_datagram`, a SETUP when due,
         DATA up to the sender limit (at most ``max_datagrams_per_poll`` datagrams), and a
         heartbeat when nothing was sent for the heartbeat interval (at once, the first time,
-        when the end of stream is reached). DATA datagrams are memoryviews of the log: send
-        them before the log is cleaned past them.
+        when the end of stream is reached). DATA datagrams are memoryviews of the log (or
+        DataBatches of it): send them before the log is cleaned past them.
         """
         out = self._pending
         self._pending = []

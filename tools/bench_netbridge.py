@@ -36,12 +36,12 @@ Channels: each shmbus measurement runs on the default channel (a plain endpoint 
 2 MiB, term 4 MiB; --tuned changes it, --channels picks).
 
 Idle strategies: a shmbus application side with nothing to do uses BackoffIdleStrategy (spin,
-yield, then sleep 1 us .. 1 ms); each netbridge, with nothing to do, waits in select() on its
-sockets (it cannot wait on a log), polling a few times after work and then waiting longer and
-longer, up to 1 ms; each driver backs off to at most 1 ms sleeps. zmq sides block in their
-calls (with timeouts). So on a 2-core machine six processes share two cores in a shmbus run
-(two drivers, two netbridges, writer, reader), two processes and two zmq I/O threads in a zmq
-run.
+yield, then sleep 1 us .. 1 ms); each netbridge, with nothing to do, sleeps in poll() on its
+sockets and an eventfd its log watcher thread makes readable when a publisher writes where a
+sender waits, until its next timer; each driver backs off to at most 1 ms sleeps. zmq sides
+block in their calls (with timeouts). So on a 2-core machine six processes share two cores in
+a shmbus run (two drivers, two netbridges, writer, reader), two processes and two zmq I/O
+threads in a zmq run.
 
 Bounded waits: every loop checks a deadline, zmq calls have timeouts, and the parent
 terminates a pair of processes that overruns.
@@ -913,9 +913,10 @@ notes:
     datagram), receiver window 128 KiB.
   idle: side A = writer or pinger, side B = reader or ponger. shmbus "back-off" =
     BackoffIdleStrategy (spin 10, yield 20, sleep 1 us .. 1 ms) used only with nothing to do;
-    a netbridge with nothing to do waits in select() on its sockets (it cannot wait on a log):
-    after work it polls a few times, then waits 20 us, 50 us, .. up to 1 ms; drivers back off
-    to 1 ms sleeps. zmq "blocking": blocking calls with timeouts (and libzmq's I/O thread).
+    a netbridge with nothing to do sleeps in poll() on its sockets and its log watcher's
+    eventfd (readable when a publisher writes where a sender waits) until its next timer;
+    drivers back off to 1 ms sleeps. zmq "blocking": blocking calls with timeouts (and
+    libzmq's I/O thread).
   throughput: offer/poll = ExclusivePublication.offer / Subscription.poll(limit {POLL_LIMIT})
     with in-place checks (FragmentAssembler when fragmented); batch = offer_many of
     ({BATCH_ROWS}, size) uint8 arrays / Image.poll_batch(limit {BATCH_ROWS}), numpy checks.
