@@ -2325,6 +2325,7 @@ static PyObject *native_term_scan(PyObject *m, PyObject *args)
  * copy, `span` the bytes of the stream it covers, `skip` the leading bytes of frames that end
  * at or below `below` (the rebuild position minus the datagram's position: frames already in
  * the log, not rewritten). A heartbeat (DATA of length 0) is not for this function: invalid. */
+/* validate_datagram's walk: 1 and (*end, *span_out, *skip_out) if every frame is valid. */
 static int validate_frames(const uint8_t *d, int64_t size, int64_t term_offset,
                            int32_t session_id, int32_t stream_id, int32_t term_id,
                            int64_t term_length, int64_t below, int64_t *end, int64_t *span_out,
@@ -2698,6 +2699,8 @@ static PyMethodDef netbridge_wire_functions[] = {
 #define BATCH_MAX 64
 #define BATCH_SLOT 65536
 #define WATCH_MAX 127
+#define HDR_TYPE_SETUP 0x05
+#define HDR_TYPE_RTTM 0x06
 
 /* (host, port) as the socket module gives a received IPv4 datagram's source */
 static PyObject *source_tuple(const struct sockaddr_in *a)
@@ -2809,14 +2812,14 @@ static int datagram_key(const uint8_t *d, int64_t size, int32_t *session_id, int
     if (size < HEADER_LENGTH)
         return 0;
     uint16_t type = rd_u16(d + TYPE_OFFSET);
-    if (type == HDR_TYPE_DATA || type == HDR_TYPE_PAD || type == 0x05 /* SETUP */) {
-        if (type == 0x05 && rd_i32(d + FRAME_LENGTH_OFFSET) != size)
+    if (type == HDR_TYPE_DATA || type == HDR_TYPE_PAD || type == HDR_TYPE_SETUP) {
+        if (type == HDR_TYPE_SETUP && rd_i32(d + FRAME_LENGTH_OFFSET) != size)
             return 0;
         *session_id = rd_i32(d + SESSION_ID_OFFSET);
         *stream_id = rd_i32(d + STREAM_ID_OFFSET);
         return 1;
     }
-    if (type == 0x06 /* RTTM: session and stream right after the 8-byte header */ &&
+    if (type == HDR_TYPE_RTTM /* session and stream right after its 8-byte header */ &&
         rd_i32(d + FRAME_LENGTH_OFFSET) == size) {
         *session_id = rd_i32(d + 8);
         *stream_id = rd_i32(d + 12);
