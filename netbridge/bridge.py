@@ -80,9 +80,12 @@ _ANNOUNCE_INTERVAL_NS = 1_000_000_000
 _SERVICE_INTERVAL_NS = 200_000
 _STATS_INTERVAL_NS = 1_000_000
 #: with nothing to do the bridge sleeps until a datagram, a publisher's frame where a sender
-#: waits, or its next deadline, but at most this long: driver events (new channels) have no
-#: wake-up of their own
+#: waits, subscribers reading up to where a status message falls due, or its next deadline,
+#: but at most this long: driver events (new channels) have no wake-up of their own
 _IDLE_WAIT_MAX_NS = 20_000_000
+#: the log watcher's (data, progress) watches: see Bridge._watches
+Watches = tuple[tuple[tuple[_native.AtomicBuffer, int, int], ...],
+                tuple[tuple[_native.AtomicBuffer, int, _native.AtomicBuffer, int, int], ...]]
 _NO_END_OF_STREAM = (1 << 63) - 1  # a log's end-of-stream position while it is open
 #: at most this many fc-rcv-pos counters per publication (a flood of status messages with
 #: made-up receiver ids must not use up the counters)
@@ -431,7 +434,7 @@ class Bridge:
         sleeps in poll() on its sockets and the log watcher's eventfd until the next
         deadline."""
         watcher = self._watcher
-        watching: tuple[tuple[_native.AtomicBuffer, int, int], ...] | None = None
+        watching: Watches | None = None
         try:
             while not self._stopped:
                 now = time.monotonic_ns()
@@ -443,7 +446,7 @@ class Bridge:
                     continue
                 watches = self._watches()
                 if watches != watching:  # else it still watches just these
-                    watcher.arm(watches)
+                    watcher.arm(*watches)
                     watching = watches
                 timeout_ns = min(deadline - time.monotonic_ns(), _IDLE_WAIT_MAX_NS)
                 self._poll().poll(max(0, -(-timeout_ns // 1_000_000)))  # ms, rounded up
@@ -472,12 +475,23 @@ class Bridge:
             self._poller = (fds, poller)
         return self._poller[1]
 
-    def _watches(self) -> tuple[tuple[_native.AtomicBuffer, int, int], ...]:
-        """Where senders wait for a publisher's next frame: (log buffer, term length,
-        position) for the watcher."""
-        return tuple((s.log.buffer, s.sender.term_length, s.sender.sender_position)
+    def _watches(self) -> Watches:
+        """What the log watcher wakes the bridge for: where senders wait for a publisher's
+        next frame (log buffer, term length, position), and how far each image's subscribers
+        must read for a status message to fall due (log buffer, term length, their position
+        counter's buffer and offset, that position)."""
+        data = tuple((s.log.buffer, s.sender.term_length, s.sender.sender_position)
                      for channel in self.send_channels.values()
                      for s in channel.senders.values() if s.sender.waits_for_data)
+        progress = []
+        for channel in self.receive_channels.values():
+            for image in channel.receiver.images.values():
+                received = self._received(image)
+                if received is not None and received.subscriber_positions:
+                    due = image.sm_due_position
+                    progress += [(image.log.buffer, image.term_length, p.buffer, p.offset, due)
+                                 for p in received.subscriber_positions]
+        return data, tuple(progress)
 
     def do_work(self, now: int) -> tuple[int, int]:
         """One duty cycle; returns (work done, when to come back at the latest)."""
@@ -702,6 +716,7 @@ class Bridge:
                                         received.image_id))
         except ShmbusError as e:
             print(f"netbridge: closing image {received.image_id}: {e}", file=sys.stderr)
+        self._watcher.disarm(True)  # it may still be asleep on this log
         received.log.close()
 
     def close(self) -> None:

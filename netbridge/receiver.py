@@ -419,6 +419,16 @@ class ReceiverImage:
                                   skip, copy_end)
 
     @property
+    def sm_due_position(self) -> int:
+        """The subscribers' position at which :meth:`poll` sends the next status message for
+        their progress: a quarter window past the last one, the next term, or less than an MTU
+        short of the window's end (the process layer may sleep until they get there)."""
+        sm_position, window = self.sm_position, self.window
+        next_term = ((sm_position >> self._position_bits) + 1) << self._position_bits
+        return max(sm_position + 1, min(sm_position + window // 4 + 1, next_term,
+                                        sm_position + window - self.mtu + 1))
+
+    @property
     def window_limit(self) -> int:
         """Data may not end past this position (the last status message position plus the
         receiver window); what does is dropped as an overrun."""

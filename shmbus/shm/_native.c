@@ -2685,9 +2685,11 @@ static PyMethodDef netbridge_wire_functions[] = {
  * scan_datagrams   the sender's DATA loop: whole datagrams of committed frames from the sender
  *                  position up to its limit, as (buffer offset, length) spans of the log.
  * send_batch       sendmmsg of such spans to one destination, straight from the log.
- * LogWatcher       a thread (no GIL) asleep on publication logs' data wake words that makes
- *                  an eventfd readable once a frame is committed where a sender waits, so the
- *                  netbridge can block in poll() on its sockets and that eventfd.
+ * LogWatcher       a thread (no GIL) asleep on logs' wake words that makes an eventfd
+ *                  readable once a frame is committed where a sender waits (publication logs'
+ *                  data words) or a subscriber reads up to where a status message falls due
+ *                  (image logs' progress words), so the netbridge can block in poll() on its
+ *                  sockets and that eventfd.
  * IPv4 only, as the netbridge's transport is.
  */
 
@@ -3087,9 +3089,11 @@ fail:
 /* ---- LogWatcher ----------------------------------------------------------------------------- */
 
 typedef struct {
-    const int32_t *frame; /* the frame length where the sender waits */
-    int32_t *wake;        /* the log's META_DATA_WAKE */
-    int32_t *waiters;     /* the log's META_DATA_WAITERS */
+    const int32_t *frame;   /* data watch: the frame length where the sender waits, or NULL */
+    const int64_t *counter; /* progress watch: a subscriber position counter */
+    int64_t threshold;      /* progress watch: ready once the counter reaches it */
+    int32_t *wake;          /* the log's META_DATA_WAKE (data) or META_PROGRESS_WAKE */
+    int32_t *waiters;       /* the matching waiters count */
 } Watch;
 
 typedef struct {
@@ -3108,10 +3112,16 @@ typedef struct {
 
 static PyTypeObject LogWatcherType;
 
+static int is_ready(const Watch *w)
+{
+    return w->frame != NULL ? LOAD_ACQUIRE(w->frame) > 0
+                            : LOAD_ACQUIRE(w->counter) >= w->threshold;
+}
+
 static int watch_ready(const Watch *watches, int count)
 {
     for (int i = 0; i < count; i++)
-        if (LOAD_ACQUIRE(watches[i].frame) > 0)
+        if (is_ready(&watches[i]))
             return 1;
     return 0;
 }
@@ -3208,45 +3218,65 @@ static void watcher_disarm_locked(LogWatcher *self, int wait)
         pthread_cond_wait(&self->changed, &self->lock);
 }
 
-static PyObject *log_watcher_arm(LogWatcher *self, PyObject *arg)
+/* A data watch (log buffer, term length, position) or a progress watch (log buffer, term
+ * length, counter buffer, counter offset, threshold). */
+static int watch_arg(PyObject *item, int progress, Watch *w)
 {
+    PyObject *log, *counters = NULL;
+    int term_length;
+    long long position;
+    Py_ssize_t offset = 0;
+    LogGeometry g;
+    if (!PyTuple_Check(item) ||
+        !(progress ? PyArg_ParseTuple(item, "O!iOnL", &AtomicBufferType, &log, &term_length,
+                                      &counters, &offset, &position)
+                   : PyArg_ParseTuple(item, "O!iL", &AtomicBufferType, &log, &term_length,
+                                      &position)) ||
+        geometry_from((AtomicBuffer *)log, term_length, 0, &g) < 0)
+        return -1;
+    if (position < 0 || (!progress && position % FRAME_ALIGNMENT)) {
+        PyErr_Format(PyExc_ValueError, "position %lld is not a%s >= 0", position,
+                     progress ? " position" : " multiple of 32");
+        return -1;
+    }
+    memset(w, 0, sizeof *w);
+    if (progress) {
+        if ((w->counter = position_ptr(counters, offset)) == NULL)
+            return -1;
+        w->threshold = position;
+        w->wake = meta_i32(&g, META_PROGRESS_WAKE);
+        w->waiters = meta_i32(&g, META_PROGRESS_WAITERS);
+    } else {
+        int index = (int)((position >> g.position_bits) % PARTITION_COUNT);
+        w->frame = (const int32_t *)(term_at(&g, index) + (position & (term_length - 1)));
+        w->wake = meta_i32(&g, META_DATA_WAKE);
+        w->waiters = meta_i32(&g, META_DATA_WAITERS);
+    }
+    return 0;
+}
+
+static PyObject *log_watcher_arm(LogWatcher *self, PyObject *args)
+{
+    PyObject *lists[2];
+    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &lists[0], &PyTuple_Type, &lists[1]))
+        return NULL;
     if (!self->started || self->closing) {
         PyErr_SetString(PyExc_ValueError, "LogWatcher is closed");
         return NULL;
     }
-    if (!PyTuple_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "arm takes a tuple of (log buffer, term length, "
-                        "position)");
-        return NULL;
-    }
     Watch watches[WATCH_MAX];
     int count = 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(arg) && count < WATCH_MAX; i++) {
-        PyObject *log;
-        int term_length;
-        long long position;
-        LogGeometry g;
-        PyObject *item = PyTuple_GET_ITEM(arg, i);
-        if (!PyTuple_Check(item) ||
-            !PyArg_ParseTuple(item, "O!iL", &AtomicBufferType, &log, &term_length, &position) ||
-            geometry_from((AtomicBuffer *)log, term_length, 0, &g) < 0)
-            return NULL;
-        if (position < 0 || position % FRAME_ALIGNMENT) {
-            PyErr_Format(PyExc_ValueError, "position %lld is not a multiple of 32 >= 0",
-                         position);
-            return NULL;
+    for (int progress = 0; progress < 2; progress++) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lists[progress]) && count < WATCH_MAX; i++) {
+            if (watch_arg(PyTuple_GET_ITEM(lists[progress], i), progress, &watches[count]) < 0)
+                return NULL;
+            if (!is_ready(&watches[count]))
+                count++; /* ready already: its owner has work, or waits on something else */
         }
-        int index = (int)((position >> g.position_bits) % PARTITION_COUNT);
-        const int32_t *frame = (const int32_t *)(term_at(&g, index) +
-                                                 (position & (term_length - 1)));
-        if (LOAD_ACQUIRE(frame) > 0)
-            continue; /* data is there already: that sender waits for its window, not data */
-        watches[count].frame = frame;
-        watches[count].wake = meta_i32(&g, META_DATA_WAKE);
-        watches[count].waiters = meta_i32(&g, META_DATA_WAITERS);
-        count++;
     }
-    Py_INCREF(arg);
+    PyObject *arg = PyTuple_Pack(2, lists[0], lists[1]);
+    if (arg == NULL)
+        return NULL;
     pthread_mutex_lock(&self->lock);
     PyObject *previous = self->held;
     memcpy(self->watches, watches, sizeof(Watch) * (size_t)count);
@@ -3332,10 +3362,12 @@ static void log_watcher_dealloc(LogWatcher *self)
 }
 
 static PyMethodDef log_watcher_methods[] = {
-    {"arm", (PyCFunction)log_watcher_arm, METH_O,
-     "arm(watches): watch ((log buffer, term length, position), ...) until a frame is "
-     "committed at one of the positions (at most 127; those with a frame there already are "
-     "left out), then make fileno() readable once. Replaces the previous watches."},
+    {"arm", (PyCFunction)log_watcher_arm, METH_VARARGS,
+     "arm(data, progress): watch until a frame is committed at one of the data watches "
+     "((log buffer, term length, position), ...) or a counter of the progress watches "
+     "((log buffer, term length, counter buffer, offset, threshold), ...) reaches its "
+     "threshold, then make fileno() readable once (at most 127 watches; ready ones are left "
+     "out). Replaces the previous watches."},
     {"disarm", (PyCFunction)log_watcher_disarm, METH_VARARGS,
      "disarm(wait=False): stop watching; with wait=True, return only once the thread touches "
      "none of the logs (call it so before closing a watched log)"},
@@ -3354,7 +3386,8 @@ static PyTypeObject LogWatcherType = {
     .tp_basicsize = sizeof(LogWatcher),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "LogWatcher(): a native thread that makes an eventfd readable when a publisher "
-              "commits a frame where a network sender waits (see _native.c).",
+              "commits a frame where a network sender waits, or a subscriber reads up to a "
+              "threshold (see _native.c).",
     .tp_new = log_watcher_new,
     .tp_init = (initproc)log_watcher_init,
     .tp_dealloc = (destructor)log_watcher_dealloc,

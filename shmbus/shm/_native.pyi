@@ -270,13 +270,17 @@ def send_batch(fd: int, buffer: AtomicBuffer, spans: Buffer, destination: tuple[
 
 @final
 class LogWatcher:
-    """A native thread that makes ``fileno()`` readable once a frame is committed at one of the
-    watched (log, position) pairs; the netbridge polls it beside its sockets."""
+    """A native thread that makes ``fileno()`` readable once a frame is committed where a
+    sender waits or a subscriber reads up to a threshold; the netbridge polls it beside its
+    sockets."""
 
     def __init__(self) -> None: ...
-    def arm(self, watches: tuple[tuple[AtomicBuffer, int, int], ...], /) -> None:
-        """Watch ((log buffer, term length, position), ...), replacing earlier watches;
-        positions with a frame already there are left out."""
+    def arm(self, data: tuple[tuple[AtomicBuffer, int, int], ...],
+            progress: tuple[tuple[AtomicBuffer, int, AtomicBuffer, int, int], ...], /) -> None:
+        """Watch until a frame is committed at a data watch's (log buffer, term length,
+        position) or a progress watch's (log buffer, term length, counter buffer, offset,
+        threshold) counter reaches its threshold; replaces earlier watches; ready ones are
+        left out."""
     def disarm(self, wait: bool = False, /) -> None:
         """Stop watching; wait=True returns once the thread touches no watched log."""
     def fileno(self) -> int: ...

@@ -82,3 +82,34 @@ def test_an_idle_bridge_sleeps(shm_dir) -> None:
     finally:
         for driver in drivers:
             stop_driver(driver)
+
+
+def test_bridges_let_logs_they_sleep_on_go_and_serve_the_next_stream(shm_dir) -> None:
+    """Each bridge's log watcher sleeps on the logs of its senders and images; when a stream
+    ends and its logs are closed the bridges go on (same processes) and carry the next one."""
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir)
+    pids: list[int] = []
+    try:
+        with shmbus.connect(ctx_a) as bus_a, shmbus.connect(ctx_b) as bus_b:
+            for stream in range(1, 4):
+                channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+                subscription = bus_b.add_subscription(channel, stream)
+                publication = bus_a.add_exclusive_publication(channel, stream)
+                got: list[int] = []
+                sent = 0
+                deadline = time.monotonic() + 30
+                while len(got) < 2000:
+                    assert time.monotonic() < deadline, f"stream {stream}: {len(got)} arrived"
+                    if sent < 2000 and publication.offer(sent.to_bytes(4, "little")) > 0:
+                        sent += 1
+                    subscription.poll(lambda buffer, _header, into=got: into.append(
+                        int.from_bytes(buffer, "little")), 256)
+                assert got == list(range(2000))
+                pids = pids or [bridge_pid(driver) for driver in drivers]
+                publication.close()
+                subscription.close()
+                time.sleep(0.5)  # the image ends, its log is closed; the sender lingers
+        assert [bridge_pid(driver) for driver in drivers] == pids
+    finally:
+        for driver in drivers:
+            stop_driver(driver)

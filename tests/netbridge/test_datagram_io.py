@@ -277,7 +277,7 @@ def test_the_watcher_wakes_when_a_frame_is_committed_where_a_sender_waits(
     watcher = _native.LogWatcher()
     try:
         buffer, term = log.log.buffer, log.term_length
-        watcher.arm(((buffer, term, 0),))
+        watcher.arm(((buffer, term, 0),), ())
         assert not readable(watcher.fileno(), 0.1)  # nothing written: it sleeps
         writer = threading.Timer(0.1, lambda: log.offer(b"wake"))
         writer.start()
@@ -285,10 +285,10 @@ def test_the_watcher_wakes_when_a_frame_is_committed_where_a_sender_waits(
         writer.join()
         assert watcher.clear() and not watcher.clear()
         # a frame there already: that sender waits for its window, not for data
-        watcher.arm(((buffer, term, 0),))
+        watcher.arm(((buffer, term, 0),), ())
         assert not readable(watcher.fileno(), 0.1)
         # disarmed, a frame where it watched wakes nobody
-        watcher.arm(((buffer, term, 64),))
+        watcher.arm(((buffer, term, 64),), ())
         watcher.disarm(True)
         assert log.offer(b"quiet") > 0
         assert not readable(watcher.fileno(), 0.1)
@@ -297,7 +297,7 @@ def test_the_watcher_wakes_when_a_frame_is_committed_where_a_sender_waits(
         watcher.close()
         log.close()
     with pytest.raises(ValueError, match="closed"):
-        watcher.arm(())
+        watcher.arm((), ())
 
 
 def test_the_watcher_refuses_what_is_not_a_log_position(tmp_path: Path) -> None:
@@ -305,12 +305,45 @@ def test_the_watcher_refuses_what_is_not_a_log_position(tmp_path: Path) -> None:
     watcher = _native.LogWatcher()
     try:
         with pytest.raises(ValueError, match="multiple of 32"):
-            watcher.arm(((log.log.buffer, log.term_length, 5),))
+            watcher.arm(((log.log.buffer, log.term_length, 5),), ())
         with pytest.raises(ValueError, match="term length"):
-            watcher.arm(((log.log.buffer, 1000, 0),))
+            watcher.arm(((log.log.buffer, 1000, 0),), ())
         with pytest.raises(TypeError):
-            watcher.arm([(log.log.buffer, log.term_length, 0)])  # type: ignore[arg-type]
+            watcher.arm([(log.log.buffer, log.term_length, 0)], ())  # type: ignore[arg-type]
+        with pytest.raises(IndexError):  # a counter outside its buffer
+            watcher.arm((), ((log.log.buffer, log.term_length, log.log.buffer, 1 << 40, 0),))
     finally:
         watcher.close()
         log.close()
 
+
+
+def test_the_watcher_wakes_when_a_subscriber_reads_up_to_the_threshold(
+        tmp_path: Path) -> None:
+    """A progress watch: the subscriber's position counter reaching the threshold (a reader
+    advancing wakes whoever sleeps on the log's progress word)."""
+    host = ImageHost(tmp_path)
+    receiver = make_receiver(host)
+    watcher = _native.LogWatcher()
+    try:
+        receiver.on_datagram(0, setup(0), ("127.0.0.1", 1))
+        image = receiver.images[(SESSION, STREAM)]
+        for i in range(8):
+            receiver.on_datagram(MS, frame(i * 1024, 8), ("127.0.0.1", 1))
+        subscriber = host.image()
+        counter = (host._positions, 64 * len(host.requests))  # where ImageHost keeps it
+        watcher.arm((), ((image.log.buffer, TERM, *counter, 4096),))
+        assert not readable(watcher.fileno(), 0.1)
+        fragments: list[bytes] = []
+        reader = threading.Timer(0.1, lambda: subscriber.poll(
+            lambda buffer, _header: fragments.append(bytes(buffer)), 40))  # 5 KiB on
+        reader.start()
+        assert readable(watcher.fileno(), 5)
+        reader.join()
+        assert len(fragments) == 40 and watcher.clear()
+        # at the threshold already: nothing to wait for
+        watcher.arm((), ((image.log.buffer, TERM, *counter, 4096),))
+        assert not readable(watcher.fileno(), 0.1)
+    finally:
+        watcher.close()
+        host.close()

@@ -785,3 +785,20 @@ def test_an_image_the_sender_left_behind_past_its_window_is_lost(host: ImageHost
     (event,) = events
     assert isinstance(event, ImageUnavailable) and event.reason == "lost"
     assert receiver.images == {}
+
+
+def test_sm_due_position_is_where_the_subscribers_progress_makes_a_status_message_due(
+        host: ImageHost) -> None:
+    receiver = joined(host)
+    image = receiver.images[(SESSION, STREAM)]
+    for i in range(16):  # 16 KiB in the log
+        receiver.on_datagram(MS, data(i * 1024, *(payload(i) for _ in range(8))), SENDER)
+    receiver.poll(MS)
+    due = image.sm_due_position
+    assert due == WINDOW // 4 + 1  # a quarter window past the last status message
+    counter = Position(host._positions, 64)
+    counter.set(due - 1 & ~31)  # just short of it: nothing
+    assert sms(receiver.poll(2 * MS)) == []
+    counter.set(due + 31 & ~31)  # reached: a status message at once
+    (sm,) = sms(receiver.poll(3 * MS))
+    assert sm.consumption_term_offset == due + 31 & ~31
