@@ -249,11 +249,12 @@ def receive_batch(
            list[tuple[int, int, tuple[str, int] | None]]]:
     """One non-blocking recvmmsg into 64 KiB slots: (received, in_order, rest). ``images``
     are (log buffer, session id, stream id, term length, initial term id, position where its
-    highest data ends, limit its data may not pass). DATA that
-    continues one of ``images`` exactly at its position, valid and within its limit, is inserted
-    into its log (readers woken); in_order[i] is None or (position, datagrams, bytes, source of
-    the latest). From the first datagram that is not, every datagram is in ``rest`` as (slot
-    offset, length, source), in order. OSError for a bad descriptor."""
+    highest data ends, limit its data may not pass). DATA that continues one of them exactly
+    at its position, valid and within its limit, is inserted into its log (readers woken);
+    in_order[i] is None or (position, datagrams, bytes, source of the latest). Every other
+    datagram is in ``rest`` as (slot offset, length, source), in order, and so is every later
+    one of the same image (after one that names no single image, every later one). OSError
+    for a bad descriptor."""
 
 def scan_datagrams(
     log_buffer: AtomicBuffer, term_length: int, position: int, limit: int, mtu: int,

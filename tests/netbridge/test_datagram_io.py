@@ -82,15 +82,21 @@ def state(receiver: NetworkReceiver) -> dict[str, object]:
     return out
 
 
-def frame(position: int, n: int, size: int = 96) -> bytes:
+def frame(position: int, n: int, size: int = 96, session_id: int = SESSION) -> bytes:
     """One datagram of ``n`` 128-byte frames from ``position``."""
-    return data(position, *(payload(position // 128 + i, size) for i in range(n)))
+    return data(position, *(payload(position // 128 + i, size) for i in range(n)),
+                session_id=session_id)
+
+
+def other(position: int) -> bytes:
+    """A datagram of the second publisher's image."""
+    return frame(position, 8, session_id=SESSION + 1)
 
 
 def script() -> list[list[bytes]]:
     """Batches of datagrams: in order, across a term (and the term id's int32 wrap), with a
-    gap and its repair, duplicates, a heartbeat, a PAD, another session, data past the window,
-    a corrupt frame."""
+    gap and its repair, duplicates, a heartbeat, a PAD, an unknown session, data past the
+    window, a corrupt frame; a second image interleaved, with a gap of its own."""
     pad_at = TERM - 1024
     pad = encode_datagram([pad_frame(frame_length=1024, term_offset=pad_at % TERM,
                                      session_id=SESSION, stream_id=STREAM,
@@ -98,7 +104,7 @@ def script() -> list[list[bytes]]:
     corrupt = bytearray(frame(9 * 1024, 2))
     corrupt[128 + 12] ^= 1  # the second frame's session id
     return [
-        [setup(0)],
+        [setup(0), setup(0, session_id=SESSION + 1)],
         [frame(i * 1024, 8) for i in range(0, 8)],                  # in order
         [frame(i * 1024, 8) for i in range(8, 9)] + [bytes(corrupt)]
         + [frame(i * 1024, 8) for i in range(10, 12)],               # corrupt, then a gap
@@ -107,8 +113,10 @@ def script() -> list[list[bytes]]:
         [frame(40 * 1024, 8), beat(41 * 1024)],                      # in order after a beat
         [frame(i * 1024, 8) for i in range(41, 63)] + [frame(pad_at - 256, 2), pad],
         [frame(TERM + i * 1024, 8) for i in range(0, 3)]              # the next term id
-        + [data(TERM + 3 * 1024, payload(1), session_id=SESSION + 1)]
-        + [frame(TERM + i * 1024, 8) for i in range(3, 5)],          # after another session
+        + [data(TERM + 3 * 1024, payload(1), session_id=SESSION + 2)]
+        + [frame(TERM + i * 1024, 8) for i in range(3, 5)],          # after an unknown session
+        [frame(TERM + 5 * 1024, 8), other(0), frame(TERM + 6 * 1024, 8), other(2048),
+         frame(TERM + 7 * 1024, 8), other(1024), frame(TERM + 8 * 1024, 8), other(3072)],
         [frame(TERM + 200 * 1024, 8)],                                # past the window
     ]
 
@@ -135,7 +143,9 @@ def test_the_batch_path_leaves_the_receiver_as_one_datagram_at_a_time_does(
             assert state(batched) == state(one)
             assert hosts[1].read() == hosts[0].read()  # the subscribers move on alike
         image = batched.images[(SESSION, STREAM)]
-        assert image.rcv_pos == TERM + 5 * 1024 and image.gaps_detected == 1
+        assert image.rcv_pos == TERM + 9 * 1024 and image.gaps_detected == 1
+        second = batched.images[(SESSION + 1, STREAM)]
+        assert second.rcv_pos == 4 * 1024 and second.gaps_detected == 1
         assert batched.datagrams_in_order > 50  # the native path did the bulk
         assert batched.datagrams_in_order < batched.datagrams_received
     finally:
