@@ -229,7 +229,7 @@ class Bridge:
         #: wakes the loop when a publisher commits a frame where a sender waits for data
         self._watcher = _native.LogWatcher()
         self._poller: tuple[tuple[int, ...], select.poll] | None = None
-        self.client = Client(self.context)
+        self.client = Client(self.context, conductor_thread=False)
         # unique across hosts (client ids are only unique within one bus), as Aeron's are
         self._receiver_id = random.SystemRandom().getrandbits(63)
         #: what a dynamic MDC receiver sends its control address: an SM for session 0 and

@@ -1,8 +1,25 @@
 """shmbus: a shared-memory message bus for Python processes, following Aeron's design.
 
-Public API: publications and subscriptions over shared-memory log buffers, the result codes
-of ``offer``, poll actions, idle strategies and errors, and the recorder and reader of
-recordings. Everything not named here is private.
+Start with ``bus = shmbus.connect()`` (it starts a driver process if none is alive; settings
+as keywords or in a :class:`Context`), then ``bus.add_publication(channel, stream_id)`` or
+``bus.add_exclusive_publication(...)`` to write and ``bus.add_subscription(channel,
+stream_id)`` to read; channels are ``"aeron:ipc"`` on this host or
+``"aeron:udp?endpoint=host:port"`` across hosts.
+
+Writing: ``pub.offer(data)`` returns the new stream position (bytes, > 0) or a negative code
+(NOT_CONNECTED, BACK_PRESSURED, ADMIN_ACTION, CLOSED, MAX_POSITION_EXCEEDED) and never blocks;
+``pub.publish(data, timeout=s)`` sleeps while back-pressured and raises PublicationError after
+``timeout`` seconds; ``publish_async`` awaits. Reading: ``sub.poll(handler, limit)`` calls
+``handler(buffer, header)`` per fragment without blocking, ``poll(..., timeout=s)`` and
+``sub.wait(s)`` sleep until the writer wakes them, ``sub.messages()`` and ``async for m in
+sub`` yield whole messages as bytes.
+
+Failures raise subclasses of :class:`ShmbusError`: DriverUnavailableError (no driver, none
+startable), DriverTimeoutError (the driver stopped answering; every later call of that client
+raises it, unless it was connected with ``reconnect=True``: then it waits for a new driver,
+re-adds everything and reports a :class:`Reconnected`), RegistrationError (the driver
+refused a channel), PublicationError, ClientClosedError. Every name in ``__all__`` is public;
+everything else is private.
 """
 
 from shmbus.archive.catalog import DiskFullError, RecordingError
@@ -44,6 +61,7 @@ from shmbus.publication import (
     ExclusivePublication,
     Publication,
 )
+from shmbus.reconnection import LostImage, Reconnected, RenewedPublication, RenewedSubscription
 from shmbus.shm._native import AtomicBuffer, Header
 from shmbus.shm.log_buffer import LogBuffer, LogBufferError
 from shmbus.subscription import Subscription
@@ -75,13 +93,17 @@ __all__ = [
     "Image",
     "LogBuffer",
     "LogBufferError",
+    "LostImage",
     "NoOpIdleStrategy",
     "Publication",
     "PublicationError",
+    "Reconnected",
     "RecordingError",
     "RecordingReader",
     "Recorder",
     "RegistrationError",
+    "RenewedPublication",
+    "RenewedSubscription",
     "ShmbusError",
     "SleepingIdleStrategy",
     "Subscription",

@@ -1,9 +1,15 @@
 """The bus client: ``shmbus.connect()`` and what it returns.
 
-A :class:`Client` talks to the driver through cnc.dat: commands on the to-driver ring buffer,
-responses and image events on the broadcast buffer. Following Aeron's invoker mode, driver
-events are processed inside the application's own calls (add_*, poll, close), so callbacks run
-on the caller's thread; only the heartbeat runs on its own, in a native thread without the GIL.
+A :class:`Client` talks to the driver through cnc.dat: commands on the to-driver ring buffer
+(then it rings the driver's doorbell), responses and image events on the broadcast buffer (the
+driver rings the clients' doorbell). A conductor thread per client, asleep on that doorbell
+between events, handles them as Aeron's client conductor does: images appear and go, image
+callbacks run and a dead driver is noticed whether or not the application ever polls. Requests
+(add_*, close) wait for the conductor to hand them their answer. The heartbeat runs in a native
+thread without the GIL.
+
+With ``conductor_thread=False`` (Aeron's invoker mode, for processes with a duty loop of their
+own such as the netbridge) nothing runs in the background: the owner calls ``_service()``.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -31,21 +39,24 @@ from shmbus.errors import (
     RegistrationError,
     ShmbusError,
 )
-from shmbus.idle_strategy import BackoffIdleStrategy
 from shmbus.image import Image
 from shmbus.publication import ConcurrentPublication, ExclusivePublication, Publication
+from shmbus.reconnection import DriverLoss, Reconnected
 from shmbus.shm._native import Heartbeat, epoch_ms
 from shmbus.shm.broadcast import BroadcastReceiver
 from shmbus.shm.bus_directory import prepare_directory
 from shmbus.shm.cnc import (
+    CLIENTS_DOORBELL_OFFSET,
     COUNTERS_METADATA,
     COUNTERS_VALUES,
+    DRIVER_DOORBELL_OFFSET,
     TO_CLIENTS,
     TO_DRIVER,
     CncError,
     CncFile,
 )
 from shmbus.shm.counters import CountersReader
+from shmbus.shm.doorbell import Doorbell
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer
@@ -55,6 +66,8 @@ PublicationT = TypeVar("PublicationT", bound=Publication)
 
 LAUNCH_LOCK = "launch.lock"
 _DRIVER_CHECK_INTERVAL_S = 0.1
+#: how long a removed image's log stays mapped: a handler may still hold a view into it
+_LOG_LINGER_S = 3.0
 _live_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 _launched: list[subprocess.Popen[bytes]] = []
 
@@ -75,29 +88,75 @@ def connect(context: Context | None = None, **settings: Any) -> Client:
 
 
 class Client:
-    """A connection to a driver. Not usable after fork: connect again in the child."""
+    """A connection to a driver. Not usable after fork: connect again in the child.
 
-    def __init__(self, context: Context) -> None:
+    Thread-safe: any thread may add, close, publish and poll. Once the driver is gone (or has
+    timed this client out), every call raises that error (DriverTimeoutError,
+    ClientTimeoutError) and the publications and subscriptions are closed.
+
+    With ``reconnect=True`` a client that finds its driver dead (no heartbeat for
+    driver_timeout) does not fail. It removes every image (``on_unavailable_image`` runs) and
+    its publications refuse offers (NOT_CONNECTED); it then looks for a new live driver in
+    the same directory every 0.1 s (or starts one, with ``embedded_driver``) for as long as
+    it is open, and re-adds every publication and subscription there: the same objects, with
+    new registration ids, a new session per publication, images from the new driver as
+    usual. ``on_reconnect`` (called on the conductor thread) then receives a
+    :class:`~shmbus.reconnection.Reconnected` saying what was lost; ``reconnects`` counts
+    them. What is lost: messages offered after the driver died and before the client
+    noticed (up to driver_timeout) unless a subscriber read them from the old log; after
+    that offers are refused until the new publication is connected; a subscriber loses
+    whatever the old logs held that it had not read. While reconnecting, ``add_*`` and
+    destination changes wait for the new driver (at most driver_timeout, then
+    DriverTimeoutError saying the client is reconnecting; at once on the conductor thread);
+    closing a publication, a subscription or the client works at once. A client timed out
+    by a live driver (ClientTimeoutError) still fails.
+    """
+
+    def __init__(self, context: Context, *, conductor_thread: bool = True) -> None:
         self.context = context
         self.directory = Path(context.dir)
         self._pid = os.getpid()
         self._closed = False
         self._closing = False
-        self.cnc = _open_or_launch(context)
-        self._to_driver = ManyToOneRingBuffer(self.cnc.section(TO_DRIVER))
-        self._to_clients = BroadcastReceiver(self.cnc.section(TO_CLIENTS))
-        self.counters = CountersReader(self.cnc.section(COUNTERS_METADATA),
-                                       self.cnc.section(COUNTERS_VALUES))
         self._driver_timeout_ms = int(context.driver_timeout * 1000)
         self._next_driver_check = 0.0
         self._responses: dict[int, cp.Message] = {}
         self._awaiting: set[int] = set()
+        self._lock = threading.RLock()  # the client's state; held while events are handled
+        self._answered = threading.Condition(self._lock)
+        self._error: ShmbusError | None = None
+        #: what a dead driver took, while reconnecting (context.reconnect)
+        self._lost: DriverLoss | None = None
+        #: called on the conductor thread after each reconnection, with what was lost
+        self.on_reconnect: Callable[[Reconnected], None] | None = None
+        self.reconnects = 0
+        self._images_bell = Doorbell.private()  # wakes this client's waiting subscribers
+        self._lingering: list[tuple[float, LogBuffer]] = []
+        self._conductor: threading.Thread | None = None
         #: called with driver events this client does not handle itself (the netbridge's)
         self.on_driver_event: Callable[[cp.Message], None] | None = None
         self._logs: dict[str, tuple[LogBuffer, int]] = {}
         self._publications: dict[int, Publication] = {}
         self._subscriptions: dict[int, Subscription] = {}
         self._heartbeat: Heartbeat | None = None
+        self._attach(_open_or_launch(context))
+        _live_clients.add(self)
+        if conductor_thread:
+            self._conductor = threading.Thread(
+                target=_run_conductor, args=(weakref.ref(self),),
+                name=f"shmbus-conductor-{self.client_id}", daemon=True)
+            self._conductor.start()
+
+    def _attach(self, cnc: CncFile) -> None:
+        """Map the driver's cnc.dat and introduce this client to it (a new client id, a
+        heartbeat). Raises as _request does."""
+        self.cnc = cnc
+        self._to_driver = ManyToOneRingBuffer(cnc.section(TO_DRIVER))
+        self._to_clients = BroadcastReceiver(cnc.section(TO_CLIENTS))
+        self.counters = CountersReader(cnc.section(COUNTERS_METADATA),
+                                       cnc.section(COUNTERS_VALUES))
+        self._driver_bell = cnc.doorbell(DRIVER_DOORBELL_OFFSET)
+        self._clients_bell = cnc.doorbell(CLIENTS_DOORBELL_OFFSET)
         self.client_id = self._to_driver.next_correlation_id()
         ready = self._request(cp.ClientConnect(self.client_id, self._correlation(), os.getpid(),
                                                _process_name()))
@@ -105,8 +164,7 @@ class Client:
         self.heartbeat_counter_id = ready.heartbeat_counter_id
         self._heartbeat = Heartbeat(self.counters.values,
                                     self.counters.counter_offset(ready.heartbeat_counter_id),
-                                    context.keepalive_interval)
-        _live_clients.add(self)
+                                    self.context.keepalive_interval)
 
     # -- publications and subscriptions --------------------------------------------------------
 
@@ -126,18 +184,25 @@ class Client:
 
     def _add_publication(self, command: type[cp.AddPublication], kind: type[PublicationT],
                          channel: str, stream_id: int) -> PublicationT:
-        self._check_usable()
+        self._await_reconnection()
         _check_stream_id(stream_id)
         ready = self._request(command(self.client_id, self._correlation(), stream_id, channel))
         assert isinstance(ready, cp.OnPublicationReady)
-        log = self._map_log(ready.log_file)
-        limit = Position(self.counters.values, self.counters.counter_offset(
-            ready.limit_counter_id))
-        publication = kind(log, limit, channel=channel, registration_id=ready.registration_id,
-                           on_close=self._on_publication_close,
-                           on_destination=self._on_destination, counters=self.counters.values)
-        self._publications[ready.registration_id] = publication
+        with self._lock:
+            if self._lost is not None:  # the driver died just after it answered
+                raise self._reconnecting_error()
+            log, limit = self._publication_log(ready)
+            publication = kind(log, limit, channel=channel,
+                               registration_id=ready.registration_id,
+                               on_close=self._on_publication_close,
+                               on_destination=self._on_destination,
+                               counters=self.counters.values)
+            self._publications[ready.registration_id] = publication
         return publication
+
+    def _publication_log(self, ready: cp.OnPublicationReady) -> tuple[LogBuffer, Position]:
+        return self._map_log(ready.log_file), Position(
+            self.counters.values, self.counters.counter_offset(ready.limit_counter_id))
 
     def add_subscription(
         self,
@@ -148,43 +213,63 @@ class Client:
     ) -> Subscription:
         """Subscribe to a channel and stream; images appear as publishers do.
 
-        The image callbacks run on the thread that polls (or calls the client).
+        The image callbacks run on the client's conductor thread (keep them short; they may
+        call the client).
         """
-        self._check_usable()
+        self._await_reconnection()
         _check_stream_id(stream_id)
         correlation_id = self._correlation()
         subscription = Subscription(
             channel, stream_id, registration_id=correlation_id,
             on_available_image=on_available_image, on_unavailable_image=on_unavailable_image,
-            service=self._service, on_close=self._on_subscription_close)
+            on_close=self._on_subscription_close,
+            wake=(self._images_bell.buffer, self._images_bell.offset))
         # registered before the request: image events follow the ready response at once
-        self._subscriptions[correlation_id] = subscription
+        with self._lock:
+            self._subscriptions[correlation_id] = subscription
         try:
             self._request(cp.AddSubscription(self.client_id, correlation_id, stream_id, channel))
         except BaseException:
-            self._subscriptions.pop(correlation_id, None)
+            with self._lock:  # (re-added under a new id if the driver was replaced meanwhile)
+                self._subscriptions.pop(subscription.registration_id, None)
             raise
         return subscription
 
     # -- driver events -------------------------------------------------------------------------
 
     def _service(self) -> int:
-        """Process driver events and check the driver is alive. Returns events handled."""
-        self._check_usable()
-        events = 0
-        receiver = self._to_clients
-        while receiver.receive_next():
-            events += 1
-            self._on_broadcast(receiver.msg_type, receiver.buffer)
-        now = time.monotonic()
-        if now >= self._next_driver_check:
-            self._next_driver_check = now + _DRIVER_CHECK_INTERVAL_S
-            age = epoch_ms() - self.cnc.driver_heartbeat_ms()
-            if age > self._driver_timeout_ms:
-                self._fail(DriverTimeoutError(
-                    f"the driver (pid {self.cnc.pid}) in {self.directory} has not "
-                    f"heartbeated for {age} ms (timeout {self._driver_timeout_ms} ms)"))
-        return events
+        """Process driver events, check the driver is alive, unmap lingering logs.
+
+        Called by the conductor thread, or by the owner in invoker mode. Returns events
+        handled; raises the client's error once it failed. While reconnecting, it looks for
+        a new driver instead.
+        """
+        if self._lost is not None:
+            self._check_usable()
+            return self._reconnect()
+        with self._lock:
+            self._check_usable()
+            events = 0
+            receiver = self._to_clients
+            while receiver.receive_next():
+                events += 1
+                self._on_broadcast(receiver.msg_type, receiver.buffer)
+            if events and self._awaiting:
+                self._answered.notify_all()
+            now = time.monotonic()
+            if now >= self._next_driver_check:
+                self._next_driver_check = now + _DRIVER_CHECK_INTERVAL_S
+                age = epoch_ms() - self.cnc.driver_heartbeat_ms()
+                if age > self._driver_timeout_ms:
+                    if self.context.reconnect:
+                        self._lose_driver()
+                        return events
+                    self._fail(DriverTimeoutError(
+                        f"the driver (pid {self.cnc.pid}) in {self.directory} has not "
+                        f"heartbeated for {age} ms (timeout {self._driver_timeout_ms} ms)"))
+                while self._lingering and self._lingering[0][0] <= now:
+                    self._lingering.pop(0)[1].close()
+            return events
 
     def _on_broadcast(self, msg_type: int, payload: bytes) -> None:
         try:
@@ -200,7 +285,7 @@ class Client:
             if subscription is not None:
                 image = subscription._remove_image(message.correlation_id)
                 if image is not None:
-                    self._unmap_log(image.log)
+                    self._unmap_log(image.log, linger=True)
         elif isinstance(message, cp.OnClientTimeout):
             if message.client_id == self.client_id:
                 self._fail(ClientTimeoutError(
@@ -218,7 +303,7 @@ class Client:
                 return
             # the session came back (rejoined after it was lost): the old image is done
             if subscription._remove_image(previous.correlation_id) is not None:
-                self._unmap_log(previous.log)
+                self._unmap_log(previous.log, linger=True)
         log = self._map_log(event.log_file)
         position = Position(self.counters.values,
                             self.counters.counter_offset(event.position_counter_id))
@@ -233,39 +318,68 @@ class Client:
         return self._to_driver.next_correlation_id()
 
     def _request(self, command: cp.Message) -> cp.Message:
-        correlation_id = command.correlation_id  # type: ignore[attr-defined]
-        self._awaiting.add(correlation_id)
-        try:
-            return self._await(command, correlation_id)
-        finally:
-            self._awaiting.discard(correlation_id)
+        """Send a command and wait for the driver's answer (at most driver_timeout seconds).
 
-    def _await(self, command: cp.Message, correlation_id: int) -> cp.Message:
-        deadline = time.monotonic() + self.context.driver_timeout
-        idle = BackoffIdleStrategy()
-        while not self._to_driver.write(command.TYPE_ID, command.encode()):
-            if time.monotonic() > deadline:
-                raise DriverTimeoutError(f"the driver in {self.directory} is not reading "
-                                         f"commands (its queue stayed full)")
-            idle.idle(0)
-        while correlation_id not in self._responses:
-            if self._service() == 0:
+        Raises RegistrationError for the driver's refusal, DriverTimeoutError without an
+        answer, the client's error once it failed.
+        """
+        correlation_id = command.correlation_id  # type: ignore[attr-defined]
+        with self._lock:
+            self._awaiting.add(correlation_id)
+        try:
+            deadline = time.monotonic() + self.context.driver_timeout
+            while not self._to_driver.write(command.TYPE_ID, command.encode()):
                 if time.monotonic() > deadline:
-                    raise DriverTimeoutError(
-                        f"no answer from the driver in {self.directory} within "
-                        f"{self.context.driver_timeout} s")
-                idle.idle(0)
+                    raise DriverTimeoutError(f"the driver in {self.directory} is not reading "
+                                             f"commands (its queue stayed full)")
+                time.sleep(0.001)
+            self._driver_bell.ring()
+            if self._conductor is None or threading.current_thread() is self._conductor:
+                self._service_until_answered(correlation_id, deadline)
             else:
-                idle.reset()
-        response = self._responses.pop(correlation_id)
+                self._wait_for_answer(correlation_id, deadline)
+            with self._lock:
+                response = self._responses.pop(correlation_id)
+        finally:
+            with self._lock:
+                self._awaiting.discard(correlation_id)
+                self._responses.pop(correlation_id, None)
         if isinstance(response, cp.OnError):
             raise RegistrationError(response.code, response.message)
         return response
+
+    def _wait_for_answer(self, correlation_id: int, deadline: float) -> None:
+        """Sleep until the conductor thread hands over the answer."""
+        with self._answered:
+            while correlation_id not in self._responses:
+                self._check_usable()
+                if self._lost is not None:  # asked the driver that died: no answer comes
+                    raise self._reconnecting_error()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._no_answer()
+                self._answered.wait(remaining)
+
+    def _service_until_answered(self, correlation_id: int, deadline: float) -> None:
+        """Handle events on this thread until the answer is among them (invoker mode, or a
+        request from inside an image callback on the conductor thread)."""
+        while correlation_id not in self._responses:
+            seen = self._clients_bell.value()
+            if self._service() == 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._no_answer()
+                self._clients_bell.wait(seen, min(remaining, _DRIVER_CHECK_INTERVAL_S))
+
+    def _no_answer(self) -> None:
+        raise DriverTimeoutError(f"no answer from the driver in {self.directory} within "
+                                 f"{self.context.driver_timeout} s")
 
     def _send(self, command: cp.Message) -> None:
         """Send without waiting for the answer (removals)."""
         if not self._to_driver.write(command.TYPE_ID, command.encode()):
             raise DriverTimeoutError(f"the driver in {self.directory} is not reading commands")
+        self._driver_bell.ring()
 
     # -- logs ----------------------------------------------------------------------------------
 
@@ -278,40 +392,168 @@ class Client:
         self._logs[log_file] = (entry[0], entry[1] + 1)
         return entry[0]
 
-    def _unmap_log(self, log: LogBuffer) -> None:
-        """One user fewer; the last one unmaps it (its users are closed by then)."""
+    def _unmap_log(self, log: LogBuffer, *, linger: bool = False) -> None:
+        """One user fewer; the last one unmaps it (its users are closed by then).
+
+        ``linger``: another thread may still be reading it (an image the conductor removed),
+        so it is unmapped only after _LOG_LINGER_S. A failed client unmaps nothing: the
+        mappings go with their last reference.
+        """
         for name, (mapped, count) in list(self._logs.items()):
             if mapped is log:
                 if count > 1:
                     self._logs[name] = (mapped, count - 1)
                 else:
                     del self._logs[name]
-                    mapped.close()
+                    if linger:
+                        self._lingering.append((time.monotonic() + _LOG_LINGER_S, mapped))
+                    elif self._error is None:
+                        mapped.close()
                 return
 
     def _on_publication_close(self, publication: Publication) -> None:
-        if self._publications.pop(publication.registration_id, None) is None:
-            return
-        if not self._closing and os.getpid() == self._pid:
-            self._send(cp.RemovePublication(self.client_id, self._correlation(),
-                                            publication.registration_id))
-        self._unmap_log(publication.log)
+        with self._lock:
+            if self._publications.pop(publication.registration_id, None) is None:
+                return
+            if not self._closing and self._lost is None and os.getpid() == self._pid:
+                self._send(cp.RemovePublication(self.client_id, self._correlation(),
+                                                publication.registration_id))
+            self._unmap_log(publication.log)
 
     def _on_destination(self, publication: Publication, destination: str, add: bool) -> None:
-        self._check_usable()
+        self._await_reconnection()
         command = cp.AddDestination if add else cp.RemoveDestination
         self._request(command(self.client_id, self._correlation(), publication.registration_id,
                               destination))
 
     def _on_subscription_close(self, subscription: Subscription,
                                images: tuple[Image, ...]) -> None:
-        for image in images:
-            self._unmap_log(image.log)
-        if self._subscriptions.pop(subscription.registration_id, None) is None:
-            return
-        if not self._closing and os.getpid() == self._pid:
-            self._send(cp.RemoveSubscription(self.client_id, self._correlation(),
-                                             subscription.registration_id))
+        with self._lock:
+            for image in images:
+                self._unmap_log(image.log)
+            if self._subscriptions.pop(subscription.registration_id, None) is None:
+                return
+            if not self._closing and self._lost is None and os.getpid() == self._pid:
+                self._send(cp.RemoveSubscription(self.client_id, self._correlation(),
+                                                 subscription.registration_id))
+
+    # -- reconnecting (context.reconnect) ------------------------------------------------------
+
+    def _lose_driver(self) -> None:
+        """The driver died: detach from it and say what is lost (the conductor, in _service).
+
+        Publications refuse offers (NOT_CONNECTED) and each image is removed (its
+        on_unavailable_image runs); _reconnect then looks for a new driver.
+        """
+        with self._lock:
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
+            loss = self._lost = self._lost or DriverLoss(self.cnc.pid)
+            # the next driver names its logs as this one did: keep the old mappings apart
+            self._logs = {f"{name} (driver {self.cnc.pid}, lost)": entry
+                          for name, entry in self._logs.items()}
+            for publication in self._publications.values():
+                loss.publication_lost(publication, publication.session_id, publication.position)
+                publication._detach()
+            self._answered.notify_all()  # requests to the dead driver give up
+            for subscription in self._subscriptions.values():
+                for image in subscription.images:
+                    loss.image_lost(subscription, image.session_id, image.position)
+                    try:
+                        subscription._remove_image(image.correlation_id)
+                    except Exception:
+                        traceback.print_exc()  # an image callback raised: the others still run
+                    self._unmap_log(image.log, linger=True)
+
+    def _reconnect(self) -> int:
+        """Every _DRIVER_CHECK_INTERVAL_S, look for a live driver in the directory (start one
+        with embedded_driver) and, once there is one, re-add everything to it and call
+        on_reconnect. Returns 1 when it reconnected, else 0. The lock is not held while a
+        driver is looked for or started."""
+        now = time.monotonic()
+        if now < self._next_driver_check:
+            return 0
+        self._next_driver_check = now + _DRIVER_CHECK_INTERVAL_S
+        try:
+            cnc = _open_or_launch(self.context)
+        except (DriverUnavailableError, CncError):
+            return 0  # none yet (or one that cannot start, or of another version): again later
+        with self._lock:
+            loss, self._lost = self._lost, None
+            if loss is None or self._closed:
+                cnc.close()
+                return 0
+            try:
+                report = self._rejoin(cnc, loss)
+            except (ShmbusError, OSError, ValueError):
+                # the new driver died too (or its logs went with it): detach, look again
+                self._lost = loss
+                self._lose_driver()
+                return 0
+            self.reconnects += 1
+            self._answered.notify_all()  # requests waiting for the reconnection go on
+        if self.on_reconnect is not None:
+            self.on_reconnect(report)
+        return 1
+
+    def _rejoin(self, cnc: CncFile, loss: DriverLoss) -> Reconnected:
+        """Introduce this client to the driver of ``cnc`` and re-add every publication (same
+        kind, channel and stream; the same object rebound to its new log) and subscription
+        (same callbacks; a new registration id). What the new driver refuses is closed."""
+        self._attach(cnc)
+        publications = list(self._publications.items())
+        subscriptions = list(self._subscriptions.items())
+        refused: dict[Publication | Subscription, str] = {}
+        for old_id, publication in publications:
+            command = (cp.AddExclusivePublication if isinstance(publication, ExclusivePublication)
+                       else cp.AddPublication)
+            try:
+                ready = self._request(command(self.client_id, self._correlation(),
+                                              publication.stream_id, publication.channel))
+            except RegistrationError as e:
+                refused[publication] = str(e)
+                publication.close()
+                continue
+            assert isinstance(ready, cp.OnPublicationReady)
+            old_log = publication.log
+            log, limit = self._publication_log(ready)
+            publication._rebind(log, limit, self.counters.values, ready.registration_id)
+            del self._publications[old_id]
+            self._publications[ready.registration_id] = publication
+            self._unmap_log(old_log)
+        for old_id, subscription in subscriptions:
+            correlation_id = self._correlation()
+            # registered before the request: image events follow the ready response at once
+            del self._subscriptions[old_id]
+            subscription.registration_id = correlation_id
+            self._subscriptions[correlation_id] = subscription
+            try:
+                self._request(cp.AddSubscription(self.client_id, correlation_id,
+                                                 subscription.stream_id, subscription.channel))
+            except RegistrationError as e:
+                refused[subscription] = str(e)
+                subscription.close()
+        return loss.report(cnc.pid, [p for _, p in publications],
+                           [s for _, s in subscriptions], refused)
+
+    def _await_reconnection(self) -> None:
+        """Before a request: while reconnecting, wait for the new driver (at most
+        driver_timeout), then raise DriverTimeoutError; at once on the conductor thread or
+        in invoker mode (they do the reconnecting). Raises the client's error too."""
+        deadline = time.monotonic() + self.context.driver_timeout
+        with self._answered:
+            self._check_usable()
+            while self._lost is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._conductor in (None, threading.current_thread()):
+                    raise self._reconnecting_error()
+                self._answered.wait(remaining)
+                self._check_usable()
+
+    def _reconnecting_error(self) -> DriverTimeoutError:
+        return DriverTimeoutError(
+            f"the driver (pid {self.cnc.pid}) in {self.directory} died and this client is "
+            f"reconnecting (reconnect=True): no new driver has taken over yet")
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -320,22 +562,51 @@ class Client:
             raise ShmbusError(f"this shmbus Client was created in process {self._pid}; after "
                               f"fork, call shmbus.connect() again in the child (pass it the "
                               f"parent's client.context)")
+        if self._error is not None:
+            raise type(self._error)(str(self._error))
         if self._closed:
             raise ClientClosedError("this shmbus Client is closed")
 
     def _fail(self, error: ShmbusError) -> None:
-        self._release(send_close=False)
+        """The client is done for: keep the error for every later call, close everything,
+        wake whoever waits, and raise it."""
+        with self._lock:
+            self._error = error
+            for subscription in self._subscriptions.values():
+                subscription._fail(error)
+            self._release(send_close=False)
+            self._answered.notify_all()
         raise error
 
     @property
     def is_closed(self) -> bool:
+        """True once closed, or failed (then every call raises the failure)."""
         return self._closed
 
+    @property
+    def driver_pid(self) -> int:
+        """The pid of the driver process serving this bus, as its cnc.dat names it.
+
+        Read-only, for monitoring (e.g. the CPU the driver uses); the driver may be an embedded
+        one that some client launched or one started with ``shmbus driver``. Any process may
+        read it, also after :meth:`close`.
+        """
+        return int(self.cnc.pid)
+
     def close(self) -> None:
-        """Close every publication and subscription made here, then disconnect. Idempotent."""
+        """Close every publication and subscription made here, then disconnect. Idempotent.
+
+        Do not close a client while other threads still use its publications and
+        subscriptions: their logs are unmapped.
+        """
         if self._closed or os.getpid() != self._pid:
             return
-        self._release(send_close=True)
+        with self._lock:
+            self._release(send_close=self._lost is None)
+        conductor = self._conductor
+        if conductor is not None and conductor is not threading.current_thread():
+            self._clients_bell.ring()
+            conductor.join(1.0)
 
     def _release(self, *, send_close: bool) -> None:
         if self._closed:
@@ -355,9 +626,13 @@ class Client:
             self._heartbeat.stop()
         self._publications.clear()
         self._subscriptions.clear()
-        for log, _ in self._logs.values():
-            log.close()
+        if self._error is None:
+            for log, _ in self._logs.values():
+                log.close()
+            for _, log in self._lingering:
+                log.close()
         self._logs.clear()
+        self._lingering.clear()
         _live_clients.discard(self)
         _reap_launched()
 
@@ -372,6 +647,27 @@ class Client:
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+def _run_conductor(client_ref: weakref.ref[Client]) -> None:
+    """The conductor thread: asleep on the clients' doorbell, it handles driver events as they
+    come and checks the driver's heartbeat every _DRIVER_CHECK_INTERVAL_S. It holds the client
+    only while it works, so an abandoned client is still collected (and the thread ends)."""
+    while True:
+        client = client_ref()
+        if client is None or client.is_closed:
+            return
+        doorbell = client._clients_bell  # the new driver's, once the client reconnected
+        seen = doorbell.value()
+        try:
+            client._service()
+        except ShmbusError:
+            return  # the client failed; every later call raises its error
+        except Exception:
+            # an image callback raised: report it (as Aeron's error handler does), go on
+            traceback.print_exc()
+        del client
+        doorbell.wait(seen, _DRIVER_CHECK_INTERVAL_S)
+
 
 def _check_stream_id(stream_id: int) -> None:
     if not isinstance(stream_id, int) or isinstance(stream_id, bool):

@@ -56,6 +56,9 @@ class Context:
     timer_interval: float = 0.1
     #: whether a client starts a driver when none is running
     embedded_driver: bool = True
+    #: a client whose driver died waits for a new one (or starts it, with embedded_driver)
+    #: and re-adds its publications and subscriptions, instead of failing (see Client)
+    reconnect: bool = False
     #: subscriptions are tethers unless the channel says tether=false
     tether_subscriptions: bool = True
     #: the driver starts a netbridge when the first udp channel appears
@@ -100,6 +103,7 @@ class Context:
 
     @property
     def path(self) -> Path:
+        """The bus directory as a Path."""
         return Path(self.dir)
 
     def with_(self, **changes: Any) -> Context:

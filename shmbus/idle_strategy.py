@@ -19,9 +19,11 @@ class BusySpinIdleStrategy:
     name = "busy-spin"
 
     def idle(self, work_count: int = 0) -> None:
+        """Idle if ``work_count`` is 0 (the last call did nothing); any thread may call."""
         pass
 
     def reset(self) -> None:
+        """Start over after work was done (a back-off begins again from its shortest idle)."""
         pass
 
 
@@ -37,10 +39,12 @@ class YieldingIdleStrategy:
     name = "yielding"
 
     def idle(self, work_count: int = 0) -> None:
+        """Idle if ``work_count`` is 0 (the last call did nothing); any thread may call."""
         if work_count <= 0:
             os.sched_yield()
 
     def reset(self) -> None:
+        """Start over after work was done (a back-off begins again from its shortest idle)."""
         pass
 
 
@@ -53,10 +57,12 @@ class SleepingIdleStrategy:
         self.period_s = period_s
 
     def idle(self, work_count: int = 0) -> None:
+        """Idle if ``work_count`` is 0 (the last call did nothing); any thread may call."""
         if work_count <= 0:
             time.sleep(self.period_s)
 
     def reset(self) -> None:
+        """Start over after work was done (a back-off begins again from its shortest idle)."""
         pass
 
 
@@ -82,6 +88,7 @@ class BackoffIdleStrategy:
         self.reset()
 
     def idle(self, work_count: int = 0) -> None:
+        """Idle if ``work_count`` is 0 (the last call did nothing); any thread may call."""
         if work_count > 0:
             self.reset()
             return
@@ -95,6 +102,7 @@ class BackoffIdleStrategy:
             self._sleep_s = min(self._sleep_s * 2, self.max_sleep_s)
 
     def reset(self) -> None:
+        """Start over after work was done (a back-off begins again from its shortest idle)."""
         self._spins = 0
         self._yields = 0
         self._sleep_s = self.min_sleep_s

@@ -28,7 +28,14 @@ class FragmentBatch:
     ``position`` is the stream position where the batch starts.
     """
 
-    __slots__ = ("term", "offsets", "lengths", "flags", "position", "session_id")
+    __slots__ = {
+        "term": "the whole term, a read-only uint8 numpy view",
+        "offsets": "payload offsets into term (int64), one per fragment",
+        "lengths": "payload lengths in bytes (int32), one per fragment",
+        "flags": "frame flags (uint8): B 0x80, E 0x40; both for a whole message",
+        "position": "stream position (bytes) where the batch starts",
+        "session_id": "the publishing session",
+    }
 
     def __init__(self, term: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
                  flags: np.ndarray, position: int, session_id: int) -> None:

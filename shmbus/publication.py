@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from shmbus import codes
+from shmbus.async_waits import sleep_on
 from shmbus.errors import PublicationError
 from shmbus.shm._native import AtomicBuffer, PublicationCore
 from shmbus.shm.log_buffer import LogBuffer
@@ -36,7 +37,13 @@ class BufferClaim:
     after the frame, or the negative code when the claim failed.
     """
 
-    __slots__ = ("_publication", "_frame_offset", "result", "buffer", "__weakref__")
+    __slots__ = {
+        "_publication": None,
+        "_frame_offset": None,
+        "result": "the new stream position after the frame (> 0), or the failure code",
+        "buffer": "a writable memoryview of the claimed payload; None when the claim failed",
+        "__weakref__": None,
+    }
 
     def __init__(self, publication: Publication, result: int, frame_offset: int,
                  length: int) -> None:
@@ -101,17 +108,33 @@ class Publication(PublicationCore):
         on_destination: Any = None,
         counters: AtomicBuffer | None = None,
     ) -> None:
-        d = log.descriptor
-        super().__init__(
-            log.buffer, d.term_length, d.initial_term_id, d.mtu, d.session_id, d.stream_id,
-            limit.buffer, limit.offset, self._exclusive, counters,
-        )
-        self.log = log
+        self._bind(log, limit, counters)
         self.channel = channel
         self.registration_id = registration_id
         self._on_close = on_close
         self._on_destination = on_destination
         self._claims: weakref.WeakSet[BufferClaim] = weakref.WeakSet()
+
+    def _bind(self, log: LogBuffer, limit: Position, counters: AtomicBuffer | None) -> None:
+        d = log.descriptor
+        PublicationCore.__init__(
+            self, log.buffer, d.term_length, d.initial_term_id, d.mtu, d.session_id,
+            d.stream_id, limit.buffer, limit.offset, self._exclusive, counters,
+        )
+        self.log = log
+
+    def _detach(self) -> None:
+        """The driver is gone (the client reconnects): claims not yet committed are aborted,
+        and offers return NOT_CONNECTED until :meth:`_rebind`. Called by the client only."""
+        self._abort_claims()
+        self._detach_core()
+
+    def _rebind(self, log: LogBuffer, limit: Position, counters: AtomicBuffer,
+                registration_id: int) -> None:
+        """Carry on in ``log``, the new driver's publication (a new session), after
+        :meth:`_detach`. The old log is not touched again. Called by the client only."""
+        self._bind(log, limit, counters)
+        self.registration_id = registration_id
 
     def try_claim(self, length: int, reserved_value: int = 0) -> BufferClaim:
         """Claim ``length`` bytes (at most ``max_payload_length``) to fill in place.
@@ -134,24 +157,54 @@ class Publication(PublicationCore):
         """
         deadline = time.monotonic() + timeout
         while True:
-            result = self.offer(*buffers, reserved_value=reserved_value)
-            if result > 0:
-                return result
-            if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
-                raise PublicationError(result)
-            if result != codes.ADMIN_ACTION:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise PublicationError(
-                        result, f"offer not accepted within {timeout} s: "
-                        f"{codes.result_name(result)}")
-                self._wait(result, remaining)
+            position, sleep_s = self._attempt(buffers, reserved_value, deadline, timeout)
+            if position:
+                return position
+            if sleep_s:
+                self._await_progress(sleep_s)
 
-    def _wait(self, result: int, remaining: float) -> None:
-        """Sleep until the limit may have moved: woken by readers (IPC), else in 1 ms slices
-        (a network sender's position and a new subscriber are not signalled)."""
-        self._await_progress(min(remaining, 0.001 if result == codes.NOT_CONNECTED or
-                                 not self.channel.startswith("aeron:ipc") else 0.1))
+    async def publish_async(self, *buffers: Buffer, timeout: float = 1.0,
+                            reserved_value: int = 0) -> int:
+        """:meth:`publish`, awaiting back-pressure without blocking the event loop.
+
+        Returns the new position; raises :class:`PublicationError` as ``publish`` does. A
+        cancelled await has appended nothing.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            position, sleep_s = self._attempt(buffers, reserved_value, deadline, timeout)
+            if position:
+                return position
+            if sleep_s:
+                await sleep_on(self._await_progress, sleep_s)
+
+    def _attempt(self, buffers: tuple[Buffer, ...], reserved_value: int, deadline: float,
+                 timeout: float) -> tuple[int, float]:
+        """One offer of publish: (new position, 0) when accepted, else (0, seconds to sleep
+        before the next; 0 to retry at once). Raises as publish does."""
+        result = self.offer(*buffers, reserved_value=reserved_value)
+        if result > 0:
+            return result, 0.0
+        sleep_s = self._sleep_time(result, deadline)
+        if sleep_s < 0:
+            raise PublicationError(result, f"offer not accepted within {timeout} s: "
+                                   f"{codes.result_name(result)}")
+        return 0, sleep_s
+
+    def _sleep_time(self, result: int, deadline: float) -> float:
+        """How long to sleep after a refused offer: -1 when the deadline passed. Readers wake a
+        sleeping IPC publisher when they move; a network sender's position and a new
+        subscriber do not, so those are looked at again every millisecond."""
+        if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
+            raise PublicationError(result)
+        if result == codes.ADMIN_ACTION:
+            return 0.0
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return -1.0
+        slice_s = 0.001 if result == codes.NOT_CONNECTED or not self.channel.startswith(
+            "aeron:ipc") else 0.1
+        return min(remaining, slice_s)
 
     def publish_many(self, messages: Sequence[Buffer] | np.ndarray[Any, Any],
                      timeout: float = 1.0) -> int:
@@ -168,15 +221,13 @@ class Publication(PublicationCore):
                 done += result
                 deadline = time.monotonic() + timeout
                 continue
-            if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
-                raise PublicationError(result)
-            if result != codes.ADMIN_ACTION:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise PublicationError(result, f"{total - done} of {total} messages not "
-                                           f"accepted within {timeout} s: "
-                                           f"{codes.result_name(result)}")
-                self._wait(result, remaining)
+            sleep_s = self._sleep_time(result, deadline)
+            if sleep_s < 0:
+                raise PublicationError(result, f"{total - done} of {total} messages not "
+                                       f"accepted within {timeout} s: "
+                                       f"{codes.result_name(result)}")
+            if sleep_s:
+                self._await_progress(sleep_s)
         return total
 
     def add_destination(self, destination: str) -> None:
@@ -204,12 +255,15 @@ class Publication(PublicationCore):
         buffers released), and the log may be unmapped. Idempotent."""
         if self.is_closed:
             return
-        for claim in list(self._claims):
-            if claim.buffer is not None:
-                claim.abort()
+        self._abort_claims()
         self._close_core()
         if self._on_close is not None:
             self._on_close(self)
+
+    def _abort_claims(self) -> None:
+        for claim in list(self._claims):
+            if claim.buffer is not None:
+                claim.abort()
 
     def __enter__(self) -> Publication:
         return self

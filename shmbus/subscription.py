@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from shmbus.async_waits import sleep_on
 from shmbus.fragment_assembler import FragmentAssembler
-from shmbus.idle_strategy import BackoffIdleStrategy
-from shmbus.image import FragmentBatch, FragmentHandler, Image
-from shmbus.shm._native import Header
+from shmbus.image import FragmentBatch, Image
+from shmbus.shm._native import AtomicBuffer, SubscriptionCore
 
 ImageHandler = Callable[[Image], Any]
 
 
-class Subscription:
+class Subscription(SubscriptionCore):
     """Reads a channel and stream: one :class:`Image` per publishing session.
 
-    ``poll`` visits the images round-robin, starting one further along each call so that no
-    session starves another. Images come and go as publishers do; ``on_available_image`` and
-    ``on_unavailable_image`` are called (on the polling thread) when they do.
+    ``poll`` (native: an empty poll costs well under a microsecond) visits the images
+    round-robin, starting one further along each call so that no session starves another;
+    ``poll(handler, limit, timeout=s)``, :meth:`wait` and :meth:`messages` sleep until a writer
+    wakes them. Images come and go as publishers do, whether or not anyone polls: the client's
+    conductor thread adds and removes them and calls ``on_available_image`` and
+    ``on_unavailable_image`` (on that thread, so keep them short and thread-safe).
     """
 
     def __init__(
@@ -30,89 +33,52 @@ class Subscription:
         registration_id: int = 0,
         on_available_image: ImageHandler | None = None,
         on_unavailable_image: ImageHandler | None = None,
-        service: Callable[[], Any] | None = None,
         on_close: Callable[[Subscription, tuple[Image, ...]], Any] | None = None,
+        wake: tuple[AtomicBuffer, int] | None = None,
     ) -> None:
+        if wake is None:
+            super().__init__()
+        else:
+            super().__init__(*wake)
         self.channel = channel
         self.stream_id = stream_id
         self.registration_id = registration_id
         self.on_available_image = on_available_image
         self.on_unavailable_image = on_unavailable_image
-        self._images: tuple[Image, ...] = ()
         self._round_robin = 0
-        self._service = service
         self._on_close = on_close
         self._closed = False
 
     # -- images -----------------------------------------------------------------------------
 
-    @property
-    def images(self) -> tuple[Image, ...]:
-        """The current images (a snapshot)."""
-        return self._images
-
     def image_by_session_id(self, session_id: int) -> Image | None:
-        for image in self._images:
-            if image.session_id == session_id:
-                return image
-        return None
+        """The image of publishing session ``session_id``, or None when it has none here."""
+        images: tuple[Image, ...] = self.images
+        return next((image for image in images if image.session_id == session_id), None)
 
     @property
     def is_connected(self) -> bool:
         """True while at least one publisher's image is here."""
-        return bool(self._images)
+        return bool(self.images)
 
     def _add_image(self, image: Image) -> None:
-        self._images = (*self._images, image)
+        self.images = (*self.images, image)
         if self.on_available_image is not None:
             self.on_available_image(image)
 
     def _remove_image(self, correlation_id: int) -> Image | None:
         """Remove the image the driver knows by ``correlation_id``; None if it is not here."""
-        image = next((i for i in self._images if i.correlation_id == correlation_id), None)
+        images: tuple[Image, ...] = self.images
+        image = next((i for i in images if i.correlation_id == correlation_id), None)
         if image is None:
             return None
-        self._images = tuple(i for i in self._images if i is not image)
+        self.images = tuple(i for i in images if i is not image)
         image.close()
         if self.on_unavailable_image is not None:
             self.on_unavailable_image(image)
         return image
 
     # -- reading ----------------------------------------------------------------------------
-
-    def _start(self) -> tuple[tuple[Image, ...], int]:
-        if self._service is not None:
-            self._service()
-        images = self._images
-        if not images:
-            return images, 0
-        start = self._round_robin = (self._round_robin + 1) % len(images)
-        return images, start
-
-    def _each_image(self, read: Callable[[Image, Any, int], int], handler: Any,
-                    fragment_limit: int) -> int:
-        """``read(image, handler, limit)`` over the images round-robin, within the limit."""
-        images, start = self._start()
-        n = len(images)
-        fragments = 0
-        for i in range(n):
-            if fragments >= fragment_limit:
-                break
-            fragments += read(images[(start + i) % n], handler, fragment_limit - fragments)
-        return fragments
-
-    def poll(self, handler: FragmentHandler, fragment_limit: int = 10) -> int:
-        """Call ``handler(buffer, header)`` for up to ``fragment_limit`` fragments in all.
-
-        The buffer is a read-only memoryview valid only during the call. Wrap the handler in
-        :class:`FragmentAssembler` to get whole messages. Returns the number of fragments.
-        """
-        return self._each_image(Image.poll, handler, fragment_limit)
-
-    def controlled_poll(self, handler: Callable[[memoryview, Header], Any],
-                        fragment_limit: int = 10) -> int:
-        """Like :meth:`poll`, but the handler returns an :class:`~shmbus.Action`."""
-        return self._each_image(Image.controlled_poll, handler, fragment_limit)
 
     def poll_batch(self, handler: Callable[[FragmentBatch], Any],
                    fragment_limit: int = 4096) -> int:
@@ -121,33 +87,78 @@ class Subscription:
         One handler call per image with data, no Python call per fragment. Returns the number
         of fragments.
         """
-        return self._each_image(Image.poll_batch, handler, fragment_limit)
+        images = self.images
+        n = len(images)
+        if not n:
+            return 0
+        start = self._round_robin = (self._round_robin + 1) % n
+        fragments = 0
+        for i in range(n):
+            if fragments >= fragment_limit:
+                break
+            fragments += images[(start + i) % n].poll_batch(handler, fragment_limit - fragments)
+        return fragments
 
     def messages(self, timeout: float | None = 1.0) -> Iterator[bytes]:
         """Yield whole messages as bytes, reassembled, until none arrives for ``timeout`` s.
 
-        ``timeout=None`` waits forever. Idles with back-off between empty polls.
+        ``timeout=None`` waits until the subscription is closed. Sleeps (no CPU) while there
+        is nothing to read, woken by the writer. A message is read only when it is yielded:
+        leaving the loop early loses nothing.
         """
         pending: list[bytes] = []
         assembler = FragmentAssembler(lambda buffer, header: pending.append(bytes(buffer)))
-        idle = BackoffIdleStrategy()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        slice_s = 1.0 if timeout is None else timeout
         while not self._closed:
-            if self.poll(assembler, 256):
-                idle.reset()
-                yield from pending
-                pending.clear()
-                if timeout is not None:
-                    deadline = time.monotonic() + timeout
-            elif deadline is not None and time.monotonic() >= deadline:
+            if self.poll(assembler, 1, timeout=slice_s):
+                if pending:
+                    yield pending.pop()
+            elif timeout is not None:
                 return
-            else:
-                idle.idle(0)
+
+    # -- asyncio ----------------------------------------------------------------------------
+
+    async def poll_async(self, handler: Callable[[memoryview, Any], Any],
+                         fragment_limit: int = 10, timeout: float | None = None) -> int:
+        """:meth:`poll`, awaiting (the event loop runs on) until a fragment arrives.
+
+        The handler runs on the event loop's thread. Returns the number of fragments, 0 when
+        ``timeout`` seconds passed (None: no limit). Cancelled, it has read nothing.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            fragments = self.poll(handler, fragment_limit)
+            if fragments or self._closed:
+                return fragments
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return 0
+            await sleep_on(self.wait, 3600.0 if remaining is None else remaining, self._wake)
+
+    async def messages_async(self, timeout: float | None = None) -> AsyncIterator[bytes]:
+        """Whole messages as bytes, awaited: ``async for message in sub.messages_async()``.
+
+        Ends when none arrives for ``timeout`` seconds (None: only when the subscription is
+        closed). A message is read only when it is yielded: a cancelled or abandoned loop
+        loses nothing.
+        """
+        pending: list[bytes] = []
+        assembler = FragmentAssembler(lambda buffer, header: pending.append(bytes(buffer)))
+        while not self._closed:
+            if not await self.poll_async(assembler, 1, timeout):
+                return
+            if pending:
+                yield pending.pop()
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        """``async for message in sub``: :meth:`messages_async` without a timeout."""
+        return self.messages_async()
 
     # -- lifecycle --------------------------------------------------------------------------
 
     @property
     def is_closed(self) -> bool:
+        """True once closed (by :meth:`close`, the client's close, or its failure)."""
         return self._closed
 
     def close(self) -> None:
@@ -155,7 +166,7 @@ class Subscription:
         if self._closed:
             return
         self._closed = True
-        images, self._images = self._images, ()
+        images, self.images = self.images, ()
         for image in images:
             image.close()
         if self._on_close is not None:
@@ -169,4 +180,4 @@ class Subscription:
 
     def __repr__(self) -> str:
         return (f"Subscription(channel={self.channel!r}, stream_id={self.stream_id}, "
-                f"images={len(self._images)})")
+                f"images={len(self.images)})")

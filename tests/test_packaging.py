@@ -68,8 +68,11 @@ def test_wheel_holds_every_package_and_the_compiled_core_but_no_tests(dist: Path
     names = wheel.namelist()
     for package in PACKAGES:
         assert f"{package}/__init__.py" in names, package
-    assert [n for n in names if n.startswith("shmbus/shm/_native.")] == \
-        ["shmbus/shm/_native" + sysconfig.get_config_var("EXT_SUFFIX")]
+    # the compiled core and its stub for type checkers, not its C source
+    assert sorted(n for n in names if n.startswith("shmbus/shm/_native.")) == \
+        sorted(["shmbus/shm/_native" + sysconfig.get_config_var("EXT_SUFFIX"),
+                "shmbus/shm/_native.pyi"])
+    assert "shmbus/py.typed" in names
     assert not [n for n in names if n.split("/")[0] in ("tests", "tools", "examples")]
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = wheel.read(entry_points).decode()

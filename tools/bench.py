@@ -1,77 +1,68 @@
-# Run from the repository root: .venv/bin/python tools/bench.py [--quick] [--json out.json]
-"""shmbus benchmark: one-way throughput and ping-pong latency between two processes.
+# Run from the repository root: .venv/bin/python tools/bench.py [--quick] [--runs N] [--only ...]
+"""shmbus benchmark: the bus users run, beside the IPC a Python user would pick instead.
 
-Every measurement runs in two fresh processes (multiprocessing, spawn) that the parent starts
-and watches; the parent only sleeps on the results queue while they run.
+shmbus is measured as a user runs it: ``shmbus.connect()`` with the embedded driver and default
+settings (a fresh bus directory per measurement; the first client launches the driver), an
+exclusive publication (``aeron:ipc``) in one spawned process and a subscription in another.
+Beside it, in the same run with the same loops: multiprocessing Queue and Pipe, posix_ipc
+MessageQueue, pyzmq PAIR over ipc:// and iceoryx2 (publish-subscribe over shared memory).
 
-Throughput (one writer process, one reader process, for each message size): the writer sends
-for a fixed duration, then a STOP message; the rate is messages / (time the reader saw STOP -
-time the writer started), both from CLOCK_MONOTONIC, which is shared by the processes. Every
-message carries its sequence number at its head and its tail; the reader checks both for every
-message (in place, or vectorised for the batch API) and the run fails unless the reader got
-exactly the messages the writer sent, in order, intact.
+Every measurement runs in fresh spawned processes (tools/_harness.py): they set up and connect,
+then start together; the CPU time of every process involved (writer, reader, the bus's driver)
+is taken from the start to the last result, and reported as cores (CPU s / wall s). Each
+measurement is repeated --runs times, interleaved with the others (so a burst of load on the
+machine hits every transport alike); the table shows the median of each figure.
 
-* shmbus offer/poll: ExclusivePublication.offer() loop; Image.poll(handler, 256) where the
-  handler unpacks and checks the head and tail sequence numbers in place (zero copy). Messages
-  longer than mtu - 32 (4 KiB with the default mtu of 1408) arrive as fragments and go through
-  shmbus.FragmentAssembler first, as an application's would.
-* shmbus offer/poll +copy: the same, but the handler first copies the payload (bytes(buffer)),
-  as an application that keeps messages would: what peers that hand out a copy always pay.
-* shmbus offer_many/poll_batch: offer_many() of a 2-D numpy array of 1024 rows; poll_batch()
-  with a limit of 1024 and the checks done with numpy over the whole batch (per fragment flags
-  when messages are fragmented).
-* mp.Queue (ctx.Queue(maxsize=1024): put(bytes) / get()), mp.Pipe (Pipe(duplex=False):
-  send_bytes / recv_bytes), posix_ipc.MessageQueue (the system's default depth: send /
-  receive), pyzmq PAIR over ipc:// (send(copy=True) of a reused buffer, recv(copy=False) for
-  4 KiB and recv() below). zmq connects and exchanges a hello before the clock starts, and the
-  sender waits for an ack before closing (libzmq can drop the last messages of an ipc socket
-  closed right after sending them, LINGER or not).
+Throughput (1 writer -> 1 reader, 32 B, 256 B, 4 KiB): the writer sends for --duration seconds,
+then a STOP message; rate = messages / (time the reader saw STOP - time the writer started),
+both CLOCK_MONOTONIC. A message is its sequence number (int64), a fixed body, and a checksum
+(int64 tail: CRC-32 of the body followed by the sequence number's 8 bytes).
 
-Ping-pong: 32 B messages, echoed; the pinger times each round trip (perf_counter_ns) for the
-run's duration and drops the first 10% (at most 1000) as warm-up. shmbus uses two streams, ping
-and pong, each a stream of its own.
+* copied and checked (every transport): the reader copies each message out as bytes and checks
+  its sequence number and its checksum (every byte of the message); errors are counted.
+* shmbus no-copy: the handler reads the sequence number from the memoryview in place.
+* shmbus batch: ``offer_many`` of a (1024, size) uint8 numpy array, ``Subscription.poll_batch``;
+  the reader checks, with numpy over each batch, the sequence number at the head and at the tail
+  of every message (the tail carries the sequence number again instead of a checksum: a CRC per
+  message in Python is the per-message cost the batch API exists to avoid).
 
-Idle strategies: a shmbus side that has nothing to do (reader: nothing to read; writer:
-back-pressured) uses the default back-off strategy (spin 10, yield 20, then sleep from 1 us to
-1 ms, doubling; a 1 us time.sleep lasts ~60-90 us on Linux). Peers use their natural blocking
-calls. The ping-pong runs shmbus twice: both sides busy-spinning, and both on the default
-back-off. Busy-spinning needs a free core for each side: on a 2-core machine anything else
-runnable makes those numbers collapse (the report warns when busy-spin loses to back-off).
+Messages over the mtu less the 32-byte frame header (4 KiB at the default mtu 1408) arrive in
+fragments; the scalar readers reassemble them with FragmentAssembler, as an application would.
 
-Until the driver lands, a shmbus stream is a tests/standalone_stream.StandaloneStream, and one
-process stands in for the driver's flow control (publication limit = reader position + window,
-cleaning behind the reader): in throughput runs the reader, after each poll (a cheap check; the
-limit moves every window / 8); in ping-pong runs the pinger, for both streams, between round
-trips, so that work is off the timed path as a real driver's would be. All of this is in the
-"shmbus setup" section: create_stream() and ShmbusStream are the only code that changes when
-shmbus.connect() arrives.
+Round trip (32 B ping-pong; p50/p90/p99 of the round trips, the first 10% dropped):
 
-Bounded waits: shmbus loops and barriers check deadlines, posix_ipc and zmq calls have
-timeouts; mp.Queue and mp.Pipe block natively (a timeout would add a poll() per message), so
-for them, as for everything, the parent's watchdog terminates a run that overruns its deadline.
+* back-to-back: the next ping goes as soon as the pong is back. shmbus busy-spins
+  (BusySpinIdleStrategy on both sides); peers block in their receive calls, iceoryx2 polls.
+* 1,000 msg/s: one ping per millisecond. shmbus waits blocking in
+  ``Subscription.poll(handler, 1, timeout=...)`` (woken by the writer; no spinning), and with
+  the default BackoffIdleStrategy between empty polls; peers as above. The summary shows the
+  blocking-wait p50 with the ponger's CPU (a subscriber that waits all the time but for one
+  echo per millisecond) in % of a core.
 
-Fan-out over the network (--fanout after the above, --fanout-only instead of it): the section
-of tools/bench_fanout.py, with this run's --quick, --duration, --repeat and --timeout: one
-publisher's throughput to one receiving host by unicast, and to two by multicast and by MDC
-(manual and dynamic), between network namespaces (needs root); its table follows this one and
-its report goes into --json as "fanout".
+Idle: a connected publication and subscription doing nothing for --idle seconds (the publisher
+sleeps, the subscriber polls with the default back-off, or blocks in ``poll(timeout=...)``):
+the CPU of the publisher, the subscriber and the driver.
+
+Output: a markdown report on stdout (or the JSON report with --json), and bench.md, bench.json
+and bench.png (throughput by size, round-trip percentiles) in --out (default tools/results/).
+Exit status 1 if a measurement failed (crashed, timed out, or got wrong messages); a
+measurement that cannot run here (missing package or API) is reported "n/a: <reason>".
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import json
 import multiprocessing as mp
 import os
-import platform
-import queue
 import shutil
 import struct
 import sys
 import tempfile
 import time
-import traceback
+import zlib
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,167 +70,376 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
+from _harness import (
+    STOP,
+    BenchError,
+    Member,
+    Outcome,
+    attempt,
+    codec,
+    deadline_after,
+    fmt,
+    fmt_rate,
+    machine,
+    markdown_table,
+    median_row,
+    percentiles_us,
+    run_processes,
+)
 
 SIZES = (32, 256, 4096)
-LATENCY_SIZE = 32
-STOP = -1  # sequence number of the message that ends a run
-QUEUE_MAXSIZE = 1024  # mp.Queue bound (unbounded, a fast writer would buffer gigabytes)
-POLL_LIMIT = 256  # fragment limit of Image.poll in throughput runs
-BATCH_ROWS = 1024  # rows of the offer_many array, and the poll_batch limit
-TERM_LENGTH = 1024 * 1024  # shmbus's default term length: a window of 512 KiB
-MAX_SAMPLES = 500_000  # ping-pong round trips kept at most per run
-_RUN_IDS = itertools.count()  # names of the files and queues of each run
+RTT_SIZE = 32
+RTT_RATE = 1000  # pings per second of the paced round-trip mode
+QUEUE_DEPTH = 1024  # mp.Queue maxsize, iceoryx2 subscriber buffer: bounded like a log window
+POLL_LIMIT = 256  # fragment limit of Subscription.poll in throughput runs
+BATCH_ROWS = 1024  # rows of an offer_many array, and the poll_batch limit
+FRAME_HEADER = 32  # bytes of a data frame's header: longer payloads than mtu - 32 fragment
+BEGIN_FLAG, END_FLAG = 0x80, 0x40  # FragmentBatch.flags: first and last fragment of a message
+MAX_SAMPLES = 500_000  # round trips kept at most per run
+CHANNEL = "aeron:ipc"
 
-SHM = "shmbus offer/poll"
-SHM_COPY = "shmbus offer/poll +copy"
-SHM_BATCH = "shmbus offer_many/poll_batch"
+SHM = "shmbus"
+SHM_NOCOPY = "shmbus no-copy"
+SHM_BATCH = "shmbus batch"
 QUEUE = "mp.Queue"
 PIPE = "mp.Pipe"
-POSIX = "posix_ipc.MessageQueue"
+POSIX = "posix_ipc MessageQueue"
 ZMQ = "zmq PAIR ipc://"
-PEERS = (QUEUE, PIPE, POSIX, ZMQ)
-THROUGHPUT_TRANSPORTS = (SHM, SHM_COPY, SHM_BATCH, *PEERS)
+ICEORYX = "iceoryx2"
+PEERS = (QUEUE, PIPE, POSIX, ZMQ, ICEORYX)
+THROUGHPUT = (SHM, SHM_NOCOPY, SHM_BATCH, *PEERS)
 
-IDLE_SHM = "back-off / back-off"
-IDLE_SPIN = "busy-spin / busy-spin"
-IDLE_PEER = "blocking / blocking"
-
-
-class BenchError(RuntimeError):
-    """A run that failed: timed out, crashed, or delivered wrong messages."""
-
-
-def _use_repo_imports() -> None:
-    """Make shmbus and tests.standalone_stream importable (the package is not installed)."""
-    root = str(ROOT)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-
-
-def _codec(size: int) -> struct.Struct:
-    """A message: its sequence number in the first and in the last 8 bytes."""
-    return struct.Struct(f"<q{size - 16}xq")
+BACK_TO_BACK = "back-to-back"
+PACED = f"{RTT_RATE:,} msg/s"
+SPIN = "busy-spin"
+BLOCKING = "blocking wait"
+BACKOFF = "back-off (default)"
+PEER_WAIT = {QUEUE: "blocking", PIPE: "blocking", POSIX: "blocking", ZMQ: "blocking",
+             ICEORYX: "busy-poll"}
 
 
 # ---------------------------------------------------------------------------------------------
-# shmbus setup: the only code that knows how a stream is made.
-#
-# Today a stream is a StandaloneStream (a log and a positions file in a directory) and some
-# process stands in for the driver's flow control by calling driver_duty(). When the driver
-# lands: StreamSpec becomes (channel, stream_id) (plus a picklable shmbus.Context),
-# create_stream() only picks the id, ShmbusStream opens bus.add_exclusive_publication() /
-# bus.add_subscription() (waiting for the image, with a deadline), and driver_duty() does
-# nothing.
+# Messages: sequence number, a fixed body, a checksum
+# ---------------------------------------------------------------------------------------------
+
+
+def body(size: int) -> bytes:
+    """The fixed body of a size-byte message (between the head and tail words)."""
+    return bytes(i % 251 for i in range(size - 16))
+
+
+class Checked:
+    """Makes and checks copied messages: head = sequence number, tail = CRC-32 of the body
+    followed by the head's 8 bytes (so the body's CRC is computed once, by the writer)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.codec = codec(size)
+        self.body_crc = zlib.crc32(body(size))
+
+    def message(self) -> bytearray:
+        """A buffer holding the body; write() fills in head and tail."""
+        message = bytearray(self.size)
+        message[8:-8] = body(self.size)
+        return message
+
+    def write(self, message: bytearray, seq: int) -> None:
+        struct.pack_into("<q", message, 0, seq)
+        crc = zlib.crc32(memoryview(message)[:8], self.body_crc)
+        struct.pack_into("<q", message, self.size - 8, crc)
+
+    def check(self, data: bytes) -> tuple[int, bool]:
+        """(sequence number, whether length and checksum are right) of a copied message."""
+        if len(data) != self.size:
+            return self.codec.unpack_from(data)[0] if len(data) >= 8 else -2, False
+        seq, tail = self.codec.unpack(data)
+        view = memoryview(data)
+        return seq, tail == zlib.crc32(view[:8], zlib.crc32(view[8:-8]))
+
+
+class Counter:
+    """A reader's tally: messages in order, errors, the first error, and STOP seen."""
+
+    def __init__(self) -> None:
+        self.expected = self.errors = 0
+        self.first_bad: str | None = None
+        self.stopped = False
+
+    def bad(self, seq: int, what: str) -> None:
+        self.errors += 1
+        self.first_bad = self.first_bad or f"expected {self.expected}, got {seq}: {what}"
+        self.expected = seq + 1
+
+    def result(self, t1: int) -> dict[str, Any]:
+        return {"received": self.expected, "errors": self.errors, "first_bad": self.first_bad,
+                "t1": t1}
+
+
+# ---------------------------------------------------------------------------------------------
+# shmbus: connecting as a user does
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class StreamSpec:
-    """Where a stream lives: made in the parent, handed to the spawned processes."""
+class Bus:
+    """One measurement's bus: a fresh directory (the first client launches its driver)."""
 
-    directory: str
-    term_length: int
+    dir: str
 
+    def connect(self) -> Any:
+        import shmbus
 
-def create_stream(root: Path, name: str, term_length: int = TERM_LENGTH,
-                  mtu: int | None = None) -> StreamSpec:
-    """Make a stream's files in the parent; the children open them by path."""
-    _use_repo_imports()
-    from tests.standalone_stream import StandaloneStream
+        return shmbus.connect(dir=self.dir)
 
-    directory = root / name
-    directory.mkdir()
-    log_args = {"term_length": term_length} if mtu is None else {"term_length": term_length,
-                                                                  "mtu": mtu}
-    StandaloneStream(directory, create=True, **log_args).close()
-    return StreamSpec(str(directory), term_length)
+    def max_payload(self) -> int:
+        import shmbus
+
+        return shmbus.Context(dir=self.dir).mtu - FRAME_HEADER
 
 
-class ShmbusStream:
-    """One process's handle on a stream: its exclusive publication and/or its image.
+def _publication(bus: Any, stream_id: int, deadline_ns: int) -> Any:
+    publication = bus.add_exclusive_publication(CHANNEL, stream_id)
+    while not publication.is_connected:
+        if time.monotonic_ns() > deadline_ns:
+            raise BenchError(f"publication on stream {stream_id} never connected")
+        time.sleep(0.002)
+    return publication
 
-    Exactly one process per stream opens it with ``driver=True`` and calls driver_duty().
-    """
 
-    def __init__(self, spec: StreamSpec, *, driver: bool = False) -> None:
-        _use_repo_imports()
-        from shmbus.driver.ipc_flow_control import ipc_window
-        from shmbus.shm.position import Position
-        from tests.standalone_stream import StandaloneStream, reader_offset
+def _subscription(bus: Any, stream_id: int, deadline_ns: int) -> Any:
+    return _await_image(bus.add_subscription(CHANNEL, stream_id), deadline_ns)
 
-        self._stream = StandaloneStream(spec.directory)
-        self.max_payload_length = self._stream.log.descriptor.mtu - 32
-        # the reader's position as the driver sees it: readable from any process
-        self._reader_position = Position(self._stream.positions, reader_offset(0))
-        self._duty_step = ipc_window(spec.term_length) // 8  # the flow control's trip gain
-        self._next_duty = 0
-        self._driver = driver
-        self._publication: Any = None
-        self._image: Any = None
-        if driver:
-            # Take the flow control now, before the writer may write: StandaloneStream makes
-            # its IpcFlowControl on the first update_limit(), and that starts cleaning at the
-            # producer position of that moment, so frames written before it would never be
-            # cleaned and a reader would meet their stale lengths one lap later.
-            self.driver_duty()
 
-    def publication(self) -> Any:
-        """The stream's ExclusivePublication (one writer)."""
-        if self._publication is None:
-            self._publication = self._stream.publication(exclusive=True)
-        return self._publication
+def _await_image(subscription: Any, deadline_ns: int) -> Any:
+    while not subscription.images:
+        if time.monotonic_ns() > deadline_ns:
+            raise BenchError(f"subscription on stream {subscription.stream_id} never got an "
+                             f"image")
+        time.sleep(0.002)  # the client's conductor thread adds the image
+    return subscription
 
-    def image(self) -> Any:
-        """The stream's Image for reader 0."""
-        if self._image is None:
-            self._image = self._stream.image(0)
-        return self._image
 
-    def driver_duty(self) -> None:
-        """Stand in for the driver: raise the limit behind the reader, cleaning behind it.
+def _offer(offer: Callable[[Any], int], message: Any, idle: Any, deadline_ns: int) -> None:
+    """Offer until accepted, idling while back-pressured."""
+    import shmbus
 
-        Exactly one process per stream calls this. Cheap until the reader has moved by the
-        flow control's trip gain (window / 8), when the limit would move anyway.
-        """
-        if not self._driver:
-            raise RuntimeError("driver_duty() on a stream not opened with driver=True")
-        position = self._reader_position.get()
-        if position >= self._next_duty:
-            self._stream.update_limit([position])
-            self._next_duty = position + self._duty_step
-
-    def close(self) -> None:
-        if self._publication is not None:
-            self._publication.close()
-        if self._image is not None:
-            self._image.close()
-        self._stream.close()
+    while True:
+        result = offer(message)
+        if result > 0:
+            idle.reset()
+            return
+        if result in (shmbus.CLOSED, shmbus.MAX_POSITION_EXCEEDED):
+            raise BenchError(f"offer failed: {shmbus.result_name(result)}")
+        if result != shmbus.ADMIN_ACTION:
+            idle.idle(0)
+            if time.monotonic_ns() > deadline_ns:
+                raise BenchError(f"offer blocked: {shmbus.result_name(result)}")
 
 
 # ---------------------------------------------------------------------------------------------
-# Peers
+# Throughput members
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
+def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, batch: bool,
+               duration_s: float, timeout_s: float, done: Any) -> dict[str, Any]:
+    """Offer (batch: offer_many) checked messages for duration_s, then STOP."""
+    import shmbus
+
+    with bus_spec.connect() as bus:
+        publication = _publication(bus, stream_id, deadline_after(timeout_s))
+        offer = publication.offer
+        idle = shmbus.BackoffIdleStrategy()
+        checked = Checked(size)
+        message = checked.message()
+        write = checked.write
+        start.ready(bus.driver_pid)
+        t0 = time.monotonic_ns()
+        end_ns, deadline = t0 + int(duration_s * 1e9), deadline_after(timeout_s)
+        seq = 0
+        if batch:
+            block = np.zeros((BATCH_ROWS, size), np.uint8)
+            words = block.view("<i8")  # sequence numbers in the first and the last word
+            ramp = np.arange(BATCH_ROWS, dtype=np.int64)
+            offer_many = publication.offer_many
+            while time.monotonic_ns() < end_ns:
+                np.add(ramp, seq, out=words[:, 0])
+                words[:, -1] = words[:, 0]
+                sent = 0
+                while sent < BATCH_ROWS:
+                    sent += max(0, _offer_many(offer_many, block, sent, idle, deadline))
+                seq += BATCH_ROWS
+        else:
+            while True:
+                write(message, seq)
+                if offer(message) < 0:
+                    _offer(offer, message, idle, deadline)
+                seq += 1
+                if not seq & 127 and time.monotonic_ns() >= end_ns:
+                    break
+        struct.pack_into("<q", message, 0, STOP)
+        _offer(offer, message, idle, deadline)
+        done.wait(timeout_s)  # keep the publication until the reader has everything
+    return {"sent": seq, "t0": t0}
+
+
+def _offer_many(offer_many: Callable[[Any], int], block: Any, sent: int, idle: Any,
+                deadline_ns: int) -> int:
+    import shmbus
+
+    result = offer_many(block[sent:] if sent else block)
+    if result > 0:
+        idle.reset()
+    elif result in (shmbus.CLOSED, shmbus.MAX_POSITION_EXCEEDED):
+        raise BenchError(f"offer_many failed: {shmbus.result_name(result)}")
+    elif result != shmbus.ADMIN_ACTION:
+        idle.idle(0)
+        if time.monotonic_ns() > deadline_ns:
+            raise BenchError(f"offer_many blocked: {shmbus.result_name(result)}")
+    return result
+
+
+def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, copy: bool,
+               timeout_s: float, done: Any) -> dict[str, Any]:
+    """Poll until STOP: copy and check every message (copy=True), or read its sequence number
+    in place."""
+    import shmbus
+
+    tally = Counter()
+    checked = Checked(size)
+    check = checked.check
+    head = struct.Struct("<q").unpack_from
+
+    def copied(buffer: memoryview, header: Any) -> None:
+        seq, ok = check(bytes(buffer))
+        if seq == tally.expected and ok:
+            tally.expected += 1
+        elif seq == STOP:
+            tally.stopped = True
+        else:
+            tally.bad(seq, "bad checksum" if seq == tally.expected else "out of order")
+
+    def in_place(buffer: memoryview, header: Any) -> None:
+        seq = head(buffer)[0]
+        if seq == tally.expected:
+            tally.expected += 1
+        elif seq == STOP:
+            tally.stopped = True
+        else:
+            tally.bad(seq, "out of order")
+
+    handler: Any = copied if copy else in_place
+    if size > bus_spec.max_payload():
+        handler = shmbus.FragmentAssembler(handler)
+    with bus_spec.connect() as bus:
+        subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
+        poll = subscription.poll
+        idle = shmbus.BackoffIdleStrategy()
+        start.ready(bus.driver_pid)
+        deadline = deadline_after(timeout_s)
+        idled = 0
+        while not tally.stopped:
+            if poll(handler, POLL_LIMIT):
+                if idled:
+                    idle.reset()
+                    idled = 0
+            else:
+                idled += 1
+                idle.idle(0)
+                if not idled & 63 and time.monotonic_ns() > deadline:
+                    raise BenchError(f"reader timed out after {tally.expected} messages")
+        t1 = time.monotonic_ns()
+        done.set()
+    return tally.result(t1)
+
+
+def shm_batch_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, timeout_s: float,
+                     done: Any) -> dict[str, Any]:
+    """poll_batch until STOP, checking head and tail sequence numbers with numpy."""
+    import shmbus
+
+    tally = Counter()
+    ramp = np.arange(BATCH_ROWS + 1, dtype=np.int64)
+    fragmented = size > bus_spec.max_payload()
+    payload_bytes = 0
+    pending: list[int] = []  # head of a message whose last fragment is in a later batch
+
+    def on_batch(batch: Any) -> None:
+        nonlocal payload_bytes
+        words = batch.term.view(np.int64)  # frames are 32-byte aligned: payloads 8-aligned
+        offsets, lengths = batch.offsets, batch.lengths
+        if fragmented:
+            begins, ends = (batch.flags & BEGIN_FLAG) != 0, (batch.flags & END_FLAG) != 0
+            heads = np.concatenate((pending, words[offsets[begins] >> 3])).astype(np.int64)
+            tails = words[(offsets[ends] + lengths[ends] - 8) >> 3]
+            payload_bytes += int(lengths.sum())  # checked against the count at the end
+            pending[:] = heads[len(tails):].tolist()
+            heads = heads[:len(tails)]
+            lengths_ok = True
+        else:
+            heads = words[offsets >> 3]
+            tails = words[(offsets + size - 8) >> 3]
+            lengths_ok = bool((lengths == size).all())
+        n = len(heads)
+        if n and heads[n - 1] == STOP:
+            tally.stopped = True
+            n -= 1
+            heads, tails = heads[:n], tails[:n]
+        if not n:
+            return
+        if (lengths_ok and np.array_equal(heads - tally.expected, ramp[:n])
+                and np.array_equal(tails, heads)):
+            tally.expected += n
+        else:
+            tally.bad(int(heads[n - 1]), f"batch at position {batch.position}: heads "
+                                         f"{heads[:4]}.. tails {tails[:4]}..")
+
+    with bus_spec.connect() as bus:
+        subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
+        poll_batch = subscription.poll_batch
+        idle = shmbus.BackoffIdleStrategy()
+        start.ready(bus.driver_pid)
+        deadline = deadline_after(timeout_s)
+        idled = 0
+        while not tally.stopped:
+            if poll_batch(on_batch, BATCH_ROWS):
+                if idled:
+                    idle.reset()
+                    idled = 0
+            else:
+                idled += 1
+                idle.idle(0)
+                if not idled & 63 and time.monotonic_ns() > deadline:
+                    raise BenchError(f"reader timed out after {tally.expected} messages")
+        t1 = time.monotonic_ns()
+        done.set()
+    if fragmented and payload_bytes != (tally.expected + 1) * size:  # + 1: STOP
+        tally.bad(tally.expected, f"{payload_bytes} payload bytes for {tally.expected + 1} "
+                                  f"messages")
+    return tally.result(t1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Peers: one process's end of a link, as send / recv / close
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
 class PeerEnd:
-    """One process's end of a peer link: where it sends (tx) and receives (rx)."""
+    """Where one process sends (tx) and receives (rx); made in the parent."""
 
     kind: str
     tx: Any = None
     rx: Any = None
     bind: bool = False  # zmq: this end binds
-    zmq_copy: bool = True  # zmq: recv(copy=...)
 
 
-def make_peer_link(ctx: Any, kind: str, root: Path, name: str, size: int,
+def make_peer_link(ctx: Any, kind: str, root: Path, name: str,
                    two_way: bool) -> tuple[PeerEnd, PeerEnd, Callable[[], None]]:
     """(a, b, cleanup): a sends to b, and with two_way b sends back to a."""
     if kind == QUEUE:
-        fwd = ctx.Queue(maxsize=QUEUE_MAXSIZE)
-        back = ctx.Queue(maxsize=QUEUE_MAXSIZE) if two_way else None
+        fwd = ctx.Queue(maxsize=QUEUE_DEPTH)
+        back = ctx.Queue(maxsize=QUEUE_DEPTH) if two_way else None
         return PeerEnd(kind, fwd, back), PeerEnd(kind, back, fwd), lambda: None
     if kind == PIPE:
         fwd_r, fwd_w = ctx.Pipe(duplex=False)
@@ -259,505 +459,223 @@ def make_peer_link(ctx: Any, kind: str, root: Path, name: str, size: int,
                 except posix_ipc.ExistentialError:
                     pass
 
-        back_name = names[1] if two_way else None
-        return PeerEnd(kind, names[0], back_name), PeerEnd(kind, back_name, names[0]), cleanup
+        back = names[1] if two_way else None
+        return PeerEnd(kind, names[0], back), PeerEnd(kind, back, names[0]), cleanup
     if kind == ZMQ:
         endpoint = f"ipc://{root}/{name}.zmq"
-        copy = size < 4096
-        a = PeerEnd(kind, endpoint, endpoint if two_way else None, zmq_copy=copy)
-        b = PeerEnd(kind, endpoint if two_way else None, endpoint, bind=True, zmq_copy=copy)
-        return a, b, lambda: None
+        return (PeerEnd(kind, endpoint, endpoint if two_way else None),
+                PeerEnd(kind, endpoint if two_way else None, endpoint, bind=True), lambda: None)
+    if kind == ICEORYX:
+        fwd, back = f"shmbus-bench/{os.getpid()}/{name}/f", f"shmbus-bench/{os.getpid()}/{name}/b"
+        back_name = back if two_way else None
+        return PeerEnd(kind, fwd, back_name), PeerEnd(kind, back_name, fwd), lambda: None
     raise ValueError(f"unknown peer {kind!r}")
 
 
-def open_peer(end: PeerEnd, timeout_s: float) -> tuple[Callable[[Any], Any],
-                                                       Callable[[], Any], Callable[[], None]]:
-    """(send, recv, close) for this end, in the child process."""
+def open_peer(end: PeerEnd, size: int, timeout_s: float
+              ) -> tuple[Callable[[Any], Any], Callable[[], bytes], Callable[[], None]]:
+    """(send, recv, close) of this end, in the member's process; recv returns bytes."""
     if end.kind == QUEUE:
-        tx, rx = end.tx, end.rx
+        tx = end.tx
 
         def send(message: Any) -> None:
             tx.put(bytes(message))
 
-        return send, rx.get if rx is not None else None, lambda: None
+        return send, end.rx.get if end.rx is not None else _no_recv, lambda: None
     if end.kind == PIPE:
         return (end.tx.send_bytes if end.tx is not None else None,
-                end.rx.recv_bytes if end.rx is not None else None, lambda: None)
+                end.rx.recv_bytes if end.rx is not None else _no_recv, lambda: None)
     if end.kind == POSIX:
-        import posix_ipc
-
-        txq = posix_ipc.MessageQueue(end.tx) if end.tx else None
-        rxq = posix_ipc.MessageQueue(end.rx) if end.rx else None
-        tx_send = txq.send if txq else None
-        rx_receive = rxq.receive if rxq else None
-
-        def send(message: Any) -> None:
-            tx_send(message, timeout_s)
-
-        def recv() -> Any:
-            return rx_receive(timeout_s)[0]
-
-        def close() -> None:
-            for q in (txq, rxq):
-                if q is not None:
-                    q.close()
-
-        return send, recv, close
+        return _open_posix(end, timeout_s)
     if end.kind == ZMQ:
-        import zmq
-
-        zctx = zmq.Context()
-        sock = zctx.socket(zmq.PAIR)
-        ms = int(timeout_s * 1000)
-        sock.setsockopt(zmq.LINGER, ms)
-        sock.setsockopt(zmq.SNDTIMEO, ms)
-        sock.setsockopt(zmq.RCVTIMEO, ms)
-        endpoint = end.tx or end.rx
-        # connect first, so the timed part never waits for zmq's reconnect interval
-        if end.bind:
-            sock.bind(endpoint)
-            sock.recv()
-        else:
-            sock.connect(endpoint)
-            sock.send(b"hello")
-        sock_recv = sock.recv
-        if end.zmq_copy:
-            recv = sock_recv
-        else:
-            def recv() -> Any:
-                return sock_recv(copy=False)
-
-        def close() -> None:
-            # libzmq can drop the last messages of an ipc:// socket closed right after sending
-            # them, LINGER or not (libzmq #4660): seen here as a lost STOP. So the end that
-            # sent STOP (a, connecting) waits for an ack from the binding end before closing.
-            try:
-                if end.bind:
-                    sock.send(b"")
-                else:
-                    sock.setsockopt(zmq.RCVTIMEO, 2000)
-                    sock_recv()
-            except zmq.Again:
-                pass  # the ack itself may be lost that way: the counts are checked anyway
-            sock.close()
-            zctx.term()
-
-        return sock.send, recv, close
+        return _open_zmq(end, timeout_s)
+    if end.kind == ICEORYX:
+        return _open_iceoryx(end, size, timeout_s)
     raise ValueError(f"unknown peer {end.kind!r}")
 
 
-# ---------------------------------------------------------------------------------------------
-# Child processes: throughput
-# ---------------------------------------------------------------------------------------------
+def _no_recv() -> bytes:
+    raise BenchError("this end does not receive")
 
 
-def _child(role: str, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...], barrier: Any,
-           results: Any) -> None:
-    """Entry point of every spawned process: run fn, report its result or its traceback."""
-    try:
-        out = fn(barrier, *args)
-    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the run
-        out = {"error": traceback.format_exc(limit=6)}
-    out["role"] = role
-    results.put(out)
+def _open_posix(end: PeerEnd, timeout_s: float) -> Any:
+    import posix_ipc
+
+    txq = posix_ipc.MessageQueue(end.tx) if end.tx else None
+    rxq = posix_ipc.MessageQueue(end.rx) if end.rx else None
+
+    def send(message: Any) -> None:
+        txq.send(message, timeout_s)
+
+    def recv() -> bytes:
+        return rxq.receive(timeout_s)[0]
+
+    def close() -> None:
+        for q in (txq, rxq):
+            if q is not None:
+                q.close()
+
+    return send, recv, close
 
 
-def _offer_retry(offer: Callable[..., int], message: Any, idle: Any, deadline_ns: int) -> None:
-    """Offer until accepted: back-off while back-pressured, at once after a rotation."""
-    from shmbus import ADMIN_ACTION, CLOSED, MAX_POSITION_EXCEEDED, result_name
+def _open_zmq(end: PeerEnd, timeout_s: float) -> Any:
+    import zmq
 
-    while True:
-        result = offer(message)
-        if result > 0:
-            idle.reset()
-            return
-        if result in (CLOSED, MAX_POSITION_EXCEEDED):
-            raise BenchError(f"offer failed: {result_name(result)}")
-        if result != ADMIN_ACTION:
-            idle.idle(0)
-            if time.monotonic_ns() > deadline_ns:
-                raise BenchError(f"offer not accepted before the deadline: {result_name(result)}")
+    context = zmq.Context()
+    sock = context.socket(zmq.PAIR)
+    ms = int(timeout_s * 1000)
+    for option in (zmq.LINGER, zmq.SNDTIMEO, zmq.RCVTIMEO):
+        sock.setsockopt(option, ms)
+    # connected, both ways, before the clock starts
+    if end.bind:
+        sock.bind(end.tx or end.rx)
+        if sock.recv() != b"hello":
+            raise BenchError("zmq: no hello")
+        sock.send(b"hello")
+    else:
+        sock.connect(end.tx or end.rx)
+        sock.send(b"hello")
+        if sock.recv() != b"hello":
+            raise BenchError("zmq: no hello back")
+
+    def close() -> None:
+        sock.close()
+        context.term()
+
+    return sock.send, sock.recv, close
 
 
-def _peer_writer(barrier: Any, end: PeerEnd, size: int, duration_s: float,
-                 timeout_s: float) -> dict[str, Any]:
-    send, _, close = open_peer(end, timeout_s)
-    pack = _codec(size).pack_into
-    message = bytearray(size)
-    barrier.wait(timeout_s)
+def _open_iceoryx(end: PeerEnd, size: int, timeout_s: float) -> Any:
+    import iceoryx2 as iox2
+
+    iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
+    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+
+    def service(name: str) -> Any:
+        # no loss: a full subscriber buffer makes the publisher retry (back-pressure)
+        return (node.service_builder(iox2.ServiceName.new(name))
+                .publish_subscribe(iox2.Slice[ctypes.c_uint8])
+                .enable_safe_overflow(False).subscriber_max_buffer_size(QUEUE_DEPTH)
+                .max_publishers(1).max_subscribers(1).open_or_create())
+
+    ports: list[Any] = []
+    send: Any = None
+    recv: Any = _no_recv
+    if end.rx:  # subscribers first: each side's publisher then waits for the other's
+        subscriber = service(end.rx).subscriber_builder().buffer_size(QUEUE_DEPTH).create()
+        ports.append(subscriber)
+        receive = subscriber.receive
+        deadline_rx = deadline_after(timeout_s + 60)
+
+        def recv() -> bytes:
+            spins = 0
+            while True:
+                sample = receive()
+                if sample is not None:
+                    data = bytes(sample.payload().as_memory_view())
+                    sample.delete()
+                    return data
+                spins += 1
+                if not spins & 4095 and time.monotonic_ns() > deadline_rx:
+                    raise BenchError("iceoryx2: receive timed out")
+
+    if end.tx:
+        tx_service = service(end.tx)
+        publisher = (tx_service.publisher_builder().initial_max_slice_len(size)
+                     .backpressure_strategy(iox2.BackpressureStrategy.RetryUntilDelivered)
+                     .create())
+        ports.append(publisher)
+        loan = publisher.loan_slice_uninit
+
+        def send(message: Any) -> None:
+            sample = loan(len(message))
+            ctypes.memmove(sample.payload_ptr, bytes(message), len(message))
+            sample.assume_init().send()
+
+        # a sample published before the subscriber is there would be lost: wait for it
+        deadline = deadline_after(timeout_s)
+        while tx_service.dynamic_config.number_of_subscribers == 0:
+            if time.monotonic_ns() > deadline:
+                raise BenchError("iceoryx2: no subscriber")
+            time.sleep(0.002)
+        publisher.update_connections()
+
+    def close() -> None:
+        for port in ports:
+            port.delete()
+
+    return send, recv, close
+
+
+def peer_writer(start: Any, end: PeerEnd, size: int, duration_s: float, timeout_s: float,
+                done: Any) -> dict[str, Any]:
+    """Send checked messages for duration_s, then STOP."""
+    send, _, close = open_peer(end, size, timeout_s)
+    checked = Checked(size)
+    message = checked.message()
+    write = checked.write
+    start.ready()
     t0 = time.monotonic_ns()
     end_ns = t0 + int(duration_s * 1e9)
     seq = 0
     try:
         while True:
-            pack(message, 0, seq, seq)
+            write(message, seq)
             send(message)
             seq += 1
             if not seq & 127 and time.monotonic_ns() >= end_ns:
                 break
-        pack(message, 0, STOP, STOP)
+        struct.pack_into("<q", message, 0, STOP)
         send(message)
-        close()
     except Exception as e:
         raise BenchError(f"send failed after {seq} messages: {e!r}") from e
+    done.wait(timeout_s)  # zmq and iceoryx2 may drop what is unread when an end closes
+    close()
     return {"sent": seq, "t0": t0}
 
 
-def _peer_reader(barrier: Any, end: PeerEnd, size: int, timeout_s: float) -> dict[str, Any]:
-    _, recv, close = open_peer(end, timeout_s)
-    unpack = _codec(size).unpack_from
-    barrier.wait(timeout_s)
-    expected = errors = 0
-    first_bad = None
+def peer_reader(start: Any, end: PeerEnd, size: int, timeout_s: float,
+                done: Any) -> dict[str, Any]:
+    """Receive until STOP, checking every message."""
+    _, recv, close = open_peer(end, size, timeout_s)
+    check = Checked(size).check
+    tally = Counter()
+    start.ready()
     try:
         while True:
-            head, tail = unpack(recv())
-            if head == expected and tail == head:
-                expected += 1
-            elif head == STOP:
+            seq, ok = check(recv())
+            if seq == tally.expected and ok:
+                tally.expected += 1
+            elif seq == STOP:
                 break
             else:
-                errors += 1
-                first_bad = first_bad or f"expected {expected}, got head {head} tail {tail}"
-                expected = head + 1
+                tally.bad(seq, "bad checksum" if seq == tally.expected else "out of order")
     except Exception as e:
-        raise BenchError(f"receive failed after {expected} messages: {e!r}") from e
+        raise BenchError(f"receive failed after {tally.expected} messages: {e!r}") from e
     t1 = time.monotonic_ns()
+    done.set()
     close()
-    return {"received": expected, "errors": errors, "first_bad": first_bad, "t1": t1}
-
-
-def _shm_writer(barrier: Any, spec: StreamSpec, size: int, duration_s: float,
-                timeout_s: float) -> dict[str, Any]:
-    from shmbus import BackoffIdleStrategy
-
-    stream = ShmbusStream(spec)
-    offer = stream.publication().offer
-    pack = _codec(size).pack_into
-    message = bytearray(size)
-    idle = BackoffIdleStrategy()
-    barrier.wait(timeout_s)
-    t0 = time.monotonic_ns()
-    end_ns = t0 + int(duration_s * 1e9)
-    deadline = t0 + int(timeout_s * 1e9)
-    seq = 0
-    while True:
-        pack(message, 0, seq, seq)
-        if offer(message) < 0:
-            _offer_retry(offer, message, idle, deadline)
-        seq += 1
-        if not seq & 127 and time.monotonic_ns() >= end_ns:
-            break
-    pack(message, 0, STOP, STOP)
-    _offer_retry(offer, message, idle, deadline)
-    stream.close()
-    return {"sent": seq, "t0": t0}
-
-
-def _shm_reader(barrier: Any, spec: StreamSpec, size: int, timeout_s: float,
-                copy: bool) -> dict[str, Any]:
-    from shmbus import BackoffIdleStrategy, FragmentAssembler
-
-    stream = ShmbusStream(spec, driver=True)
-    poll = stream.image().poll
-    duty = stream.driver_duty
-    unpack = _codec(size).unpack_from
-    expected = errors = 0
-    first_bad = None
-    stopped = False
-
-    def bad(head: int, tail: int, header: Any) -> None:
-        nonlocal expected, errors, first_bad, stopped
-        if head == STOP:
-            stopped = True
-            return
-        errors += 1
-        first_bad = first_bad or (f"expected {expected}, got head {head} tail {tail} in the "
-                                  f"frame ending at position {header.position}")
-        expected = head + 1
-
-    def in_place(buffer: memoryview, header: Any) -> None:
-        nonlocal expected
-        head, tail = unpack(buffer)
-        if head == expected and tail == head:
-            expected += 1
-        else:
-            bad(head, tail, header)
-
-    def copied(buffer: memoryview, header: Any) -> None:
-        nonlocal expected
-        head, tail = unpack(bytes(buffer))
-        if head == expected and tail == head:
-            expected += 1
-        else:
-            bad(head, tail, header)
-
-    handler: Any = copied if copy else in_place
-    if size > stream.max_payload_length:
-        handler = FragmentAssembler(handler)  # messages over mtu - 32 come in fragments
-    idle = BackoffIdleStrategy()
-    barrier.wait(timeout_s)
-    deadline = time.monotonic_ns() + int(timeout_s * 1e9)
-    idled = 0
-    while not stopped:
-        if poll(handler, POLL_LIMIT):
-            if idled:
-                idle.reset()
-                idled = 0
-        else:
-            idled += 1
-            idle.idle(0)
-            if not idled & 63 and time.monotonic_ns() > deadline:
-                raise BenchError(f"reader timed out after {expected} messages")
-        duty()
-    t1 = time.monotonic_ns()
-    stream.close()
-    return {"received": expected, "errors": errors, "first_bad": first_bad, "t1": t1}
-
-
-def _shm_batch_writer(barrier: Any, spec: StreamSpec, size: int, duration_s: float,
-                      timeout_s: float) -> dict[str, Any]:
-    from shmbus import BackoffIdleStrategy
-
-    stream = ShmbusStream(spec)
-    publication = stream.publication()
-    offer_many = publication.offer_many
-    block = np.zeros((BATCH_ROWS, size), np.uint8)
-    words = block.view("<i8")  # (rows, size / 8): sequence numbers in the first and last word
-    ramp = np.arange(BATCH_ROWS, dtype=np.int64)
-    idle = BackoffIdleStrategy()
-    message = bytearray(size)
-    barrier.wait(timeout_s)
-    t0 = time.monotonic_ns()
-    end_ns = t0 + int(duration_s * 1e9)
-    deadline = t0 + int(timeout_s * 1e9)
-    seq = 0
-    while True:
-        np.add(ramp, seq, out=words[:, 0])
-        words[:, -1] = words[:, 0]
-        done = 0
-        while done < BATCH_ROWS:
-            result = offer_many(block[done:] if done else block)
-            if result > 0:
-                done += result
-                continue
-            _idle_on_code(result, idle, deadline)
-        idle.reset()
-        seq += BATCH_ROWS
-        if time.monotonic_ns() >= end_ns:
-            break
-    _codec(size).pack_into(message, 0, STOP, STOP)
-    _offer_retry(publication.offer, message, idle, deadline)
-    stream.close()
-    return {"sent": seq, "t0": t0}
-
-
-def _idle_on_code(result: int, idle: Any, deadline_ns: int) -> None:
-    from shmbus import ADMIN_ACTION, CLOSED, MAX_POSITION_EXCEEDED, result_name
-
-    if result in (CLOSED, MAX_POSITION_EXCEEDED):
-        raise BenchError(f"offer_many failed: {result_name(result)}")
-    if result != ADMIN_ACTION:
-        idle.idle(0)
-        if time.monotonic_ns() > deadline_ns:
-            raise BenchError(f"offer_many not accepted before the deadline: "
-                             f"{result_name(result)}")
-
-
-def _shm_batch_reader(barrier: Any, spec: StreamSpec, size: int,
-                      timeout_s: float) -> dict[str, Any]:
-    from shmbus import BackoffIdleStrategy
-    from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG
-
-    stream = ShmbusStream(spec, driver=True)
-    poll_batch = stream.image().poll_batch
-    duty = stream.driver_duty
-    fragmented = size > stream.max_payload_length
-    ramp = np.arange(BATCH_ROWS + 1, dtype=np.int64)
-    tail_offset = size - 8
-    expected = errors = payload_bytes = 0
-    first_bad = None
-    pending: Any = None  # head of a fragmented message whose end is in a later batch
-    stopped = False
-
-    def on_batch(batch: Any) -> None:
-        # The checks run on whole arrays: the head and tail words of every message.
-        nonlocal expected, errors, first_bad, payload_bytes, pending, stopped
-        words = batch.term.view(np.int64)  # frames are 32-byte aligned: payloads 8-aligned
-        offsets, lengths = batch.offsets, batch.lengths
-        if fragmented:
-            flags = batch.flags
-            begins, ends = (flags & BEGIN_FLAG) != 0, (flags & END_FLAG) != 0
-            heads = words[offsets[begins] >> 3]
-            tails = words[(offsets[ends] + lengths[ends] - 8) >> 3]
-            payload_bytes += int(lengths.sum())  # checked against the count at the end
-            if pending is not None:
-                heads = np.concatenate(([pending], heads))
-            pending = heads[-1] if len(heads) > len(tails) else None
-            heads = heads[:len(tails)]
-            ok_lengths = True
-        else:
-            heads = words[offsets >> 3]
-            tails = words[(offsets + tail_offset) >> 3]
-            ok_lengths = bool((lengths == size).all())
-        n = len(heads)
-        if n and heads[n - 1] == STOP:
-            stopped = True
-            n -= 1
-            heads, tails = heads[:n], tails[:n]
-        if not n:
-            return
-        if (ok_lengths and np.array_equal(heads - expected, ramp[:n])
-                and np.array_equal(tails, heads)):
-            expected += n
-        else:
-            errors += 1
-            first_bad = first_bad or (f"batch at position {batch.position}: expected "
-                                      f"{expected}..{expected + n - 1}, got heads "
-                                      f"{heads[:4]}.. tails {tails[:4]}..")
-            expected = int(heads[n - 1]) + 1
-
-    idle = BackoffIdleStrategy()
-    barrier.wait(timeout_s)
-    deadline = time.monotonic_ns() + int(timeout_s * 1e9)
-    idled = 0
-    while not stopped:
-        if poll_batch(on_batch, BATCH_ROWS):
-            if idled:
-                idle.reset()
-                idled = 0
-        else:
-            idled += 1
-            idle.idle(0)
-            if not idled & 63 and time.monotonic_ns() > deadline:
-                raise BenchError(f"reader timed out after {expected} messages")
-        duty()
-    t1 = time.monotonic_ns()
-    stream.close()
-    if fragmented and payload_bytes != (expected + 1) * size:  # + 1: the STOP message
-        errors += 1
-        first_bad = first_bad or f"{payload_bytes} payload bytes for {expected + 1} messages"
-    return {"received": expected, "errors": errors, "first_bad": first_bad, "t1": t1}
+    return tally.result(t1)
 
 
 # ---------------------------------------------------------------------------------------------
-# Child processes: ping-pong
+# Round-trip members: a pinger and a ponger over (send, recv)
 # ---------------------------------------------------------------------------------------------
 
 
-def _idle_strategy(busy: bool) -> Any:
-    from shmbus import BackoffIdleStrategy, BusySpinIdleStrategy
-
-    return BusySpinIdleStrategy() if busy else BackoffIdleStrategy()
-
-
-def _shm_ping(barrier: Any, ping_spec: StreamSpec, pong_spec: StreamSpec, duration_s: float,
-              timeout_s: float, busy: bool) -> dict[str, Any]:
-    # the pinger stands in for the driver of both streams, between round trips
-    ping, pong = ShmbusStream(ping_spec, driver=True), ShmbusStream(pong_spec, driver=True)
-    offer = ping.publication().offer
-    poll = pong.image().poll
-    pack = _codec(LATENCY_SIZE).pack_into
-    unpack = _codec(LATENCY_SIZE).unpack_from
-    message = bytearray(LATENCY_SIZE)
-    idle = _idle_strategy(busy)
-    seen = -2
-
-    def on_pong(buffer: memoryview, header: Any) -> None:
-        nonlocal seen
-        head, tail = unpack(buffer)
-        seen = head if tail == head else -3
-
+def _ping_loop(send: Callable[[Any], Any], recv: Callable[[], Any], duration_s: float,
+               rate: int | None) -> dict[str, Any]:
+    """Ping (32 B, sequence number at head and tail), time each round trip, check each pong;
+    ``rate``: pings per second (None: back-to-back). Ends with a STOP ping."""
+    pack = codec(RTT_SIZE).pack_into
+    unpack = codec(RTT_SIZE).unpack_from
+    message = bytearray(RTT_SIZE)
     samples = array("q")
     errors = 0
     clock = time.perf_counter_ns
-    barrier.wait(timeout_s)
+    period = None if rate is None else 1e9 / rate
     start = clock()
     end_ns = start + int(duration_s * 1e9)
-    deadline = start + int(timeout_s * 1e9)
-    seq = 0
-    while True:
-        pack(message, 0, seq, seq)
-        t0 = clock()
-        if offer(message) < 0:
-            _offer_retry(offer, message, idle, deadline)
-        spins = 0
-        while not poll(on_pong, 1):
-            idle.idle(0)
-            spins += 1
-            if not spins & 63 and clock() > deadline:
-                raise BenchError(f"no pong for ping {seq}")
-        t1 = clock()
-        idle.reset()
-        samples.append(t1 - t0)
-        if seen != seq:
-            errors += 1
-        seq += 1
-        # the driver's work, off the timed path
-        ping.driver_duty()
-        pong.driver_duty()
-        if t1 >= end_ns or seq >= MAX_SAMPLES:
-            break
-    pack(message, 0, STOP, STOP)
-    _offer_retry(offer, message, idle, deadline)
-    ping.close()
-    pong.close()
-    return {"samples": samples.tobytes(), "errors": errors}
-
-
-def _shm_pong(barrier: Any, ping_spec: StreamSpec, pong_spec: StreamSpec, timeout_s: float,
-              busy: bool) -> dict[str, Any]:
-    ping, pong = ShmbusStream(ping_spec), ShmbusStream(pong_spec)
-    offer = pong.publication().offer
-    poll = ping.image().poll
-    unpack = _codec(LATENCY_SIZE).unpack_from
-    idle = _idle_strategy(busy)
-    echo_idle = _idle_strategy(busy)
-    expected = errors = 0
-    stopped = False
-    deadline = 0
-
-    def on_ping(buffer: memoryview, header: Any) -> None:
-        nonlocal expected, errors, stopped
-        head, tail = unpack(buffer)
-        if head == STOP:
-            stopped = True
-            return
-        if head != expected or tail != head:
-            errors += 1
-        expected = head + 1
-        if offer(buffer) < 0:
-            _offer_retry(offer, buffer, echo_idle, deadline)
-
-    barrier.wait(timeout_s)
-    deadline = time.monotonic_ns() + int(timeout_s * 1e9)
-    idled = 0
-    while not stopped:
-        if poll(on_ping, 1):
-            if idled:
-                idle.reset()
-                idled = 0
-        else:
-            idled += 1
-            idle.idle(0)
-            if not idled & 63 and time.monotonic_ns() > deadline:
-                raise BenchError(f"ponger timed out after {expected} pings")
-    ping.close()
-    pong.close()
-    return {"received": expected, "errors": errors}
-
-
-def _peer_ping(barrier: Any, end: PeerEnd, duration_s: float,
-               timeout_s: float) -> dict[str, Any]:
-    send, recv, close = open_peer(end, timeout_s)
-    pack = _codec(LATENCY_SIZE).pack_into
-    unpack = _codec(LATENCY_SIZE).unpack_from
-    message = bytearray(LATENCY_SIZE)
-    samples = array("q")
-    errors = 0
-    clock = time.perf_counter_ns
-    barrier.wait(timeout_s)
-    end_ns = clock() + int(duration_s * 1e9)
     seq = 0
     while True:
         pack(message, 0, seq, seq)
@@ -766,296 +684,488 @@ def _peer_ping(barrier: Any, end: PeerEnd, duration_s: float,
         head, tail = unpack(recv())
         t1 = clock()
         samples.append(t1 - t0)
-        if head != seq or tail != seq:
-            errors += 1
+        errors += head != seq or tail != seq
         seq += 1
         if t1 >= end_ns or seq >= MAX_SAMPLES:
             break
+        if period is not None:
+            wait_ns = start + seq * period - clock()
+            if wait_ns > 0:
+                time.sleep(wait_ns / 1e9)
     pack(message, 0, STOP, STOP)
     send(message)
-    close()
     return {"samples": samples.tobytes(), "errors": errors}
 
 
-def _peer_pong(barrier: Any, end: PeerEnd, timeout_s: float) -> dict[str, Any]:
-    send, recv, close = open_peer(end, timeout_s)
-    unpack = _codec(LATENCY_SIZE).unpack_from
-    barrier.wait(timeout_s)
+def _pong_loop(send: Callable[[Any], Any], recv: Callable[[], Any]) -> dict[str, Any]:
+    """Echo every ping until STOP, checking sequence numbers."""
+    unpack = codec(RTT_SIZE).unpack_from
     expected = errors = 0
     while True:
         message = recv()
         head, tail = unpack(message)
         if head == STOP:
             break
-        if head != expected or tail != head:
-            errors += 1
+        errors += head != expected or tail != head
         expected = head + 1
         send(message)
-    close()
     return {"received": expected, "errors": errors}
 
 
+def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], bytes]:
+    """recv() over a subscription: the next message as bytes; waiting as ``wait`` says
+    (busy-spin, back-off, or blocking in poll(timeout=))."""
+    import shmbus
+
+    got: list[bytes] = []
+
+    def handler(buffer: memoryview, header: Any) -> None:
+        got.append(bytes(buffer))
+
+    deadline = deadline_after(timeout_s + 60)
+    poll = subscription.poll
+    if wait == BLOCKING:
+        def recv() -> bytes:
+            while not poll(handler, 1, timeout=0.1):
+                if time.monotonic_ns() > deadline:
+                    raise BenchError("no message before the deadline")
+            return got.pop()
+
+        return recv
+    idle = shmbus.BusySpinIdleStrategy() if wait == SPIN else shmbus.BackoffIdleStrategy()
+
+    def recv() -> bytes:
+        spins = 0
+        while not poll(handler, 1):
+            idle.idle(0)
+            spins += 1
+            if not spins & 1023 and time.monotonic_ns() > deadline:
+                raise BenchError("no message before the deadline")
+        idle.reset()
+        return got.pop()
+
+    return recv
+
+
+def _shm_send(publication: Any, timeout_s: float) -> Callable[[Any], None]:
+    import shmbus
+
+    offer = publication.offer
+    idle = shmbus.BackoffIdleStrategy()
+    deadline = deadline_after(timeout_s + 60)
+
+    def send(message: Any) -> None:
+        if offer(message) < 0:
+            _offer(offer, message, idle, deadline)
+
+    return send
+
+
+def shm_rtt(start: Any, bus_spec: Bus, pinger: bool, wait: str, rate: int | None,
+            duration_s: float, timeout_s: float, done: Any) -> dict[str, Any]:
+    """A shmbus pinger (pinger=True: publishes on stream 1, subscribes to 2) or ponger."""
+    tx, rx = (1, 2) if pinger else (2, 1)
+    with bus_spec.connect() as bus:
+        deadline = deadline_after(timeout_s)
+        subscription = bus.add_subscription(CHANNEL, rx)
+        publication = _publication(bus, tx, deadline)
+        _await_image(subscription, deadline)
+        send, recv = _shm_send(publication, timeout_s), _shm_recv(subscription, wait, timeout_s)
+        start.ready(bus.driver_pid)
+        out = _ping_loop(send, recv, duration_s, rate) if pinger else _pong_loop(send, recv)
+        if not pinger:
+            done.set()
+        done.wait(timeout_s)
+    return out
+
+
+def peer_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_s: float,
+             timeout_s: float, done: Any) -> dict[str, Any]:
+    """A peer's pinger (pinger=True) or ponger."""
+    send, recv, close = open_peer(end, RTT_SIZE, timeout_s)
+    start.ready()
+    out = _ping_loop(send, recv, duration_s, rate) if pinger else _pong_loop(send, recv)
+    if not pinger:
+        done.set()
+    done.wait(timeout_s)
+    close()
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
-# The parent: run pairs of processes under a watchdog
+# Idle members
 # ---------------------------------------------------------------------------------------------
 
 
-def run_pair(ctx: Any, a: tuple[str, Callable[..., dict[str, Any]], tuple[Any, ...]],
-             b: tuple[str, Callable[..., dict[str, Any]], tuple[Any, ...]],
-             timeout_s: float) -> dict[str, dict[str, Any]]:
-    """Run two (role, function, args) in two spawned processes; their results by role.
+def shm_idle(start: Any, bus_spec: Bus, publisher: bool, wait: str, duration_s: float,
+             timeout_s: float) -> dict[str, Any]:
+    """Connected and doing nothing for duration_s: a publisher sleeps; a subscriber polls
+    (back-off between empty polls) or blocks in poll(timeout=)."""
+    import shmbus
 
-    Raises BenchError if either fails or if they are not both done within timeout_s (then
-    both are terminated).
-    """
-    results = ctx.Queue()
-    barrier = ctx.Barrier(2)
-    procs = [ctx.Process(target=_child, args=(role, fn, args, barrier, results), daemon=True)
-             for role, fn, args in (a, b)]
-    for p in procs:
-        p.start()
-    collected: dict[str, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(collected) < 2:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise BenchError(f"timed out after {timeout_s:.0f} s")
-            try:
-                out = results.get(timeout=min(remaining, 0.5))
-            except queue.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    # give a result already on its way a moment to arrive
-                    try:
-                        out = results.get(timeout=1.0)
-                    except queue.Empty:
-                        raise BenchError(f"a process died (exit code {dead[0].exitcode})") \
-                            from None
-                else:
-                    continue
-            collected[out["role"]] = out
-            if "error" in out:
-                other = _other_result(collected, out["role"], results, 2.0)
-                raise BenchError(f"{out['role']}: {out['error'].strip().splitlines()[-1]}"
-                                 f"{other}\n{out['error']}")
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=2)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=2)
-        results.close()
-        results.cancel_join_thread()
-    return collected
-
-
-def _other_result(collected: dict[str, dict[str, Any]], failed: str, results: Any,
-                  timeout_s: float) -> str:
-    """What the other process of a failed pair reported, for the error message."""
-    others = [out for role, out in collected.items() if role != failed]
-    if others:
-        out = others[0]
-    else:
-        try:
-            out = results.get(timeout=timeout_s)
-        except queue.Empty:
-            return ""
-    if "error" in out:
-        return f"; {out['role']}: {out['error'].strip().splitlines()[-1]}"
-    shown = {k: v for k, v in out.items() if k in ("sent", "received", "errors", "first_bad")}
-    return f"; {out['role']} reported {shown}"
-
-
-@dataclass
-class Options:
-    duration_s: float
-    latency_s: float
-    timeout_s: float
-    term_length: int
-    sizes: tuple[int, ...]
-    only: str | None
-    mtu: int | None = None
-
-
-def run_throughput(ctx: Any, root: Path, transport: str, size: int,
-                   opt: Options) -> dict[str, Any]:
-    name = f"tp-{next(_RUN_IDS)}"
-    row: dict[str, Any] = {"test": "throughput", "transport": transport, "size": size,
-                           "idle": IDLE_PEER if transport in PEERS else IDLE_SHM}
-    cleanup: Callable[[], None] = lambda: None  # noqa: E731
-    try:
-        if transport in PEERS:
-            w_end, r_end, cleanup = make_peer_link(ctx, transport, root, name, size, False)
-            writer = ("writer", _peer_writer, (w_end, size, opt.duration_s, opt.timeout_s))
-            reader = ("reader", _peer_reader, (r_end, size, opt.timeout_s))
+    with bus_spec.connect() as bus:
+        deadline = deadline_after(timeout_s)
+        if publisher:
+            _publication(bus, 1, deadline)
         else:
-            spec = create_stream(root, name, opt.term_length, opt.mtu)
-            if transport == SHM_BATCH:
-                writer = ("writer", _shm_batch_writer, (spec, size, opt.duration_s,
-                                                        opt.timeout_s))
-                reader = ("reader", _shm_batch_reader, (spec, size, opt.timeout_s))
+            subscription = _subscription(bus, 1, deadline)
+            poll = subscription.poll
+        start.ready(bus.driver_pid)
+        end_ns = deadline_after(duration_s)
+        idle = shmbus.BackoffIdleStrategy()
+        polls = 0
+        while time.monotonic_ns() < end_ns:
+            if publisher:
+                time.sleep(0.05)
+            elif wait == BLOCKING:
+                polls += 1
+                poll(lambda buffer, header: None, 10, timeout=0.05)
             else:
-                writer = ("writer", _shm_writer, (spec, size, opt.duration_s, opt.timeout_s))
-                reader = ("reader", _shm_reader, (spec, size, opt.timeout_s,
-                                                  transport == SHM_COPY))
-        out = run_pair(ctx, reader, writer, opt.timeout_s + opt.duration_s + 30)
-        sent, received = out["writer"]["sent"], out["reader"]["received"]
-        errors = out["reader"]["errors"]
-        if errors or sent != received:
-            raise BenchError(f"sent {sent}, received {received} in order, {errors} bad; first: "
-                             f"{out['reader']['first_bad']}")
-        seconds = (out["reader"]["t1"] - out["writer"]["t0"]) / 1e9
-        row.update(ok=True, messages=sent, seconds=seconds, msgs_per_s=sent / seconds,
-                   mb_per_s=sent * size / seconds / 1e6)
-    except BenchError as e:
-        row.update(ok=False, error=str(e))
-    finally:
-        cleanup()
-    return row
+                polls += 1
+                if not poll(lambda buffer, header: None, 10):
+                    idle.idle(0)
+    return {"polls": polls}
 
 
-def run_latency(ctx: Any, root: Path, transport: str, busy: bool,
-                opt: Options) -> dict[str, Any]:
-    name = f"pp-{next(_RUN_IDS)}"
-    idle = IDLE_PEER if transport in PEERS else (IDLE_SPIN if busy else IDLE_SHM)
-    row: dict[str, Any] = {"test": "ping-pong", "transport": transport, "size": LATENCY_SIZE,
-                           "idle": idle}
-    cleanup: Callable[[], None] = lambda: None  # noqa: E731
+# ---------------------------------------------------------------------------------------------
+# The parent: one measurement each
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    duration_s: float  # throughput and back-to-back round trips
+    paced_s: float  # 1,000 msg/s round trips
+    idle_s: float
+    timeout_s: float
+    root: Path
+
+
+_run_ids = itertools.count(1)
+
+
+class Scope:
+    """One measurement's resources, released at its end: a fresh bus directory (removed),
+    the drivers its members were served by (an embedded driver outlives its clients by its
+    idle timeout: stopped with SIGTERM, by pid) and peer links (their cleanups)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.name = f"run{next(_run_ids)}"
+        self.dir = settings.root / self.name
+        self.cleanups: list[Callable[[], None]] = []
+
+    def bus(self) -> Bus:
+        return Bus(str(self.dir))
+
+    def run(self, ctx: Any, members: list[Member], timeout_s: float) -> Outcome:
+        """run_processes, remembering the drivers to stop."""
+        out = run_processes(ctx, members, timeout_s)
+        self.cleanups.extend(lambda pid=pid: _stop(pid) for pid in out.pids.get("driver", ()))
+        return out
+
+    def __enter__(self) -> Scope:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for cleanup in self.cleanups:
+            cleanup()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _stop(pid: int) -> None:
+    """SIGTERM a driver (it removes its files), SIGKILL if it is still there after 10 s."""
+    import psutil
+
     try:
+        process = psutil.Process(pid)
+        process.terminate()
+        process.wait(10)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        process.kill()
+
+
+def throughput(ctx: Any, transport: str, size: int, s: Settings) -> dict[str, Any]:
+    """One throughput run: msg/s, MB/s, cores by process; BenchError if a message was lost,
+    reordered or corrupted."""
+    done = ctx.Event()
+    with Scope(s) as scope:
         if transport in PEERS:
-            a, b, cleanup = make_peer_link(ctx, transport, root, name, LATENCY_SIZE, True)
-            pinger = ("ping", _peer_ping, (a, opt.latency_s, opt.timeout_s))
-            ponger = ("pong", _peer_pong, (b, opt.timeout_s))
+            a, b, cleanup = make_peer_link(ctx, transport, s.root, scope.name, False)
+            scope.cleanups.append(cleanup)
+            writer = Member("writer", peer_writer, (a, size, s.duration_s, s.timeout_s, done))
+            reader = Member("reader", peer_reader, (b, size, s.timeout_s, done))
         else:
-            ping = create_stream(root, name + "-ping", opt.term_length, opt.mtu)
-            pong = create_stream(root, name + "-pong", opt.term_length, opt.mtu)
-            pinger = ("ping", _shm_ping, (ping, pong, opt.latency_s, opt.timeout_s, busy))
-            ponger = ("pong", _shm_pong, (ping, pong, opt.timeout_s, busy))
-        out = run_pair(ctx, ponger, pinger, opt.timeout_s + opt.latency_s + 30)
-        samples = np.frombuffer(out["ping"]["samples"], np.int64)
-        errors = out["ping"]["errors"] + out["pong"]["errors"]
-        if errors or out["pong"]["received"] != len(samples):
-            raise BenchError(f"{len(samples)} pings, {out['pong']['received']} echoed, "
-                             f"{errors} bad")
-        warmup = min(1000, len(samples) // 10)
-        kept = samples[warmup:] / 1000.0
-        p50, p99, p999 = np.percentile(kept, [50, 99, 99.9])
-        row.update(ok=True, round_trips=int(len(kept)), p50_us=float(p50), p99_us=float(p99),
-                   p999_us=float(p999), max_us=float(kept.max()),
-                   round_trips_per_s=float(len(kept) / (kept.sum() / 1e6)))
-    except BenchError as e:
-        row.update(ok=False, error=str(e))
-    finally:
-        cleanup()
-    return row
+            bus = scope.bus()
+            writer = Member("writer", shm_writer, (bus, 1, size, transport == SHM_BATCH,
+                                                   s.duration_s, s.timeout_s, done))
+            reader = (Member("reader", shm_batch_reader, (bus, 1, size, s.timeout_s, done))
+                      if transport == SHM_BATCH else
+                      Member("reader", shm_reader, (bus, 1, size, transport == SHM,
+                                                    s.timeout_s, done)))
+        out = scope.run(ctx, [reader, writer], s.duration_s + s.timeout_s)
+    w, r = out.results["writer"], out.results["reader"]
+    if r["errors"] or w["sent"] != r["received"]:
+        raise BenchError(f"sent {w['sent']}, received {r['received']} in order, {r['errors']} "
+                         f"bad; first: {r['first_bad']}")
+    seconds = (r["t1"] - w["t0"]) / 1e9
+    return {"msgs_per_s": w["sent"] / seconds, "mb_per_s": w["sent"] * size / seconds / 1e6,
+            "messages": w["sent"], "errors": r["errors"], "cores": out.cores}
+
+
+def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
+               s: Settings) -> dict[str, Any]:
+    """One ping-pong run (rate: pings per second, None: back-to-back): round-trip
+    percentiles and cores by process; BenchError if an echo was wrong."""
+    done = ctx.Event()
+    duration = s.duration_s if rate is None else s.paced_s
+    with Scope(s) as scope:
+        if transport in PEERS:
+            a, b, cleanup = make_peer_link(ctx, transport, s.root, scope.name, True)
+            scope.cleanups.append(cleanup)
+            pinger = Member("pinger", peer_rtt, (a, True, rate, duration, s.timeout_s, done))
+            ponger = Member("ponger", peer_rtt, (b, False, rate, duration, s.timeout_s, done))
+        else:
+            bus = scope.bus()
+            pinger = Member("pinger", shm_rtt, (bus, True, wait, rate, duration, s.timeout_s,
+                                                done))
+            ponger = Member("ponger", shm_rtt, (bus, False, wait, rate, duration, s.timeout_s,
+                                                done))
+        out = scope.run(ctx, [ponger, pinger], duration + s.timeout_s)
+    ping, pong = out.results["pinger"], out.results["ponger"]
+    samples = np.frombuffer(ping["samples"], np.int64)
+    errors = ping["errors"] + pong["errors"]
+    if errors or pong["received"] != len(samples):
+        raise BenchError(f"{len(samples)} pings, {pong['received']} echoed, {errors} bad")
+    return {**percentiles_us(samples), "errors": errors, "cores": out.cores}
+
+
+def idle(ctx: Any, wait: str, s: Settings) -> dict[str, Any]:
+    """A publisher and a subscriber connected and idle for s.idle_s: cores by process."""
+    with Scope(s) as scope:
+        bus = scope.bus()
+        members = [Member(role, shm_idle, (bus, role == "publisher", wait, s.idle_s, s.timeout_s))
+                   for role in ("subscriber", "publisher")]
+        out = scope.run(ctx, members, s.idle_s + s.timeout_s)
+    return {"errors": 0, "cores": out.cores}
 
 
 # ---------------------------------------------------------------------------------------------
-# Report
+# The plan, the report
 # ---------------------------------------------------------------------------------------------
+
+
+def plan(ctx: Any, sizes: tuple[int, ...], wanted: Callable[[str], bool], s: Settings
+         ) -> list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]]:
+    """Every measurement as (its key fields, a thunk that runs it once)."""
+    out: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
+    for size in sizes:
+        for t in THROUGHPUT:
+            if wanted(t):
+                out.append(({"test": "throughput", "transport": t, "size": size},
+                            lambda t=t, size=size: throughput(ctx, t, size, s)))
+    rtt = [(SHM, SPIN, None), (SHM, BLOCKING, RTT_RATE), (SHM, BACKOFF, RTT_RATE),
+           *((p, PEER_WAIT[p], rate) for rate in (None, RTT_RATE) for p in PEERS)]
+    for t, wait, rate in rtt:
+        if wanted(t):
+            out.append(({"test": "rtt", "transport": t, "size": RTT_SIZE, "wait": wait,
+                         "rate": BACK_TO_BACK if rate is None else PACED},
+                        lambda t=t, wait=wait, rate=rate: round_trip(ctx, t, wait, rate, s)))
+    if wanted(SHM):
+        for wait in (BACKOFF, BLOCKING):
+            out.append(({"test": "idle", "transport": SHM, "wait": wait},
+                        lambda wait=wait: idle(ctx, wait, s)))
+    return out
+
+
+def cell_status(row: dict[str, Any]) -> str | None:
+    """"n/a: reason" / "FAILED: reason" for a row that did not measure, else None."""
+    if row["status"] == "ok":
+        return None
+    reason = row["error"].strip().splitlines()[0]
+    return f"{'n/a' if row['status'] == 'n/a' else 'FAILED'}: {reason}"
+
+
+def cores_cell(row: dict[str, Any], labels: tuple[str, ...]) -> str:
+    cores = row.get("cores") or {}
+    return " / ".join("-" if cores.get(label) is None else f"{cores[label]:.2f}"
+                      for label in labels)
+
+
+def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...]) -> str:
+    """One line per transport: msg/s by size, p50 / p99 of its fastest round trip, and p50 of
+    its waiting round trip at RTT_RATE with the ponger's CPU (shmbus: the blocking wait)."""
+    headers = ["1 writer -> 1 reader", *(f"{_size_name(z)} msg/s" for z in sizes),
+               f"RTT p50 / p99 us ({RTT_SIZE} B, {BACK_TO_BACK})",
+               f"RTT p50 us at {PACED}, waiting / subscriber CPU"]
+    lines = []
+    for t in THROUGHPUT:
+        mine = [r for r in rows if r["transport"] == t]
+        if not mine:
+            continue
+        cells = []
+        for z in sizes:
+            r = next((r for r in mine if r["test"] == "throughput" and r["size"] == z), None)
+            cells.append("-" if r is None else (cell_status(r) or _rate_cell(r, z)))
+        rtt = next((r for r in mine if r["test"] == "rtt" and r["rate"] == BACK_TO_BACK), None)
+        cells.append("-" if rtt is None else (cell_status(rtt) or
+                                              f"{rtt['p50_us']:.1f} / {rtt['p99_us']:.1f}"))
+        waiting = next((r for r in mine if r["test"] == "rtt" and r["rate"] == PACED
+                        and r["wait"] in (BLOCKING, PEER_WAIT.get(t))), None)
+        cells.append("-" if waiting is None else (cell_status(waiting) or
+                                                  f"{waiting['p50_us']:.1f} / "
+                                                  f"{_percent_of_core(waiting, 'ponger')}"))
+        lines.append([_label(t), *cells])
+    return markdown_table(headers, lines, range(1, len(headers)))
+
+
+def _percent_of_core(row: dict[str, Any], label: str) -> str:
+    cores = (row.get("cores") or {}).get(label)
+    return "-" if cores is None else f"{cores:.1%}"
+
+
+def _size_name(size: int) -> str:
+    return f"{size // 1024} KiB" if size >= 1024 and size % 1024 == 0 else f"{size} B"
+
+
+def _rate_cell(row: dict[str, Any], size: int) -> str:
+    cell = fmt_rate(row["msgs_per_s"])
+    return cell + (f" ({row['mb_per_s'] / 1000:.2f} GB/s)" if size >= 4096 else "")
+
+
+def _label(transport: str) -> str:
+    return {SHM: "shmbus offer/poll, copied + checked", SHM_NOCOPY: "shmbus offer/poll, no copy",
+            SHM_BATCH: "shmbus offer_many/poll_batch (numpy)",
+            ICEORYX: "iceoryx2 (busy-poll)"}.get(transport, transport)
+
+
+def throughput_table(rows: list[dict[str, Any]]) -> str:
+    headers = ["transport", "size", "msg/s", "MB/s", "x best peer",
+               "cores: writer / reader / driver", "errors"]
+    lines = []
+    for r in rows:
+        if r["test"] != "throughput":
+            continue
+        status = cell_status(r)
+        best = r.get("best_peer_msgs_per_s")
+        lines.append([_label(r["transport"]), _size_name(r["size"]),
+                      status or fmt(r["msgs_per_s"]), "" if status else fmt(r["mb_per_s"], 1),
+                      "" if status or not best else f"{r['msgs_per_s'] / best:.2f}",
+                      "" if status else cores_cell(r, ("writer", "reader", "driver")),
+                      "" if status else str(r["errors"])])
+    return markdown_table(headers, lines, (2, 3, 4, 6))
+
+
+def rtt_table(rows: list[dict[str, Any]]) -> str:
+    headers = ["transport", "pace", "waiting", "p50 us", "p90 us", "p99 us", "max us",
+               "cores: pinger / ponger / driver", "errors"]
+    lines = []
+    for r in rows:
+        if r["test"] != "rtt":
+            continue
+        status = cell_status(r)
+        figures = (["", "", "", "", "", ""] if status else
+                   [fmt(r["p50_us"], 1), fmt(r["p90_us"], 1), fmt(r["p99_us"], 1),
+                    fmt(r["max_us"], 1), cores_cell(r, ("pinger", "ponger", "driver")),
+                    str(r["errors"])])
+        if status:
+            figures[0] = status
+        lines.append([r["transport"], r["rate"], r["wait"], *figures])
+    return markdown_table(headers, lines, (3, 4, 5, 6, 8))
+
+
+def idle_table(rows: list[dict[str, Any]]) -> str:
+    headers = ["bus doing nothing", "subscriber waits", "cores: publisher / subscriber / driver"]
+    lines = [[r["transport"], r["wait"],
+              cell_status(r) or cores_cell(r, ("publisher", "subscriber", "driver"))]
+             for r in rows if r["test"] == "idle"]
+    return markdown_table(headers, lines)
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Each throughput row's rate against mp.Queue and against the best peer of its size."""
-    for size in {r["size"] for r in rows if r["test"] == "throughput"}:
-        same = [r for r in rows if r["test"] == "throughput" and r["size"] == size and r["ok"]]
-        base = next((r["msgs_per_s"] for r in same if r["transport"] == QUEUE), None)
-        peers = [r for r in same if r["transport"] in PEERS]
-        best = max(peers, key=lambda r: r["msgs_per_s"]) if peers else None
-        for r in same:
-            r["x_queue"] = r["msgs_per_s"] / base if base else None
-            if best is not None:
-                r["best_peer"] = best["transport"]
-                r["x_best_peer"] = r["msgs_per_s"] / best["msgs_per_s"]
-
-
-def evaluate_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    def find(test: str, transport: str, size: int, idle: str | None = None) -> Any:
-        for r in rows:
-            if (r["test"], r["transport"], r["size"]) == (test, transport, size) and r["ok"] \
-                    and (idle is None or r["idle"] == idle):
-                return r
-        return None
-
-    targets = []
-
-    def target(name: str, value: float | None, goal: float, higher: bool = True) -> None:
-        if value is None:
-            targets.append({"target": name, "value": None, "goal": goal, "status": "n/a"})
-            return
-        passed = value >= goal if higher else value <= goal
-        targets.append({"target": name, "value": value, "goal": goal,
-                        "status": "PASS" if passed else "FAIL"})
-
-    shm32 = find("throughput", SHM, 32)
-    batch32 = find("throughput", SHM_BATCH, 32)
-    shm4k, posix4k = find("throughput", SHM, 4096), find("throughput", POSIX, 4096)
-    spin = find("ping-pong", SHM, LATENCY_SIZE, IDLE_SPIN)
-    posix_pp = find("ping-pong", POSIX, LATENCY_SIZE)
-    target("32 B offer/poll msgs/s vs mp.Queue >= 20x",
-           shm32.get("x_queue") if shm32 else None, 20.0)
-    target("32 B offer/poll msgs/s vs best peer >= 2x",
-           shm32.get("x_best_peer") if shm32 else None, 2.0)
-    target("32 B batch API msgs/s vs mp.Queue >= 100x",
-           batch32.get("x_queue") if batch32 else None, 100.0)
-    target("4 KiB offer/poll bytes/s vs posix_ipc >= 1.5x",
-           shm4k["mb_per_s"] / posix4k["mb_per_s"] if shm4k and posix4k else None, 1.5)
-    target("32 B p50 RTT (busy-spin) / posix_ipc p50 <= 1/3",
-           spin["p50_us"] / posix_pp["p50_us"] if spin and posix_pp else None, 1 / 3,
-           higher=False)
-    return targets
-
-
-def _fmt(value: Any, digits: int = 0) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["test", "transport", "size", "idle: side A / side B", "msgs/s", "MB/s", "x Queue",
-               "x best peer", "p50 us", "p99 us", "p99.9 us", "max us", "check"]
-    right = {2, 4, 5, 6, 7, 8, 9, 10, 11}
-    lines = []
+    """Each throughput row's best peer rate at its size (for "x best peer")."""
     for r in rows:
-        check = "ok" if r["ok"] else "FAILED"
-        lines.append([
-            r["test"], r["transport"], str(r["size"]), r["idle"],
-            _fmt(r.get("msgs_per_s")), _fmt(r.get("mb_per_s"), 1),
-            _fmt(r.get("x_queue"), 1), _fmt(r.get("x_best_peer"), 2),
-            _fmt(r.get("p50_us"), 1), _fmt(r.get("p99_us"), 1), _fmt(r.get("p999_us"), 1),
-            _fmt(r.get("max_us"), 1), check,
-        ])
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
-
-    def render(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
-
-    out = [render(headers), render(["-" * w for w in widths])]
-    previous = None
-    for r, line in zip(rows, lines, strict=True):
-        if previous is not None and (r["test"], r["size"]) != previous:
-            out.append("")
-        previous = (r["test"], r["size"])
-        out.append(render(line))
-    return "\n".join(out)
+        if r["test"] == "throughput" and r["status"] == "ok":
+            peers = [p["msgs_per_s"] for p in rows if p["test"] == "throughput"
+                     and p["status"] == "ok" and p["size"] == r["size"]
+                     and p["transport"] in PEERS]
+            r["best_peer_msgs_per_s"] = max(peers) if peers else None
 
 
-def format_targets(targets: list[dict[str, Any]]) -> str:
-    width = max(len(t["target"]) for t in targets)
-    out = []
-    for t in targets:
-        value = "-" if t["value"] is None else f"{t['value']:.3g}"
-        out.append(f"  {t['status']:4s}  {t['target'].ljust(width)}  measured {value}")
-    return "\n".join(out)
+def report_markdown(report: dict[str, Any]) -> str:
+    rows, settings = report["rows"], report["settings"]
+    m = settings["machine"]
+    head = (f"shmbus bench: median of {settings['runs']} runs; {settings['duration_s']} s per "
+            f"throughput and back-to-back run, {settings['paced_s']} s per paced run, "
+            f"{settings['idle_s']} s idle; python {m['python']}, {m['cpus']} CPUs, load "
+            f"{settings['load_before']:.2f} before, {settings['load_after']:.2f} after.")
+    parts = [head, "", summary_table(rows, tuple(settings["sizes"]))]
+    if any(r["test"] == "throughput" for r in rows):
+        parts += ["", "Throughput", "", throughput_table(rows)]
+    if any(r["test"] == "rtt" for r in rows):
+        parts += ["", f"Round trip, {RTT_SIZE} B ping-pong", "", rtt_table(rows)]
+    if any(r["test"] == "idle" for r in rows):
+        parts += ["", "Idle", "", idle_table(rows)]
+    parts += ["", NOTES]
+    return "\n".join(parts)
+
+
+NOTES = f"""\
+Notes: shmbus = `shmbus.connect()` (embedded driver, default settings: term 1 MiB, mtu 1408,
+`{CHANNEL}`), exclusive publication / subscription in two spawned processes. "copied +
+checked": every message copied out as bytes, its sequence number and CRC-32 checked; "no copy":
+the sequence number read from the memoryview in place; batch: offer_many of ({BATCH_ROWS}, size)
+numpy arrays, poll_batch, sequence numbers at head and tail checked with numpy. Peers:
+mp.Queue(maxsize={QUEUE_DEPTH}) put/get, mp.Pipe send_bytes/recv_bytes, posix_ipc (default
+depth) send/receive, zmq PAIR send/recv, iceoryx2 Slice[uint8] loan/send and receive (subscriber
+buffer {QUEUE_DEPTH}, publisher retries when it is full), all copied + checked like shmbus. cores
+= CPU seconds / wall seconds of each process from the start of the measurement to its last
+result (1.00 = one core). MB = 10^6 payload bytes. x best peer: msg/s over the fastest peer's
+at that size. RTT: microseconds, first 10% of round trips dropped; "waiting / subscriber
+CPU": the {PACED} round trip with the receiver waiting (shmbus: blocking in
+`poll(..., timeout=)`, peers: blocking calls, iceoryx2: polling) and the ponger's CPU in % of
+one core. Idle: publisher sleeping, subscriber waiting as named."""
+
+
+def draw_chart(rows: list[dict[str, Any]], sizes: tuple[int, ...], path: Path) -> None:
+    """Throughput by size (grouped bars, msg/s, log scale) and round-trip percentiles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 6))
+    transports = [t for t in THROUGHPUT if any(r["transport"] == t and r["test"] == "throughput"
+                                               for r in rows)]
+    width = 0.8 / max(1, len(transports))
+    for i, t in enumerate(transports):
+        values = []
+        for z in sizes:
+            r = next((r for r in rows if r["test"] == "throughput" and r["transport"] == t
+                      and r["size"] == z and r["status"] == "ok"), None)
+            values.append(r["msgs_per_s"] if r else 0)
+        left.bar([x + i * width for x in range(len(sizes))], values, width, label=_label(t))
+    left.set_xticks([x + width * (len(transports) - 1) / 2 for x in range(len(sizes))],
+                    [_size_name(z) for z in sizes])
+    left.set_yscale("log")
+    left.set_ylabel("messages / s (log)")
+    left.set_title("Throughput, 1 writer -> 1 reader (missing bar: n/a)")
+    left.legend(fontsize=7)
+    rtts = [r for r in rows if r["test"] == "rtt"]
+    for j, (key, label) in enumerate((("p50_us", "p50"), ("p90_us", "p90"), ("p99_us", "p99"))):
+        right.bar([x + j * 0.27 for x in range(len(rtts))],
+                  [r[key] if r["status"] == "ok" else 0 for r in rtts], 0.27, label=label)
+    right.set_xticks([x + 0.27 for x in range(len(rtts))],
+                     [f"{r['transport']}\n{r['rate']}, {r['wait']}" for r in rtts],
+                     rotation=60, ha="right", fontsize=7)
+    right.set_yscale("log")
+    right.set_ylabel("round trip, microseconds (log)")
+    right.set_title(f"Round trip, {RTT_SIZE} B (missing bars: n/a)")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1066,186 +1176,110 @@ def format_targets(targets: list[dict[str, Any]]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="smoke pass: 0.2 s per measurement instead of --duration")
-    parser.add_argument("--duration", type=float, default=1.5,
-                        help="seconds per throughput and per ping-pong run (default 1.5)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="run each measurement this many times and keep the best "
-                             "(a failed run fails the row; default 1)")
+                        help="smoke pass: short runs (0.2 s; paced 0.3 s; idle 0.5 s), 1 run")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="runs of each measurement, interleaved; the median is reported "
+                             "(default 3)")
+    parser.add_argument("--duration", type=float, default=1.0,
+                        help="seconds per throughput and back-to-back round-trip run "
+                             "(default 1)")
+    parser.add_argument("--paced", type=float, default=2.0,
+                        help=f"seconds per {PACED} round-trip run (default 2)")
+    parser.add_argument("--idle", type=float, default=3.0,
+                        help="seconds of the idle measurement (default 3)")
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="deadline of each run beyond its duration, seconds (default 30)")
-    parser.add_argument("--term-length", type=int, default=TERM_LENGTH,
-                        help=f"shmbus term length in bytes (default {TERM_LENGTH})")
-    parser.add_argument("--mtu", type=int,
-                        help="shmbus mtu (default: the library's, 1408; a 4 KiB message is then "
-                             "3 fragments)")
-    parser.add_argument("--sizes", type=lambda v: tuple(int(x) for x in v.split(",")),
-                        default=SIZES, help="throughput message sizes, comma-separated "
-                                            "(default 32,256,4096; at least 16)")
-    parser.add_argument("--only", help="run only the transports whose name contains this")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    parser.add_argument("--fanout", action="store_true",
-                        help="then run the fan-out network bench (tools/bench_fanout.py: "
-                             "unicast to one host, multicast and MDC to two; needs root)")
-    parser.add_argument("--fanout-only", action="store_true",
-                        help="run only the fan-out network bench")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                        help="throughput message sizes in bytes, comma-separated (default "
+                             "32,256,4096; each at least 16)")
+    parser.add_argument("--only", metavar="NAMES",
+                        help="comma-separated names: run only the transports whose name "
+                             "contains one of them (e.g. shmbus,mp.Queue)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results",
+                        help="directory for bench.md, bench.json, bench.png "
+                             "(default tools/results/)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the JSON report on stdout instead of the markdown")
     args = parser.parse_args(argv)
-    for size in args.sizes:
-        if size < 16 or size % 8:
-            parser.error(f"message size {size}: sizes are multiples of 8, at least 16 (the "
-                         f"sequence number is written at the head and the tail)")
+    try:
+        args.sizes = tuple(int(x) for x in args.sizes.split(","))
+    except ValueError:
+        parser.error(f"--sizes {args.sizes!r}: comma-separated integers")
+    if any(z < 16 for z in args.sizes):
+        parser.error(f"--sizes {args.sizes}: every size at least 16 bytes")
+    if args.runs < 1:
+        parser.error(f"--runs {args.runs}: at least 1")
     return args
-
-
-def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The best of repeated runs of one measurement; any failed run fails the row."""
-    failed = [r for r in runs if not r["ok"]]
-    if failed:
-        return failed[0]
-    if runs[0]["test"] == "throughput":
-        best = max(runs, key=lambda r: r["msgs_per_s"])
-    else:
-        best = min(runs, key=lambda r: r["p50_us"])
-    return dict(best, runs=len(runs))
-
-
-NOTES = f"""\
-notes:
-  idle: side A = writer or pinger, side B = reader or ponger. shmbus "back-off" =
-    BackoffIdleStrategy (the default), used only by a side with nothing to do (reader: nothing
-    to read; writer: back-pressured); "busy-spin" = BusySpinIdleStrategy on both sides, each
-    holding a core; peers ("blocking") use their natural blocking calls.
-  ping-pong: {LATENCY_SIZE} B round trips, microseconds; first 10% (at most 1000) dropped.
-  shmbus: exclusive publication; term {{term_kib}} KiB, window = term / 2; mtu {{mtu}}: messages
-    over {{max_payload}} B are fragmented (4 KiB: {{fragments_4k}} fragments), and offer/poll
-    reassembles them with FragmentAssembler. poll limit {POLL_LIMIT}; offer_many of a
-    ({BATCH_ROWS}, size) uint8 array; poll_batch limit {BATCH_ROWS}. "+copy": the handler
-    copies each payload out (bytes(buffer)) before checking it. Driver stand-in: the reader
-    updates the publication limit (ping-pong: the pinger, for both streams, off the clock).
-  peers: mp.Queue(maxsize={QUEUE_MAXSIZE}) put(bytes)/get(); mp.Pipe(duplex=False)
-    send_bytes/recv_bytes; posix_ipc default queue (depth {{posix_depth}}) send/receive; zmq PAIR
-    ipc:// send(copy=True), recv(copy=False) for 4 KiB, recv() below.
-  every message carries its sequence number at head and tail, checked by every reader.
-  MB = 10^6 payload bytes. x best peer: against the fastest peer at that size."""
-
-
-def fanout_argv(args: argparse.Namespace) -> list[str]:
-    """tools/bench_fanout.py's command line for this run's --quick, --duration, --repeat and
-    --timeout (it keeps its own message sizes)."""
-    return [*(["--quick"] if args.quick else []), "--duration", str(args.duration),
-            "--repeat", str(args.repeat), "--timeout", str(args.timeout)]
-
-
-def run_fanout_section(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the fan-out bench with this run's settings and print its report; returns the report
-    (settings and rows, each row ok or not)."""
-    import bench_fanout  # a sibling: tools/ is on sys.path when bench.py runs as a script
-
-    report = bench_fanout.measure(bench_fanout.parse_args(fanout_argv(args)))
-    print()
-    bench_fanout.print_report(report)
-    return report
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.fanout_only:
-        import bench_fanout
-
-        return bench_fanout.main([*fanout_argv(args), *(["--json", args.json] if args.json
-                                                         else [])])
-    _use_repo_imports()
-    duration = 0.2 if args.quick else args.duration
-    repeat = 1 if args.quick else args.repeat
-    opt = Options(duration_s=duration, latency_s=duration, timeout_s=args.timeout,
-                  term_length=args.term_length, sizes=args.sizes, only=args.only,
-                  mtu=args.mtu)
-    ctx = mp.get_context("spawn")
-    shm_root = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    root = Path(tempfile.mkdtemp(prefix="shmbus-bench-", dir=shm_root))
+    names = [n.strip().lower() for n in (args.only or "").split(",") if n.strip()]
 
     def wanted(transport: str) -> bool:
-        return opt.only is None or opt.only.lower() in transport.lower()
+        return not names or any(n in transport.lower() for n in names)
 
-    rows: list[dict[str, Any]] = []
-
-    def record(row: dict[str, Any]) -> None:
-        rows.append(row)
-        if row["ok"]:
-            summary = (f"{row['msgs_per_s']:,.0f} msgs/s" if row["test"] == "throughput"
-                       else f"p50 {row['p50_us']:.1f} us")
-        else:
-            summary = "FAILED: " + row["error"]
-        print(f"  {row['test']:10s} {row['transport']:28s} {row['size']:5d} B  "
-              f"[{row['idle']}]  {summary}", file=sys.stderr, flush=True)
-
-    load_before = os.getloadavg()
-    print(f"shmbus bench: {duration} s per run, best of {repeat}, term length "
-          f"{opt.term_length}, {os.cpu_count()} CPUs, load {load_before[0]:.2f}; progress on "
-          f"stderr", file=sys.stderr, flush=True)
+    runs = 1 if args.quick else args.runs
+    root = Path(tempfile.mkdtemp(prefix="shmbus-bench-",
+                                 dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    settings = Settings(duration_s=0.2 if args.quick else args.duration,
+                        paced_s=0.3 if args.quick else args.paced,
+                        idle_s=0.5 if args.quick else args.idle, timeout_s=args.timeout,
+                        root=root)
+    ctx = mp.get_context("spawn")
+    measurements = plan(ctx, args.sizes, wanted, settings)
+    if not measurements:
+        print(f"--only {args.only!r}: no transport matches (known: {', '.join(THROUGHPUT)})",
+              file=sys.stderr)
+        return 2
+    load_before = os.getloadavg()[0]
+    print(f"shmbus bench: {len(measurements)} measurements x {runs} runs; progress on stderr",
+          file=sys.stderr, flush=True)
+    results: list[list[dict[str, Any]]] = [[] for _ in measurements]
     try:
-        for size in opt.sizes:
-            for transport in THROUGHPUT_TRANSPORTS:
-                if wanted(transport):
-                    record(best_of([run_throughput(ctx, root, transport, size, opt)
-                                    for _ in range(repeat)]))
-        for transport, busy in ((SHM, True), (SHM, False),
-                                *((p, False) for p in PEERS)):
-            if wanted(transport):
-                record(best_of([run_latency(ctx, root, transport, busy, opt)
-                                for _ in range(repeat)]))
+        for _ in range(runs):
+            for (key, thunk), done in zip(measurements, results, strict=True):
+                row = {**key, **attempt(thunk)}
+                done.append(row)
+                print(f"  {_progress(row)}", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    load_after = os.getloadavg()
-
+    rows = [median_row(r) for r in results]
     add_ratios(rows)
-    targets = evaluate_targets(rows)
-    print()
-    print(f"shmbus bench: {duration} s per run, best of {repeat}; python "
-          f"{platform.python_version()}, {os.cpu_count()} CPUs; load average "
-          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    print()
-    print(format_table(rows))
-    print()
-    from shmbus.shm.log_buffer import MTU_DEFAULT
+    report = {"settings": {"runs": runs, "duration_s": settings.duration_s,
+                           "paced_s": settings.paced_s, "idle_s": settings.idle_s,
+                           "sizes": list(args.sizes), "only": args.only,
+                           "load_before": load_before, "load_after": os.getloadavg()[0],
+                           "machine": machine()},
+              "rows": rows}
+    markdown = report_markdown(report)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.md").write_text(markdown + "\n")
+    (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    try:
+        draw_chart(rows, args.sizes, args.out / "bench.png")
+    except ImportError as e:
+        print(f"no chart: {e} (pip install -e '.[bench]')", file=sys.stderr)
+    print(json.dumps(report, indent=2) if args.json else markdown)
+    print(f"written: {args.out}/bench.md, bench.json, bench.png", file=sys.stderr)
+    return 1 if any(r["status"] == "failed" for r in rows) else 0
 
-    mtu = opt.mtu or MTU_DEFAULT
-    import posix_ipc
 
-    print(NOTES.format(term_kib=opt.term_length // 1024, mtu=mtu, max_payload=mtu - 32,
-                       fragments_4k=-(-4096 // (mtu - 32)),
-                       posix_depth=posix_ipc.QUEUE_MESSAGES_MAX_DEFAULT))
-    spin = next((r for r in rows if r["idle"] == IDLE_SPIN and r["ok"]), None)
-    backoff = next((r for r in rows if r["test"] == "ping-pong" and r["idle"] == IDLE_SHM
-                    and r["ok"]), None)
-    if spin and backoff and spin["p50_us"] > backoff["p50_us"]:
-        print("  WARNING: busy-spin was slower than back-off: other work was competing for the "
-              "2 CPUs\n  the two spinning processes need; rerun on a quiet machine.")
-    print()
-    print("targets:")
-    print(format_targets(targets))
-    failed = [r for r in rows if not r["ok"]]
-    for r in failed:
-        print(f"\nFAILED {r['test']} {r['transport']} {r['size']} B: {r['error']}")
-    fanout = run_fanout_section(args) if args.fanout else None
-    if fanout is not None:
-        failed += [r for r in fanout["rows"] if not r["ok"]]
-    if args.json:
-        report = {
-            "settings": {"duration_s": duration, "repeat": repeat,
-                         "term_length": opt.term_length, "mtu": opt.mtu,
-                         "queue_maxsize": QUEUE_MAXSIZE,
-                         "poll_limit": POLL_LIMIT, "batch_rows": BATCH_ROWS,
-                         "cpus": os.cpu_count(), "load_before": load_before,
-                         "load_after": load_after, "python": platform.python_version(),
-                         "platform": platform.platform()},
-            "rows": rows,
-            "targets": targets,
-        }
-        if fanout is not None:
-            report["fanout"] = fanout
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    return 1 if failed else 0
+def _progress(row: dict[str, Any]) -> str:
+    what = f"{row['test']:10s} {row['transport']:24s}"
+    if row["test"] == "throughput":
+        what += f" {row['size']:5d} B"
+    elif row["test"] == "rtt":
+        what += f" {row['rate']}, {row['wait']}"
+    else:
+        what += f" {row['wait']}"
+    if row["status"] != "ok":
+        return f"{what}: {cell_status(row)}"
+    if row["test"] == "throughput":
+        return f"{what}: {row['msgs_per_s']:,.0f} msg/s"
+    if row["test"] == "rtt":
+        return f"{what}: p50 {row['p50_us']:.1f} us, p99 {row['p99_us']:.1f} us"
+    return f"{what}: cores {row['cores']}"
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 # Run from the repository root: .venv/bin/python tools/bench_fanout.py [--quick] [--json out.json]
 """Fan-out network benchmark: one publisher to one or two receiving hosts over UDP.
 
-Three hosts are network namespaces (tests/netbridge/namespaces.hosts: 10.<subnet>.0.1 .. .3
+Three hosts are network namespaces (tools/_namespaces.py: 10.<subnet>.0.1 .. .3
 on a Linux bridge, with a multicast route); each runs its own driver in its namespace, and the
 driver starts its netbridge there when the first udp channel appears. The publisher and the
 subscribers run outside the namespaces (they only touch their bus's shared memory), so a
@@ -59,7 +59,6 @@ import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -67,20 +66,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from _harness import (
+    BenchError,
+    Member,
+    attempt,
+    child_pids,
+    fmt,
+    median_row,
+    run_processes,
+    text_table,
+)
+from _namespaces import host_buses
 from bench_netbridge import (
     BATCH_ROWS,
     POLL_LIMIT,
-    BenchError,
     Options,
-    _fmt,
     _shm_reader,
     _shm_writer,
-    _use_repo_imports,
     add_run_options,
-    best_of,
-    netbridge_cpu,
-    render_table,
-    run_processes,
 )
 
 SIZES = (32, 1024)
@@ -153,61 +156,49 @@ class ReadersDone:
 
 
 # ---------------------------------------------------------------------------------------------
-# The hosts: a namespace, a bus and a driver (which starts the netbridge) each
-# ---------------------------------------------------------------------------------------------
-
-
-def bridge_cpu(drivers: list[subprocess.Popen]) -> list[float]:
-    """CPU seconds (user + system) so far of each host's netbridge (0 before it starts)."""
-    return [sum(netbridge_cpu(driver).values()) for driver in drivers]
-
-
-# ---------------------------------------------------------------------------------------------
 # One measurement
 # ---------------------------------------------------------------------------------------------
 
 
-def run_fanout(ctx: Any, net: Any, config: str, size: int, batch: bool, opt: Options,
-               port: int, stream_id: int) -> dict[str, Any]:
-    """One throughput run of config with size-byte messages: a row for the table, ok=False
-    with the error when any process failed or any receiver missed, repeated, reordered or tore
-    a message."""
-    channels = channels_for(config, [host.address for host in net.hosts], port, port + 1)
+def fanout_key(config: str, size: int, channels: Channels) -> dict[str, Any]:
+    """A row's identity: the configuration, its receivers, the size and the channels."""
+    return {"test": "throughput", "config": config, "receivers": len(channels.subscriptions),
+            "size": size, "publication": channels.publication,
+            "destinations": list(channels.destinations),
+            "subscriptions": list(channels.subscriptions)}
+
+
+def run_fanout(ctx: Any, net: Any, channels: Channels, size: int, batch: bool,
+               opt: Options, stream_id: int) -> dict[str, Any]:
+    """One throughput run on channels with size-byte messages: its figures; BenchError when
+    any process failed or any receiver missed, repeated, reordered or tore a message."""
     receivers = len(channels.subscriptions)
-    row: dict[str, Any] = {"test": "throughput", "config": config, "receivers": receivers,
-                           "size": size, "publication": channels.publication,
-                           "destinations": list(channels.destinations),
-                           "subscriptions": list(channels.subscriptions)}
     done = ReadersDone(ctx.Semaphore(0), receivers)
-    writer = ("writer", _shm_writer, (net.contexts[0], channels.publication, stream_id, size,
-                                      opt.duration_s, opt.timeout_s, done, batch,
-                                      channels.destinations))
-    readers = [(f"reader on host {host}", _shm_reader, (net.contexts[host], uri, stream_id, size,
-                                                        opt.timeout_s, done, batch))
+    writer = Member("writer", _shm_writer, (net.contexts[0], channels.publication, stream_id,
+                                            size, opt.duration_s, opt.timeout_s, done, batch,
+                                            channels.destinations))
+    readers = [Member(f"reader on host {host}", _shm_reader,
+                      (net.contexts[host], uri, stream_id, size, opt.timeout_s, done, batch))
                for host, uri in enumerate(channels.subscriptions, start=1)]
-    try:
-        cpu_before, wall_before = bridge_cpu(net.drivers), time.monotonic()
-        out = run_processes(ctx, [*readers, writer], 2 * opt.timeout_s + opt.duration_s + 30)
-        wall = time.monotonic() - wall_before
-        sent, t0 = out["writer"]["sent"], out["writer"]["t0"]
-        got = [out[role] for role, _, _ in readers]
-        short = [f"{role} received {r['received']} in order, {r['errors']} bad (first: "
-                 f"{r['first_bad']})" for (role, _, _), r in zip(readers, got, strict=True)
-                 if r["errors"] or r["received"] != sent]
-        if short:
-            raise BenchError(f"sent {sent}; " + "; ".join(short))
-        last = max(r["t1"] for r in got)
-        seconds = (last - t0) / 1e9
-        row.update(ok=True, messages=sent, seconds=seconds, msgs_per_s=sent / seconds,
-                   mb_per_s=sent * size / seconds / 1e6,
-                   delivered_mb_per_s=receivers * sent * size / seconds / 1e6,
-                   receiver_spread_ms=(last - min(r["t1"] for r in got)) / 1e6,
-                   bridge_cpu_s=[after - before for before, after
-                                 in zip(cpu_before, bridge_cpu(net.drivers), strict=True)],
-                   wall_s=wall)
-    except BenchError as e:
-        row.update(ok=False, error=str(e))
-    return row
+    def bridges() -> dict[str, list[int]]:
+        return {f"bridge {i}": child_pids(driver.pid) for i, driver in enumerate(net.drivers)}
+
+    out = run_processes(ctx, [*readers, writer], 2 * opt.timeout_s + opt.duration_s + 30,
+                        watch=bridges)
+    sent, t0 = out.results["writer"]["sent"], out.results["writer"]["t0"]
+    got = [out.results[reader.role] for reader in readers]
+    short = [f"{reader.role} received {r['received']} in order, {r['errors']} bad (first: "
+             f"{r['first_bad']})" for reader, r in zip(readers, got, strict=True)
+             if r["errors"] or r["received"] != sent]
+    if short:
+        raise BenchError(f"sent {sent}; " + "; ".join(short))
+    last = max(r["t1"] for r in got)
+    seconds = (last - t0) / 1e9
+    return {"messages": sent, "seconds": seconds, "msgs_per_s": sent / seconds,
+            "mb_per_s": sent * size / seconds / 1e6,
+            "delivered_mb_per_s": receivers * sent * size / seconds / 1e6,
+            "receiver_spread_ms": (last - min(r["t1"] for r in got)) / 1e6,
+            "bridge_cpu_s": [(out.cores.get(label) or 0.0) * out.wall_s for label in bridges]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,15 +209,15 @@ def run_fanout(ctx: Any, net: Any, config: str, size: int, batch: bool, opt: Opt
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """x_unicast: each row's msgs/s over the unicast row's at the same size (both ok)."""
     for r in rows:
-        base = next((u for u in rows if u["ok"] and u["config"] == UNICAST
+        base = next((u for u in rows if u["status"] == "ok" and u["config"] == UNICAST
                      and u["size"] == r["size"]), None)
-        if r["ok"] and base is not None:
+        if r["status"] == "ok" and base is not None:
             r["x_unicast"] = r["msgs_per_s"] / base["msgs_per_s"]
 
 
 def _bridge_cpu_cell(row: dict[str, Any]) -> str:
     """Netbridge CPU microseconds per message: the sending host's / each receiving host's."""
-    if not row["ok"]:
+    if row["status"] != "ok":
         return "-"
     costs = [f"{cpu / row['messages'] * 1e6:.2f}"
              for cpu in row["bridge_cpu_s"][:row["receivers"] + 1]]
@@ -237,11 +228,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     headers = ["configuration", "receivers", "size", "msgs/s per receiver", "MB/s per receiver",
                "MB/s delivered", "x unicast", "last - first rcv ms",
                "bridge cpu us/msg: sender / receivers", "check"]
-    lines = [[r["config"], str(r["receivers"]), str(r["size"]), _fmt(r.get("msgs_per_s")),
-              _fmt(r.get("mb_per_s"), 1), _fmt(r.get("delivered_mb_per_s"), 1),
-              _fmt(r.get("x_unicast"), 2), _fmt(r.get("receiver_spread_ms"), 1),
-              _bridge_cpu_cell(r), "ok" if r["ok"] else "FAILED"] for r in rows]
-    return render_table(headers, lines, {1, 2, 3, 4, 5, 6, 7}, [r["size"] for r in rows])
+    lines = [[r["config"], str(r["receivers"]), str(r["size"]), fmt(r.get("msgs_per_s")),
+              fmt(r.get("mb_per_s"), 1), fmt(r.get("delivered_mb_per_s"), 1),
+              fmt(r.get("x_unicast"), 2), fmt(r.get("receiver_spread_ms"), 1),
+              _bridge_cpu_cell(r), "ok" if r["status"] == "ok" else "FAILED"] for r in rows]
+    return text_table(headers, lines, {1, 2, 3, 4, 5, 6, 7}, [r["size"] for r in rows])
 
 
 NOTES = """\
@@ -260,8 +251,8 @@ notes:
     every reader). MB/s delivered = MB/s per receiver x receivers. MB = 10^6 payload bytes.
   x unicast: msgs/s / the unicast row's msgs/s at the same size, same run.
   last - first rcv ms: how much later the last receiver saw STOP than the first.
-  bridge cpu us/msg: CPU time (user + system) of each host's netbridge during the run (the
-    processes' start and connection included) / messages sent: host 0's / hosts 1 and 2's.
+  bridge cpu us/msg: CPU time (user + system) of each host's netbridge from the start of the
+    measurement (all connected) to its end / messages sent: host 0's / hosts 1 and 2's.
     A warm-up run first starts every host's netbridge, so no row pays for a start."""
 
 API_OFFER = (f"ExclusivePublication.offer per message / Subscription.poll(limit {POLL_LIMIT}), "
@@ -285,7 +276,7 @@ def print_report(report: dict[str, Any]) -> None:
     """The table, the notes and any failures of a report that measure() returned."""
     settings = report["settings"]
     load = settings["load_before"][0], settings["load_after"][0]
-    print(f"fan-out bench: {settings['duration_s']} s per run, best of {settings['repeat']}; "
+    print(f"fan-out bench: {settings['duration_s']} s per run, median of {settings['repeat']}; "
           f"python {settings['python']}, {settings['cpus']} CPUs; load average {load[0]:.2f} "
           f"before, {load[1]:.2f} after")
     print()
@@ -295,7 +286,7 @@ def print_report(report: dict[str, Any]) -> None:
                        api=API_BATCH if settings["batch"] else API_OFFER,
                        flow_control=settings["flow_control"]))
     for r in report["rows"]:
-        if not r["ok"]:
+        if r["status"] != "ok":
             print(f"\nFAILED {r['config']} {r['size']} B: {r['error']}")
 
 
@@ -334,7 +325,7 @@ def _exit_on_sigterm(signum: int, frame: Any) -> NoReturn:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Set up the hosts, run every measurement (progress on stderr), tear everything down;
-    the report: settings and rows (the best of --repeat runs each, ratios added)."""
+    the report: settings and rows (the median of --repeat runs each, ratios added)."""
     duration = 0.3 if args.quick else args.duration
     repeat = 1 if args.quick else args.repeat
     opt = Options(duration_s=duration, timeout_s=args.timeout)
@@ -345,36 +336,40 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     stream_ids = itertools.count(FIRST_STREAM_ID)
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {key: [] for key in plan}
     load_before = os.getloadavg()
-    print(f"fan-out bench: {duration} s per run, best of {repeat}, {os.cpu_count()} CPUs, "
+    print(f"fan-out bench: {duration} s per run, median of {repeat}, {os.cpu_count()} CPUs, "
           f"load {load_before[0]:.2f}; progress on stderr", file=sys.stderr, flush=True)
     # SIGTERM unwinds like Ctrl-C: drivers stopped, namespaces and bus directories removed
     previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     root = Path(tempfile.mkdtemp(prefix="shmbus-bench-fanout-", dir="/dev/shm"))
     try:
-        _use_repo_imports()
-        from tests.netbridge.namespaces import host_buses
-
         with host_buses(root, 3, args.subnet) as net:
+            addresses = [host.address for host in net.hosts]
+
+            def run(config: str, size: int, run_opt: Options) -> dict[str, Any]:
+                port = next(ports)
+                channels = channels_for(config, addresses, port, port + 1)
+                return {**fanout_key(config, size, channels),
+                        **attempt(lambda: run_fanout(ctx, net, channels, size, args.batch,
+                                                     run_opt, next(stream_ids)))}
+
             # the drivers start their netbridges on the first udp channel: a short multicast
             # run starts all three, so that no measurement's bridge cpu includes a start
-            warm_up = run_fanout(ctx, net, MULTICAST, args.sizes[0], args.batch,
-                                 Options(duration_s=0.1, timeout_s=args.timeout), next(ports),
-                                 next(stream_ids))
-            print("  warm-up: " + ("ok" if warm_up["ok"] else "FAILED: " + warm_up["error"]),
+            warm_up = run(MULTICAST, args.sizes[0], Options(duration_s=0.1,
+                                                            timeout_s=args.timeout))
+            print(f"  warm-up: {warm_up['status']} {warm_up.get('error', '')}",
                   file=sys.stderr, flush=True)
             # repeats interleaved, so that a burst of load elsewhere hits every configuration
             for _ in range(repeat):
                 for config, size in plan:
-                    row = run_fanout(ctx, net, config, size, args.batch, opt, next(ports),
-                                     next(stream_ids))
-                    summary = (f"{row['msgs_per_s']:,.0f} msgs/s per receiver" if row["ok"]
-                               else "FAILED: " + row["error"])
+                    row = run(config, size, opt)
+                    summary = (f"{row['msgs_per_s']:,.0f} msgs/s per receiver"
+                               if row["status"] == "ok" else "FAILED: " + row["error"])
                     print(f"  {config:12s} {size:5d} B  {summary}", file=sys.stderr, flush=True)
                     runs[(config, size)].append(row)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous_handler)
-    rows = [best_of(runs[key]) for key in plan]
+    rows = [median_row(runs[key]) for key in plan]
     add_ratios(rows)
     return {"settings": {"duration_s": duration, "repeat": repeat, "sizes": list(args.sizes),
                          "configs": configs, "batch": args.batch, "subnet": args.subnet,
@@ -392,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     print_report(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    return 1 if any(not r["ok"] for r in report["rows"]) else 0
+    return 1 if any(r["status"] != "ok" for r in report["rows"]) else 0
 
 
 if __name__ == "__main__":

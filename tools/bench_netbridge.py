@@ -1,12 +1,16 @@
 # Run from the repository root: .venv/bin/python tools/bench_netbridge.py [--quick]
+#   [--aeron-bin DIR]
 """netbridge benchmark: shmbus streams through two netbridges on loopback, beside pyzmq over TCP.
 
-Issue 5's benchmark: one-way throughput and ping-pong round trip between two buses, each with
-its own driver (a process, as tests/conftest.start_driver starts it) that auto-starts its
-netbridge, so a message goes publisher -> log (bus A) -> netbridge A -> UDP 127.0.0.1 ->
-netbridge B -> image log (bus B) -> subscriber. Beside it, in the same run with the same
-loops, pyzmq PUSH/PULL over tcp://127.0.0.1 (throughput) and PAIR over tcp://127.0.0.1
-(ping-pong). Target: at least 2x pyzmq's msgs/s for 32 B messages, no worse for 4 KiB.
+One-way throughput and a paced ping-pong between two buses, each with its own driver (a
+process: ``python -m shmbus.driver``, Context.driver_command) that starts its netbridge, so a
+message goes publisher -> log (bus A) -> netbridge A -> UDP 127.0.0.1 -> netbridge B -> image
+log (bus B) -> subscriber. Beside it, in the same run with the same loops, pyzmq PUSH/PULL
+over tcp://127.0.0.1 (throughput) and PAIR over tcp://127.0.0.1 (ping-pong); with
+``--aeron-bin DIR``, Aeron C's driver and samples on the default channel (tools/_aeron_c.py).
+The first table is issue 14's: 32 B and 4 KiB msg/s, the 32 B round trip's p50 at 10,000
+pings a second, and the CPU of each side's bridge and driver; its targets are checked at the
+end.
 
 Every measurement runs in two fresh processes (multiprocessing, spawn) that the parent starts
 and watches; the two drivers and their netbridges are started once and serve every shmbus run
@@ -26,10 +30,11 @@ reporting a number.
 * zmq PUSH/PULL tcp://: send(copy=True) of a reused buffer; recv() (recv(copy=False) for 4 KiB).
   The pair exchanges a hello before the clock starts.
 
-Ping-pong: 32 B messages echoed; the pinger times each round trip (perf_counter_ns), drops the
-first 10% (at most 1000) as warm-up and checks every echo's sequence number. shmbus uses two
-streams on two UDP channels: ping (bus A -> bus B) and pong (bus B -> bus A). zmq uses one PAIR
-socket pair over TCP.
+Ping-pong: 32 B messages echoed, --rate pings a second (default 10,000: paced on a fixed
+schedule, not saturated; 0: back-to-back); the pinger times each round trip (perf_counter_ns),
+drops the first 10% (at most 1000) as warm-up and checks every echo's sequence number. shmbus
+uses two streams on two UDP channels: ping (bus A -> bus B) and pong (bus B -> bus A). zmq
+uses one PAIR socket pair over TCP.
 
 Channels: each shmbus measurement runs on the default channel (a plain endpoint URI: term
 1 MiB, mtu 1408, receiver window 128 KiB) and on a loopback-tuned one (mtu 65504, rcv-wnd
@@ -43,6 +48,9 @@ block in their calls (with timeouts). So on a 2-core machine six processes share
 a shmbus run (two drivers, two netbridges, writer, reader), two processes and two zmq I/O
 threads in a zmq run.
 
+CPU: each side's netbridge and driver (labels bridge A, bridge B, driver A, driver B), CPU
+seconds over the wall seconds of the measurement (tools/_harness.py).
+
 Bounded waits: every loop checks a deadline, zmq calls have timeouts, and the parent
 terminates a pair of processes that overruns.
 """
@@ -54,17 +62,14 @@ import itertools
 import json
 import multiprocessing as mp
 import os
-import platform
-import queue
+import re
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,29 +77,48 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
+from _aeron_c import AeronC, find_binaries
+from _harness import (
+    STOP,
+    BenchError,
+    Member,
+    Unavailable,
+    attempt,
+    child_pids,
+    codec,
+    fmt,
+    fmt_rate,
+    machine,
+    markdown_table,
+    median_row,
+    percentiles_us,
+    run_processes,
+    text_table,
+)
 
 SIZES = (32, 4096)
 LATENCY_SIZE = 32
-STOP = -1  # sequence number of the message that ends a run
 POLL_LIMIT = 256
 BATCH_ROWS = 1024
+FRAME_HEADER = 32  # bytes of a data frame's header: longer payloads than mtu - 32 fragment
+BEGIN_FLAG, END_FLAG = 0x80, 0x40  # FragmentBatch.flags: first and last fragment of a message
 MAX_SAMPLES = 500_000
 _RUN_IDS = itertools.count(1)
+
+PING_RATE = 10_000  # pings per second of the ping-pong runs (--rate)
+#: cping's round trips per second of --duration: enough for a p99, few enough to finish on a
+#: loaded 2-core machine, where two busy-spinning samples starve the drivers (ms round trips)
+AERON_ROUND_TRIPS_PER_S = 1_000
 
 SHM = "shmbus offer/poll"
 SHM_BATCH = "shmbus offer_many/poll_batch"
 ZMQ = "zmq PUSH/PULL tcp://"
 ZMQ_PP = "zmq PAIR tcp://"
+AERON = "Aeron C streaming_publisher -> rate_subscriber"
+AERON_PP = "Aeron C cping/cpong"
 PEERS = (ZMQ, ZMQ_PP)
-
-IDLE_SHM = "back-off / back-off"
-IDLE_PEER = "blocking / blocking"
-
-
-class BenchError(RuntimeError):
-    """A run that failed: timed out, crashed, or delivered wrong messages."""
+BACK_TO_BACK = "back-to-back"
+SIDES = ("bridge A", "bridge B", "driver A", "driver B")  # the per-side CPU labels
 
 
 @dataclass(frozen=True)
@@ -117,15 +141,12 @@ TUNED_CHANNEL = ChannelConfig("mtu 64K, rcv-wnd 2M",
                               "mtu=65504|rcv-wnd=2097152|term-length=4194304")
 
 
-def _use_repo_imports() -> None:
-    root = str(ROOT)
-    if root not in sys.path:
-        sys.path.insert(0, root)
+def max_payload(uri: str) -> int:
+    """Longest payload of one frame on channel ``uri``: its mtu (or the default) - 32."""
+    import shmbus
 
-
-def _codec(size: int) -> struct.Struct:
-    """A message: its sequence number in the first and in the last 8 bytes."""
-    return struct.Struct(f"<q{size - 16}xq")
+    mtu = re.search(r"[?|]mtu=(\d+)", uri)
+    return (int(mtu.group(1)) if mtu else shmbus.Context().mtu) - FRAME_HEADER
 
 
 def _free_udp_port() -> int:
@@ -145,50 +166,35 @@ def _free_tcp_port() -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def netbridge_cpu(driver: subprocess.Popen) -> dict[int, float]:
-    """CPU seconds (user + system) of each child of a driver process (its netbridge), by pid;
-    empty when it has none (or it is gone)."""
-    cpu = {}
-    for task in Path(f"/proc/{driver.pid}/task").glob("*/children"):
-        try:
-            children = task.read_text().split()
-        except OSError:
-            continue
-        for pid in map(int, children):
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            cpu[pid] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
-    return cpu
-
-
 @dataclass
 class Buses:
     contexts: tuple[Any, Any]
     drivers: list[subprocess.Popen]
 
-    def bridge_cpu(self) -> dict[int, float]:
-        """CPU seconds (user + system) of each netbridge process (the drivers' children)."""
-        cpu = {}
-        for driver in self.drivers:
-            cpu.update(netbridge_cpu(driver))
-        return cpu
+    def sides(self) -> dict[str, set[int]]:
+        """The processes of each side by label (SIDES): its driver and its netbridge."""
+        out: dict[str, set[int]] = {}
+        for side, driver in zip("AB", self.drivers, strict=True):
+            out[f"driver {side}"] = {driver.pid}
+            out[f"bridge {side}"] = set(child_pids(driver.pid))
+        return out
 
 
-def start_driver(context: Any, timeout_s: float = 20.0) -> subprocess.Popen:
-    """A driver process for context.dir, as tests/conftest.start_driver starts one."""
-    from shmbus.client import _try_open
+def start_driver(context: Any, prefix: tuple[str, ...] = (), timeout_s: float = 20.0
+                 ) -> subprocess.Popen:
+    """A driver process for context.dir (``python -m shmbus.driver``, through ``prefix``, e.g.
+    ``ip netns exec NAME``), once a client can connect to it; BenchError if it cannot."""
+    import shmbus
 
-    process = subprocess.Popen(context.driver_command(), cwd=ROOT)
+    process = subprocess.Popen([*prefix, *context.driver_command()])
     deadline = time.monotonic() + timeout_s
     while True:
-        cnc = _try_open(Path(context.dir), context) if os.path.isdir(context.dir) else None
-        if cnc is not None:
-            pid = cnc.pid
-            cnc.close()
-            if pid == process.pid:
-                return process
+        try:
+            with shmbus.connect(context.with_(embedded_driver=False)) as bus:
+                if bus.driver_pid == process.pid:
+                    return process
+        except shmbus.DriverUnavailableError:
+            pass
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             raise BenchError(f"driver for {context.dir} did not start "
@@ -208,7 +214,6 @@ def stop_driver(process: subprocess.Popen) -> None:
 
 
 def start_buses(root: Path, term_length: int) -> Buses:
-    _use_repo_imports()
     import shmbus
 
     contexts = tuple(shmbus.Context(dir=str(root / name), embedded_driver=False,
@@ -243,25 +248,13 @@ def _await_image(subscription: Any, deadline: float) -> Any:
     while not subscription.images:
         if time.monotonic() > deadline:
             raise BenchError("subscription never got an image")
-        subscription.poll(lambda b, h: None, 1)  # services the client: image events
-        time.sleep(0.002)
+        time.sleep(0.002)  # the client's conductor thread adds the image
     return subscription.images[0]
 
 
 # ---------------------------------------------------------------------------------------------
 # Child processes
 # ---------------------------------------------------------------------------------------------
-
-
-def _child(role: str, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...], barrier: Any,
-           results: Any) -> None:
-    """Entry point of every spawned process: run fn, report its result or its traceback."""
-    try:
-        out = fn(barrier, *args)
-    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the run
-        out = {"error": traceback.format_exc(limit=6)}
-    out["role"] = role
-    results.put(out)
 
 
 def _offer(offer: Callable[[Any], int], message: Any, idle: Any, deadline_ns: int) -> None:
@@ -281,7 +274,7 @@ def _offer(offer: Callable[[Any], int], message: Any, idle: Any, deadline_ns: in
                 raise BenchError(f"offer not accepted before the deadline: {result_name(result)}")
 
 
-def _shm_writer(barrier: Any, context: Any, uri: str, stream_id: int, size: int,
+def _shm_writer(start: Any, context: Any, uri: str, stream_id: int, size: int,
                 duration_s: float, timeout_s: float, done: Any, batch: bool,
                 destinations: tuple[str, ...] = ()) -> dict[str, Any]:
     """Send for duration_s, then STOP; keep the publication until done (its wait(timeout))
@@ -293,13 +286,13 @@ def _shm_writer(barrier: Any, context: Any, uri: str, stream_id: int, size: int,
                                            destinations)
         offer = publication.offer
         offer_many = publication.offer_many
-        pack = _codec(size).pack_into
+        pack = codec(size).pack_into
         message = bytearray(size)
         block = np.zeros((BATCH_ROWS, size), np.uint8)
         words = block.view("<i8")
         ramp = np.arange(BATCH_ROWS, dtype=np.int64)
         idle = shmbus.BackoffIdleStrategy()
-        barrier.wait(timeout_s)
+        start.ready(bus.driver_pid)
         t0 = time.monotonic_ns()
         end_ns = t0 + int(duration_s * 1e9)
         deadline = t0 + int(timeout_s * 1e9)
@@ -339,12 +332,11 @@ def _shm_writer(barrier: Any, context: Any, uri: str, stream_id: int, size: int,
     return {"sent": seq, "t0": t0}
 
 
-def _shm_reader(barrier: Any, context: Any, uri: str, stream_id: int, size: int,
+def _shm_reader(start: Any, context: Any, uri: str, stream_id: int, size: int,
                 timeout_s: float, done: Any, batch: bool) -> dict[str, Any]:
     import shmbus
-    from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG
 
-    unpack = _codec(size).unpack_from
+    unpack = codec(size).unpack_from
     expected = errors = payload_bytes = 0
     first_bad: str | None = None
     stopped = False
@@ -407,12 +399,12 @@ def _shm_reader(barrier: Any, context: Any, uri: str, stream_id: int, size: int,
     with shmbus.connect(context) as bus:
         subscription = bus.add_subscription(uri, stream_id)
         image = _await_image(subscription, time.monotonic() + timeout_s)
-        fragmented = size > image.log.descriptor.mtu - 32
+        fragmented = size > max_payload(uri)
         handler: Any = in_place
         if fragmented:
             handler = shmbus.FragmentAssembler(handler)
         idle = shmbus.BackoffIdleStrategy()
-        barrier.wait(timeout_s)
+        start.ready(bus.driver_pid)
         deadline = time.monotonic_ns() + int(timeout_s * 1e9)
         idled = 0
         if batch:
@@ -455,14 +447,14 @@ def _zmq_socket(kind: str, endpoint: str, bind: bool, timeout_s: float) -> tuple
     return zctx, sock
 
 
-def _zmq_writer(barrier: Any, endpoint: str, size: int, duration_s: float, timeout_s: float,
+def _zmq_writer(start: Any, endpoint: str, size: int, duration_s: float, timeout_s: float,
                 done: Any) -> dict[str, Any]:
     zctx, sock = _zmq_socket("PUSH", endpoint, False, timeout_s)
     send = sock.send
     send(b"hello")  # connected before the clock starts
-    pack = _codec(size).pack_into
+    pack = codec(size).pack_into
     message = bytearray(size)
-    barrier.wait(timeout_s)
+    start.ready()
     t0 = time.monotonic_ns()
     end_ns = t0 + int(duration_s * 1e9)
     seq = 0
@@ -483,7 +475,7 @@ def _zmq_writer(barrier: Any, endpoint: str, size: int, duration_s: float, timeo
     return {"sent": seq, "t0": t0}
 
 
-def _zmq_reader(barrier: Any, endpoint: str, size: int, timeout_s: float,
+def _zmq_reader(start: Any, endpoint: str, size: int, timeout_s: float,
                 done: Any) -> dict[str, Any]:
     zctx, sock = _zmq_socket("PULL", endpoint, True, timeout_s)
     sock_recv = sock.recv
@@ -494,8 +486,8 @@ def _zmq_reader(barrier: Any, endpoint: str, size: int, timeout_s: float,
             return sock_recv(copy=False)
     else:
         recv = sock_recv
-    unpack = _codec(size).unpack_from
-    barrier.wait(timeout_s)
+    unpack = codec(size).unpack_from
+    start.ready()
     expected = errors = 0
     first_bad = None
     try:
@@ -518,12 +510,27 @@ def _zmq_reader(barrier: Any, endpoint: str, size: int, timeout_s: float,
     return {"received": expected, "errors": errors, "first_bad": first_bad, "t1": t1}
 
 
-def _shm_ping(barrier: Any, context: Any, ping_uri: str, pong_uri: str, stream_id: int,
-              duration_s: float, timeout_s: float, done: Any) -> dict[str, Any]:
+def _pace(began_ns: int, seq: int, period_ns: float | None) -> None:
+    """Sleep until ping ``seq`` is due (``period_ns`` apart from ``began_ns``, perf_counter
+    clock); at once when back-to-back (None) or late."""
+    if period_ns is not None:
+        wait_ns = began_ns + seq * period_ns - time.perf_counter_ns()
+        if wait_ns > 0:
+            time.sleep(wait_ns / 1e9)
+
+
+def _period_ns(rate: int | None) -> float | None:
+    return None if rate is None else 1e9 / rate
+
+
+def _shm_ping(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id: int,
+              rate: int | None, duration_s: float, timeout_s: float,
+              done: Any) -> dict[str, Any]:
+    """Ping ``rate`` times a second (None: back-to-back), timing each round trip."""
     import shmbus
 
-    unpack = _codec(LATENCY_SIZE).unpack_from
-    pack = _codec(LATENCY_SIZE).pack_into
+    unpack = codec(LATENCY_SIZE).unpack_from
+    pack = codec(LATENCY_SIZE).pack_into
     seen = -2
 
     def on_pong(buffer: memoryview, header: Any) -> None:
@@ -542,9 +549,10 @@ def _shm_ping(barrier: Any, context: Any, ping_uri: str, pong_uri: str, stream_i
         samples = array("q")
         errors = 0
         clock = time.perf_counter_ns
-        barrier.wait(timeout_s)
-        start = clock()
-        end_ns = start + int(duration_s * 1e9)
+        period = _period_ns(rate)
+        start.ready(bus.driver_pid)
+        began = clock()
+        end_ns = began + int(duration_s * 1e9)
         deadline = time.monotonic_ns() + int(timeout_s * 1e9)
         seq = 0
         while True:
@@ -566,17 +574,19 @@ def _shm_ping(barrier: Any, context: Any, ping_uri: str, pong_uri: str, stream_i
             seq += 1
             if t1 >= end_ns or seq >= MAX_SAMPLES:
                 break
+            _pace(began, seq, period)
+        elapsed_s = (clock() - began) / 1e9
         pack(message, 0, STOP, STOP)
         _offer(offer, message, idle, deadline)
         done.wait(timeout_s)
-    return {"samples": samples.tobytes(), "errors": errors}
+    return {"samples": samples.tobytes(), "errors": errors, "pings_per_s": seq / elapsed_s}
 
 
-def _shm_pong(barrier: Any, context: Any, ping_uri: str, pong_uri: str, stream_id: int,
+def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id: int,
               timeout_s: float, done: Any) -> dict[str, Any]:
     import shmbus
 
-    unpack = _codec(LATENCY_SIZE).unpack_from
+    unpack = codec(LATENCY_SIZE).unpack_from
     expected = errors = 0
     stopped = False
     deadline = 0
@@ -602,7 +612,7 @@ def _shm_pong(barrier: Any, context: Any, ping_uri: str, pong_uri: str, stream_i
             if offer(buffer) < 0:
                 _offer(offer, buffer, echo_idle, deadline)
 
-        barrier.wait(timeout_s)
+        start.ready(bus.driver_pid)
         deadline = time.monotonic_ns() + int(timeout_s * 1e9)
         idled = 0
         while not stopped:
@@ -619,21 +629,24 @@ def _shm_pong(barrier: Any, context: Any, ping_uri: str, pong_uri: str, stream_i
     return {"received": expected, "errors": errors}
 
 
-def _zmq_ping(barrier: Any, endpoint: str, duration_s: float, timeout_s: float,
+def _zmq_ping(start: Any, endpoint: str, rate: int | None, duration_s: float, timeout_s: float,
               done: Any) -> dict[str, Any]:
+    """Ping ``rate`` times a second (None: back-to-back), timing each round trip."""
     zctx, sock = _zmq_socket("PAIR", endpoint, False, timeout_s)
     send, recv = sock.send, sock.recv
     send(b"hello")
     if recv() != b"hello":
         raise BenchError("no hello")
-    pack = _codec(LATENCY_SIZE).pack_into
-    unpack = _codec(LATENCY_SIZE).unpack_from
+    pack = codec(LATENCY_SIZE).pack_into
+    unpack = codec(LATENCY_SIZE).unpack_from
     message = bytearray(LATENCY_SIZE)
     samples = array("q")
     errors = 0
     clock = time.perf_counter_ns
-    barrier.wait(timeout_s)
-    end_ns = clock() + int(duration_s * 1e9)
+    period = _period_ns(rate)
+    start.ready()
+    began = clock()
+    end_ns = began + int(duration_s * 1e9)
     seq = 0
     while True:
         pack(message, 0, seq, seq)
@@ -647,22 +660,24 @@ def _zmq_ping(barrier: Any, endpoint: str, duration_s: float, timeout_s: float,
         seq += 1
         if t1 >= end_ns or seq >= MAX_SAMPLES:
             break
+        _pace(began, seq, period)
+    elapsed_s = (clock() - began) / 1e9
     pack(message, 0, STOP, STOP)
     send(message)
     done.wait(timeout_s)
     sock.close()
     zctx.term()
-    return {"samples": samples.tobytes(), "errors": errors}
+    return {"samples": samples.tobytes(), "errors": errors, "pings_per_s": seq / elapsed_s}
 
 
-def _zmq_pong(barrier: Any, endpoint: str, timeout_s: float, done: Any) -> dict[str, Any]:
+def _zmq_pong(start: Any, endpoint: str, timeout_s: float, done: Any) -> dict[str, Any]:
     zctx, sock = _zmq_socket("PAIR", endpoint, True, timeout_s)
     send, recv = sock.send, sock.recv
     if recv() != b"hello":
         raise BenchError("no hello")
     send(b"hello")
-    unpack = _codec(LATENCY_SIZE).unpack_from
-    barrier.wait(timeout_s)
+    unpack = codec(LATENCY_SIZE).unpack_from
+    start.ready()
     expected = errors = 0
     while True:
         message = recv()
@@ -684,138 +699,86 @@ def _zmq_pong(barrier: Any, endpoint: str, timeout_s: float, done: Any) -> dict[
 # ---------------------------------------------------------------------------------------------
 
 
-def run_processes(ctx: Any,
-                  members: list[tuple[str, Callable[..., dict[str, Any]], tuple[Any, ...]]],
-                  timeout_s: float) -> dict[str, dict[str, Any]]:
-    """Run each (role, function, args) in a spawned process of its own, all sharing one
-    barrier; their results by role (roles are unique).
-
-    Raises BenchError if any fails or if not all are done within timeout_s (then all are
-    terminated).
-    """
-    results = ctx.Queue()
-    barrier = ctx.Barrier(len(members))
-    procs = [ctx.Process(target=_child, args=(role, fn, args, barrier, results), daemon=True)
-             for role, fn, args in members]
-    for p in procs:
-        p.start()
-    collected: dict[str, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(collected) < len(members):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise BenchError(f"timed out after {timeout_s:.0f} s")
-            try:
-                out = results.get(timeout=min(remaining, 0.5))
-            except queue.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    try:
-                        out = results.get(timeout=1.0)
-                    except queue.Empty:
-                        raise BenchError(f"a process died (exit code {dead[0].exitcode})") \
-                            from None
-                else:
-                    continue
-            collected[out["role"]] = out
-            if "error" in out:
-                raise BenchError(f"{out['role']}: {out['error'].strip().splitlines()[-1]}\n"
-                                 f"{out['error']}")
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=2)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=2)
-        results.close()
-        results.cancel_join_thread()
-    return collected
-
-
 @dataclass
 class Options:
     duration_s: float
     timeout_s: float
+    rate: int | None = None  # pings per second of the ping-pong runs (None: back-to-back)
 
 
-def run_throughput(ctx: Any, buses: Buses, transport: str, config: ChannelConfig | None,
-                   size: int, opt: Options) -> dict[str, Any]:
+def run_throughput(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
+                   config: ChannelConfig | None, size: int, opt: Options) -> dict[str, Any]:
+    """One throughput run: its figures (msgs/s, MB/s, cores by process); BenchError if any
+    message was lost, repeated, reordered or torn."""
+    if transport == AERON:
+        assert aeron is not None and config is not None
+        return aeron.throughput(config.uri(_free_udp_port()), size, opt.duration_s,
+                                opt.timeout_s)
     run = next(_RUN_IDS)
-    row: dict[str, Any] = {"test": "throughput", "transport": transport, "size": size,
-                           "channel": config.name if config else "-",
-                           "idle": IDLE_PEER if transport in PEERS else IDLE_SHM}
     done = ctx.Event()
-    try:
-        if transport == ZMQ:
-            endpoint = f"tcp://127.0.0.1:{_free_tcp_port()}"
-            writer = ("writer", _zmq_writer, (endpoint, size, opt.duration_s, opt.timeout_s,
-                                              done))
-            reader = ("reader", _zmq_reader, (endpoint, size, opt.timeout_s, done))
-        else:
-            assert config is not None
-            uri = config.uri(_free_udp_port())
-            batch = transport == SHM_BATCH
-            writer = ("writer", _shm_writer, (buses.contexts[0], uri, 1000 + run, size,
-                                              opt.duration_s, opt.timeout_s, done, batch))
-            reader = ("reader", _shm_reader, (buses.contexts[1], uri, 1000 + run, size,
-                                              opt.timeout_s, done, batch))
-        cpu0, wall0 = buses.bridge_cpu(), time.monotonic()
-        out = run_processes(ctx, [reader, writer], 2 * opt.timeout_s + opt.duration_s + 30)
-        wall = time.monotonic() - wall0
-        bridge_cpu = sum(v - cpu0.get(pid, 0.0) for pid, v in buses.bridge_cpu().items())
-        sent, received = out["writer"]["sent"], out["reader"]["received"]
-        errors = out["reader"]["errors"]
-        if errors or sent != received:
-            raise BenchError(f"sent {sent}, received {received} in order, {errors} bad; first: "
-                             f"{out['reader']['first_bad']}")
-        seconds = (out["reader"]["t1"] - out["writer"]["t0"]) / 1e9
-        row.update(ok=True, messages=sent, seconds=seconds, msgs_per_s=sent / seconds,
-                   mb_per_s=sent * size / seconds / 1e6)
-        if transport not in PEERS:
-            row["bridge_cpu_s"], row["pair_wall_s"] = bridge_cpu, wall
-    except BenchError as e:
-        row.update(ok=False, error=str(e))
-    return row
+    watch = None
+    if transport == ZMQ:
+        endpoint = f"tcp://127.0.0.1:{_free_tcp_port()}"
+        writer = Member("writer", _zmq_writer, (endpoint, size, opt.duration_s, opt.timeout_s,
+                                                done))
+        reader = Member("reader", _zmq_reader, (endpoint, size, opt.timeout_s, done))
+    else:
+        assert config is not None
+        uri = config.uri(_free_udp_port())
+        batch = transport == SHM_BATCH
+        writer = Member("writer", _shm_writer, (buses.contexts[0], uri, 1000 + run, size,
+                                                opt.duration_s, opt.timeout_s, done, batch))
+        reader = Member("reader", _shm_reader, (buses.contexts[1], uri, 1000 + run, size,
+                                                opt.timeout_s, done, batch))
+        watch = buses.sides
+    out = run_processes(ctx, [reader, writer], 2 * opt.timeout_s + opt.duration_s + 30, watch)
+    w, r = out.results["writer"], out.results["reader"]
+    if r["errors"] or w["sent"] != r["received"]:
+        raise BenchError(f"sent {w['sent']}, received {r['received']} in order, {r['errors']} "
+                         f"bad; first: {r['first_bad']}")
+    seconds = (r["t1"] - w["t0"]) / 1e9
+    return {"messages": w["sent"], "seconds": seconds, "msgs_per_s": w["sent"] / seconds,
+            "mb_per_s": w["sent"] * size / seconds / 1e6, "cores": out.cores}
 
 
-def run_latency(ctx: Any, buses: Buses, transport: str, config: ChannelConfig | None,
-                opt: Options) -> dict[str, Any]:
+def run_latency(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
+                config: ChannelConfig | None, opt: Options) -> dict[str, Any]:
+    """One ping-pong run: its round-trip percentiles, the pings per second it achieved and
+    cores by process; BenchError if an echo was wrong."""
+    if transport == AERON_PP:
+        assert aeron is not None and config is not None
+        round_trips = max(100, int(opt.duration_s * AERON_ROUND_TRIPS_PER_S))
+        return {**aeron.ping_pong(config.uri(_free_udp_port()), config.uri(_free_udp_port()),
+                                  round_trips, opt.timeout_s + opt.duration_s),
+                "pace": BACK_TO_BACK}
     run = next(_RUN_IDS)
-    row: dict[str, Any] = {"test": "ping-pong", "transport": transport, "size": LATENCY_SIZE,
-                           "channel": config.name if config else "-",
-                           "idle": IDLE_PEER if transport in PEERS else IDLE_SHM}
     done = ctx.Event()
-    try:
-        if transport == ZMQ_PP:
-            endpoint = f"tcp://127.0.0.1:{_free_tcp_port()}"
-            pinger = ("ping", _zmq_ping, (endpoint, opt.duration_s, opt.timeout_s, done))
-            ponger = ("pong", _zmq_pong, (endpoint, opt.timeout_s, done))
-        else:
-            assert config is not None
-            ping_uri, pong_uri = config.uri(_free_udp_port()), config.uri(_free_udp_port())
-            pinger = ("ping", _shm_ping, (buses.contexts[0], ping_uri, pong_uri, 1000 + run,
-                                          opt.duration_s, opt.timeout_s, done))
-            ponger = ("pong", _shm_pong, (buses.contexts[1], ping_uri, pong_uri, 1000 + run,
-                                          opt.timeout_s, done))
-        out = run_processes(ctx, [ponger, pinger], 2 * opt.timeout_s + opt.duration_s + 30)
-        samples = np.frombuffer(out["ping"]["samples"], np.int64)
-        errors = out["ping"]["errors"] + out["pong"]["errors"]
-        if errors or out["pong"]["received"] != len(samples):
-            raise BenchError(f"{len(samples)} pings, {out['pong']['received']} echoed, "
-                             f"{errors} bad")
-        warmup = min(1000, len(samples) // 10)
-        kept = samples[warmup:] / 1000.0
-        p50, p99 = np.percentile(kept, [50, 99])
-        row.update(ok=True, round_trips=int(len(kept)), p50_us=float(p50), p99_us=float(p99),
-                   max_us=float(kept.max()))
-    except BenchError as e:
-        row.update(ok=False, error=str(e))
-    return row
+    watch = None
+    if transport == ZMQ_PP:
+        endpoint = f"tcp://127.0.0.1:{_free_tcp_port()}"
+        pinger = Member("ping", _zmq_ping, (endpoint, opt.rate, opt.duration_s, opt.timeout_s,
+                                            done))
+        ponger = Member("pong", _zmq_pong, (endpoint, opt.timeout_s, done))
+    else:
+        assert config is not None
+        ping_uri, pong_uri = config.uri(_free_udp_port()), config.uri(_free_udp_port())
+        pinger = Member("ping", _shm_ping, (buses.contexts[0], ping_uri, pong_uri, 1000 + run,
+                                            opt.rate, opt.duration_s, opt.timeout_s, done))
+        ponger = Member("pong", _shm_pong, (buses.contexts[1], ping_uri, pong_uri, 1000 + run,
+                                            opt.timeout_s, done))
+        watch = buses.sides
+    out = run_processes(ctx, [ponger, pinger], 2 * opt.timeout_s + opt.duration_s + 30, watch)
+    ping, pong = out.results["ping"], out.results["pong"]
+    samples = np.frombuffer(ping["samples"], np.int64)
+    errors = ping["errors"] + pong["errors"]
+    if errors or pong["received"] != len(samples):
+        raise BenchError(f"{len(samples)} pings, {pong['received']} echoed, {errors} bad")
+    return {**percentiles_us(samples), "pings_per_s": ping["pings_per_s"],
+            "pace": _pace_name(opt.rate), "cores": out.cores}
+
+
+def _pace_name(rate: int | None) -> str:
+    return BACK_TO_BACK if rate is None else f"{rate:,}/s"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -827,9 +790,9 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Each row against the zmq row of the same test and size (x zmq: higher is better for
     throughput, p50 zmq / p50 for ping-pong)."""
     for r in rows:
-        if not r["ok"]:
+        if r["status"] != "ok":
             continue
-        peer = next((p for p in rows if p["ok"] and p["transport"] in PEERS
+        peer = next((p for p in rows if p["status"] == "ok" and p["transport"] in PEERS
                      and (p["test"], p["size"]) == (r["test"], r["size"])), None)
         if peer is None:
             continue
@@ -839,94 +802,152 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             r["x_zmq"] = peer["p50_us"] / r["p50_us"]
 
 
-def evaluate_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    targets = []
-    channels = list(dict.fromkeys(r["channel"] for r in rows if r["transport"] not in PEERS))
-    for channel_name in channels:
+def _row(rows: list[dict[str, Any]], test: str, transport: str, channel: str,
+         size: int) -> dict[str, Any] | None:
+    """The measured row of that test, transport, channel and size, if any."""
+    return next((r for r in rows if (r["test"], r["transport"], r["channel"], r["size"]) ==
+                 (test, transport, channel, size) and r["status"] == "ok"), None)
+
+
+def evaluate_targets(rows: list[dict[str, Any]], channels: list[str]) -> list[dict[str, Any]]:
+    """Issue 14's targets, each as {target, value, goal, status: PASS / FAIL / n/a}: on the
+    default channel 32 B >= 3 M msg/s, >= 0.8x Aeron C and >= 2.5x zmq; 4 KiB >= 250 MB/s;
+    ping-pong p50 <= 100 us; on the tuned one (any other of ``channels``) 4 KiB >= 1x zmq."""
+    targets: list[dict[str, Any]] = []
+    default = DEFAULT_CHANNEL.name
+    tuned = next((name for name in channels if name != default), None)
+    checks: list[tuple[str, str, str, int, str, float, str]] = []  # name, test, .., field, goal
+    for transport in (SHM, SHM_BATCH):
+        checks += [
+            (f"32 B {transport} msg/s >= 3 M", "throughput", transport, 32, "msgs_per_s", 3e6,
+             ">="),
+            (f"32 B {transport} >= 0.8x Aeron C", "throughput", transport, 32, "x_aeron", 0.8,
+             ">="),
+            (f"32 B {transport} >= 2.5x zmq", "throughput", transport, 32, "x_zmq", 2.5, ">="),
+            (f"4 KiB {transport} MB/s >= 250", "throughput", transport, 4096, "mb_per_s", 250,
+             ">="),
+        ]
+    checks.append(("ping-pong p50 us <= 100", "ping-pong", SHM, LATENCY_SIZE, "p50_us", 100,
+                   "<="))
+    for name, test, transport, size, key, goal, sense in checks:
+        if default not in channels:
+            break
+        row = _row(rows, test, transport, default, size)
+        value = None if row is None else row.get(key)
+        if key == "x_aeron" and row is not None:
+            aeron = _row(rows, "throughput", AERON, default, size)
+            value = None if aeron is None else row["msgs_per_s"] / aeron["msgs_per_s"]
+        targets.append(_target(f"{name} [{default}]", value, goal, sense))
+    if tuned is not None:
         for transport in (SHM, SHM_BATCH):
-            for size, goal in ((32, 2.0), (4096, 1.0)):
-                row = next((r for r in rows if (r["test"], r["transport"], r["size"],
-                                                r["channel"]) ==
-                            ("throughput", transport, size, channel_name) and r["ok"]), None)
-                if row is None and not any(r["size"] == size for r in rows):
-                    continue
-                value = row.get("x_zmq") if row else None
-                status = "n/a" if value is None else ("PASS" if value >= goal else "FAIL")
-                targets.append({"target": f"{size} B {transport} [{channel_name}] msgs/s vs "
-                                          f"zmq >= {goal:g}x",
-                                "value": value, "goal": goal, "status": status})
+            row = _row(rows, "throughput", transport, tuned, 4096)
+            targets.append(_target(f"4 KiB {transport} >= 1x zmq [{tuned}]",
+                                   None if row is None else row.get("x_zmq"), 1.0, ">="))
     return targets
 
 
-def _fmt(value: Any, digits: int = 0) -> str:
-    if value is None:
+def _target(name: str, value: float | None, goal: float, sense: str) -> dict[str, Any]:
+    met = value is not None and (value >= goal if sense == ">=" else value <= goal)
+    return {"target": name, "value": value, "goal": goal,
+            "status": "n/a" if value is None else ("PASS" if met else "FAIL")}
+
+
+def _sides_cell(row: dict[str, Any] | None) -> str:
+    cores = (row or {}).get("cores") or {}
+    if not any(cores.get(label) is not None for label in SIDES):
         return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
+    return " / ".join("-" if cores.get(label) is None else f"{cores[label]:.0%}"
+                      for label in SIDES)
+
+
+def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...],
+                  channels: list[str]) -> str:
+    """Issue 14's table (markdown): a line per way of sending, msg/s by size (MB/s from 4 KiB),
+    its round trip p50 and the CPU of each bridge and driver in the first size's run."""
+    headers = ["loopback, one stream",
+               *(f"{_size_name(z)} msg/s" + (" (MB/s)" if z >= 1024 else "") for z in sizes),
+               f"RTT p50 us ({LATENCY_SIZE} B ping-pong)",
+               f"cores in the {_size_name(sizes[0])} run: {' / '.join(SIDES)}"]
+    ways = [(AERON, AERON_PP, DEFAULT_CHANNEL.name)]
+    ways += [(t, SHM if t == SHM else None, channel) for channel in channels
+             for t in (SHM, SHM_BATCH)]
+    ways.append((ZMQ, ZMQ_PP, "-"))
+    lines = []
+    for transport, latency, channel in ways:
+        if not any(r["transport"] == transport and r["channel"] == channel for r in rows):
+            continue
+        cells = []
+        for size in sizes:
+            r = _row(rows, "throughput", transport, channel, size)
+            cells.append("-" if r is None else fmt_rate(r["msgs_per_s"]) + (
+                f" ({r['mb_per_s']:,.0f} MB/s)" if size >= 1024 else ""))
+        pp = None if latency is None else _row(rows, "ping-pong", latency, channel,
+                                               LATENCY_SIZE)
+        cells.append("-" if pp is None else f"{pp['p50_us']:,.1f} at {pp['pace']}")
+        cells.append(_sides_cell(_row(rows, "throughput", transport, channel, sizes[0])))
+        label = _SUMMARY_LABELS[transport] + ("" if channel == "-" else f" [{channel}]")
+        lines.append([label, *cells])
+    return markdown_table(headers, lines, range(1, len(headers) - 1))
+
+
+_SUMMARY_LABELS = {
+    AERON: "Aeron C driver (SHARED) x2: streaming_publisher -> rate_subscriber; RTT cping/cpong",
+    SHM: "shmbus over two netbridges: offer/poll",
+    SHM_BATCH: "shmbus over two netbridges: offer_many/poll_batch",
+    ZMQ: "pyzmq PUSH/PULL tcp://; RTT PAIR tcp://",
+}
+
+
+def _size_name(size: int) -> str:
+    return f"{size // 1024} KiB" if size >= 1024 and size % 1024 == 0 else f"{size} B"
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["test", "transport", "channel", "size", "idle: side A / side B", "msgs/s",
-               "MB/s", "x zmq", "p50 us", "p99 us", "max us", "bridges cpu", "check"]
-    right = {3, 5, 6, 7, 8, 9, 10, 11}
+    headers = ["test", "transport", "channel", "size", "pace", "msgs/s", "MB/s", "x zmq",
+               "p50 us", "p99 us", "max us", f"cores: {' / '.join(SIDES)}", "check"]
     lines = []
     for r in rows:
-        cpu = r.get("bridge_cpu_s")
         lines.append([
-            r["test"], r["transport"], r["channel"], str(r["size"]), r["idle"],
-            _fmt(r.get("msgs_per_s")), _fmt(r.get("mb_per_s"), 1), _fmt(r.get("x_zmq"), 2),
-            _fmt(r.get("p50_us"), 1), _fmt(r.get("p99_us"), 1), _fmt(r.get("max_us"), 1),
-            "-" if cpu is None else f"{cpu / r['pair_wall_s']:.0%}",
-            "ok" if r["ok"] else "FAILED",
+            r["test"], r["transport"], r["channel"], str(r["size"]), r.get("pace", "-"),
+            fmt(r.get("msgs_per_s")), fmt(r.get("mb_per_s"), 1), fmt(r.get("x_zmq"), 2),
+            fmt(r.get("p50_us"), 1), fmt(r.get("p99_us"), 1), fmt(r.get("max_us"), 1),
+            _sides_cell(r), {"ok": "ok", "n/a": "n/a"}.get(r["status"], "FAILED"),
         ])
-    return render_table(headers, lines, right, [(r["test"], r["size"]) for r in rows])
-
-
-def render_table(headers: list[str], lines: list[list[str]], right: set[int],
-                 groups: list[Any]) -> str:
-    """A text table: the headers, a rule, then one line of cells per row, the columns whose
-    index is in right right-aligned; a blank line where the group key (one per row) changes."""
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
-
-    def render(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
-
-    out = [render(headers), render(["-" * w for w in widths])]
-    previous = None
-    for group, line in zip(groups, lines, strict=True):
-        if previous is not None and group != previous:
-            out.append("")
-        previous = group
-        out.append(render(line))
-    return "\n".join(out)
+    return text_table(headers, lines, {3, 5, 6, 7, 8, 9, 10},
+                      [(r["test"], r["size"]) for r in rows])
 
 
 NOTES = f"""\
 notes:
   shmbus path: writer -> log (bus A) -> netbridge A -> UDP 127.0.0.1 -> netbridge B -> image
     (bus B) -> reader; each bus has its own driver process, which started its netbridge.
-  channels (shmbus rows only):
+  channels (shmbus rows; Aeron's on the default one only: its driver refuses a receiver window
+  over its socket buffer, 128 KiB unless configured):
 {{channels}}
-    default: term 1 MiB, mtu 1408 (4 KiB messages in 3 fragments, 22 messages of 32 B per
-    datagram), receiver window 128 KiB.
-  idle: side A = writer or pinger, side B = reader or ponger. shmbus "back-off" =
-    BackoffIdleStrategy (spin 10, yield 20, sleep 1 us .. 1 ms) used only with nothing to do;
-    a netbridge with nothing to do sleeps in poll() on its sockets and its log watcher's
-    eventfd (readable when a publisher writes where a sender waits) until its next timer;
-    drivers back off to 1 ms sleeps. zmq "blocking": blocking calls with timeouts (and
-    libzmq's I/O thread).
+    default: shmbus term 1 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
+    fragments, 22 messages of 32 B per datagram), receiver window 128 KiB.
+  waiting: a shmbus application side with nothing to do uses BackoffIdleStrategy (spin 10,
+    yield 20, sleep 1 us .. 1 ms); a netbridge with nothing to do sleeps in poll() on its
+    sockets and its log watcher's eventfd (readable when a publisher writes where a sender
+    waits, or subscribers read up to where a status message falls due) until its next timer;
+    drivers back off to 1 ms sleeps. zmq: blocking calls with timeouts (and
+    libzmq's I/O thread). Aeron C: two aeronmd (threading SHARED, default back-off idle),
+    the samples busy-spin.
   throughput: offer/poll = ExclusivePublication.offer / Subscription.poll(limit {POLL_LIMIT})
     with in-place checks (FragmentAssembler when fragmented); batch = offer_many of
     ({BATCH_ROWS}, size) uint8 arrays / Image.poll_batch(limit {BATCH_ROWS}), numpy checks.
     zmq PUSH/PULL: send(copy=True) of a reused buffer, recv() (copy=False for 4 KiB).
-  ping-pong: {LATENCY_SIZE} B round trips in microseconds, first 10% (<= 1000) dropped. shmbus:
-    two streams (ping A -> B, pong B -> A) on two UDP channels; zmq: PAIR over tcp://.
+    Aeron C: streaming_publisher -L size -m N (its own total: N over the time to offer them).
+  ping-pong: {LATENCY_SIZE} B round trips in microseconds, first 10% (<= 1000) dropped, paced
+    as "pace" says (pings sent on a fixed schedule; a late pong delays only its own ping).
+    shmbus: two streams (ping A -> B, pong B -> A) on two UDP channels; zmq: PAIR over tcp://;
+    Aeron C: cping/cpong, which have no pacing (back-to-back, busy-spinning;
+    {AERON_ROUND_TRIPS_PER_S:,} round trips per second of the run's duration).
   x zmq: throughput msgs/s / zmq's msgs/s at the same size; ping-pong zmq p50 / p50.
-  bridges cpu: CPU time of both netbridge processes / wall time, over the whole run of the
-    pair of processes (their start and connection included; 200% = two cores).
-  every message carries its sequence number at head and tail, checked by every reader.
+  cores: CPU time / wall time of each side's netbridge and driver (Aeron: its drivers, which
+    do the bridges' work), from the start of the measurement to its end (100% = one core).
+  every shmbus and zmq message carries its sequence number at head and tail, checked by every
+    reader (Aeron's samples count messages only).
   MB = 10^6 payload bytes."""
 
 
@@ -937,18 +958,6 @@ def format_targets(targets: list[dict[str, Any]]) -> str:
         value = "-" if t["value"] is None else f"{t['value']:.3g}"
         out.append(f"  {t['status']:4s}  {t['target'].ljust(width)}  measured {value}")
     return "\n".join(out)
-
-
-def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The best of repeated runs; any failed run fails the row."""
-    failed = [r for r in runs if not r["ok"]]
-    if failed:
-        return failed[0]
-    if runs[0]["test"] == "throughput":
-        best = max(runs, key=lambda r: r["msgs_per_s"])
-    else:
-        best = min(runs, key=lambda r: r["p50_us"])
-    return dict(best, runs=len(runs))
 
 
 def _channel_configs(names: str, tuned_params: str) -> list[ChannelConfig]:
@@ -971,8 +980,8 @@ def add_run_options(parser: argparse.ArgumentParser, duration_s: float, what: st
     parser.add_argument("--duration", type=float, default=duration_s,
                         help=f"seconds {what} (default {duration_s:g})")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="run each measurement this many times, interleaved, and keep the "
-                             "best (a failed run fails the row; default 1)")
+                        help="run each measurement this many times, interleaved, and report "
+                             "the median (a failed run fails the row; default 1)")
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="deadline of each run beyond its duration, seconds (default 30)")
 
@@ -988,6 +997,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"{TUNED_CHANNEL.params!r})")
     parser.add_argument("--sizes", type=lambda v: tuple(int(x) for x in v.split(",")),
                         default=SIZES, help="throughput sizes, comma-separated (default 32,4096)")
+    parser.add_argument("--rate", type=int, default=PING_RATE,
+                        help=f"pings per second of the ping-pong runs, 0 for back-to-back "
+                             f"(default {PING_RATE:,})")
+    parser.add_argument("--aeron-bin", type=Path, metavar="DIR",
+                        help="an Aeron C build's binaries (aeronmd, streaming_publisher, "
+                             "rate_subscriber, cping, cpong): measure Aeron C in the same run")
     parser.add_argument("--only", help="run only the transports whose name contains this")
     parser.add_argument("--no-latency", action="store_true", help="skip the ping-pong runs")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
@@ -995,15 +1010,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for size in args.sizes:
         if size < 16 or size % 8:
             parser.error(f"message size {size}: a multiple of 8, at least 16")
+    if args.rate < 0:
+        parser.error(f"--rate {args.rate}: pings per second, 0 (back-to-back) or more")
+    if args.aeron_bin is not None:
+        try:
+            args.aeron_binaries = find_binaries(args.aeron_bin)
+        except Unavailable as e:
+            parser.error(str(e))
     return args
+
+
+def _key(test: str, transport: str, channel: str, size: int) -> dict[str, Any]:
+    """A row's identity: test, transport, channel and size."""
+    return {"test": test, "transport": transport, "channel": channel, "size": size}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    _use_repo_imports()
     duration = 0.3 if args.quick else args.duration
     repeat = 1 if args.quick else args.repeat
-    opt = Options(duration_s=duration, timeout_s=args.timeout)
+    opt = Options(duration_s=duration, timeout_s=args.timeout, rate=args.rate or None)
     configs = _channel_configs(args.channels, args.tuned)
     ctx = mp.get_context("spawn")
     shm_root = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -1013,83 +1039,95 @@ def main(argv: list[str] | None = None) -> int:
         return args.only is None or args.only.lower() in transport.lower()
 
     def report(row: dict[str, Any]) -> None:
-        if row["ok"]:
+        if row["status"] == "ok":
             summary = (f"{row['msgs_per_s']:,.0f} msgs/s" if row["test"] == "throughput"
                        else f"p50 {row['p50_us']:.1f} us")
         else:
-            summary = "FAILED: " + row["error"]
+            summary = f"{row['status']}: {row['error']}"
         print(f"  {row['test']:10s} {row['transport']:28s} {row['channel']:20s} "
               f"{row['size']:5d} B  {summary}", file=sys.stderr, flush=True)
 
     load_before = os.getloadavg()
-    print(f"netbridge bench: {duration} s per run, best of {repeat}, {os.cpu_count()} CPUs, "
+    print(f"netbridge bench: {duration} s per run, median of {repeat}, {os.cpu_count()} CPUs, "
           f"load {load_before[0]:.2f}; progress on stderr", file=sys.stderr, flush=True)
+    aeron = None
+    if args.aeron_bin is not None and (wanted(AERON) or wanted(AERON_PP)):
+        aeron = AeronC(args.aeron_binaries, root / "aeron")
+    shm_ways = [t for t in (SHM, SHM_BATCH) if wanted(t)]
     buses = start_buses(root, 1024 * 1024)
     # the measurements, as (key, thunk); repeats are interleaved, so that a burst of load
-    # elsewhere on the machine hits shmbus and zmq alike rather than one of them
-    plan: list[tuple[tuple[str, str, str, int], Callable[[], dict[str, Any]]]] = []
+    # elsewhere on the machine hits every transport alike rather than one of them
+    plan: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
     for size in args.sizes:
         for config in configs:
-            for transport in (SHM, SHM_BATCH):
-                if wanted(transport):
-                    plan.append((("throughput", transport, config.name, size),
-                                 lambda t=transport, c=config, s=size:
-                                 run_throughput(ctx, buses, t, c, s, opt)))
+            aeron_too = aeron is not None and config == DEFAULT_CHANNEL
+            for transport in [*shm_ways, *([AERON] if aeron_too else [])]:
+                plan.append((_key("throughput", transport, config.name, size),
+                             lambda t=transport, c=config, s=size:
+                             run_throughput(ctx, buses, aeron, t, c, s, opt)))
         if wanted(ZMQ):
-            plan.append((("throughput", ZMQ, "-", size),
-                         lambda s=size: run_throughput(ctx, buses, ZMQ, None, s, opt)))
+            plan.append((_key("throughput", ZMQ, "-", size),
+                         lambda s=size: run_throughput(ctx, buses, aeron, ZMQ, None, s, opt)))
     if not args.no_latency:
         for config in configs:
-            if wanted(SHM):
-                plan.append((("ping-pong", SHM, config.name, LATENCY_SIZE),
-                             lambda c=config: run_latency(ctx, buses, SHM, c, opt)))
+            aeron_too = aeron is not None and config == DEFAULT_CHANNEL
+            for transport in [*([SHM] if wanted(SHM) else []), *([AERON_PP] if aeron_too else [])]:
+                plan.append((_key("ping-pong", transport, config.name, LATENCY_SIZE),
+                             lambda t=transport, c=config:
+                             run_latency(ctx, buses, aeron, t, c, opt)))
         if wanted(ZMQ_PP):
-            plan.append((("ping-pong", ZMQ_PP, "-", LATENCY_SIZE),
-                         lambda: run_latency(ctx, buses, ZMQ_PP, None, opt)))
-    runs: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {key: [] for key, _ in plan}
+            plan.append((_key("ping-pong", ZMQ_PP, "-", LATENCY_SIZE),
+                         lambda: run_latency(ctx, buses, aeron, ZMQ_PP, None, opt)))
+    runs: list[list[dict[str, Any]]] = [[] for _ in plan]
     try:
+        if aeron is not None:
+            aeron.start()
         for _ in range(repeat):
-            for key, thunk in plan:
-                row = thunk()
+            for (key, thunk), done in zip(plan, runs, strict=True):
+                row = {**key, **attempt(thunk)}
                 report(row)
-                runs[key].append(row)
+                done.append(row)
     finally:
+        if aeron is not None:
+            aeron.stop()
         for process in buses.drivers:
             stop_driver(process)
         shutil.rmtree(root, ignore_errors=True)
     load_after = os.getloadavg()
-    rows = [best_of(runs[key]) for key, _ in plan]
+    rows = [median_row(r) for r in runs]
     add_ratios(rows)
-    targets = evaluate_targets(rows)
+    channel_names = [c.name for c in configs]
+    targets = evaluate_targets(rows, channel_names)
 
     print()
-    print(f"netbridge bench: {duration} s per run, best of {repeat}; python "
-          f"{platform.python_version()}, {os.cpu_count()} CPUs; load average "
+    print(f"netbridge bench: {duration} s per run, median of {repeat}; python "
+          f"{machine()['python']}, {os.cpu_count()} CPUs; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print()
+    print(summary_table(rows, tuple(args.sizes), channel_names))
     print()
     print(format_table(rows))
     print()
     channels = "\n".join(f"    [{c.name}] {c.uri(0).replace(':0', ':PORT')}" for c in configs)
     print(NOTES.format(channels=channels))
     print()
-    print("targets (issue 5):")
+    print("targets (issue 14):")
     print(format_targets(targets))
-    failed = [r for r in rows if not r["ok"]]
+    failed = [r for r in rows if r["status"] != "ok"]
     for r in failed:
-        print(f"\nFAILED {r['test']} {r['transport']} [{r['channel']}] {r['size']} B: "
-              f"{r['error']}")
+        print(f"\n{r['status'].upper()} {r['test']} {r['transport']} [{r['channel']}] "
+              f"{r['size']} B: {r['error']}")
     if args.json:
         report_json = {
-            "settings": {"duration_s": duration, "repeat": repeat,
+            "settings": {"duration_s": duration, "repeat": repeat, "rate": opt.rate,
                          "channels": {c.name: c.params for c in configs},
-                         "cpus": os.cpu_count(), "load_before": load_before,
-                         "load_after": load_after, "python": platform.python_version(),
-                         "platform": platform.platform()},
+                         "aeron_bin": None if args.aeron_bin is None else str(args.aeron_bin),
+                         "load_before": load_before, "load_after": load_after, **machine()},
             "rows": rows,
             "targets": targets,
         }
         Path(args.json).write_text(json.dumps(report_json, indent=2) + "\n")
-    return 1 if failed else 0
+    return 1 if any(r["status"] == "failed" for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -35,13 +35,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import shmbus  # noqa: E402
-from shmbus.archive.catalog import read_catalog  # noqa: E402
-from shmbus.archive.recorder import Recorder  # noqa: E402
-from shmbus.archive.recording_reader import RecordingReader  # noqa: E402
+from shmbus import Recorder, RecordingReader  # noqa: E402
 
 
-def record(directory: Path, bus_dir: Path, messages: int) -> float:
-    """Record ``messages`` 32-byte messages; returns the seconds it took."""
+def record(directory: Path, bus_dir: Path, messages: int) -> tuple[float, int]:
+    """Record ``messages`` 32-byte messages; returns the seconds it took and the recording
+    id."""
     rows = np.zeros((1024, 32), np.uint8)
     context = shmbus.Context(dir=str(bus_dir), driver_idle_timeout=2.0)
     with shmbus.connect(context) as bus:
@@ -67,21 +66,21 @@ def record(directory: Path, bus_dir: Path, messages: int) -> float:
             if time.monotonic() > deadline:
                 raise SystemExit("recording did not finish within 600 s")
         end = publication.position
-        while recorder.positions[recorder.recordings[0].recording_id] < end:
+        recording_id = recorder.recordings[0].recording_id
+        while recorder.positions[recording_id] < end:
             recorder.poll()
         elapsed = time.perf_counter() - start
         recorder.close()
-    return elapsed
+    return elapsed, recording_id
 
 
-def to_parquet(directory: Path, path: Path) -> int:
+def to_parquet(reader: RecordingReader, path: Path) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from shmbus.spark import ARROW_SCHEMA, to_arrow
 
-    (descriptor,) = read_catalog(directory)
-    batches = [to_arrow(b) for b in RecordingReader(directory, descriptor).read_batches()]
+    batches = [to_arrow(b) for b in reader.read_batches()]
     table = pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
     pq.write_table(table, path, row_group_size=1 << 20)
     return table.num_rows
@@ -114,13 +113,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="shmbus-bench-spark-", dir="/dev/shm"))
     try:
         directory = work / "recording"
-        record_seconds = record(directory, work / "bus", args.messages)
-        (descriptor,) = read_catalog(directory)
+        record_seconds, recording_id = record(directory, work / "bus", args.messages)
+        reader = RecordingReader(directory, recording_id)
         print(f"recorded {args.messages:,} messages of 32 bytes "
-              f"({descriptor.stop_position / 2**20:.1f} MiB of frames) in {record_seconds:.2f} s: "
+              f"({reader.stop_position / 2**20:.1f} MiB of frames) in {record_seconds:.2f} s: "
               f"{args.messages / record_seconds:,.0f} messages/s")
         parquet = work / "messages.parquet"
-        rows = to_parquet(directory, parquet)
+        rows = to_parquet(reader, parquet)
         assert rows == args.messages, rows
 
         os.environ["PYSPARK_PYTHON"] = sys.executable

@@ -425,7 +425,14 @@ class Recorder:
 
     # -- images --------------------------------------------------------------------------------
 
+    # The image callbacks run on the client's conductor thread: they take the recorder's lock.
+
     def _on_available_image(self, image: Image) -> None:
+        with self._lock:
+            if not self._closed:
+                self._start_recording(image)
+
+    def _start_recording(self, image: Image) -> None:
         if self._error is not None or (self.session_id is not None
                                        and image.session_id != self.session_id):
             return
@@ -459,6 +466,10 @@ class Recorder:
         self._writers[image.session_id] = writer
 
     def _on_unavailable_image(self, image: Image) -> None:
+        with self._lock:
+            self._stop_recording(image)
+
+    def _stop_recording(self, image: Image) -> None:
         writer = self._writers.pop(image.session_id, None)
         if writer is None:
             return
@@ -544,20 +555,22 @@ class Recorder:
 
     def close(self) -> None:
         """Stop every recording (catalog: stopped) and close the subscription. Idempotent."""
-        if self._closed:
-            return
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            try:
+        try:
+            with self._lock:
                 if self._writers:
                     self._stop_all("recorder closed")
-            finally:
+        finally:
+            # outside the lock: closing takes the client's lock, which image callbacks hold
+            with contextlib.suppress(Exception):
+                self._subscription.close()
+            if self._own_client and self._client is not None:
                 with contextlib.suppress(Exception):
-                    self._subscription.close()
-                if self._own_client and self._client is not None:
-                    with contextlib.suppress(Exception):
-                        self._client.close()
-                self._catalog.close()
+                    self._client.close()
+            self._catalog.close()
 
     def __enter__(self) -> Recorder:
         return self

@@ -350,6 +350,7 @@ class RecordingReader:
 
     @property
     def start_position(self) -> int:
+        """The stream position the recording starts at (bytes)."""
         return self.descriptor.start_position
 
     @property

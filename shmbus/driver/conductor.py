@@ -124,8 +124,11 @@ class DriverConductor:
         counters: CountersManager,
         error_log: DistinctErrorLog,
         set_heartbeat: Callable[[int], None],
+        ring_clients: Callable[[], None] = lambda: None,
     ) -> None:
         self.context = context
+        self._ring_clients = ring_clients
+        self._broadcasts = 0
         self.directory = directory
         self.to_driver = to_driver
         self.to_clients = to_clients
@@ -169,7 +172,14 @@ class DriverConductor:
         if now_ms >= self._next_timer_ms:
             self._next_timer_ms = now_ms + int(self.context.timer_interval * 1000)
             work += self._on_timer(now_ms)
+        if self._broadcasts:
+            self._broadcasts = 0
+            self._ring_clients()
         return work
+
+    def ms_until_timer(self, now_ms: int) -> int:
+        """How long the driver may sleep before its timers are due (0: due now)."""
+        return max(0, self._next_timer_ms - now_ms)
 
     def _on_timer(self, now_ms: int) -> int:
         self.set_heartbeat(now_ms)
@@ -789,6 +799,7 @@ class DriverConductor:
 
     def _send(self, message: cp.Message) -> None:
         self.to_clients.transmit(message.TYPE_ID, message.encode())
+        self._broadcasts += 1
 
     def _error(self, correlation_id: int, code: int, message: str,
                exc: BaseException | None = None) -> None:

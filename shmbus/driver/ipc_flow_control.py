@@ -16,7 +16,7 @@ The driver owns one :class:`IpcFlowControl` per IPC publication; tests stand in 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from shmbus.shm import _native
 from shmbus.shm.log_buffer import (
@@ -96,7 +96,7 @@ class IpcFlowControl:
         _native.flow_control_advance(self.log.buffer, self.log.term_length, self.limit.buffer,
                                      self.limit.offset, slowest, mode)
 
-    def release_dead_lock(self, is_alive: object) -> bool:
+    def release_dead_lock(self, is_alive: Callable[[int], bool]) -> bool:
         """Free the flow-control lock if the process holding it died; True if freed.
 
         ``is_alive(pid) -> bool`` decides. A lock seen held by the same pid on two calls in a
@@ -105,6 +105,6 @@ class IpcFlowControl:
         buffer, offset = self.log.buffer, self.log.meta_offset + FC_LOCK_OFFSET
         holder = buffer.get_int64_acquire(offset)
         seen, self._lock_seen = self._lock_seen, holder
-        if holder == 0 or holder != seen or is_alive(holder):  # type: ignore[operator]
+        if holder == 0 or holder != seen or is_alive(holder):
             return False
         return bool(buffer.compare_and_set_int64(offset, holder, 0))

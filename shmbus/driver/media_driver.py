@@ -22,13 +22,14 @@ from shmbus.context import Context
 from shmbus.driver.conductor import LOGS_DIR, DriverConductor
 from shmbus.driver.system_counters import allocate_system_counters
 from shmbus.errors import ShmbusError
-from shmbus.idle_strategy import BackoffIdleStrategy
 from shmbus.shm._native import epoch_ms
 from shmbus.shm.broadcast import BroadcastTransmitter
 from shmbus.shm.bus_directory import prepare_directory
 from shmbus.shm.cnc import (
+    CLIENTS_DOORBELL_OFFSET,
     COUNTERS_METADATA,
     COUNTERS_VALUES,
+    DRIVER_DOORBELL_OFFSET,
     ERROR_LOG,
     TO_CLIENTS,
     TO_DRIVER,
@@ -94,7 +95,8 @@ class Driver:
                 BroadcastTransmitter(self.cnc.section(TO_CLIENTS)),
                 counters,
                 DistinctErrorLog(self.cnc.section(ERROR_LOG), clock=epoch_ms),
-                self.cnc.set_driver_heartbeat)
+                self.cnc.set_driver_heartbeat,
+                self.cnc.doorbell(CLIENTS_DOORBELL_OFFSET).ring)
             # ids start at 1: 0 is the counters' "no owner"
             self.conductor.to_driver.next_correlation_id()
         except BaseException:
@@ -103,22 +105,28 @@ class Driver:
 
     def run(self) -> None:
         """Serve until stop() (or, embedded, until idle with no client); then close()."""
-        assert self.conductor is not None, "start() first"
-        idle = BackoffIdleStrategy(max_sleep_s=0.001)
+        assert self.conductor is not None and self.cnc is not None, "start() first"
+        # asleep while there is nothing to do: clients ring after each command, and the
+        # timers say when to wake at the latest (publishers raise their own limits)
+        doorbell = self.cnc.doorbell(DRIVER_DOORBELL_OFFSET)
         idle_limit_ms = int(self.context.driver_idle_timeout * 1000)
         try:
             while not self._stop.is_set():
+                seen = doorbell.value()
                 now = epoch_ms()
                 work = self.conductor.do_work(now)
                 if self.embedded and self.conductor.idle_for_ms(now) > idle_limit_ms:
                     break
-                idle.idle(work)
+                if not work:
+                    doorbell.wait(seen, self.conductor.ms_until_timer(now) / 1000)
         finally:
             self.close()
 
     def stop(self) -> None:
         """Ask run() to return (safe from a signal handler or another thread)."""
         self._stop.set()
+        if self.cnc is not None and self.cnc.buffer is not None:
+            self.cnc.doorbell(DRIVER_DOORBELL_OFFSET).ring()
 
     def close(self) -> None:
         """Unmap and remove the directory's files, then release the lock. Idempotent."""

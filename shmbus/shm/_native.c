@@ -69,6 +69,7 @@
 #define META_ACTIVE_TERM_COUNT 24
 #define META_END_OF_STREAM_POSITION 128
 #define META_IS_CONNECTED 136
+#define META_INITIAL_TERM_ID 264    /* i32, written once when the log is created */
 /* flow control and wake-ups (see shmbus/shm/log_buffer.py for the diagram) */
 #define META_FC_LOCK 512            /* i64: pid of the process cleaning and raising pub-lmt */
 #define META_FC_CLEAN_POSITION 520  /* i64: the log is zero from here on (behind consumers) */
@@ -583,6 +584,20 @@ static void fc_clean_to(const LogGeometry *g, int64_t position)
     }
 }
 
+/* The position the log is written up to (the active term's tail; a half-done rotation counts
+ * as the start of the new term). */
+static int64_t log_producer_position(const LogGeometry *g)
+{
+    int32_t count = LOAD_ACQUIRE(active_term_count_ptr(g));
+    int64_t raw = LOAD_ACQUIRE(tail_ptr(g, count % PARTITION_COUNT));
+    int64_t begin = (int64_t)count << g->position_bits;
+    int32_t initial_term_id = LOAD_ACQUIRE(meta_i32(g, META_INITIAL_TERM_ID));
+    if (term_count_between(term_id_of(raw), initial_term_id) != count)
+        return begin;
+    int64_t offset = term_offset_of(raw);
+    return begin + (offset < g->term_length ? offset : g->term_length);
+}
+
 enum { FC_RAISE = 0, FC_PULL_BACK = 1, FC_CLEAN_ONLY = 2 };
 
 /*
@@ -600,6 +615,10 @@ static int fc_advance(const LogGeometry *g, int64_t *limit, int64_t slowest, int
         fc_unlock(g);
         return 1;
     }
+    /* a position another process wrote is only trusted between 0 and what was written */
+    int64_t produced = log_producer_position(g);
+    if (slowest > produced) slowest = produced;
+    if (slowest < 0) slowest = 0;
     int64_t *clean_ptr = meta_i64(g, META_FC_CLEAN_POSITION);
     /* a reader behind the clean position (flow control taken over mid-stream) must not find
      * stale frames three terms on: clean from it instead */
@@ -647,6 +666,7 @@ typedef struct {
     const uint8_t *values;    /* counter values, to raise the limit from counted positions */
     Py_ssize_t values_len;
     int sleeping;             /* threads of this process asleep in _await_progress */
+    uint32_t generation;      /* bumped whenever the sleepers are let go (close, detach, init) */
     int32_t session_id;
     int32_t stream_id;
     int32_t mtu;
@@ -655,6 +675,8 @@ typedef struct {
     int64_t max_possible_position;
     int exclusive;
     int closed;
+    int64_t refusal;          /* what offers return once closed: CLOSED, or NOT_CONNECTED when
+                               * detached from a lost driver (see _detach_core) */
     /* exclusive publications only: the single writer's own view of the tail */
     int32_t x_term_offset;
     int32_t x_term_id;
@@ -876,7 +898,7 @@ static int64_t append_pieces(PublicationCore *self, const Piece *pieces, Py_ssiz
                              int64_t reserved_value)
 {
     if (self->closed)
-        return CLOSED;
+        return self->refusal;
     AppendState s;
     int64_t status = read_state(self, &s);
     if (status < 0)
@@ -997,7 +1019,7 @@ static int64_t append_batch(PublicationCore *self, Py_ssize_t count, piece_gette
                             void *ctx)
 {
     if (self->closed)
-        return CLOSED;
+        return self->refusal;
     AppendState s;
     int64_t status = read_state(self, &s);
     if (status < 0)
@@ -1138,7 +1160,7 @@ static PyObject *pub_claim(PublicationCore *self, PyObject *args)
         return NULL;
     }
     if (self->closed)
-        return Py_BuildValue("(Ln)", (long long)CLOSED, (Py_ssize_t)-1);
+        return Py_BuildValue("(Ln)", (long long)self->refusal, (Py_ssize_t)-1);
     AppendState s;
     int64_t status = read_state(self, &s);
     if (status < 0)
@@ -1224,7 +1246,7 @@ static PyObject *pub_claim_view(PublicationCore *self, PyObject *args)
 
 static PyObject *pub_get_position(PublicationCore *self, void *c)
 {
-    if (self->closed)
+    if (self->closed && self->refusal == CLOSED)
         return PyLong_FromLong(CLOSED);
     AppendState s;
     if (read_state(self, &s) < 0) {
@@ -1235,9 +1257,10 @@ static PyObject *pub_get_position(PublicationCore *self, void *c)
     return PyLong_FromLongLong(s.position);
 }
 
-/* Called with the GIL before the log is unmapped: sleepers are woken, and their waiter
- * counts taken back for them, since they must not touch the log once it is closed. */
-static PyObject *pub_close_core(PublicationCore *self, PyObject *Py_UNUSED(ignored))
+/* Lets go of this process's threads asleep in _await_progress on the current log (with the
+ * GIL, before the log is unmapped or replaced): they are woken, and their waiter counts taken
+ * back for them, since they must not touch that log again (the generation tells them). */
+static void release_sleepers(PublicationCore *self)
 {
     if (!self->closed && self->sleeping > 0) {
         __atomic_fetch_sub(meta_i32(&self->g, META_PROGRESS_WAITERS), self->sleeping,
@@ -1245,9 +1268,28 @@ static PyObject *pub_close_core(PublicationCore *self, PyObject *Py_UNUSED(ignor
         __atomic_fetch_add(meta_i32(&self->g, META_PROGRESS_WAKE), 1, __ATOMIC_SEQ_CST);
         syscall(SYS_futex, meta_i32(&self->g, META_PROGRESS_WAKE), FUTEX_WAKE, INT_MAX, NULL,
                 NULL, 0);
-        self->sleeping = 0;
     }
+    self->sleeping = 0;
+    self->generation++;
+}
+
+static PyObject *pub_close_core(PublicationCore *self, PyObject *Py_UNUSED(ignored))
+{
+    release_sleepers(self);
     self->closed = 1;
+    self->refusal = CLOSED;
+    Py_RETURN_NONE;
+}
+
+/* The driver is gone: offers return NOT_CONNECTED and the log is not written again, until
+ * the core is initialised anew over the next driver's log. The position stays readable. */
+static PyObject *pub_detach_core(PublicationCore *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->closed)
+        Py_RETURN_NONE;
+    release_sleepers(self);
+    self->closed = 1;
+    self->refusal = NOT_CONNECTED;
     Py_RETURN_NONE;
 }
 
@@ -1257,10 +1299,21 @@ static PyObject *pub_await_progress(PublicationCore *self, PyObject *arg)
     double timeout = PyFloat_AsDouble(arg);
     if (timeout == -1.0 && PyErr_Occurred())
         return NULL;
-    if (self->closed)
+    if (self->closed) {
+        if (self->refusal == NOT_CONNECTED && timeout > 0) {
+            /* detached: nothing will ring; the caller looks again after the timeout */
+            int64_t ns = timeout_to_ns(timeout < 1.0 ? timeout : 1.0);
+            struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+            Py_BEGIN_ALLOW_THREADS
+            nanosleep(&ts, NULL);
+            Py_END_ALLOW_THREADS
+        }
         Py_RETURN_NONE;
+    }
+    /* the log of this sleep: the core may be closed, detached or given another log meanwhile */
     int32_t *waiters = meta_i32(&self->g, META_PROGRESS_WAITERS);
     int32_t *word = meta_i32(&self->g, META_PROGRESS_WAKE);
+    uint32_t generation = self->generation;
     __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
     self->sleeping++;
     int32_t seen = LOAD_ACQUIRE(word);
@@ -1272,7 +1325,7 @@ static PyObject *pub_await_progress(PublicationCore *self, PyObject *arg)
         wait_words(&word, &seen, 1, ns);
         Py_END_ALLOW_THREADS
     }
-    if (!self->closed) {
+    if (self->generation == generation) {  /* else release_sleepers took our count back */
         __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
         self->sleeping--;
     }
@@ -1292,24 +1345,36 @@ static int pub_init(PublicationCore *self, PyObject *args, PyObject *kwds)
                                      &stream_id, &AtomicBufferType, &limit_buf, &limit_offset,
                                      &exclusive, &counters))
         return -1;
-    if (counters != Py_None) {
-        if (!PyObject_TypeCheck(counters, &AtomicBufferType)) {
-            PyErr_SetString(PyExc_TypeError, "counters must be an AtomicBuffer or None");
-            return -1;
-        }
-        self->values = ((AtomicBuffer *)counters)->data;
-        self->values_len = ((AtomicBuffer *)counters)->capacity;
-        Py_XSETREF(self->counters_buffer, Py_NewRef(counters));
+    /* everything is checked before anything changes: a failed init leaves the core as it was */
+    if (counters != Py_None && !PyObject_TypeCheck(counters, &AtomicBufferType)) {
+        PyErr_SetString(PyExc_TypeError, "counters must be an AtomicBuffer or None");
+        return -1;
     }
-    if (geometry_from((AtomicBuffer *)log, term_length, initial_term_id, &self->g) < 0)
+    LogGeometry g;
+    if (geometry_from((AtomicBuffer *)log, term_length, initial_term_id, &g) < 0)
         return -1;
     if (mtu < HEADER_LENGTH + FRAME_ALIGNMENT || mtu % FRAME_ALIGNMENT != 0 || mtu > 65504) {
         PyErr_Format(PyExc_ValueError, "mtu %d is not a multiple of 32 in 64..65504", mtu);
         return -1;
     }
-    self->limit = position_ptr(limit_buf, limit_offset);
-    if (self->limit == NULL)
+    int64_t *limit = position_ptr(limit_buf, limit_offset);
+    if (limit == NULL)
         return -1;
+    /* initialised again (a publication moved to a new driver's log): the old log's sleepers
+     * are let go before the geometry changes */
+    if (self->log_buffer != NULL)
+        release_sleepers(self);
+    self->g = g;
+    self->limit = limit;
+    if (counters != Py_None) {
+        self->values = ((AtomicBuffer *)counters)->data;
+        self->values_len = ((AtomicBuffer *)counters)->capacity;
+        Py_XSETREF(self->counters_buffer, Py_NewRef(counters));
+    } else {
+        self->values = NULL;
+        self->values_len = 0;
+        Py_CLEAR(self->counters_buffer);
+    }
     Py_XSETREF(self->log_buffer, Py_NewRef(log));
     Py_XSETREF(self->limit_buffer, Py_NewRef(limit_buf));
     self->session_id = session_id;
@@ -1321,6 +1386,9 @@ static int pub_init(PublicationCore *self, PyObject *args, PyObject *kwds)
     self->max_possible_position = (int64_t)term_length << 31;
     self->exclusive = exclusive;
     self->closed = 0;
+    self->refusal = CLOSED;
+    self->x_term_count = self->x_term_id = self->x_term_offset = 0;
+    self->x_term_begin_position = 0;
     if (exclusive) {
         int32_t count = LOAD_ACQUIRE(active_term_count_ptr(&self->g));
         int64_t raw = LOAD_ACQUIRE(tail_ptr(&self->g, count % PARTITION_COUNT));
@@ -1371,7 +1439,7 @@ static PyObject *pub_get_initial_term_id(PublicationCore *self, void *c)
 static PyObject *pub_get_mtu(PublicationCore *self, void *c)
 { return PyLong_FromLong(self->mtu); }
 static PyObject *pub_get_is_closed(PublicationCore *self, void *c)
-{ return PyBool_FromLong(self->closed); }
+{ return PyBool_FromLong(self->closed && self->refusal == CLOSED); }
 static PyObject *pub_get_max_possible_position(PublicationCore *self, void *c)
 { return PyLong_FromLongLong(self->max_possible_position); }
 static PyObject *pub_get_position_limit(PublicationCore *self, void *c)
@@ -1396,7 +1464,8 @@ static PyGetSetDef pub_getset[] = {
     {"max_possible_position", (getter)pub_get_max_possible_position, NULL,
      "term length * 2^31: offers at or past it return MAX_POSITION_EXCEEDED", NULL},
     {"position", (getter)pub_get_position, NULL,
-     "the position the next message would be appended at (CLOSED once closed)", NULL},
+     "the position the next message would be appended at (CLOSED once closed; while "
+     "detached from a lost driver, where the lost log ended)", NULL},
     {"position_limit", (getter)pub_get_position_limit, NULL,
      "the position beyond which offers are back-pressured", NULL},
     {"is_connected", (getter)pub_get_is_connected, NULL,
@@ -1420,6 +1489,8 @@ static PyMethodDef pub_methods[] = {
     {"_commit", (PyCFunction)pub_commit, METH_O, NULL},
     {"_abort", (PyCFunction)pub_abort, METH_O, NULL},
     {"_close_core", (PyCFunction)pub_close_core, METH_NOARGS, NULL},
+    {"_detach_core", (PyCFunction)pub_detach_core, METH_NOARGS,
+     "_detach_core(): the driver is gone; offers return NOT_CONNECTED until __init__ again"},
     {"_await_progress", (PyCFunction)pub_await_progress, METH_O,
      "_await_progress(timeout_s): sleep until a reader or the limit moves, or the timeout"},
     {NULL, NULL, 0, NULL},
@@ -1586,18 +1657,12 @@ static int frame_ok(ImageCore *self, int32_t offset, int32_t length)
     return 1;
 }
 
-static PyObject *img_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nargs)
+/* Delivers up to `limit` fragments to handler(buffer, header); returns how many, or -1 with an
+ * exception set (the fragments before it still count as consumed). */
+static long image_poll(ImageCore *self, PyObject *handler, long limit)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "poll(handler, fragment_limit)");
-        return NULL;
-    }
-    PyObject *handler = args[0];
-    long limit = PyLong_AsLong(args[1]);
-    if (limit == -1 && PyErr_Occurred())
-        return NULL;
     if (self->closed)
-        return PyLong_FromLong(0);
+        return 0;
     int64_t position = LOAD_ACQUIRE(self->position);
     int32_t term_offset = (int32_t)(position & (self->g.term_length - 1));
     uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
@@ -1622,23 +1687,14 @@ static PyObject *img_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nar
     }
     if (offset != term_offset)
         advance(self, position + (offset - term_offset));
-    if (failed)
-        return NULL;
-    return PyLong_FromLong(fragments);
+    return failed ? -1 : fragments;
 }
 
-static PyObject *img_controlled_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nargs)
+/* Like image_poll, the handler returning an Action. */
+static long image_controlled_poll(ImageCore *self, PyObject *handler, long limit)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "controlled_poll(handler, fragment_limit)");
-        return NULL;
-    }
-    PyObject *handler = args[0];
-    long limit = PyLong_AsLong(args[1]);
-    if (limit == -1 && PyErr_Occurred())
-        return NULL;
     if (self->closed)
-        return PyLong_FromLong(0);
+        return 0;
     int64_t position = LOAD_ACQUIRE(self->position);
     int32_t initial_offset = (int32_t)(position & (self->g.term_length - 1));
     uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
@@ -1681,9 +1737,36 @@ static PyObject *img_controlled_poll(ImageCore *self, PyObject *const *args, Py_
     }
     if (offset != initial_offset)
         advance(self, position + (offset - initial_offset));
-    if (failed)
-        return NULL;
-    return PyLong_FromLong(fragments);
+    return failed ? -1 : fragments;
+}
+
+typedef long (*image_reader)(ImageCore *, PyObject *, long);
+
+/* Parses (handler, fragment_limit) for the poll methods; the limit is -1 on error. */
+static long poll_args(PyObject *const *args, Py_ssize_t nargs, const char *usage)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s(handler, fragment_limit)", usage);
+        return -1;
+    }
+    long limit = PyLong_AsLong(args[1]);
+    if (limit < 0 && !PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "fragment_limit must be >= 0, not %ld", limit);
+    return limit < 0 ? -1 : limit;
+}
+
+static PyObject *img_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long limit = poll_args(args, nargs, "poll");
+    long n = limit < 0 ? -1 : image_poll(self, args[0], limit);
+    return n < 0 ? NULL : PyLong_FromLong(n);
+}
+
+static PyObject *img_controlled_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long limit = poll_args(args, nargs, "controlled_poll");
+    long n = limit < 0 ? -1 : image_controlled_poll(self, args[0], limit);
+    return n < 0 ? NULL : PyLong_FromLong(n);
 }
 
 /*
@@ -1872,6 +1955,327 @@ static PyTypeObject ImageCoreType = {
     .tp_clear = (inquiry)img_clear,
     .tp_methods = img_methods,
     .tp_getset = img_getset,
+};
+
+/* ====================================================================================== */
+/* SubscriptionCore: polling and waiting over a subscription's images                      */
+/* ====================================================================================== */
+
+/*
+ * The images tuple is replaced whole (by the client conductor, under its lock) and read here as
+ * a snapshot, so a poll never sees a half-made change. `wake` is a word in the client's own
+ * memory that the conductor bumps whenever the images change or the client fails: a waiting
+ * subscriber sleeps on it beside its images' data words. `error`, once set, is raised by every
+ * later poll: the client is gone (driver timeout, client timeout).
+ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *images;         /* tuple of ImageCore */
+    PyObject *wake_buffer;    /* AtomicBuffer holding the wake word, or NULL */
+    int32_t *wake;
+    PyObject *error;          /* exception instance raised by polls, or NULL */
+    Py_ssize_t round_robin;
+} SubscriptionCore;
+
+static int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected,
+                       int64_t timeout_ns);
+static int word_at(PyObject *buffer, Py_ssize_t offset, int32_t **word);
+
+/* Wakes the subscription's waiters (the images changed or the client failed). */
+static void sub_ring(SubscriptionCore *self)
+{
+    if (self->wake != NULL) {
+        __atomic_fetch_add(self->wake, 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, self->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+}
+
+static int sub_raise_error(SubscriptionCore *self)
+{
+    if (self->error == NULL)
+        return 0;
+    PyException_SetTraceback(self->error, Py_None);  /* raised again and again: keep it short */
+    PyErr_SetObject((PyObject *)Py_TYPE(self->error), self->error);
+    return -1;
+}
+
+/* One pass over the images, round-robin from one further along each call; -1 on error. */
+static long sub_read(SubscriptionCore *self, image_reader read, PyObject *handler, long limit)
+{
+    if (sub_raise_error(self) < 0)
+        return -1;
+    PyObject *images = self->images;
+    Py_ssize_t n = PyTuple_GET_SIZE(images);
+    if (n == 0)
+        return 0;
+    Py_INCREF(images);  /* a handler may let the conductor replace the tuple */
+    Py_ssize_t start = self->round_robin = (self->round_robin + 1) % n;
+    long fragments = 0;
+    for (Py_ssize_t i = 0; i < n && fragments < limit; i++) {
+        long got = read((ImageCore *)PyTuple_GET_ITEM(images, (start + i) % n), handler,
+                        limit - fragments);
+        if (got < 0) { fragments = -1; break; }
+        fragments += got;
+    }
+    Py_DECREF(images);
+    return fragments;
+}
+
+static double monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Reads; with a timeout, sleeps until something arrives (or the images change) and reads
+ * again, until it got a fragment or the timeout passed. */
+static long sub_read_waiting(SubscriptionCore *self, image_reader read, PyObject *handler,
+                             long limit, double timeout)
+{
+    double deadline = timeout > 0 ? monotonic_s() + timeout : 0;
+    for (;;) {
+        int32_t seen = self->wake != NULL ? LOAD_ACQUIRE(self->wake) : 0;
+        long got = sub_read(self, read, handler, limit);
+        if (got != 0 || timeout <= 0 || limit == 0)
+            return got;
+        double remaining = deadline - monotonic_s();
+        if (remaining <= 0)
+            return 0;
+        PyObject *images = Py_NewRef(self->images);
+        int ready = wait_images(images, self->wake, seen, timeout_to_ns(remaining));
+        Py_DECREF(images);
+        if (ready < 0)
+            return -1;
+    }
+}
+
+static const char *poll_keywords[] = {"handler", "fragment_limit", "timeout", NULL};
+
+static PyObject *sub_poll_with(SubscriptionCore *self, image_reader read, PyObject *const *args,
+                               Py_ssize_t nargs, PyObject *kwnames, const char *name)
+{
+    PyObject *handler = NULL, *limit_obj = NULL, *timeout_obj = Py_None;
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs > 3 || nargs < 1 - nkw) goto usage;
+    PyObject *slots[3] = {NULL, NULL, NULL};
+    for (Py_ssize_t i = 0; i < nargs; i++) slots[i] = args[i];
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        const char *key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+        int j = 0;
+        while (poll_keywords[j] != NULL && (key == NULL || strcmp(key, poll_keywords[j]) != 0))
+            j++;
+        if (poll_keywords[j] == NULL || slots[j] != NULL) goto usage;
+        slots[j] = args[nargs + k];
+    }
+    handler = slots[0];
+    limit_obj = slots[1];
+    if (slots[2] != NULL) timeout_obj = slots[2];
+    if (handler == NULL) goto usage;
+    long limit = 10;
+    if (limit_obj != NULL) {
+        limit = PyLong_AsLong(limit_obj);
+        if (limit == -1 && PyErr_Occurred()) return NULL;
+        if (limit < 0) {
+            PyErr_Format(PyExc_ValueError, "fragment_limit must be >= 0, not %ld", limit);
+            return NULL;
+        }
+    }
+    double timeout = 0;
+    if (timeout_obj != Py_None) {
+        timeout = PyFloat_AsDouble(timeout_obj);
+        if (timeout == -1 && PyErr_Occurred()) return NULL;
+        if (timeout < 0 || timeout != timeout) {
+            PyErr_Format(PyExc_ValueError, "timeout must be None or >= 0 seconds, not %R",
+                         timeout_obj);
+            return NULL;
+        }
+    }
+    long got = sub_read_waiting(self, read, handler, limit, timeout);
+    return got < 0 ? NULL : PyLong_FromLong(got);
+usage:
+    PyErr_Format(PyExc_TypeError, "%s(handler, fragment_limit=10, timeout=None)", name);
+    return NULL;
+}
+
+static PyObject *sub_poll(SubscriptionCore *self, PyObject *const *args, size_t nargsf,
+                          PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames == NULL && nargs == 2 && self->error == NULL) {  /* the hot path */
+        long limit = PyLong_AsLong(args[1]);
+        if (limit >= 0) {
+            long got = sub_read(self, image_poll, args[0], limit);
+            return got < 0 ? NULL : PyLong_FromLong(got);
+        }
+        if (PyErr_Occurred()) return NULL;
+    }
+    return sub_poll_with(self, image_poll, args, nargs, kwnames, "poll");
+}
+
+static PyObject *sub_controlled_poll(SubscriptionCore *self, PyObject *const *args,
+                                     size_t nargsf, PyObject *kwnames)
+{
+    return sub_poll_with(self, image_controlled_poll, args, PyVectorcall_NARGS(nargsf), kwnames,
+                         "controlled_poll");
+}
+
+static PyObject *sub_wait(SubscriptionCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "wait(timeout=None)");
+        return NULL;
+    }
+    double timeout = -1;  /* forever */
+    if (nargs == 1 && args[0] != Py_None) {
+        timeout = PyFloat_AsDouble(args[0]);
+        if (timeout == -1 && PyErr_Occurred()) return NULL;
+        if (timeout < 0 || timeout != timeout) {
+            PyErr_Format(PyExc_ValueError, "timeout must be None or >= 0 seconds, not %R",
+                         args[0]);
+            return NULL;
+        }
+    }
+    double deadline = timeout >= 0 ? monotonic_s() + timeout : 0;
+    for (;;) {
+        if (sub_raise_error(self) < 0)
+            return NULL;
+        int32_t seen = self->wake != NULL ? LOAD_ACQUIRE(self->wake) : 0;
+        PyObject *images = Py_NewRef(self->images);
+        int ready = 0;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images) && !ready; i++) {
+            ImageCore *image = (ImageCore *)PyTuple_GET_ITEM(images, i);
+            ready = !image->closed && image_ready(image);
+        }
+        double remaining = timeout >= 0 ? deadline - monotonic_s() : -1;
+        if (!ready && (timeout < 0 || remaining > 0))
+            ready = wait_images(images, self->wake, seen, timeout < 0 ? -1
+                                : timeout_to_ns(remaining));
+        Py_DECREF(images);
+        if (ready < 0)
+            return NULL;
+        if (ready || (timeout >= 0 && monotonic_s() >= deadline))
+            return PyBool_FromLong(ready);
+    }
+}
+
+static PyObject *sub_fail(SubscriptionCore *self, PyObject *error)
+{
+    if (!PyExceptionInstance_Check(error)) {
+        PyErr_SetString(PyExc_TypeError, "_fail takes an exception instance");
+        return NULL;
+    }
+    Py_XSETREF(self->error, Py_NewRef(error));
+    sub_ring(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *sub_wake(SubscriptionCore *self, PyObject *Py_UNUSED(ignored))
+{
+    sub_ring(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *sub_get_images(SubscriptionCore *self, void *c)
+{
+    return Py_NewRef(self->images);
+}
+
+static int sub_set_images(SubscriptionCore *self, PyObject *value, void *c)
+{
+    if (value == NULL || !PyTuple_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "images must be a tuple of Image");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(value); i++) {
+        if (!PyObject_TypeCheck(PyTuple_GET_ITEM(value, i), &ImageCoreType)) {
+            PyErr_SetString(PyExc_TypeError, "images must be a tuple of Image");
+            return -1;
+        }
+    }
+    Py_SETREF(self->images, Py_NewRef(value));
+    sub_ring(self);
+    return 0;
+}
+
+static int sub_init(SubscriptionCore *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"wake_buffer", "wake_offset", NULL};
+    PyObject *wake_buffer = Py_None;
+    Py_ssize_t wake_offset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|On", kwlist, &wake_buffer, &wake_offset))
+        return -1;
+    if (wake_buffer != Py_None) {
+        if (word_at(wake_buffer, wake_offset, &self->wake) < 0)
+            return -1;
+        Py_XSETREF(self->wake_buffer, Py_NewRef(wake_buffer));
+    }
+    Py_XSETREF(self->images, PyTuple_New(0));
+    return self->images == NULL ? -1 : 0;
+}
+
+static int sub_traverse(SubscriptionCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->images);
+    Py_VISIT(self->wake_buffer);
+    Py_VISIT(self->error);
+    return 0;
+}
+
+static int sub_clear(SubscriptionCore *self)
+{
+    Py_CLEAR(self->images);
+    Py_CLEAR(self->wake_buffer);
+    Py_CLEAR(self->error);
+    self->wake = NULL;
+    return 0;
+}
+
+static void sub_dealloc(SubscriptionCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    sub_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyGetSetDef sub_getset[] = {
+    {"images", (getter)sub_get_images, (setter)sub_set_images,
+     "the current images, a tuple (a snapshot: it is replaced, never changed)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef sub_methods[] = {
+    {"poll", (PyCFunction)(void (*)(void))sub_poll, METH_FASTCALL | METH_KEYWORDS,
+     "poll(handler, fragment_limit=10, timeout=None) -> int\n\nCall handler(buffer, header) "
+     "for up to fragment_limit fragments over the images, round-robin from one further along "
+     "each call. With a timeout (seconds), sleep until a fragment arrives, woken by the "
+     "writer, at most that long. Returns the number of fragments (0 when the timeout passed). "
+     "Raises the client's error once it is gone (DriverTimeoutError, ClientTimeoutError)."},
+    {"controlled_poll", (PyCFunction)(void (*)(void))sub_controlled_poll,
+     METH_FASTCALL | METH_KEYWORDS,
+     "controlled_poll(handler, fragment_limit=10, timeout=None) -> int\n\nLike poll, the "
+     "handler returning an Action."},
+    {"wait", (PyCFunction)sub_wait, METH_FASTCALL,
+     "wait(timeout=None) -> bool\n\nSleep until an image has a fragment to read (True) or "
+     "timeout seconds passed (False; None waits forever). Costs no CPU while asleep."},
+    {"_fail", (PyCFunction)sub_fail, METH_O, NULL},
+    {"_wake", (PyCFunction)sub_wake, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SubscriptionCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmbus.shm._native.SubscriptionCore",
+    .tp_basicsize = sizeof(SubscriptionCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The image set, polls and waits behind Subscription.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)sub_init,
+    .tp_dealloc = (destructor)sub_dealloc,
+    .tp_traverse = (traverseproc)sub_traverse,
+    .tp_clear = (inquiry)sub_clear,
+    .tp_methods = sub_methods,
+    .tp_getset = sub_getset,
 };
 
 /* ====================================================================================== */
@@ -2478,38 +2882,31 @@ static PyObject *native_wait_word(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* wait_for_data(images, timeout_s, wake=None) -> bool
- *
- * Sleeps until one of the images (ImageCore, at most 127) has a frame at its position, the
- * optional wake word (buffer, offset, expected) changes, or the timeout passes. Returns whether
- * an image has a frame now. Writers signal only while someone sleeps (see wake_word). */
-static PyObject *native_wait_for_data(PyObject *m, PyObject *args)
+/* Sleeps until one of `images` (a tuple of ImageCore; the first 127 count) has a frame at its
+ * position, *wake (when not NULL) differs from wake_expected, or timeout_ns passes (< 0:
+ * forever). Returns 1 when an image has a frame (or was closed) after the sleep, 0 when none
+ * has, -1 with TypeError for an item that is not an image. Writers signal only while someone
+ * sleeps (see wake_word). The caller holds the GIL; it is released while asleep. */
+static int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected,
+                       int64_t timeout_ns)
 {
-    PyObject *images, *wake = Py_None;
-    double timeout;
-    if (!PyArg_ParseTuple(args, "O!d|O", &PyTuple_Type, &images, &timeout, &wake))
-        return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(images);
     if (n > 127) n = 127;
     int32_t *words[128];
     int32_t expected[128];
     ImageCore *sleeping[127];
     int count = 0, slept = 0, ready = 0;
-    if (wake != Py_None) {
-        PyObject *buffer;
-        Py_ssize_t offset;
-        int value;
-        if (!PyArg_ParseTuple(wake, "Oni", &buffer, &offset, &value) ||
-            word_at(buffer, offset, &words[0]) < 0)
-            return NULL;
-        expected[0] = value;
+    if (wake != NULL) {
+        words[0] = wake;
+        expected[0] = wake_expected;
         count = 1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyTuple_GET_ITEM(images, i);
         if (!PyObject_TypeCheck(item, &ImageCoreType)) {
-            PyErr_SetString(PyExc_TypeError, "wait_for_data takes a tuple of images");
-            goto undo;
+            PyErr_SetString(PyExc_TypeError, "images must be a tuple of Image");
+            ready = -1;
+            break;
         }
         ImageCore *image = (ImageCore *)item;
         if (image->closed) { ready = 1; continue; }
@@ -2523,33 +2920,49 @@ static PyObject *native_wait_for_data(PyObject *m, PyObject *args)
     for (int i = 0; i < slept && !ready; i++)
         ready = image_ready(sleeping[i]);
     if (!ready && count > 0) {
-        int64_t ns = timeout_to_ns(timeout);
         Py_BEGIN_ALLOW_THREADS
-        wait_words(words, expected, count, ns);
+        wait_words(words, expected, count, timeout_ns);
         Py_END_ALLOW_THREADS
-    } else if (!ready && timeout > 0) {
+    } else if (!ready && timeout_ns != 0) {
         /* nothing to sleep on: no images and no wake word */
-        int64_t ns = timeout_to_ns(timeout);
+        int64_t ns = timeout_ns < 0 ? 1000000000LL : timeout_ns;
         struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
         Py_BEGIN_ALLOW_THREADS
         nanosleep(&ts, NULL);
         Py_END_ALLOW_THREADS
     }
-    ready = 0;
+    if (ready >= 0)
+        ready = 0;
     for (int i = 0; i < slept; i++) {
         if (sleeping[i]->closed)
             continue;  /* img_close_core took its waiter count back */
         __atomic_fetch_sub(meta_i32(&sleeping[i]->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
         sleeping[i]->sleeping--;
-        ready = ready || image_ready(sleeping[i]);
+        if (ready >= 0)
+            ready = ready || image_ready(sleeping[i]);
     }
-    return PyBool_FromLong(ready);
-undo:
-    for (int i = 0; i < slept; i++) {
-        __atomic_fetch_sub(meta_i32(&sleeping[i]->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
-        sleeping[i]->sleeping--;
+    return ready;
+}
+
+/* wait_for_data(images, timeout_s, wake=None) -> bool: wait_images from Python; wake is
+ * (buffer, offset, expected) of a word that also ends the sleep when it changes. */
+static PyObject *native_wait_for_data(PyObject *m, PyObject *args)
+{
+    PyObject *images, *wake = Py_None;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "O!d|O", &PyTuple_Type, &images, &timeout, &wake))
+        return NULL;
+    int32_t *word = NULL;
+    int value = 0;
+    if (wake != Py_None) {
+        PyObject *buffer;
+        Py_ssize_t offset;
+        if (!PyArg_ParseTuple(wake, "Oni", &buffer, &offset, &value) ||
+            word_at(buffer, offset, &word) < 0)
+            return NULL;
     }
-    return NULL;
+    int ready = wait_images(images, word, value, timeout_to_ns(timeout));
+    return ready < 0 ? NULL : PyBool_FromLong(ready);
 }
 
 /* wake_log_readers(log_buffer): wake readers asleep on a log whose frames were written by
@@ -3422,6 +3835,7 @@ PyMODINIT_FUNC PyInit__native(void)
 {
     if (PyType_Ready(&AtomicBufferType) < 0 || PyType_Ready(&PublicationCoreType) < 0 ||
         PyType_Ready(&HeaderType) < 0 || PyType_Ready(&ImageCoreType) < 0 ||
+        PyType_Ready(&SubscriptionCoreType) < 0 ||
         PyType_Ready(&HeartbeatType) < 0 || PyType_Ready(&AssemblerType) < 0 ||
         PyType_Ready(&LogWatcherType) < 0)
         return NULL;
@@ -3435,6 +3849,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddObjectRef(m, "PublicationCore", (PyObject *)&PublicationCoreType) < 0 ||
         PyModule_AddObjectRef(m, "Header", (PyObject *)&HeaderType) < 0 ||
         PyModule_AddObjectRef(m, "ImageCore", (PyObject *)&ImageCoreType) < 0 ||
+        PyModule_AddObjectRef(m, "SubscriptionCore", (PyObject *)&SubscriptionCoreType) < 0 ||
         PyModule_AddObjectRef(m, "Heartbeat", (PyObject *)&HeartbeatType) < 0 ||
         PyModule_AddObjectRef(m, "FragmentAssembler", (PyObject *)&AssemblerType) < 0 ||
         PyModule_AddObjectRef(m, "LogWatcher", (PyObject *)&LogWatcherType) < 0 ||

@@ -103,6 +103,8 @@ class PublicationCore:
     def _commit(self, frame_offset: int, /) -> None: ...
     def _abort(self, frame_offset: int, /) -> None: ...
     def _close_core(self) -> None: ...
+    def _detach_core(self) -> None:
+        """The driver is gone: offers return NOT_CONNECTED until __init__ runs again."""
     def _await_progress(self, timeout: float, /) -> None:
         """Sleep (GIL released) until a reader or the limit moves, or timeout seconds pass."""
 
@@ -167,6 +169,28 @@ class ImageCore:
     ) -> tuple[int, int, int]:
         """(fragments, term index, bytes scanned) from the current position, not moving it."""
     def _close_core(self) -> None: ...
+
+class SubscriptionCore:
+    """The image set, polls and waits behind Subscription."""
+
+    def __init__(self, wake_buffer: AtomicBuffer | None = None, wake_offset: int = 0) -> None:
+        """wake_buffer/wake_offset: a word rung (by setting images, or _fail) to wake waiters."""
+    @property
+    def images(self) -> tuple[Any, ...]:
+        """The current images (Image instances), a snapshot: replaced, never changed."""
+    @images.setter
+    def images(self, value: tuple[ImageCore, ...]) -> None: ...
+    def poll(self, handler: Callable[[memoryview, Header], object], fragment_limit: int = 10,
+             timeout: float | None = None) -> int:
+        """Fragments delivered; with a timeout, sleeps until one arrives (at most timeout s)."""
+    def controlled_poll(self, handler: Callable[[memoryview, Header], object],
+                        fragment_limit: int = 10, timeout: float | None = None) -> int:
+        """Like poll, the handler returning an Action."""
+    def wait(self, timeout: float | None = None, /) -> bool:
+        """Sleeps until an image has a fragment (True) or timeout seconds pass (False)."""
+    def _fail(self, error: BaseException, /) -> None: ...
+    def _wake(self) -> None:
+        """Wakes whoever waits on this subscription (they look again)."""
 
 @final
 class FragmentAssembler:

@@ -22,6 +22,10 @@ Header fields (the driver writes them; clients only read)::
     32   driver start time (i64, epoch ms)
     40   driver pid (i64)
     128  driver heartbeat (i64, epoch ms; its own cache line, written every timer tick)
+    192  driver doorbell (i32): rung by a client after it writes a command; the driver sleeps
+         on it when it has nothing to do (see shmbus.shm.doorbell)
+    256  clients' doorbell (i32): rung by the driver after it broadcasts; client conductors
+         sleep on it
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 from shmbus.shm._native import AtomicBuffer
 from shmbus.shm.broadcast import broadcast_buffer_length
 from shmbus.shm.counters import COUNTER_LENGTH, METADATA_LENGTH
+from shmbus.shm.doorbell import Doorbell
 from shmbus.shm.ring_buffer import ring_buffer_length
 
 CNC_FILE = "cnc.dat"
@@ -52,6 +57,8 @@ CLIENT_LIVENESS_TIMEOUT_OFFSET = 24
 START_TIME_OFFSET = 32
 PID_OFFSET = 40
 HEARTBEAT_OFFSET = 128
+DRIVER_DOORBELL_OFFSET = 192
+CLIENTS_DOORBELL_OFFSET = 256
 
 
 class CncError(RuntimeError):
@@ -195,6 +202,13 @@ class CncFile:
         view = memoryview(self._mmap)[offset:offset + length]
         self._views.append(view)
         return AtomicBuffer(view)
+
+    def doorbell(self, offset: int) -> Doorbell:
+        """The driver's (DRIVER_DOORBELL_OFFSET) or the clients' (CLIENTS_DOORBELL_OFFSET)
+        doorbell; needs a writable map."""
+        if self.buffer is None:
+            raise CncError(f"{self.path} is mapped read-only: it has no doorbells to ring")
+        return Doorbell(self.buffer, offset)
 
     def snapshot(self, index: int) -> bytes:
         """A copy of one section's bytes (for read-only tools)."""

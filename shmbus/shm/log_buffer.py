@@ -81,6 +81,7 @@ PUBLICATION_WINDOW_OFFSET = 296
 DEFAULT_FRAME_HEADER_OFFSET = 384
 FC_LOCK_OFFSET = 512
 FC_CLEAN_POSITION_OFFSET = 520
+PROGRESS_WAITERS_OFFSET = 644
 FC_WINDOW_OFFSET = 712
 FC_CLEAN_LAG_OFFSET = 716
 
@@ -320,6 +321,7 @@ class LogBuffer:
 
     @property
     def is_connected(self) -> bool:
+        """Whether a subscriber is connected (the driver sets it; publishers report it)."""
         return self.buffer.get_int32_acquire(self.meta_offset + IS_CONNECTED_OFFSET) == 1
 
     @is_connected.setter
@@ -346,6 +348,7 @@ class LogBuffer:
 
     @property
     def end_of_stream_position(self) -> int:
+        """Where the publisher ended the stream (bytes); the largest int64 until it does."""
         return self.buffer.get_int64_acquire(self.meta_offset + END_OF_STREAM_POSITION_OFFSET)
 
     @end_of_stream_position.setter

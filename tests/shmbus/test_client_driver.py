@@ -102,6 +102,13 @@ def test_directory_of_another_user_is_refused(bus_context) -> None:
         shmbus.connect(bus_context)
 
 
+def test_driver_pid_names_the_driver_process(bus_context, driver) -> None:
+    bus = shmbus.connect(bus_context)
+    assert bus.driver_pid == driver.pid
+    bus.close()
+    assert bus.driver_pid == driver.pid  # still readable after close
+
+
 def test_embedded_driver_starts_and_exits_when_idle(bus_context) -> None:
     context = bus_context.with_(embedded_driver=True, driver_idle_timeout=0.5)
     with shmbus.connect(context) as bus:

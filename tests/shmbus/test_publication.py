@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 import struct
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmbus
+from shmbus.shm._native import PublicationCore
 from shmbus.shm.log_buffer import (
     ACTIVE_TERM_COUNT_OFFSET,
+    PROGRESS_WAITERS_OFFSET,
     TAIL_COUNTERS_OFFSET,
 )
 from tests.standalone_stream import StandaloneStream
@@ -441,3 +445,93 @@ def test_offers_read_back_exactly_in_order(ops, limits, exclusive,
     finally:
         stream.close()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- a publication moved to a new driver's log (reconnect) ---------------------------------------
+
+
+def progress_waiters(stream: StandaloneStream) -> int:
+    return stream.log.buffer.get_int32_acquire(stream.log.meta_offset + PROGRESS_WAITERS_OFFSET)
+
+
+def sleep_at_the_limit(pub: shmbus.Publication, stream: StandaloneStream,
+                       seconds: float) -> threading.Thread:
+    """Fill ``pub`` to its limit, then a thread sleeps in _await_progress on its log."""
+    while pub.offer(b"x" * 1000) > 0:
+        pass
+    assert pub.offer(b"x") == shmbus.BACK_PRESSURED
+    sleeper = threading.Thread(target=pub._await_progress, args=(seconds,))
+    sleeper.start()
+    deadline = time.monotonic() + 5
+    while progress_waiters(stream) != 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert progress_waiters(stream) == 1
+    return sleeper
+
+
+@pytest.fixture
+def two_streams(shm_dir):
+    """The log of a publication's lost driver (session 1) and of its new one (session 2)."""
+    streams = []
+    for name, session_id in (("old", 1), ("new", 2)):
+        (shm_dir / name).mkdir()
+        streams.append(StandaloneStream(shm_dir / name, create=True, term_length=TERM,
+                                        session_id=session_id, stream_id=9))
+    yield streams
+    for stream in streams:
+        stream.close()
+
+
+def test_a_detached_publication_refuses_offers_then_writes_only_its_new_log(two_streams,
+                                                                            exclusive):
+    old, new = two_streams
+    pub = old.publication(exclusive)
+    sleeper = sleep_at_the_limit(pub, old, 30.0)
+    reached = pub.position
+    old_bytes = old.log.buffer.get_bytes(0, TERM * 3)
+    began = time.monotonic()
+    pub._detach()
+    sleeper.join(5)
+    assert not sleeper.is_alive() and time.monotonic() - began < 5, "sleeper not woken"
+    assert progress_waiters(old) == 0
+    # refused, not closed; the position stays where the lost log ended
+    assert pub.offer(b"y") == shmbus.NOT_CONNECTED
+    claim = pub.try_claim(10)
+    assert not claim and claim.result == shmbus.NOT_CONNECTED
+    assert pub.offer_many([b"y", b"z"]) == shmbus.NOT_CONNECTED
+    assert not pub.is_closed and not pub.is_connected and pub.position == reached
+    before = time.monotonic()
+    pub._await_progress(0.05)  # nothing will ring: it sleeps the timeout, no spinning
+    assert time.monotonic() - before >= 0.04
+
+    pub._rebind(new.log, new.limit, new.positions, 77)
+    assert (pub.session_id, pub.registration_id, pub.position) == (2, 77, 0)
+    image = new.image()
+    assert pub.offer(b"hello") > 0
+    assert drain(new, image)[0][0] == b"hello"
+    assert old.log.buffer.get_bytes(0, TERM * 3) == old_bytes, "the old log was written"
+    pub.close()
+    assert pub.offer(b"y") == shmbus.CLOSED and pub.is_closed
+
+
+def test_a_sleeper_of_the_old_log_leaves_the_new_logs_waiter_count_alone(two_streams,
+                                                                         exclusive):
+    """Initialised again while a thread sleeps at the old log's limit: the sleeper is let go,
+    its count taken back from the old log, and it never touches the new log's count."""
+    old, new = two_streams
+    pub = old.publication(exclusive)
+    sleeper = sleep_at_the_limit(pub, old, 30.0)
+    pub._rebind(new.log, new.limit, new.positions, 5)
+    sleeper.join(5)
+    assert not sleeper.is_alive()
+    assert (progress_waiters(old), progress_waiters(new)) == (0, 0)
+    # a sleeper of the new log counts there, and takes its count back on waking
+    second = sleep_at_the_limit(pub, new, 0.2)
+    second.join(5)
+    assert not second.is_alive() and progress_waiters(new) == 0
+    # a failed initialisation leaves the publication as it was
+    with pytest.raises(ValueError, match="mtu"):
+        PublicationCore.__init__(
+            pub, old.log.buffer, TERM, 0, 33, 1, 9, old.limit.buffer, old.limit.offset,
+            exclusive)
+    assert pub.session_id == 2 and pub.offer(b"x") == shmbus.BACK_PRESSURED
