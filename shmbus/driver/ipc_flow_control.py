@@ -88,8 +88,7 @@ class IpcFlowControl:
         return self.limit.get()
 
     def clean_to(self, position: int) -> None:
-        """Zero the log up to ``position`` (consumed bytes only), leaving the limit alone.
-        ValueError if ``position`` is negative."""
+        """Zero the log up to ``position`` (consumed bytes only), leaving the limit alone."""
         self._advance(position + self.clean_lag, _CLEAN_ONLY)
 
     def _advance(self, slowest: int, mode: int) -> None:

