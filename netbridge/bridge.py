@@ -6,6 +6,12 @@ on udp channels (it listens on their endpoints and asks the driver for an image 
 SETUP arrives). Everything protocol-shaped happens in :mod:`netbridge.sender` and
 :mod:`netbridge.receiver`; here are the sockets, the clock, the counters and the loop.
 
+Receive endpoints: one socket per endpoint, whatever the streams and channel parameters (those
+of its first subscription apply). Whether it could be bound goes back to the driver, which
+answers the waiting subscription (the error names the address and the process holding it); an
+endpoint is closed ``Context.netbridge_endpoint_linger`` after its last stream went, so that
+another process may bind it.
+
 Start it by hand with ``netbridge --dir DIR``, or let the driver start it when the first udp
 channel appears.
 """
@@ -21,10 +27,10 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from netbridge.datagram_io import DatagramIO, send_to
 from netbridge.destinations import DestinationTracker
 from netbridge.flow_control import strategy_for
 from netbridge.frames import HDR_TYPE_SM, SETUP_FLAG_GROUP, SM_FLAG_SETUP, StatusMessage
@@ -50,7 +56,8 @@ from shmbus.client import Client
 from shmbus.context import Context
 from shmbus.driver import control_protocol as cp
 from shmbus.errors import RegistrationError, ShmbusError
-from shmbus.shm.counters import FC_RCV_POS, FC_RECEIVERS
+from shmbus.shm import _native
+from shmbus.shm.counters import FC_RCV_POS, FC_RECEIVERS, RCV_CC_WINDOW
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 
@@ -60,11 +67,11 @@ RECEIVE_CHANNEL_STAT = 102
 
 SEND_STATS = ("bytes sent", "datagrams sent", "heartbeats sent", "retransmits",
               "naks received", "sms received", "invalid datagrams", "destinations")
-RECEIVE_STATS = ("bytes received", "datagrams received", "heartbeats received", "naks sent",
-                 "sms sent", "invalid datagrams", "gaps", "bytes lost", "rtt ns")
+RECEIVE_STATS = ("bytes received", "datagrams received", "datagrams in order",
+                 "heartbeats received", "naks sent", "sms sent", "invalid datagrams", "gaps",
+                 "bytes lost", "rtt ns")
 
 _SESSION_STREAM = struct.Struct("<ii")
-_RECV_BATCH = 64
 _SENDER_LINGER_NS = 2_000_000_000
 #: dynamic MDC receivers announce themselves this often (Aeron: 1 s)
 _ANNOUNCE_INTERVAL_NS = 1_000_000_000
@@ -72,9 +79,13 @@ _ANNOUNCE_INTERVAL_NS = 1_000_000_000
 #: every duty cycle: under load a duty cycle takes a few microseconds)
 _SERVICE_INTERVAL_NS = 200_000
 _STATS_INTERVAL_NS = 1_000_000
-#: select() timeouts after 1, 2, ... duty cycles without work: poll a few times, then sleep
-#: longer and longer, up to 1 ms (a sender cannot wait on its log, only on its socket)
-_IDLE_TIMEOUTS_NS = (0, 0, 0, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
+#: with nothing to do the bridge sleeps until a datagram, a publisher's frame where a sender
+#: waits, subscribers reading up to where a status message falls due, or its next deadline,
+#: but at most this long: driver events (new channels) have no wake-up of their own
+_IDLE_WAIT_MAX_NS = 20_000_000
+#: the log watcher's (data, progress) watches: see Bridge._watches
+Watches = tuple[tuple[tuple[_native.AtomicBuffer, int, int], ...],
+                tuple[tuple[_native.AtomicBuffer, int, _native.AtomicBuffer, int, int], ...]]
 _NO_END_OF_STREAM = (1 << 63) - 1  # a log's end-of-stream position while it is open
 #: at most this many fc-rcv-pos counters per publication (a flood of status messages with
 #: made-up receiver ids must not use up the counters)
@@ -85,7 +96,8 @@ _RECEIVER_COUNTERS_PER_SENDER = 64
 class ChannelCounters:
     """A channel's statistics: counters in cnc.dat, mirrored from plain ints."""
 
-    positions: dict[str, Position]
+    #: by name: (counter id, position)
+    counters: dict[str, tuple[int, Position]]
     #: the values as last written: a counter is written when its value changes, never read
     last: dict[str, int] = field(default_factory=dict)
 
@@ -93,9 +105,9 @@ class ChannelCounters:
         last = self.last
         for name, value in values.items():
             if last.get(name) != value:
-                position = self.positions.get(name)
-                if position is not None:
-                    position.set(value)
+                counter = self.counters.get(name)
+                if counter is not None:
+                    counter[1].set(value)
                 last[name] = value
 
 
@@ -165,6 +177,9 @@ class ReceivedImage:
     rcv_hwm: Position
     rcv_pos: Position
     join_position: int
+    #: the bridge's own counter of the window its congestion control advertises (None when
+    #: the driver had no counter left)
+    cc_window: tuple[int, Position] | None
     subscriber_positions: list[Position] | None = None  # None until the driver says
 
     def subscriber_position(self) -> int:
@@ -178,7 +193,8 @@ class ReceivedImage:
 
 @dataclass
 class ReceiveChannel:
-    """The sockets of one subscribed endpoint, with the receiver state machine for them."""
+    """The sockets of one subscribed endpoint (the channel of its first subscription), with
+    the receiver state machine for them."""
 
     channel: str
     transport: ReceiveTransport
@@ -187,6 +203,8 @@ class ReceiveChannel:
     loss_out: LossFilter | None
     loss_in: LossFilter | None
     next_announce_ns: int = 0
+    #: since when no stream is subscribed (None while one is): closed after the linger
+    idle_since_ns: int | None = None
 
     @property
     def sock(self) -> socket.socket:
@@ -200,14 +218,17 @@ class Bridge:
         self.context = context.with_(embedded_driver=False)
         self._loss_spec = LossSpec.parse(context.netbridge_loss)
         self.send_channels: dict[tuple[str, ...], SendChannel] = {}
-        self.receive_channels: dict[str, ReceiveChannel] = {}
+        #: by endpoint (ChannelUri.endpoint_key): one socket per endpoint, whatever the streams
+        self.receive_channels: dict[tuple[str, ...], ReceiveChannel] = {}
+        self._endpoint_linger_ns = int(context.netbridge_endpoint_linger * 1e9)
         self._images_by_id: dict[int, ReceivedImage] = {}
         self._stopped = False
         self._next_service_ns = 0
         self._next_stats_ns = 0
-        # datagrams are received into one buffer (recvfrom_into) and handled before the next
-        self._recv_buffer = bytearray(65536)
-        self._recv_view = memoryview(self._recv_buffer)
+        self._io = DatagramIO()
+        #: wakes the loop when a publisher commits a frame where a sender waits for data
+        self._watcher = _native.LogWatcher()
+        self._poller: tuple[tuple[int, ...], select.poll] | None = None
         self.client = Client(self.context, conductor_thread=False)
         # unique across hosts (client ids are only unique within one bus), as Aeron's are
         self._receiver_id = random.SystemRandom().getrandbits(63)
@@ -237,13 +258,16 @@ class Bridge:
                 for sender in channel.senders.values():
                     if sender.registration_id == message.registration_id:
                         sender.sender.close(message.end_position)
-        elif isinstance(message, cp.OnReceiveChannelClosed):  # before its base class
-            receive_channel = self.receive_channels.get(message.channel)
+        elif isinstance(message, cp.OnReceiveChannelClosed):
+            receive_channel = self.receive_channels.get(
+                ChannelUri.parse(message.channel).endpoint_key())
             if receive_channel is not None:
-                receive_channel.receiver.remove_subscription(message.stream_id,
-                                                             time.monotonic_ns())
+                now = time.monotonic_ns()
+                receive_channel.receiver.remove_subscription(message.stream_id, now)
+                if not receive_channel.receiver.subscriptions:
+                    receive_channel.idle_since_ns = now
         elif isinstance(message, cp.OnReceiveChannel):
-            self._receive_channel(message.channel).receiver.add_subscription(message.stream_id)
+            self._on_receive_channel(message)
         elif isinstance(message, cp.OnDestination):
             self._on_destination(message)
         elif isinstance(message, cp.OnImageSubscribers):
@@ -268,7 +292,7 @@ class Bridge:
         self._request(cp.RemoveCounter(self.client.client_id, self._correlation(), counter_id))
 
     def _add_counters(self, kind: int, channel: str, names: tuple[str, ...]) -> ChannelCounters:
-        return ChannelCounters({name: self._add_counter(kind, f"{name}: {channel}")[1]
+        return ChannelCounters({name: self._add_counter(kind, f"{name}: {channel}")
                                 for name in names})
 
     def _loss_filters(self) -> tuple[LossFilter | None, LossFilter | None]:
@@ -303,7 +327,7 @@ class Bridge:
             log, destination=None, position=snd_pos.get(),
             mtu=uri.int_param("mtu", log.descriptor.mtu), ttl=uri.int_param("ttl", 0),
             flow_control=strategy_for(uri),
-            setup_flags=SETUP_FLAG_GROUP if transport.group else 0)
+            setup_flags=SETUP_FLAG_GROUP if transport.group else 0, data_batches=True)
         for destination in destinations:
             sender.add_destination(destination)
         label = (f"{event.registration_id} {event.session_id} {event.stream_id} "
@@ -326,11 +350,29 @@ class Bridge:
                     channel.tracker.remove(destination)
                 channel.apply_destinations()
 
+    def _on_receive_channel(self, event: cp.OnReceiveChannel) -> None:
+        """Listen for the event's stream on its endpoint (opening the endpoint's sockets when
+        nothing listens there yet) and tell the driver how that went when a subscription waits
+        for it or when it failed."""
+        error = ""
+        try:
+            channel = self._receive_channel(event.channel)
+        except OSError as e:  # e.g. another process holds the address: the error names it
+            error = str(e)
+        else:
+            channel.receiver.add_subscription(event.stream_id)
+            channel.idle_since_ns = None
+        if event.subscription_id or error:
+            self._request(cp.ReceiveChannelStatus(
+                self.client.client_id, self._correlation(), event.subscription_id,
+                event.stream_id, event.channel, error))
+
     def _receive_channel(self, channel_text: str) -> ReceiveChannel:
-        channel = self.receive_channels.get(channel_text)
+        uri = ChannelUri.parse(channel_text)
+        key = uri.endpoint_key()
+        channel = self.receive_channels.get(key)
         if channel is not None:
             return channel
-        uri = ChannelUri.parse(channel_text)
         transport = open_receive(uri, self.context.netbridge_socket_buffer)
         window = uri.int_param("rcv-wnd", 128 * 1024)
         multicast = transport.control_address is not None
@@ -338,14 +380,24 @@ class Bridge:
         receiver = NetworkReceiver(
             lambda request: self._create_image(holder[0], request),
             receiver_id=self._receiver_id, receiver_window=window,
+            congestion_control=uri.congestion_control,
             group_tag=uri.int_param("gtag") if "gtag" in uri.params else None,
             control_address=transport.control_address,
             nak_delay=multicast_nak_delay(random.Random()) if multicast else None)
         channel = ReceiveChannel(channel_text, transport, receiver, self._add_counters(
             RECEIVE_CHANNEL_STAT, uri.canonical(), RECEIVE_STATS), *self._loss_filters())
         holder.append(channel)
-        self.receive_channels[channel_text] = channel
+        self.receive_channels[key] = channel
         return channel
+
+    def _close_receive_channel(self, key: tuple[str, ...]) -> None:
+        """Let an endpoint go: its sockets are closed (another process may bind it at once)
+        and its counters freed. Its images are gone already."""
+        channel = self.receive_channels.pop(key)
+        for sock in channel.transport.sockets():
+            sock.close()
+        for counter_id, _ in channel.counters.counters.values():
+            self._remove_counter(counter_id)
 
     def _create_image(self, channel: ReceiveChannel, request: ImageRequest
                       ) -> ImageResources | None:
@@ -360,27 +412,46 @@ class Bridge:
             return None
         assert isinstance(ready, cp.OnImageReady)
         log = LogBuffer.open(self.client.directory / ready.log_file)
+        label = (f"{ready.image_id} {request.session_id} {request.stream_id} "
+                 f"{ChannelUri.parse(channel.channel).canonical()} {host}:{port}")
+        try:
+            cc_window: tuple[int, Position] | None = self._add_counter(
+                RCV_CC_WINDOW, f"rcv-cc-window: {label}", ready.image_id, request.session_id)
+        except RegistrationError as e:  # e.g. no counter left: the image works without it
+            print(f"netbridge: no rcv-cc-window counter for image {ready.image_id}: {e}",
+                  file=sys.stderr)
+            cc_window = None
         image = ReceivedImage(ready.image_id, log, self._counter(ready.rcv_hwm_counter_id),
-                              self._counter(ready.rcv_pos_counter_id), request.join_position)
+                              self._counter(ready.rcv_pos_counter_id), request.join_position,
+                              cc_window)
         self._images_by_id[ready.image_id] = image
         return ImageResources(log, image.subscriber_position)
 
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Serve until stop() or the driver goes away; then close()."""
-        idle = 0  # duty cycles in a row without work
-        last_idle = len(_IDLE_TIMEOUTS_NS) - 1
+        """Serve until stop() or the driver goes away; then close(). With nothing to do it
+        sleeps in poll() on its sockets and the log watcher's eventfd until the next
+        deadline."""
+        watcher = self._watcher
+        watching: Watches | None = None
         try:
             while not self._stopped:
                 now = time.monotonic_ns()
                 work, deadline = self.do_work(now)
                 if work:
-                    idle = 0
+                    if watching is not None:  # awake: publishers need not wake anyone
+                        watcher.disarm()
+                        watching = None
                     continue
-                timeout = min(deadline - time.monotonic_ns(), _IDLE_TIMEOUTS_NS[idle])
-                idle = min(idle + 1, last_idle)
-                select.select(self._sockets(), [], [], max(0, timeout) / 1e9)
+                watches = self._watches()
+                if watches != watching:  # else it still watches just these
+                    watcher.arm(*watches)
+                    watching = watches
+                timeout_ns = min(deadline - time.monotonic_ns(), _IDLE_WAIT_MAX_NS)
+                self._poll().poll(max(0, -(-timeout_ns // 1_000_000)))  # ms, rounded up
+                if watcher.clear():  # it fired, and disarmed itself
+                    watching = None
         except ShmbusError as e:  # the driver went away: nothing left to bridge
             print(f"netbridge: stopping: {e}", file=sys.stderr)
         finally:
@@ -392,6 +463,35 @@ class Bridge:
     def _sockets(self) -> list[socket.socket]:
         return [c.sock for c in self.send_channels.values()] + [
             sock for c in self.receive_channels.values() for sock in c.transport.sockets()]
+
+    def _poll(self) -> select.poll:
+        """A poll object on every socket and the watcher's eventfd (made again when the
+        sockets change)."""
+        fds = (self._watcher.fileno(), *(sock.fileno() for sock in self._sockets()))
+        if self._poller is None or self._poller[0] != fds:
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            self._poller = (fds, poller)
+        return self._poller[1]
+
+    def _watches(self) -> Watches:
+        """What the log watcher wakes the bridge for: where senders wait for a publisher's
+        next frame (log buffer, term length, position), and how far each image's subscribers
+        must read for a status message to fall due (log buffer, term length, their position
+        counter's buffer and offset, that position)."""
+        data = tuple((s.log.buffer, s.sender.term_length, s.sender.sender_position)
+                     for channel in self.send_channels.values()
+                     for s in channel.senders.values() if s.sender.waits_for_data)
+        progress = []
+        for channel in self.receive_channels.values():
+            for image in channel.receiver.images.values():
+                received = self._received(image)
+                if received is not None and received.subscriber_positions:
+                    due = image.sm_due_position
+                    progress += [(image.log.buffer, image.term_length, p.buffer, p.offset, due)
+                                 for p in received.subscriber_positions]
+        return data, tuple(progress)
 
     def do_work(self, now: int) -> tuple[int, int]:
         """One duty cycle; returns (work done, when to come back at the latest)."""
@@ -409,41 +509,49 @@ class Bridge:
                 self._on_driver_event(event)
             except OSError as e:  # e.g. an endpoint another process holds: report, go on
                 print(f"netbridge: {type(event).__name__}: {e}", file=sys.stderr)
-        deadline = now + 1_000_000
+        deadline = now + _IDLE_WAIT_MAX_NS
         channel: ReceiveChannel | SendChannel  # each loop below narrows it
-        for channel in list(self.receive_channels.values()):
+        for key, channel in list(self.receive_channels.items()):
             receiver = channel.receiver
-            work += self._receive(channel.sock, channel.loss_in, now,
-                                  functools.partial(receiver.on_datagram, now))
+            work += self._io.receive(channel.sock, now,
+                                     functools.partial(receiver.on_datagram, now), receiver,
+                                     channel.loss_in)
             if channel.transport.control_sock is not None:  # multicast: others' NAKs
-                work += self._receive(
-                    channel.transport.control_sock, None, now,
+                work += self._io.receive(
+                    channel.transport.control_sock, now,
                     lambda data, _source: receiver.on_nak_heard(now, data))  # noqa: B023 (run now)
             # dynamic MDC: announce while a subscription wants the channel (once the last one
             # goes, the sender drops this destination after its timeout)
             if (channel.transport.announce_to is not None and receiver.subscriptions
                     and now >= channel.next_announce_ns):
                 channel.next_announce_ns = now + _ANNOUNCE_INTERVAL_NS
-                self._sendto(channel.sock, self._announcement, channel.transport.announce_to)
+                send_to(channel.sock, self._announcement, channel.transport.announce_to)
             polled = receiver.poll(now)
-            work += self._send(channel.sock, channel.loss_out, polled.datagrams, now)
+            work += self._io.send(channel.sock, polled.datagrams, now, channel.loss_out)
             for image_event in polled.events:
                 if isinstance(image_event, ImageUnavailable):
                     self._close_image(channel, image_event.image)
             if polled.next_deadline_ns is not None:
                 deadline = min(deadline, polled.next_deadline_ns)
+            if channel.idle_since_ns is not None and not receiver.images:
+                if now - channel.idle_since_ns >= self._endpoint_linger_ns:
+                    self._close_receive_channel(key)
+                    work += 1
+                    continue
+                deadline = min(deadline, channel.idle_since_ns + self._endpoint_linger_ns)
             if stats:
                 self._mirror_receive(channel)
         for channel in list(self.send_channels.values()):
-            work += self._receive(channel.sock, channel.loss_in, now,
-                                  functools.partial(self._on_control, channel, now))
+            work += self._io.receive(channel.sock, now,
+                                     functools.partial(self._on_control, channel, now),
+                                     loss=channel.loss_in)
             if stats and channel.tracker is not None:
                 channel.tracker.on_idle(now)
                 channel.apply_destinations()
-            for key, sender in list(channel.senders.items()):
+            for sender_key, sender in list(channel.senders.items()):
                 self._check_closed(sender)
                 datagrams, due = sender.sender.poll(now)
-                work += self._send(channel.sock, channel.loss_out, datagrams, now)
+                work += self._io.send(channel.sock, datagrams, now, channel.loss_out)
                 deadline = min(deadline, due)
                 if sender.closed_at_ns is None:
                     # after the end of stream is mirrored the driver frees the counters
@@ -453,7 +561,8 @@ class Bridge:
                 if sender.sender.is_end_of_stream:
                     sender.closed_at_ns = sender.closed_at_ns or now
                     if now - sender.closed_at_ns > _SENDER_LINGER_NS:
-                        del channel.senders[key]
+                        del channel.senders[sender_key]
+                        self._watcher.disarm(True)  # it may still be asleep on this log
                         sender.log.close()
                         for counter_id in sender.counter_ids():
                             self._remove_counter(counter_id)
@@ -468,7 +577,7 @@ class Bridge:
                 for data, address in loss.due(now):
                     work += 1
                     if outgoing:
-                        self._sendto(channel.sock, data, address)
+                        send_to(channel.sock, data, address)
                     elif isinstance(channel, SendChannel):
                         self._on_control(channel, now, memoryview(data), address)
                     else:
@@ -488,28 +597,6 @@ class Bridge:
             if end != _NO_END_OF_STREAM:
                 sender.sender.close(end)
 
-    def _receive(self, sock: socket.socket, loss: LossFilter | None, now: int,
-                 handle: Callable[[memoryview, object], None]) -> int:
-        """Up to _RECV_BATCH datagrams, each handed to ``handle`` as a memoryview of the
-        receive buffer, valid only until ``handle`` returns (through the incoming loss
-        filter when there is one)."""
-        buffer, view = self._recv_buffer, self._recv_view
-        count = 0
-        for _ in range(_RECV_BATCH):
-            try:
-                size, source = sock.recvfrom_into(buffer)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break  # e.g. ICMP port unreachable reported on a later recv
-            count += 1
-            if loss is None:
-                handle(view[:size], source)
-            else:
-                for data, address in loss.send(now, view[:size], source):
-                    handle(memoryview(data), address)
-        return count
-
     def _on_control(self, channel: SendChannel, now: int, data: memoryview,
                     source: object) -> None:
         if len(data) < 16:
@@ -526,25 +613,6 @@ class Bridge:
             channel.invalid += 1
             return
         sender.sender.on_datagram(now, bytes(data), source)  # frames may keep their bytes
-
-    def _send(self, sock: socket.socket, loss: LossFilter | None,
-              datagrams: Sequence[tuple[bytes | memoryview, object]], now: int) -> int:
-        for data, destination in datagrams:
-            if loss is None:
-                self._sendto(sock, data, destination)
-            else:
-                for out, dest in loss.send(now, data, destination):
-                    self._sendto(sock, out, dest)
-        return len(datagrams)
-
-    @staticmethod
-    def _sendto(sock: socket.socket, data: bytes | memoryview, destination: object) -> None:
-        try:
-            sock.sendto(data, destination)  # type: ignore[call-overload]
-        except (BlockingIOError, InterruptedError):
-            pass  # a full socket buffer is loss: the receiver NAKs it
-        except OSError:
-            pass  # unreachable peers are not our problem; status messages say who is there
 
     # -- counters ------------------------------------------------------------------------------
 
@@ -617,8 +685,11 @@ class Bridge:
                     received.rcv_hwm.set(image.rcv_hwm)
                 if received.rcv_pos.get() != image.rcv_pos:
                     received.rcv_pos.set(image.rcv_pos)
+                if received.cc_window is not None and received.cc_window[1].get() != image.window:
+                    received.cc_window[1].set(image.window)
         channel.counters.update({
             "bytes received": r.bytes_received, "datagrams received": r.datagrams_received,
+            "datagrams in order": r.datagrams_in_order,
             "heartbeats received": r.heartbeats_received, "naks sent": r.naks_sent,
             "sms sent": r.sms_sent, "invalid datagrams": r.invalid_datagrams,
             "gaps": r.gaps_detected, "bytes lost": r.bytes_lost,
@@ -639,13 +710,17 @@ class Bridge:
         received.rcv_pos.set(image.rcv_pos)
         del self._images_by_id[received.image_id]
         try:
+            if received.cc_window is not None:
+                self._remove_counter(received.cc_window[0])
             self._request(cp.CloseImage(self.client.client_id, self._correlation(),
                                         received.image_id))
         except ShmbusError as e:
             print(f"netbridge: closing image {received.image_id}: {e}", file=sys.stderr)
+        self._watcher.disarm(True)  # it may still be asleep on this log
         received.log.close()
 
     def close(self) -> None:
+        self._watcher.close()
         for channel in self.send_channels.values():
             for sender in channel.senders.values():
                 sender.log.close()

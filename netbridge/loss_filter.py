@@ -2,14 +2,16 @@
 
 A :class:`LossFilter` sits in the socket layer between a state machine and ``sendto``: given a
 datagram it returns the datagrams to send and when. A seeded random rule drops, duplicates,
-reorders (holds a datagram back until after the next one) and delays datagrams. Sans-IO: the
-time is an argument.
+reorders (holds a datagram back until after the next one) and delays datagrams, optionally only
+for a span of time (so a test can show what happens when loss starts and when it stops).
+Sans-IO: the time is an argument.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
 from dataclasses import dataclass
 
@@ -22,7 +24,9 @@ class LossSpecError(ValueError):
 class LossSpec:
     """Rates are probabilities per datagram (0..1); ``delay`` is seconds added to delayed ones;
     ``direction`` says which datagrams pass the filter: ``out`` (sent), ``in`` (received) or
-    ``both``."""
+    ``both``. The rates apply from ``start`` seconds until ``stop`` seconds after the first
+    datagram a filter sees (each channel has its own filter, so its own first datagram);
+    outside that span datagrams pass untouched."""
 
     drop: float = 0.0
     dup: float = 0.0
@@ -30,6 +34,13 @@ class LossSpec:
     delay: float = 0.0
     seed: int = 0
     direction: str = "out"
+    start: float = 0.0
+    stop: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.stop:
+            raise LossSpecError(f"loss spec: start={self.start} and stop={self.stop} must "
+                                f"satisfy 0 <= start <= stop")
 
     @property
     def outgoing(self) -> bool:
@@ -41,8 +52,8 @@ class LossSpec:
 
     @classmethod
     def parse(cls, text: str) -> LossSpec | None:
-        """``"drop=0.05,dup=0.05,reorder=0.05,delay=0.001,seed=7,direction=in"``; empty text:
-        None (off)."""
+        """``"drop=0.05,dup=0.05,reorder=0.05,delay=0.001,seed=7,direction=in,start=2,stop=4"``;
+        empty text: None (off)."""
         if not text.strip():
             return None
         values: dict[str, float | int | str] = {}
@@ -51,9 +62,11 @@ class LossSpec:
             if key == "direction" and value in ("in", "out", "both"):
                 values[key] = value
                 continue
-            if not sep or key not in ("drop", "dup", "reorder", "delay", "seed"):
+            if not sep or key not in ("drop", "dup", "reorder", "delay", "seed", "start",
+                                      "stop"):
                 raise LossSpecError(f"loss spec {text!r}: {item!r} is not drop=, dup=, "
-                                    f"reorder=, delay=, seed= or direction=in|out|both")
+                                    f"reorder=, delay=, seed=, start=, stop= or "
+                                    f"direction=in|out|both")
             try:
                 values[key] = int(value) if key == "seed" else float(value)
             except ValueError:
@@ -73,6 +86,7 @@ class LossFilter:
         self._held: tuple[bytes, object] | None = None
         self._delayed: list[tuple[int, int, bytes, object]] = []
         self._order = itertools.count()
+        self._first_ns: int | None = None
         self.dropped = 0
         self.duplicated = 0
         self.reordered = 0
@@ -84,6 +98,14 @@ class LossFilter:
         spec = self.spec
         rnd = self._random.random
         data = bytes(datagram)  # the log may be cleaned before a held datagram goes out
+        if self._first_ns is None:
+            self._first_ns = now_ns
+        if not spec.start <= (now_ns - self._first_ns) / 1e9 < spec.stop:
+            out = [(data, destination)]
+            if self._held is not None:
+                out.append(self._held)
+                self._held = None
+            return out
         if rnd() < spec.drop:
             self.dropped += 1
             return []

@@ -28,7 +28,14 @@ One :class:`ReceiverImage` per publishing session (session id, stream id):
   last scheduled one (or so far that less than an MTU of the advertised window is left, when
   the window is small: a full frame must always fit), and every status-message timeout
   (200 ms) otherwise, repeating the last scheduled position. They carry the EOS flag once the
-  image reached end of stream. The window is at least the MTU and at most half a term.
+  image reached end of stream.
+* **Window.** ``max_window`` is the channel's receiver window (``rcv-wnd``, 128 KiB by
+  default), at least the MTU and at most half a term: data past the last status message
+  position plus it is dropped. The window each status message advertises (``window``) is the
+  image's congestion control's (:mod:`netbridge.congestion_control`, chosen by the channel's
+  ``cc``): the static window (``max_window``), or CUBIC's, which shrinks on each new gap and
+  grows with time, driven by the round-trip times measured below. A changed window schedules
+  a status message at once, at the current consumption position.
 * **Cleaning.** The log is zeroed one term behind the subscribers' position, so a term is clean
   before it is written again.
 * **End.** An end-of-stream heartbeat sets the end position; when the rebuild position reaches
@@ -43,10 +50,11 @@ One :class:`ReceiverImage` per publishing session (session id, stream id):
   = the receiver's clock in ns, reception_delta 0, its receiver id. The sender echoes it with
   flags 0 and the same echo_timestamp and receiver_id; the echo for an image (same session and
   stream) and this receiver's id gives ``rtt = now - echo_timestamp - reception_delta``, kept
-  as the image's ``rtt_ns`` (the last measurement). Echoes for another receiver id, an unknown
-  session or with a timestamp in the future are counted as ignored frames. Aeron's driver
-  measures only with ``cc=cubic`` and ``AERON_CUBICCONGESTIONCONTROL_MEASURERTT=true`` (its
-  congestion control is the only consumer; wire facts 3.4, 5.4); shmbus measures always, at
+  as the image's ``rtt_ns`` (the last measurement) and given to its congestion control.
+  Echoes for another receiver id, an unknown session or with a timestamp in the future are
+  counted as ignored frames. Aeron's driver measures only with ``cc=cubic`` and
+  ``AERON_CUBICCONGESTIONCONTROL_MEASURERTT=true`` (its congestion control is the only
+  consumer; wire facts 3.4, 5.4); shmbus measures always, at
   this low rate, so that ``shmbus stat`` can show the RTT of each receive channel. It costs one
   40-byte datagram each way per image per interval, and a sender that never answers (an Aeron
   driver answers every request, whatever its congestion control) only leaves ``rtt_ns`` None.
@@ -64,6 +72,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
+from netbridge.congestion_control import CongestionControl, congestion_control_for
 from netbridge.frames import (
     CURRENT_VERSION,
     DATA_FLAG_EOS,
@@ -83,6 +92,7 @@ from netbridge.frames import (
     decode_frames,
 )
 from netbridge.loss_detector import NAK_RETRY_NS_DEFAULT, LossDetector
+from shmbus.channel_uri import CONGESTION_CONTROLS
 from shmbus.shm import _native
 from shmbus.shm.log_buffer import (
     PARTITION_COUNT,
@@ -219,7 +229,8 @@ class ReceiverImage:
     """One publishing session being rebuilt into an image log. Created by the receiver.
 
     Read-only attributes for the process layer: ``session_id``, ``stream_id``,
-    ``initial_term_id``, ``term_length``, ``mtu``, ``join_position``, ``log``, ``window``,
+    ``initial_term_id``, ``term_length``, ``mtu``, ``join_position``, ``log``, ``window`` (the
+    window advertised now), ``max_window``, ``congestion_control``,
     ``control_address`` (where SMs and NAKs go), ``rcv_hwm`` and ``rcv_pos`` (properties),
     ``consumption_position`` (the subscribers' position as last polled), ``sm_position`` (the
     last scheduled status message position), ``end_of_stream_position`` (None until an EOS
@@ -256,7 +267,11 @@ class ReceiverImage:
         self.subscriber_position = resources.subscriber_position
         window = resources.receiver_window or receiver.receiver_window
         # at least one MTU (else a full frame could never be sent), at most half a term
-        self.window = min(max(window, self.mtu), self.term_length // 2)
+        self.max_window = min(max(window, self.mtu), self.term_length // 2)
+        self.congestion_control: CongestionControl = congestion_control_for(
+            receiver.congestion_control, mtu=self.mtu, max_window=self.max_window,
+            now_ns=now_ns)
+        self.window = self.congestion_control.window
         # multicast sends control to the channel's control group, unicast back to the source
         self._follow_source = receiver.control_address is None
         self.control_address = request.source if self._follow_source else receiver.control_address
@@ -382,7 +397,9 @@ class ReceiverImage:
         if position + span <= rebuild:
             self.duplicates += 1
             return
-        if position + copy_end > self.sm_position + self.window:
+        # the window may have shrunk since the sender sent this: only data the log cannot
+        # take yet is refused
+        if position + copy_end > self.sm_position + self.max_window:
             self.overruns += 1
             self._receiver.overruns += 1
             self.furthest_seen = max(self.furthest_seen, position + span)
@@ -401,6 +418,40 @@ class ReceiverImage:
             _native.insert_frames(self._buffer, index * term_length + term_offset + skip, view,
                                   skip, copy_end)
 
+    @property
+    def sm_due_position(self) -> int:
+        """The subscribers' position at which :meth:`poll` sends the next status message for
+        their progress: a quarter window past the last one, the next term, or less than an MTU
+        short of the window's end (the process layer may sleep until they get there)."""
+        sm_position, window = self.sm_position, self.window
+        next_term = ((sm_position >> self._position_bits) + 1) << self._position_bits
+        return max(sm_position + 1, min(sm_position + window // 4 + 1, next_term,
+                                        sm_position + window - self.mtu + 1))
+
+    @property
+    def window_limit(self) -> int:
+        """Data may not end past this position (the last status message position plus the
+        receiver window); what does is dropped as an overrun."""
+        return self.sm_position + self.max_window
+
+    def on_in_order_data(self, now_ns: int, end_position: int, datagrams: int, size: int,
+                         source: object) -> None:
+        """``datagrams`` DATA datagrams (``size`` bytes, the latest from ``source``) that each
+        continued this image exactly at its high-water mark, valid and inside the window, were
+        placed in the log up to ``end_position`` by the native batch path (see
+        :meth:`NetworkReceiver.in_order_images`): count them and move the positions exactly as
+        :meth:`on_data` would have, one by one."""
+        self.last_heard_ns = now_ns
+        if source is not None and self._follow_source:
+            self.control_address = source
+        self.datagrams_received += datagrams
+        self.bytes_received += size
+        self.loss.on_data(now_ns, self.loss.hwm_position, end_position)
+        receiver = self._receiver
+        receiver.datagrams_received += datagrams
+        receiver.datagrams_in_order += datagrams
+        receiver.bytes_received += size
+
     def _on_heartbeat(self, now_ns: int, flags: int, position: int, source: object) -> None:
         self.heartbeats_received += 1
         self._receiver.heartbeats_received += 1
@@ -409,7 +460,7 @@ class ReceiverImage:
             self.control_address = source
         self.furthest_seen = max(self.furthest_seen, position)
         if (
-            position > self.sm_position + self.window + self._heartbeat_slack
+            position > self.sm_position + self.max_window + self._heartbeat_slack
             or position < self.loss.rebuild_position
         ):
             return  # outside the window: alive, but the position says nothing usable
@@ -429,6 +480,7 @@ class ReceiverImage:
             return False
         self.rtt_ns = rtt
         self.rtt_measurements += 1
+        self.congestion_control.on_rtt(now_ns, rtt)
         return True
 
     def on_setup(self, now_ns: int, source: object) -> None:
@@ -475,10 +527,16 @@ class ReceiverImage:
             receiver.naks_sent += 1
             if request.first:
                 events.append(LossDetected(self, term_id, term_offset, request.length))
+                self.congestion_control.on_loss(now_ns)
 
         consumption = self.consumption_position
         sm_position = self.sm_position
-        if consumption > sm_position and (
+        window = self.congestion_control.on_tick(now_ns)
+        if window != self.window:
+            self.window = window
+            self.sm_position = consumption
+            self._sm_due = True
+        elif consumption > sm_position and (
             consumption - sm_position > self.window // 4
             or consumption >> self._position_bits > sm_position >> self._position_bits
             # less than a frame of room left: the sender may be waiting for this SM
@@ -504,6 +562,9 @@ class ReceiverImage:
             deadline = min(deadline, nak_deadline)
         if next_rttm is not None:
             deadline = min(deadline, next_rttm)
+        cc_deadline = self.congestion_control.next_deadline()
+        if cc_deadline is not None:
+            deadline = min(deadline, cc_deadline)
         return deadline
 
     def _send_rttm(self, now_ns: int, out: list[Outgoing]) -> None:
@@ -573,14 +634,17 @@ class NetworkReceiver:
     ``image_factory`` is called on a SETUP for a subscribed stream without an image and returns
     :class:`ImageResources` (or None to decline). ``receiver_id`` goes into every status
     message, with ``group_tag`` when not None. ``receiver_window`` is the default window
-    (128 KiB; each image uses at most half its term length). Timings default to Aeron's: status
+    (128 KiB; each image uses at most half its term length); ``congestion_control`` names the
+    strategy that sets each image's advertised window within it (``static`` or ``cubic``, as
+    the channel's ``cc``). Timings default to Aeron's: status
     message timeout 200 ms, image liveness 10 s, NAK delay 0 and retry 10 ms (unicast); SETUP
     elicitation at most every 200 ms per session; a removed image's session is ignored for
     ``image_cooldown_ns`` (1 s). Each image measures its round-trip time every
     ``rttm_interval_ns`` (1 s; 0 disables; see the module docstring).
 
     Streams are subscribed with :meth:`add_subscription`; traffic for other streams is
-    ignored. Channel counters (plain ints): ``datagrams_received``, ``bytes_received``,
+    ignored. Channel counters (plain ints): ``datagrams_received`` (``datagrams_in_order``
+    of them placed by the native batch path), ``bytes_received``,
     ``invalid_datagrams``, ``unknown_session_datagrams``, ``ignored_frames``,
     ``heartbeats_received``, ``overruns``, ``naks_sent``, ``sms_sent``, ``setups_received``,
     ``setup_elicitations``, ``images_created``, ``rttm_replies`` (echoes of the sender's
@@ -606,15 +670,20 @@ class NetworkReceiver:
         control_address: object | None = None,
         nak_delay: Callable[[], int] | None = None,
         lost_timeout_ns: int = LOST_TIMEOUT_NS_DEFAULT,
+        congestion_control: str = CONGESTION_CONTROLS[0],
     ) -> None:
         if receiver_window < FRAME_ALIGNMENT:
             raise ValueError(f"receiver_window {receiver_window} is below {FRAME_ALIGNMENT}")
+        if congestion_control not in CONGESTION_CONTROLS:
+            raise ValueError(f"congestion_control {congestion_control!r} is not one of "
+                             f"{', '.join(CONGESTION_CONTROLS)}")
         if rttm_interval_ns < 0:
             raise ValueError(f"rttm_interval_ns {rttm_interval_ns} is negative (0 disables)")
         self.image_factory = image_factory
         self.receiver_id = receiver_id
         self.group_tag = group_tag
         self.receiver_window = receiver_window
+        self.congestion_control = congestion_control
         self.sm_timeout_ns = sm_timeout_ns
         self.image_liveness_timeout_ns = image_liveness_timeout_ns
         self.nak_delay_ns = nak_delay_ns
@@ -640,6 +709,8 @@ class NetworkReceiver:
         self._retired_bytes_lost = 0
 
         self.datagrams_received = 0
+        #: of them, placed by the process layer's native batch path (on_in_order_data)
+        self.datagrams_in_order = 0
         self.bytes_received = 0
         self.invalid_datagrams = 0
         self.unknown_session_datagrams = 0
@@ -723,6 +794,17 @@ class NetworkReceiver:
             return
         for frame in frames:
             self._on_control(now_ns, frame, source)
+
+    def in_order_images(self) -> list[ReceiverImage]:
+        """The images a datagram may be placed in without :meth:`on_datagram`: those whose end
+        of stream is not announced. A valid DATA/PAD datagram of one of them that starts exactly
+        at its ``rcv_hwm`` and ends at or below its ``window_limit`` does nothing but copy its
+        frames and move rcv-hwm (and rcv-pos, when no gap is open) to its end; the process
+        layer may do that natively for a batch and report each image's result with
+        :meth:`ReceiverImage.on_in_order_data`, once every later datagram of an image whose
+        datagram did not qualify goes to on_datagram, in order (an image's state depends only
+        on its own datagrams)."""
+        return [image for image in self.images.values() if image.end_of_stream_position is None]
 
     def _on_control(self, now_ns: int, frame: Frame, source: object) -> None:
         if isinstance(frame, SetupFrame):
@@ -875,7 +957,7 @@ class NetworkReceiver:
                 reason = "end_of_stream" if image.is_end_of_stream else "timeout"
                 self._remove(image, reason, now_ns)
                 continue
-            if image.furthest_seen - image.rcv_pos > image.window + image._heartbeat_slack:
+            if image.furthest_seen - image.rcv_pos > image.max_window + image._heartbeat_slack:
                 # the sender is further ahead than this image can take even once its
                 # subscribers read everything (a slow receiver under max flow control): its
                 # data is dropped past the window and its heartbeats say nothing usable, so no

@@ -14,7 +14,8 @@ current time, sends what it returns, and calls again by the deadline it returns.
 Reading the log: the frame length at the sender position is read with an acquire load and
 scanning stops at a length <= 0, so only committed frames are sent (a publisher in another
 process may be writing the next frame). DATA datagrams are read-only ``memoryview`` slices of
-the log itself (no copy): the caller must send them (or copy them) before the log is cleaned
+the log itself, or a :class:`DataBatch` of spans of it (no copy; the scan over frame headers
+and datagrams is native): the caller must send them (or copy them) before the log is cleaned
 past them. The owner of the log must therefore clean it no closer than one term length behind
 the sender position, as Aeron does; retransmits read up to half a term plus the maximum message
 length behind it.
@@ -22,6 +23,7 @@ length behind it.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Final
 
@@ -39,6 +41,7 @@ from netbridge.frames import (
     heartbeat,
 )
 from shmbus.shm import _native
+from shmbus.shm._native import AtomicBuffer
 from shmbus.shm.log_buffer import (
     PARTITION_COUNT,
     LogBuffer,
@@ -48,6 +51,7 @@ from shmbus.shm.log_buffer import (
 
 __all__ = [
     "CONNECTION_TIMEOUT_NS_DEFAULT",
+    "DataBatch",
     "HEARTBEAT_INTERVAL_NS_DEFAULT",
     "RETRANSMIT_LINGER_NS_DEFAULT",
     "SETUP_INTERVAL_NS_DEFAULT",
@@ -63,11 +67,40 @@ RETRANSMIT_DELAY_NS_DEFAULT: Final = 0
 MAX_RETRANSMITS_DEFAULT: Final = 16
 MAX_DATAGRAMS_PER_POLL_DEFAULT: Final = 64
 
-#: One datagram to send: the bytes (``bytes`` or a read-only memoryview of the log) and where
-#: to. Destinations are opaque to the state machine (the socket layer uses (host, port)).
-Outgoing = tuple[bytes | memoryview, object]
-
 _term_scan = _native.term_scan
+_scan_datagrams = _native.scan_datagrams
+_SPAN = struct.Struct("<qq")
+
+
+@dataclass(frozen=True, slots=True)
+class DataBatch:
+    """DATA datagrams of one poll as spans of the log (nothing copied): ``spans`` packs each
+    datagram as little-endian int64 (offset in ``buffer``, length), ``count`` of them,
+    ``length`` bytes in all; ``terms`` are read-only views of the log's terms. The socket
+    layer sends them with ``_native.send_batch``; valid, like memoryviews of the log, until the
+    log is cleaned past them."""
+
+    buffer: AtomicBuffer
+    terms: tuple[memoryview, ...]
+    spans: bytes
+    count: int
+    length: int
+
+    def datagrams(self) -> list[memoryview]:
+        """Each datagram as a read-only memoryview of the log (for per-datagram handling,
+        e.g. a loss filter)."""
+        term_length = len(self.terms[0])
+        out = []
+        for offset, length in _SPAN.iter_unpack(self.spans):
+            index, term_offset = divmod(offset, term_length)
+            out.append(self.terms[index][term_offset:term_offset + length])
+        return out
+
+
+#: One datagram to send (``bytes`` or a read-only memoryview of the log), or a DataBatch of
+#: them, and where to. Destinations are opaque to the state machine (the socket layer uses
+#: (host, port)).
+Outgoing = tuple[bytes | memoryview | DataBatch, object]
 
 
 @dataclass(slots=True)
@@ -95,7 +128,8 @@ class NetworkSender:
     Timings default to Aeron's: SETUP every 100 ms, heartbeat after 100 ms idle, connection
     lost after 5 s without a status message, retransmit delay 0 and linger 10 ms, at most 16
     retransmits in flight. ``max_datagrams_per_poll`` bounds the DATA datagrams one poll emits
-    (the deadline is then "now" while more is ready).
+    (the deadline is then "now" while more is ready). With ``data_batches`` the DATA of a poll
+    comes out as one :class:`DataBatch` per destination instead of a memoryview per datagram.
 
     Counters are plain ints (the process layer mirrors them): ``sender_position`` (snd-pos),
     ``sender_limit`` (snd-lmt), ``back_pressure_events`` (snd-bpe), ``bytes_sent``,
@@ -123,6 +157,7 @@ class NetworkSender:
         retransmit_linger_ns: int = RETRANSMIT_LINGER_NS_DEFAULT,
         max_retransmits: int = MAX_RETRANSMITS_DEFAULT,
         max_datagrams_per_poll: int = MAX_DATAGRAMS_PER_POLL_DEFAULT,
+        data_batches: bool = False,
     ) -> None:
         d = log.descriptor
         self.log = log
@@ -138,8 +173,9 @@ class NetworkSender:
             )
         if position < 0 or position % FRAME_ALIGNMENT:
             raise ValueError(f"position {position} must be a non-negative multiple of 32")
-        if max_datagrams_per_poll < 1 or max_retransmits < 0:
-            raise ValueError("max_datagrams_per_poll must be >= 1 and max_retransmits >= 0")
+        if not 1 <= max_datagrams_per_poll <= 4096 or max_retransmits < 0:
+            raise ValueError(f"max_datagrams_per_poll {max_datagrams_per_poll} must be 1..4096 "
+                             f"and max_retransmits {max_retransmits} >= 0")
         #: where DATA goes; empty (``destination=None``) until a multi-destination-cast
         #: publication is given its first destination
         self.destinations: list[object] = [] if destination is None else [destination]
@@ -154,9 +190,10 @@ class NetworkSender:
         self.retransmit_linger_ns = retransmit_linger_ns
         self.max_retransmits = max_retransmits
         self.max_datagrams_per_poll = max_datagrams_per_poll
+        self.data_batches = data_batches
 
         self._buffer = log.buffer
-        self._terms = [log.term_view(i).toreadonly() for i in range(PARTITION_COUNT)]
+        self._terms = tuple(log.term_view(i).toreadonly() for i in range(PARTITION_COUNT))
         self._position_bits = d.term_length.bit_length() - 1
         self._term_mask = d.term_length - 1
         self._max_resend_distance = d.term_length // 2 + max_message_length(d.term_length)
@@ -353,8 +390,8 @@ class NetworkSender:
         In order: replies and retransmits queued by :meth:`on_datagram`, a SETUP when due,
         DATA up to the sender limit (at most ``max_datagrams_per_poll`` datagrams), and a
         heartbeat when nothing was sent for the heartbeat interval (at once, the first time,
-        when the end of stream is reached). DATA datagrams are memoryviews of the log: send
-        them before the log is cleaned past them.
+        when the end of stream is reached). DATA datagrams are memoryviews of the log (or
+        DataBatches of it): send them before the log is cleaned past them.
         """
         out = self._pending
         self._pending = []
@@ -453,43 +490,35 @@ class NetworkSender:
 
     def _send_data(self, now_ns: int, out: list[Outgoing]) -> bool:
         """Send DATA from the sender position up to the limit; True if the per-poll budget ran
-        out with more to send."""
-        position = self.sender_position
-        limit = self.sender_limit
-        mtu = self.mtu
-        mask = self._term_mask
-        bits = self._position_bits
-        term_length = self.term_length
-        destinations = self.destinations
-        sent = 0
-        while True:
-            window = limit - position
-            index = (position >> bits) % PARTITION_COUNT
-            term_offset = position & mask
-            if window <= 0:
-                if self._buffer.get_int32_acquire(index * term_length + term_offset) > 0:
-                    self.back_pressure_events += 1
-                break
-            if sent >= self.max_datagrams_per_poll:
-                self._last_send_ns = now_ns
-                self.sender_position = position
-                return True
-            length, padding = self._scan(index, term_offset, min(window, mtu), term_length)
-            if length == 0:
-                if window < mtu and (
-                    self._buffer.get_int32_acquire(index * term_length + term_offset) > 0
-                ):
-                    self.back_pressure_events += 1  # the next frame does not fit the window
-                break
-            data = self._terms[index][term_offset : term_offset + length]
-            for destination in destinations:
-                self._emit(out, data, destination)
-            sent += 1
-            position += length + padding
-        if sent:
-            self._last_send_ns = now_ns
+        out with more to send. The loop over datagrams is native (_native.scan_datagrams)."""
+        position, spans, length, back_pressured, more = _scan_datagrams(
+            self._buffer, self.term_length, self.sender_position, self.sender_limit, self.mtu,
+            self.max_datagrams_per_poll)
+        if back_pressured:
+            self.back_pressure_events += 1
         self.sender_position = position
-        return False
+        if not spans:
+            return False
+        self._last_send_ns = now_ns
+        batch = DataBatch(self._buffer, self._terms, spans, len(spans) // _SPAN.size, length)
+        if self.data_batches:
+            for destination in self.destinations:
+                out.append((batch, destination))
+                self.datagrams_sent += batch.count
+                self.bytes_sent += length
+        else:
+            for data in batch.datagrams():
+                for destination in self.destinations:
+                    self._emit(out, data, destination)
+        return more
+
+    @property
+    def waits_for_data(self) -> bool:
+        """Connected, not at its end, and with room under its limit: what it sends next is
+        whatever a publisher commits at ``sender_position`` (the process layer may sleep until
+        that, or a datagram, or the deadline of :meth:`poll`)."""
+        return (self.has_initial_connection and not self.is_end_of_stream
+                and self.sender_position < self.sender_limit)
 
     def _resend(
         self, term_id: int, term_offset: int, length: int, position: int, out: list[Outgoing]

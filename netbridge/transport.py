@@ -1,7 +1,10 @@
 """UDP sockets for a channel: unicast, multicast and multi-destination-cast (seed 000).
 
 * unicast: the sender sends to the endpoint from an ephemeral port (or ``interface``), and
-  hears status messages and NAKs on that socket; the receiver binds the endpoint.
+  hears status messages and NAKs on that socket; the receiver binds the endpoint, alone: no
+  SO_REUSEADDR, so a second receiver on this host (another bus's netbridge) gets an error that
+  names the address and the process holding it, instead of sharing the port and, as Linux
+  hands each unicast datagram to one socket only, receiving nothing.
 * multicast (``endpoint=<odd group>:port``): data goes to the group, control (status
   messages, NAKs) to the next, even group on the same port. The sender binds the control
   group; a receiver binds the data group, sends control to the control group, and also
@@ -12,9 +15,12 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 from dataclasses import dataclass
+
+import psutil
 
 from shmbus.channel_uri import ChannelUri
 
@@ -82,6 +88,48 @@ class ReceiveTransport:
         return [self.sock] + ([self.control_sock] if self.control_sock else [])
 
 
+def _holders(address: tuple[str, int]) -> list[str]:
+    """The processes with a UDP socket bound to ``address`` (or to its port on every
+    interface), as "pid N (name: command line)"; empty when none can be seen (sockets of
+    another user's processes show no pid)."""
+    host, port = address
+    found = []
+    try:
+        connections = psutil.net_connections(kind="udp4")
+    except psutil.Error:
+        return []
+    for connection in connections:
+        laddr = connection.laddr
+        if (connection.pid is not None and laddr and laddr.port == port
+                and laddr.ip in (host, "0.0.0.0")):
+            try:
+                process = psutil.Process(connection.pid)
+                command = " ".join(process.cmdline())
+                name = process.name()
+            except psutil.Error:
+                command, name = "", "?"
+            if len(command) > 160:
+                command = command[:157] + "..."
+            found.append(f"pid {connection.pid} ({name}: {command})" if command
+                         else f"pid {connection.pid} ({name})")
+    return found
+
+
+def _bind_endpoint(sock: socket.socket, endpoint: tuple[str, int]) -> None:
+    """Bind a unicast receive socket to ``endpoint``; OSError naming the address (and who
+    holds it, when it is in use)."""
+    try:
+        sock.bind(endpoint)
+    except OSError as e:
+        address = f"{endpoint[0]}:{endpoint[1]}"
+        if e.errno == errno.EADDRINUSE:
+            who = _holders(endpoint)
+            by = ("by " + ", ".join(who)) if who else "by a process this user cannot see"
+            raise OSError(e.errno, f"udp endpoint {address} is already bound {by}; only one "
+                                   f"process can receive on a unicast endpoint") from None
+        raise OSError(e.errno, f"udp endpoint {address}: cannot bind: {e.strerror}") from None
+
+
 def open_send(uri: ChannelUri, buffer_size: int) -> SendTransport:
     """The socket a publication on ``uri`` sends from. OSError when it cannot be bound."""
     sock = _udp_socket(buffer_size)
@@ -120,7 +168,7 @@ def open_receive(uri: ChannelUri, buffer_size: int) -> ReceiveTransport:
                 control_sock.close()
                 raise
             return ReceiveTransport(sock, control, control_sock)
-        sock.bind(endpoint)
+        _bind_endpoint(sock, endpoint)
         announce = parse_address(uri.params["control"]) if "control" in uri.params else None
         return ReceiveTransport(sock, announce_to=announce)
     except BaseException:

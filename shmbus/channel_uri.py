@@ -24,6 +24,8 @@ KNOWN_PARAMS = frozenset({
     "untethered-resting-timeout", "consumer-group",
 })
 _BOOLEAN_PARAMS = ("tether", "ssc", "reliable", "sparse", "eos", "group", "rejoin")
+#: the values of ``cc`` (congestion control), the default first
+CONGESTION_CONTROLS = ("static", "cubic")
 _INT_PARAMS = ("ttl", "mtu", "term-length", "session-id", "rcv-wnd", "so-sndbuf", "so-rcvbuf",
                "gtag", "init-term-id", "term-id", "term-offset")
 
@@ -111,6 +113,9 @@ class ChannelUri:
                           else 1 << 30)
         except LogBufferError as e:
             raise ChannelUriError(f"channel {uri!r}: {e}") from None
+        if "cc" in self.params and self.params["cc"] not in CONGESTION_CONTROLS:
+            raise ChannelUriError(f"channel {uri!r}: cc={self.params['cc']!r} is not a "
+                                  f"congestion control ({' or '.join(CONGESTION_CONTROLS)})")
         if "session-id" in self.params and not -(2**31) <= self.int_param("session-id") < 2**31:
             raise ChannelUriError(f"channel {uri!r}: session-id is not a 32-bit integer")
         if CONSUMER_GROUP in self.params:
@@ -186,6 +191,12 @@ class ChannelUri:
         if "fc" in self.params:
             return parse_flow_control(self.params["fc"]).strategy
         return "max" if self.is_multicast or self.control_mode is not None else "unicast"
+
+    @property
+    def congestion_control(self) -> str:
+        """The congestion control of the images of a subscription on this channel: its ``cc``
+        parameter's, else ``static`` (as Aeron's default)."""
+        return self.params.get("cc", CONGESTION_CONTROLS[0])
 
     @property
     def control_mode(self) -> str | None:

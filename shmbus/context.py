@@ -64,10 +64,14 @@ class Context:
     #: the driver starts a netbridge when the first udp channel appears
     netbridge_auto_start: bool = True
     #: loss injection in the netbridge's sockets, for tests: "drop=0.05,dup=0.05,
-    #: reorder=0.05,delay=0.001,seed=1" (rates per datagram; delay in seconds); empty: off
+    #: reorder=0.05,delay=0.001,seed=1" (rates per datagram; delay in seconds), optionally
+    #: "start=2,stop=4" (only from 2 s to 4 s after each channel's first datagram); empty: off
     netbridge_loss: str = ""
     #: UDP socket buffer sizes of the netbridge (0: the system default)
     netbridge_socket_buffer: int = 2 * 1024 * 1024
+    #: the netbridge closes a receive endpoint this long after its last subscription went (a
+    #: quick new subscription reuses the socket; after it, another process may bind the address)
+    netbridge_endpoint_linger: float = 0.5
 
     def __post_init__(self) -> None:
         check_term_length(self.ipc_term_length)

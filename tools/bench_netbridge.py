@@ -41,12 +41,12 @@ Channels: each shmbus measurement runs on the default channel (a plain endpoint 
 2 MiB, term 4 MiB; --tuned changes it, --channels picks).
 
 Idle strategies: a shmbus application side with nothing to do uses BackoffIdleStrategy (spin,
-yield, then sleep 1 us .. 1 ms); each netbridge, with nothing to do, waits in select() on its
-sockets (it cannot wait on a log), polling a few times after work and then waiting longer and
-longer, up to 1 ms; each driver backs off to at most 1 ms sleeps. zmq sides block in their
-calls (with timeouts). So on a 2-core machine six processes share two cores in a shmbus run
-(two drivers, two netbridges, writer, reader), two processes and two zmq I/O threads in a zmq
-run.
+yield, then sleep 1 us .. 1 ms); each netbridge, with nothing to do, sleeps in poll() on its
+sockets and an eventfd its log watcher thread makes readable when a publisher writes where a
+sender waits, until its next timer; each driver backs off to at most 1 ms sleeps. zmq sides
+block in their calls (with timeouts). So on a 2-core machine six processes share two cores in
+a shmbus run (two drivers, two netbridges, writer, reader), two processes and two zmq I/O
+threads in a zmq run.
 
 CPU: each side's netbridge and driver (labels bridge A, bridge B, driver A, driver B), CPU
 seconds over the wall seconds of the measurement (tools/_harness.py).
@@ -927,10 +927,10 @@ notes:
     default: shmbus term 1 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
     fragments, 22 messages of 32 B per datagram), receiver window 128 KiB.
   waiting: a shmbus application side with nothing to do uses BackoffIdleStrategy (spin 10,
-    yield 20, sleep 1 us .. 1 ms; the netbridge does not wake blocked readers yet, so a
-    blocking poll would wait out its timeout); a netbridge with nothing to do waits in
-    select() on its sockets: after work it polls a few times, then waits 20 us, 50 us, .. up
-    to 1 ms; drivers back off to 1 ms sleeps. zmq: blocking calls with timeouts (and
+    yield 20, sleep 1 us .. 1 ms); a netbridge with nothing to do sleeps in poll() on its
+    sockets and its log watcher's eventfd (readable when a publisher writes where a sender
+    waits, or subscribers read up to where a status message falls due) until its next timer;
+    drivers back off to 1 ms sleeps. zmq: blocking calls with timeouts (and
     libzmq's I/O thread). Aeron C: two aeronmd (threading SHARED, default back-off idle),
     the samples busy-spin.
   throughput: offer/poll = ExclusivePublication.offer / Subscription.poll(limit {POLL_LIMIT})

@@ -135,6 +135,7 @@ from shmbus.shm.counters import (
     GROUP_REDELIVERED,
     PUB_LIMIT,
     PUB_POS,
+    RCV_CC_WINDOW,
     RCV_HWM,
     RCV_POS,
     SND_BPE,
@@ -502,7 +503,8 @@ GROUP_TYPES = frozenset({GROUP_POS, GROUP_ORPHAN, GROUP_MEMBERS, GROUP_REDELIVER
 #: Counters of one reader of a log: reference id = the registration id of the log it reads.
 READER_TYPES = frozenset({SUB_POS, GROUP_CLAIM})
 #: Every counter that belongs to a stream.
-STREAM_TYPES = LOG_TYPES | GROUP_TYPES | READER_TYPES | {FC_RECEIVERS, FC_RCV_POS}
+STREAM_TYPES = LOG_TYPES | GROUP_TYPES | READER_TYPES | {FC_RECEIVERS, FC_RCV_POS,
+                                                           RCV_CC_WINDOW}
 #: A group member's claim record between claims (its start), and an empty orphan record.
 IDLE_CLAIM = (1 << 63) - 1
 _GROUP_IN_LABEL = re.compile(r"(?:^| )group=(?P<group>\S+)")

@@ -63,6 +63,9 @@ from shmbus.shm.position import Position
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer
 
 LOGS_DIR = "logs"
+#: a subscription waiting for the netbridge to take its endpoint is refused after this share of
+#: the driver timeout (how long clients wait for an answer), so that it hears why
+_BRIDGE_ANSWER_SHARE = 0.8
 #: ``python -c BRIDGE_COMMAND '<context as JSON>'``: how the driver starts a netbridge.
 BRIDGE_COMMAND = "from netbridge.bridge import embedded_main; embedded_main()"
 
@@ -110,7 +113,15 @@ class SubscriptionLink:
 
 
 class DriverConductor:
-    """Handles commands and timers for one bus directory. Single-threaded; the driver owns it."""
+    """Handles commands and timers for one bus directory. Single-threaded; the driver owns it.
+
+    A subscription on a udp channel that is the first of its stream on its endpoint is answered
+    once the netbridge has taken the endpoint (ReceiveChannelStatus): then it is ready, or it
+    is refused with the netbridge's reason (CHANNEL_ENDPOINT_ERROR: e.g. another process holds
+    the address). It waits while a netbridge is registered or being started, at most a share of
+    the driver timeout; with no netbridge and auto-start off it is ready at once, and a
+    netbridge started later reports what it cannot take to the error log.
+    """
 
     def __init__(
         self,
@@ -141,6 +152,8 @@ class DriverConductor:
         self.clients: dict[int, ClientSession] = {}
         self.publications: list[IpcPublication] = []
         self.subscriptions: dict[int, SubscriptionLink] = {}
+        #: subscriptions waiting for the netbridge to take their endpoint, with since when (ms)
+        self._awaiting_endpoint: dict[int, tuple[SubscriptionLink, int]] = {}
         self._owner_index: dict[int, IpcPublication] = {}
         self.images: dict[int, NetworkImage] = {}
         #: manual MDC destinations by publication: told again to a netbridge that registers
@@ -196,6 +209,14 @@ class DriverConductor:
         for image in list(self.images.values()):
             if image.is_done(now_ms, self.timeouts.linger_ms):
                 self._delete_image(image)
+                work += 1
+        patience_ms = int(self.context.driver_timeout * _BRIDGE_ANSWER_SHARE * 1000)
+        for registration_id, (link, since_ms) in list(self._awaiting_endpoint.items()):
+            if now_ms - since_ms > patience_ms:
+                del self._awaiting_endpoint[registration_id]
+                self._error(registration_id, cp.CHANNEL_ENDPOINT_ERROR,
+                            f"channel {link.channel!r}: no netbridge took the endpoint within "
+                            f"{patience_ms / 1000:g} s (is one starting? see the error log)")
                 work += 1
         if self._has_users():
             self._last_client_ms = now_ms
@@ -286,17 +307,35 @@ class DriverConductor:
             uri.int_param("session-id") if "session-id" in uri.params else None,
             uri.endpoint_key(), spy=uri.spy, simulate_connection=uri.bool_param("ssc", False),
             group=uri.params.get(CONSUMER_GROUP))
-        new_receive_channel = link.is_network and not any(
-            other.endpoint_key == link.endpoint_key and other.stream_id == link.stream_id
-            for other in self.subscriptions.values())
+        if link.is_network and not self._wanted(link.endpoint_key, link.stream_id, ready_only=True):
+            self._ensure_bridge()
+            if self.bridge_client_id is not None or self.context.netbridge_auto_start:
+                # answered when the netbridge says whether it could take the endpoint
+                self._awaiting_endpoint[link.registration_id] = (link, self._now_ms())
+                if self.bridge_client_id is not None:
+                    self._send(cp.OnReceiveChannel(link.registration_id, link.stream_id,
+                                                   link.channel))
+                return
+            self._send(cp.OnReceiveChannel(0, link.stream_id, link.channel))
+        self._activate_subscription(link)
+
+    def _wanted(self, endpoint_key: tuple[str, ...], stream_id: int,
+                ready_only: bool = False) -> bool:
+        """Whether a subscription (a ready one, or also one waiting for the netbridge) wants
+        ``stream_id`` on that endpoint from the netbridge."""
+        links = list(self.subscriptions.values())
+        if not ready_only:
+            links += [link for link, _ in self._awaiting_endpoint.values()]
+        return any(link.endpoint_key == endpoint_key and link.stream_id == stream_id
+                   for link in links)
+
+    def _activate_subscription(self, link: SubscriptionLink) -> None:
+        """The subscription is ready: answer it and link it to what it reads."""
         self.subscriptions[link.registration_id] = link
         self._add(SystemCounter.SUBSCRIPTIONS, 1)
-        self.clients[command.client_id].subscriptions.add(link.registration_id)
-        self._send(cp.OnSubscriptionReady(command.correlation_id))
+        self.clients[link.client_id].subscriptions.add(link.registration_id)
+        self._send(cp.OnSubscriptionReady(link.registration_id))
         if link.is_network:
-            if new_receive_channel:
-                self._ensure_bridge()
-                self._send(cp.OnReceiveChannel(link.stream_id, link.channel))
             for image in self.images.values():
                 if self._matches_image(link, image):
                     self._link_image(image, link)
@@ -357,7 +396,28 @@ class DriverConductor:
             key = (link.endpoint_key, link.stream_id)
             if link.is_network and key not in announced:
                 announced.add(key)
-                self._send(cp.OnReceiveChannel(link.stream_id, link.channel))
+                self._send(cp.OnReceiveChannel(0, link.stream_id, link.channel))
+        for link, _ in self._awaiting_endpoint.values():
+            self._send(cp.OnReceiveChannel(link.registration_id, link.stream_id, link.channel))
+
+    def _on_receive_channel_status(self, command: cp.ReceiveChannelStatus) -> None:
+        self._require_bridge(command.client_id)
+        waiting = self._awaiting_endpoint.pop(command.subscription_id, None)
+        error = f"channel {command.channel!r}: {command.error}" if command.error else ""
+        if waiting is not None and error:
+            self._error(command.subscription_id, cp.CHANNEL_ENDPOINT_ERROR, error)
+        elif waiting is not None:
+            self._activate_subscription(waiting[0])
+        elif error:  # for subscriptions that were ready before the netbridge (re)started
+            self._add(SystemCounter.ERRORS, 1)
+            self.error_log.record(f"netbridge: {error}")
+        else:
+            # the subscription it was for went away meanwhile: let the endpoint go again
+            # unless someone else wants the stream there
+            if not self._wanted(ChannelUri.parse(command.channel).endpoint_key(),
+                                command.stream_id):
+                self._send(cp.OnReceiveChannelClosed(command.stream_id, command.channel))
+        self._send(cp.OnOperationSuccess(command.correlation_id))
 
     def _on_add_counter(self, command: cp.AddCounter) -> None:
         counter_id = self.counters.allocate(
@@ -429,6 +489,7 @@ class DriverConductor:
         cp.RemoveCounter: _on_remove_counter,
         cp.CreateImage: _on_create_image,
         cp.CloseImage: _on_close_image,
+        cp.ReceiveChannelStatus: _on_receive_channel_status,
         cp.ClientConnect: _on_client_connect,
         cp.AddPublication: _on_add_publication,
         cp.AddExclusivePublication: _on_add_publication,
@@ -699,9 +760,8 @@ class DriverConductor:
                     self.counters.free(link.counter_id)
                     self._send(cp.OnImageSubscribers(image.image_id,
                                                      image.subscriber_counter_ids()))
-        if removed is not None and removed.is_network and not any(
-                other.endpoint_key == removed.endpoint_key and other.stream_id == removed.stream_id
-                for other in self.subscriptions.values()):
+        if removed is not None and removed.is_network and not self._wanted(
+                removed.endpoint_key, removed.stream_id):
             self._send(cp.OnReceiveChannelClosed(removed.stream_id, removed.channel))
 
     def _delete_publication(self, publication: IpcPublication) -> None:
@@ -775,6 +835,9 @@ class DriverConductor:
         if client is None:
             return
         now_ms = self._now_ms()
+        for registration_id, (link, _) in list(self._awaiting_endpoint.items()):
+            if link.client_id == client_id:
+                del self._awaiting_endpoint[registration_id]
         for registration_id in client.subscriptions:
             self._remove_subscription(registration_id)
         for registration_id in client.publications:
@@ -808,7 +871,8 @@ class DriverConductor:
         """Whether any publication or subscription is on a udp channel."""
         return any(isinstance(p, NetworkPublication) and p.state is PublicationState.ACTIVE
                    for p in self.publications) or any(
-            link.is_network for link in self.subscriptions.values())
+            link.is_network for link in self.subscriptions.values()) or bool(
+            self._awaiting_endpoint)
 
     # -- helpers -------------------------------------------------------------------------------
 

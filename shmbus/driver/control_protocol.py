@@ -21,6 +21,7 @@ GENERIC_ERROR = 0
 INVALID_CHANNEL = 1
 UNKNOWN_SUBSCRIPTION = 2
 UNKNOWN_PUBLICATION = 3
+CHANNEL_ENDPOINT_ERROR = 4
 UNKNOWN_COMMAND_TYPE_ID = 6
 MALFORMED_COMMAND = 7
 STORAGE_SPACE = 11
@@ -286,6 +287,24 @@ class CreateImage(Command):
 
 
 @dataclass(frozen=True)
+class ReceiveChannelStatus(Command):
+    """The netbridge's answer to an OnReceiveChannel: it listens for ``stream_id`` on
+    ``channel``'s endpoint (``error`` empty), or it could not (``error`` says why, naming the
+    address and, where it can, the process that holds it). ``subscription_id`` is the
+    OnReceiveChannel's: the subscription waiting for this answer, or 0. Answered by
+    OnOperationSuccess."""
+
+    TYPE_ID: ClassVar[int] = 0x23
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqqi")
+    client_id: int
+    correlation_id: int
+    subscription_id: int
+    stream_id: int
+    channel: str
+    error: str
+
+
+@dataclass(frozen=True)
 class CloseImage(Command):
     """The image ended (end of stream or liveness timeout)."""
 
@@ -343,17 +362,25 @@ class OnNetworkPublicationClosed(Message):
 
 @dataclass(frozen=True)
 class OnReceiveChannel(Message):
-    """A subscription on a udp channel: the netbridge listens for its stream."""
+    """A subscription on a udp channel: the netbridge listens for its stream on the channel's
+    endpoint and answers with ReceiveChannelStatus when it could not, or when
+    ``subscription_id`` (the subscription waiting for the answer) is not 0."""
 
     TYPE_ID: ClassVar[int] = 0x0F22
-    FORMAT: ClassVar[struct.Struct] = struct.Struct("<i")
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qi")
+    subscription_id: int
     stream_id: int
     channel: str
 
 
 @dataclass(frozen=True)
-class OnReceiveChannelClosed(OnReceiveChannel):
+class OnReceiveChannelClosed(Message):
+    """The last subscription of ``stream_id`` on ``channel``'s endpoint went away."""
+
     TYPE_ID: ClassVar[int] = 0x0F23
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<i")
+    stream_id: int
+    channel: str
 
 
 @dataclass(frozen=True)
@@ -384,6 +411,7 @@ MESSAGES: dict[int, type[Message]] = {
                 OnAvailableImage, OnPublicationReady, OnOperationSuccess, OnUnavailableImage,
                 OnExclusivePublicationReady, OnSubscriptionReady, OnClientTimeout, OnClientReady,
                 RegisterBridge, AddCounter, RemoveCounter, CreateImage, CloseImage,
+                ReceiveChannelStatus,
                 OnCounterReady, OnImageReady,
                 OnNetworkPublication, OnNetworkPublicationClosed, OnReceiveChannel,
                 OnReceiveChannelClosed, OnImageSubscribers, AddDestination, RemoveDestination,

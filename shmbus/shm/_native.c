@@ -2651,6 +2651,39 @@ static inline int64_t align_frame(int64_t length)
     return (length + FRAME_ALIGNMENT - 1) & ~(int64_t)(FRAME_ALIGNMENT - 1);
 }
 
+/* Committed whole frames of `term` from term_offset on (see term_scan below): sets *available
+ * to the bytes of them to send and *padding to the bytes skipped after them. */
+static void scan_frames(const uint8_t *term, int64_t term_length, int64_t term_offset,
+                        int64_t max_length, int64_t stop, int64_t *available, int64_t *padding)
+{
+    int64_t sent = 0, skipped = 0;
+    if (stop > term_length)
+        stop = term_length;
+    while (sent < max_length) {
+        int64_t offset = term_offset + sent;
+        if (offset >= stop)
+            break;
+        int32_t frame_length = LOAD_ACQUIRE((const int32_t *)(term + offset));
+        if (frame_length <= 0)
+            break;
+        int64_t aligned = align_frame(frame_length);
+        if (offset + aligned > term_length)
+            break; /* not a frame this log could hold: never step past the term */
+        if (rd_u16(term + offset + TYPE_OFFSET) == HDR_TYPE_PAD) {
+            if (sent + HEADER_LENGTH <= max_length) {
+                sent += HEADER_LENGTH;
+                skipped = aligned - HEADER_LENGTH;
+            }
+            break;
+        }
+        if (sent + aligned > max_length)
+            break;
+        sent += aligned;
+    }
+    *available = sent;
+    *padding = skipped;
+}
+
 /* term_scan(buffer, term_start, term_length, term_offset, max_length, stop) -> (length, padding)
  *
  * Committed whole frames of the term at buffer[term_start : term_start + term_length], from
@@ -2679,31 +2712,9 @@ static PyObject *native_term_scan(PyObject *m, PyObject *args)
                      "term of %zd bytes", term_offset, term_length);
         return NULL;
     }
-    const uint8_t *term = ab->data + term_start;
-    if (stop > term_length)
-        stop = term_length;
-    int64_t available = 0, padding = 0;
-    while (available < max_length) {
-        int64_t offset = term_offset + available;
-        if (offset >= stop)
-            break;
-        int32_t frame_length = LOAD_ACQUIRE((const int32_t *)(term + offset));
-        if (frame_length <= 0)
-            break;
-        int64_t aligned = align_frame(frame_length);
-        if (offset + aligned > term_length)
-            break; /* not a frame this log could hold: never step past the term */
-        if (rd_u16(term + offset + TYPE_OFFSET) == HDR_TYPE_PAD) {
-            if (available + HEADER_LENGTH <= max_length) {
-                available += HEADER_LENGTH;
-                padding = aligned - HEADER_LENGTH;
-            }
-            break;
-        }
-        if (available + aligned > max_length)
-            break;
-        available += aligned;
-    }
+    int64_t available, padding;
+    scan_frames(ab->data + term_start, term_length, term_offset, max_length, stop, &available,
+                &padding);
     return Py_BuildValue("LL", (long long)available, (long long)padding);
 }
 
@@ -2718,17 +2729,12 @@ static PyObject *native_term_scan(PyObject *m, PyObject *args)
  * copy, `span` the bytes of the stream it covers, `skip` the leading bytes of frames that end
  * at or below `below` (the rebuild position minus the datagram's position: frames already in
  * the log, not rewritten). A heartbeat (DATA of length 0) is not for this function: invalid. */
-static PyObject *native_validate_datagram(PyObject *m, PyObject *args)
+/* validate_datagram's walk: 1 and (*end, *span_out, *skip_out) if every frame is valid. */
+static int validate_frames(const uint8_t *d, int64_t size, int64_t term_offset,
+                           int32_t session_id, int32_t stream_id, int32_t term_id,
+                           int64_t term_length, int64_t below, int64_t *end, int64_t *span_out,
+                           int64_t *skip_out)
 {
-    Py_buffer view;
-    Py_ssize_t term_offset, term_length;
-    int session_id, stream_id, term_id;
-    long long below;
-    if (!PyArg_ParseTuple(args, "y*niiinL", &view, &term_offset, &session_id, &stream_id,
-                          &term_id, &term_length, &below))
-        return NULL;
-    const uint8_t *d = (const uint8_t *)view.buf;
-    const int64_t size = view.len;
     int64_t offset = 0, skip = 0, span = 0;
     int valid = term_offset >= 0 && term_offset < term_length && term_length > 0 &&
                 term_offset % FRAME_ALIGNMENT == 0 && size >= HEADER_LENGTH;
@@ -2770,11 +2776,30 @@ static PyObject *native_validate_datagram(PyObject *m, PyObject *args)
             break;
         }
     }
-    PyBuffer_Release(&view);
     if (!valid || term_offset + span > term_length)
+        return 0;
+    *end = offset < size ? offset : size;
+    *span_out = span;
+    *skip_out = skip;
+    return 1;
+}
+
+static PyObject *native_validate_datagram(PyObject *m, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t term_offset, term_length;
+    int session_id, stream_id, term_id;
+    long long below;
+    if (!PyArg_ParseTuple(args, "y*niiinL", &view, &term_offset, &session_id, &stream_id,
+                          &term_id, &term_length, &below))
+        return NULL;
+    int64_t end, span, skip;
+    int valid = validate_frames((const uint8_t *)view.buf, view.len, term_offset, session_id,
+                                stream_id, term_id, term_length, below, &end, &span, &skip);
+    PyBuffer_Release(&view);
+    if (!valid)
         return PyLong_FromLong(WIRE_INVALID);
-    return Py_BuildValue("LLL", (long long)(offset < size ? offset : size), (long long)span,
-                         (long long)skip);
+    return Py_BuildValue("LLL", (long long)end, (long long)span, (long long)skip);
 }
 
 /* insert_frames(buffer, at, datagram, start, end) -> bytes inserted (end - start)
@@ -3374,6 +3399,740 @@ static PyTypeObject GroupMemberCoreType = {
 };
 
 /* ====================================================================================== */
+/* netbridge datagram batches: recvmmsg/sendmmsg, in-order receive, the publication watcher */
+/* ====================================================================================== */
+/*
+ * receive_batch    one recvmmsg into a batch of slots; DATA that continues an image exactly
+ *                  at its high-water mark (inside its window) is validated and inserted
+ *                  here; the first datagram of an image that does not, and every one of that
+ *                  image after it, is handed back for the Python receiver (control frames,
+ *                  loss, new sessions), so its sans-IO rules see each image's datagrams in the
+ *                  order they came (a datagram that names no one image: every one after it).
+ * scan_datagrams   the sender's DATA loop: whole datagrams of committed frames from the sender
+ *                  position up to its limit, as (buffer offset, length) spans of the log.
+ * send_batch       sendmmsg of such spans to one destination, straight from the log.
+ * LogWatcher       a thread (no GIL) asleep on logs' wake words that makes an eventfd
+ *                  readable once a frame is committed where a sender waits (publication logs'
+ *                  data words) or a subscriber reads up to where a status message falls due
+ *                  (image logs' progress words), so the netbridge can block in poll() on its
+ *                  sockets and that eventfd.
+ * IPv4 only, as the netbridge's transport is.
+ */
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+
+#define BATCH_MAX 64
+#define BATCH_SLOT 65536
+#define WATCH_MAX 127
+#define HDR_TYPE_SETUP 0x05
+#define HDR_TYPE_RTTM 0x06
+
+/* (host, port) as the socket module gives a received IPv4 datagram's source */
+static PyObject *source_tuple(const struct sockaddr_in *a)
+{
+    char host[INET_ADDRSTRLEN];
+    if (a->sin_family != AF_INET || !inet_ntop(AF_INET, &a->sin_addr, host, sizeof host))
+        Py_RETURN_NONE;
+    return Py_BuildValue("(si)", host, (int)ntohs(a->sin_port));
+}
+
+static int sockaddr_arg(PyObject *destination, struct sockaddr_in *a)
+{
+    const char *host;
+    int port;
+    if (!PyArg_ParseTuple(destination, "si", &host, &port))
+        return -1;
+    memset(a, 0, sizeof *a);
+    a->sin_family = AF_INET;
+    a->sin_port = htons((uint16_t)port);
+    if (port < 0 || port > 65535 || inet_pton(AF_INET, host, &a->sin_addr) != 1) {
+        PyErr_Format(PyExc_ValueError, "destination %R is not a numeric IPv4 (host, port)",
+                     destination);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    AtomicBuffer *log;
+    uint8_t *meta;
+    int32_t session_id, stream_id, initial_term_id;
+    int64_t term_length;
+    int position_bits;
+    int64_t position; /* the image's high-water mark: the next in-order datagram starts here */
+    int64_t limit;    /* data may not end past this (the image's window) */
+    int64_t datagrams, bytes;
+    int last;     /* the batch slot of its latest datagram, -1 while none */
+    int diverted; /* one of its datagrams went to Python: so do the rest of the batch's */
+} InOrderImage;
+
+static int in_order_image_arg(PyObject *item, InOrderImage *image)
+{
+    PyObject *log;
+    int term_length;
+    long long position, limit;
+    if (!PyTuple_Check(item) ||
+        !PyArg_ParseTuple(item, "O!iiiiLL", &AtomicBufferType, &log, &image->session_id,
+                          &image->stream_id, &term_length, &image->initial_term_id, &position,
+                          &limit))
+        return -1;
+    LogGeometry g;
+    if (geometry_from((AtomicBuffer *)log, term_length, 0, &g) < 0)
+        return -1;
+    image->log = (AtomicBuffer *)log;
+    image->meta = g.meta;
+    image->term_length = term_length;
+    image->position_bits = g.position_bits;
+    image->position = position;
+    image->limit = limit;
+    image->datagrams = image->bytes = 0;
+    image->last = -1;
+    image->diverted = 0;
+    return 0;
+}
+
+/* Inserts datagram d if it is DATA/PAD continuing one of the images exactly at its position,
+ * valid (validate_frames) and inside its window; returns that image, or NULL (untouched). */
+static InOrderImage *insert_in_order(InOrderImage *images, Py_ssize_t count, const uint8_t *d,
+                                     int64_t size)
+{
+    if (size < HEADER_LENGTH)
+        return NULL;
+    uint16_t type = rd_u16(d + TYPE_OFFSET);
+    if ((type != HDR_TYPE_DATA && type != HDR_TYPE_PAD) ||
+        (type == HDR_TYPE_DATA && rd_i32(d + FRAME_LENGTH_OFFSET) == 0))
+        return NULL; /* not data, or a heartbeat */
+    int32_t session_id = rd_i32(d + SESSION_ID_OFFSET), stream_id = rd_i32(d + STREAM_ID_OFFSET);
+    InOrderImage *image = NULL;
+    for (Py_ssize_t i = 0; i < count && image == NULL; i++)
+        if (images[i].session_id == session_id && images[i].stream_id == stream_id)
+            image = &images[i];
+    if (image == NULL || image->diverted)
+        return NULL;
+    int64_t term_offset = rd_i32(d + TERM_OFFSET_OFFSET);
+    int32_t term_id = rd_i32(d + TERM_ID_OFFSET);
+    int64_t term_length = image->term_length;
+    if (term_offset < 0 || term_offset >= term_length)
+        return NULL;
+    int64_t position = (term_count_between(term_id, image->initial_term_id)
+                        << image->position_bits) + term_offset;
+    int64_t end, span, skip;
+    if (position != image->position ||
+        !validate_frames(d, size, term_offset, session_id, stream_id, term_id, term_length, 0,
+                         &end, &span, &skip) ||
+        position + end > image->limit)
+        return NULL;
+    int index = (int)((position >> image->position_bits) % PARTITION_COUNT);
+    uint8_t *at = image->log->data + index * term_length + term_offset;
+    memcpy(at + 4, d + 4, (size_t)(end - 4));
+    STORE_RELEASE((int32_t *)at, rd_i32(d));
+    image->position = position + span;
+    return image;
+}
+
+/* The (session, stream) a datagram for Python concerns alone: DATA/PAD (the receiver reads only
+ * its first frame), or a datagram of one SETUP or RTTM frame. 0 when it may concern several. */
+static int datagram_key(const uint8_t *d, int64_t size, int32_t *session_id, int32_t *stream_id)
+{
+    if (size < HEADER_LENGTH)
+        return 0;
+    uint16_t type = rd_u16(d + TYPE_OFFSET);
+    if (type == HDR_TYPE_DATA || type == HDR_TYPE_PAD || type == HDR_TYPE_SETUP) {
+        if (type == HDR_TYPE_SETUP && rd_i32(d + FRAME_LENGTH_OFFSET) != size)
+            return 0;
+        *session_id = rd_i32(d + SESSION_ID_OFFSET);
+        *stream_id = rd_i32(d + STREAM_ID_OFFSET);
+        return 1;
+    }
+    if (type == HDR_TYPE_RTTM /* session and stream right after its 8-byte header */ &&
+        rd_i32(d + FRAME_LENGTH_OFFSET) == size) {
+        *session_id = rd_i32(d + 8);
+        *stream_id = rd_i32(d + 12);
+        return 1;
+    }
+    return 0;
+}
+
+/* receive_batch(fd, slots, images) -> (received, in_order, rest)
+ *
+ * One recvmmsg (non-blocking) of up to len(slots) // 65536 datagrams (at most 64) into
+ * `slots`, 65536 bytes each. `images` is a tuple of (log buffer, session id, stream id, term
+ * length, initial term id, position, limit), `position` the end of the highest data placed.
+ * Each datagram, in order, that is DATA/PAD of one of them starting exactly at its position,
+ * valid, and ending at or below its limit is inserted into its log (the first frame's length
+ * last, with a release store) and moves its position; from the first datagram of an image
+ * that is not on, none of that image's is (after one that concerns no single image
+ * (datagram_key), none at all). `in_order` has one entry per image: None, or (position, datagrams, bytes,
+ * source of the latest); `rest` lists the others as (slot offset, length, source), in order.
+ * Readers asleep on a log that got data are woken. A socket with nothing to read gives 0;
+ * OSError for a bad descriptor. */
+static PyObject *native_receive_batch(PyObject *m, PyObject *args)
+{
+    int fd;
+    Py_buffer slots;
+    PyObject *image_args;
+    if (!PyArg_ParseTuple(args, "iw*O!", &fd, &slots, &PyTuple_Type, &image_args))
+        return NULL;
+    PyObject *result = NULL, *in_order = NULL, *rest = NULL;
+    Py_ssize_t image_count = PyTuple_GET_SIZE(image_args);
+    InOrderImage *images = PyMem_Calloc((size_t)(image_count ? image_count : 1),
+                                        sizeof(InOrderImage));
+    if (images == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < image_count; i++)
+        if (in_order_image_arg(PyTuple_GET_ITEM(image_args, i), &images[i]) < 0)
+            goto done;
+    Py_ssize_t capacity = slots.len / BATCH_SLOT;
+    if (capacity > BATCH_MAX)
+        capacity = BATCH_MAX;
+    if (capacity < 1) {
+        PyErr_Format(PyExc_ValueError, "slots of %zd bytes hold no %d-byte slot", slots.len,
+                     BATCH_SLOT);
+        goto done;
+    }
+    struct mmsghdr msgs[BATCH_MAX];
+    struct iovec iov[BATCH_MAX];
+    struct sockaddr_in sources[BATCH_MAX];
+    memset(msgs, 0, sizeof(struct mmsghdr) * (size_t)capacity);
+    for (Py_ssize_t i = 0; i < capacity; i++) {
+        iov[i].iov_base = (uint8_t *)slots.buf + i * BATCH_SLOT;
+        iov[i].iov_len = BATCH_SLOT;
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+        msgs[i].msg_hdr.msg_name = &sources[i];
+        msgs[i].msg_hdr.msg_namelen = sizeof sources[i];
+    }
+    int received = recvmmsg(fd, msgs, (unsigned)capacity, MSG_DONTWAIT, NULL);
+    if (received < 0) {
+        if (errno == EBADF || errno == ENOTSOCK || errno == EFAULT || errno == EINVAL) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto done;
+        }
+        received = 0; /* nothing there, or an ICMP error reported late: not ours to handle */
+    }
+    if ((in_order = PyTuple_New(image_count)) == NULL || (rest = PyList_New(0)) == NULL)
+        goto done;
+    int diverted = 0;
+    for (int i = 0; i < received; i++) {
+        const uint8_t *d = iov[i].iov_base;
+        int64_t size = msgs[i].msg_len;
+        InOrderImage *image = diverted ? NULL : insert_in_order(images, image_count, d, size);
+        if (image != NULL) {
+            image->datagrams++;
+            image->bytes += size;
+            image->last = i;
+            continue;
+        }
+        int32_t session_id, stream_id;
+        if (!datagram_key(d, size, &session_id, &stream_id)) {
+            diverted = 1;
+        } else {
+            for (Py_ssize_t j = 0; j < image_count; j++)
+                if (images[j].session_id == session_id && images[j].stream_id == stream_id)
+                    images[j].diverted = 1;
+        }
+        PyObject *source = source_tuple(&sources[i]);
+        PyObject *entry = source == NULL ? NULL : Py_BuildValue(
+            "(nLN)", (Py_ssize_t)(i * BATCH_SLOT), (long long)size, source);
+        if (entry == NULL || PyList_Append(rest, entry) < 0) {
+            Py_XDECREF(entry);
+            goto done;
+        }
+        Py_DECREF(entry);
+    }
+    for (Py_ssize_t i = 0; i < image_count; i++) {
+        InOrderImage *image = &images[i];
+        PyObject *entry;
+        if (image->last < 0) {
+            entry = Py_NewRef(Py_None);
+        } else {
+            wake_word((int32_t *)(image->meta + META_DATA_WAKE),
+                      (int32_t *)(image->meta + META_DATA_WAITERS));
+            PyObject *source = source_tuple(&sources[image->last]);
+            entry = source == NULL ? NULL : Py_BuildValue(
+                "(LLLN)", (long long)image->position, (long long)image->datagrams,
+                (long long)image->bytes, source);
+            if (entry == NULL)
+                goto done;
+        }
+        PyTuple_SET_ITEM(in_order, i, entry);
+    }
+    result = Py_BuildValue("(iOO)", received, in_order, rest);
+done:
+    Py_XDECREF(in_order);
+    Py_XDECREF(rest);
+    PyMem_Free(images);
+    PyBuffer_Release(&slots);
+    return result;
+}
+
+/* One datagram of a scan: where it is in the log buffer and how long. */
+typedef struct {
+    int64_t offset;
+    int64_t length;
+} Span;
+
+/* scan_datagrams(log_buffer, term_length, position, limit, mtu, max_datagrams)
+ *     -> (position, spans, bytes, back_pressured, more)
+ *
+ * The sender's DATA loop: from stream `position`, datagrams of committed whole frames (see
+ * term_scan: at most `mtu` bytes each and never past `limit`; a PAD ends a datagram as its
+ * header and the position skips its padding) until the limit, uncommitted data, or
+ * `max_datagrams` of them (then `more` is True). `spans` packs each datagram as (offset in the
+ * buffer, length), two little-endian int64s; `bytes` is their total length. `back_pressured`: a committed frame waits that the
+ * limit leaves no room for. `position` is where the next scan starts. */
+static PyObject *native_scan_datagrams(PyObject *m, PyObject *args)
+{
+    PyObject *obj;
+    int term_length, mtu, max_datagrams;
+    long long position, limit;
+    if (!PyArg_ParseTuple(args, "O!iLLii", &AtomicBufferType, &obj, &term_length, &position,
+                          &limit, &mtu, &max_datagrams))
+        return NULL;
+    LogGeometry g;
+    if (geometry_from((AtomicBuffer *)obj, term_length, 0, &g) < 0)
+        return NULL;
+    if (position < 0 || position % FRAME_ALIGNMENT || mtu < HEADER_LENGTH || max_datagrams < 1 ||
+        max_datagrams > 4096) {
+        PyErr_Format(PyExc_ValueError, "scan_datagrams: position %lld (a multiple of 32 >= 0), "
+                     "mtu %d (>= 32) or max_datagrams %d (1..4096) out of range", position, mtu,
+                     max_datagrams);
+        return NULL;
+    }
+    PyObject *spans = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(Span) * max_datagrams);
+    if (spans == NULL)
+        return NULL;
+    Span *out = (Span *)PyBytes_AS_STRING(spans);
+    int count = 0, back_pressured = 0, more = 0;
+    int64_t mask = term_length - 1, total = 0;
+    const uint8_t *base = ((AtomicBuffer *)obj)->data;
+    for (;;) {
+        int64_t window = limit - position;
+        int index = (int)((position >> g.position_bits) % PARTITION_COUNT);
+        int64_t term_offset = position & mask;
+        const uint8_t *term = base + (int64_t)index * term_length;
+        int committed = LOAD_ACQUIRE((const int32_t *)(term + term_offset)) > 0;
+        if (window <= 0) {
+            back_pressured = committed;
+            break;
+        }
+        if (count >= max_datagrams) {
+            more = 1;
+            break;
+        }
+        int64_t length, padding;
+        scan_frames(term, term_length, term_offset, window < mtu ? window : mtu, term_length,
+                    &length, &padding);
+        if (length == 0) {
+            back_pressured = window < mtu && committed;
+            break;
+        }
+        out[count].offset = (int64_t)index * term_length + term_offset;
+        out[count].length = length;
+        count++;
+        total += length;
+        position += length + padding;
+    }
+    if (_PyBytes_Resize(&spans, (Py_ssize_t)sizeof(Span) * count) < 0)
+        return NULL;
+    return Py_BuildValue("(LNLOO)", position, spans, (long long)total,
+                         back_pressured ? Py_True : Py_False, more ? Py_True : Py_False);
+}
+
+/* send_batch(fd, buffer, spans, destination) -> datagrams sent
+ *
+ * sendmmsg (non-blocking) of each (offset, length) span of `buffer` (as scan_datagrams packs
+ * them) to `destination`, a numeric IPv4 (host, port). A full socket buffer ends the batch
+ * (the rest is lost, and NAKed by the receiver as any loss); a datagram the kernel refuses is
+ * skipped. ValueError for spans outside the buffer or a bad destination. */
+static PyObject *native_send_batch(PyObject *m, PyObject *args)
+{
+    int fd;
+    PyObject *obj, *destination;
+    Py_buffer spans;
+    if (!PyArg_ParseTuple(args, "iO!y*O", &fd, &AtomicBufferType, &obj, &spans, &destination))
+        return NULL;
+    AtomicBuffer *ab = (AtomicBuffer *)obj;
+    struct sockaddr_in to;
+    Py_ssize_t count = spans.len / (Py_ssize_t)sizeof(Span);
+    const uint8_t *packed = spans.buf;
+    int sent = 0;
+    if (sockaddr_arg(destination, &to) < 0 || ab_check(ab, 0, 0, 1) < 0)
+        goto fail;
+    if (spans.len % (Py_ssize_t)sizeof(Span)) {
+        PyErr_Format(PyExc_ValueError, "spans of %zd bytes are not (offset, length) pairs",
+                     spans.len);
+        goto fail;
+    }
+    struct mmsghdr msgs[BATCH_MAX];
+    struct iovec iov[BATCH_MAX];
+    for (Py_ssize_t first = 0; first < count;) {
+        int n = 0;
+        for (; n < BATCH_MAX && first + n < count; n++) {
+            int64_t offset = rd_i64(packed + (first + n) * sizeof(Span));
+            int64_t length = rd_i64(packed + (first + n) * sizeof(Span) + 8);
+            if (offset < 0 || length <= 0 || length > 65507 || offset > ab->capacity - length) {
+                PyErr_Format(PyExc_ValueError, "span (%lld, %lld) is not a datagram inside the "
+                             "buffer of %zd bytes", (long long)offset, (long long)length,
+                             ab->capacity);
+                goto fail;
+            }
+            iov[n].iov_base = ab->data + offset;
+            iov[n].iov_len = (size_t)length;
+            memset(&msgs[n], 0, sizeof msgs[n]);
+            msgs[n].msg_hdr.msg_iov = &iov[n];
+            msgs[n].msg_hdr.msg_iovlen = 1;
+            msgs[n].msg_hdr.msg_name = &to;
+            msgs[n].msg_hdr.msg_namelen = sizeof to;
+        }
+        int done = sendmmsg(fd, msgs, (unsigned)n, MSG_DONTWAIT);
+        if (done > 0) {
+            sent += done;
+            first += done;
+        } else if (done < 0 && errno == EINTR) {
+            continue;
+        } else if (done < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS)) {
+            break;
+        } else if (done < 0 && (errno == EBADF || errno == ENOTSOCK)) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto fail;
+        } else {
+            first++; /* refused (e.g. unreachable): skip it */
+        }
+    }
+    PyBuffer_Release(&spans);
+    return PyLong_FromLong(sent);
+fail:
+    PyBuffer_Release(&spans);
+    return NULL;
+}
+
+/* ---- LogWatcher ----------------------------------------------------------------------------- */
+
+typedef struct {
+    const int32_t *frame;   /* data watch: the frame length where the sender waits, or NULL */
+    const int64_t *counter; /* progress watch: a subscriber position counter */
+    int64_t threshold;      /* progress watch: ready once the counter reaches it */
+    int32_t *wake;          /* the log's META_DATA_WAKE (data) or META_PROGRESS_WAKE */
+    int32_t *waiters;       /* the matching waiters count */
+} Watch;
+
+typedef struct {
+    PyObject_HEAD
+    int efd;
+    int started, closing, armed, busy;
+    uint64_t generation;
+    int32_t control; /* futex word: bumped to cut the thread's wait short */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    int count;
+    Watch watches[WATCH_MAX];
+    PyObject *held; /* the log buffers of `watches` */
+} LogWatcher;
+
+static PyTypeObject LogWatcherType;
+
+static int is_ready(const Watch *w)
+{
+    return w->frame != NULL ? LOAD_ACQUIRE(w->frame) > 0
+                            : LOAD_ACQUIRE(w->counter) >= w->threshold;
+}
+
+static int watch_ready(const Watch *watches, int count)
+{
+    for (int i = 0; i < count; i++)
+        if (is_ready(&watches[i]))
+            return 1;
+    return 0;
+}
+
+static void watcher_interrupt(LogWatcher *self)
+{
+    __atomic_fetch_add(&self->control, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, &self->control, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    pthread_cond_broadcast(&self->changed);
+}
+
+static void *watcher_main(void *arg)
+{
+    LogWatcher *self = arg;
+    Watch watches[WATCH_MAX];
+    int32_t *words[WATCH_MAX + 1];
+    int32_t expected[WATCH_MAX + 1];
+    pthread_mutex_lock(&self->lock);
+    for (;;) {
+        while (!self->armed && !self->closing)
+            pthread_cond_wait(&self->changed, &self->lock);
+        if (self->closing)
+            break;
+        int count = self->count;
+        uint64_t generation = self->generation;
+        memcpy(watches, self->watches, sizeof(Watch) * (size_t)count);
+        words[0] = &self->control;
+        expected[0] = __atomic_load_n(&self->control, __ATOMIC_SEQ_CST);
+        self->busy = 1;
+        pthread_mutex_unlock(&self->lock);
+
+        for (int i = 0; i < count; i++) {
+            __atomic_fetch_add(watches[i].waiters, 1, __ATOMIC_SEQ_CST);
+            words[i + 1] = watches[i].wake;
+            expected[i + 1] = LOAD_ACQUIRE(watches[i].wake);
+        }
+        if (!watch_ready(watches, count))
+            wait_words(words, expected, count + 1, -1);
+        for (int i = 0; i < count; i++)
+            __atomic_fetch_sub(watches[i].waiters, 1, __ATOMIC_SEQ_CST);
+        int ready = watch_ready(watches, count);
+
+        pthread_mutex_lock(&self->lock);
+        self->busy = 0;
+        pthread_cond_broadcast(&self->changed);
+        if (ready && self->armed && self->generation == generation) {
+            self->armed = 0;
+            uint64_t one = 1;
+            ssize_t written = write(self->efd, &one, sizeof one);
+            (void)written; /* a full eventfd is readable already */
+        }
+    }
+    self->busy = 0;
+    pthread_cond_broadcast(&self->changed);
+    pthread_mutex_unlock(&self->lock);
+    return NULL;
+}
+
+static int log_watcher_init(LogWatcher *self, PyObject *args, PyObject *kwds)
+{
+    if (!PyArg_ParseTuple(args, ":LogWatcher"))
+        return -1;
+    if (self->started) {
+        PyErr_SetString(PyExc_RuntimeError, "LogWatcher is initialized already");
+        return -1;
+    }
+    self->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (self->efd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    pthread_mutex_init(&self->lock, NULL);
+    pthread_cond_init(&self->changed, NULL);
+    int error = pthread_create(&self->thread, NULL, watcher_main, self);
+    if (error) {
+        close(self->efd);
+        self->efd = -1;
+        errno = error;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    self->started = 1;
+    return 0;
+}
+
+/* Stops the thread watching (synchronously when `wait`: once it returns, the thread touches
+ * none of the logs it watched). The lock is held by the caller. */
+static void watcher_disarm_locked(LogWatcher *self, int wait)
+{
+    self->armed = 0;
+    self->generation++;
+    watcher_interrupt(self);
+    while (wait && self->busy)
+        pthread_cond_wait(&self->changed, &self->lock);
+}
+
+/* A data watch (log buffer, term length, position) or a progress watch (log buffer, term
+ * length, counter buffer, counter offset, threshold). */
+static int watch_arg(PyObject *item, int progress, Watch *w)
+{
+    PyObject *log, *counters = NULL;
+    int term_length;
+    long long position;
+    Py_ssize_t offset = 0;
+    LogGeometry g;
+    if (!PyTuple_Check(item) ||
+        !(progress ? PyArg_ParseTuple(item, "O!iOnL", &AtomicBufferType, &log, &term_length,
+                                      &counters, &offset, &position)
+                   : PyArg_ParseTuple(item, "O!iL", &AtomicBufferType, &log, &term_length,
+                                      &position)) ||
+        geometry_from((AtomicBuffer *)log, term_length, 0, &g) < 0)
+        return -1;
+    if (position < 0 || (!progress && position % FRAME_ALIGNMENT)) {
+        PyErr_Format(PyExc_ValueError, "position %lld is not a%s >= 0", position,
+                     progress ? " position" : " multiple of 32");
+        return -1;
+    }
+    memset(w, 0, sizeof *w);
+    if (progress) {
+        if ((w->counter = position_ptr(counters, offset)) == NULL)
+            return -1;
+        w->threshold = position;
+        w->wake = meta_i32(&g, META_PROGRESS_WAKE);
+        w->waiters = meta_i32(&g, META_PROGRESS_WAITERS);
+    } else {
+        int index = (int)((position >> g.position_bits) % PARTITION_COUNT);
+        w->frame = (const int32_t *)(term_at(&g, index) + (position & (term_length - 1)));
+        w->wake = meta_i32(&g, META_DATA_WAKE);
+        w->waiters = meta_i32(&g, META_DATA_WAITERS);
+    }
+    return 0;
+}
+
+static PyObject *log_watcher_arm(LogWatcher *self, PyObject *args)
+{
+    PyObject *lists[2];
+    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &lists[0], &PyTuple_Type, &lists[1]))
+        return NULL;
+    if (!self->started || self->closing) {
+        PyErr_SetString(PyExc_ValueError, "LogWatcher is closed");
+        return NULL;
+    }
+    Watch watches[WATCH_MAX];
+    int count = 0;
+    for (int progress = 0; progress < 2; progress++) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lists[progress]) && count < WATCH_MAX; i++) {
+            if (watch_arg(PyTuple_GET_ITEM(lists[progress], i), progress, &watches[count]) < 0)
+                return NULL;
+            if (!is_ready(&watches[count]))
+                count++; /* ready already: its owner has work, or waits on something else */
+        }
+    }
+    PyObject *arg = PyTuple_Pack(2, lists[0], lists[1]);
+    if (arg == NULL)
+        return NULL;
+    pthread_mutex_lock(&self->lock);
+    PyObject *previous = self->held;
+    memcpy(self->watches, watches, sizeof(Watch) * (size_t)count);
+    self->count = count;
+    self->held = arg;
+    self->generation++;
+    self->armed = count > 0;
+    watcher_interrupt(self);
+    pthread_mutex_unlock(&self->lock);
+    Py_XDECREF(previous);
+    Py_RETURN_NONE;
+}
+
+static PyObject *log_watcher_disarm(LogWatcher *self, PyObject *args)
+{
+    int wait = 0;
+    if (!PyArg_ParseTuple(args, "|p", &wait))
+        return NULL;
+    if (!self->started)
+        Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->lock);
+    watcher_disarm_locked(self, wait);
+    pthread_mutex_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *log_watcher_fileno(LogWatcher *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->efd < 0) {
+        PyErr_SetString(PyExc_ValueError, "LogWatcher is closed");
+        return NULL;
+    }
+    return PyLong_FromLong(self->efd);
+}
+
+static PyObject *log_watcher_clear(LogWatcher *self, PyObject *Py_UNUSED(ignored))
+{
+    uint64_t value;
+    if (self->efd >= 0 && read(self->efd, &value, sizeof value) == (ssize_t)sizeof value)
+        Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+static void watcher_stop(LogWatcher *self)
+{
+    if (!self->started)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->lock);
+    self->closing = 1;
+    watcher_disarm_locked(self, 0);
+    pthread_mutex_unlock(&self->lock);
+    pthread_join(self->thread, NULL);
+    Py_END_ALLOW_THREADS
+    self->started = 0;
+    close(self->efd);
+    self->efd = -1;
+    pthread_mutex_destroy(&self->lock);
+    pthread_cond_destroy(&self->changed);
+    Py_CLEAR(self->held);
+}
+
+static PyObject *log_watcher_close(LogWatcher *self, PyObject *Py_UNUSED(ignored))
+{
+    watcher_stop(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *log_watcher_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    LogWatcher *self = (LogWatcher *)type->tp_alloc(type, 0);
+    if (self != NULL)
+        self->efd = -1;
+    return (PyObject *)self;
+}
+
+static void log_watcher_dealloc(LogWatcher *self)
+{
+    watcher_stop(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef log_watcher_methods[] = {
+    {"arm", (PyCFunction)log_watcher_arm, METH_VARARGS,
+     "arm(data, progress): watch until a frame is committed at one of the data watches "
+     "((log buffer, term length, position), ...) or a counter of the progress watches "
+     "((log buffer, term length, counter buffer, offset, threshold), ...) reaches its "
+     "threshold, then make fileno() readable once (at most 127 watches; ready ones are left "
+     "out). Replaces the previous watches."},
+    {"disarm", (PyCFunction)log_watcher_disarm, METH_VARARGS,
+     "disarm(wait=False): stop watching; with wait=True, return only once the thread touches "
+     "none of the logs (call it so before closing a watched log)"},
+    {"fileno", (PyCFunction)log_watcher_fileno, METH_NOARGS,
+     "fileno() -> int: the eventfd to poll for readability"},
+    {"clear", (PyCFunction)log_watcher_clear, METH_NOARGS,
+     "clear() -> bool: consume the eventfd's readiness; True if it was readable"},
+    {"close", (PyCFunction)log_watcher_close, METH_NOARGS,
+     "close(): stop and join the thread, close the eventfd (idempotent)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LogWatcherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmbus.shm._native.LogWatcher",
+    .tp_basicsize = sizeof(LogWatcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "LogWatcher(): a native thread that makes an eventfd readable when a publisher "
+              "commits a frame where a network sender waits, or a subscriber reads up to a "
+              "threshold (see _native.c).",
+    .tp_new = log_watcher_new,
+    .tp_init = (initproc)log_watcher_init,
+    .tp_dealloc = (destructor)log_watcher_dealloc,
+    .tp_methods = log_watcher_methods,
+};
+
+static PyMethodDef netbridge_batch_functions[] = {
+    {"receive_batch", native_receive_batch, METH_VARARGS,
+     "receive_batch(fd, slots, images) -> (received, in_order, rest): recvmmsg a batch, "
+     "inserting in-order DATA natively (see _native.c)"},
+    {"scan_datagrams", native_scan_datagrams, METH_VARARGS,
+     "scan_datagrams(log_buffer, term_length, position, limit, mtu, max_datagrams) -> "
+     "(position, spans, back_pressured, more): the sender's DATA datagrams as log spans"},
+    {"send_batch", native_send_batch, METH_VARARGS,
+     "send_batch(fd, buffer, spans, destination) -> int: sendmmsg spans of buffer"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ====================================================================================== */
 /* module                                                                                  */
 /* ====================================================================================== */
 
@@ -3391,7 +4150,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyType_Ready(&HeaderType) < 0 || PyType_Ready(&ImageCoreType) < 0 ||
         PyType_Ready(&SubscriptionCoreType) < 0 ||
         PyType_Ready(&HeartbeatType) < 0 || PyType_Ready(&AssemblerType) < 0 ||
-        PyType_Ready(&GroupMemberCoreType) < 0)
+        PyType_Ready(&GroupMemberCoreType) < 0 || PyType_Ready(&LogWatcherType) < 0)
         return NULL;
     release_str = PyUnicode_InternFromString("release");
     if (release_str == NULL)
@@ -3407,7 +4166,9 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddObjectRef(m, "Heartbeat", (PyObject *)&HeartbeatType) < 0 ||
         PyModule_AddObjectRef(m, "FragmentAssembler", (PyObject *)&AssemblerType) < 0 ||
         PyModule_AddObjectRef(m, "GroupMemberCore", (PyObject *)&GroupMemberCoreType) < 0 ||
-        PyModule_AddFunctions(m, netbridge_wire_functions) < 0) {
+        PyModule_AddObjectRef(m, "LogWatcher", (PyObject *)&LogWatcherType) < 0 ||
+        PyModule_AddFunctions(m, netbridge_wire_functions) < 0 ||
+        PyModule_AddFunctions(m, netbridge_batch_functions) < 0) {
         Py_DECREF(m);
         return NULL;
     }

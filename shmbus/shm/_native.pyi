@@ -295,3 +295,52 @@ def flow_control_advance(
 ) -> bool:
     """Driver only: cleans behind slowest; mode 0 raises the limit, 1 pulls it back, 2 only
     cleans. False when the metadata lock is held by a publisher (try again later)."""
+
+# -- netbridge datagram batches (netbridge process only) ---------------------------------------
+
+def receive_batch(
+    fd: int, slots: WritableBuffer,
+    images: tuple[tuple[AtomicBuffer, int, int, int, int, int, int], ...], /,
+) -> tuple[int, tuple[tuple[int, int, int, tuple[str, int] | None] | None, ...],
+           list[tuple[int, int, tuple[str, int] | None]]]:
+    """One non-blocking recvmmsg into 64 KiB slots: (received, in_order, rest). ``images``
+    are (log buffer, session id, stream id, term length, initial term id, position where its
+    highest data ends, limit its data may not pass). DATA that continues one of them exactly
+    at its position, valid and within its limit, is inserted into its log (readers woken);
+    in_order[i] is None or (position, datagrams, bytes, source of the latest). Every other
+    datagram is in ``rest`` as (slot offset, length, source), in order, and so is every later
+    one of the same image (after one that names no single image, every later one). OSError
+    for a bad descriptor."""
+
+def scan_datagrams(
+    log_buffer: AtomicBuffer, term_length: int, position: int, limit: int, mtu: int,
+    max_datagrams: int, /,
+) -> tuple[int, bytes, int, bool, bool]:
+    """The sender's DATA datagrams from position up to limit: (next position, spans packed as
+    little-endian int64 (buffer offset, length) pairs, their total bytes, back_pressured,
+    more)."""
+
+def send_batch(fd: int, buffer: AtomicBuffer, spans: Buffer, destination: tuple[str, int], /
+               ) -> int:
+    """sendmmsg of each (offset, length) span of buffer to a numeric IPv4 destination;
+    returns how many went (a full socket buffer ends the batch: loss)."""
+
+@final
+class LogWatcher:
+    """A native thread that makes ``fileno()`` readable once a frame is committed where a
+    sender waits or a subscriber reads up to a threshold; the netbridge polls it beside its
+    sockets."""
+
+    def __init__(self) -> None: ...
+    def arm(self, data: tuple[tuple[AtomicBuffer, int, int], ...],
+            progress: tuple[tuple[AtomicBuffer, int, AtomicBuffer, int, int], ...], /) -> None:
+        """Watch until a frame is committed at a data watch's (log buffer, term length,
+        position) or a progress watch's (log buffer, term length, counter buffer, offset,
+        threshold) counter reaches its threshold; replaces earlier watches; ready ones are
+        left out."""
+    def disarm(self, wait: bool = False, /) -> None:
+        """Stop watching; wait=True returns once the thread touches no watched log."""
+    def fileno(self) -> int: ...
+    def clear(self) -> bool:
+        """Consume the eventfd's readiness; True if it was readable."""
+    def close(self) -> None: ...

@@ -66,6 +66,9 @@ FC_RECEIVERS = 17
 #: a network publication's flow control: one receiver's position, from its status messages
 #: (shmbus's own: Aeron has no such counter)
 FC_RCV_POS = 19
+#: a network image's receiver window as its congestion control sets it, in bytes (shmbus's
+#: own: Aeron's cubic congestion control has rcv-cc-cubic-wnd, in MTUs, under type 10)
+RCV_CC_WINDOW = 20
 #: a subscription group on one log (shmbus's own): the claim position (everything before it
 #: was claimed by a member), one member's claim record, the claim the driver hands on from a
 #: member that left, the number of members, and the messages handed on that way
@@ -92,6 +95,7 @@ TYPE_NAMES: dict[int, str] = {
     SND_BPE: "snd-bpe",
     FC_RECEIVERS: "fc-receivers",
     FC_RCV_POS: "fc-rcv-pos",
+    RCV_CC_WINDOW: "rcv-cc-window",
     GROUP_POS: "grp-pos",
     GROUP_CLAIM: "grp-claim",
     GROUP_ORPHAN: "grp-orphan",

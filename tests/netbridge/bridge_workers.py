@@ -105,6 +105,40 @@ def subscribe(context: shmbus.Context, channel: str, stream_id: int, count: int,
     return summary
 
 
+def subscribe_sessions(context: shmbus.Context, channel: str, stream_id: int, count: int,
+                       timeout: float, ready) -> dict[int, dict[str, int]]:  # noqa: ANN001
+    """Receive until ``count`` messages in all, or timeout; check each one against its own
+    publisher's sequence (one per session); return a summary per session."""
+    summaries: dict[int, dict[str, int]] = {}
+    expected: dict[int, int] = {}
+    total = 0
+
+    def on_message(buffer: memoryview, header: shmbus.Header) -> None:
+        nonlocal total
+        summary = summaries.setdefault(
+            header.session_id, {"received": 0, "out_of_order": 0, "bad_checksum": 0})
+        data = bytes(buffer)
+        sequence = int.from_bytes(data[:8], "little")
+        crc = int.from_bytes(data[8:12], "little")
+        if zlib.crc32(data[12:]) != crc or data[12:] != message(sequence)[12:]:
+            summary["bad_checksum"] += 1
+        if sequence != expected.get(header.session_id, 0):
+            summary["out_of_order"] += 1
+        expected[header.session_id] = sequence + 1
+        summary["received"] += 1
+        total += 1
+
+    deadline = time.monotonic() + timeout
+    idle = shmbus.BackoffIdleStrategy()
+    with shmbus.connect(context) as bus:
+        subscription = bus.add_subscription(channel, stream_id)
+        ready.set()
+        assembler = shmbus.FragmentAssembler(on_message)
+        while total < count and time.monotonic() < deadline:
+            idle.idle(subscription.poll(assembler, 256))
+    return summaries
+
+
 def receive(context: shmbus.Context, channel: str, stream_id: int, count: int, timeout: float,
             ready, stop=None, sleep: float = 0.0,  # noqa: ANN001
             fragment_limit: int = 256, catch_up: bool = False) -> dict[str, int]:

@@ -38,7 +38,19 @@ def test_nothing_is_lost_without_rates() -> None:
     assert run(LossSpec()) == list(range(10_000))
 
 
-@pytest.mark.parametrize("text", ["drop=2", "drop=x", "lose=0.1", "direction=up", "drop"])
+def test_loss_applies_only_between_start_and_stop_after_the_first_datagram() -> None:
+    spec = LossSpec.parse("drop=1,start=2,stop=4.5")
+    assert spec == LossSpec(drop=1.0, start=2.0, stop=4.5)
+    loss = LossFilter(spec)
+    first = 7_000_000_000  # whenever the channel's first datagram goes
+    passed = [second for second in range(8)
+              if loss.send(first + second * 1_000_000_000, b"x", "d")]
+    assert passed == [0, 1, 5, 6, 7]
+    assert loss.dropped == 3
+
+
+@pytest.mark.parametrize("text", ["drop=2", "drop=x", "lose=0.1", "direction=up", "drop",
+                                  "start=3,stop=1", "start=-1"])
 def test_bad_specs_name_the_bad_part(text: str) -> None:
     with pytest.raises(LossSpecError, match="loss spec"):
         LossSpec.parse(text)

@@ -6,6 +6,7 @@ Also home of :class:`ImageHost`, the image factory the other netbridge tests sha
 
 from __future__ import annotations
 
+import math
 import mmap
 import shutil
 import struct
@@ -453,6 +454,58 @@ def test_rtt_is_measured_at_the_interval_and_taken_from_the_echo(host: ImageHost
     assert image.rtt_measurements == 2
 
 
+def test_cubic_backs_off_on_a_gap_grows_back_and_keeps_data_sent_under_a_larger_window(
+    host: ImageHost,
+) -> None:
+    receiver = make_receiver(host, congestion_control="cubic", rttm_interval_ns=1000 * MS)
+    receiver.on_datagram(0, setup(0), SENDER)
+    (sm,) = sms(receiver.poll(0))
+    assert sm.receiver_window == 10 * MTU  # cubic's first window (wire facts 3.4)
+    image = receiver.images[(SESSION, STREAM)]
+    assert (image.window, image.max_window) == (10 * MTU, WINDOW)
+    assert image.congestion_control.name == "cubic"
+    # below its largest window, the image wants a poll at least every update interval
+    assert receiver.poll(0).next_deadline_ns == 1 * MS
+
+    # 128 bytes go missing: NAKed, and the window drops to 8 MTUs in a status message at once
+    receiver.on_datagram(1 * MS, data(0, payload(1)), SENDER)
+    receiver.on_datagram(1 * MS, data(256, payload(3)), SENDER)
+    result = receiver.poll(1 * MS)
+    assert [type(e) for e in result.events] == [LossDetected] and len(naks(result)) == 1
+    (sm,) = sms(result)
+    assert sm.receiver_window == image.window == 8 * MTU
+    # more gaps in the same round trip are the same congestion event
+    receiver.on_datagram(1 * MS, data(512, payload(5)), SENDER)
+    result = receiver.poll(1 * MS)
+    assert len(result.events) == 1 and sms(result) == [] and image.window == 8 * MTU
+    # data the sender sent before it heard of the smaller window still fits the log: kept
+    receiver.on_datagram(1 * MS, data(10 * MTU - 128, payload(9)), SENDER)
+    assert image.overruns == 0 and image.rcv_hwm == 10 * MTU
+    assert len(receiver.poll(1 * MS).events) == 1  # one more gap, the same event
+    assert image.congestion_control.congestion_events == 1 and image.window == 8 * MTU
+    # the retransmits fill every gap
+    for position in (128, 384, *range(640, 10 * MTU - 128, 128)):
+        receiver.on_datagram(2 * MS, data(position, payload(position // 128)), SENDER)
+    assert image.rcv_pos == 10 * MTU
+
+    # a measured round trip sets the pace of growth
+    receiver.on_datagram(999 * MS, beat(10 * MTU), SENDER)
+    ((request, _),) = rttms(receiver.poll(1000 * MS))
+    receiver.on_datagram(1002 * MS, echo_of(request), SENDER)
+    assert image.congestion_control.rtt_ns == 2 * MS  # type: ignore[attr-defined]
+    # without further loss it is back at 10 MTUs K = cbrt(10 * 0.2 / 0.4) s after the loss,
+    # and each change is advertised at once
+    k_ns = int(math.cbrt(10 * 0.2 / 0.4) * 1e9)
+    changes = []
+    for now in range(1003 * MS, 1800 * MS, 2 * MS):
+        receiver.on_datagram(now, beat(10 * MTU), SENDER)
+        changes += [(now, sm.receiver_window) for sm in sms(receiver.poll(now))
+                    if not changes or sm.receiver_window != changes[-1][1]]
+    assert [window for _, window in changes] == [9 * MTU, 10 * MTU]  # 9 after 0.35 s
+    assert 1 * MS + k_ns <= changes[-1][0] <= 1 * MS + k_ns + 4 * MS
+    assert image.congestion_control.congestion_events == 1
+
+
 def test_rtt_echoes_for_another_receiver_or_session_are_ignored(host: ImageHost) -> None:
     receiver = joined(host, rttm_interval_ns=100 * MS)
     image = receiver.images[(SESSION, STREAM)]
@@ -732,3 +785,20 @@ def test_an_image_the_sender_left_behind_past_its_window_is_lost(host: ImageHost
     (event,) = events
     assert isinstance(event, ImageUnavailable) and event.reason == "lost"
     assert receiver.images == {}
+
+
+def test_sm_due_position_is_where_the_subscribers_progress_makes_a_status_message_due(
+        host: ImageHost) -> None:
+    receiver = joined(host)
+    image = receiver.images[(SESSION, STREAM)]
+    for i in range(16):  # 16 KiB in the log
+        receiver.on_datagram(MS, data(i * 1024, *(payload(i) for _ in range(8))), SENDER)
+    receiver.poll(MS)
+    due = image.sm_due_position
+    assert due == WINDOW // 4 + 1  # a quarter window past the last status message
+    counter = Position(host._positions, 64)
+    counter.set(due - 1 & ~31)  # just short of it: nothing
+    assert sms(receiver.poll(2 * MS)) == []
+    counter.set(due + 31 & ~31)  # reached: a status message at once
+    (sm,) = sms(receiver.poll(3 * MS))
+    assert sm.consumption_term_offset == due + 31 & ~31

@@ -68,6 +68,7 @@ def test_late_subscriber_starts_at_the_current_position(bus_context, driver) -> 
     ("aeron:ipcx", 1, "unknown media 'ipcx'"),
     ("aeron:ipc?endpoint=a:1", 1, "endpoint is not a parameter of ipc"),
     ("aeron:ipc", 0, "stream id 0"),
+    ("aeron:udp?endpoint=127.0.0.1:40999|cc=reno", 1, "cc='reno' is not a congestion control"),
     ("nonsense", 1, "must start with 'aeron:'"),
 ])
 def test_bad_channels_are_refused_with_the_reason(bus_context, driver, channel, stream_id,

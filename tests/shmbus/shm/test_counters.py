@@ -28,6 +28,7 @@ from shmbus.shm.counters import (
     OWNER_ID_OFFSET,
     PUB_LIMIT,
     PUB_POS,
+    RCV_CC_WINDOW,
     RCV_HWM,
     RCV_POS,
     RECORD_ALLOCATED,
@@ -92,16 +93,17 @@ def test_layout_offsets() -> None:
 def test_type_ids_are_aerons_and_named() -> None:
     assert (SYSTEM, PUB_LIMIT, SND_POS, RCV_HWM, SUB_POS, RCV_POS) == (0, 1, 2, 3, 4, 5)
     assert (SND_LMT, CLIENT_HEARTBEAT, PUB_POS, SND_BPE, FC_RECEIVERS) == (9, 11, 12, 13, 17)
-    assert FC_RCV_POS == 19  # shmbus's own
+    assert (FC_RCV_POS, RCV_CC_WINDOW) == (19, 20)  # shmbus's own
     assert type_name(PUB_LIMIT) == "pub-lmt"
     assert type_name(SND_BPE) == "snd-bpe"
     assert type_name(FC_RCV_POS) == "fc-rcv-pos"
+    assert type_name(RCV_CC_WINDOW) == "rcv-cc-window"
     assert type_name(99) == "type-99"
     # subscription groups (shmbus's own)
     assert (GROUP_POS, GROUP_CLAIM, GROUP_ORPHAN, GROUP_MEMBERS, GROUP_REDELIVERED) == (
         30, 31, 32, 33, 34)
     assert type_name(GROUP_CLAIM) == "grp-claim"
-    assert len(set(TYPE_NAMES.values())) == len(TYPE_NAMES) == 17
+    assert len(set(TYPE_NAMES.values())) == len(TYPE_NAMES) == 18
 
 
 def test_should_allocate_counters_from_zero(manager: CountersManager) -> None:

@@ -1,0 +1,97 @@
+"""Datagram I/O in batches, for the netbridge process: one recvmmsg per socket and duty cycle,
+one sendmmsg per batch of DATA (shmbus.shm._native: receive_batch, send_batch).
+
+Receiving: DATA that continues one of a receiver's images exactly at its high-water mark
+(:meth:`netbridge.receiver.NetworkReceiver.in_order_images`) is validated and copied into the
+image log natively, and the image is told the result once per batch. From the first datagram
+of an image that is anything else (loss, a retransmit, a heartbeat, a SETUP, data past the
+window) every later datagram of that image in the batch goes to the sans-IO state machine, in
+the order it came; after a datagram that concerns no single image, every later one does. An
+image's state depends only on its own datagrams, so the protocol rules end up exactly where one
+datagram at a time takes them. With an incoming loss filter every datagram goes through it and
+then to the state machine.
+
+Sending: a :class:`netbridge.sender.DataBatch` goes out with one sendmmsg straight from the log
+(or, through an outgoing loss filter, datagram by datagram); other datagrams with sendto. A
+full socket buffer is loss, recovered by NAK as any other.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Sequence
+from typing import cast
+
+from netbridge.loss_filter import LossFilter
+from netbridge.receiver import NetworkReceiver
+from netbridge.sender import DataBatch
+from shmbus.shm import _native
+
+#: datagrams taken per receive (one recvmmsg), each into a slot of 64 KiB
+RECEIVE_BATCH = 64
+_SLOT = 65536
+
+
+class DatagramIO:
+    """The receive slots of one netbridge and its send and receive calls (one thread)."""
+
+    def __init__(self) -> None:
+        self._slots = bytearray(RECEIVE_BATCH * _SLOT)
+        self._view = memoryview(self._slots)
+
+    def receive(self, sock: socket.socket, now: int,
+                handle: Callable[[memoryview, object], None],
+                receiver: NetworkReceiver | None = None, loss: LossFilter | None = None) -> int:
+        """Take up to RECEIVE_BATCH datagrams from ``sock``; returns how many came. In-order
+        data of ``receiver``'s images is placed natively (without a loss filter); every other
+        datagram is handed to ``handle`` with its source, in order, as a memoryview valid only
+        until ``handle`` returns (through ``loss`` first when given)."""
+        images = receiver.in_order_images() if receiver is not None and loss is None else []
+        received, in_order, rest = _native.receive_batch(sock.fileno(), self._slots, tuple(
+            (image.log.buffer, image.session_id, image.stream_id, image.term_length,
+             image.initial_term_id, image.rcv_hwm, image.window_limit) for image in images))
+        for image, result in zip(images, in_order, strict=True):
+            if result is not None:
+                image.on_in_order_data(now, *result)
+        view = self._view
+        for offset, size, source in rest:
+            if loss is None:
+                handle(view[offset:offset + size], source)
+            else:
+                for data, address in loss.send(now, view[offset:offset + size], source):
+                    handle(memoryview(data), address)
+        if rest and receiver is not None:
+            for image in receiver.images.values():  # readers of data the receiver placed
+                _native.wake_log_readers(image.log.buffer)
+        return received
+
+    @staticmethod
+    def send(sock: socket.socket, datagrams: Sequence[tuple[bytes | memoryview | DataBatch,
+                                                            object]],
+             now: int, loss: LossFilter | None = None) -> int:
+        """Send each (datagram or DataBatch, destination); returns how many entries."""
+        for data, destination in datagrams:
+            if isinstance(data, DataBatch):
+                if loss is None:
+                    _native.send_batch(sock.fileno(), data.buffer, data.spans,
+                                       cast("tuple[str, int]", destination))
+                    continue
+                each: Sequence[bytes | memoryview] = data.datagrams()
+            else:
+                each = (data,)
+            for datagram in each:
+                if loss is None:
+                    send_to(sock, datagram, destination)
+                else:
+                    for out, address in loss.send(now, datagram, destination):
+                        send_to(sock, out, address)
+        return len(datagrams)
+
+
+def send_to(sock: socket.socket, data: bytes | memoryview, destination: object) -> None:
+    """sendto that treats a full socket buffer and an unreachable peer as loss (the receiver
+    NAKs it; status messages say who is there)."""
+    try:
+        sock.sendto(data, destination)  # type: ignore[call-overload]
+    except OSError:
+        pass

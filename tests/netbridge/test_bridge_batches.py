@@ -1,0 +1,115 @@
+"""The bridges' batch path end to end: two buses joined over loopback UDP by their netbridges
+(real drivers, bridges and processes), streams checked message by message per publisher; and
+an idle netbridge sleeps."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import psutil
+import pytest
+
+import shmbus
+from tests.conftest import stop_driver
+from tests.netbridge import bridge_workers
+from tests.netbridge.test_end_to_end import bus_pair, free_udp_port
+from tests.netbridge.test_endpoint_ownership import bridge_pid
+
+PER_PUBLISHER = 100_000
+
+
+@pytest.mark.parametrize("loss", ["", "drop=0.05,dup=0.05,reorder=0.05,seed=5"],
+                         ids=["clean", "5%-loss-dup-reorder"])
+def test_two_publishers_stream_200k_messages_exactly_through_the_batch_path(
+        shm_dir, loss: str) -> None:
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, loss)
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    spawn = mp.get_context("spawn")
+    try:
+        with spawn.Pool(3) as pool:
+            ready = spawn.Manager().Event()
+            sub = pool.apply_async(bridge_workers.subscribe_sessions,
+                                   (ctx_b, channel, 7, 2 * PER_PUBLISHER, 150, ready))
+            assert ready.wait(30)
+            pubs = [pool.apply_async(bridge_workers.publish,
+                                     (ctx_a, channel, 7, PER_PUBLISHER, 150))
+                    for _ in range(2)]
+            summaries = sub.get(170)
+            assert [pub.get(170) for pub in pubs] == [PER_PUBLISHER] * 2
+        assert len(summaries) == 2, summaries  # two sessions, each exact
+        for summary in summaries.values():
+            assert summary == {"received": PER_PUBLISHER, "out_of_order": 0, "bad_checksum": 0}
+        sent = bridge_workers.channel_stats(ctx_a)
+        received = bridge_workers.channel_stats(ctx_b)
+        in_order, datagrams = received["datagrams in order"], received["datagrams received"]
+        if loss:  # between losses data takes the native path, around them the state machine's
+            assert received["gaps"] > 0 and received["naks sent"] > 0
+            assert sent["retransmits"] > 0
+            assert 0 < in_order < datagrams
+        else:  # most data takes the native path
+            assert in_order > datagrams // 2, (received, sent)
+    finally:
+        for driver in drivers:
+            stop_driver(driver)
+
+
+def test_an_idle_bridge_sleeps(shm_dir) -> None:
+    """With a stream connected but nothing published, each netbridge only runs its timers
+    (status messages, heartbeats, driver events): a correctness check that nothing spins."""
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir)
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    try:
+        with shmbus.connect(ctx_a) as bus_a, shmbus.connect(ctx_b) as bus_b:
+            subscription = bus_b.add_subscription(channel, 3)
+            publication = bus_a.add_publication(channel, 3)
+            deadline = time.monotonic() + 30
+            got: list[bytes] = []
+            published = False
+            while not got:
+                assert time.monotonic() < deadline, "the stream never connected"
+                published = published or publication.offer(b"hello") > 0
+                subscription.poll(lambda buffer, _header: got.append(bytes(buffer)), 10)
+                time.sleep(0.01)
+            assert got == [b"hello"]
+            bridges = [psutil.Process(bridge_pid(driver)) for driver in drivers]
+            before = [sum(bridge.cpu_times()[:2]) for bridge in bridges]
+            time.sleep(2)
+            used = [sum(bridge.cpu_times()[:2]) - b for bridge, b in zip(bridges, before,
+                                                                           strict=True)]
+            assert all(u < 0.2 for u in used), used
+            assert publication.is_connected  # and the stream is still up
+    finally:
+        for driver in drivers:
+            stop_driver(driver)
+
+
+def test_bridges_let_logs_they_sleep_on_go_and_serve_the_next_stream(shm_dir) -> None:
+    """Each bridge's log watcher sleeps on the logs of its senders and images; when a stream
+    ends and its logs are closed the bridges go on (same processes) and carry the next one."""
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir)
+    pids: list[int] = []
+    try:
+        with shmbus.connect(ctx_a) as bus_a, shmbus.connect(ctx_b) as bus_b:
+            for stream in range(1, 4):
+                channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+                subscription = bus_b.add_subscription(channel, stream)
+                publication = bus_a.add_exclusive_publication(channel, stream)
+                got: list[int] = []
+                sent = 0
+                deadline = time.monotonic() + 30
+                while len(got) < 2000:
+                    assert time.monotonic() < deadline, f"stream {stream}: {len(got)} arrived"
+                    if sent < 2000 and publication.offer(sent.to_bytes(4, "little")) > 0:
+                        sent += 1
+                    subscription.poll(lambda buffer, _header, into=got: into.append(
+                        int.from_bytes(buffer, "little")), 256)
+                assert got == list(range(2000))
+                pids = pids or [bridge_pid(driver) for driver in drivers]
+                publication.close()
+                subscription.close()
+                time.sleep(0.5)  # the image ends, its log is closed; the sender lingers
+        assert [bridge_pid(driver) for driver in drivers] == pids
+    finally:
+        for driver in drivers:
+            stop_driver(driver)
