@@ -23,8 +23,14 @@ KNOWN_PARAMS = frozenset({
     "untethered-resting-timeout",
 })
 _BOOLEAN_PARAMS = ("tether", "ssc", "reliable", "sparse", "eos", "group", "rejoin")
-_INT_PARAMS = ("ttl", "mtu", "term-length", "session-id", "rcv-wnd", "so-sndbuf", "so-rcvbuf",
-               "gtag", "init-term-id", "term-id", "term-offset")
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+#: The integer parameters and their ranges (None: mtu and term-length have rules of their own)
+_INT_RANGES: dict[str, tuple[int, int] | None] = {
+    "ttl": (0, 255), "mtu": None, "term-length": None, "session-id": _INT32,
+    "rcv-wnd": (1, _INT32[1]), "so-sndbuf": (0, _INT32[1]), "so-rcvbuf": (0, _INT32[1]),
+    "gtag": _INT64, "init-term-id": _INT32, "term-id": _INT32, "term-offset": (0, _INT32[1]),
+}
 
 
 class ChannelUriError(ValueError):
@@ -78,14 +84,17 @@ class ChannelUri:
             if key in self.params and self.params[key] not in ("true", "false"):
                 raise ChannelUriError(
                     f"channel {uri!r}: {key}={self.params[key]!r} must be true or false")
-        for key in _INT_PARAMS:
+        for key, limits in _INT_RANGES.items():
             if key in self.params:
                 try:
-                    self.int_param(key)
+                    value = self.int_param(key)
                 except ValueError:
                     raise ChannelUriError(
                         f"channel {uri!r}: {key}={self.params[key]!r} is not an integer"
                     ) from None
+                if limits is not None and not limits[0] <= value <= limits[1]:
+                    raise ChannelUriError(f"channel {uri!r}: {key}={self.params[key]} is "
+                                          f"outside {limits[0]}..{limits[1]}")
         try:
             if "term-length" in self.params:
                 check_term_length(self.int_param("term-length"))
@@ -95,8 +104,6 @@ class ChannelUri:
                           else 1 << 30)
         except LogBufferError as e:
             raise ChannelUriError(f"channel {uri!r}: {e}") from None
-        if "session-id" in self.params and not -(2**31) <= self.int_param("session-id") < 2**31:
-            raise ChannelUriError(f"channel {uri!r}: session-id is not a 32-bit integer")
         if self.media == "udp":
             if "endpoint" not in self.params and "control" not in self.params:
                 raise ChannelUriError(f"channel {uri!r}: udp needs an endpoint or a control")

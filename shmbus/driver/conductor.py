@@ -3,25 +3,23 @@ flow control, tethering, unblocking, client liveness and end of life.
 
 The conductor owns the counters, the log files and the broadcast to clients. It is driven by
 ``do_work(now_ms)`` from the driver's loop (the clock is an argument, so tests drive it), and
-never blocks.
+never blocks, except to resolve the host names of a udp channel being added.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from shmbus.channel_uri import ChannelUri, ChannelUriError
 from shmbus.context import Context
 from shmbus.driver import control_protocol as cp
+from shmbus.driver.channel_addresses import check_addresses
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.driver.ipc_publication import (
     ImageEvent,
@@ -307,6 +305,7 @@ class DriverConductor:
         if destination.is_ipc or "endpoint" not in destination.params:
             raise CommandError(cp.INVALID_CHANNEL, f"destination {command.destination!r} "
                                f"needs aeron:udp?endpoint=host:port")
+        check_addresses(destination, command.destination)
         added = not isinstance(command, cp.RemoveDestination)
         endpoint = destination.params["endpoint"]
         known = self._destinations.setdefault(publication.registration_id, [])
@@ -419,17 +418,11 @@ class DriverConductor:
 
     def _parse_channel(self, channel: str, stream_id: int) -> ChannelUri:
         uri = ChannelUri.parse(channel)
-        if "interface" in uri.params:
-            host = uri.params["interface"].partition(":")[0]
-            local = {a.address for addresses in psutil.net_if_addrs().values()
-                     for a in addresses if a.family == socket.AF_INET}
-            if host not in local and host != "0.0.0.0":
-                raise CommandError(cp.INVALID_CHANNEL,
-                                   f"channel {channel!r}: interface {host} is not an address "
-                                   f"of this host ({', '.join(sorted(local))})")
-        if not -(2**31) <= stream_id < 2**31 or stream_id == 0:
+        check_addresses(uri, channel)
+        if stream_id == 0:  # the wire format holds any other 32-bit signed integer
             raise CommandError(cp.INVALID_CHANNEL,
-                               f"stream id {stream_id} must be a non-zero 32-bit integer")
+                               "stream_id 0 is reserved: a stream id is a non-zero 32-bit "
+                               "signed integer")
         return uri
 
     def _find_concurrent(self, uri: ChannelUri, stream_id: int) -> IpcPublication | None:
