@@ -50,7 +50,7 @@ from shmbus.shm.counters import (
 from shmbus.shm.error_log import DistinctErrorLog
 from shmbus.shm.log_buffer import LogBuffer, LogBufferError
 from shmbus.shm.position import Position
-from shmbus.shm.ring_buffer import ManyToOneRingBuffer
+from shmbus.shm.ring_buffer import ManyToOneRingBuffer, RingBufferCorruptError
 
 LOGS_DIR = "logs"
 #: ``python -c BRIDGE_COMMAND '<context as JSON>'``: how the driver starts a netbridge.
@@ -136,6 +136,9 @@ class DriverConductor:
         self._bridge_process: subprocess.Popen[bytes] | None = None
         self._bridge_started_ms = 0
         self._next_timer_ms = 0
+        #: where the command ring's head stood, and since when (for unblocking a dead claim)
+        self._command_head = 0
+        self._command_head_since_ms = 0
         self._last_client_ms = counters.clock()
         self._random = random.Random()
 
@@ -143,7 +146,12 @@ class DriverConductor:
 
     def do_work(self, now_ms: int) -> int:
         """One duty cycle: commands, limits, and (every timer interval) timers. Returns work."""
-        work = self.to_driver.read(self._on_command, 50)
+        try:
+            work = self.to_driver.read(self._on_command, 50)
+        except RingBufferCorruptError as e:  # a client scribbled on the records: skipped
+            self._add(SystemCounter.ERRORS, 1)
+            self.error_log.record(f"to-driver ring buffer: {e}")
+            work = 1
         published = 0
         for publication in self.publications:
             published += publication.update_limit()
@@ -212,6 +220,13 @@ class DriverConductor:
         except Exception as e:  # a bug must not take the driver down: record it, go on
             self._error(correlation_id, cp.GENERIC_ERROR, f"{type(e).__name__}: {e}", e)
 
+    def _check_owns_publication(self, client_id: int, registration_id: int) -> None:
+        """A client changes only the publications it added (a wrong id from a buggy client
+        must not close another client's)."""
+        if registration_id not in self.clients[client_id].publications:
+            raise CommandError(cp.UNKNOWN_PUBLICATION, f"unknown publication {registration_id} "
+                                                       f"(not one client {client_id} added)")
+
     def _touch_client(self, client_id: int) -> None:
         if client_id not in self.clients:
             raise CommandError(cp.GENERIC_ERROR,
@@ -248,6 +263,7 @@ class DriverConductor:
                          publication.log_file))
 
     def _on_remove_publication(self, command: cp.RemovePublication) -> None:
+        self._check_owns_publication(command.client_id, command.registration_id)
         publication = self._owner_index.pop(command.registration_id, None)
         if publication is None or not self._remove_owner(publication, command.registration_id):
             raise CommandError(cp.UNKNOWN_PUBLICATION,
@@ -282,9 +298,10 @@ class DriverConductor:
                 self._link(publication, link)
 
     def _on_remove_subscription(self, command: cp.RemoveSubscription) -> None:
-        if command.registration_id not in self.subscriptions:
+        if command.registration_id not in self.clients[command.client_id].subscriptions:
             raise CommandError(cp.UNKNOWN_SUBSCRIPTION,
-                               f"unknown subscription {command.registration_id}")
+                               f"unknown subscription {command.registration_id} (not one "
+                               f"client {command.client_id} added)")
         self._remove_subscription(command.registration_id)
         self.clients[command.client_id].subscriptions.discard(command.registration_id)
         self._send(cp.OnOperationSuccess(command.correlation_id))
@@ -293,6 +310,7 @@ class DriverConductor:
         self._remove_client(command.client_id)
 
     def _on_destination(self, command: cp.AddDestination) -> None:
+        self._check_owns_publication(command.client_id, command.registration_id)
         publication = self._owner_index.get(command.registration_id)
         if not isinstance(publication, NetworkPublication):
             raise CommandError(cp.UNKNOWN_PUBLICATION,
@@ -662,8 +680,13 @@ class DriverConductor:
                 self._send(cp.OnClientTimeout(client.client_id))
                 self._remove_client(client.client_id)
                 work += 1
-        if self.to_driver.unblock():
+        head = self.to_driver.consumer_position()
+        if head != self._command_head or self.to_driver.size() == 0:
+            self._command_head, self._command_head_since_ms = head, now_ms
+        elif now_ms - self._command_head_since_ms > timeout_ms and self.to_driver.unblock():
+            # a client died between claiming and committing a command: pass its record
             self._add(SystemCounter.UNBLOCKED_COMMANDS, 1)
+            work += 1
         return work
 
     def _remove_client(self, client_id: int) -> None:
