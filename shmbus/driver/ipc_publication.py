@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.driver.log_unblocker import unblock
-from shmbus.shm.log_buffer import LogBuffer
+from shmbus.shm.log_buffer import PARTITION_COUNT, LogBuffer
 from shmbus.shm.position import Position
 
 
@@ -92,6 +92,8 @@ class IpcPublication:
     subscribers: dict[int, SubscriberLink] = field(default_factory=dict)
     state: PublicationState = PublicationState.ACTIVE
     time_of_state_change_ms: int = 0
+    #: what pub-pos was last set to (the counter itself is shared memory anyone can scribble on)
+    _published_position: int = 0
     _last_consumer_position: int = 0
     _time_of_consumer_move_ms: int = 0
 
@@ -104,9 +106,17 @@ class IpcPublication:
         """Where a subscriber that joins now starts: the current producer position."""
         return self.producer_position()
 
+    def _subscriber_position(self, link: SubscriberLink) -> int:
+        """A subscriber's position, held between the producer position and a log length
+        behind it: the subscriber writes its counter, and a position outside these bounds
+        (a buggy client's scribble) must not send cleaning or the limit off to it."""
+        producer = self.producer_position()
+        floor = producer - PARTITION_COUNT * self.log.term_length
+        return min(max(link.position.get(), floor), producer)
+
     def _flow_positions(self) -> list[int]:
         """The consumer positions that hold the publisher back."""
-        return [s.position.get() for s in self.subscribers.values()
+        return [self._subscriber_position(s) for s in self.subscribers.values()
                 if s.state is not LinkState.RESTING]
 
     def _update_connected(self, positions: list[int]) -> None:
@@ -115,7 +125,7 @@ class IpcPublication:
             self.log.is_connected = connected
 
     def _is_drained(self, end: int) -> bool:
-        return all(s.position.get() >= end for s in self.subscribers.values()
+        return all(self._subscriber_position(s) >= end for s in self.subscribers.values()
                    if s.state is not LinkState.RESTING)
 
     def update_limit(self) -> int:
@@ -124,8 +134,9 @@ class IpcPublication:
         Returns how many bytes were published since the last call (0: nothing happened).
         """
         producer = self.producer_position()
-        published = producer - self.pub_pos.get()
+        published = producer - self._published_position
         if published:
+            self._published_position = producer
             self.pub_pos.set(producer)
         positions = self._flow_positions()
         if self.state is PublicationState.ACTIVE:
@@ -153,12 +164,12 @@ class IpcPublication:
         if not untethered:
             return events
         window = self.flow.window
-        consumer = max((s.position.get() for s in self.subscribers.values()
+        consumer = max((self._subscriber_position(s) for s in self.subscribers.values()
                         if s.state is not LinkState.RESTING), default=self.producer_position())
         window_floor = consumer - window + window // 8
         for link in untethered:
             if link.state is LinkState.ACTIVE:
-                if link.position.get() > window_floor:
+                if self._subscriber_position(link) > window_floor:
                     link.time_of_last_change_ms = now_ms
                 elif now_ms - link.time_of_last_change_ms > timeouts.window_limit_ms:
                     link.state = LinkState.LINGER
