@@ -1,11 +1,11 @@
-# make test: build everything from nothing and run the whole suite.
+# make test: build everything from nothing, type-check, and run the whole suite.
 # make demo: build, then run the main job.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench lint clean system-deps
+.PHONY: test typecheck demo bench lint clean system-deps
 
 # Tools the tests use beyond pip, installed when missing (CI runs as root on Debian).
 system-deps:
@@ -25,7 +25,10 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py shmbus/shm/_native.c
 
 install: $(STAMP)
 
-test: $(STAMP) system-deps
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: typecheck system-deps
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)
@@ -34,7 +37,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python tools/bench.py
 
-lint: $(STAMP)
+lint: typecheck
 	$(BIN)/ruff check shmbus netbridge tests tools examples
 
 clean:

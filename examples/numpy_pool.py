@@ -2,8 +2,9 @@
 
 The parent publishes work items (a 2-D float64 array each) on one stream; every worker
 subscribes, takes the items whose index matches its slot, and publishes the row sums back on a
-second stream as numpy records. Workers connect with the parent's picklable Context, so they
-find the same bus (and its embedded driver).
+second stream as numpy records, each worker with a publication (session) of its own. Workers
+connect with the parent's picklable Context, so they find the same bus (and its embedded
+driver).
 
     .venv/bin/python examples/numpy_pool.py
 """
@@ -28,7 +29,13 @@ def worker(context: shmbus.Context, slot: int) -> int:
     done = 0
     with shmbus.connect(context) as bus:
         work = bus.add_subscription("aeron:ipc", WORK)
-        results = bus.add_publication("aeron:ipc", RESULTS)
+        deadline = time.monotonic() + 60
+        while not work.is_connected and time.monotonic() < deadline:
+            work.poll(lambda buffer, header: None, 1)  # nothing is published yet
+            time.sleep(0.001)
+        # the parent starts publishing once it sees this session: by then this worker's image
+        # of the work stream is there, and it sees every item
+        results = bus.add_exclusive_publication("aeron:ipc", RESULTS)
 
         def on_item(buffer: memoryview, header: shmbus.Header) -> None:
             nonlocal done
@@ -44,7 +51,6 @@ def worker(context: shmbus.Context, slot: int) -> int:
 
         assembler = shmbus.FragmentAssembler(on_item)
         idle = shmbus.BackoffIdleStrategy()
-        deadline = time.monotonic() + 60
         while done < ITEMS // WORKERS + (slot < ITEMS % WORKERS) and time.monotonic() < deadline:
             idle.idle(work.poll(assembler, 16))
     return done
@@ -58,18 +64,19 @@ def main() -> None:
         results = bus.add_subscription("aeron:ipc", RESULTS)
         with mp.get_context("spawn").Pool(WORKERS) as pool:
             jobs = [pool.apply_async(worker, (bus.context, slot)) for slot in range(WORKERS)]
-            deadline = time.monotonic() + 30
-            while _subscribers(bus, WORK) < WORKERS:  # every worker sees every item
-                if time.monotonic() > deadline:
-                    raise SystemExit("workers did not subscribe")
-                time.sleep(0.01)
-            for index, matrix in enumerate(items):
-                work.publish(matrix, timeout=10, reserved_value=index)
             sums: dict[int, np.ndarray] = {}
             # the buffer is only valid during the call: copy what is kept
             batches = shmbus.FragmentAssembler(
                 lambda b, h: sums.update({int(r["item"]): r["sums"].copy()
                                           for r in np.frombuffer(b, RESULT)}))
+            deadline = time.monotonic() + 30
+            while len(results.images) < WORKERS:  # every worker is ready for every item
+                if time.monotonic() > deadline:
+                    raise SystemExit("workers did not subscribe")
+                results.poll(batches, 64)
+                time.sleep(0.01)
+            for index, matrix in enumerate(items):
+                work.publish(matrix, timeout=10, reserved_value=index)
             while len(sums) < ITEMS and time.monotonic() < deadline + 30:
                 if not results.poll(batches, 64):
                     time.sleep(0.001)
@@ -78,13 +85,6 @@ def main() -> None:
     print(f"{ITEMS} matrices of {SHAPE} float64 to {WORKERS} workers {counts}: "
           f"{len(sums)} results, {wrong} wrong")
     raise SystemExit(0 if len(sums) == ITEMS and not wrong else 1)
-
-
-def _subscribers(bus: shmbus.Client, stream_id: int) -> int:
-    from shmbus.shm.counters import SUB_POS
-
-    return sum(1 for c in bus.counters.counters()
-               if c.type_id == SUB_POS and f" {stream_id} aeron:ipc" in c.label)
 
 
 if __name__ == "__main__":

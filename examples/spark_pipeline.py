@@ -76,9 +76,7 @@ def tick_worker(context: shmbus.Context, index: int, rate: float, stop) -> None:
 
 
 def recorder_process(context: shmbus.Context, directory: str, stop) -> None:
-    from shmbus.archive.recorder import Recorder
-
-    with Recorder(directory, "aeron:ipc", TICKS_STREAM, context=context) as recorder:
+    with shmbus.Recorder(directory, "aeron:ipc", TICKS_STREAM, context=context) as recorder:
         recorder.run(stop=stop)
 
 

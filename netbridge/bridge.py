@@ -13,6 +13,7 @@ channel appears.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import select
 import signal
@@ -20,8 +21,9 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from netbridge.destinations import DestinationTracker
 from netbridge.flow_control import strategy_for
@@ -197,7 +199,7 @@ class Bridge:
     def __init__(self, context: Context) -> None:
         self.context = context.with_(embedded_driver=False)
         self._loss_spec = LossSpec.parse(context.netbridge_loss)
-        self.send_channels: dict[tuple[str, int], SendChannel] = {}
+        self.send_channels: dict[tuple[str, ...], SendChannel] = {}
         self.receive_channels: dict[str, ReceiveChannel] = {}
         self._images_by_id: dict[int, ReceivedImage] = {}
         self._stopped = False
@@ -236,9 +238,10 @@ class Bridge:
                     if sender.registration_id == message.registration_id:
                         sender.sender.close(message.end_position)
         elif isinstance(message, cp.OnReceiveChannelClosed):  # before its base class
-            channel = self.receive_channels.get(message.channel)
-            if channel is not None:
-                channel.receiver.remove_subscription(message.stream_id, time.monotonic_ns())
+            receive_channel = self.receive_channels.get(message.channel)
+            if receive_channel is not None:
+                receive_channel.receiver.remove_subscription(message.stream_id,
+                                                             time.monotonic_ns())
         elif isinstance(message, cp.OnReceiveChannel):
             self._receive_channel(message.channel).receiver.add_subscription(message.stream_id)
         elif isinstance(message, cp.OnDestination):
@@ -293,7 +296,7 @@ class Bridge:
         log = LogBuffer.open(self.client.directory / event.log_file)
         snd_pos = self._counter(event.snd_pos_counter_id)
         transport = channel.transport
-        destinations = list(transport.destinations)
+        destinations: list[object] = list(transport.destinations)
         if channel.tracker is not None:
             destinations += channel.tracker.destinations
         sender = NetworkSender(
@@ -346,7 +349,7 @@ class Bridge:
 
     def _create_image(self, channel: ReceiveChannel, request: ImageRequest
                       ) -> ImageResources | None:
-        host, port = request.source  # type: ignore[misc]
+        host, port = cast("tuple[str, int]", request.source)
         try:
             ready = self._request(cp.CreateImage(
                 self.client.client_id, self._correlation(), request.session_id,
@@ -407,14 +410,15 @@ class Bridge:
             except OSError as e:  # e.g. an endpoint another process holds: report, go on
                 print(f"netbridge: {type(event).__name__}: {e}", file=sys.stderr)
         deadline = now + 1_000_000
+        channel: ReceiveChannel | SendChannel  # each loop below narrows it
         for channel in list(self.receive_channels.values()):
             receiver = channel.receiver
             work += self._receive(channel.sock, channel.loss_in, now,
-                                  lambda data, source, r=receiver:
-                                  r.on_datagram(now, data, source))
+                                  functools.partial(receiver.on_datagram, now))
             if channel.transport.control_sock is not None:  # multicast: others' NAKs
-                work += self._receive(channel.transport.control_sock, None, now,
-                                      lambda data, source, r=receiver: r.on_nak_heard(now, data))
+                work += self._receive(
+                    channel.transport.control_sock, None, now,
+                    lambda data, _source: receiver.on_nak_heard(now, data))  # noqa: B023 (run now)
             # dynamic MDC: announce while a subscription wants the channel (once the last one
             # goes, the sender drops this destination after its timeout)
             if (channel.transport.announce_to is not None and receiver.subscriptions
@@ -423,16 +427,16 @@ class Bridge:
                 self._sendto(channel.sock, self._announcement, channel.transport.announce_to)
             polled = receiver.poll(now)
             work += self._send(channel.sock, channel.loss_out, polled.datagrams, now)
-            for event in polled.events:
-                if isinstance(event, ImageUnavailable):
-                    self._close_image(channel, event.image)
+            for image_event in polled.events:
+                if isinstance(image_event, ImageUnavailable):
+                    self._close_image(channel, image_event.image)
             if polled.next_deadline_ns is not None:
                 deadline = min(deadline, polled.next_deadline_ns)
             if stats:
                 self._mirror_receive(channel)
         for channel in list(self.send_channels.values()):
-            work += self._receive(channel.sock, channel.loss_in, now, lambda data, source,
-                                  c=channel: self._on_control(c, now, data, source))
+            work += self._receive(channel.sock, channel.loss_in, now,
+                                  functools.partial(self._on_control, channel, now))
             if stats and channel.tracker is not None:
                 channel.tracker.on_idle(now)
                 channel.apply_destinations()
@@ -455,7 +459,9 @@ class Bridge:
                             self._remove_counter(counter_id)
             if stats:
                 self._mirror_send(channel)
-        for channel in (*self.send_channels.values(), *self.receive_channels.values()):
+        channels: list[ReceiveChannel | SendChannel] = [*self.send_channels.values(),
+                                                         *self.receive_channels.values()]
+        for channel in channels:
             for loss, outgoing in ((channel.loss_out, True), (channel.loss_in, False)):
                 if loss is None:
                     continue
@@ -522,7 +528,7 @@ class Bridge:
         sender.sender.on_datagram(now, bytes(data), source)  # frames may keep their bytes
 
     def _send(self, sock: socket.socket, loss: LossFilter | None,
-              datagrams: list[tuple[bytes | memoryview, object]], now: int) -> int:
+              datagrams: Sequence[tuple[bytes | memoryview, object]], now: int) -> int:
         for data, destination in datagrams:
             if loss is None:
                 self._sendto(sock, data, destination)
@@ -534,7 +540,7 @@ class Bridge:
     @staticmethod
     def _sendto(sock: socket.socket, data: bytes | memoryview, destination: object) -> None:
         try:
-            sock.sendto(data, destination)  # type: ignore[arg-type]
+            sock.sendto(data, destination)  # type: ignore[call-overload]
         except (BlockingIOError, InterruptedError):
             pass  # a full socket buffer is loss: the receiver NAKs it
         except OSError:
@@ -572,7 +578,7 @@ class Bridge:
             if counter is None:
                 if len(counters) >= _RECEIVER_COUNTERS_PER_SENDER or sender.counters_refused:
                     continue  # still counted in fc-receivers
-                host, port = receiver.source  # type: ignore[misc]
+                host, port = cast("tuple[str, int]", receiver.source)
                 uncounted = "" if receiver.counted else " (not counted)"
                 try:
                     counter = counters[receiver_id] = self._add_counter(
@@ -644,8 +650,8 @@ class Bridge:
             for sender in channel.senders.values():
                 sender.log.close()
             channel.sock.close()
-        for channel in self.receive_channels.values():
-            for sock in channel.transport.sockets():
+        for receive_channel in self.receive_channels.values():
+            for sock in receive_channel.transport.sockets():
                 sock.close()
         for image in self._images_by_id.values():
             image.log.close()

@@ -50,7 +50,7 @@ makes sense is for the sender and receiver state machines to judge.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -673,7 +673,7 @@ def is_heartbeat(datagram: Buffer) -> bool:
     if len(datagram) != DATA_HEADER_LENGTH:
         return False
     frame_length, _version, _flags, frame_type = _COMMON.unpack_from(datagram, 0)
-    return frame_length == 0 and frame_type == HDR_TYPE_DATA
+    return bool(frame_length == 0 and frame_type == HDR_TYPE_DATA)
 
 
 def is_end_of_stream(datagram: Buffer) -> bool:
@@ -921,7 +921,7 @@ def _decode_err(view: memoryview, offset: int, remaining: int, frame_length: int
     )
 
 
-_CONTROL_DECODERS = {
+_CONTROL_DECODERS: dict[int, Callable[[memoryview, int, int, int], Frame]] = {
     HDR_TYPE_SETUP: _decode_setup,
     HDR_TYPE_SM: _decode_sm,
     HDR_TYPE_NAK: _decode_nak,

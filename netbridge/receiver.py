@@ -60,7 +60,7 @@ The receiver never closes an image's log: the process layer does, after ImageUna
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -74,7 +74,6 @@ from netbridge.frames import (
     RTTM_FLAG_REPLY,
     SM_FLAG_EOS,
     SM_FLAG_SETUP,
-    DataHeader,
     Frame,
     MalformedFrame,
     Nak,
@@ -82,7 +81,6 @@ from netbridge.frames import (
     SetupFrame,
     StatusMessage,
     decode_frames,
-    encode_datagram,
 )
 from netbridge.loss_detector import NAK_RETRY_NS_DEFAULT, LossDetector
 from shmbus.shm import _native
@@ -371,7 +369,7 @@ class ReceiverImage:
         # skip: leading bytes of frames wholly below the rebuild position).
         walked = _native.validate_datagram(view, term_offset, self.session_id, self.stream_id,
                                            term_id, term_length, rebuild - position)
-        if walked == -1:
+        if isinstance(walked, int):  # -1: some frame header is invalid
             self._invalid()
             return
         copy_end, span, skip = walked
@@ -695,16 +693,11 @@ class NetworkReceiver:
     # -- input ------------------------------------------------------------------------------------
 
     def on_datagram(
-        self,
-        now_ns: int,
-        datagram: bytes | bytearray | memoryview | Iterable[Frame],
-        source: object = None,
+        self, now_ns: int, datagram: bytes | bytearray | memoryview, source: object = None
     ) -> None:
-        """Handle one datagram from the data path: raw bytes (the fast path, no per-frame
-        objects), or frames already decoded. Replies and events come out of :meth:`poll`."""
-        if not isinstance(datagram, bytes | bytearray | memoryview):
-            self._on_frames(now_ns, list(datagram), source)
-            return
+        """Handle one datagram from the data path, as it came off the socket (DATA and PAD
+        frames are checked and copied without per-frame objects). Replies and events come out
+        of :meth:`poll`. Raises TypeError for anything that is not a bytes-like object."""
         view = datagram if isinstance(datagram, memoryview) else memoryview(datagram)
         size = len(view)
         self.datagrams_received += 1
@@ -730,22 +723,6 @@ class NetworkReceiver:
             return
         for frame in frames:
             self._on_control(now_ns, frame, source)
-
-    def _on_frames(self, now_ns: int, frames: list[Frame], source: object) -> None:
-        if frames and all(isinstance(frame, DataHeader) for frame in frames):
-            try:
-                datagram = encode_datagram(frames)
-            except ValueError:
-                self.invalid_datagrams += 1
-                return
-            self.on_datagram(now_ns, datagram, source)
-            return
-        self.datagrams_received += 1
-        for frame in frames:
-            if isinstance(frame, DataHeader):
-                self.ignored_frames += 1  # DATA mixed with control frames: not Aeron's packing
-            else:
-                self._on_control(now_ns, frame, source)
 
     def _on_control(self, now_ns: int, frame: Frame, source: object) -> None:
         if isinstance(frame, SetupFrame):

@@ -22,7 +22,6 @@ length behind it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -31,7 +30,6 @@ from netbridge.frames import (
     FRAME_ALIGNMENT,
     SM_FLAG_SETUP,
     ErrorFrame,
-    Frame,
     MalformedFrame,
     Nak,
     RttMeasurement,
@@ -244,10 +242,9 @@ class NetworkSender:
     # -- input -------------------------------------------------------------------------------
 
     def on_datagram(
-        self, now_ns: int, datagram: bytes | bytearray | memoryview | Iterable[Frame],
-        source: object = None,
+        self, now_ns: int, datagram: bytes | bytearray | memoryview, source: object = None
     ) -> None:
-        """Handle one datagram from the control path (raw bytes, or frames already decoded).
+        """Handle one datagram from the control path, as it came off the socket.
 
         SM: the first one without the SETUP flag ends the setup phase; each feeds the flow
         control; one with the SETUP flag asks for a SETUP at the next poll. NAK: the range is
@@ -256,14 +253,11 @@ class NetworkSender:
         session or stream, or of another type is counted and ignored. Replies are returned
         by the next :meth:`poll`.
         """
-        if isinstance(datagram, bytes | bytearray | memoryview):
-            try:
-                frames: list[Frame] = list(decode_frames(datagram))
-            except MalformedFrame:
-                self.invalid_datagrams += 1
-                return
-        else:
-            frames = list(datagram)
+        try:
+            frames = list(decode_frames(datagram))
+        except MalformedFrame:
+            self.invalid_datagrams += 1
+            return
         for frame in frames:
             if isinstance(frame, StatusMessage | Nak | RttMeasurement | ErrorFrame) and (
                 frame.session_id != self.session_id or frame.stream_id != self.stream_id
@@ -390,13 +384,15 @@ class NetworkSender:
             if self._send_data(now_ns, out):
                 deadline = now_ns
             eos_due = self.is_end_of_stream and not self._eos_heartbeat_sent
+            last_send = self._last_send_ns
             if (
                 eos_due
-                or self._last_send_ns is None
-                or now_ns - self._last_send_ns >= self.heartbeat_interval_ns
+                or last_send is None
+                or now_ns - last_send >= self.heartbeat_interval_ns
             ):
                 self._send_heartbeat(now_ns, out)
-            deadline = min(deadline, self._last_send_ns + self.heartbeat_interval_ns)
+                last_send = now_ns
+            deadline = min(deadline, last_send + self.heartbeat_interval_ns)
             if self._has_receivers:
                 deadline = min(deadline, self._last_sm_ns + self.connection_timeout_ns + 1)
         return out, max(deadline, now_ns)

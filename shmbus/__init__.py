@@ -1,9 +1,13 @@
 """shmbus: a shared-memory message bus for Python processes, following Aeron's design.
 
 Public API: publications and subscriptions over shared-memory log buffers, the result codes
-of ``offer``, poll actions, idle strategies and errors. Everything not named here is private.
+of ``offer``, poll actions, idle strategies and errors, and the recorder and reader of
+recordings. Everything not named here is private.
 """
 
+from shmbus.archive.catalog import DiskFullError, RecordingError
+from shmbus.archive.recorder import Recorder
+from shmbus.archive.recording_reader import RecordingReader
 from shmbus.channel_uri import ChannelUriError
 from shmbus.client import Client, connect
 from shmbus.codes import (
@@ -60,6 +64,7 @@ __all__ = [
     "ClientClosedError",
     "ClientTimeoutError",
     "Context",
+    "DiskFullError",
     "DriverTimeoutError",
     "DriverUnavailableError",
     "ConcurrentPublication",
@@ -73,6 +78,9 @@ __all__ = [
     "NoOpIdleStrategy",
     "Publication",
     "PublicationError",
+    "RecordingError",
+    "RecordingReader",
+    "Recorder",
     "RegistrationError",
     "ShmbusError",
     "SleepingIdleStrategy",

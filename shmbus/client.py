@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -50,6 +50,8 @@ from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer
 from shmbus.subscription import ImageHandler, Subscription
+
+PublicationT = TypeVar("PublicationT", bound=Publication)
 
 LAUNCH_LOCK = "launch.lock"
 _DRIVER_CHECK_INTERVAL_S = 0.1
@@ -122,8 +124,8 @@ class Client:
         return self._add_publication(cp.AddExclusivePublication, ExclusivePublication, channel,
                                      stream_id)
 
-    def _add_publication(self, command: type[cp.AddPublication], kind: type[Publication],
-                         channel: str, stream_id: int) -> Any:
+    def _add_publication(self, command: type[cp.AddPublication], kind: type[PublicationT],
+                         channel: str, stream_id: int) -> PublicationT:
         self._check_usable()
         _check_stream_id(stream_id)
         ready = self._request(command(self.client_id, self._correlation(), stream_id, channel))
@@ -133,7 +135,7 @@ class Client:
             ready.limit_counter_id))
         publication = kind(log, limit, channel=channel, registration_id=ready.registration_id,
                            on_close=self._on_publication_close,
-                           on_destination=self._on_destination)
+                           on_destination=self._on_destination, counters=self.counters.values)
         self._publications[ready.registration_id] = publication
         return publication
 

@@ -64,6 +64,9 @@ class BackoffIdleStrategy:
     """Spins, then yields, then sleeps with exponential back-off up to ``max_sleep_s``."""
 
     name = "back-off"
+    _spins: int
+    _yields: int
+    _sleep_s: float
 
     def __init__(
         self,

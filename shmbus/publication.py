@@ -12,19 +12,18 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmbus import codes
 from shmbus.errors import PublicationError
-from shmbus.idle_strategy import BackoffIdleStrategy
-from shmbus.shm._native import PublicationCore
+from shmbus.shm._native import AtomicBuffer, PublicationCore
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 
-try:
-    from collections.abc import Buffer
-except ImportError:  # Python 3.11: any object with the buffer protocol
-    Buffer = Any  # type: ignore[misc,assignment]
+if TYPE_CHECKING:
+    import numpy as np
+
+    from shmbus.shm._native import Buffer  # a type of the stub only: any buffer-protocol object
 
 
 class BufferClaim:
@@ -100,11 +99,12 @@ class Publication(PublicationCore):
         registration_id: int = 0,
         on_close: Any = None,
         on_destination: Any = None,
+        counters: AtomicBuffer | None = None,
     ) -> None:
         d = log.descriptor
         super().__init__(
             log.buffer, d.term_length, d.initial_term_id, d.mtu, d.session_id, d.stream_id,
-            limit.buffer, limit.offset, self._exclusive,
+            limit.buffer, limit.offset, self._exclusive, counters,
         )
         self.log = log
         self.channel = channel
@@ -126,13 +126,13 @@ class Publication(PublicationCore):
         return claim
 
     def publish(self, *buffers: Buffer, timeout: float = 1.0, reserved_value: int = 0) -> int:
-        """Offer until it succeeds, idling between tries; returns the new position.
+        """Offer until it succeeds, sleeping while back-pressured; returns the new position.
 
+        A back-pressured publisher sleeps (no CPU) until a subscriber moves, woken by it.
         Raises :class:`PublicationError` with the last code after ``timeout`` seconds, or at
         once when the publication is closed or its position space is exhausted.
         """
         deadline = time.monotonic() + timeout
-        idle = BackoffIdleStrategy()
         while True:
             result = self.offer(*buffers, reserved_value=reserved_value)
             if result > 0:
@@ -140,13 +140,21 @@ class Publication(PublicationCore):
             if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
                 raise PublicationError(result)
             if result != codes.ADMIN_ACTION:
-                if time.monotonic() >= deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise PublicationError(
                         result, f"offer not accepted within {timeout} s: "
                         f"{codes.result_name(result)}")
-                idle.idle(0)
+                self._wait(result, remaining)
 
-    def publish_many(self, messages: Sequence[Buffer] | Buffer, timeout: float = 1.0) -> int:
+    def _wait(self, result: int, remaining: float) -> None:
+        """Sleep until the limit may have moved: woken by readers (IPC), else in 1 ms slices
+        (a network sender's position and a new subscriber are not signalled)."""
+        self._await_progress(min(remaining, 0.001 if result == codes.NOT_CONNECTED or
+                                 not self.channel.startswith("aeron:ipc") else 0.1))
+
+    def publish_many(self, messages: Sequence[Buffer] | np.ndarray[Any, Any],
+                     timeout: float = 1.0) -> int:
         """``offer_many`` until every message is appended; returns the count.
 
         Raises :class:`PublicationError` after ``timeout`` seconds without progress.
@@ -154,22 +162,21 @@ class Publication(PublicationCore):
         total = len(messages)
         done = 0
         deadline = time.monotonic() + timeout
-        idle = BackoffIdleStrategy()
         while done < total:
             result = self.offer_many(messages[done:] if done else messages)
             if result > 0:
                 done += result
                 deadline = time.monotonic() + timeout
-                idle.reset()
                 continue
             if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
                 raise PublicationError(result)
             if result != codes.ADMIN_ACTION:
-                if time.monotonic() >= deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise PublicationError(result, f"{total - done} of {total} messages not "
                                            f"accepted within {timeout} s: "
                                            f"{codes.result_name(result)}")
-                idle.idle(0)
+                self._wait(result, remaining)
         return total
 
     def add_destination(self, destination: str) -> None:
@@ -190,7 +197,7 @@ class Publication(PublicationCore):
     @property
     def available_window(self) -> int:
         """Bytes that can be offered before back-pressure."""
-        return self.position_limit - self.position()
+        return self.position_limit - self.position
 
     def close(self) -> None:
         """Close: later offers return CLOSED; claims not yet committed are aborted (their
@@ -212,7 +219,7 @@ class Publication(PublicationCore):
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(channel={self.channel!r}, stream_id={self.stream_id}, "
-                f"session_id={self.session_id}, position={self.position()})")
+                f"session_id={self.session_id}, position={self.position})")
 
 
 class ExclusivePublication(Publication):

@@ -47,8 +47,8 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, cast, overload
 
 import numpy as np
 import pyarrow as pa
@@ -264,13 +264,18 @@ def parse_record_dtype(text: str) -> np.dtype:
     return np.dtype(fields)
 
 
+def _record_fields(dtype: np.dtype) -> list[tuple[str, np.dtype]]:
+    """The (name, type) of each field of a record dtype from :func:`parse_record_dtype`."""
+    assert dtype.names is not None and dtype.fields is not None
+    return [(name, dtype.fields[name][0]) for name in dtype.names]
+
+
 def read_schema(record_dtype: str | None) -> StructType:
     """The source's columns: :data:`SCHEMA`, then the ``record_dtype`` fields if any."""
     if not record_dtype:
         return SCHEMA
     extra = []
-    for name in (dtype := parse_record_dtype(record_dtype)).names:
-        field = dtype.fields[name][0]
+    for name, field in _record_fields(parse_record_dtype(record_dtype)):
         kind = TimestampType() if field.kind == "M" else \
             _SPARK_TYPES[f"{field.kind}{field.itemsize}"][0]()
         extra.append(StructField(name, kind, True))
@@ -291,7 +296,7 @@ def _record_columns(batch: MessageBatch, dtype: np.dtype) -> list[pa.Array]:
         records[rows] = batch.data[index].view(dtype).reshape(len(rows))
         mask = ~fits
     columns = []
-    for name in dtype.names:
+    for name, _ in _record_fields(dtype):
         values = records[name]
         if values.dtype.kind == "M":
             columns.append(pa.array(values.astype("M8[us]").view(np.int64),
@@ -306,15 +311,14 @@ def _arrow_schema(dtype: np.dtype | None) -> pa.Schema:
     if dtype is None:
         return ARROW_SCHEMA
     fields = list(ARROW_SCHEMA)
-    for name in dtype.names:
-        field = dtype.fields[name][0]
+    for name, field in _record_fields(dtype):
         arrow = pa.timestamp("us", tz="UTC") if field.kind == "M" else \
             _SPARK_TYPES[f"{field.kind}{field.itemsize}"][1]
         fields.append(pa.field(name, arrow, True))
     return pa.schema(fields)
 
 
-def _option(options: dict[str, str], name: str, default: Any = None) -> Any:
+def _option(options: Mapping[str, str], name: str, default: Any = None) -> Any:
     """An option by name, case-insensitive, also accepting camelCase for snake_case names."""
     wanted = {name.lower(), name.replace("_", "").lower()}
     for key, value in options.items():
@@ -323,7 +327,11 @@ def _option(options: dict[str, str], name: str, default: Any = None) -> Any:
     return default
 
 
-def _int_option(options: dict[str, str], name: str, default: int | None = None) -> int | None:
+@overload
+def _int_option(options: Mapping[str, str], name: str, default: int) -> int: ...
+@overload
+def _int_option(options: Mapping[str, str], name: str, default: None = None) -> int | None: ...
+def _int_option(options: Mapping[str, str], name: str, default: int | None = None) -> int | None:
     value = _option(options, name)
     if value is None:
         return default
@@ -409,7 +417,7 @@ class _RecordingSource:
         return ranges
 
     @staticmethod
-    def read(partition: RecordingRange) -> Iterator[pa.RecordBatch]:
+    def read_range(partition: RecordingRange) -> Iterator[pa.RecordBatch]:
         descriptor = RecordingDescriptor.from_json(partition.descriptor)
         reader = RecordingReader(partition.directory, descriptor)
         dtype = parse_record_dtype(partition.record_dtype) if partition.record_dtype else None
@@ -463,7 +471,7 @@ class ShmbusReader(_RecordingSource, DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, RecordingRange):  # Spark's placeholder: nothing to read
             return iter(())
-        return _RecordingSource.read(partition)
+        return _RecordingSource.read_range(partition)
 
 
 def _offset(positions: dict[int, int]) -> dict[str, Any]:
@@ -499,7 +507,7 @@ class ShmbusStreamReader(_RecordingSource, DataSourceStreamReader, SupportsTrigg
                     if rid in self._target}
         return live
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         live = self._live()
         if self.starting_position == "latest":
             return _offset({rid: p for rid, (_, p) in live.items()})
@@ -510,7 +518,7 @@ class ShmbusStreamReader(_RecordingSource, DataSourceStreamReader, SupportsTrigg
             return ReadAllAvailable()
         return ReadMaxBytes(self.max_bytes_per_trigger)
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         positions = _positions(start)
         begins: dict[int, int] = {}
         wanted: dict[int, int] = {}
@@ -524,14 +532,14 @@ class ShmbusStreamReader(_RecordingSource, DataSourceStreamReader, SupportsTrigg
                 positions[rid] = begins[rid] + take
         return _offset(positions)
 
-    def reportLatestOffset(self) -> dict:
+    def reportLatestOffset(self) -> dict[str, Any]:
         return _offset({rid: p for rid, (_, p) in self._live().items()})
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = None
         self._target = {rid: p for rid, (_, p) in self._live().items()}
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         begin, finish = _positions(start), _positions(end)
         recordings = self.recordings()
         ranges: list[InputPartition] = []
@@ -546,9 +554,10 @@ class ShmbusStreamReader(_RecordingSource, DataSourceStreamReader, SupportsTrigg
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _RecordingSource.read(partition)
+        # partitions() makes only RecordingRanges
+        return _RecordingSource.read_range(cast(RecordingRange, partition))
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: recordings are kept (delete them when no query needs them)."""
 
 
@@ -626,9 +635,10 @@ class _Publisher:
         self.context_json = _option(options, "context")
         self.directory = _option(options, "dir")
         self.channel = _option(options, "channel", "aeron:ipc")
-        self.stream_id = _int_option(options, "stream_id")
-        if self.stream_id is None:
+        stream_id = _int_option(options, "stream_id")
+        if stream_id is None:
             raise ValueError("the shmbus sink needs option stream_id")
+        self.stream_id = stream_id
         self.column = _option(options, "column", "payload")
         self.publish_timeout = float(_option(options, "publish_timeout", 30.0))
         names = {f.name: f.dataType for f in schema.fields}
@@ -694,6 +704,7 @@ def _binary_buffers(column: pa.Array) -> tuple[np.ndarray, memoryview]:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     kind = column.type
+    dtype: type[np.signedinteger[Any]]
     if pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
         dtype = np.int64
     elif pa.types.is_binary(kind) or pa.types.is_string(kind):

@@ -66,7 +66,7 @@ def record(directory: Path, bus_dir: Path, messages: int) -> float:
                 recorder.poll()
             if time.monotonic() > deadline:
                 raise SystemExit("recording did not finish within 600 s")
-        end = publication.position()
+        end = publication.position
         while recorder.positions[recorder.recordings[0].recording_id] < end:
             recorder.poll()
         elapsed = time.perf_counter() - start

@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 
-import shmbus
 from shmbus.archive.catalog import (
     ACTIVE,
     INDEX_DTYPE,
@@ -56,6 +55,8 @@ from shmbus.archive.catalog import (
     read_index,
 )
 from shmbus.archive.recording_reader import CHUNK_LENGTH, _read_block, scan_frames
+from shmbus.client import Client, connect
+from shmbus.context import Context
 from shmbus.idle_strategy import BackoffIdleStrategy
 from shmbus.image import FragmentBatch, Image
 from shmbus.shm.log_buffer import (
@@ -217,10 +218,10 @@ class _RecordingWriter:
 
     def _after_commit(self) -> None:
         now = time.time_ns()
-        for segment in self._retired:
+        for retired in self._retired:
             # a full segment: its index ends with an entry at its end
-            self._append_index(segment, segment.base + self.descriptor.segment_length, now)
-            self._close_segment(segment, sync=self.fsync != "none")
+            self._append_index(retired, retired.base + self.descriptor.segment_length, now)
+            self._close_segment(retired, sync=self.fsync != "none")
         self._retired.clear()
         segment = self._segment
         if (segment is not None and self.safe > max(self._last_indexed, segment.base)
@@ -381,8 +382,8 @@ class Recorder:
     """
 
     def __init__(self, directory: str | os.PathLike[str], channel: str, stream_id: int, *,
-                 session_id: int | None = None, client: shmbus.Client | None = None,
-                 context: shmbus.Context | None = None, segment_length: int | None = None,
+                 session_id: int | None = None, client: Client | None = None,
+                 context: Context | None = None, segment_length: int | None = None,
                  fsync: str = "none", fragment_limit: int = 65536,
                  time_resolution: float = 0.001) -> None:
         if fsync not in FSYNC_POLICIES:
@@ -401,7 +402,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._catalog = CatalogWriter(self.directory)
         self._own_client = client is None
-        self._client: shmbus.Client | None = None
+        self._client: Client | None = None
         try:
             try:
                 #: entries of the recordings a previous recorder left active, now recovered
@@ -412,7 +413,7 @@ class Recorder:
                     raise DiskFullError(f"cannot record into {self.directory}: the file "
                                         f"system is full ({e.strerror})") from None
                 raise
-            self._client = shmbus.connect(context) if client is None else client
+            self._client = connect(context) if client is None else client
             self._subscription = self._client.add_subscription(
                 channel, stream_id, on_available_image=self._on_available_image,
                 on_unavailable_image=self._on_unavailable_image)

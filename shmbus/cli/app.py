@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console, Group
@@ -79,7 +79,7 @@ def _read(dir: str | None, *, errors: bool = False
     return snapshot, busstat.check_bus(snapshot, timeout_ms)
 
 
-def _echo_json(doc: dict) -> None:
+def _echo_json(doc: dict[str, Any]) -> None:
     typer.echo(json.dumps(doc, separators=(",", ":")))
 
 

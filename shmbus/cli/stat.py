@@ -944,9 +944,9 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
         elif c.type_id == FC_RECEIVERS:
             fc_receivers[c.registration_id] = c.value
         elif c.type_id == FC_RCV_POS:
-            receiver = _flow_receiver(c)
-            if receiver is not None:
-                flow_receivers.setdefault(c.registration_id, []).append(receiver)
+            flow_receiver = _flow_receiver(c)
+            if flow_receiver is not None:
+                flow_receivers.setdefault(c.registration_id, []).append(flow_receiver)
 
     def value(type_id: int, registration_id: int) -> int | None:
         c = by_type[type_id].get(registration_id)
@@ -978,7 +978,8 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
                     (head - c.value) if head is not None else 0))
             subscribers.sort(key=lambda s: (s.position, s.counter_id))
             window = info.window if info else None
-            sender = receiver = None
+            sender: SenderView | None = None
+            receiver: ReceiverView | None = None
             if kind == "publication":
                 if registration_id in by_type[SND_POS]:
                     sender = SenderView(value(SND_POS, registration_id),

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from shmbus.channel_uri import ChannelUri, ChannelUriError
 from shmbus.context import Context
@@ -202,7 +203,7 @@ class DriverConductor:
             command = cp.decode(msg_type, payload)
             correlation_id = getattr(command, "correlation_id", 0)
             handler = self._handlers.get(type(command))
-            if handler is None:
+            if handler is None or not isinstance(command, cp.Command):
                 raise CommandError(cp.UNKNOWN_COMMAND_TYPE_ID,
                                    f"command type 0x{msg_type:x} is not a command")
             if not isinstance(command, cp.ClientConnect):
@@ -415,7 +416,8 @@ class DriverConductor:
         if client_id != self.bridge_client_id:
             raise CommandError(cp.GENERIC_ERROR, "only the registered netbridge may do this")
 
-    _handlers: dict[type, Callable[[DriverConductor, cp.Message], None]] = {
+    # each handler takes a command of its key's type
+    _handlers: dict[type[cp.Message], Callable[[DriverConductor, Any], None]] = {
         cp.AddDestination: _on_destination,
         cp.RemoveDestination: _on_destination,
         cp.RegisterBridge: _on_register_bridge,
@@ -486,7 +488,7 @@ class DriverConductor:
             os.unlink(self.directory / log_file)
             raise
         limit = self._position(counter_ids[0])
-        fields = dict(
+        fields: dict[str, Any] = dict(
             registration_id=registration_id, session_id=session_id,
             stream_id=command.stream_id, channel=uri.canonical(), exclusive=exclusive,
             log=log, log_file=log_file, limit_counter_id=counter_ids[0], limit=limit,

@@ -88,7 +88,16 @@ class Message:
 # -- commands (client -> driver) ----------------------------------------------------------
 
 @dataclass(frozen=True)
-class ClientConnect(Message):
+class Command(Message):
+    """Base of every command: each starts with the id of the client that sent it and the
+    correlation id of its answer."""
+
+    client_id: int
+    correlation_id: int
+
+
+@dataclass(frozen=True)
+class ClientConnect(Command):
     """A new client introduces itself; the driver answers ClientReady."""
 
     TYPE_ID: ClassVar[int] = 0x10
@@ -100,7 +109,7 @@ class ClientConnect(Message):
 
 
 @dataclass(frozen=True)
-class AddPublication(Message):
+class AddPublication(Command):
     TYPE_ID: ClassVar[int] = 0x01
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqi")
     client_id: int
@@ -120,7 +129,7 @@ class AddSubscription(AddPublication):
 
 
 @dataclass(frozen=True)
-class RemovePublication(Message):
+class RemovePublication(Command):
     TYPE_ID: ClassVar[int] = 0x02
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqq")
     client_id: int
@@ -134,7 +143,7 @@ class RemoveSubscription(RemovePublication):
 
 
 @dataclass(frozen=True)
-class ClientClose(Message):
+class ClientClose(Command):
     TYPE_ID: ClassVar[int] = 0x0A
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<qq")
     client_id: int
@@ -225,7 +234,7 @@ class OnClientReady(Message):
 
 
 @dataclass(frozen=True)
-class AddDestination(Message):
+class AddDestination(Command):
     """Add a destination to a manual multi-destination-cast publication."""
 
     TYPE_ID: ClassVar[int] = 0x07
@@ -251,7 +260,7 @@ class RegisterBridge(ClientClose):
 
 
 @dataclass(frozen=True)
-class AddCounter(Message):
+class AddCounter(Command):
     """Allocate a counter owned by the client (freed by RemoveCounter or when the client goes
     away); answered by OnCounterReady. ``registration_id`` and ``reference_id`` go into the
     counter (a registration id of 0: the correlation id), so that a counter about a stream can
@@ -268,7 +277,7 @@ class AddCounter(Message):
 
 
 @dataclass(frozen=True)
-class RemoveCounter(Message):
+class RemoveCounter(Command):
     """Free a counter the client allocated; answered by OnOperationSuccess."""
 
     TYPE_ID: ClassVar[int] = 0x0D
@@ -279,7 +288,7 @@ class RemoveCounter(Message):
 
 
 @dataclass(frozen=True)
-class CreateImage(Message):
+class CreateImage(Command):
     """A SETUP arrived: make an image log; answered by OnImageReady."""
 
     TYPE_ID: ClassVar[int] = 0x21
@@ -297,7 +306,7 @@ class CreateImage(Message):
 
 
 @dataclass(frozen=True)
-class CloseImage(Message):
+class CloseImage(Command):
     """The image ended (end of stream or liveness timeout)."""
 
     TYPE_ID: ClassVar[int] = 0x22

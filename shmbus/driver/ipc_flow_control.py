@@ -1,19 +1,35 @@
 """IPC flow control and term cleaning for one publication log (seed 001, "IPC Operation").
 
-The publication limit is the slowest tethered subscriber's position plus a window; before the
-limit is raised, the bytes every subscriber has consumed are zeroed, so the term the publisher
-rotates into again is clean (a reader relies on a zero frame length meaning "not written").
+The publication limit is the slowest counted position plus a window; before the limit is
+raised, the bytes every counted reader has consumed are zeroed, so the term a publisher rotates
+into again is clean (a reader relies on a zero frame length meaning "not written").
 
-The driver owns one :class:`IpcFlowControl` per IPC publication. It is pure logic over the log
-and the limit position, with no clock and no I/O, so tests drive it directly.
+The limit moves at memory speed: the driver decides *which* position counters count
+(tethering, liveness, the sender of a network publication) and publishes their ids in the log
+metadata; a publisher that reaches its limit raises it itself from those counters, natively,
+under the log's flow-control lock (see ``_native.c``, "IPC flow control"). The driver's own
+calls to :meth:`IpcFlowControl.update` cover what no publisher is there to do: the first limit,
+pulling the limit back when nobody counts, and cleaning while publishers are idle.
+
+The driver owns one :class:`IpcFlowControl` per IPC publication; tests stand in for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from shmbus.shm.log_buffer import LogBuffer
+from shmbus.shm import _native
+from shmbus.shm.log_buffer import (
+    FC_CLEAN_LAG_OFFSET,
+    FC_CLEAN_POSITION_OFFSET,
+    FC_LOCK_OFFSET,
+    FC_WINDOW_OFFSET,
+    LogBuffer,
+)
 from shmbus.shm.position import Position
+
+# modes of _native.flow_control_advance
+_RAISE, _PULL_BACK, _CLEAN_ONLY = 0, 1, 2
 
 
 def ipc_window(term_length: int, configured_window: int | None = None) -> int:
@@ -23,9 +39,10 @@ def ipc_window(term_length: int, configured_window: int | None = None) -> int:
 
 
 class IpcFlowControl:
-    """Sets one log's publication limit from its subscribers' positions, cleaning behind them.
+    """Sets one log's publication limit from its readers' positions, cleaning behind them.
 
-    Only one process (the driver, or a test standing in for it) may own an instance per log.
+    Only one process (the driver, or a test standing in for it) may own an instance per log;
+    publishers raise the limit between the owner's calls.
     """
 
     def __init__(self, log: LogBuffer, limit: Position, window: int | None = None, *,
@@ -36,49 +53,57 @@ class IpcFlowControl:
         #: bytes behind the slowest consumer kept uncleaned (a term for network retransmits)
         self.clean_lag = clean_lag
         self.trip_gain = self.window // 8
-        self.clean_position = self._start_position()
-        self.consumer_position = self.clean_position
-        self._trip_limit = 0
+        #: the furthest any reader has been: where the limit goes back to when nobody counts
+        self.consumer_position = log.producer_position()
+        self._counted: tuple[int, ...] | None = None
+        meta = log.meta_offset
+        log.buffer.put_int32(meta + FC_WINDOW_OFFSET, self.window)
+        log.buffer.put_int32(meta + FC_CLEAN_LAG_OFFSET, clean_lag)
+        log.buffer.put_int64_release(meta + FC_CLEAN_POSITION_OFFSET, self.consumer_position)
+        self._lock_seen = 0
 
-    def _start_position(self) -> int:
-        return self.log.producer_position()
+    def set_counted(self, counter_ids: Sequence[int]) -> None:
+        """Publish which position counters hold the limit back (publishers read them)."""
+        counted = tuple(counter_ids)
+        if counted != self._counted:
+            _native.flow_control_set(self.log.buffer, self.log.term_length, counted)
+            self._counted = counted
 
-    def update(self, subscriber_positions: Iterable[int]) -> int:
-        """Recompute the limit from the tethered subscribers' positions; returns the limit.
+    def update(self, positions: Iterable[int]) -> int:
+        """Recompute the limit from the counted readers' positions; returns the limit.
 
-        With no subscriber the limit is pulled back to the consumer position, so the
-        publisher sees NOT_CONNECTED / BACK_PRESSURED rather than filling the log unread.
+        With no reader the limit is pulled back to the consumer position, so the publisher
+        sees NOT_CONNECTED / BACK_PRESSURED rather than filling the log unread. When a
+        publisher holds the flow-control lock the move waits for the next call.
         """
-        positions = list(subscriber_positions)
+        positions = list(positions)
+        limit = self.limit.get()
         if positions:
             lowest = min(positions)
-            # a reader behind where cleaning would start (flow control taken over mid-stream)
-            # must not find stale frames three terms on: clean from it instead
-            self.clean_position = min(self.clean_position, lowest)
             self.consumer_position = max(self.consumer_position, max(positions))
-            proposed = lowest + self.window
-            if proposed >= self._trip_limit:
-                self.clean_to(lowest - self.clean_lag)
-                self.limit.set(proposed)
-                self._trip_limit = proposed + self.trip_gain
-        elif self.limit.get() > self.consumer_position:
-            self.limit.set(self.consumer_position)
-            self._trip_limit = self.consumer_position
-            self.clean_to(self.consumer_position - self.clean_lag)
+            if lowest + self.window >= limit + self.trip_gain:
+                self._advance(lowest, _RAISE)
+        elif limit > self.consumer_position:
+            self._advance(self.consumer_position, _PULL_BACK)
         return self.limit.get()
 
     def clean_to(self, position: int) -> None:
-        """Zero the log from the clean position up to ``position`` (consumed bytes only).
+        """Zero the log up to ``position`` (consumed bytes only), leaving the limit alone."""
+        self._advance(position + self.clean_lag, _CLEAN_ONLY)
 
-        The first 8 bytes of each cleaned span are zeroed last with a release store.
+    def _advance(self, slowest: int, mode: int) -> None:
+        _native.flow_control_advance(self.log.buffer, self.log.term_length, self.limit.buffer,
+                                     self.limit.offset, slowest, mode)
+
+    def release_dead_lock(self, is_alive: object) -> bool:
+        """Free the flow-control lock if the process holding it died; True if freed.
+
+        ``is_alive(pid) -> bool`` decides. A lock seen held by the same pid on two calls in a
+        row, by a dead process, is released (a live holder finishes within microseconds).
         """
-        term_length = self.log.term_length
-        buffer = self.log.buffer
-        while position > self.clean_position:
-            index = (self.clean_position // term_length) % 3
-            term_offset = self.clean_position % term_length
-            length = min(position - self.clean_position, term_length - term_offset)
-            start = index * term_length + term_offset
-            buffer.set_memory(start + 8, length - 8, 0)
-            buffer.put_int64_release(start, 0)
-            self.clean_position += length
+        buffer, offset = self.log.buffer, self.log.meta_offset + FC_LOCK_OFFSET
+        holder = buffer.get_int64_acquire(offset)
+        seen, self._lock_seen = self._lock_seen, holder
+        if holder == 0 or holder != seen or is_alive(holder):  # type: ignore[operator]
+            return False
+        return bool(buffer.compare_and_set_int64(offset, holder, 0))

@@ -8,6 +8,7 @@ and turns the events it returns into broadcasts. No I/O here besides the log mem
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 
 from shmbus.driver.ipc_flow_control import IpcFlowControl
@@ -106,18 +107,21 @@ class IpcPublication:
         """Where a subscriber that joins now starts: the current producer position."""
         return self.producer_position()
 
-    def _subscriber_position(self, link: SubscriberLink) -> int:
-        """A subscriber's position, held between the producer position and a log length
-        behind it: the subscriber writes its counter, and a position outside these bounds
-        (a buggy client's scribble) must not send cleaning or the limit off to it."""
+    def _held(self, position: int) -> int:
+        """A consumer position held between the producer position and a log length behind it:
+        consumers write their counters, and a position outside these bounds (a buggy client's
+        scribble) must not send cleaning or the limit off to it."""
         producer = self.producer_position()
-        floor = producer - PARTITION_COUNT * self.log.term_length
-        return min(max(link.position.get(), floor), producer)
+        return min(max(position, producer - PARTITION_COUNT * self.log.term_length), producer)
+
+    def _flow_counters(self) -> list[tuple[int, Position]]:
+        """The position counters (id, position) that hold the publisher back."""
+        return [(s.counter_id, s.position) for s in self.subscribers.values()
+                if s.state is not LinkState.RESTING]
 
     def _flow_positions(self) -> list[int]:
         """The consumer positions that hold the publisher back."""
-        return [self._subscriber_position(s) for s in self.subscribers.values()
-                if s.state is not LinkState.RESTING]
+        return [self._held(position.get()) for _, position in self._flow_counters()]
 
     def _update_connected(self, positions: list[int]) -> None:
         connected = bool(positions) and self.state is PublicationState.ACTIVE
@@ -125,7 +129,7 @@ class IpcPublication:
             self.log.is_connected = connected
 
     def _is_drained(self, end: int) -> bool:
-        return all(self._subscriber_position(s) >= end for s in self.subscribers.values()
+        return all(self._held(s.position.get()) >= end for s in self.subscribers.values()
                    if s.state is not LinkState.RESTING)
 
     def update_limit(self) -> int:
@@ -138,9 +142,13 @@ class IpcPublication:
         if published:
             self._published_position = producer
             self.pub_pos.set(producer)
-        positions = self._flow_positions()
+        counters = self._flow_counters()
+        positions = [self._held(position.get()) for _, position in counters]
         if self.state is PublicationState.ACTIVE:
+            self.flow.set_counted([counter_id for counter_id, _ in counters])
             self.flow.update(positions)
+        else:
+            self.flow.set_counted(())
         self._update_connected(positions)
         return published
 
@@ -150,6 +158,7 @@ class IpcPublication:
         """Tethering, unblocking and draining checks; returns (image events, unblocked)."""
         events = self._check_untethered(now_ms, timeouts)
         unblocked = self._check_blocked(now_ms, timeouts)
+        self.flow.release_dead_lock(_pid_alive)
         if self.state is PublicationState.DRAINING:
             lingered = now_ms - self.time_of_state_change_ms > timeouts.linger_ms
             if self._is_drained(self.log.end_of_stream_position) or lingered:
@@ -164,12 +173,12 @@ class IpcPublication:
         if not untethered:
             return events
         window = self.flow.window
-        consumer = max((self._subscriber_position(s) for s in self.subscribers.values()
+        consumer = max((self._held(s.position.get()) for s in self.subscribers.values()
                         if s.state is not LinkState.RESTING), default=self.producer_position())
         window_floor = consumer - window + window // 8
         for link in untethered:
             if link.state is LinkState.ACTIVE:
-                if self._subscriber_position(link) > window_floor:
+                if self._held(link.position.get()) > window_floor:
                     link.time_of_last_change_ms = now_ms
                 elif now_ms - link.time_of_last_change_ms > timeouts.window_limit_ms:
                     link.state = LinkState.LINGER
@@ -241,15 +250,26 @@ class NetworkPublication(IpcPublication):
         """The netbridge's sender hears receivers (it keeps the active transport count)."""
         return self.log.active_transport_count > 0
 
-    def _flow_positions(self) -> list[int]:
+    def _flow_counters(self) -> list[tuple[int, Position]]:
         network = self._network_connected()
-        spies = super()._flow_positions()
+        spies = super()._flow_counters()
         if not network and not (spies and self.spies_simulate_connection):
             return []
         if network and self.snd_pos is not None:
-            spies.append(self.snd_pos.get())
+            spies.append((self.snd_pos_counter_id, self.snd_pos))
         return spies
 
     def _is_drained(self, end: int) -> bool:
         return self.snd_pos is not None and self.snd_pos.get() >= end and super()._is_drained(
             end)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0 probes without sending)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -22,7 +22,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
+#include <sys/syscall.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -65,6 +69,20 @@
 #define META_ACTIVE_TERM_COUNT 24
 #define META_END_OF_STREAM_POSITION 128
 #define META_IS_CONNECTED 136
+/* flow control and wake-ups (see shmbus/shm/log_buffer.py for the diagram) */
+#define META_FC_LOCK 512            /* i64: pid of the process cleaning and raising pub-lmt */
+#define META_FC_CLEAN_POSITION 520  /* i64: the log is zero from here on (behind consumers) */
+#define META_DATA_WAKE 576          /* i32 futex word: bumped by writers when readers sleep */
+#define META_DATA_WAITERS 580       /* i32: readers asleep on META_DATA_WAKE */
+#define META_PROGRESS_WAKE 640      /* i32 futex word: bumped by readers when writers sleep */
+#define META_PROGRESS_WAITERS 644   /* i32: writers asleep on META_PROGRESS_WAKE */
+#define META_FC_VERSION 704         /* i32 seqlock over the counted set: odd while written */
+#define META_FC_COUNT 708           /* i32: counters in the set (0: nobody counts) */
+#define META_FC_WINDOW 712          /* i32: pub-lmt = slowest counted position + window */
+#define META_FC_CLEAN_LAG 716       /* i32: bytes kept uncleaned behind the slowest (retransmits) */
+#define META_FC_COUNTER_IDS 1024    /* i32[FC_MAX_COUNTED]: the counted position counters */
+#define FC_MAX_COUNTED 768
+#define COUNTER_LENGTH 64
 
 /* publication result codes, Aeron's values */
 #define NOT_CONNECTED (-1)
@@ -414,6 +432,213 @@ static inline int64_t term_begin_position(const LogGeometry *g, int32_t term_id)
 }
 
 /* ====================================================================================== */
+/* Wake-ups: futex words in shared memory, signalled only when someone sleeps              */
+/* ====================================================================================== */
+
+/*
+ * A sleeper increments the waiters count, reads the word, re-checks its condition and only
+ * then sleeps on the word's value; a signaller makes its change visible, then (after a full
+ * fence) reads the waiters count and, if anyone sleeps, bumps the word and wakes them. Either
+ * the signaller sees the sleeper or the sleeper sees the change: no lost wake-up, and no
+ * syscall on the signalling side while nobody sleeps.
+ */
+static inline int32_t *meta_i32(const LogGeometry *g, int offset)
+{
+    return (int32_t *)(g->meta + offset);
+}
+
+static inline int64_t *meta_i64(const LogGeometry *g, int offset)
+{
+    return (int64_t *)(g->meta + offset);
+}
+
+static void wake_word(int32_t *word, int32_t *waiters)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(waiters, __ATOMIC_RELAXED) > 0) {
+        __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+}
+
+/* Sleeps on up to `count` words until one changes from its expected value or `timeout_ns`
+ * passes (< 0: forever). The GIL must be released by the caller. */
+/* futex_waitv(2) (Linux 5.16), declared here since libc headers may predate it */
+struct wait_entry {
+    uint64_t val;
+    uint64_t uaddr;
+    uint32_t flags;
+    uint32_t reserved;
+};
+#define WAIT_ENTRY_U32 0x02
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449
+#endif
+
+static void wait_words(int32_t **words, const int32_t *expected, int count, int64_t timeout_ns)
+{
+    struct wait_entry waiters[128];
+    if (count > 128) count = 128;
+    for (int i = 0; i < count; i++) {
+        waiters[i].val = (uint32_t)expected[i];
+        waiters[i].uaddr = (uintptr_t)words[i];
+        waiters[i].flags = WAIT_ENTRY_U32;
+        waiters[i].reserved = 0;
+    }
+    struct timespec deadline, *deadline_ptr = NULL;
+    if (timeout_ns >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        int64_t ns = deadline.tv_nsec + timeout_ns % 1000000000LL;
+        deadline.tv_sec += (time_t)(timeout_ns / 1000000000LL + ns / 1000000000LL);
+        deadline.tv_nsec = (long)(ns % 1000000000LL);
+        deadline_ptr = &deadline;
+    }
+    long r = syscall(SYS_futex_waitv, waiters, (unsigned)count, 0, deadline_ptr,
+                     CLOCK_MONOTONIC);
+    if (r < 0 && errno == ENOSYS) {
+        /* kernels before 5.16: sleep on the first word only, in short slices */
+        struct timespec slice = {0, 1000000};
+        if (timeout_ns >= 0 && timeout_ns < 1000000) slice.tv_nsec = (long)timeout_ns;
+        syscall(SYS_futex, words[0], FUTEX_WAIT, expected[0], &slice, NULL, 0);
+    }
+}
+
+static int64_t timeout_to_ns(double timeout_s)
+{
+    if (timeout_s < 0) return -1;
+    if (timeout_s > 1e9) return -1;
+    return (int64_t)(timeout_s * 1e9);
+}
+
+/* ====================================================================================== */
+/* IPC flow control: pub-lmt follows the slowest counted position, raised by the publisher  */
+/* ====================================================================================== */
+
+/*
+ * The driver decides which position counters count (tethered, live subscribers; the sender
+ * of a network publication) and publishes their ids in the log metadata under a seqlock.
+ * Whoever needs the limit raised (a publisher that reached it, or the driver's timer) reads
+ * the counted positions, then, holding the log's flow-control lock (a CAS on META_FC_LOCK
+ * holding its pid), zeroes the consumed bytes behind the slowest and raises pub-lmt to the
+ * slowest + window. Cleaning precedes the raise, so a writer never enters an unclean term. A
+ * holder that dies leaves its pid in the lock; the driver clears a dead holder's lock.
+ */
+
+/* Reads the counted set's slowest position. Returns the set version, or -1 when the set is
+ * being written or empty (nobody counts). */
+static int64_t fc_slowest(const LogGeometry *g, const uint8_t *values, Py_ssize_t values_len,
+                          int64_t *slowest)
+{
+    int32_t version = LOAD_ACQUIRE(meta_i32(g, META_FC_VERSION));
+    if (version & 1)
+        return -1;
+    int32_t count = LOAD_ACQUIRE(meta_i32(g, META_FC_COUNT));
+    if (count <= 0 || count > FC_MAX_COUNTED)
+        return -1;
+    int64_t lowest = INT64_MAX;
+    const int32_t *ids = meta_i32(g, META_FC_COUNTER_IDS);
+    for (int32_t i = 0; i < count; i++) {
+        int32_t id = __atomic_load_n(ids + i, __ATOMIC_RELAXED);
+        if (id < 0 || (Py_ssize_t)id * COUNTER_LENGTH + 8 > values_len)
+            return -1;
+        int64_t p = LOAD_ACQUIRE((const int64_t *)(values + (Py_ssize_t)id * COUNTER_LENGTH));
+        if (p < lowest) lowest = p;
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(meta_i32(g, META_FC_VERSION), __ATOMIC_RELAXED) != version)
+        return -1;
+    *slowest = lowest;
+    return version;
+}
+
+static int fc_lock(const LogGeometry *g)
+{
+    int64_t expected = 0;
+    return CAS(meta_i64(g, META_FC_LOCK), &expected, (int64_t)getpid());
+}
+
+static void fc_unlock(const LogGeometry *g)
+{
+    STORE_RELEASE(meta_i64(g, META_FC_LOCK), (int64_t)0);
+}
+
+/* Zeroes the log from the clean position up to `position`, term by term; the first 8 bytes of
+ * each span last, with a release store. Caller holds the lock. */
+static void fc_clean_to(const LogGeometry *g, int64_t position)
+{
+    int64_t *clean_ptr = meta_i64(g, META_FC_CLEAN_POSITION);
+    int64_t clean = LOAD_ACQUIRE(clean_ptr);
+    int64_t mask = g->term_length - 1;
+    while (position > clean) {
+        int index = (int)((clean >> g->position_bits) % PARTITION_COUNT);
+        int64_t offset = clean & mask;
+        int64_t length = position - clean;
+        if (length > g->term_length - offset) length = g->term_length - offset;
+        uint8_t *start = term_at(g, index) + offset;
+        if (length > 8)
+            memset(start + 8, 0, (size_t)(length - 8));
+        STORE_RELEASE((int64_t *)start, (int64_t)0);
+        clean += length;
+        STORE_RELEASE(clean_ptr, clean);
+    }
+}
+
+enum { FC_RAISE = 0, FC_PULL_BACK = 1, FC_CLEAN_ONLY = 2 };
+
+/*
+ * Cleans behind `slowest` and, by mode, raises the limit to max(limit, slowest + window),
+ * pulls it back to `slowest` exactly (nobody counts any more), or leaves it. `version` >= 0
+ * aborts the move when the counted set changed meanwhile. Returns 1 if done, 0 if the lock
+ * was busy.
+ */
+static int fc_advance(const LogGeometry *g, int64_t *limit, int64_t slowest, int mode,
+                      int64_t version)
+{
+    if (!fc_lock(g))
+        return 0;
+    if (version >= 0 && LOAD_ACQUIRE(meta_i32(g, META_FC_VERSION)) != (int32_t)version) {
+        fc_unlock(g);
+        return 1;
+    }
+    int64_t *clean_ptr = meta_i64(g, META_FC_CLEAN_POSITION);
+    /* a reader behind the clean position (flow control taken over mid-stream) must not find
+     * stale frames three terms on: clean from it instead */
+    if (slowest >= 0 && slowest < LOAD_ACQUIRE(clean_ptr))  /* below 0: nothing consumed */
+        STORE_RELEASE(clean_ptr, slowest);
+    fc_clean_to(g, slowest - LOAD_ACQUIRE(meta_i32(g, META_FC_CLEAN_LAG)));
+    if (mode == FC_PULL_BACK) {
+        STORE_RELEASE(limit, slowest);
+    } else if (mode == FC_RAISE) {
+        int64_t proposed = slowest + LOAD_ACQUIRE(meta_i32(g, META_FC_WINDOW));
+        if (proposed > LOAD_ACQUIRE(limit))
+            STORE_RELEASE(limit, proposed);
+    }
+    fc_unlock(g);
+    wake_word(meta_i32(g, META_PROGRESS_WAKE), meta_i32(g, META_PROGRESS_WAITERS));
+    return 1;
+}
+
+/* Raises the limit from the counted set, if that moves it; `producer` is the writer's
+ * position. Returns 1 if the limit moved. */
+static int fc_raise(const LogGeometry *g, const uint8_t *values, Py_ssize_t values_len,
+                    int64_t *limit, int64_t producer)
+{
+    int64_t slowest;
+    int64_t version = fc_slowest(g, values, values_len, &slowest);
+    if (version < 0)
+        return 0;
+    /* readers write their own counters: one beyond the writer (a scribble) must not send
+     * cleaning into unread data, nor the limit past what a window allows */
+    if (slowest > producer)
+        slowest = producer;
+    int64_t before = LOAD_ACQUIRE(limit);
+    if (slowest + LOAD_ACQUIRE(meta_i32(g, META_FC_WINDOW)) <= before)
+        return 0;
+    fc_advance(g, limit, slowest, FC_RAISE, version);
+    return LOAD_ACQUIRE(limit) > before;
+}
+
+/* ====================================================================================== */
 /* PublicationCore: the term appender                                                     */
 /* ====================================================================================== */
 
@@ -421,8 +646,12 @@ typedef struct {
     PyObject_HEAD
     PyObject *log_buffer;     /* AtomicBuffer over the whole log file */
     PyObject *limit_buffer;   /* AtomicBuffer holding the publication-limit position */
+    PyObject *counters_buffer;/* AtomicBuffer of counter values (None: never self-raise) */
     LogGeometry g;
     int64_t *limit;
+    const uint8_t *values;    /* counter values, to raise the limit from counted positions */
+    Py_ssize_t values_len;
+    int sleeping;             /* threads of this process asleep in _await_progress */
     int32_t session_id;
     int32_t stream_id;
     int32_t mtu;
@@ -552,6 +781,20 @@ static int64_t back_pressure_status(PublicationCore *self, int64_t position, int
     return NOT_CONNECTED;
 }
 
+/* A writer that reached its limit raises it from the counted positions, if they allow. */
+static inline int64_t current_limit(PublicationCore *self, int64_t position, int64_t limit)
+{
+    if (position < limit || self->values == NULL)
+        return limit;
+    fc_raise(&self->g, self->values, self->values_len, self->limit, position);
+    return LOAD_ACQUIRE(self->limit);
+}
+
+static inline void wake_readers(PublicationCore *self)
+{
+    wake_word(meta_i32(&self->g, META_DATA_WAKE), meta_i32(&self->g, META_DATA_WAITERS));
+}
+
 /* The state a writer sees before appending; see reserve(). */
 typedef struct {
     int32_t term_count;
@@ -644,6 +887,7 @@ static int64_t append_pieces(PublicationCore *self, const Piece *pieces, Py_ssiz
     if (status < 0)
         return status;
     int32_t required = required_length(self, length);
+    s.limit = current_limit(self, s.position, s.limit);
     if (s.position >= s.limit)
         return back_pressure_status(self, s.position, required);
     int32_t term_id, offset;
@@ -652,6 +896,7 @@ static int64_t append_pieces(PublicationCore *self, const Piece *pieces, Py_ssiz
         return status;
     write_message(self, term_at(&self->g, s.term_count % PARTITION_COUNT), offset, term_id,
                   pieces, length, reserved_value);
+    wake_readers(self);
     return term_begin_position(&self->g, term_id) + offset + required;
 }
 
@@ -762,6 +1007,7 @@ static int64_t append_batch(PublicationCore *self, Py_ssize_t count, piece_gette
     int64_t status = read_state(self, &s);
     if (status < 0)
         return status;
+    s.limit = current_limit(self, s.position, s.limit);
     if (s.position >= s.limit) {
         Piece first;
         if (get(ctx, 0, &first) < 0) return INT64_MIN;
@@ -789,6 +1035,7 @@ static int64_t append_batch(PublicationCore *self, Py_ssize_t count, piece_gette
             write_message(self, term, offset, term_id, &p, p.len, 0);
             offset += required_length(self, p.len);
         }
+        wake_readers(self);
         return admitted;
     }
     return status;
@@ -903,6 +1150,7 @@ static PyObject *pub_claim(PublicationCore *self, PyObject *args)
         return Py_BuildValue("(Ln)", (long long)status, (Py_ssize_t)-1);
     int32_t frame_length = (int32_t)length + HEADER_LENGTH;
     int32_t required = (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
+    s.limit = current_limit(self, s.position, s.limit);
     if (s.position >= s.limit)
         return Py_BuildValue("(Ln)", (long long)back_pressure_status(self, s.position, required),
                              (Py_ssize_t)-1);
@@ -947,6 +1195,7 @@ static PyObject *pub_commit(PublicationCore *self, PyObject *arg)
     if (frame == NULL)
         return NULL;
     STORE_RELEASE((int32_t *)frame, -rd_i32(frame));
+    wake_readers(self);
     Py_RETURN_NONE;
 }
 
@@ -958,6 +1207,7 @@ static PyObject *pub_abort(PublicationCore *self, PyObject *arg)
     uint16_t pad = HDR_TYPE_PAD;
     memcpy(frame + TYPE_OFFSET, &pad, 2);
     STORE_RELEASE((int32_t *)frame, -rd_i32(frame));
+    wake_readers(self);
     Py_RETURN_NONE;
 }
 
@@ -977,7 +1227,7 @@ static PyObject *pub_claim_view(PublicationCore *self, PyObject *args)
                                    PyBUF_WRITE);
 }
 
-static PyObject *pub_position(PublicationCore *self, PyObject *Py_UNUSED(ignored))
+static PyObject *pub_get_position(PublicationCore *self, void *c)
 {
     if (self->closed)
         return PyLong_FromLong(CLOSED);
@@ -990,24 +1240,72 @@ static PyObject *pub_position(PublicationCore *self, PyObject *Py_UNUSED(ignored
     return PyLong_FromLongLong(s.position);
 }
 
+/* Called with the GIL before the log is unmapped: sleepers are woken, and their waiter
+ * counts taken back for them, since they must not touch the log once it is closed. */
 static PyObject *pub_close_core(PublicationCore *self, PyObject *Py_UNUSED(ignored))
 {
+    if (!self->closed && self->sleeping > 0) {
+        __atomic_fetch_sub(meta_i32(&self->g, META_PROGRESS_WAITERS), self->sleeping,
+                           __ATOMIC_SEQ_CST);
+        __atomic_fetch_add(meta_i32(&self->g, META_PROGRESS_WAKE), 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, meta_i32(&self->g, META_PROGRESS_WAKE), FUTEX_WAKE, INT_MAX, NULL,
+                NULL, 0);
+        self->sleeping = 0;
+    }
     self->closed = 1;
+    Py_RETURN_NONE;
+}
+
+/* _await_progress(timeout_s): sleep until a reader moves, the limit moves, or the timeout. */
+static PyObject *pub_await_progress(PublicationCore *self, PyObject *arg)
+{
+    double timeout = PyFloat_AsDouble(arg);
+    if (timeout == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (self->closed)
+        Py_RETURN_NONE;
+    int32_t *waiters = meta_i32(&self->g, META_PROGRESS_WAITERS);
+    int32_t *word = meta_i32(&self->g, META_PROGRESS_WAKE);
+    __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
+    self->sleeping++;
+    int32_t seen = LOAD_ACQUIRE(word);
+    AppendState s;
+    int ready = read_state(self, &s) < 0 || current_limit(self, s.position, s.limit) > s.position;
+    if (!ready) {
+        int64_t ns = timeout_to_ns(timeout);
+        Py_BEGIN_ALLOW_THREADS
+        wait_words(&word, &seen, 1, ns);
+        Py_END_ALLOW_THREADS
+    }
+    if (!self->closed) {
+        __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
+        self->sleeping--;
+    }
     Py_RETURN_NONE;
 }
 
 static int pub_init(PublicationCore *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"log_buffer", "term_length", "initial_term_id", "mtu", "session_id",
-                             "stream_id", "limit_buffer", "limit_offset", "exclusive", NULL};
-    PyObject *log, *limit_buf;
+                             "stream_id", "limit_buffer", "limit_offset", "exclusive",
+                             "counters", NULL};
+    PyObject *log, *limit_buf, *counters = Py_None;
     int term_length, initial_term_id, mtu, session_id, stream_id, exclusive;
     Py_ssize_t limit_offset;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iiiiiO!np", kwlist, &AtomicBufferType, &log,
-                                     &term_length, &initial_term_id, &mtu, &session_id,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iiiiiO!np|O", kwlist, &AtomicBufferType,
+                                     &log, &term_length, &initial_term_id, &mtu, &session_id,
                                      &stream_id, &AtomicBufferType, &limit_buf, &limit_offset,
-                                     &exclusive))
+                                     &exclusive, &counters))
         return -1;
+    if (counters != Py_None) {
+        if (!PyObject_TypeCheck(counters, &AtomicBufferType)) {
+            PyErr_SetString(PyExc_TypeError, "counters must be an AtomicBuffer or None");
+            return -1;
+        }
+        self->values = ((AtomicBuffer *)counters)->data;
+        self->values_len = ((AtomicBuffer *)counters)->capacity;
+        Py_XSETREF(self->counters_buffer, Py_NewRef(counters));
+    }
     if (geometry_from((AtomicBuffer *)log, term_length, initial_term_id, &self->g) < 0)
         return -1;
     if (mtu < HEADER_LENGTH + FRAME_ALIGNMENT || mtu % FRAME_ALIGNMENT != 0 || mtu > 65504) {
@@ -1044,6 +1342,7 @@ static int pub_traverse(PublicationCore *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->log_buffer);
     Py_VISIT(self->limit_buffer);
+    Py_VISIT(self->counters_buffer);
     return 0;
 }
 
@@ -1051,6 +1350,7 @@ static int pub_clear(PublicationCore *self)
 {
     Py_CLEAR(self->log_buffer);
     Py_CLEAR(self->limit_buffer);
+    Py_CLEAR(self->counters_buffer);
     return 0;
 }
 
@@ -1100,6 +1400,8 @@ static PyGetSetDef pub_getset[] = {
     {"is_closed", (getter)pub_get_is_closed, NULL, "True once closed", NULL},
     {"max_possible_position", (getter)pub_get_max_possible_position, NULL,
      "term length * 2^31: offers at or past it return MAX_POSITION_EXCEEDED", NULL},
+    {"position", (getter)pub_get_position, NULL,
+     "the position the next message would be appended at (CLOSED once closed)", NULL},
     {"position_limit", (getter)pub_get_position_limit, NULL,
      "the position beyond which offers are back-pressured", NULL},
     {"is_connected", (getter)pub_get_is_connected, NULL,
@@ -1123,8 +1425,8 @@ static PyMethodDef pub_methods[] = {
     {"_commit", (PyCFunction)pub_commit, METH_O, NULL},
     {"_abort", (PyCFunction)pub_abort, METH_O, NULL},
     {"_close_core", (PyCFunction)pub_close_core, METH_NOARGS, NULL},
-    {"position", (PyCFunction)pub_position, METH_NOARGS,
-     "position() -> int: the position the next message would be appended at"},
+    {"_await_progress", (PyCFunction)pub_await_progress, METH_O,
+     "_await_progress(timeout_s): sleep until a reader or the limit moves, or the timeout"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1224,7 +1526,16 @@ typedef struct {
     int64_t *position;        /* the subscriber position: written only by this reader */
     Header *header;           /* reused while nobody else holds it */
     int closed;               /* once set, the log may be unmapped: never touch it again */
+    int sleeping;             /* threads of this process asleep in wait_for_data */
 } ImageCore;
+
+/* Stores the new subscriber position and wakes a publisher asleep at its limit. */
+static inline void advance(ImageCore *self, int64_t position)
+{
+    STORE_RELEASE(self->position, position);
+    if (!self->closed)
+        wake_word(meta_i32(&self->g, META_PROGRESS_WAKE), meta_i32(&self->g, META_PROGRESS_WAITERS));
+}
 
 static PyObject *release_str;
 
@@ -1315,7 +1626,7 @@ static PyObject *img_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nar
             break;  /* the handler closed the image: its log may be gone */
     }
     if (offset != term_offset)
-        STORE_RELEASE(self->position, position + (offset - term_offset));
+        advance(self, position + (offset - term_offset));
     if (failed)
         return NULL;
     return PyLong_FromLong(fragments);
@@ -1365,7 +1676,7 @@ static PyObject *img_controlled_poll(ImageCore *self, PyObject *const *args, Py_
         if (action == ACTION_COMMIT) {
             position += offset - initial_offset;
             initial_offset = offset;
-            STORE_RELEASE(self->position, position);
+            advance(self, position);
         } else if (action != ACTION_CONTINUE) {
             PyErr_Format(PyExc_ValueError, "controlled poll handler returned %ld, not an Action",
                          action);
@@ -1374,7 +1685,7 @@ static PyObject *img_controlled_poll(ImageCore *self, PyObject *const *args, Py_
         }
     }
     if (offset != initial_offset)
-        STORE_RELEASE(self->position, position + (offset - initial_offset));
+        advance(self, position + (offset - initial_offset));
     if (failed)
         return NULL;
     return PyLong_FromLong(fragments);
@@ -1432,10 +1743,30 @@ done:
     return result;
 }
 
+/* Called with the GIL before the log is unmapped (see pub_close_core). */
 static PyObject *img_close_core(ImageCore *self, PyObject *Py_UNUSED(ignored))
 {
+    if (!self->closed && self->sleeping > 0) {
+        __atomic_fetch_sub(meta_i32(&self->g, META_DATA_WAITERS), self->sleeping,
+                           __ATOMIC_SEQ_CST);
+        __atomic_fetch_add(meta_i32(&self->g, META_DATA_WAKE), 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, meta_i32(&self->g, META_DATA_WAKE), FUTEX_WAKE, INT_MAX, NULL, NULL,
+                0);
+        self->sleeping = 0;
+    }
     self->closed = 1;
     Py_RETURN_NONE;
+}
+
+/* True when a poll would find a frame (or the image is closed: the caller must look). */
+static int image_ready(ImageCore *self)
+{
+    if (self->closed)
+        return 1;
+    int64_t position = LOAD_ACQUIRE(self->position);
+    int32_t offset = (int32_t)(position & (self->g.term_length - 1));
+    uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
+    return LOAD_ACQUIRE((int32_t *)(term + offset)) > 0;
 }
 
 static PyObject *img_get_is_closed(ImageCore *self, void *c)
@@ -1457,7 +1788,7 @@ static int img_set_position(ImageCore *self, PyObject *value, void *c)
         PyErr_Format(PyExc_ValueError, "position %lld is not a non-negative multiple of 32", v);
         return -1;
     }
-    STORE_RELEASE(self->position, (int64_t)v);
+    advance(self, (int64_t)v);
     return 0;
 }
 
@@ -2076,6 +2407,221 @@ static PyObject *native_insert_frames(PyObject *m, PyObject *args)
     return PyLong_FromSsize_t(end - start);
 }
 
+
+/* ====================================================================================== */
+/* Waiting and flow control from Python: the driver, the client conductor, subscriptions    */
+/* ====================================================================================== */
+
+static int word_at(PyObject *buffer, Py_ssize_t offset, int32_t **word)
+{
+    if (!PyObject_TypeCheck(buffer, &AtomicBufferType)) {
+        PyErr_SetString(PyExc_TypeError, "a wake-up word must live in an AtomicBuffer");
+        return -1;
+    }
+    if (ab_check((AtomicBuffer *)buffer, offset, 4, 4) < 0)
+        return -1;
+    *word = (int32_t *)(((AtomicBuffer *)buffer)->data + offset);
+    return 0;
+}
+
+/* signal_word(buffer, offset): bump the word and wake everyone asleep on it (always a
+ * syscall: for rare events such as commands to the driver and broadcasts to clients). */
+static PyObject *native_signal_word(PyObject *m, PyObject *args)
+{
+    PyObject *buffer;
+    Py_ssize_t offset;
+    int32_t *word;
+    if (!PyArg_ParseTuple(args, "On", &buffer, &offset) || word_at(buffer, offset, &word) < 0)
+        return NULL;
+    __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    Py_RETURN_NONE;
+}
+
+/* wait_word(buffer, offset, expected, timeout_s): sleep, without the GIL, while the word holds
+ * `expected` (read before the caller checked its condition), at most timeout_s seconds. */
+static PyObject *native_wait_word(PyObject *m, PyObject *args)
+{
+    PyObject *buffer;
+    Py_ssize_t offset;
+    int expected;
+    double timeout;
+    int32_t *word;
+    if (!PyArg_ParseTuple(args, "Onid", &buffer, &offset, &expected, &timeout) ||
+        word_at(buffer, offset, &word) < 0)
+        return NULL;
+    int64_t ns = timeout_to_ns(timeout);
+    int32_t value = (int32_t)expected;
+    Py_BEGIN_ALLOW_THREADS
+    wait_words(&word, &value, 1, ns);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* wait_for_data(images, timeout_s, wake=None) -> bool
+ *
+ * Sleeps until one of the images (ImageCore, at most 127) has a frame at its position, the
+ * optional wake word (buffer, offset, expected) changes, or the timeout passes. Returns whether
+ * an image has a frame now. Writers signal only while someone sleeps (see wake_word). */
+static PyObject *native_wait_for_data(PyObject *m, PyObject *args)
+{
+    PyObject *images, *wake = Py_None;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "O!d|O", &PyTuple_Type, &images, &timeout, &wake))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(images);
+    if (n > 127) n = 127;
+    int32_t *words[128];
+    int32_t expected[128];
+    ImageCore *sleeping[127];
+    int count = 0, slept = 0, ready = 0;
+    if (wake != Py_None) {
+        PyObject *buffer;
+        Py_ssize_t offset;
+        int value;
+        if (!PyArg_ParseTuple(wake, "Oni", &buffer, &offset, &value) ||
+            word_at(buffer, offset, &words[0]) < 0)
+            return NULL;
+        expected[0] = value;
+        count = 1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(images, i);
+        if (!PyObject_TypeCheck(item, &ImageCoreType)) {
+            PyErr_SetString(PyExc_TypeError, "wait_for_data takes a tuple of images");
+            goto undo;
+        }
+        ImageCore *image = (ImageCore *)item;
+        if (image->closed) { ready = 1; continue; }
+        __atomic_fetch_add(meta_i32(&image->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
+        image->sleeping++;
+        sleeping[slept++] = image;
+        words[count] = meta_i32(&image->g, META_DATA_WAKE);
+        expected[count] = LOAD_ACQUIRE(words[count]);
+        count++;
+    }
+    for (int i = 0; i < slept && !ready; i++)
+        ready = image_ready(sleeping[i]);
+    if (!ready && count > 0) {
+        int64_t ns = timeout_to_ns(timeout);
+        Py_BEGIN_ALLOW_THREADS
+        wait_words(words, expected, count, ns);
+        Py_END_ALLOW_THREADS
+    } else if (!ready && timeout > 0) {
+        /* nothing to sleep on: no images and no wake word */
+        int64_t ns = timeout_to_ns(timeout);
+        struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+        Py_BEGIN_ALLOW_THREADS
+        nanosleep(&ts, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    ready = 0;
+    for (int i = 0; i < slept; i++) {
+        if (sleeping[i]->closed)
+            continue;  /* img_close_core took its waiter count back */
+        __atomic_fetch_sub(meta_i32(&sleeping[i]->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
+        sleeping[i]->sleeping--;
+        ready = ready || image_ready(sleeping[i]);
+    }
+    return PyBool_FromLong(ready);
+undo:
+    for (int i = 0; i < slept; i++) {
+        __atomic_fetch_sub(meta_i32(&sleeping[i]->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
+        sleeping[i]->sleeping--;
+    }
+    return NULL;
+}
+
+/* wake_log_readers(log_buffer): wake readers asleep on a log whose frames were written by
+ * other means than PublicationCore (the netbridge's insert_frames). */
+static PyObject *native_wake_log_readers(PyObject *m, PyObject *arg)
+{
+    if (!PyObject_TypeCheck(arg, &AtomicBufferType)) {
+        PyErr_SetString(PyExc_TypeError, "wake_log_readers takes a log's AtomicBuffer");
+        return NULL;
+    }
+    AtomicBuffer *log = (AtomicBuffer *)arg;
+    if (log->capacity < LOG_META_DATA_LENGTH) {
+        PyErr_SetString(PyExc_ValueError, "the buffer is shorter than a log's metadata");
+        return NULL;
+    }
+    uint8_t *meta = log->data + log->capacity - LOG_META_DATA_LENGTH;
+    wake_word((int32_t *)(meta + META_DATA_WAKE), (int32_t *)(meta + META_DATA_WAITERS));
+    Py_RETURN_NONE;
+}
+
+static int log_geometry_arg(PyObject *log, int term_length, LogGeometry *g)
+{
+    if (!PyObject_TypeCheck(log, &AtomicBufferType)) {
+        PyErr_SetString(PyExc_TypeError, "the log must be an AtomicBuffer");
+        return -1;
+    }
+    return geometry_from((AtomicBuffer *)log, term_length, 0, g);
+}
+
+/* flow_control_set(log_buffer, term_length, counter_ids): the driver publishes which position
+ * counters count for this log's limit (seqlock; the driver is the only writer). */
+static PyObject *native_flow_control_set(PyObject *m, PyObject *args)
+{
+    PyObject *log, *ids;
+    int term_length;
+    LogGeometry g;
+    if (!PyArg_ParseTuple(args, "OiO", &log, &term_length, &ids) ||
+        log_geometry_arg(log, term_length, &g) < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(ids, "counter_ids must be a sequence of counter ids");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > FC_MAX_COUNTED) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "%zd positions count for one log; at most %d may",
+                     n, FC_MAX_COUNTED);
+        return NULL;
+    }
+    int32_t values[FC_MAX_COUNTED];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) { Py_DECREF(seq); return NULL; }
+        values[i] = (int32_t)v;
+    }
+    Py_DECREF(seq);
+    int32_t *version = meta_i32(&g, META_FC_VERSION);
+    int32_t v = __atomic_load_n(version, __ATOMIC_RELAXED);
+    STORE_RELEASE(version, v + 1);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    int32_t *dst = meta_i32(&g, META_FC_COUNTER_IDS);
+    for (Py_ssize_t i = 0; i < n; i++)
+        __atomic_store_n(dst + i, values[i], __ATOMIC_RELAXED);
+    __atomic_store_n(meta_i32(&g, META_FC_COUNT), (int32_t)n, __ATOMIC_RELAXED);
+    STORE_RELEASE(version, v + 2);
+    Py_RETURN_NONE;
+}
+
+/* flow_control_advance(log_buffer, term_length, limit_buffer, limit_offset, slowest, mode)
+ * -> bool: clean behind `slowest` and move the limit by mode (0 raise, 1 pull back, 2 clean
+ * only; see fc_advance). False when another process holds the flow-control lock: try again. */
+static PyObject *native_flow_control_advance(PyObject *m, PyObject *args)
+{
+    PyObject *log, *limit_buffer;
+    int term_length, mode;
+    Py_ssize_t limit_offset;
+    long long slowest;
+    LogGeometry g;
+    if (!PyArg_ParseTuple(args, "OiOnLi", &log, &term_length, &limit_buffer, &limit_offset,
+                          &slowest, &mode) ||
+        log_geometry_arg(log, term_length, &g) < 0)
+        return NULL;
+    if (mode < FC_RAISE || mode > FC_CLEAN_ONLY) {
+        PyErr_Format(PyExc_ValueError, "flow-control mode %d is not 0, 1 or 2", mode);
+        return NULL;
+    }
+    int64_t *limit = position_ptr(limit_buffer, limit_offset);
+    if (limit == NULL)
+        return NULL;
+    return PyBool_FromLong(fc_advance(&g, limit, (int64_t)slowest, mode, -1));
+}
+
 static PyMethodDef netbridge_wire_functions[] = {
     {"term_scan", native_term_scan, METH_VARARGS,
      "term_scan(buffer, term_start, term_length, term_offset, max_length, stop) -> (length, "
@@ -2086,6 +2632,19 @@ static PyMethodDef netbridge_wire_functions[] = {
     {"insert_frames", native_insert_frames, METH_VARARGS,
      "insert_frames(buffer, at, datagram, start, end) -> int: copy datagram[start:end] to "
      "buffer[at:], the first frame's length last with a release store"},
+    {"wake_log_readers", native_wake_log_readers, METH_O,
+     "wake_log_readers(log_buffer): wake readers asleep on the log (after insert_frames)"},
+    {"signal_word", native_signal_word, METH_VARARGS,
+     "signal_word(buffer, offset): bump a wake-up word and wake its sleepers"},
+    {"wait_word", native_wait_word, METH_VARARGS,
+     "wait_word(buffer, offset, expected, timeout_s): sleep while the word holds expected"},
+    {"wait_for_data", native_wait_for_data, METH_VARARGS,
+     "wait_for_data(images, timeout_s, wake=None) -> bool: sleep until an image has a frame"},
+    {"flow_control_set", native_flow_control_set, METH_VARARGS,
+     "flow_control_set(log_buffer, term_length, counter_ids): the positions that count"},
+    {"flow_control_advance", native_flow_control_advance, METH_VARARGS,
+     "flow_control_advance(log_buffer, term_length, limit_buffer, limit_offset, slowest, "
+     "mode) -> bool: clean behind slowest; mode 0 raises pub-lmt, 1 pulls it back, 2 leaves it"},
     {NULL, NULL, 0, NULL},
 };
 

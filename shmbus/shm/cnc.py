@@ -217,7 +217,8 @@ class CncFile:
         """The driver's last heartbeat, epoch ms."""
         if self.buffer is not None:
             return self.buffer.get_int64_acquire(HEARTBEAT_OFFSET)
-        return struct.unpack_from("<q", self._mmap, HEARTBEAT_OFFSET)[0]
+        heartbeat: int = struct.unpack_from("<q", self._mmap, HEARTBEAT_OFFSET)[0]
+        return heartbeat
 
     def set_driver_heartbeat(self, now_ms: int) -> None:
         assert self.buffer is not None

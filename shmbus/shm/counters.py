@@ -41,7 +41,7 @@ not at once see someone else's counter under it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from shmbus.shm._native import AtomicBuffer
@@ -229,7 +229,7 @@ class CountersReader:
         self._check_id(counter_id)
         return self._get_id_field(counter_id, REFERENCE_ID_OFFSET)
 
-    def _allocated_ids(self):
+    def _allocated_ids(self) -> Iterator[int]:
         for counter_id in range(self.max_counters):
             state = self.get_state(counter_id)
             if state == RECORD_UNUSED:

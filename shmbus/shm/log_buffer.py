@@ -24,6 +24,17 @@ written concurrently sits on its own cache lines; the owner of each field is nam
     292  stream id (i32)                   "
     296  publication window (i32)       driver, before the log is announced (0: unset)
     384  default frame header (32 bytes)   "
+    512  flow-control lock (i64)        whoever raises pub-lmt: its pid while it cleans/raises
+    520  clean position (i64)           the lock holder: the log is zero from here on
+    576  data wake-up word (i32)        publishers bump it (futex) when readers sleep
+    580  data waiters (i32)             readers asleep on the data word
+    640  progress wake-up word (i32)    readers and the limit's raiser bump it when writers sleep
+    644  progress waiters (i32)         publishers asleep at their limit
+    704  counted-set version (i32)      driver: seqlock, odd while the set is written
+    708  counted-set size (i32)         driver: position counters that hold the limit back
+    712  window (i32)                   driver: pub-lmt = slowest counted position + window
+    716  clean lag (i32)                driver: bytes left uncleaned behind the slowest
+    1024 counted counter ids (768 x i32)  driver
 
 Only the native module (through :class:`AtomicBuffer`) reads or writes the concurrently
 written fields; the creation-time fields are written before the file is shared.
@@ -68,6 +79,10 @@ SESSION_ID_OFFSET = 288
 STREAM_ID_OFFSET = 292
 PUBLICATION_WINDOW_OFFSET = 296
 DEFAULT_FRAME_HEADER_OFFSET = 384
+FC_LOCK_OFFSET = 512
+FC_CLEAN_POSITION_OFFSET = 520
+FC_WINDOW_OFFSET = 712
+FC_CLEAN_LAG_OFFSET = 716
 
 HDR_TYPE_PAD = 0
 HDR_TYPE_DATA = 1

@@ -26,7 +26,7 @@ def publish(context: shmbus.Context, channel: str, stream_id: int, count: int,
         # stay until the bridge has sent everything (the subscriber says when it is done)
         while time.monotonic() < deadline and not publication.is_closed:
             time.sleep(0.05)
-            if publication.position() <= _sent(bus, publication):
+            if publication.position <= _sent(bus, publication):
                 break
         return sequence
 
@@ -59,7 +59,7 @@ def wait_sent(bus: shmbus.Client, publication: shmbus.Publication, timeout: floa
     publication's position); False after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if _sent(bus, publication) >= publication.position():
+        if _sent(bus, publication) >= publication.position:
             return True
         time.sleep(0.01)
     return False

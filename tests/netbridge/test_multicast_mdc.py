@@ -349,7 +349,7 @@ def test_mdc_manual_destinations_added_and_removed_while_streaming(shm_dir: Path
         time.sleep(0.5)  # the new destination gets a SETUP at the position reached
         assert send_stat(contexts[0], "destinations") == 2
         send(added, removed, rate=5_000)
-        end_of_span = publication.position()
+        end_of_span = publication.position
         publication.remove_destination(destinations[0])
         time.sleep(0.5)
         assert send_stat(contexts[0], "destinations") == 1
@@ -446,11 +446,11 @@ def test_mdc_dynamic_a_late_receiver_joins_and_a_killed_one_is_dropped(shm_dir: 
         wait_for(lambda: send_stat(contexts[0], "destinations") == 2, 20,
                  "host 2 to become a destination")
         with shmbus.connect(contexts[2]) as host_2:  # its image, from the position reached
-            wait_for(lambda: largest(host_2, SUB_POS) == publication.position(), 20,
+            wait_for(lambda: largest(host_2, SUB_POS) == publication.position, 20,
                      "host 2's image")
         send(joined, killed)
         with shmbus.connect(contexts[1]) as host_1:
-            wait_for(lambda: largest(host_1, SUB_POS) == publication.position(), 20,
+            wait_for(lambda: largest(host_1, SUB_POS) == publication.position, 20,
                      "host 1 to read everything sent so far")
         kill_host(contexts[1])
         stop.set()

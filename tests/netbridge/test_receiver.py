@@ -492,10 +492,13 @@ def test_rtt_measurement_can_be_disabled_and_stops_at_end_of_stream(host: ImageH
     assert rttms(receiver.poll(500 * MS)) == [] and image.rttm_requests == 0
 
 
-def test_decoded_frames_are_accepted_as_well_as_bytes(host: ImageHost) -> None:
+def test_a_datagram_is_bytes_not_decoded_frames(host: ImageHost) -> None:
     receiver = make_receiver(host)
-    receiver.on_datagram(0, list(decode_frames(setup(0))), SENDER)
-    receiver.on_datagram(1, list(decode_frames(data(0, payload(5), payload(6)))), SENDER)
+    with pytest.raises(TypeError, match="list"):
+        receiver.on_datagram(0, list(decode_frames(setup(0))), SENDER)
+    assert receiver.datagrams_received == 0 and host.requests == []
+    receiver.on_datagram(0, setup(0), SENDER)
+    receiver.on_datagram(1, memoryview(data(0, payload(5), payload(6))), SENDER)
     receiver.poll(1)
     assert host.read() == [payload(5), payload(6)]
 

@@ -202,7 +202,7 @@ def test_data_is_sent_straight_from_the_log_packed_up_to_the_mtu(pub: Publicatio
     sizes = [10, 200, 1376, 3000, 50] + [20] * 60
     for i, size in enumerate(sizes):
         assert pub.offer(bytes([i % 256]) * size) > 0
-    end = pub.publication.position()
+    end = pub.publication.position
     out, deadline = sender.poll(1 * MS)
     assert deadline == 1 * MS + 100 * MS
     assert sender.sender_position == end
@@ -451,8 +451,11 @@ def test_bad_datagrams_are_counted_and_ignored(pub: PublicationLog) -> None:
                        message=b"no")
     sender.on_datagram(1, error.encode(), CONTROL)
     assert sender.errors_received == 1 and sender.last_error.text == "no"
-    # decoded frames are accepted as well as bytes
-    sender.on_datagram(1, list(decode_frames(sm(64, 64 * 1024))), CONTROL)
+    # a datagram is bytes, never decoded frames
+    with pytest.raises(TypeError, match="list"):
+        sender.on_datagram(1, list(decode_frames(sm(64, 64 * 1024))), CONTROL)
+    assert sender.sender_limit == 32 * 1024
+    sender.on_datagram(1, memoryview(sm(64, 64 * 1024)), CONTROL)
     assert sender.sender_limit == 64 + 64 * 1024
 
 
@@ -526,7 +529,7 @@ def test_offer_is_back_pressured_at_the_limit_set_from_the_sender_position(
     while (result := pub.offer(b"b" * 1000)) > 0:
         pass
     assert result == BACK_PRESSURED
-    assert TERM // 2 <= pub.publication.position() <= TERM // 2 + 1056  # at most one past
+    assert TERM // 2 <= pub.publication.position <= TERM // 2 + 1056  # at most one past
 
 
 def test_destinations_can_be_added_and_removed(pub: PublicationLog) -> None:

@@ -284,7 +284,7 @@ def exclusive_writer(directory: str, count: int, seed: int, batch: int, start: A
                     positions[seq] = result
                 seq += 1
             report["sent"] = seq
-        report.update(admin=admin, back_pressured=back_pressured, position=pub.position())
+        report.update(admin=admin, back_pressured=back_pressured, position=pub.position)
         if positions is not None:
             report["positions"] = positions
         pub.close()

@@ -56,7 +56,7 @@ def test_late_subscriber_starts_at_the_current_position(bus_context, driver) -> 
             pub.publish(bytes([i]))
         late = bus.add_subscription("aeron:ipc", 9)
         wait_for(lambda: late.images, poll=lambda: late.poll(lambda b, h: None, 1))
-        assert late.images[0].position == pub.position()
+        assert late.images[0].position == pub.position
         pub.publish(b"after")
         assert list(late.messages(timeout=0.3)) == [b"after"]
         assert len(list(early.messages(timeout=0.3))) == 11

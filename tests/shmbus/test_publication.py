@@ -94,7 +94,7 @@ def test_max_message_length_is_enforced(stream, exclusive) -> None:
         pub.offer(bytes(TERM // 8 + 1))
     with pytest.raises(ValueError, match="max message length"):
         pub.offer(bytes(5000), bytes(5000))
-    assert pub.position() == 0
+    assert pub.position == 0
 
 
 def test_non_buffer_is_a_type_error(stream) -> None:
@@ -123,7 +123,7 @@ def test_message_that_just_fits_at_the_end_of_a_term(stream, exclusive) -> None:
     filler = bytes(992 - 32)  # frames of 992 bytes: 66 fill 65472 of the term
     for _ in range(66):
         assert pub.offer(filler) > 0
-    assert pub.position() == TERM - 64
+    assert pub.position == TERM - 64
     assert pub.offer(bytes(32)) == TERM  # exactly fills the term
     assert pub.offer(b"next") == shmbus.ADMIN_ACTION  # full term: rotate, no padding needed
     assert pub.offer(b"next") == TERM + 64
@@ -136,7 +136,7 @@ def test_message_that_does_not_fit_pads_and_rotates(stream, exclusive) -> None:
     for _ in range(66):
         assert pub.offer(filler) > 0
     assert pub.offer(bytes(33)) == shmbus.ADMIN_ACTION  # needs 96 bytes, 64 are left
-    assert pub.position() == TERM
+    assert pub.position == TERM
     assert pub.offer(bytes(33)) == TERM + 96
     pad = stream.log.buffer.get_bytes(TERM - 64, 8)
     assert struct.unpack("<iBBH", pad) == (64, 0, 0xC0, 0)
@@ -153,7 +153,7 @@ def test_codes_not_connected_back_pressured_closed(stream, exclusive) -> None:
     while pub.offer(message) > 0:
         pass
     assert pub.offer(message) == shmbus.BACK_PRESSURED
-    assert window <= pub.position() < window + 1056
+    assert window <= pub.position < window + 1056
     stream.log.is_connected = False
     assert pub.offer(message) == shmbus.NOT_CONNECTED
     assert not pub.is_connected
@@ -437,7 +437,7 @@ def test_offers_read_back_exactly_in_order(ops, limits, exclusive,
             if image.position == before:
                 break
         assert got == expected
-        assert image.position == pub.position()
+        assert image.position == pub.position
     finally:
         stream.close()
         shutil.rmtree(directory, ignore_errors=True)

@@ -309,7 +309,7 @@ def test_spark_batch_read_equals_the_recorded_messages(spark, bus_context, drive
             publication = publications[i % 2]
             while publication.offer(payload, reserved_value=i) < 0:
                 recorder.poll()
-        ends = {p.session_id: p.position() for p in publications}
+        ends = {p.session_id: p.position for p in publications}
         wait_for(lambda: all(recorder.positions[r.recording_id] >= ends[r.session_id]
                              for r in recorder.recordings), poll=recorder.poll, what="recorded")
         recorder.close()

@@ -350,7 +350,7 @@ def test_records_every_session_with_fragments_and_term_rotations(bus_context, dr
                 recorder.poll()
                 assert time.monotonic() < deadline, "back-pressured for too long"
             sent[publication.session_id].append((payload, i))
-        ends = {p.session_id: p.position() for p in publications}
+        ends = {p.session_id: p.position for p in publications}
         wait_for(lambda: all(recorder.positions[r.recording_id] >= ends[r.session_id]
                              for r in recorder.recordings), poll=recorder.poll,
                  what="everything recorded")
@@ -423,7 +423,7 @@ def test_sigkilled_recorder_loses_nothing_it_wrote(bus_context, driver, tmp_path
             for i in range(50):
                 publication.publish(i.to_bytes(4, "little"), timeout=DEADLINE_S)
             second = read_catalog(directory)[1]
-            wait_for(lambda: live_position(directory, second) >= publication.position(),
+            wait_for(lambda: live_position(directory, second) >= publication.position,
                      what="recorded")
             recorder.send_signal(signal.SIGTERM)
             _, err = recorder.communicate(timeout=DEADLINE_S)

@@ -93,6 +93,6 @@ def publisher(context: shmbus.Context, name: str, stream_id: int, length: int,
             time.sleep(settle)
             if publication.position_limit == limit:
                 break
-        reports.put(("full", name, os.getpid(), publication.position(),
+        reports.put(("full", name, os.getpid(), publication.position,
                      publication.position_limit))
         wait_flag(stop, deadline)

@@ -202,7 +202,7 @@ def publisher(context: shmbus.Context, channel: str, stream_id: int, writer: int
                 if pace_every and seq % pace_every == 0:
                     time.sleep(pace_sleep)
             results.put({"kind": "pub", "name": name, "writer": writer, "sent": seq,
-                         "stats": stats, "position": pub.position(),
+                         "stats": stats, "position": pub.position,
                          "registration_id": pub.registration_id,
                          "elapsed": time.monotonic() - began})
 

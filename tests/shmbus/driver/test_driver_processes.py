@@ -442,7 +442,7 @@ def test_killed_driver_times_clients_out_and_a_new_driver_starts_over(bus_contex
             pub.publish(dw.make_message(5, i))
         (sub_pos_id,) = [c.counter_id for c in bus.counters.counters()
                          if c.type_id == SUB_POS and c.reference_id == pub.registration_id]
-        wait_until(lambda: bus.counters.get_value(sub_pos_id) == pub.position(), 5.0,
+        wait_until(lambda: bus.counters.get_value(sub_pos_id) == pub.position, 5.0,
                    "the subscriber process to read 10 messages")
         old_logs = set(os.listdir(logs))
         assert f"{pub.registration_id}.log" in old_logs

@@ -1,0 +1,241 @@
+"""Types of the native core (shmbus/shm/_native.c); keep in step with its method tables
+(tests/shmbus/shm/test_native_stub.py checks that every name is here). Arguments the C code
+parses positionally are positional-only here.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias, final
+
+import numpy as np
+from _typeshed import ReadableBuffer, WriteableBuffer
+
+# Anything with the buffer protocol. numpy's stubs give ndarray the protocol only on Python
+# 3.12 and later, so arrays are named too (shmbus supports 3.11).
+Buffer: TypeAlias = ReadableBuffer | np.ndarray[Any, Any]
+WritableBuffer: TypeAlias = WriteableBuffer | np.ndarray[Any, Any]
+
+@final
+class AtomicBuffer:
+    """Bounds-checked plain, acquire/release and atomic access over a writable, C-contiguous
+    buffer. A bad offset raises IndexError, a misaligned atomic access ValueError, any access
+    after ``release()`` ValueError."""
+
+    def __init__(self, buffer: WritableBuffer) -> None: ...
+    @property
+    def capacity(self) -> int:
+        """Length of the buffer in bytes (0 once released)."""
+    def get_int32(self, offset: int, /) -> int: ...
+    def get_int64(self, offset: int, /) -> int: ...
+    def get_int32_acquire(self, offset: int, /) -> int: ...
+    def get_int64_acquire(self, offset: int, /) -> int: ...
+    def put_int32(self, offset: int, value: int, /) -> None: ...
+    def put_int64(self, offset: int, value: int, /) -> None: ...
+    def put_int32_release(self, offset: int, value: int, /) -> None: ...
+    def put_int64_release(self, offset: int, value: int, /) -> None: ...
+    def get_and_add_int32(self, offset: int, delta: int, /) -> int:
+        """The value before the add."""
+    def get_and_add_int64(self, offset: int, delta: int, /) -> int:
+        """The value before the add."""
+    def compare_and_set_int32(self, offset: int, expected: int, desired: int, /) -> bool: ...
+    def compare_and_set_int64(self, offset: int, expected: int, desired: int, /) -> bool: ...
+    def get_bytes(self, offset: int, length: int, /) -> bytes: ...
+    def put_bytes(self, offset: int, data: Buffer, /) -> None: ...
+    def set_memory(self, offset: int, length: int, value: int, /) -> None: ...
+    def release(self) -> None:
+        """Drop the underlying buffer; later accesses raise ValueError. Idempotent."""
+
+class PublicationCore:
+    """The term appender behind ExclusivePublication and ConcurrentPublication."""
+
+    def __init__(
+        self,
+        log_buffer: AtomicBuffer,
+        term_length: int,
+        initial_term_id: int,
+        mtu: int,
+        session_id: int,
+        stream_id: int,
+        limit_buffer: AtomicBuffer,
+        limit_offset: int,
+        exclusive: bool,
+        counters: AtomicBuffer | None = None,
+    ) -> None:
+        """counters: the bus's counter values; with it the publication raises its own limit
+        from the subscriber positions the driver counts (see flow_control_set)."""
+    @property
+    def max_payload_length(self) -> int:
+        """Largest payload of one frame (mtu - 32); larger messages are fragmented."""
+    @property
+    def max_message_length(self) -> int:
+        """Largest message offer accepts: min(term length / 8, 16 MiB)."""
+    @property
+    def session_id(self) -> int: ...
+    @property
+    def stream_id(self) -> int: ...
+    @property
+    def term_length(self) -> int: ...
+    @property
+    def initial_term_id(self) -> int: ...
+    @property
+    def mtu(self) -> int: ...
+    @property
+    def is_closed(self) -> bool: ...
+    @property
+    def max_possible_position(self) -> int:
+        """Term length * 2^31: offers at or past it return MAX_POSITION_EXCEEDED."""
+    @property
+    def position(self) -> int:
+        """The position the next message would be appended at (CLOSED once closed)."""
+    @property
+    def position_limit(self) -> int:
+        """The position beyond which offers are back-pressured."""
+    @property
+    def is_connected(self) -> bool: ...
+    def offer(self, *buffers: Buffer, reserved_value: int = 0) -> int:
+        """One message gathered from 1 to 16 buffers: the new position (> 0) or a negative
+        code. ValueError over max_message_length, TypeError for a non-buffer."""
+    def offer_many(self, messages: Sequence[Buffer] | Buffer, /) -> int:
+        """How many messages were appended from the front (>= 1), a negative code when none
+        was, 0 for an empty batch."""
+    def _claim(self, length: int, reserved_value: int = 0, /) -> tuple[int, int]:
+        """(new position or code, frame offset into the log; -1 on a code)."""
+    def _claim_view(self, frame_offset: int, length: int, /) -> memoryview: ...
+    def _commit(self, frame_offset: int, /) -> None: ...
+    def _abort(self, frame_offset: int, /) -> None: ...
+    def _close_core(self) -> None: ...
+    def _await_progress(self, timeout: float, /) -> None:
+        """Sleep (GIL released) until a reader or the limit moves, or timeout seconds pass."""
+
+@final
+class Header:
+    """A copy of one frame's 32-byte header, handed to fragment handlers; made only by the
+    native core."""
+
+    @property
+    def frame_length(self) -> int: ...
+    @property
+    def term_offset(self) -> int: ...
+    @property
+    def session_id(self) -> int: ...
+    @property
+    def stream_id(self) -> int: ...
+    @property
+    def term_id(self) -> int: ...
+    @property
+    def flags(self) -> int: ...
+    @property
+    def type(self) -> int: ...
+    @property
+    def reserved_value(self) -> int: ...
+    @property
+    def position(self) -> int:
+        """Stream position just after this frame."""
+    @property
+    def raw(self) -> bytes: ...
+
+class ImageCore:
+    """The term reader behind Image."""
+
+    def __init__(
+        self,
+        log_buffer: AtomicBuffer,
+        term_length: int,
+        initial_term_id: int,
+        position_buffer: AtomicBuffer,
+        position_offset: int,
+    ) -> None: ...
+    @property
+    def position(self) -> int:
+        """The subscriber position; set it to a non-negative multiple of 32 (ValueError)."""
+    @position.setter
+    def position(self, value: int) -> None: ...
+    @property
+    def term_length(self) -> int: ...
+    @property
+    def initial_term_id(self) -> int: ...
+    @property
+    def is_closed(self) -> bool: ...
+    def poll(self, handler: Callable[[memoryview, Header], object], fragment_limit: int, /) -> int:
+        """Fragments handed to ``handler``; the memoryview is valid only during the call."""
+    def controlled_poll(
+        self, handler: Callable[[memoryview, Header], int | None], fragment_limit: int, /
+    ) -> int:
+        """Like poll; the handler returns an Action (None is CONTINUE)."""
+    def _scan(
+        self, limit: int, offsets: WritableBuffer, lengths: WritableBuffer,
+        flags: WritableBuffer, /,
+    ) -> tuple[int, int, int]:
+        """(fragments, term index, bytes scanned) from the current position, not moving it."""
+    def _close_core(self) -> None: ...
+
+@final
+class FragmentAssembler:
+    """A fragment handler that calls ``delegate(buffer, header)`` once per whole message."""
+
+    def __init__(self, delegate: Callable[[memoryview, Header], object]) -> None: ...
+    @property
+    def delegate(self) -> Callable[[memoryview, Header], object]: ...
+    def __call__(self, buffer: memoryview, header: Header, /) -> Any:
+        """The delegate's result for the last fragment of a message, otherwise None."""
+    def free_session(self, session_id: int, /) -> None: ...
+
+@final
+class Heartbeat:
+    """A thread (no GIL) that stores epoch_ms() at buffer[offset] every ``interval`` seconds
+    (0 < interval < 3600) until stop()."""
+
+    def __init__(self, buffer: AtomicBuffer, offset: int, interval: float) -> None: ...
+    @property
+    def running(self) -> bool: ...
+    def stop(self) -> None:
+        """Stop the thread and let go of the buffer. Idempotent; a no-op after fork."""
+
+def epoch_ms() -> int:
+    """The clock heartbeats use: wall-clock time in milliseconds."""
+
+def acquire_fence() -> None: ...
+def release_fence() -> None: ...
+def full_fence() -> None: ...
+def term_scan(
+    buffer: AtomicBuffer, term_start: int, term_length: int, term_offset: int, max_length: int,
+    stop: int, /,
+) -> tuple[int, int]:
+    """(bytes of committed whole frames to send from term_offset, padding skipped after them)."""
+
+def validate_datagram(
+    datagram: Buffer, term_offset: int, session_id: int, stream_id: int, term_id: int,
+    term_length: int, below: int, /,
+) -> tuple[int, int, int] | int:
+    """(end, span, skip), or -1 when any frame header of the datagram is invalid."""
+
+def insert_frames(
+    buffer: AtomicBuffer, at: int, datagram: Buffer, start: int, end: int, /
+) -> int:
+    """Copies datagram[start:end] to buffer[at:], the first frame's length last (release)."""
+
+def wake_log_readers(log_buffer: AtomicBuffer, /) -> None:
+    """Wakes the readers asleep on the log (call after insert_frames)."""
+
+def signal_word(buffer: AtomicBuffer, offset: int, /) -> None:
+    """Bumps the 32-bit wake-up word at offset and wakes whoever sleeps on it."""
+
+def wait_word(buffer: AtomicBuffer, offset: int, expected: int, timeout: float, /) -> None:
+    """Sleeps (GIL released) while the word at offset holds expected, at most timeout seconds."""
+
+def wait_for_data(
+    images: tuple[ImageCore, ...], timeout: float,
+    wake: tuple[AtomicBuffer, int, int] | None = None, /,
+) -> bool:
+    """Sleeps until one of the images has a frame to read, the wake word (buffer, offset,
+    expected value) changes, or timeout seconds pass; True when an image has data."""
+
+def flow_control_set(log_buffer: AtomicBuffer, term_length: int, counter_ids: Sequence[int], /
+                     ) -> None:
+    """Driver only: the counter ids of the subscriber positions the publication counts."""
+
+def flow_control_advance(
+    log_buffer: AtomicBuffer, term_length: int, limit_buffer: AtomicBuffer, limit_offset: int,
+    slowest: int, mode: int, /,
+) -> bool:
+    """Driver only: cleans behind slowest; mode 0 raises the limit, 1 pulls it back, 2 only
+    cleans. False when the metadata lock is held by a publisher (try again later)."""

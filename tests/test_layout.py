@@ -1,0 +1,162 @@
+"""The import rules that keep the three processes apart, read from the source (no imports run).
+
+* shmbus/driver/ (the driver process) imports no client module: only itself, shmbus/shm/ and
+  the plain settings and values of the top package (context, errors, codes, channel_uri,
+  idle_strategy); never the top package itself, whose __init__ pulls in the client.
+* shmbus/shm/ (what every process maps) imports only itself, the standard library and numpy.
+* shmbus/archive/ imports no driver module.
+* examples/ and tools/ use the public API only: names in ``shmbus.__all__``, ``shmbus.spark``
+  and names in ``netbridge.__all__``; never the tests.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import netbridge
+import shmbus
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVER_MAY_IMPORT = {f"shmbus.{name}" for name in
+                     ("context", "errors", "codes", "channel_uri", "idle_strategy")}
+PUBLIC = {"shmbus": {*shmbus.__all__, "spark"}, "netbridge": set(netbridge.__all__)}
+
+
+def _python_files(root: Path, folder: str) -> list[Path]:
+    files = sorted((root / folder).rglob("*.py"))
+    assert files, f"no Python files under {folder}"
+    return files
+
+
+def _imports(root: Path, path: Path) -> Iterator[tuple[int, str]]:
+    """(line, module) for each module a file imports, in functions too: ``from m import n``
+    imports the submodule ``m.n`` when there is one, else ``m``."""
+    def is_module(dotted: str) -> bool:
+        file = root.joinpath(*dotted.split("."))
+        return file.with_suffix(".py").is_file() or (file / "__init__.py").is_file()
+
+    package = path.relative_to(root).parent.parts
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            parts = [*package[:len(package) - node.level + 1]] if node.level else []
+            module = ".".join([*parts, node.module] if node.module else parts)
+            for alias in node.names:
+                submodule = f"{module}.{alias.name}"
+                yield node.lineno, submodule if is_module(submodule) else module
+
+
+def _violations(root: Path, folder: str, allowed: Callable[[str], bool]) -> list[str]:
+    """``file:line imports module`` for each import under ``folder`` that ``allowed`` refuses."""
+    return sorted(f"{path.relative_to(root)}:{line} imports {module}"
+                  for path in _python_files(root, folder)
+                  for line, module in _imports(root, path) if not allowed(module))
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _driver_may_import(module: str) -> bool:
+    return (not _within(module, "shmbus") or _within(module, "shmbus.driver")
+            or _within(module, "shmbus.shm") or module in DRIVER_MAY_IMPORT)
+
+
+def _shm_may_import(module: str) -> bool:
+    top = module.split(".")[0]
+    return _within(module, "shmbus.shm") or top in sys.stdlib_module_names or top == "numpy"
+
+
+def _public_api_violations(root: Path, folder: str) -> list[str]:
+    """Imports of private shmbus or netbridge modules or names, or of the tests, and uses of
+    ``shmbus.X`` (or ``netbridge.X``) for an X that is not public, under ``folder``."""
+    found = []
+    for path in _python_files(root, folder):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            where = f"{path.relative_to(root)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                found += [f"{where} imports {alias.name}" for alias in node.names
+                          if alias.name.split(".")[0] in (*PUBLIC, "tests")
+                          and alias.name not in (*PUBLIC, "shmbus.spark")]
+            elif isinstance(node, ast.ImportFrom) and node.module is not None:
+                top = node.module.split(".")[0]
+                if top == "tests" or (top in PUBLIC
+                                      and node.module not in (*PUBLIC, "shmbus.spark")):
+                    found.append(f"{where} imports from {node.module}")
+                elif node.module in PUBLIC:
+                    found += [f"{where} imports {node.module}.{alias.name}"
+                              for alias in node.names if alias.name not in PUBLIC[node.module]]
+            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in PUBLIC and node.attr not in PUBLIC[node.value.id]):
+                found.append(f"{where} uses {node.value.id}.{node.attr}")
+    return sorted(found)
+
+
+def test_the_driver_imports_no_client_module() -> None:
+    assert _violations(ROOT, "shmbus/driver", _driver_may_import) == []
+
+
+def test_shared_memory_structures_import_only_themselves_stdlib_and_numpy() -> None:
+    assert _violations(ROOT, "shmbus/shm", _shm_may_import) == []
+
+
+def test_the_archive_imports_no_driver_module() -> None:
+    assert _violations(ROOT, "shmbus/archive",
+                       lambda module: not _within(module, "shmbus.driver")) == []
+
+
+def test_examples_import_only_the_public_api() -> None:
+    assert _public_api_violations(ROOT, "examples") == []
+
+
+def test_tools_import_only_the_public_api() -> None:
+    assert _public_api_violations(ROOT, "tools") == []
+
+
+def test_the_rules_refuse_what_they_must(tmp_path: Path) -> None:
+    """On a made-up tree, each rule names every import it must refuse, and only those."""
+    files = {
+        "shmbus/__init__.py": "",
+        "shmbus/client.py": "",
+        "shmbus/codes.py": "",
+        "shmbus/driver/__init__.py": "",
+        "shmbus/driver/bad.py": (
+            "import os\nimport shmbus\nfrom shmbus import client, codes, connect\n"
+            "from shmbus.shm.counters import SUB_POS\nfrom . import other\n"
+            "def f():\n    from ..publication import Publication\n"),
+        "shmbus/shm/bad.py": "import struct, numpy\nimport psutil\nfrom shmbus import codes\n",
+        "shmbus/archive/bad.py": "from shmbus.driver.conductor import X\nimport shmbus\n",
+        "examples/bad.py": (
+            "import shmbus\nfrom shmbus import Publication, LogBufferReader\n"
+            "from shmbus.shm.counters import SUB_POS\nimport tests.conftest\n"
+            "from netbridge.frames import Nak\nfrom netbridge import Nak\n"
+            "import shmbus.spark\nprint(shmbus.client, shmbus.Client)\n"),
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert _violations(tmp_path, "shmbus/driver", _driver_may_import) == [
+        "shmbus/driver/bad.py:2 imports shmbus",
+        "shmbus/driver/bad.py:3 imports shmbus",  # connect: a name of the top package
+        "shmbus/driver/bad.py:3 imports shmbus.client",
+        "shmbus/driver/bad.py:7 imports shmbus.publication",
+    ]
+    assert _violations(tmp_path, "shmbus/shm", _shm_may_import) == [
+        "shmbus/shm/bad.py:2 imports psutil",
+        "shmbus/shm/bad.py:3 imports shmbus.codes",
+    ]
+    assert _violations(tmp_path, "shmbus/archive",
+                       lambda module: not _within(module, "shmbus.driver")) == [
+        "shmbus/archive/bad.py:1 imports shmbus.driver.conductor"]
+    assert _public_api_violations(tmp_path, "examples") == [
+        "examples/bad.py:2 imports shmbus.LogBufferReader",
+        "examples/bad.py:3 imports from shmbus.shm.counters",
+        "examples/bad.py:4 imports tests.conftest",
+        "examples/bad.py:5 imports from netbridge.frames",
+        "examples/bad.py:8 uses shmbus.client",
+    ]
