@@ -168,6 +168,9 @@ class DriverConductor:
         self.set_heartbeat(now_ms)
         self.to_driver.consumer_heartbeat_time = now_ms
         work = self._check_clients(now_ms)
+        if self._bridge_died_unregistered() and self._network_in_use():
+            self._bridge_process = None  # it died starting up: no client timeout will tell
+            self._ensure_bridge()
         for publication in list(self.publications):
             events, unblocked = publication.on_timer(now_ms, self.timeouts)
             if unblocked:
@@ -724,6 +727,12 @@ class DriverConductor:
                     old.kill()  # declared dead: it must not come back beside the new one
                 self._bridge_process = None
                 self._ensure_bridge()
+
+    def _bridge_died_unregistered(self) -> bool:
+        """The netbridge this driver started exited before it registered as a client."""
+        process = self._bridge_process
+        return (self.bridge_client_id is None and process is not None
+                and process.poll() is not None)
 
     def _network_in_use(self) -> bool:
         """Whether any publication or subscription is on a udp channel."""
