@@ -8,9 +8,10 @@ publish on an IPC stream and on a UDP stream through the netbridge: exclusive an
 publications, whole messages in offer_many batches or claimed one at a time, and fragmented
 ones; every message carries writer id, incarnation, sequence number and CRC32. Readers: a
 tethered and an untethered IPC subscriber, a UDP subscriber, a spy on the UDP publication, more
-tethered ones beyond. The UDP path drops, duplicates, reorders and delays datagrams both ways
-for the whole run (the netbridge's loss filter). In a shuffled round, with pauses between, the
-nemesis:
+tethered ones beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
+datagrams both ways for the whole run (the netbridge's loss filter; it counts as fired once the
+netbridge's receivers report gaps, read with ``shmbus stat``). In a shuffled round, with pauses
+between, the nemesis:
 
 * ``kill-writer-mid-offer``: SIGKILLs a writer inside offer/offer_many, starts it again;
 * ``kill-writer-mid-claim``: has an IPC writer claim and half-fill a message, SIGKILLs it
@@ -36,8 +37,11 @@ The rules (a breach of any is printed and the exit status is 1):
 4. A writer killed mid-offer or mid-claim: every message acked before the kill arrives at the
    tethered and UDP readers that were following it; what was in the killed call (one batch,
    or the claimed message) may be lost.
-5. Across a driver restart: a tethered or UDP reader may miss at most one term's worth of
-   messages a writer had acked when the driver died (term length / smallest frame).
+5. Across a driver restart (or any rebuild of the writer's client): a tethered or UDP reader
+   may miss at most one term's worth of messages the writer had acked when its client was
+   dropped (term length / smallest frame).
+6. No process dies unless the nemesis killed it (a writer, reader or driver that does is
+   started again, and reported).
 
 At the end it prints, per writer incarnation and per reader: sent, received, lost, duplicated,
 reordered, skipped, corrupt, and how often each fault fired.
@@ -48,9 +52,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import json
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,8 +91,11 @@ from nemesis_workers import (
 
 import shmbus
 
-FAULTS = ("kill-writer-mid-offer", "kill-writer-mid-claim", "stop-subscriber", "kill-driver",
-          "kill-netbridge", "fill-disk")
+SCHEDULED = ("kill-writer-mid-offer", "kill-writer-mid-claim", "stop-subscriber", "kill-driver",
+             "kill-netbridge", "fill-disk")
+#: udp-loss is standing; it fired when the netbridge's receivers counted gaps
+FAULTS = (*SCHEDULED, "udp-loss")
+UDP_STATS = ("retransmits", "gaps", "naks sent")
 IPC_STREAM, UDP_STREAM = 1001, 2001
 TERM_LENGTH = 256 * 1024
 MIN_FRAME = 64  # the smallest message (24 bytes) takes a 64-byte frame
@@ -256,6 +265,21 @@ class Workers:
         self.ledger.request_hold(i, False)
         self.writer_processes[i] = self._writer(i)
 
+    def restart_the_dead(self) -> list[str]:
+        """Start again any worker that died without being killed (each is a breach)."""
+        deaths = []
+        for i, process in enumerate(self.writer_processes):
+            if not process.is_alive():
+                deaths.append(f"writer {i} ({self.writers[i].name}) died: exit code "
+                              f"{process.exitcode}")
+                self.writer_processes[i] = self._writer(i)
+        for i, process in enumerate(self.reader_processes):
+            if not process.is_alive():
+                deaths.append(f"reader {self.readers[i].name} died: exit code "
+                              f"{process.exitcode}")
+                self.reader_processes[i] = self._reader(i)
+        return deaths
+
     def finish(self, drain_s: float) -> dict[str, SubscriberCheck]:
         """Stop writing, let readers drain, collect their checks, end every process."""
         self.stop_writing.set()
@@ -295,7 +319,26 @@ class Nemesis:
         self.disk = disk
         self.rng = rng
         self.fired: Counter[str] = Counter()
+        self.stops: Counter[str] = Counter()
         self.notes: list[str] = []
+        #: the netbridge's channel statistics, summed over the netbridges the nemesis killed
+        self.udp: Counter[str] = Counter()
+
+    def sample_udp(self) -> None:
+        """Add the netbridge's loss statistics (read with ``shmbus stat``) before they go: call
+        before killing the netbridge or the driver, and at the end."""
+        result = subprocess.run([sys.executable, "-m", "shmbus", "stat", "--once", "--json",
+                                 "--dir", self.bus.context.dir],
+                                capture_output=True, text=True, timeout=60)
+        if result.returncode:
+            self.notes.append(f"shmbus stat failed: {result.stderr.strip()}")
+            return
+        for counter in json.loads(result.stdout)["counters"]:
+            name = counter["label"].partition(":")[0]
+            if name in UDP_STATS:
+                self.udp[name] += counter["value"]
+        if self.udp["gaps"]:
+            self.fired["udp-loss"] = 1
 
     def run(self, fault: str) -> None:
         getattr(self, fault.replace("-", "_"))()
@@ -333,8 +376,10 @@ class Nemesis:
         time.sleep(self.bus.context.client_liveness_timeout * 1.5 + 0.5)
         os.kill(pid, signal.SIGCONT)
         self.fired["stop-subscriber"] += 1
+        self.stops[self.workers.readers[reader].name] += 1
 
     def kill_driver(self) -> None:
+        self.sample_udp()
         self.bus.kill()
         self.bus.start()
         self.fired["kill-driver"] += 1
@@ -344,6 +389,7 @@ class Nemesis:
         if not bridges:
             self.notes.append("kill-netbridge: no netbridge running")
             return
+        self.sample_udp()
         for bridge in bridges:
             bridge.kill()
         deadline = time.monotonic() + 20
@@ -384,7 +430,7 @@ def collect_sent(ledger: Ledger, writers: int) -> dict[Key, Sent]:
 
 
 def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[WriterSpec],
-            fired: Counter[str]) -> str:
+            nemesis: Nemesis) -> str:
     from nemesis_check import ENDINGS
 
     lines = ["writer incarnations (received/lost/dup/reordered/skipped summed over readers):",
@@ -399,17 +445,19 @@ def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[
             f"{sum(t.skipped for t in tracks):>9}  {ENDINGS[s.ending]}")
     lines += ["", "readers:",
               f"{'reader':<14}{'kind':<12}{'received':>11}{'lost':>6}{'dup':>5}{'reord':>6}"
-              f"{'skipped':>10}{'corrupt':>8}{'rebuilds':>9}"]
+              f"{'skipped':>10}{'corrupt':>8}{'rebuilds':>9}{'stopped':>8}  why rebuilt"]
     for r in reports:
         tracks = list(r.check.tracks.values())
         lines.append(
             f"{r.name:<14}{r.kind:<12}{sum(t.received for t in tracks):>11}"
             f"{sum(t.lost for t in tracks):>6}{sum(t.duplicated for t in tracks):>5}"
             f"{sum(t.reordered for t in tracks):>6}{sum(t.skipped for t in tracks):>10}"
-            f"{r.check.corrupt:>8}{r.check.rebuilds:>9}")
+            f"{r.check.corrupt:>8}{r.check.rebuilds.total():>9}{nemesis.stops[r.name]:>8}  "
+            + ", ".join(f"{reason} {n}" for reason, n in sorted(r.check.rebuilds.items())))
     total_sent = sum(s.acked for s in sent.values())
-    lines += ["", "faults fired: " + ", ".join(f"{f}={fired[f]}" for f in FAULTS),
-              f"udp: {LOSS} (standing)", f"messages sent: {total_sent}"]
+    udp = ", ".join(f"{name} {nemesis.udp[name]}" for name in UDP_STATS)
+    lines += ["", "faults fired: " + ", ".join(f"{f}={nemesis.fired[f]}" for f in FAULTS),
+              f"udp-loss: {LOSS} ({udp})", f"messages sent: {total_sent}"]
     return "\n".join(lines)
 
 
@@ -437,21 +485,28 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
         try:
             deadline = time.monotonic() + seconds - 8  # the drain takes the rest
             round_: list[str] = []
+            deaths: list[str] = []
             time.sleep(2)
             while time.monotonic() < deadline:
                 if not round_:
-                    round_ = rng.sample(FAULTS, len(FAULTS))
+                    round_ = rng.sample(SCHEDULED, len(SCHEDULED))
                 fault = round_.pop()
                 print(f"[{time.strftime('%H:%M:%S')}] {fault}", flush=True)
                 nemesis.run(fault)
+                deaths += workers.restart_the_dead()
+                if bus.process is not None and bus.process.poll() is not None:
+                    deaths.append(f"the driver died: exit code {bus.process.returncode}")
+                    bus.start()
                 time.sleep(min(rng.uniform(0.5, 2.5), max(0.0, deadline - time.monotonic())))
             time.sleep(3)  # quiet: rebuilt clients settle before the end
+            nemesis.sample_udp()
+            deaths += workers.restart_the_dead()
             checks = workers.finish(drain_s=3)
             sent = collect_sent(ledger, len(specs))
         finally:
             bus.stop()
             ledger.close()
-        found = workers.errors_seen()
+        found = deaths + workers.errors_seen()
         readers = workers.readers
         missing = [r.name for r in readers if r.name not in checks]
         found += [f"reader {name} sent no report" for name in missing]
@@ -460,11 +515,14 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
                                               if w.stream_id == r.stream_id), checks[r.name])
                    for r in readers if r.name in checks]
         found += breaches(sent, reports, driver_loss_bound=TERM_LENGTH // MIN_FRAME)
-        print(summary(sent, reports, specs, nemesis.fired))
+        print(summary(sent, reports, specs, nemesis))
         for note in nemesis.notes:
             print(f"note: {note}")
         if found:
-            print(f"\nBREACHES ({len(found)}):")
+            kept = Path(tempfile.gettempdir()) / f"nemesis-driver-{seed}-{os.getpid()}.log"
+            shutil.copy(bus.log_path, kept)
+            print(f"\nthe drivers' output: {kept}")
+            print(f"BREACHES ({len(found)}):")
             for line in found[:200]:
                 print(f"  {line}")
             return 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import struct
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 
 HEAD = struct.Struct("<HHQI")  # writer, incarnation, sequence, crc32
@@ -114,7 +115,8 @@ class SubscriberCheck:
     def __init__(self) -> None:
         self.tracks: dict[Key, Track] = {}
         self.corrupt = 0
-        self.rebuilds = 0
+        #: why the subscriber's client was rebuilt: exception name -> count
+        self.rebuilds: Counter[str] = Counter()
         self._keys_by_session: dict[int, set[Key]] = {}
 
     def on_message(self, session_id: int, message: bytes | memoryview) -> None:
@@ -135,9 +137,9 @@ class SubscriberCheck:
         for key in self._keys_by_session.get(session_id, ()):
             self.tracks[key].end_image()
 
-    def on_rebuild(self) -> None:
-        """The subscriber's client was rebuilt: every image is new."""
-        self.rebuilds += 1
+    def on_rebuild(self, reason: str) -> None:
+        """The subscriber's client was rebuilt (``reason``: why): every image is new."""
+        self.rebuilds[reason] += 1
         for track in self.tracks.values():
             track.end_image()
         self._keys_by_session.clear()
@@ -145,9 +147,11 @@ class SubscriberCheck:
 
 # -- the rules ---------------------------------------------------------------------------------
 
-FINISHED, KILLED_MID_OFFER, KILLED_MID_CLAIM, DRIVER_LOST = 1, 2, 3, 4
+FINISHED, KILLED_MID_OFFER, KILLED_MID_CLAIM = 1, 2, 3
+DRIVER_LOST, TIMED_OUT, REFUSED = 4, 5, 6  # the writer rebuilt its client
 ENDINGS = {0: "?", FINISHED: "finished", KILLED_MID_OFFER: "killed mid-offer",
-           KILLED_MID_CLAIM: "killed mid-claim", DRIVER_LOST: "driver lost"}
+           KILLED_MID_CLAIM: "killed mid-claim", DRIVER_LOST: "rebuilt: driver lost",
+           TIMED_OUT: "rebuilt: client timed out", REFUSED: "rebuilt: refused"}
 
 
 @dataclass(frozen=True)
@@ -207,7 +211,7 @@ def breaches(sent: dict[Key, Sent], subscribers: list[SubscriberReport],
             elif s.ending in (KILLED_MID_OFFER, KILLED_MID_CLAIM) and missing > 0 \
                     and track.received and not track.interrupted:
                 found.append(f"{what}: {missing} messages acked before the kill never arrived")
-            elif s.ending == DRIVER_LOST and missing > driver_loss_bound:
-                found.append(f"{what}: {missing} acked messages lost across a driver restart, "
-                             f"more than the bound {driver_loss_bound}")
+            elif s.ending >= DRIVER_LOST and missing > driver_loss_bound:
+                found.append(f"{what}: {missing} acked messages lost when the writer's "
+                             f"client was rebuilt, more than the bound {driver_loss_bound}")
     return found

@@ -27,6 +27,8 @@ from nemesis_check import (
     DRIVER_LOST,
     FINISHED,
     HEAD,
+    REFUSED,
+    TIMED_OUT,
     SubscriberCheck,
     encode,
     payload_block,
@@ -150,13 +152,21 @@ def run_writer(context: shmbus.Context, ledger_path: str, writers: int, writer: 
                     _publish(client, ledger, writer, incarnation, spec, block, stop)
                     ledger.end(writer, incarnation, FINISHED)
                     leave.wait(120)
-            except REBUILD:
-                ledger.end(writer, incarnation, DRIVER_LOST)
+            except REBUILD as e:
+                ledger.end(writer, incarnation, _ending(e))
                 ledger.set_phase(writer, IDLE)
                 time.sleep(0.05)
     except BaseException as e:
         errors.put(f"writer {writer} ({spec.name}): {type(e).__name__}: {e}")
         raise
+
+
+def _ending(error: BaseException) -> int:
+    if isinstance(error, shmbus.ClientTimeoutError):
+        return TIMED_OUT
+    if isinstance(error, shmbus.DriverTimeoutError | shmbus.DriverUnavailableError):
+        return DRIVER_LOST
+    return REFUSED
 
 
 def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: int,
@@ -275,8 +285,8 @@ def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: An
                             drained_at = now
                             break
                         idle.idle(work)
-            except REBUILD:
-                check.on_rebuild()
+            except REBUILD as e:
+                check.on_rebuild(type(e).__name__)
                 time.sleep(0.05)
         results.put((spec.name, check))
     except BaseException as e:

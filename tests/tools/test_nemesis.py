@@ -90,7 +90,8 @@ def test_each_rule_is_named_when_broken() -> None:
     lost_driver = {(1, 0): check.Sent(acked=50, attempted=50, ending=check.DRIVER_LOST)}
     assert check.breaches(lost_driver, [report("t", "tethered", list(range(40)))], 10) == []
     [line] = check.breaches(lost_driver, [report("t", "tethered", list(range(39)))], 10)
-    assert "11 acked messages lost across a driver restart, more than the bound 10" in line
+    assert "11 acked messages lost when the writer's client was rebuilt, more than the " \
+           "bound 10" in line
     corrupt = report("t", "tethered", [0, 1, 2, 3, 4])
     corrupt.check.on_message(5, b"garbage that is long enough")
     [line] = check.breaches(finished, [corrupt], 10)
