@@ -1591,6 +1591,20 @@ static int frame_ok(ImageCore *self, int32_t offset, int32_t length)
     return 1;
 }
 
+/*
+ * Whether a committed frame belongs to the term the reader is in. A writer no longer held back
+ * by this reader (the driver dropped it: timed out, untethered and resting; or its process was
+ * stopped mid-poll) may lap it and rewrite the term for a later term id. Such frames are not
+ * delivered: the reader stops there until the client hears from the driver that the image is
+ * gone.
+ */
+static inline int frame_in_term(const ImageCore *self, const uint8_t *frame, int64_t position)
+{
+    uint32_t term_id = (uint32_t)self->g.initial_term_id +
+                       (uint32_t)(position >> self->g.position_bits);
+    return rd_i32(frame + TERM_ID_OFFSET) == (int32_t)term_id;
+}
+
 static PyObject *img_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2) {
@@ -1615,6 +1629,8 @@ static PyObject *img_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nar
             break;
         if (!frame_ok(self, offset, length)) { failed = 1; break; }
         uint8_t *frame = term + offset;
+        if (!frame_in_term(self, frame, position))
+            break;
         offset += (int32_t)ALIGN(length, FRAME_ALIGNMENT);
         if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
             continue;
@@ -1656,6 +1672,8 @@ static PyObject *img_controlled_poll(ImageCore *self, PyObject *const *args, Py_
             break;
         if (!frame_ok(self, offset, length)) { failed = 1; break; }
         uint8_t *frame = term + offset;
+        if (!frame_in_term(self, frame, position))
+            break;
         int32_t aligned = (int32_t)ALIGN(length, FRAME_ALIGNMENT);
         offset += aligned;
         if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
@@ -1727,6 +1745,8 @@ static PyObject *img_scan(ImageCore *self, PyObject *args)
         if (!frame_ok(self, offset, length))
             goto done;
         uint8_t *frame = term + offset;
+        if (!frame_in_term(self, frame, position))
+            break;
         if (rd_u16(frame + TYPE_OFFSET) != HDR_TYPE_PAD) {
             o[count] = offset + HEADER_LENGTH;
             l[count] = length - HEADER_LENGTH;

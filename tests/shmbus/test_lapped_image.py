@@ -1,0 +1,53 @@
+"""An image whose writer lapped it (the driver stopped counting the reader: it timed out, or
+was untethered and resting, or its process was stopped in the middle of a poll) delivers none of
+the rewritten frames: the term ids in their headers are a later term's."""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import pytest
+
+from shmbus import ExclusivePublication, Image
+from shmbus.driver.ipc_flow_control import IpcFlowControl
+from shmbus.shm._native import AtomicBuffer
+from shmbus.shm.log_buffer import PARTITION_COUNT, LogBuffer
+from shmbus.shm.position import Position
+
+TERM = 64 * 1024
+FRAME = 1024
+PAYLOAD = b"p" * (FRAME - 32)
+
+
+def lapped_image(directory: Path, laps: int) -> tuple[Image, ExclusivePublication]:
+    """An image left at position 0 while its writer went ``laps`` times round the log, the
+    terms cleaned behind the writer as the driver does once it no longer counts the reader."""
+    log = LogBuffer.create(directory / "pub.log", term_length=TERM, initial_term_id=-5,
+                           mtu=1408, session_id=3, stream_id=1)
+    positions = AtomicBuffer(mmap.mmap(-1, 4096))
+    limit, reader = Position(positions, 0), Position(positions, 64)
+    flow = IpcFlowControl(log, limit)
+    log.is_connected = True
+    publication = ExclusivePublication(log, limit)
+    image = Image(log, reader)
+    target = laps * PARTITION_COUNT * TERM + 8 * FRAME
+    while publication.position < target:
+        flow.clean_to(publication.position - TERM)
+        limit.set(publication.position + TERM // 2)
+        assert publication.offer(PAYLOAD) > 0 or publication.offer(PAYLOAD) > 0
+    return image, publication
+
+
+@pytest.mark.parametrize("laps", [0, 1, 2])
+def test_a_lapped_image_delivers_no_frame_of_a_later_term(tmp_path: Path, laps: int) -> None:
+    image, _ = lapped_image(tmp_path, laps)
+    got: list[int] = []
+    polled = image.poll(lambda buffer, header: got.append(header.term_id), 100)
+    if laps == 0:  # not lapped: the first term, as written
+        assert polled == 8 and got == [-5] * 8
+        return
+    assert (polled, got, image.position) == (0, [], 0)
+    assert image.controlled_poll(lambda buffer, header: got.append(header.term_id), 100) == 0
+    assert image.poll_batch(lambda batch: got.append(len(batch)), 100) == 0
+    assert got == [] and image.position == 0
