@@ -27,7 +27,10 @@ A restarted or rebuilt writer is a new publication: a new incarnation, sequence 
 
 The rules (a breach of any is printed and the exit status is 1):
 
-1. Never corrupt: every message received has its CRC.
+1. Never corrupt: every message received has its CRC. Except a message a reader was handed
+   just before it was paused past its liveness timeout: the driver drops the reader, and the
+   writer may reuse the memory under its handler (*torn*); the reader learns at its next poll
+   that it was timed out (so the messages of the poll before a ClientTimeoutError are torn).
 2. Within one image, never lost, duplicated or reordered: each writer incarnation's sequence
    goes up by one, for every kind of reader (an untethered reader or a spy that falls behind
    gets a new image instead; the jump between images is *skipped*, not lost).
@@ -35,11 +38,11 @@ The rules (a breach of any is printed and the exit status is 1):
    while the driver lived: for the incarnations alive at the end, the last acked message
    arrives.
 4. A writer killed mid-offer or mid-claim: every message acked before the kill arrives at the
-   tethered and UDP readers that were following it; what was in the killed call (one batch,
-   or the claimed message) may be lost.
+   tethered and UDP readers that were following it (not dropped by the driver meanwhile);
+   what was in the killed call (one batch, or the claimed message) may be lost.
 5. Across a driver restart (or any rebuild of the writer's client): a tethered or UDP reader
-   may miss at most one term's worth of messages the writer had acked when its client was
-   dropped (term length / smallest frame).
+   following it may miss at most one term's worth of messages the writer had acked when its
+   client was dropped (term length / smallest frame).
 6. No process dies unless the nemesis killed it (a writer, reader or driver that does is
    started again, and reported).
 
@@ -445,14 +448,15 @@ def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[
             f"{sum(t.skipped for t in tracks):>9}  {ENDINGS[s.ending]}")
     lines += ["", "readers:",
               f"{'reader':<14}{'kind':<12}{'received':>11}{'lost':>6}{'dup':>5}{'reord':>6}"
-              f"{'skipped':>10}{'corrupt':>8}{'rebuilds':>9}{'stopped':>8}  why rebuilt"]
+              f"{'skipped':>10}{'corrupt':>8}{'torn':>5}{'rebuilds':>9}{'stopped':>8}  why rebuilt"]
     for r in reports:
         tracks = list(r.check.tracks.values())
         lines.append(
             f"{r.name:<14}{r.kind:<12}{sum(t.received for t in tracks):>11}"
             f"{sum(t.lost for t in tracks):>6}{sum(t.duplicated for t in tracks):>5}"
             f"{sum(t.reordered for t in tracks):>6}{sum(t.skipped for t in tracks):>10}"
-            f"{r.check.corrupt:>8}{r.check.rebuilds.total():>9}{nemesis.stops[r.name]:>8}  "
+            f"{r.check.corrupt:>8}{r.check.torn:>5}{r.check.rebuilds.total():>9}"
+            f"{nemesis.stops[r.name]:>8}  "
             + ", ".join(f"{reason} {n}" for reason, n in sorted(r.check.rebuilds.items())))
     total_sent = sum(s.acked for s in sent.values())
     udp = ", ".join(f"{name} {nemesis.udp[name]}" for name in UDP_STATS)

@@ -65,6 +65,8 @@ class Track:
     last: int = -1  # the highest sequence seen
     #: images of this incarnation that ended before the subscriber saw its last message
     interrupted: int = 0
+    #: the subscriber was timed out by the driver (paused past its liveness) while following
+    dropped: bool = False
     _next: int | None = None  # the sequence expected next in the current image (None: new)
     _gaps: list[list[int]] = field(default_factory=list)  # [start, stop) lost in this image
 
@@ -101,9 +103,14 @@ class Track:
                 return True
         return False
 
+    @property
+    def following(self) -> bool:
+        """Whether the subscriber reads this incarnation from an image now."""
+        return self._next is not None
+
     def end_image(self) -> None:
         """The image this incarnation was read from is gone; a new one may rejoin later."""
-        if self._next is not None:
+        if self.following:
             self.interrupted += 1
         self._next = None
         self._gaps.clear()
@@ -115,6 +122,11 @@ class SubscriberCheck:
     def __init__(self) -> None:
         self.tracks: dict[Key, Track] = {}
         self.corrupt = 0
+        #: corrupt messages handed out in the poll just before the driver timed this subscriber
+        #: out: paused past its liveness in the handler, the memory was reused under it
+        self.torn = 0
+        self._suspect_this_poll = 0
+        self._suspect_last_poll = 0
         #: why the subscriber's client was rebuilt: exception name -> count
         self.rebuilds: Counter[str] = Counter()
         self._keys_by_session: dict[int, set[Key]] = {}
@@ -122,7 +134,7 @@ class SubscriberCheck:
     def on_message(self, session_id: int, message: bytes | memoryview) -> None:
         decoded = decode(message)
         if decoded is None:
-            self.corrupt += 1
+            self._suspect_this_poll += 1
             return
         writer, incarnation, sequence = decoded
         key = (writer, incarnation)
@@ -137,9 +149,29 @@ class SubscriberCheck:
         for key in self._keys_by_session.get(session_id, ()):
             self.tracks[key].end_image()
 
+    def on_poll_done(self) -> None:
+        """A poll returned. Corrupt messages of the poll before it are corrupt: the driver had
+        not timed the subscriber out when this one began (it would have raised)."""
+        self.corrupt += self._suspect_last_poll
+        self._suspect_last_poll, self._suspect_this_poll = self._suspect_this_poll, 0
+
+    def finish(self) -> None:
+        """The subscriber stopped reading: what is still suspect is corrupt."""
+        self.corrupt += self._suspect_last_poll + self._suspect_this_poll
+        self._suspect_last_poll = self._suspect_this_poll = 0
+
     def on_rebuild(self, reason: str) -> None:
-        """The subscriber's client was rebuilt (``reason``: why): every image is new."""
+        """The subscriber's client was rebuilt (``reason``: the exception's name): every image
+        is new. After ClientTimeoutError, the corrupt messages of the last poll were torn."""
         self.rebuilds[reason] += 1
+        suspect = self._suspect_last_poll + self._suspect_this_poll
+        self._suspect_last_poll = self._suspect_this_poll = 0
+        if reason == "ClientTimeoutError":
+            self.torn += suspect
+            for track in self.tracks.values():
+                track.dropped |= track.following
+        else:
+            self.corrupt += suspect
         for track in self.tracks.values():
             track.end_image()
         self._keys_by_session.clear()
@@ -208,6 +240,8 @@ def breaches(sent: dict[Key, Sent], subscribers: list[SubscriberReport],
             if s.ending == FINISHED and missing > 0 and not track.interrupted:
                 found.append(f"{what}: the last {missing} of {s.acked} acked messages never "
                              f"arrived (a live writer's stream must arrive whole)")
+            elif track.dropped:
+                continue  # it was not following: the driver had dropped it
             elif s.ending in (KILLED_MID_OFFER, KILLED_MID_CLAIM) and missing > 0 \
                     and track.received and not track.interrupted:
                 found.append(f"{what}: {missing} messages acked before the kill never arrived")

@@ -278,6 +278,7 @@ def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: An
                     quiet_since = time.monotonic()
                     while True:
                         work = subscription.poll(assembler, 1024)
+                        check.on_poll_done()
                         now = time.monotonic()
                         if work:
                             quiet_since = now
@@ -288,6 +289,7 @@ def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: An
             except REBUILD as e:
                 check.on_rebuild(type(e).__name__)
                 time.sleep(0.05)
+        check.finish()
         results.put((spec.name, check))
     except BaseException as e:
         errors.put(f"reader {spec.name}: {type(e).__name__}: {e}")

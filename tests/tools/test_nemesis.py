@@ -41,7 +41,28 @@ def test_messages_round_trip_and_a_bad_crc_or_short_message_is_corrupt() -> None
     subscriber = check.SubscriberCheck()
     for data in (bytes(bad), message(9)[:10], message(0)):
         subscriber.on_message(5, data)
+    subscriber.finish()
     assert subscriber.corrupt == 2 and counts(subscriber.tracks[(1, 0)]) == (1, 0, 0, 0, 0)
+
+
+def test_corrupt_messages_just_before_a_client_timeout_are_torn_others_corrupt() -> None:
+    """A reader paused past its liveness inside a poll is dropped and may be handed memory the
+    writer reused; its next poll raises ClientTimeoutError. Corrupt messages of that poll are
+    torn; of any poll the next one completed after, corrupt."""
+    subscriber = check.SubscriberCheck()
+    subscriber.on_message(5, message(0))
+    subscriber.on_message(5, b"x" * 40)  # poll 1: corrupt, then the reader is paused
+    subscriber.on_poll_done()
+    subscriber.on_rebuild("ClientTimeoutError")  # poll 2 raised
+    assert (subscriber.corrupt, subscriber.torn) == (0, 1)
+    assert subscriber.tracks[(1, 0)].dropped
+    subscriber.on_message(5, b"y" * 40)  # poll 3: corrupt, and poll 4 completes
+    subscriber.on_poll_done()
+    subscriber.on_poll_done()
+    subscriber.on_message(5, b"z" * 40)  # poll 5: corrupt, then a driver timeout
+    subscriber.on_poll_done()
+    subscriber.on_rebuild("DriverTimeoutError")
+    assert (subscriber.corrupt, subscriber.torn) == (2, 1)
 
 
 def test_the_checker_reports_a_gap_a_dup_and_a_reorder() -> None:
@@ -92,8 +113,12 @@ def test_each_rule_is_named_when_broken() -> None:
     [line] = check.breaches(lost_driver, [report("t", "tethered", list(range(39)))], 10)
     assert "11 acked messages lost when the writer's client was rebuilt, more than the " \
            "bound 10" in line
+    dropped = report("t", "tethered", [0, 1, 2])
+    dropped.check.on_rebuild("ClientTimeoutError")
+    assert check.breaches(killed, [dropped], 10) == []  # it was not following the writer
     corrupt = report("t", "tethered", [0, 1, 2, 3, 4])
     corrupt.check.on_message(5, b"garbage that is long enough")
+    corrupt.check.finish()
     [line] = check.breaches(finished, [corrupt], 10)
     assert "t: 1 corrupt messages" in line
 
