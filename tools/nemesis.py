@@ -61,6 +61,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -73,6 +74,7 @@ from typing import Any
 
 import psutil
 from nemesis_check import (
+    ENDINGS,
     KILLED_MID_CLAIM,
     KILLED_MID_OFFER,
     Key,
@@ -133,15 +135,12 @@ def reader_specs(count: int, port: int) -> list[ReaderSpec]:
         ReaderSpec("udp", "network", udp, UDP_STREAM),
         ReaderSpec("spy", "spy", f"aeron-spy:{udp}", UDP_STREAM),
     ]
-    specs = [kinds[i] if i < len(kinds) else
-             ReaderSpec(f"tethered-{i}", "tethered", "aeron:ipc", IPC_STREAM)
-             for i in range(count)]
-    return specs
+    return [kinds[i] if i < len(kinds) else
+            ReaderSpec(f"tethered-{i}", "tethered", "aeron:ipc", IPC_STREAM)
+            for i in range(count)]
 
 
 def free_udp_port() -> int:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -404,21 +403,18 @@ class Nemesis:
         self.notes.append("kill-netbridge: the driver did not start another within 20 s")
 
     def fill_disk(self) -> None:
+        """Fill the bus tmpfs with a ballast file, hold it full for 2 s, free it."""
         ballast = self.disk / "ballast"
         chunk = b"\xa5" * (1 << 20)
-        full = False
-        with open(ballast, "wb") as f:
+        with open(ballast, "wb", buffering=0) as f:
             try:
                 while True:
                     f.write(chunk)
-                    f.flush()
             except OSError as e:
                 if e.errno != errno.ENOSPC:
                     raise
-                full = True
-        if full:
-            time.sleep(2.0)
-            self.fired["fill-disk"] += 1
+        time.sleep(2.0)
+        self.fired["fill-disk"] += 1
         ballast.unlink()
 
 
@@ -434,8 +430,6 @@ def collect_sent(ledger: Ledger, writers: int) -> dict[Key, Sent]:
 
 def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[WriterSpec],
             nemesis: Nemesis) -> str:
-    from nemesis_check import ENDINGS
-
     lines = ["writer incarnations (received/lost/dup/reordered/skipped summed over readers):",
              f"{'writer':<34}{'inc':>4}{'sent':>10}{'received':>11}{'lost':>6}{'dup':>5}"
              f"{'reord':>6}{'skipped':>9}  ending"]
