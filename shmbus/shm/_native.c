@@ -1592,11 +1592,11 @@ static int frame_ok(ImageCore *self, int32_t offset, int32_t length)
 }
 
 /*
- * Whether a committed frame belongs to the term the reader is in. A writer no longer held back
- * by this reader (the driver dropped it: timed out, untethered and resting; or its process was
- * stopped mid-poll) may lap it and rewrite the term for a later term id. Such frames are not
+ * Whether a committed DATA frame belongs to the term the reader is in. A writer no longer held
+ * back by this reader (the driver dropped it: timed out, untethered and resting; or its process
+ * was stopped mid-poll) may lap it and rewrite the term for a later term id. Such frames are not
  * delivered: the reader stops there until the client hears from the driver that the image is
- * gone.
+ * gone. (Padding is not checked: the driver's unblocker writes only its type and length.)
  */
 static inline int frame_in_term(const ImageCore *self, const uint8_t *frame, int64_t position)
 {
@@ -1629,10 +1629,11 @@ static PyObject *img_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nar
             break;
         if (!frame_ok(self, offset, length)) { failed = 1; break; }
         uint8_t *frame = term + offset;
-        if (!frame_in_term(self, frame, position))
+        int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
+        if (!pad && !frame_in_term(self, frame, position))
             break;
         offset += (int32_t)ALIGN(length, FRAME_ALIGNMENT);
-        if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
+        if (pad)
             continue;
         fragments++;
         PyObject *r = deliver(self, handler, frame, length);
@@ -1672,11 +1673,12 @@ static PyObject *img_controlled_poll(ImageCore *self, PyObject *const *args, Py_
             break;
         if (!frame_ok(self, offset, length)) { failed = 1; break; }
         uint8_t *frame = term + offset;
-        if (!frame_in_term(self, frame, position))
+        int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
+        if (!pad && !frame_in_term(self, frame, position))
             break;
         int32_t aligned = (int32_t)ALIGN(length, FRAME_ALIGNMENT);
         offset += aligned;
-        if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
+        if (pad)
             continue;
         fragments++;
         PyObject *r = deliver(self, handler, frame, length);
@@ -1745,9 +1747,10 @@ static PyObject *img_scan(ImageCore *self, PyObject *args)
         if (!frame_ok(self, offset, length))
             goto done;
         uint8_t *frame = term + offset;
-        if (!frame_in_term(self, frame, position))
+        int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
+        if (!pad && !frame_in_term(self, frame, position))
             break;
-        if (rd_u16(frame + TYPE_OFFSET) != HDR_TYPE_PAD) {
+        if (!pad) {
             o[count] = offset + HEADER_LENGTH;
             l[count] = length - HEADER_LENGTH;
             f[count] = frame[FLAGS_OFFSET];
