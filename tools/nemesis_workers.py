@@ -67,7 +67,6 @@ class Ledger:
         finally:
             os.close(fd)
         self.buffer = shmbus.AtomicBuffer(self._mmap)
-        self.writers = writers
 
     def _writer(self, writer: int) -> int:
         return writer * (WRITER_HEADER + MAX_INCARNATIONS * INCARNATION_RECORD)

@@ -1578,19 +1578,6 @@ static PyObject *deliver(ImageCore *self, PyObject *handler, uint8_t *frame, int
     return r;
 }
 
-/* Validates a committed frame; a corrupt one raises instead of being handed out. */
-static int frame_ok(ImageCore *self, int32_t offset, int32_t length)
-{
-    if (length < HEADER_LENGTH || (int64_t)offset + ALIGN((int64_t)length, FRAME_ALIGNMENT) >
-                                      self->g.term_length) {
-        PyErr_Format(PyExc_RuntimeError,
-                     "corrupt log: frame length %d at term offset %d (term length %d)", length,
-                     offset, self->g.term_length);
-        return 0;
-    }
-    return 1;
-}
-
 /*
  * Whether a committed DATA frame belongs to the term the reader is in. A writer no longer held
  * back by this reader (the driver dropped it: timed out, untethered and resting; or its process
@@ -1603,6 +1590,23 @@ static inline int frame_in_term(const ImageCore *self, const uint8_t *frame, int
     uint32_t term_id = (uint32_t)self->g.initial_term_id +
                        (uint32_t)(position >> self->g.position_bits);
     return rd_i32(frame + TERM_ID_OFFSET) == (int32_t)term_id;
+}
+
+/* Validates a committed frame's length. An impossible one in a lapped term (the bytes of a
+ * later term's frames, no frame of this term) returns 0 with no error: the reader stops, as
+ * at any lapped frame. In the reader's own term it is corruption: raises, returns 0. */
+static int frame_ok(ImageCore *self, const uint8_t *frame, int32_t offset, int32_t length,
+                    int64_t position)
+{
+    if (length < HEADER_LENGTH || (int64_t)offset + ALIGN((int64_t)length, FRAME_ALIGNMENT) >
+                                      self->g.term_length) {
+        if (frame_in_term(self, frame, position))
+            PyErr_Format(PyExc_RuntimeError,
+                         "corrupt log: frame length %d at term offset %d (term length %d)",
+                         length, offset, self->g.term_length);
+        return 0;
+    }
+    return 1;
 }
 
 static PyObject *img_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1627,11 +1631,14 @@ static PyObject *img_poll(ImageCore *self, PyObject *const *args, Py_ssize_t nar
         int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
         if (length <= 0)
             break;
-        if (!frame_ok(self, offset, length)) { failed = 1; break; }
         uint8_t *frame = term + offset;
         int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
         if (!pad && !frame_in_term(self, frame, position))
             break;
+        if (!frame_ok(self, frame, offset, length, position)) {
+            failed = PyErr_Occurred() != NULL;
+            break;
+        }
         offset += (int32_t)ALIGN(length, FRAME_ALIGNMENT);
         if (pad)
             continue;
@@ -1671,11 +1678,14 @@ static PyObject *img_controlled_poll(ImageCore *self, PyObject *const *args, Py_
         int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
         if (length <= 0)
             break;
-        if (!frame_ok(self, offset, length)) { failed = 1; break; }
         uint8_t *frame = term + offset;
         int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
         if (!pad && !frame_in_term(self, frame, position))
             break;
+        if (!frame_ok(self, frame, offset, length, position)) {
+            failed = PyErr_Occurred() != NULL;
+            break;
+        }
         int32_t aligned = (int32_t)ALIGN(length, FRAME_ALIGNMENT);
         offset += aligned;
         if (pad)
@@ -1744,12 +1754,15 @@ static PyObject *img_scan(ImageCore *self, PyObject *args)
         int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
         if (length <= 0)
             break;
-        if (!frame_ok(self, offset, length))
-            goto done;
         uint8_t *frame = term + offset;
         int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
         if (!pad && !frame_in_term(self, frame, position))
             break;
+        if (!frame_ok(self, frame, offset, length, position)) {
+            if (PyErr_Occurred())
+                goto done;
+            break;
+        }
         if (!pad) {
             o[count] = offset + HEADER_LENGTH;
             l[count] = length - HEADER_LENGTH;

@@ -74,3 +74,32 @@ def test_padding_the_driver_wrote_over_a_dead_writers_gap_is_read_past(tmp_path:
     offsets: list[int] = []
     assert image.poll(lambda buffer, header: offsets.append(header.term_offset), 10) == 2
     assert offsets == [0, 2 * FRAME] and image.position == 3 * FRAME
+
+
+def test_a_lapped_image_left_inside_a_later_frame_stops_without_an_error(
+        tmp_path: Path) -> None:
+    """Lapped by frames of another size, the reader's offset falls inside a later frame: what it
+    finds there is payload, not a length. It stops there as at any lapped frame (it used to
+    raise 'corrupt log', which killed a reader paused past its liveness)."""
+    log = LogBuffer.create(tmp_path / "pub.log", term_length=TERM, initial_term_id=-5,
+                           mtu=1408, session_id=3, stream_id=1)
+    positions = AtomicBuffer(mmap.mmap(-1, 4096))
+    limit, reader = Position(positions, 0), Position(positions, 64)
+    flow = IpcFlowControl(log, limit)
+    limit.set(TERM // 2)
+    log.is_connected = True
+    publication = ExclusivePublication(log, limit)
+    image = Image(log, reader)
+    for _ in range(8):
+        assert publication.offer(PAYLOAD) > 0
+    assert image.poll(lambda buffer, header: None, 3) == 3 and image.position == 3 * FRAME
+    larger = b"\x7f" * (1280 - 32)  # 1280-byte frames: offset 3 * 1024 is inside one
+    while publication.position < PARTITION_COUNT * TERM + 8 * 1280:
+        flow.clean_to(publication.position - TERM)
+        limit.set(publication.position + TERM // 2)
+        assert publication.offer(larger) > 0 or publication.offer(larger) > 0
+    got: list[int] = []
+    assert image.poll(lambda buffer, header: got.append(header.term_id), 100) == 0
+    assert image.poll_batch(lambda batch: got.append(len(batch)), 100) == 0
+    assert image.controlled_poll(lambda buffer, header: got.append(header.term_id), 100) == 0
+    assert got == [] and image.position == 3 * FRAME
