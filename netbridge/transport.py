@@ -41,7 +41,7 @@ def control_group(data_group: tuple[str, int]) -> tuple[str, int]:
 def _interface(uri: ChannelUri) -> tuple[str, int]:
     text = uri.params.get("interface", "0.0.0.0:0")
     host, _, port = text.partition(":")
-    return host, int(port or 0)
+    return socket.gethostbyname(host), int(port or 0)
 
 
 def _udp_socket(buffer_size: int) -> socket.socket:

@@ -26,8 +26,14 @@ KNOWN_PARAMS = frozenset({
 _BOOLEAN_PARAMS = ("tether", "ssc", "reliable", "sparse", "eos", "group", "rejoin")
 #: the values of ``cc`` (congestion control), the default first
 CONGESTION_CONTROLS = ("static", "cubic")
-_INT_PARAMS = ("ttl", "mtu", "term-length", "session-id", "rcv-wnd", "so-sndbuf", "so-rcvbuf",
-               "gtag", "init-term-id", "term-id", "term-offset")
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+#: The integer parameters and their ranges (None: mtu and term-length have rules of their own)
+_INT_RANGES: dict[str, tuple[int, int] | None] = {
+    "ttl": (0, 255), "mtu": None, "term-length": None, "session-id": _INT32,
+    "rcv-wnd": (1, _INT32[1]), "so-sndbuf": (0, _INT32[1]), "so-rcvbuf": (0, _INT32[1]),
+    "gtag": _INT64, "init-term-id": _INT32, "term-id": _INT32, "term-offset": (0, _INT32[1]),
+}
 
 
 class ChannelUriError(ValueError):
@@ -96,14 +102,17 @@ class ChannelUri:
             if key in self.params and self.params[key] not in ("true", "false"):
                 raise ChannelUriError(
                     f"channel {uri!r}: {key}={self.params[key]!r} must be true or false")
-        for key in _INT_PARAMS:
+        for key, limits in _INT_RANGES.items():
             if key in self.params:
                 try:
-                    self.int_param(key)
+                    value = self.int_param(key)
                 except ValueError:
                     raise ChannelUriError(
                         f"channel {uri!r}: {key}={self.params[key]!r} is not an integer"
                     ) from None
+                if limits is not None and not limits[0] <= value <= limits[1]:
+                    raise ChannelUriError(f"channel {uri!r}: {key}={self.params[key]} is "
+                                          f"outside {limits[0]}..{limits[1]}")
         try:
             if "term-length" in self.params:
                 check_term_length(self.int_param("term-length"))
@@ -116,8 +125,6 @@ class ChannelUri:
         if "cc" in self.params and self.params["cc"] not in CONGESTION_CONTROLS:
             raise ChannelUriError(f"channel {uri!r}: cc={self.params['cc']!r} is not a "
                                   f"congestion control ({' or '.join(CONGESTION_CONTROLS)})")
-        if "session-id" in self.params and not -(2**31) <= self.int_param("session-id") < 2**31:
-            raise ChannelUriError(f"channel {uri!r}: session-id is not a 32-bit integer")
         if CONSUMER_GROUP in self.params:
             if self.media != "ipc" or self.spy:
                 raise ChannelUriError(f"channel {uri!r}: {CONSUMER_GROUP} is for aeron:ipc "

@@ -121,6 +121,7 @@ from shmbus.shm.cnc import (
     COUNTERS_METADATA,
     COUNTERS_VALUES,
     ERROR_LOG,
+    CncCorruptError,
     CncError,
     CncFile,
 )
@@ -261,7 +262,8 @@ def read_snapshot(directory: str | os.PathLike[str], *, errors: bool = False,
         if not (path / CNC_FILE).exists():
             raise BusNotFoundError(path, f"{path / CNC_FILE} does not exist (no driver has run "
                                          f"here, or it stopped and removed its files)") from None
-        raise BusNotFoundError(path, str(e), hint="layout version" not in str(e)) from None
+        hint = not isinstance(e, CncCorruptError) and "layout version" not in str(e)
+        raise BusNotFoundError(path, str(e), hint=hint) from None
     except OSError as e:
         raise BusNotFoundError(path, f"cannot read {path / CNC_FILE}: {e.strerror}",
                                hint=False) from None

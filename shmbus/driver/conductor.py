@@ -3,14 +3,13 @@ flow control, tethering, unblocking, client liveness and end of life.
 
 The conductor owns the counters, the log files and the broadcast to clients. It is driven by
 ``do_work(now_ms)`` from the driver's loop (the clock is an argument, so tests drive it), and
-never blocks.
+never blocks, except to resolve the host names of a udp channel being added.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,11 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from shmbus.channel_uri import CONSUMER_GROUP, ChannelUri, ChannelUriError
 from shmbus.context import Context
 from shmbus.driver import control_protocol as cp
+from shmbus.driver.channel_addresses import check_addresses
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.driver.ipc_publication import (
     ImageEvent,
@@ -60,7 +58,7 @@ from shmbus.shm.counters import (
 from shmbus.shm.error_log import DistinctErrorLog
 from shmbus.shm.log_buffer import LogBuffer, LogBufferError
 from shmbus.shm.position import Position
-from shmbus.shm.ring_buffer import ManyToOneRingBuffer
+from shmbus.shm.ring_buffer import ManyToOneRingBuffer, RingBufferCorruptError
 
 LOGS_DIR = "logs"
 #: a subscription waiting for the netbridge to take its endpoint is refused after this share of
@@ -163,6 +161,9 @@ class DriverConductor:
         self._bridge_process: subprocess.Popen[bytes] | None = None
         self._bridge_started_ms = 0
         self._next_timer_ms = 0
+        #: where the command ring's head stood, and since when (for unblocking a dead claim)
+        self._command_head = 0
+        self._command_head_since_ms = 0
         self._last_client_ms = counters.clock()
         self._random = random.Random()
 
@@ -170,7 +171,12 @@ class DriverConductor:
 
     def do_work(self, now_ms: int) -> int:
         """One duty cycle: commands, limits, and (every timer interval) timers. Returns work."""
-        work = self.to_driver.read(self._on_command, 50)
+        try:
+            work = self.to_driver.read(self._on_command, 50)
+        except RingBufferCorruptError as e:  # a client scribbled on the records: skipped
+            self._add(SystemCounter.ERRORS, 1)
+            self.error_log.record(f"to-driver ring buffer: {e}")
+            work = 1
         published = 0
         for publication in self.publications:
             published += publication.update_limit()
@@ -193,6 +199,9 @@ class DriverConductor:
         self.set_heartbeat(now_ms)
         self.to_driver.consumer_heartbeat_time = now_ms
         work = self._check_clients(now_ms)
+        if self._bridge_died_unregistered() and self._network_in_use():
+            self._bridge_process = None  # it died starting up: no client timeout will tell
+            self._ensure_bridge()
         for publication in list(self.publications):
             for group in publication.groups.values():
                 self._free(group.hand_on(publication.log))
@@ -256,6 +265,13 @@ class DriverConductor:
         except Exception as e:  # a bug must not take the driver down: record it, go on
             self._error(correlation_id, cp.GENERIC_ERROR, f"{type(e).__name__}: {e}", e)
 
+    def _check_owns_publication(self, client_id: int, registration_id: int) -> None:
+        """A client changes only the publications it added (a wrong id from a buggy client
+        must not close another client's)."""
+        if registration_id not in self.clients[client_id].publications:
+            raise CommandError(cp.UNKNOWN_PUBLICATION, f"unknown publication {registration_id} "
+                                                       f"(not one client {client_id} added)")
+
     def _touch_client(self, client_id: int) -> None:
         if client_id not in self.clients:
             raise CommandError(cp.GENERIC_ERROR,
@@ -292,6 +308,7 @@ class DriverConductor:
                          publication.log_file))
 
     def _on_remove_publication(self, command: cp.RemovePublication) -> None:
+        self._check_owns_publication(command.client_id, command.registration_id)
         publication = self._owner_index.pop(command.registration_id, None)
         if publication is None or not self._remove_owner(publication, command.registration_id):
             raise CommandError(cp.UNKNOWN_PUBLICATION,
@@ -345,9 +362,10 @@ class DriverConductor:
                 self._link(publication, link)
 
     def _on_remove_subscription(self, command: cp.RemoveSubscription) -> None:
-        if command.registration_id not in self.subscriptions:
+        if command.registration_id not in self.clients[command.client_id].subscriptions:
             raise CommandError(cp.UNKNOWN_SUBSCRIPTION,
-                               f"unknown subscription {command.registration_id}")
+                               f"unknown subscription {command.registration_id} (not one "
+                               f"client {command.client_id} added)")
         self._remove_subscription(command.registration_id)
         self.clients[command.client_id].subscriptions.discard(command.registration_id)
         self._send(cp.OnOperationSuccess(command.correlation_id))
@@ -356,6 +374,7 @@ class DriverConductor:
         self._remove_client(command.client_id)
 
     def _on_destination(self, command: cp.AddDestination) -> None:
+        self._check_owns_publication(command.client_id, command.registration_id)
         publication = self._owner_index.get(command.registration_id)
         if not isinstance(publication, NetworkPublication):
             raise CommandError(cp.UNKNOWN_PUBLICATION,
@@ -368,6 +387,7 @@ class DriverConductor:
         if destination.is_ipc or "endpoint" not in destination.params:
             raise CommandError(cp.INVALID_CHANNEL, f"destination {command.destination!r} "
                                f"needs aeron:udp?endpoint=host:port")
+        check_addresses(destination, command.destination)
         added = not isinstance(command, cp.RemoveDestination)
         endpoint = destination.params["endpoint"]
         known = self._destinations.setdefault(publication.registration_id, [])
@@ -503,17 +523,11 @@ class DriverConductor:
 
     def _parse_channel(self, channel: str, stream_id: int) -> ChannelUri:
         uri = ChannelUri.parse(channel)
-        if "interface" in uri.params:
-            host = uri.params["interface"].partition(":")[0]
-            local = {a.address for addresses in psutil.net_if_addrs().values()
-                     for a in addresses if a.family == socket.AF_INET}
-            if host not in local and host != "0.0.0.0":
-                raise CommandError(cp.INVALID_CHANNEL,
-                                   f"channel {channel!r}: interface {host} is not an address "
-                                   f"of this host ({', '.join(sorted(local))})")
-        if not -(2**31) <= stream_id < 2**31 or stream_id == 0:
+        check_addresses(uri, channel)
+        if stream_id == 0:  # the wire format holds any other 32-bit signed integer
             raise CommandError(cp.INVALID_CHANNEL,
-                               f"stream id {stream_id} must be a non-zero 32-bit integer")
+                               "stream_id 0 is reserved: a stream id is a non-zero 32-bit "
+                               "signed integer")
         return uri
 
     def _find_concurrent(self, uri: ChannelUri, stream_id: int) -> IpcPublication | None:
@@ -826,8 +840,13 @@ class DriverConductor:
                 self._send(cp.OnClientTimeout(client.client_id))
                 self._remove_client(client.client_id)
                 work += 1
-        if self.to_driver.unblock():
+        head = self.to_driver.consumer_position()
+        if head != self._command_head or self.to_driver.size() == 0:
+            self._command_head, self._command_head_since_ms = head, now_ms
+        elif now_ms - self._command_head_since_ms > timeout_ms and self.to_driver.unblock():
+            # a client died between claiming and committing a command: pass its record
             self._add(SystemCounter.UNBLOCKED_COMMANDS, 1)
+            work += 1
         return work
 
     def _remove_client(self, client_id: int) -> None:
@@ -866,6 +885,12 @@ class DriverConductor:
                     old.kill()  # declared dead: it must not come back beside the new one
                 self._bridge_process = None
                 self._ensure_bridge()
+
+    def _bridge_died_unregistered(self) -> bool:
+        """The netbridge this driver started exited before it registered as a client."""
+        process = self._bridge_process
+        return (self.bridge_client_id is None and process is not None
+                and process.poll() is not None)
 
     def _network_in_use(self) -> bool:
         """Whether any publication or subscription is on a udp channel."""

@@ -26,6 +26,9 @@ UNKNOWN_COMMAND_TYPE_ID = 6
 MALFORMED_COMMAND = 7
 STORAGE_SPACE = 11
 
+#: The integer codes of the fixed parts, by their width in bits
+_SIGNED_BITS = {"i": 32, "q": 64}
+
 
 @dataclass(frozen=True)
 class Message:
@@ -35,14 +38,31 @@ class Message:
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<")
 
     def encode(self) -> bytes:
+        """The message's bytes. ValueError (TypeError) names a field whose value does not fit
+        (is not of) its integer type, e.g. a stream_id outside int32."""
         values = astuple(self)
         fixed_count = len(values) - self._string_count()
-        out = [self.FORMAT.pack(*values[:fixed_count])]
+        try:
+            out = [self.FORMAT.pack(*values[:fixed_count])]
+        except struct.error:
+            self._check_fixed_fields(values[:fixed_count])
+            raise
         for text in values[fixed_count:]:
             data = text.encode()
             out.append(struct.pack("<i", len(data)))
             out.append(data)
         return b"".join(out)
+
+    def _check_fixed_fields(self, values: tuple[object, ...]) -> None:
+        codes = self.FORMAT.format.lstrip("<")
+        for f, code, value in zip(fields(self), codes, values, strict=True):
+            bits = _SIGNED_BITS[code]
+            low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{f.name} must be an int, not {type(value).__name__}")
+            if not low <= value <= high:
+                raise ValueError(f"{f.name}={value} is outside {low}..{high} "
+                                 f"(a {bits}-bit signed integer)")
 
     @classmethod
     def _string_count(cls) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.driver.log_unblocker import unblock
 from shmbus.driver.subscription_group import IDLE, SubscriptionGroup
-from shmbus.shm.log_buffer import LogBuffer
+from shmbus.shm.log_buffer import PARTITION_COUNT, LogBuffer
 from shmbus.shm.position import Position
 
 
@@ -97,6 +97,8 @@ class IpcPublication:
     groups: dict[str, SubscriptionGroup] = field(default_factory=dict)
     state: PublicationState = PublicationState.ACTIVE
     time_of_state_change_ms: int = 0
+    #: what pub-pos was last set to (the counter itself is shared memory anyone can scribble on)
+    _published_position: int = 0
     _last_consumer_position: int = 0
     _time_of_consumer_move_ms: int = 0
 
@@ -118,15 +120,23 @@ class IpcPublication:
             counted.extend(group.flow_counters())
         return counted
 
+    def _held(self, position: int) -> int:
+        """A consumer position held between the producer position and a log length behind it:
+        consumers write their counters, and a position outside these bounds (a buggy client's
+        scribble) must not send cleaning or the limit off to it."""
+        producer = self.producer_position()
+        return min(max(position, producer - PARTITION_COUNT * self.log.term_length), producer)
+
     def _flow_counters(self) -> list[tuple[int, Position]]:
         """The position counters (id, position) that hold the publisher back."""
         return self._reader_counters()
 
     def _flow_positions(self, counters: list[tuple[int, Position]] | None = None) -> list[int]:
-        """The consumer positions that hold the publisher back (idle group records left out)."""
+        """The consumer positions that hold the publisher back (idle group records left out),
+        each held between the producer and a log behind it (see _held)."""
         if counters is None:
             counters = self._flow_counters()
-        return [value for value in (position.get() for _, position in counters)
+        return [self._held(value) for value in (position.get() for _, position in counters)
                 if value != IDLE]
 
     def _update_connected(self, positions: list[int]) -> None:
@@ -144,8 +154,9 @@ class IpcPublication:
         Returns how many bytes were published since the last call (0: nothing happened).
         """
         producer = self.producer_position()
-        published = producer - self.pub_pos.get()
+        published = producer - self._published_position
         if published:
+            self._published_position = producer
             self.pub_pos.set(producer)
         counters = self._flow_counters()
         positions = self._flow_positions(counters)
@@ -178,13 +189,13 @@ class IpcPublication:
         if not untethered:
             return events
         window = self.flow.window
-        consumer = max((s.position.get() for s in self.subscribers.values()
+        consumer = max((self._held(s.position.get()) for s in self.subscribers.values()
                         if s.state is not LinkState.RESTING and s.group is None),
                        default=self.producer_position())
         window_floor = consumer - window + window // 8
         for link in untethered:
             if link.state is LinkState.ACTIVE:
-                if link.position.get() > window_floor:
+                if self._held(link.position.get()) > window_floor:
                     link.time_of_last_change_ms = now_ms
                 elif now_ms - link.time_of_last_change_ms > timeouts.window_limit_ms:
                     link.state = LinkState.LINGER

@@ -622,7 +622,7 @@ static int fc_advance(const LogGeometry *g, int64_t *limit, int64_t slowest, int
     int64_t *clean_ptr = meta_i64(g, META_FC_CLEAN_POSITION);
     /* a reader behind the clean position (flow control taken over mid-stream) must not find
      * stale frames three terms on: clean from it instead */
-    if (slowest < LOAD_ACQUIRE(clean_ptr))
+    if (slowest >= 0 && slowest < LOAD_ACQUIRE(clean_ptr))  /* below 0: nothing consumed */
         STORE_RELEASE(clean_ptr, slowest);
     fc_clean_to(g, slowest - LOAD_ACQUIRE(meta_i32(g, META_FC_CLEAN_LAG)));
     if (mode == FC_PULL_BACK) {
@@ -637,14 +637,19 @@ static int fc_advance(const LogGeometry *g, int64_t *limit, int64_t slowest, int
     return 1;
 }
 
-/* Raises the limit from the counted set, if that moves it. Returns 1 if the limit moved. */
+/* Raises the limit from the counted set, if that moves it; `producer` is the writer's
+ * position. Returns 1 if the limit moved. */
 static int fc_raise(const LogGeometry *g, const uint8_t *values, Py_ssize_t values_len,
-                    int64_t *limit)
+                    int64_t *limit, int64_t producer)
 {
     int64_t slowest;
     int64_t version = fc_slowest(g, values, values_len, &slowest);
     if (version < 0)
         return 0;
+    /* readers write their own counters: one beyond the writer (a scribble) must not send
+     * cleaning into unread data, nor the limit past what a window allows */
+    if (slowest > producer)
+        slowest = producer;
     int64_t before = LOAD_ACQUIRE(limit);
     if (slowest + LOAD_ACQUIRE(meta_i32(g, META_FC_WINDOW)) <= before)
         return 0;
@@ -803,7 +808,7 @@ static inline int64_t current_limit(PublicationCore *self, int64_t position, int
 {
     if (position < limit || self->values == NULL)
         return limit;
-    fc_raise(&self->g, self->values, self->values_len, self->limit);
+    fc_raise(&self->g, self->values, self->values_len, self->limit, position);
     return LOAD_ACQUIRE(self->limit);
 }
 
@@ -1644,14 +1649,32 @@ static PyObject *deliver(ImageCore *self, PyObject *handler, uint8_t *frame, int
     return r;
 }
 
-/* Validates a committed frame; a corrupt one raises instead of being handed out. */
-static int frame_ok(ImageCore *self, int32_t offset, int32_t length)
+/*
+ * Whether a committed DATA frame belongs to the term the reader is in. A writer no longer held
+ * back by this reader (the driver dropped it: timed out, untethered and resting; or its process
+ * was stopped mid-poll) may lap it and rewrite the term for a later term id. Such frames are not
+ * delivered: the reader stops there until the client hears from the driver that the image is
+ * gone. (Padding is not checked: the driver's unblocker writes only its type and length.)
+ */
+static inline int frame_in_term(const ImageCore *self, const uint8_t *frame, int64_t position)
+{
+    uint32_t term_id = (uint32_t)self->g.initial_term_id +
+                       (uint32_t)(position >> self->g.position_bits);
+    return rd_i32(frame + TERM_ID_OFFSET) == (int32_t)term_id;
+}
+
+/* Validates a committed frame's length. An impossible one in a lapped term (the bytes of a
+ * later term's frames, no frame of this term) returns 0 with no error: the reader stops, as
+ * at any lapped frame. In the reader's own term it is corruption: raises, returns 0. */
+static int frame_ok(ImageCore *self, const uint8_t *frame, int32_t offset, int32_t length,
+                    int64_t position)
 {
     if (length < HEADER_LENGTH || (int64_t)offset + ALIGN((int64_t)length, FRAME_ALIGNMENT) >
                                       self->g.term_length) {
-        PyErr_Format(PyExc_RuntimeError,
-                     "corrupt log: frame length %d at term offset %d (term length %d)", length,
-                     offset, self->g.term_length);
+        if (frame_in_term(self, frame, position))
+            PyErr_Format(PyExc_RuntimeError,
+                         "corrupt log: frame length %d at term offset %d (term length %d)",
+                         length, offset, self->g.term_length);
         return 0;
     }
     return 1;
@@ -1673,10 +1696,16 @@ static long image_poll(ImageCore *self, PyObject *handler, long limit)
         int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
         if (length <= 0)
             break;
-        if (!frame_ok(self, offset, length)) { failed = 1; break; }
         uint8_t *frame = term + offset;
+        int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
+        if (!pad && !frame_in_term(self, frame, position))
+            break;
+        if (!frame_ok(self, frame, offset, length, position)) {
+            failed = PyErr_Occurred() != NULL;
+            break;
+        }
         offset += (int32_t)ALIGN(length, FRAME_ALIGNMENT);
-        if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
+        if (pad)
             continue;
         fragments++;
         PyObject *r = deliver(self, handler, frame, length);
@@ -1705,11 +1734,17 @@ static long image_controlled_poll(ImageCore *self, PyObject *handler, long limit
         int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
         if (length <= 0)
             break;
-        if (!frame_ok(self, offset, length)) { failed = 1; break; }
         uint8_t *frame = term + offset;
+        int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
+        if (!pad && !frame_in_term(self, frame, position))
+            break;
+        if (!frame_ok(self, frame, offset, length, position)) {
+            failed = PyErr_Occurred() != NULL;
+            break;
+        }
         int32_t aligned = (int32_t)ALIGN(length, FRAME_ALIGNMENT);
         offset += aligned;
-        if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
+        if (pad)
             continue;
         fragments++;
         PyObject *r = deliver(self, handler, frame, length);
@@ -1802,10 +1837,16 @@ static PyObject *img_scan(ImageCore *self, PyObject *args)
         int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
         if (length <= 0)
             break;
-        if (!frame_ok(self, offset, length))
-            goto done;
         uint8_t *frame = term + offset;
-        if (rd_u16(frame + TYPE_OFFSET) != HDR_TYPE_PAD) {
+        int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
+        if (!pad && !frame_in_term(self, frame, position))
+            break;
+        if (!frame_ok(self, frame, offset, length, position)) {
+            if (PyErr_Occurred())
+                goto done;
+            break;
+        }
+        if (!pad) {
             o[count] = offset + HEADER_LENGTH;
             l[count] = length - HEADER_LENGTH;
             f[count] = frame[FLAGS_OFFSET];
@@ -3261,8 +3302,12 @@ static long group_deliver(GroupMemberCore *self, PyObject *handler)
         uint8_t *frame = term_at(g, (int)((position >> g->position_bits) % PARTITION_COUNT)) +
                          offset;
         int32_t length = LOAD_ACQUIRE((int32_t *)frame);
-        if (!frame_ok(image, offset, length))
+        if (!frame_ok(image, frame, offset, length, position)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "a claimed message was overwritten: the "
+                                "writer lapped this member (it was dropped as dead)");
             return -1;
+        }
         position += ALIGN(length, FRAME_ALIGNMENT);
         if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
             continue;

@@ -37,9 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shmbus.shm._native import AtomicBuffer
+from shmbus.shm.broadcast import TRAILER_LENGTH as BROADCAST_TRAILER_LENGTH
 from shmbus.shm.broadcast import broadcast_buffer_length
 from shmbus.shm.counters import COUNTER_LENGTH, METADATA_LENGTH
 from shmbus.shm.doorbell import Doorbell
+from shmbus.shm.ring_buffer import TRAILER_LENGTH as RING_TRAILER_LENGTH
 from shmbus.shm.ring_buffer import ring_buffer_length
 
 CNC_FILE = "cnc.dat"
@@ -63,6 +65,10 @@ CLIENTS_DOORBELL_OFFSET = 256
 
 class CncError(RuntimeError):
     """cnc.dat is missing, not ready, or of another layout version."""
+
+
+class CncCorruptError(CncError):
+    """cnc.dat's header describes a layout no driver writes, or more bytes than the file has."""
 
 
 @dataclass(frozen=True)
@@ -173,8 +179,10 @@ class CncFile:
             raise CncError(f"no bus in {directory}: {path} does not exist") from None
         try:
             size = os.fstat(fd).st_size
-            if size < HEADER_LENGTH:
-                raise CncError(f"{path} is {size} bytes: not a cnc file (or not ready)")
+            if size < HEADER_LENGTH:  # the driver renames it into place at its full size
+                raise CncCorruptError(f"{path} is {size} bytes, less than its "
+                                      f"{HEADER_LENGTH}-byte header: truncated or not a cnc "
+                                      f"file")
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
             mapping = mmap.mmap(fd, size, access=access)
         finally:
@@ -187,9 +195,13 @@ class CncFile:
             raise CncError(f"{path} has layout version {version}; this shmbus speaks version "
                            f"{CNC_VERSION}: use the same shmbus version for driver and clients")
         cnc = cls(path, mapping, writable)
-        if cnc.total_length > size:
+        problem = _layout_problem(cnc.lengths)
+        if problem is None and cnc.total_length > size:
+            problem = (f"it is {size} bytes, its header describes {cnc.total_length} "
+                       f"(truncated)")
+        if problem is not None:
             mapping.close()
-            raise CncError(f"{path} is {size} bytes, its header describes {cnc.total_length}")
+            raise CncCorruptError(f"{path} is corrupt: {problem}")
         return cnc
 
     # -- sections ----------------------------------------------------------------------------
@@ -242,3 +254,27 @@ class CncFile:
 
 
 TO_DRIVER, TO_CLIENTS, COUNTERS_METADATA, COUNTERS_VALUES, ERROR_LOG = range(5)
+
+
+def _layout_problem(lengths: tuple[int, ...]) -> str | None:
+    """What is wrong with the section lengths of a header (None: a layout a driver writes)."""
+    to_driver, to_clients, metadata, values, error_log = lengths
+    checks = (
+        ("to-driver", to_driver, RING_TRAILER_LENGTH, "a power of two >= 64 plus a "
+         f"{RING_TRAILER_LENGTH}-byte trailer"),
+        ("to-clients", to_clients, BROADCAST_TRAILER_LENGTH, "a power of two >= 64 plus a "
+         f"{BROADCAST_TRAILER_LENGTH}-byte trailer"),
+    )
+    for name, length, trailer, rule in checks:
+        capacity = length - trailer
+        if capacity < 64 or capacity & (capacity - 1):
+            return f"the {name} section is {length} bytes, not {rule}"
+    if metadata <= 0 or metadata % METADATA_LENGTH:
+        return (f"the counters metadata section is {metadata} bytes, not a positive multiple "
+                f"of {METADATA_LENGTH}")
+    if values != metadata // METADATA_LENGTH * COUNTER_LENGTH:
+        return (f"the counters values section is {values} bytes; {metadata // METADATA_LENGTH}"
+                f" counters take {metadata // METADATA_LENGTH * COUNTER_LENGTH}")
+    if error_log <= 0 or error_log % 8:
+        return f"the error log section is {error_log} bytes, not a positive multiple of 8"
+    return None

@@ -315,14 +315,20 @@ class CountersManager(CountersReader):
         self.free_to_reuse_timeout_ms = free_to_reuse_timeout_ms
         self.clock = clock
         self._high_water_mark = -1
-        self._free_list: list[int] = []
+        # The manager's own record of states and reuse deadlines: any process of the user can
+        # scribble on the shared metadata, and the driver must not be misled by it.
+        self._allocated: set[int] = set()
+        self._free_list: list[tuple[int, int]] = []  # (counter id, free-for-reuse deadline)
         for counter_id in range(self.max_counters):
             state = self.get_state(counter_id)
             if state == RECORD_UNUSED:
                 break
             self._high_water_mark = counter_id
             if state == RECORD_RECLAIMED:
-                self._free_list.append(counter_id)
+                self._free_list.append(
+                    (counter_id, self.get_free_for_reuse_deadline(counter_id)))
+            else:
+                self._allocated.add(counter_id)
 
     def allocate(self, label: str, type_id: int = 0, key: bytes = b"",
                  registration_id: int = NULL_ID, owner_id: int = NULL_ID,
@@ -359,12 +365,13 @@ class CountersManager(CountersReader):
             metadata.put_bytes(at + LABEL_OFFSET, encoded)
         metadata.put_int32(at + LABEL_LENGTH_OFFSET, len(encoded))
         metadata.put_int32_release(at + STATE_OFFSET, RECORD_ALLOCATED)
+        self._allocated.add(counter_id)
         return counter_id
 
     def _next_counter_id(self) -> int:
         now = self.clock()
-        for i, counter_id in enumerate(self._free_list):
-            if now >= self.get_free_for_reuse_deadline(counter_id):
+        for i, (counter_id, deadline) in enumerate(self._free_list):
+            if now >= deadline:
                 del self._free_list[i]
                 return counter_id
         if self._high_water_mark + 1 >= self.max_counters:
@@ -381,15 +388,15 @@ class CountersManager(CountersReader):
         Raises ValueError if the counter is not allocated (double free).
         """
         self._check_id(counter_id)
+        if counter_id not in self._allocated:
+            state = RECORD_UNUSED if counter_id > self._high_water_mark else RECORD_RECLAIMED
+            raise ValueError(f"counter {counter_id} is {STATE_NAMES[state]}, not allocated")
+        self._allocated.discard(counter_id)
         at = self.metadata_offset(counter_id)
-        state = self.metadata.get_int32_acquire(at + STATE_OFFSET)
-        if state != RECORD_ALLOCATED:
-            raise ValueError(
-                f"counter {counter_id} is {STATE_NAMES.get(state, state)}, not allocated")
-        self.metadata.put_int64(at + FREE_FOR_REUSE_DEADLINE_OFFSET,
-                                self.clock() + self.free_to_reuse_timeout_ms)
+        deadline = self.clock() + self.free_to_reuse_timeout_ms
+        self.metadata.put_int64(at + FREE_FOR_REUSE_DEADLINE_OFFSET, deadline)
         self.metadata.put_int32_release(at + STATE_OFFSET, RECORD_RECLAIMED)
-        self._free_list.append(counter_id)
+        self._free_list.append((counter_id, deadline))
 
     def set_value(self, counter_id: int, value: int) -> None:
         """Set the counter's value (release store). Only the counter's owner calls this."""

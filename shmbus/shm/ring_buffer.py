@@ -70,6 +70,10 @@ CONSUMER_HEARTBEAT_OFFSET = LINE_LENGTH * 4
 #: Bytes after the data region, holding the fields above (offsets relative to its start).
 TRAILER_LENGTH = LINE_LENGTH * 5
 
+class RingBufferCorruptError(ValueError):
+    """A record's length does not frame a record (see :meth:`ManyToOneRingBuffer.read`)."""
+
+
 #: ``handler(msg_type, payload)``; the payload view is valid only during the call.
 MessageHandler = Callable[[int, memoryview], object]
 
@@ -222,6 +226,13 @@ class ManyToOneRingBuffer:
         counted). Reads at most up to the end of the region per call. ``payload`` is a
         read-only view of a copy, valid for the call. If the handler raises, the records read
         so far, including the failing one, are consumed, and the exception propagates.
+
+        A record whose length is too short for its header, or reaches past the tail or the
+        end of the region, was not written by :meth:`write`: something scribbled on the
+        records. The consumer then never reads or clears outside the claimed space: it skips
+        every claimed byte from that record up to the tail (or the region's end), losing the
+        records there, and raises RingBufferCorruptError once they are consumed; the next
+        read goes on from there.
         """
         buffer = self._buffer
         head = buffer.get_int64(self._head)
@@ -230,13 +241,24 @@ class ManyToOneRingBuffer:
         base = self._base + head_index
         bytes_read = 0
         messages = 0
+        claimed = 0  # bytes from head to the tail, read again when a record seems to pass it
         try:
             while bytes_read < contiguous and messages < limit:
                 at = base + bytes_read
                 record_length = buffer.get_int32_acquire(at)
                 if record_length <= 0:
                     break
-                bytes_read += align(record_length)
+                end = bytes_read + align(record_length)
+                if end > claimed:
+                    claimed = buffer.get_int64_acquire(self._tail) - head
+                if record_length < HEADER_LENGTH or end > min(contiguous, claimed):
+                    skipped = max(min(contiguous, claimed) - bytes_read, 0)
+                    bytes_read += skipped
+                    raise RingBufferCorruptError(
+                        f"record at position {head + bytes_read - skipped} has length "
+                        f"{record_length}, which does not frame a record between the head "
+                        f"and the tail; skipped the {skipped} bytes from there")
+                bytes_read = end
                 msg_type = buffer.get_int32(at + 4)
                 if msg_type == PADDING_MSG_TYPE_ID:
                     continue
@@ -256,7 +278,8 @@ class ManyToOneRingBuffer:
         the tail was ahead). True if a record was turned into padding:
 
         * the record at the head has a negative length (producer died while writing): it
-          becomes padding of that length;
+          becomes padding of that length (or, when no write could have stored that length,
+          of all the claimed space up to the tail or the end of the region);
         * the length at the head is 0 (producer died right after claiming): the zeroed gap up
           to the next record that has begun, or up to the tail or the end of the region when
           nothing follows, becomes one padding record.
@@ -275,8 +298,12 @@ class ManyToOneRingBuffer:
         at = self._base + consumer_index
         length = buffer.get_int32_acquire(at)
         if length < 0:
+            size = -length
+            claimed_to_end = min(tail - head, self._capacity - consumer_index)
+            if not HEADER_LENGTH <= size <= claimed_to_end:  # not a length write() stored
+                size = claimed_to_end
             buffer.put_int32(at + 4, PADDING_MSG_TYPE_ID)
-            return buffer.compare_and_set_int32(at, length, -length)
+            return buffer.compare_and_set_int32(at, length, size)
         if length > 0:
             return False
         limit = producer_index if producer_index > consumer_index else self._capacity

@@ -1,5 +1,5 @@
 """The wire codec against real Aeron traffic: a capture of Aeron's C media driver
-(shared/fixtures/aeron-c-unicast-loss.pcap.gz, described in shared/fixtures/README.md).
+(tests/fixtures/aeron-c-unicast-loss.pcap.gz, described in tests/fixtures/README.md).
 
 The capture holds two publication sessions on stream 1001 (one SETUP each): the first carries
 20,000 messages of 32 bytes, the second 1,000 messages of 3,000 bytes; the receiver dropped 5%
@@ -30,7 +30,7 @@ from netbridge.frames import (
 )
 from tests.netbridge.pcap import UdpDatagram, read_udp
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CAPTURE = FIXTURES / "aeron-c-unicast-loss.pcap.gz"
 ENDPOINT_PORT = 40123
 

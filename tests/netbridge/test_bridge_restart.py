@@ -59,3 +59,29 @@ def test_a_killed_netbridge_is_replaced_and_the_stream_goes_on(bus_context, driv
         assert all(a < b for a, b in zip(received, received[1:], strict=False))  # in order
         errors = [e.text for e in read_snapshot(bus_context.dir, errors=True).errors]
         assert any("went away with udp channels in use" in text for text in errors), errors
+
+
+def test_a_netbridge_that_dies_before_it_registers_is_replaced(bus_context, driver) -> None:
+    """Killed while starting up (before it is a client, so no client timeout reports it), the
+    netbridge is started again by the driver's timer, and the stream flows."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    with shmbus.connect(bus_context) as bus:
+        reader = Reader(bus.add_subscription(channel, STREAM))
+        deadline = time.monotonic() + 20
+        while not (started := bridges(bus_context.dir)):
+            assert time.monotonic() < deadline, "the driver started no netbridge"
+            time.sleep(0.005)
+        (first,) = started
+        first.kill()
+        first.wait(10)
+        publication = bus.add_exclusive_publication(channel, STREAM)
+        deadline = time.monotonic() + 60
+        sequence = 0
+        while len(reader.sequences) < 100:
+            assert time.monotonic() < deadline, (sequence, bridges(bus_context.dir))
+            if sequence < 100 and publication.offer(message(sequence)) > 0:
+                sequence += 1
+            elif not reader.poll():
+                time.sleep(0.001)
+        assert reader.sequences == list(range(100)) and reader.bad == 0
+        assert [p.pid for p in bridges(bus_context.dir)] != [first.pid]

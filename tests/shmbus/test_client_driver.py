@@ -67,7 +67,7 @@ def test_late_subscriber_starts_at_the_current_position(bus_context, driver) -> 
     ("aeron:ipc?term-length=1000", 1, "term length 1000"),
     ("aeron:ipcx", 1, "unknown media 'ipcx'"),
     ("aeron:ipc?endpoint=a:1", 1, "endpoint is not a parameter of ipc"),
-    ("aeron:ipc", 0, "stream id 0"),
+    ("aeron:ipc", 0, "stream_id 0 is reserved"),
     ("aeron:udp?endpoint=127.0.0.1:40999|cc=reno", 1, "cc='reno' is not a congestion control"),
     ("nonsense", 1, "must start with 'aeron:'"),
 ])
@@ -81,6 +81,72 @@ def test_bad_channels_are_refused_with_the_reason(bus_context, driver, channel, 
             bus.add_subscription(channel, stream_id)
         # the client still works after a refusal
         bus.add_publication("aeron:ipc", 3).close()
+
+
+INT32_RANGE = "-2147483648..2147483647"
+
+
+def test_ids_outside_int32_are_refused_naming_the_parameter_and_range(bus_context,
+                                                                       driver) -> None:
+    with shmbus.connect(bus_context) as bus:
+        adds = (bus.add_publication, bus.add_exclusive_publication, bus.add_subscription)
+        for add in adds:
+            for stream_id in (2**31, -(2**31) - 1, 2**63):
+                with pytest.raises(ValueError, match=f"stream_id={stream_id} is outside "
+                                                     f"{INT32_RANGE}"):
+                    add("aeron:ipc", stream_id)
+            for session_id in (2**31, -(2**31) - 1):
+                with pytest.raises(shmbus.RegistrationError,
+                                   match=f"session-id={session_id} is outside {INT32_RANGE}"):
+                    add(f"aeron:ipc?session-id={session_id}", 11)
+        assert not bus._subscriptions  # a refused subscription leaves nothing behind
+        # the edges of the range are stream and session ids like any other
+        for stream_id in (2**31 - 1, -(2**31)):
+            sub = bus.add_subscription("aeron:ipc?session-id=-2147483648", stream_id)
+            pub = bus.add_exclusive_publication("aeron:ipc?session-id=-2147483648", stream_id)
+            assert pub.session_id == -(2**31)
+            pub.publish(b"edge", timeout=5)
+            assert list(sub.messages(timeout=1)) == [b"edge"]
+            pub.close()
+            sub.close()
+
+
+@pytest.mark.parametrize(("channel", "parameter"), [
+    ("aeron:udp?endpoint=nosuchhost.invalid:40611", "endpoint"),
+    ("aeron:udp?endpoint=127.0.0.1:40612|control=nosuchhost.invalid:40613", "control"),
+    ("aeron:udp?control=nosuchhost.invalid:40614|control-mode=manual", "control"),
+    ("aeron:udp?endpoint=127.0.0.1:40615|interface=nosuchhost.invalid", "interface"),
+    ("aeron:udp?endpoint=127.0.0.1:40616|interface=nosuchhost.invalid:0", "interface"),
+])
+def test_unresolvable_hosts_are_refused_when_added(bus_context, driver, channel,
+                                                   parameter) -> None:
+    """As Aeron's driver does: a channel whose host does not resolve is refused when it is
+    added, naming the parameter and the host, instead of never connecting."""
+    fragment = f"{parameter} host 'nosuchhost.invalid' does not resolve"
+    with shmbus.connect(bus_context) as bus:
+        for add in (bus.add_publication, bus.add_exclusive_publication, bus.add_subscription):
+            with pytest.raises(shmbus.RegistrationError, match=fragment) as info:
+                add(channel, 12)
+            assert info.value.code == cp.INVALID_CHANNEL
+        assert not os.path.exists(os.path.join(bus_context.dir, "logs")) or not os.listdir(
+            os.path.join(bus_context.dir, "logs"))
+
+
+def test_destinations_and_names_that_resolve(bus_context, driver) -> None:
+    """A resolvable name is as good as an address; a destination that does not resolve is
+    refused like a channel."""
+    with shmbus.connect(bus_context) as bus:
+        sub = bus.add_subscription("aeron:udp?endpoint=localhost:40621", 13)
+        pub = bus.add_exclusive_publication(
+            "aeron:udp?endpoint=localhost:40621|interface=localhost", 13)
+        wait_for(lambda: pub.is_connected, timeout=20)
+        pub.publish(b"by name", timeout=5)
+        assert list(sub.messages(timeout=2)) == [b"by name"]
+        mdc = bus.add_exclusive_publication(
+            "aeron:udp?control=localhost:40622|control-mode=manual", 13)
+        with pytest.raises(shmbus.RegistrationError,
+                           match="endpoint host 'nosuchhost.invalid' does not resolve"):
+            mdc.add_destination("aeron:udp?endpoint=nosuchhost.invalid:40623")
 
 
 def test_second_driver_on_a_live_directory_is_refused(bus_context, driver) -> None:

@@ -366,12 +366,12 @@ def test_errors_lists_each_distinct_error_once_with_its_count(bus_context, drive
         with pytest.raises(shmbus.RegistrationError):
             bus.add_subscription("aeron:ipx", 3)
     (zero, ipx) = run_json("errors", "--dir", bus_context.dir)["errors"]
-    assert zero["count"] == 2 and "stream id 0" in zero["text"]
+    assert zero["count"] == 2 and "stream_id 0" in zero["text"]
     assert before <= zero["first_ms"] <= zero["last_ms"] <= busstat.epoch_ms()
     assert ipx["count"] == 1 and "ipx" in ipx["text"]
     text = run("errors", "--dir", bus_context.dir).stdout
     assert "2 distinct errors, 3 observations" in text
-    assert "2 x, first " in text and "stream id 0" in text
+    assert "2 x, first " in text and "stream_id 0" in text
 
 
 # -- read-only ---------------------------------------------------------------------------------

@@ -429,6 +429,68 @@ def test_writes_and_reads_match_a_fifo_model_across_wraps(ops: list[tuple[str, i
     assert ring.size() == 0
 
 
+GUARD = 256
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=30), st.data(),
+       st.integers(-(2**31), 2**31 - 1), st.integers(0, 200))
+def test_scribbled_record_lengths_cost_records_never_memory_or_liveness(
+        sizes: list[int], data: st.DataObject, garbage: int, skip: int) -> None:
+    """A client of the same user overwrites the length of an unread record with garbage.
+    The consumer (the driver) then loses records, but never reads or clears a byte outside
+    the records' region nor moves the head past the tail; read (with unblock, as the driver
+    calls it) always moves on to the tail, and then the ring works as new."""
+    memory = mmap.mmap(-1, GUARD + ring_buffer_length(CAPACITY) + GUARD)
+    buffer = AtomicBuffer(memory)
+    buffer.put_bytes(0, b"\xa5" * GUARD)
+    buffer.put_bytes(GUARD + ring_buffer_length(CAPACITY), b"\xa5" * GUARD)
+    ring = ManyToOneRingBuffer(buffer, GUARD, ring_buffer_length(CAPACITY))
+    for _ in range(skip):  # start somewhere else than position 0, to cross the wrap
+        assert ring.write(MSG_TYPE, b"x" * 20)
+        drain(ring)
+    written = [bytes([i + 1]) * size for i, size in enumerate(sizes)]
+    starts = []
+    for payload in written:
+        starts.append(ring.producer_position())
+        if not ring.write(MSG_TYPE, payload):
+            starts.pop()
+            break
+    victim = data.draw(st.integers(0, len(starts) - 1))
+    at = GUARD + (starts[victim] & (CAPACITY - 1))
+    if buffer.get_int32(at + 4) == PADDING_MSG_TYPE_ID:  # the wrap's padding, then the record
+        at = GUARD
+    buffer.put_int32(at, garbage)
+    trailer = buffer.get_bytes(GUARD + CAPACITY, TRAILER_LENGTH)
+    tail = ring.producer_position()
+    got: list[bytes] = []
+    corruptions = 0
+    for _ in range(4 * len(written) + 8):
+        if ring.consumer_position() == tail:
+            break
+        before = ring.consumer_position()
+        try:
+            ring.read(lambda t, b: got.append(bytes(b)))
+        except ValueError:
+            corruptions += 1
+        assert before <= ring.consumer_position() <= tail
+        if ring.consumer_position() == before:
+            ring.unblock()
+    assert ring.consumer_position() == tail, "the consumer stopped before the tail"
+    assert got[:victim] == written[:victim], "records before the scribbled one are intact"
+    assert buffer.get_bytes(0, GUARD) == b"\xa5" * GUARD
+    assert buffer.get_bytes(GUARD + ring_buffer_length(CAPACITY), GUARD) == b"\xa5" * GUARD
+    after = buffer.get_bytes(GUARD + CAPACITY, TRAILER_LENGTH)  # only the head lines move
+    for line in (TAIL_POSITION_OFFSET, CORRELATION_COUNTER_OFFSET, CONSUMER_HEARTBEAT_OFFSET):
+        assert after[line:line + 128] == trailer[line:line + 128]
+    assert buffer.get_bytes(GUARD, CAPACITY) == bytes(CAPACITY), "read space is cleared"
+    if not 8 <= garbage <= CAPACITY:
+        assert corruptions or garbage <= 0
+    for i in range(40):  # the ring works as new
+        assert ring.write(MSG_TYPE, bytes([i]) * 30)
+        assert drain(ring) == [(MSG_TYPE, bytes([i]) * 30)]
+
+
 # -- real processes ----------------------------------------------------------------------------
 
 PRODUCERS = 3

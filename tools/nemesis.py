@@ -1,0 +1,549 @@
+"""A nemesis: a seeded schedule of faults while writers and readers stream checked messages.
+
+    python tools/nemesis.py [--minutes 10 | --seconds 60] [--seed 1] [--publishers 6]
+                            [--subscribers 5]
+
+Runs as root (it mounts a small tmpfs for the bus directory). Writers (tools/nemesis_workers.py)
+publish on an IPC stream and on a UDP stream through the netbridge: exclusive and concurrent
+publications, whole messages in offer_many batches or claimed one at a time, and fragmented
+ones; every message carries writer id, incarnation, sequence number and CRC32. Readers: a
+tethered and an untethered IPC subscriber, a UDP subscriber, a spy on the UDP publication, more
+tethered ones beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
+datagrams both ways for the whole run (the netbridge's loss filter; it counts as fired once the
+netbridge's receivers report gaps, read with ``shmbus stat``). In a shuffled round, with pauses
+between, the nemesis:
+
+* ``kill-writer-mid-offer``: SIGKILLs a writer inside offer/offer_many, starts it again;
+* ``kill-writer-mid-claim``: has an IPC writer claim and half-fill a message, SIGKILLs it
+  holding the claim (the driver unblocks the log), starts it again;
+* ``stop-subscriber``: SIGSTOPs a reader past the client liveness timeout, then SIGCONTs it
+  (the driver has dropped it; it sees ClientTimeoutError and rebuilds its client);
+* ``kill-driver``: SIGKILLs the driver and starts a new one (clients see DriverTimeoutError
+  and rebuild);
+* ``kill-netbridge``: SIGKILLs the netbridge (the driver starts another);
+* ``fill-disk``: fills the bus tmpfs with a ballast file for a while, then frees it.
+
+A restarted or rebuilt writer is a new publication: a new incarnation, sequence from 0.
+
+The rules (a breach of any is printed and the exit status is 1):
+
+1. Never corrupt: every message received has its CRC. Except a message a reader was handed
+   just before it was paused past its liveness timeout: the driver drops the reader, and the
+   writer may reuse the memory under its handler (*torn*); the reader learns at its next poll
+   that it was timed out (so the messages of the poll before a ClientTimeoutError are torn).
+2. Within one image, never lost, duplicated or reordered: each writer incarnation's sequence
+   goes up by one, for every kind of reader (an untethered reader or a spy that falls behind
+   gets a new image instead; the jump between images is *skipped*, not lost).
+3. A tethered IPC reader and the UDP reader get every message a live writer's offer accepted
+   while the driver lived: for the incarnations alive at the end, the last acked message
+   arrives.
+4. A writer killed mid-offer or mid-claim: every message acked before the kill arrives at the
+   tethered and UDP readers that were following it (not dropped by the driver meanwhile);
+   what was in the killed call (one batch, or the claimed message) may be lost.
+5. Across a driver restart (or any rebuild of the writer's client): a tethered or UDP reader
+   following it may miss at most one term's worth of messages the writer had acked when its
+   client was dropped (term length / smallest frame).
+6. No process dies unless the nemesis killed it (a writer, reader or driver that does is
+   started again, and reported).
+
+At the end it prints, per writer incarnation and per reader: sent, received, lost, duplicated,
+reordered, skipped, corrupt, and how often each fault fired.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from nemesis_check import (
+    ENDINGS,
+    KILLED_MID_CLAIM,
+    KILLED_MID_OFFER,
+    Key,
+    Sent,
+    SubscriberCheck,
+    SubscriberReport,
+    Track,
+    breaches,
+)
+from nemesis_workers import (
+    HOLDING_CLAIM,
+    OFFERING,
+    Ledger,
+    ReaderSpec,
+    WriterSpec,
+    run_reader,
+    run_writer,
+)
+
+import shmbus
+
+SCHEDULED = ("kill-writer-mid-offer", "kill-writer-mid-claim", "stop-subscriber", "kill-driver",
+             "kill-netbridge", "fill-disk")
+#: udp-loss is standing; it fired when the netbridge's receivers counted gaps
+FAULTS = (*SCHEDULED, "udp-loss")
+UDP_STATS = ("retransmits", "gaps", "naks sent")
+IPC_STREAM, UDP_STREAM = 1001, 2001
+TERM_LENGTH = 256 * 1024
+MIN_FRAME = 64  # the smallest message (24 bytes) takes a 64-byte frame
+TMPFS_MB = 96
+LOSS = "drop=0.02,dup=0.02,reorder=0.02,delay=0.002,direction=both"
+
+
+def udp_channel(port: int) -> str:
+    return f"aeron:udp?endpoint=127.0.0.1:{port}"
+
+
+def writer_specs(count: int, port: int) -> list[WriterSpec]:
+    """``count`` writers cycling through the kinds (two concurrent IPC writers share a log)."""
+    udp = udp_channel(port)
+    kinds = [
+        WriterSpec("ipc-exclusive-batch", "aeron:ipc", IPC_STREAM, True, 24, 200, True),
+        WriterSpec("ipc-concurrent-claim", "aeron:ipc", IPC_STREAM, False, 24, 300, False),
+        WriterSpec("udp-exclusive-batch", udp, UDP_STREAM, True, 24, 200, True),
+        WriterSpec("ipc-exclusive-fragmented", "aeron:ipc", IPC_STREAM, True, 2000, 9000,
+                   False),
+        WriterSpec("ipc-concurrent-batch", "aeron:ipc", IPC_STREAM, False, 24, 400, True),
+        WriterSpec("udp-concurrent-fragmented", udp, UDP_STREAM, False, 1500, 6000, False),
+    ]
+    return [kinds[i % len(kinds)] for i in range(count)]
+
+
+def reader_specs(count: int, port: int) -> list[ReaderSpec]:
+    udp = udp_channel(port)
+    kinds = [
+        ReaderSpec("tethered", "tethered", "aeron:ipc", IPC_STREAM),
+        ReaderSpec("untethered", "untethered", "aeron:ipc?tether=false", IPC_STREAM),
+        ReaderSpec("udp", "network", udp, UDP_STREAM),
+        ReaderSpec("spy", "spy", f"aeron-spy:{udp}", UDP_STREAM),
+    ]
+    return [kinds[i] if i < len(kinds) else
+            ReaderSpec(f"tethered-{i}", "tethered", "aeron:ipc", IPC_STREAM)
+            for i in range(count)]
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- the bus under attack ------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def small_tmpfs(root: Path, megabytes: int) -> Iterator[Path]:
+    """A tmpfs of ``megabytes`` mounted on ``root``/fs (root may mount; others get a clear
+    error), unmounted at the end."""
+    mount_point = root / "fs"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs",
+                             str(mount_point)], capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(f"nemesis: cannot mount a tmpfs on {mount_point} (run as root): "
+                         f"{result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+@dataclass
+class Bus:
+    """The driver process the nemesis runs (and replaces), and its context."""
+
+    context: shmbus.Context
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        """Start a driver and wait until a client can connect (bounded: 30 s)."""
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.context.driver_command(), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=log, start_new_session=True)
+        self.starts += 1
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                shmbus.connect(self.context).close()
+                return
+            except (shmbus.DriverUnavailableError, shmbus.DriverTimeoutError):
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise SystemExit(
+                        f"nemesis: the driver did not start (see {self.log_path})") from None
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def netbridges(self) -> list[psutil.Process]:
+        assert self.process is not None
+        try:
+            return [p for p in psutil.Process(self.process.pid).children(recursive=True)
+                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@dataclass
+class Workers:
+    """The writer and reader processes, restartable by index."""
+
+    context: shmbus.Context
+    ledger: Ledger
+    ledger_path: str
+    seed: int
+    writers: list[WriterSpec]
+    readers: list[ReaderSpec]
+    mp: Any = field(default_factory=lambda: multiprocessing.get_context("spawn"))
+    writer_processes: list[Any] = field(default_factory=list)
+    reader_processes: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.stop_writing = self.mp.Event()
+        self.leave = self.mp.Event()
+        self.stop_reading = self.mp.Event()
+        self.results = self.mp.Queue()
+        self.errors = self.mp.Queue()
+
+    def start(self) -> None:
+        self.reader_processes = [self._reader(i) for i in range(len(self.readers))]
+        self.writer_processes = [self._writer(i) for i in range(len(self.writers))]
+
+    def _writer(self, i: int) -> Any:
+        process = self.mp.Process(
+            target=run_writer, name=f"writer-{i}",
+            args=(self.context, self.ledger_path, len(self.writers), i, self.writers[i],
+                  self.seed, self.stop_writing, self.leave, self.errors), daemon=True)
+        process.start()
+        return process
+
+    def _reader(self, i: int) -> Any:
+        process = self.mp.Process(
+            target=run_reader, name=f"reader-{self.readers[i].name}",
+            args=(self.context, self.readers[i], self.stop_reading, self.results,
+                  self.errors), daemon=True)
+        process.start()
+        return process
+
+    def kill_writer(self, i: int, ending: int) -> None:
+        """SIGKILL writer ``i``, note how its incarnation ended, start it again."""
+        process = self.writer_processes[i]
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+        incarnation = self.ledger.incarnations(i) - 1
+        if incarnation >= 0 and self.ledger.counts(i, incarnation)[2] == 0:
+            self.ledger.end(i, incarnation, ending)
+        self.ledger.request_hold(i, False)
+        self.writer_processes[i] = self._writer(i)
+
+    def restart_the_dead(self) -> list[str]:
+        """Start again any worker that died without being killed (each is a breach)."""
+        deaths = []
+        for i, process in enumerate(self.writer_processes):
+            if not process.is_alive():
+                deaths.append(f"writer {i} ({self.writers[i].name}) died: exit code "
+                              f"{process.exitcode}")
+                self.writer_processes[i] = self._writer(i)
+        for i, process in enumerate(self.reader_processes):
+            if not process.is_alive():
+                deaths.append(f"reader {self.readers[i].name} died: exit code "
+                              f"{process.exitcode}")
+                self.reader_processes[i] = self._reader(i)
+        return deaths
+
+    def finish(self, drain_s: float) -> dict[str, SubscriberCheck]:
+        """Stop writing, let readers drain, collect their checks, end every process."""
+        self.stop_writing.set()
+        time.sleep(drain_s)
+        self.stop_reading.set()
+        checks: dict[str, SubscriberCheck] = {}
+        deadline = time.monotonic() + 60
+        while len(checks) < len(self.readers) and time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                name, check = self.results.get(timeout=1)
+                checks[name] = check
+        self.leave.set()
+        for process in self.writer_processes + self.reader_processes:
+            process.join(15)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        return checks
+
+    def errors_seen(self) -> list[str]:
+        found = []
+        while True:
+            try:
+                found.append(self.errors.get_nowait())
+            except Exception:
+                return found
+
+
+# -- faults --------------------------------------------------------------------------------------
+
+class Nemesis:
+    """Runs one fault at a time; ``fired`` counts the faults that took effect."""
+
+    def __init__(self, bus: Bus, workers: Workers, disk: Path, rng: random.Random) -> None:
+        self.bus = bus
+        self.workers = workers
+        self.disk = disk
+        self.rng = rng
+        self.fired: Counter[str] = Counter()
+        self.stops: Counter[str] = Counter()
+        self.notes: list[str] = []
+        #: the netbridge's channel statistics, summed over the netbridges the nemesis killed
+        self.udp: Counter[str] = Counter()
+
+    def sample_udp(self) -> None:
+        """Add the netbridge's loss statistics (read with ``shmbus stat``) before they go: call
+        before killing the netbridge or the driver, and at the end."""
+        result = subprocess.run([sys.executable, "-m", "shmbus", "stat", "--once", "--json",
+                                 "--dir", self.bus.context.dir],
+                                capture_output=True, text=True, timeout=60)
+        if result.returncode:
+            self.notes.append(f"shmbus stat failed: {result.stderr.strip()}")
+            return
+        for counter in json.loads(result.stdout)["counters"]:
+            name = counter["label"].partition(":")[0]
+            if name in UDP_STATS:
+                self.udp[name] += counter["value"]
+        if self.udp["gaps"]:
+            self.fired["udp-loss"] = 1
+
+    def run(self, fault: str) -> None:
+        getattr(self, fault.replace("-", "_"))()
+
+    def _wait_for_phase(self, writer: int, phase: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.workers.ledger.phase(writer) == phase:
+                return True
+            time.sleep(0.0002)
+        return False
+
+    def kill_writer_mid_offer(self) -> None:
+        writer = self.rng.randrange(len(self.workers.writers))
+        if self._wait_for_phase(writer, OFFERING, 5):
+            self.workers.kill_writer(writer, KILLED_MID_OFFER)
+            self.fired["kill-writer-mid-offer"] += 1
+
+    def kill_writer_mid_claim(self) -> None:
+        ipc = [i for i, s in enumerate(self.workers.writers) if s.channel == "aeron:ipc"]
+        if not ipc:
+            return
+        writer = self.rng.choice(ipc)
+        self.workers.ledger.request_hold(writer, True)
+        if self._wait_for_phase(writer, HOLDING_CLAIM, 5):
+            self.workers.kill_writer(writer, KILLED_MID_CLAIM)
+            self.fired["kill-writer-mid-claim"] += 1
+        else:
+            self.workers.ledger.request_hold(writer, False)
+
+    def stop_subscriber(self) -> None:
+        reader = self.rng.randrange(len(self.workers.readers))
+        pid = self.workers.reader_processes[reader].pid
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(self.bus.context.client_liveness_timeout * 1.5 + 0.5)
+        os.kill(pid, signal.SIGCONT)
+        self.fired["stop-subscriber"] += 1
+        self.stops[self.workers.readers[reader].name] += 1
+
+    def kill_driver(self) -> None:
+        self.sample_udp()
+        self.bus.kill()
+        self.bus.start()
+        self.fired["kill-driver"] += 1
+
+    def kill_netbridge(self) -> None:
+        bridges = self.bus.netbridges()
+        if not bridges:
+            self.notes.append("kill-netbridge: no netbridge running")
+            return
+        self.sample_udp()
+        for bridge in bridges:
+            bridge.kill()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if any(b.pid not in {old.pid for old in bridges} for b in self.bus.netbridges()):
+                self.fired["kill-netbridge"] += 1
+                return
+            time.sleep(0.1)
+        self.notes.append("kill-netbridge: the driver did not start another within 20 s")
+
+    def fill_disk(self) -> None:
+        """Fill the bus tmpfs with a ballast file, hold it full for 2 s, free it."""
+        ballast = self.disk / "ballast"
+        chunk = b"\xa5" * (1 << 20)
+        with open(ballast, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+        time.sleep(2.0)
+        self.fired["fill-disk"] += 1
+        ballast.unlink()
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+def collect_sent(ledger: Ledger, writers: int) -> dict[Key, Sent]:
+    sent = {}
+    for w in range(writers):
+        for i in range(ledger.incarnations(w)):
+            sent[(w, i)] = Sent(*ledger.counts(w, i))
+    return sent
+
+
+def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[WriterSpec],
+            nemesis: Nemesis) -> str:
+    lines = ["writer incarnations (received/lost/dup/reordered/skipped summed over readers):",
+             f"{'writer':<34}{'inc':>4}{'sent':>10}{'received':>11}{'lost':>6}{'dup':>5}"
+             f"{'reord':>6}{'skipped':>9}  ending"]
+    for (w, i), s in sorted(sent.items()):
+        tracks = [r.check.tracks.get((w, i), Track()) for r in reports]
+        lines.append(
+            f"{w:>2} {specs[w].name:<31}{i:>4}{s.acked:>10}"
+            f"{sum(t.received for t in tracks):>11}{sum(t.lost for t in tracks):>6}"
+            f"{sum(t.duplicated for t in tracks):>5}{sum(t.reordered for t in tracks):>6}"
+            f"{sum(t.skipped for t in tracks):>9}  {ENDINGS[s.ending]}")
+    lines += ["", "readers:",
+              f"{'reader':<14}{'kind':<12}{'received':>11}{'lost':>6}{'dup':>5}{'reord':>6}"
+              f"{'skipped':>10}{'corrupt':>8}{'torn':>5}{'rebuilds':>9}{'stopped':>8}  why rebuilt"]
+    for r in reports:
+        tracks = list(r.check.tracks.values())
+        lines.append(
+            f"{r.name:<14}{r.kind:<12}{sum(t.received for t in tracks):>11}"
+            f"{sum(t.lost for t in tracks):>6}{sum(t.duplicated for t in tracks):>5}"
+            f"{sum(t.reordered for t in tracks):>6}{sum(t.skipped for t in tracks):>10}"
+            f"{r.check.corrupt:>8}{r.check.torn:>5}{r.check.rebuilds.total():>9}"
+            f"{nemesis.stops[r.name]:>8}  "
+            + ", ".join(f"{reason} {n}" for reason, n in sorted(r.check.rebuilds.items())))
+    total_sent = sum(s.acked for s in sent.values())
+    udp = ", ".join(f"{name} {nemesis.udp[name]}" for name in UDP_STATS)
+    lines += ["", "faults fired: " + ", ".join(f"{f}={nemesis.fired[f]}" for f in FAULTS),
+              f"udp-loss: {LOSS} ({udp})", f"messages sent: {total_sent}"]
+    return "\n".join(lines)
+
+
+def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
+    rng = random.Random(seed)
+    port = free_udp_port()
+    with tempfile.TemporaryDirectory(prefix="nemesis-") as tmp, \
+            small_tmpfs(Path(tmp), TMPFS_MB) as disk:
+        context = shmbus.Context(
+            dir=str(disk / "bus"), embedded_driver=False, driver_timeout=3.0,
+            client_liveness_timeout=2.0, keepalive_interval=0.2,
+            publication_unblock_timeout=1.0, publication_linger_timeout=1.0,
+            untethered_window_limit_timeout=1.0, untethered_resting_timeout=1.0,
+            ipc_term_length=TERM_LENGTH, driver_idle_timeout=3600.0,
+            netbridge_loss=f"{LOSS},seed={seed}")
+        ledger_path = str(Path(tmp) / "ledger")
+        specs = writer_specs(publishers, port)
+        ledger = Ledger(ledger_path, len(specs), create=True)
+        bus = Bus(context, Path(tmp) / "driver.log")
+        bus.start()
+        workers = Workers(context, ledger, ledger_path, seed, specs,
+                          reader_specs(subscribers, port))
+        workers.start()
+        nemesis = Nemesis(bus, workers, disk, rng)
+        try:
+            deadline = time.monotonic() + seconds - 8  # the drain takes the rest
+            round_: list[str] = []
+            deaths: list[str] = []
+            time.sleep(2)
+            while time.monotonic() < deadline:
+                if not round_:
+                    round_ = rng.sample(SCHEDULED, len(SCHEDULED))
+                fault = round_.pop()
+                print(f"[{time.strftime('%H:%M:%S')}] {fault}", flush=True)
+                nemesis.run(fault)
+                deaths += workers.restart_the_dead()
+                if bus.process is not None and bus.process.poll() is not None:
+                    deaths.append(f"the driver died: exit code {bus.process.returncode}")
+                    bus.start()
+                time.sleep(min(rng.uniform(0.5, 2.5), max(0.0, deadline - time.monotonic())))
+            time.sleep(3)  # quiet: rebuilt clients settle before the end
+            nemesis.sample_udp()
+            deaths += workers.restart_the_dead()
+            checks = workers.finish(drain_s=3)
+            sent = collect_sent(ledger, len(specs))
+        finally:
+            bus.stop()
+            ledger.close()
+        found = deaths + workers.errors_seen()
+        readers = workers.readers
+        missing = [r.name for r in readers if r.name not in checks]
+        found += [f"reader {name} sent no report" for name in missing]
+        reports = [SubscriberReport(r.name, r.kind,
+                                    frozenset(i for i, w in enumerate(specs)
+                                              if w.stream_id == r.stream_id), checks[r.name])
+                   for r in readers if r.name in checks]
+        found += breaches(sent, reports, driver_loss_bound=TERM_LENGTH // MIN_FRAME)
+        print(summary(sent, reports, specs, nemesis))
+        for note in nemesis.notes:
+            print(f"note: {note}")
+        if found:
+            kept = Path(tempfile.gettempdir()) / f"nemesis-driver-{seed}-{os.getpid()}.log"
+            shutil.copy(bus.log_path, kept)
+            print(f"\nthe drivers' output: {kept}")
+            print(f"BREACHES ({len(found)}):")
+            for line in found[:200]:
+                print(f"  {line}")
+            return 1
+        print("\nno breach")
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--minutes", type=float)
+    length.add_argument("--seconds", type=float)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--publishers", type=int, default=6)
+    parser.add_argument("--subscribers", type=int, default=5)
+    args = parser.parse_args(argv)
+    seconds = args.seconds if args.seconds is not None else 60 * (args.minutes or 10)
+    if seconds < 20:
+        parser.error("--seconds must be at least 20 (a fault round and the drain)")
+    if not 1 <= args.publishers <= 64 or not 4 <= args.subscribers <= 32:
+        parser.error("--publishers must be 1..64 and --subscribers 4..32")
+    return run(seconds, args.seed, args.publishers, args.subscribers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

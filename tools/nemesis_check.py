@@ -1,0 +1,251 @@
+"""The nemesis' messages and the checks on what a subscriber received: pure code, no IO.
+
+A message is ``HEAD`` (writer u16, incarnation u16, sequence u64, crc32 u32) then a body cut
+from a seeded random block; the crc covers the first 12 header bytes and the body. A writer
+incarnation is one publication of one writer (a session, or a share of a concurrent one): its
+sequence starts at 0 and counts every message it offered.
+
+A :class:`SubscriberCheck` follows one subscriber through its images. Within one image the
+sequence of every writer incarnation must go up by one; a gap there is *lost*, a message seen
+again *duplicated*, one that fills an earlier gap *reordered*. Between images (a rejoin, a
+rebuilt client) a jump forward is *skipped*, which the rules allow. :func:`breaches` applies the
+rules of tools/nemesis.py to the checks and to what the writers say they sent.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+HEAD = struct.Struct("<HHQI")  # writer, incarnation, sequence, crc32
+BLOCK_LENGTH = 1 << 16
+MAX_GAPS = 64  # gap ranges remembered per writer incarnation (to tell reordered from dup)
+
+
+def payload_block(seed: int) -> bytes:
+    """The random bytes message bodies are cut from (the same in every process for a seed)."""
+    return random.Random(seed).randbytes(BLOCK_LENGTH)
+
+
+def encode(block: bytes, writer: int, incarnation: int, sequence: int, length: int) -> bytes:
+    """One message of ``length`` bytes (at least ``HEAD.size``, at most half the block)."""
+    body_length = length - HEAD.size
+    offset = sequence * 7919 % (BLOCK_LENGTH - body_length)
+    body = block[offset:offset + body_length]
+    head = HEAD.pack(writer, incarnation, sequence, 0)[:12]
+    return head + struct.pack("<I", zlib.crc32(body, zlib.crc32(head))) + body
+
+
+def decode(message: bytes | memoryview) -> tuple[int, int, int] | None:
+    """(writer, incarnation, sequence) of an intact message; None if it is corrupt."""
+    if len(message) < HEAD.size:
+        return None
+    writer, incarnation, sequence, crc = HEAD.unpack_from(message)
+    if zlib.crc32(message[HEAD.size:], zlib.crc32(message[:12])) != crc:
+        return None
+    return writer, incarnation, sequence
+
+
+Key = tuple[int, int]  # (writer, incarnation)
+
+
+@dataclass
+class Track:
+    """What one subscriber saw of one writer incarnation."""
+
+    received: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    skipped: int = 0
+    first: int = -1
+    last: int = -1  # the highest sequence seen
+    #: images of this incarnation that ended before the subscriber saw its last message
+    interrupted: int = 0
+    #: the subscriber was timed out by the driver (paused past its liveness) while following
+    dropped: bool = False
+    _next: int | None = None  # the sequence expected next in the current image (None: new)
+    _gaps: list[list[int]] = field(default_factory=list)  # [start, stop) lost in this image
+
+    def on_message(self, sequence: int) -> None:
+        self.received += 1
+        if self._next is None:  # the first message of an image
+            if self.last < 0:
+                self.first = sequence
+            elif sequence <= self.last:
+                self.duplicated += 1
+                return
+            else:
+                self.skipped += sequence - self.last - 1
+            self._next = sequence + 1
+        elif sequence == self._next:
+            self._next += 1
+        elif sequence > self._next:
+            self.lost += sequence - self._next
+            if len(self._gaps) < MAX_GAPS:
+                self._gaps.append([self._next, sequence])
+            self._next = sequence + 1
+        elif self._fill_gap(sequence):
+            self.reordered += 1
+            self.lost -= 1
+        else:
+            self.duplicated += 1
+        self.last = max(self.last, sequence)
+
+    def _fill_gap(self, sequence: int) -> bool:
+        for i, (start, stop) in enumerate(self._gaps):
+            if start <= sequence < stop:
+                self._gaps[i:i + 1] = [r for r in ([start, sequence], [sequence + 1, stop])
+                                       if r[0] < r[1]]
+                return True
+        return False
+
+    @property
+    def following(self) -> bool:
+        """Whether the subscriber reads this incarnation from an image now."""
+        return self._next is not None
+
+    def end_image(self) -> None:
+        """The image this incarnation was read from is gone; a new one may rejoin later."""
+        if self.following:
+            self.interrupted += 1
+        self._next = None
+        self._gaps.clear()
+
+
+class SubscriberCheck:
+    """Checks every message one subscriber receives, across its images and client rebuilds."""
+
+    def __init__(self) -> None:
+        self.tracks: dict[Key, Track] = {}
+        self.corrupt = 0
+        #: corrupt messages handed out in the poll just before the driver timed this subscriber
+        #: out: paused past its liveness in the handler, the memory was reused under it
+        self.torn = 0
+        self._suspect_this_poll = 0
+        self._suspect_last_poll = 0
+        #: why the subscriber's client was rebuilt: exception name -> count
+        self.rebuilds: Counter[str] = Counter()
+        self._keys_by_session: dict[int, set[Key]] = {}
+
+    def on_message(self, session_id: int, message: bytes | memoryview) -> None:
+        decoded = decode(message)
+        if decoded is None:
+            self._suspect_this_poll += 1
+            return
+        writer, incarnation, sequence = decoded
+        key = (writer, incarnation)
+        track = self.tracks.get(key)
+        if track is None:
+            track = self.tracks[key] = Track()
+        self._keys_by_session.setdefault(session_id, set()).add(key)
+        track.on_message(sequence)
+
+    def on_new_image(self, session_id: int) -> None:
+        """An image of this session (re)appeared: its writers' sequences may jump ahead."""
+        for key in self._keys_by_session.get(session_id, ()):
+            self.tracks[key].end_image()
+
+    def on_poll_done(self) -> None:
+        """A poll returned. Corrupt messages of the poll before it are corrupt: the driver had
+        not timed the subscriber out when this one began (it would have raised)."""
+        self.corrupt += self._suspect_last_poll
+        self._suspect_last_poll, self._suspect_this_poll = self._suspect_this_poll, 0
+
+    def finish(self) -> None:
+        """The subscriber stopped reading: what is still suspect is corrupt."""
+        self.corrupt += self._suspect_last_poll + self._suspect_this_poll
+        self._suspect_last_poll = self._suspect_this_poll = 0
+
+    def on_rebuild(self, reason: str) -> None:
+        """The subscriber's client was rebuilt (``reason``: the exception's name): every image
+        is new. After ClientTimeoutError, the corrupt messages of the last poll were torn."""
+        self.rebuilds[reason] += 1
+        suspect = self._suspect_last_poll + self._suspect_this_poll
+        self._suspect_last_poll = self._suspect_this_poll = 0
+        if reason == "ClientTimeoutError":
+            self.torn += suspect
+            for track in self.tracks.values():
+                track.dropped |= track.following
+        else:
+            self.corrupt += suspect
+        for track in self.tracks.values():
+            track.end_image()
+        self._keys_by_session.clear()
+
+
+# -- the rules ---------------------------------------------------------------------------------
+
+FINISHED, KILLED_MID_OFFER, KILLED_MID_CLAIM = 1, 2, 3
+DRIVER_LOST, TIMED_OUT, REFUSED = 4, 5, 6  # the writer rebuilt its client
+ENDINGS = {0: "?", FINISHED: "finished", KILLED_MID_OFFER: "killed mid-offer",
+           KILLED_MID_CLAIM: "killed mid-claim", DRIVER_LOST: "rebuilt: driver lost",
+           TIMED_OUT: "rebuilt: client timed out", REFUSED: "rebuilt: refused"}
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What a writer incarnation says it did: ``acked`` messages were accepted by offer (or
+    committed claims), ``attempted`` were handed to offer or claimed; how it ended."""
+
+    acked: int
+    attempted: int
+    ending: int
+
+
+@dataclass(frozen=True)
+class SubscriberReport:
+    name: str
+    #: "tethered" and "network" subscribers must get every acked message of a live session;
+    #: "untethered" ones and "spy"s may fall behind and rejoin (skipped), never lose in an image
+    kind: str
+    #: the writers whose streams it subscribes to
+    writers: frozenset[int]
+    check: SubscriberCheck
+
+
+def breaches(sent: dict[Key, Sent], subscribers: list[SubscriberReport],
+             driver_loss_bound: int) -> list[str]:
+    """Every rule broken, one line each naming the subscriber, writer incarnation and rule."""
+    found = []
+    for sub in subscribers:
+        check = sub.check
+        if check.corrupt:
+            found.append(f"{sub.name}: {check.corrupt} corrupt messages (never allowed)")
+        for key, track in sorted(check.tracks.items()):
+            what = f"{sub.name} from writer {key[0]} incarnation {key[1]}"
+            if key not in sent:
+                found.append(f"{what}: {track.received} messages no writer sent")
+                continue
+            s = sent[key]
+            for count, name in ((track.lost, "lost within an image"),
+                                (track.duplicated, "duplicated"),
+                                (track.reordered, "reordered")):
+                if count:
+                    found.append(f"{what}: {count} {name} (never allowed)")
+            if track.last >= s.attempted:
+                found.append(f"{what}: sequence {track.last} received, only {s.attempted} "
+                             f"attempted")
+        if sub.kind not in ("tethered", "network"):
+            continue
+        for key, s in sorted(sent.items()):
+            if key[0] not in sub.writers or s.acked == 0:
+                continue
+            track = check.tracks.get(key, Track())
+            missing = s.acked - 1 - track.last
+            what = f"{sub.name} from writer {key[0]} incarnation {key[1]} ({ENDINGS[s.ending]})"
+            if s.ending == FINISHED and missing > 0 and not track.interrupted:
+                found.append(f"{what}: the last {missing} of {s.acked} acked messages never "
+                             f"arrived (a live writer's stream must arrive whole)")
+            elif track.dropped:
+                continue  # it was not following: the driver had dropped it
+            elif s.ending in (KILLED_MID_OFFER, KILLED_MID_CLAIM) and missing > 0 \
+                    and track.received and not track.interrupted:
+                found.append(f"{what}: {missing} messages acked before the kill never arrived")
+            elif s.ending >= DRIVER_LOST and missing > driver_loss_bound:
+                found.append(f"{what}: {missing} acked messages lost when the writer's "
+                             f"client was rebuilt, more than the bound {driver_loss_bound}")
+    return found

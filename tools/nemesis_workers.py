@@ -1,0 +1,295 @@
+"""The processes tools/nemesis.py starts (multiprocessing spawn targets): writers and readers.
+
+Progress the orchestrator must read even after it SIGKILLs a writer lives in a shared
+:class:`Ledger` (an mmapped file read through ``shmbus.AtomicBuffer``); readers hand their
+:class:`~nemesis_check.SubscriberCheck` back through a queue when asked to stop.
+
+The rebuild pattern (until ``connect`` can reconnect by itself): a worker runs its whole client
+inside ``while not stop: try: with shmbus.connect(...) ... except REBUILD: ...``. When the
+driver dies (DriverTimeoutError), times the client out (ClientTimeoutError, e.g. after a
+SIGSTOP), is being replaced (DriverUnavailableError), or cannot create a log now
+(RegistrationError: the disk is full), the client is dropped and a new one built: a new
+publication is a new session, so a writer starts a new incarnation, sequence 0. A writer learns
+that the driver died by polling a subscription now and then (any client call checks the
+driver's heartbeat; ``offer`` alone does not).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nemesis_check import (
+    DRIVER_LOST,
+    FINISHED,
+    HEAD,
+    REFUSED,
+    TIMED_OUT,
+    SubscriberCheck,
+    encode,
+    payload_block,
+)
+
+import shmbus
+
+REBUILD = (shmbus.DriverTimeoutError, shmbus.ClientTimeoutError, shmbus.DriverUnavailableError,
+           shmbus.ClientClosedError, shmbus.RegistrationError, shmbus.PublicationError)
+PROBE_STREAM = 9  # the stream a writer polls to hear of a dead driver (nobody publishes on it)
+IDLE_S = 0.001
+BATCH = 64
+
+
+# -- the ledger ---------------------------------------------------------------------------------
+
+MAX_INCARNATIONS = 4096
+WRITER_HEADER = 64  # incarnations started (i64), phase (i64), hold-claim request (i64)
+INCARNATION_RECORD = 32  # acked (i64), attempted (i64), ending (i64)
+IDLE, OFFERING, HOLDING_CLAIM = 0, 1, 2
+
+
+class Ledger:
+    """Per writer: how many incarnations it started, what it is doing now (phase), a request
+    from the orchestrator to hold its next claim open; per incarnation: messages acked and
+    attempted, and how it ended. A writer writes its own fields; the orchestrator writes the
+    hold request, and the ending of an incarnation whose process it killed."""
+
+    def __init__(self, path: str, writers: int, *, create: bool = False) -> None:
+        size = writers * (WRITER_HEADER + MAX_INCARNATIONS * INCARNATION_RECORD)
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self._mmap = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.buffer = shmbus.AtomicBuffer(self._mmap)
+
+    def _writer(self, writer: int) -> int:
+        return writer * (WRITER_HEADER + MAX_INCARNATIONS * INCARNATION_RECORD)
+
+    def _record(self, writer: int, incarnation: int) -> int:
+        if not 0 <= incarnation < MAX_INCARNATIONS:
+            raise ValueError(f"writer {writer}: incarnation {incarnation} is outside the "
+                             f"ledger's 0..{MAX_INCARNATIONS - 1}")
+        return self._writer(writer) + WRITER_HEADER + incarnation * INCARNATION_RECORD
+
+    def incarnations(self, writer: int) -> int:
+        return self.buffer.get_int64_acquire(self._writer(writer))
+
+    def begin(self, writer: int) -> int:
+        """A new incarnation of ``writer`` (only its own process calls this)."""
+        incarnation = self.incarnations(writer)
+        self._record(writer, incarnation)
+        self.buffer.put_int64_release(self._writer(writer), incarnation + 1)
+        return incarnation
+
+    def phase(self, writer: int) -> int:
+        return self.buffer.get_int64_acquire(self._writer(writer) + 8)
+
+    def set_phase(self, writer: int, phase: int) -> None:
+        self.buffer.put_int64_release(self._writer(writer) + 8, phase)
+
+    def hold_requested(self, writer: int) -> bool:
+        return self.buffer.get_int64_acquire(self._writer(writer) + 16) != 0
+
+    def request_hold(self, writer: int, hold: bool) -> None:
+        self.buffer.put_int64_release(self._writer(writer) + 16, int(hold))
+
+    def counts(self, writer: int, incarnation: int) -> tuple[int, int, int]:
+        """(acked, attempted, ending) of one incarnation."""
+        at = self._record(writer, incarnation)
+        return (self.buffer.get_int64_acquire(at), self.buffer.get_int64_acquire(at + 8),
+                self.buffer.get_int64_acquire(at + 16))
+
+    def attempt(self, writer: int, incarnation: int, attempted: int) -> None:
+        self.buffer.put_int64_release(self._record(writer, incarnation) + 8, attempted)
+
+    def ack(self, writer: int, incarnation: int, acked: int) -> None:
+        self.buffer.put_int64_release(self._record(writer, incarnation), acked)
+
+    def end(self, writer: int, incarnation: int, ending: int) -> None:
+        self.buffer.put_int64_release(self._record(writer, incarnation) + 16, ending)
+
+    def close(self) -> None:
+        del self.buffer  # the mapping cannot close while a buffer exports it
+        self._mmap.close()
+
+
+# -- writers -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WriterSpec:
+    """What one writer does: its channel and stream, exclusive or concurrent publication,
+    message lengths (larger than the MTU's payload: fragmented), and whether it offers batches
+    (offer_many) or claims one message at a time."""
+
+    name: str
+    channel: str
+    stream_id: int
+    exclusive: bool
+    min_length: int
+    max_length: int
+    batch: bool
+
+
+def run_writer(context: shmbus.Context, ledger_path: str, writers: int, writer: int,
+               spec: WriterSpec, seed: int, stop: Any, leave: Any, errors: Any) -> None:
+    """Publish until ``stop`` is set, rebuilding the client when the bus fails under it; then
+    mark the incarnation finished and keep its publication open until ``leave`` is set (so
+    readers can drain it)."""
+    ledger = Ledger(ledger_path, writers)
+    block = payload_block(seed)
+    try:
+        while not stop.is_set():
+            incarnation = ledger.begin(writer)
+            try:
+                with shmbus.connect(context) as client:
+                    _publish(client, ledger, writer, incarnation, spec, block, stop)
+                    ledger.end(writer, incarnation, FINISHED)
+                    leave.wait(120)
+            except REBUILD as e:
+                ledger.end(writer, incarnation, _ending(e))
+                ledger.set_phase(writer, IDLE)
+                time.sleep(0.05)
+    except BaseException as e:
+        errors.put(f"writer {writer} ({spec.name}): {type(e).__name__}: {e}")
+        raise
+
+
+def _ending(error: BaseException) -> int:
+    if isinstance(error, shmbus.ClientTimeoutError):
+        return TIMED_OUT
+    if isinstance(error, shmbus.DriverTimeoutError | shmbus.DriverUnavailableError):
+        return DRIVER_LOST
+    return REFUSED
+
+
+def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: int,
+             spec: WriterSpec, block: bytes, stop: Any) -> None:
+    add = client.add_exclusive_publication if spec.exclusive else client.add_publication
+    publication = add(spec.channel, spec.stream_id)
+    probe = client.add_subscription("aeron:ipc", PROBE_STREAM)
+    lengths = _lengths(spec, writer)
+    sequence = 0
+    while not stop.is_set():
+        probe.poll(_ignore, 1)  # raises DriverTimeoutError when the driver is gone
+        if ledger.hold_requested(writer):
+            _hold_claim(publication, ledger, writer, incarnation, sequence, block)
+        count = BATCH if spec.batch else 1
+        messages = [encode(block, writer, incarnation, sequence + i,
+                           lengths[(sequence + i) % len(lengths)]) for i in range(count)]
+        ledger.attempt(writer, incarnation, sequence + count)
+        ledger.set_phase(writer, OFFERING)
+        if spec.batch:
+            result = publication.offer_many(messages)
+            accepted = result if result > 0 else 0
+        elif spec.max_length <= publication.max_payload_length:
+            accepted = _claim_and_commit(publication, messages[0])
+        else:
+            accepted = 1 if publication.offer(messages[0]) > 0 else 0
+        ledger.set_phase(writer, IDLE)
+        if accepted:
+            sequence += accepted
+            ledger.ack(writer, incarnation, sequence)
+        else:
+            ledger.attempt(writer, incarnation, sequence)
+            time.sleep(IDLE_S)
+        if publication.is_closed:
+            raise shmbus.ClientClosedError("the publication was closed under the writer")
+
+
+def _claim_and_commit(publication: shmbus.Publication, message: bytes) -> int:
+    claim = publication.try_claim(len(message))
+    if not claim:
+        return 0
+    assert claim.buffer is not None
+    claim.buffer[:] = message
+    claim.commit()
+    return 1
+
+
+def _hold_claim(publication: shmbus.Publication, ledger: Ledger, writer: int,
+                incarnation: int, sequence: int, block: bytes) -> None:
+    """Claim the next message and hold it, half written, until the orchestrator kills us
+    (bounded: after 30 s the claim is aborted and the request ignored)."""
+    message = encode(block, writer, incarnation, sequence, HEAD.size + 64)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ledger.attempt(writer, incarnation, sequence + 1)
+        claim = publication.try_claim(len(message))
+        if claim:
+            assert claim.buffer is not None
+            claim.buffer[:HEAD.size] = message[:HEAD.size]
+            ledger.set_phase(writer, HOLDING_CLAIM)
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+            claim.abort()
+            break
+        time.sleep(IDLE_S)
+    ledger.attempt(writer, incarnation, sequence)
+    ledger.set_phase(writer, IDLE)
+    ledger.request_hold(writer, False)
+
+
+def _lengths(spec: WriterSpec, writer: int) -> list[int]:
+    rng = random.Random(writer)
+    return [rng.randint(spec.min_length, spec.max_length) for _ in range(1009)]
+
+
+def _ignore(buffer: memoryview, header: shmbus.Header) -> None:
+    pass
+
+
+# -- readers -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReaderSpec:
+    name: str
+    kind: str  # tethered, untethered, spy, network (see nemesis_check.SubscriberReport)
+    channel: str
+    stream_id: int
+
+
+def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: Any,
+               errors: Any) -> None:
+    """Read and check until ``stop`` is set, then drain (until 1 s passes with nothing) and put
+    (name, SubscriberCheck) on ``results``. The client is rebuilt when the bus fails."""
+    check = SubscriberCheck()
+    assembler = shmbus.FragmentAssembler(
+        lambda buffer, header: check.on_message(header.session_id, buffer))
+    idle = shmbus.SleepingIdleStrategy(IDLE_S)
+
+    def new_image(image: shmbus.Image) -> None:
+        assembler.free_session(image.session_id)  # a rejoin may start mid-message
+        check.on_new_image(image.session_id)
+
+    try:
+        drained_at: float | None = None
+        while drained_at is None:
+            try:
+                with shmbus.connect(context) as client:
+                    subscription = client.add_subscription(
+                        spec.channel, spec.stream_id, on_available_image=new_image)
+                    quiet_since = time.monotonic()
+                    while True:
+                        work = subscription.poll(assembler, 1024)
+                        check.on_poll_done()
+                        now = time.monotonic()
+                        if work:
+                            quiet_since = now
+                        elif stop.is_set() and now - quiet_since > 1.0:
+                            drained_at = now
+                            break
+                        idle.idle(work)
+            except REBUILD as e:
+                check.on_rebuild(type(e).__name__)
+                time.sleep(0.05)
+        check.finish()
+        results.put((spec.name, check))
+    except BaseException as e:
+        errors.put(f"reader {spec.name}: {type(e).__name__}: {e}")
+        raise
