@@ -149,10 +149,21 @@ def max_payload(uri: str) -> int:
     return (int(mtu.group(1)) if mtu else shmbus.Context().mtu) - FRAME_HEADER
 
 
+def _free_udp_ports(count: int) -> list[int]:
+    """``count`` distinct UDP ports free on 127.0.0.1 now (all held open together while they
+    are chosen: one at a time, the kernel may hand out the same port twice)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return _free_udp_ports(1)[0]
 
 
 def _free_tcp_port() -> int:
@@ -748,7 +759,8 @@ def run_latency(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
     if transport == AERON_PP:
         assert aeron is not None and config is not None
         round_trips = max(100, int(opt.duration_s * AERON_ROUND_TRIPS_PER_S))
-        return {**aeron.ping_pong(config.uri(_free_udp_port()), config.uri(_free_udp_port()),
+        ping_port, pong_port = _free_udp_ports(2)
+        return {**aeron.ping_pong(config.uri(ping_port), config.uri(pong_port),
                                   round_trips, opt.timeout_s + opt.duration_s),
                 "pace": BACK_TO_BACK}
     run = next(_RUN_IDS)
@@ -761,7 +773,7 @@ def run_latency(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
         ponger = Member("pong", _zmq_pong, (endpoint, opt.timeout_s, done))
     else:
         assert config is not None
-        ping_uri, pong_uri = config.uri(_free_udp_port()), config.uri(_free_udp_port())
+        ping_uri, pong_uri = (config.uri(port) for port in _free_udp_ports(2))
         pinger = Member("ping", _shm_ping, (buses.contexts[0], ping_uri, pong_uri, 1000 + run,
                                             opt.rate, opt.duration_s, opt.timeout_s, done))
         ponger = Member("pong", _shm_pong, (buses.contexts[1], ping_uri, pong_uri, 1000 + run,
