@@ -56,7 +56,7 @@ from shmbus.shm.cnc import (
     CncError,
     CncFile,
 )
-from shmbus.shm.counters import CountersReader
+from shmbus.shm.counters import REGISTRATION_ID_OFFSET, CountersReader
 from shmbus.shm.doorbell import Doorbell
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
@@ -166,7 +166,7 @@ class Client:
         self.heartbeat_counter_id = ready.heartbeat_counter_id
         self._heartbeat = Heartbeat(self.counters.values,
                                     self.counters.counter_offset(ready.heartbeat_counter_id),
-                                    self.context.keepalive_interval)
+                                    self.context.keepalive_interval, owner_id=self.client_id)
 
     # -- publications and subscriptions --------------------------------------------------------
 
@@ -232,6 +232,7 @@ class Client:
             on_available_image=on_available_image, on_unavailable_image=on_unavailable_image,
             on_close=self._on_subscription_close,
             wake=(self._images_bell.buffer, self._images_bell.offset))
+        self._lease(subscription)
         # registered before the request: image events follow the ready response at once
         with self._lock:
             self._subscriptions[correlation_id] = subscription
@@ -242,6 +243,21 @@ class Client:
                 self._subscriptions.pop(subscription.registration_id, None)
             raise
         return subscription
+
+    def _lease(self, subscription: Subscription) -> None:
+        """Have every poll of ``subscription`` check that the driver has not timed this client
+        out (its heartbeat counter is still this client's), so a process stopped past its
+        liveness learns it before it reads a log no longer held for it."""
+        subscription._set_lease(
+            self.counters.values,
+            self.counters.counter_offset(self.heartbeat_counter_id) + REGISTRATION_ID_OFFSET,
+            self.client_id, partial(_timed_out, weakref.ref(self)))
+
+    def _timed_out(self) -> None:
+        """The driver timed this client out: fail it (raises ClientTimeoutError)."""
+        self._fail(ClientTimeoutError(
+            f"the driver timed this client out (no heartbeat for "
+            f"{self.context.client_liveness_timeout} s); connect again"))
 
     # -- driver events -------------------------------------------------------------------------
 
@@ -296,9 +312,7 @@ class Client:
                     self._unmap_log(image.log, linger=True)
         elif isinstance(message, cp.OnClientTimeout):
             if message.client_id == self.client_id:
-                self._fail(ClientTimeoutError(
-                    f"the driver timed this client out (no heartbeat for "
-                    f"{self.context.client_liveness_timeout} s); connect again"))
+                self._timed_out()
         elif getattr(message, "correlation_id", None) in self._awaiting:
             self._responses[message.correlation_id] = message  # type: ignore[attr-defined]
         elif self.on_driver_event is not None:
@@ -322,7 +336,7 @@ class Client:
         else:
             position = Position(self.counters.values,
                                 self.counters.counter_offset(event.position_counter_id))
-            image = Image(log, position, correlation_id=event.correlation_id,
+            image = Image(log, position, owned=True, correlation_id=event.correlation_id,
                           subscription_registration_id=event.subscription_registration_id,
                           source_identity=event.source_identity)
         subscription._add_image(image)
@@ -542,6 +556,7 @@ class Client:
             del self._subscriptions[old_id]
             subscription.registration_id = correlation_id
             self._subscriptions[correlation_id] = subscription
+            self._lease(subscription)
             try:
                 self._request(cp.AddSubscription(self.client_id, correlation_id,
                                                  subscription.stream_id, subscription.channel))
@@ -782,3 +797,11 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _timed_out(client: weakref.ref[Client]) -> None:
+    """A subscription's lease is gone (see Client._lease); weak, so a subscription does not
+    keep its client alive."""
+    alive = client()
+    if alive is not None:
+        alive._timed_out()

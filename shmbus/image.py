@@ -94,12 +94,12 @@ class Image(ImageCore):
     Create images through a Subscription; the bus client does it when a publisher appears.
     """
 
-    def __init__(self, log: LogBuffer, position: Position, *, correlation_id: int = 0,
-                 subscription_registration_id: int = 0, join_position: int | None = None,
-                 source_identity: str = "ipc") -> None:
+    def __init__(self, log: LogBuffer, position: Position, *, owned: bool = False,
+                 correlation_id: int = 0, subscription_registration_id: int = 0,
+                 join_position: int | None = None, source_identity: str = "ipc") -> None:
         d = log.descriptor
         super().__init__(log.buffer, d.term_length, d.initial_term_id, position.buffer,
-                         position.offset)
+                         position.offset, owned)
         self.log = log
         self.session_id = d.session_id
         self.stream_id = d.stream_id

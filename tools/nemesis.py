@@ -29,8 +29,9 @@ The rules (a breach of any is printed and the exit status is 1):
 
 1. Never corrupt: every message received has its CRC. Except a message a reader was handed
    just before it was paused past its liveness timeout: the driver drops the reader, and the
-   writer may reuse the memory under its handler (*torn*); the reader learns at its next poll
-   that it was timed out (so the messages of the poll before a ClientTimeoutError are torn).
+   writer may reuse the memory under its handler (*torn*); the poll it was paused in raises
+   ClientTimeoutError when it resumes (a client checks its heartbeat counter is still its own
+   before and after each poll), so the messages of the poll that raises are torn.
 2. Within one image, never lost, duplicated or reordered: each writer incarnation's sequence
    goes up by one, for every kind of reader (an untethered reader or a spy that falls behind
    gets a new image instead; the jump between images is *skipped*, not lost).

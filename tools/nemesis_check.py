@@ -122,11 +122,10 @@ class SubscriberCheck:
     def __init__(self) -> None:
         self.tracks: dict[Key, Track] = {}
         self.corrupt = 0
-        #: corrupt messages handed out in the poll just before the driver timed this subscriber
-        #: out: paused past its liveness in the handler, the memory was reused under it
+        #: corrupt messages handed out by a poll that raised ClientTimeoutError: paused past its
+        #: liveness in the handler, the memory was reused under it
         self.torn = 0
         self._suspect_this_poll = 0
-        self._suspect_last_poll = 0
         #: why the subscriber's client was rebuilt: exception name -> count
         self.rebuilds: Counter[str] = Counter()
         self._keys_by_session: dict[int, set[Key]] = {}
@@ -150,22 +149,20 @@ class SubscriberCheck:
             self.tracks[key].end_image()
 
     def on_poll_done(self) -> None:
-        """A poll returned. Corrupt messages of the poll before it are corrupt: the driver had
-        not timed the subscriber out when this one began (it would have raised)."""
-        self.corrupt += self._suspect_last_poll
-        self._suspect_last_poll, self._suspect_this_poll = self._suspect_this_poll, 0
+        """A poll returned: its corrupt messages are corrupt (a poll that delivered anything
+        checks, before it returns, that the driver had not timed its client out)."""
+        self.corrupt += self._suspect_this_poll
+        self._suspect_this_poll = 0
 
     def finish(self) -> None:
         """The subscriber stopped reading: what is still suspect is corrupt."""
-        self.corrupt += self._suspect_last_poll + self._suspect_this_poll
-        self._suspect_last_poll = self._suspect_this_poll = 0
+        self.on_poll_done()
 
     def on_rebuild(self, reason: str) -> None:
         """The subscriber's client was rebuilt (``reason``: the exception's name): every image
-        is new. After ClientTimeoutError, the corrupt messages of the last poll were torn."""
+        is new. When the poll raised ClientTimeoutError, its corrupt messages were torn."""
         self.rebuilds[reason] += 1
-        suspect = self._suspect_last_poll + self._suspect_this_poll
-        self._suspect_last_poll = self._suspect_this_poll = 0
+        suspect, self._suspect_this_poll = self._suspect_this_poll, 0
         if reason == "ClientTimeoutError":
             self.torn += suspect
             for track in self.tracks.values():

@@ -668,6 +668,7 @@ typedef struct {
     PyObject *counters_buffer;/* AtomicBuffer of counter values (None: never self-raise) */
     LogGeometry g;
     int64_t *limit;
+    int64_t limit_registration; /* the limit counter's registration id while it is ours */
     const uint8_t *values;    /* counter values, to raise the limit from counted positions */
     Py_ssize_t values_len;
     int sleeping;             /* threads of this process asleep in _await_progress */
@@ -803,10 +804,13 @@ static int64_t back_pressure_status(PublicationCore *self, int64_t position, int
     return NOT_CONNECTED;
 }
 
-/* A writer that reached its limit raises it from the counted positions, if they allow. */
+/* A writer that reached its limit raises it from the counted positions, if they allow, and
+ * while the limit counter is its own: a process stopped past its liveness may find it freed
+ * (its registration id cleared) and given to someone else. */
 static inline int64_t current_limit(PublicationCore *self, int64_t position, int64_t limit)
 {
-    if (position < limit || self->values == NULL)
+    if (position < limit || self->values == NULL ||
+        LOAD_ACQUIRE(self->limit + 1) != self->limit_registration)
         return limit;
     fc_raise(&self->g, self->values, self->values_len, self->limit, position);
     return LOAD_ACQUIRE(self->limit);
@@ -1363,7 +1367,7 @@ static int pub_init(PublicationCore *self, PyObject *args, PyObject *kwds)
         return -1;
     }
     int64_t *limit = position_ptr(limit_buf, limit_offset);
-    if (limit == NULL)
+    if (limit == NULL || (counters != Py_None && position_ptr(limit_buf, limit_offset + 8) == NULL))
         return -1;
     /* initialised again (a publication moved to a new driver's log): the old log's sleepers
      * are let go before the geometry changes */
@@ -1371,7 +1375,8 @@ static int pub_init(PublicationCore *self, PyObject *args, PyObject *kwds)
         release_sleepers(self);
     self->g = g;
     self->limit = limit;
-    if (counters != Py_None) {
+    if (counters != Py_None) {  /* the limit is a counter: value, registration id, ... */
+        self->limit_registration = LOAD_ACQUIRE(limit + 1);
         self->values = ((AtomicBuffer *)counters)->data;
         self->values_len = ((AtomicBuffer *)counters)->capacity;
         Py_XSETREF(self->counters_buffer, Py_NewRef(counters));
@@ -1595,17 +1600,62 @@ typedef struct {
     PyObject *position_buffer;
     LogGeometry g;
     int64_t *position;        /* the subscriber position: written only by this reader */
+    /* An owned image's position is a driver counter lent to it (see image_owns_counter):
+     * ids points at the counter's registration id (reference id two words on), NULL for an
+     * image whose position is its own memory (a group's, a test's). */
+    const int64_t *ids;
+    int64_t registration_id, reference_id;
+    int64_t local;            /* owned: the position this image last stored */
+    int reclaimed;            /* owned: the driver took the counter back; never store again */
     Header *header;           /* reused while nobody else holds it */
     int closed;               /* once set, the log may be unmapped: never touch it again */
     int sleeping;             /* threads of this process asleep in wait_for_data */
 } ImageCore;
 
-/* Stores the new subscriber position and wakes a publisher asleep at its limit. */
+/*
+ * Whether the image still holds its position counter. The driver frees a subscriber's counter
+ * when it drops the reader (its client timed out: a process stopped past its liveness, or the
+ * image was removed) and hands the id to another reader a reuse timeout later, while this
+ * process may still hold the image. Its registration and reference ids then change (free()
+ * clears them) or its value is not what this image stored; from then on the image reads and
+ * stores nothing: the bytes under it are no longer held for it, and the counter is not its own.
+ */
+static inline int image_owns_counter(ImageCore *self)
+{
+    if (self->ids == NULL)
+        return 1;
+    if (!self->reclaimed && (LOAD_ACQUIRE(self->ids) != self->registration_id ||
+                             LOAD_ACQUIRE(self->ids + 2) != self->reference_id ||
+                             LOAD_ACQUIRE(self->position) != self->local))
+        self->reclaimed = 1;
+    return !self->reclaimed;
+}
+
+/* Stores the new subscriber position and wakes a publisher asleep at its limit. An owned
+ * image stores by compare-and-swap from what it stored last, so a counter reclaimed under it
+ * (see image_owns_counter) is left alone. */
 static inline void advance(ImageCore *self, int64_t position)
 {
-    STORE_RELEASE(self->position, position);
+    if (self->ids == NULL) {
+        STORE_RELEASE(self->position, position);
+    } else {
+        int64_t expected = self->local;
+        if (!image_owns_counter(self) ||
+            !__atomic_compare_exchange_n(self->position, &expected, position, 0,
+                                         __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+            self->reclaimed = 1;
+            return;
+        }
+        self->local = position;
+    }
     if (!self->closed)
         wake_word(meta_i32(&self->g, META_PROGRESS_WAKE), meta_i32(&self->g, META_PROGRESS_WAITERS));
+}
+
+/* The position a poll starts from: the counter's (or an owned image's own). */
+static inline int64_t image_position(ImageCore *self)
+{
+    return self->ids == NULL ? LOAD_ACQUIRE(self->position) : self->local;
 }
 
 static PyObject *release_str;
@@ -1684,9 +1734,9 @@ static int frame_ok(ImageCore *self, const uint8_t *frame, int32_t offset, int32
  * exception set (the fragments before it still count as consumed). */
 static long image_poll(ImageCore *self, PyObject *handler, long limit)
 {
-    if (self->closed)
+    if (self->closed || !image_owns_counter(self))
         return 0;
-    int64_t position = LOAD_ACQUIRE(self->position);
+    int64_t position = image_position(self);
     int32_t term_offset = (int32_t)(position & (self->g.term_length - 1));
     uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
     int32_t offset = term_offset;
@@ -1722,9 +1772,9 @@ static long image_poll(ImageCore *self, PyObject *handler, long limit)
 /* Like image_poll, the handler returning an Action. */
 static long image_controlled_poll(ImageCore *self, PyObject *handler, long limit)
 {
-    if (self->closed)
+    if (self->closed || !image_owns_counter(self))
         return 0;
-    int64_t position = LOAD_ACQUIRE(self->position);
+    int64_t position = image_position(self);
     int32_t initial_offset = (int32_t)(position & (self->g.term_length - 1));
     uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
     int32_t offset = initial_offset;
@@ -1816,7 +1866,7 @@ static PyObject *img_scan(ImageCore *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "nw*w*w*", &limit, &offs, &lens, &flags))
         return NULL;
     PyObject *result = NULL;
-    if (self->closed) {
+    if (self->closed || !image_owns_counter(self)) {
         result = Py_BuildValue("(nii)", (Py_ssize_t)0, 0, 0);
         goto done;
     }
@@ -1824,7 +1874,7 @@ static PyObject *img_scan(ImageCore *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "scan arrays are smaller than the limit");
         goto done;
     }
-    int64_t position = LOAD_ACQUIRE(self->position);
+    int64_t position = image_position(self);
     int32_t term_offset = (int32_t)(position & (self->g.term_length - 1));
     int index = (int)((position >> self->g.position_bits) % PARTITION_COUNT);
     uint8_t *term = term_at(&self->g, index);
@@ -1880,9 +1930,9 @@ static PyObject *img_close_core(ImageCore *self, PyObject *Py_UNUSED(ignored))
 /* True when a poll would find a frame (or the image is closed: the caller must look). */
 static int image_ready(ImageCore *self)
 {
-    if (self->closed)
-        return 1;
-    int64_t position = LOAD_ACQUIRE(self->position);
+    if (self->closed || !image_owns_counter(self))
+        return self->closed;
+    int64_t position = image_position(self);
     int32_t offset = (int32_t)(position & (self->g.term_length - 1));
     uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
     return LOAD_ACQUIRE((int32_t *)(term + offset)) > 0;
@@ -1892,7 +1942,10 @@ static PyObject *img_get_is_closed(ImageCore *self, void *c)
 { return PyBool_FromLong(self->closed); }
 
 static PyObject *img_get_position(ImageCore *self, void *c)
-{ return PyLong_FromLongLong(LOAD_ACQUIRE(self->position)); }
+{ return PyLong_FromLongLong(image_position(self)); }
+
+static PyObject *img_get_is_reclaimed(ImageCore *self, void *c)
+{ return PyBool_FromLong(!image_owns_counter(self)); }
 
 static int img_set_position(ImageCore *self, PyObject *value, void *c)
 {
@@ -1919,19 +1972,29 @@ static PyObject *img_get_initial_term_id(ImageCore *self, void *c)
 static int img_init(ImageCore *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"log_buffer", "term_length", "initial_term_id", "position_buffer",
-                             "position_offset", NULL};
+                             "position_offset", "owned", NULL};
     PyObject *log, *pos_buf;
-    int term_length, initial_term_id;
+    int term_length, initial_term_id, owned = 0;
     Py_ssize_t pos_offset;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iiO!n", kwlist, &AtomicBufferType, &log,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iiO!n|p", kwlist, &AtomicBufferType, &log,
                                      &term_length, &initial_term_id, &AtomicBufferType, &pos_buf,
-                                     &pos_offset))
+                                     &pos_offset, &owned))
         return -1;
     if (geometry_from((AtomicBuffer *)log, term_length, initial_term_id, &self->g) < 0)
         return -1;
     self->position = position_ptr(pos_buf, pos_offset);
     if (self->position == NULL)
         return -1;
+    self->ids = NULL;
+    self->reclaimed = 0;
+    if (owned) {  /* a counter slot: value, registration id, owner id, reference id */
+        if (position_ptr(pos_buf, pos_offset + 24) == NULL)
+            return -1;
+        self->ids = self->position + 1;
+        self->registration_id = LOAD_ACQUIRE(self->ids);
+        self->reference_id = LOAD_ACQUIRE(self->ids + 2);
+        self->local = LOAD_ACQUIRE(self->position);
+    }
     Py_XSETREF(self->log_buffer, Py_NewRef(log));
     Py_XSETREF(self->position_buffer, Py_NewRef(pos_buf));
     return 0;
@@ -1965,6 +2028,9 @@ static PyGetSetDef img_getset[] = {
     {"term_length", (getter)img_get_term_length, NULL, "term length in bytes", NULL},
     {"initial_term_id", (getter)img_get_initial_term_id, NULL, "initial term id", NULL},
     {"is_closed", (getter)img_get_is_closed, NULL, "True once closed", NULL},
+    {"is_reclaimed", (getter)img_get_is_reclaimed, NULL,
+     "True once the driver took this image's position counter back (its client was timed "
+     "out, or the image removed): it reads nothing more", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -2008,6 +2074,12 @@ static PyTypeObject ImageCoreType = {
  * memory that the conductor bumps whenever the images change or the client fails: a waiting
  * subscriber sleeps on it beside its images' data words. `error`, once set, is raised by every
  * later poll: the client is gone (driver timeout, client timeout).
+ *
+ * The lease is the client's heartbeat counter: while its registration id is the client's, the
+ * driver has not timed the client out. A process stopped past its liveness learns it at its
+ * next poll, or at the end of the poll it was stopped in, before the conductor thread does:
+ * every poll checks the lease before reading and after, and calls on_lease_lost (which fails
+ * the client and raises ClientTimeoutError) once it is gone.
  */
 typedef struct {
     PyObject_HEAD
@@ -2016,6 +2088,10 @@ typedef struct {
     int32_t *wake;
     PyObject *error;          /* exception instance raised by polls, or NULL */
     Py_ssize_t round_robin;
+    PyObject *lease_buffer;   /* AtomicBuffer holding the lease counter, or NULL */
+    const int64_t *lease;     /* the heartbeat counter's registration id */
+    int64_t lease_owner;      /* the client id it must hold */
+    PyObject *on_lease_lost;  /* callable, or NULL */
 } SubscriptionCore;
 
 static int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected,
@@ -2040,10 +2116,26 @@ static int sub_raise_error(SubscriptionCore *self)
     return -1;
 }
 
+/* 0 while the client holds its lease; else -1 with on_lease_lost's exception (or the
+ * client's error) set. */
+static int sub_check_lease(SubscriptionCore *self)
+{
+    if (self->lease == NULL || LOAD_ACQUIRE(self->lease) == self->lease_owner)
+        return 0;
+    PyObject *r = PyObject_CallNoArgs(self->on_lease_lost);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    if (sub_raise_error(self) < 0)
+        return -1;
+    PyErr_SetString(PyExc_RuntimeError, "the client's heartbeat counter was reclaimed");
+    return -1;
+}
+
 /* One pass over the images, round-robin from one further along each call; -1 on error. */
 static long sub_read(SubscriptionCore *self, image_reader read, PyObject *handler, long limit)
 {
-    if (sub_raise_error(self) < 0)
+    if (sub_raise_error(self) < 0 || sub_check_lease(self) < 0)
         return -1;
     PyObject *images = self->images;
     Py_ssize_t n = PyTuple_GET_SIZE(images);
@@ -2059,6 +2151,9 @@ static long sub_read(SubscriptionCore *self, image_reader read, PyObject *handle
         fragments += got;
     }
     Py_DECREF(images);
+    /* stopped inside a handler past its liveness: what it was handed may have been reused */
+    if (fragments > 0 && sub_check_lease(self) < 0)
+        return -1;
     return fragments;
 }
 
@@ -2211,6 +2306,28 @@ static PyObject *sub_fail(SubscriptionCore *self, PyObject *error)
     Py_RETURN_NONE;
 }
 
+static PyObject *sub_set_lease(SubscriptionCore *self, PyObject *args)
+{
+    PyObject *buffer, *on_lost;
+    Py_ssize_t offset;
+    long long owner;
+    if (!PyArg_ParseTuple(args, "OnLO", &buffer, &offset, &owner, &on_lost))
+        return NULL;
+    if (!PyCallable_Check(on_lost)) {
+        PyErr_SetString(PyExc_TypeError, "_set_lease(buffer, offset, owner_id, on_lost): "
+                        "on_lost must be callable");
+        return NULL;
+    }
+    const int64_t *lease = position_ptr(buffer, offset);
+    if (lease == NULL)
+        return NULL;
+    self->lease = lease;
+    self->lease_owner = owner;
+    Py_XSETREF(self->lease_buffer, Py_NewRef(buffer));
+    Py_XSETREF(self->on_lease_lost, Py_NewRef(on_lost));
+    Py_RETURN_NONE;
+}
+
 static PyObject *sub_wake(SubscriptionCore *self, PyObject *Py_UNUSED(ignored))
 {
     sub_ring(self);
@@ -2260,6 +2377,8 @@ static int sub_traverse(SubscriptionCore *self, visitproc visit, void *arg)
     Py_VISIT(self->images);
     Py_VISIT(self->wake_buffer);
     Py_VISIT(self->error);
+    Py_VISIT(self->lease_buffer);
+    Py_VISIT(self->on_lease_lost);
     return 0;
 }
 
@@ -2268,7 +2387,10 @@ static int sub_clear(SubscriptionCore *self)
     Py_CLEAR(self->images);
     Py_CLEAR(self->wake_buffer);
     Py_CLEAR(self->error);
+    Py_CLEAR(self->lease_buffer);
+    Py_CLEAR(self->on_lease_lost);
     self->wake = NULL;
+    self->lease = NULL;
     return 0;
 }
 
@@ -2300,6 +2422,7 @@ static PyMethodDef sub_methods[] = {
      "wait(timeout=None) -> bool\n\nSleep until an image has a fragment to read (True) or "
      "timeout seconds passed (False; None waits forever). Costs no CPU while asleep."},
     {"_fail", (PyCFunction)sub_fail, METH_O, NULL},
+    {"_set_lease", (PyCFunction)sub_set_lease, METH_VARARGS, NULL},
     {"_wake", (PyCFunction)sub_wake, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -2512,6 +2635,7 @@ typedef struct {
     Py_buffer view;           /* our own export of the mapping: it cannot be unmapped under us */
     int has_view;
     int64_t *slot;
+    int64_t owner_id;         /* the registration id the counter holds while it is ours */
     int64_t interval_ns;
     int running;              /* atomic: 1 while the thread should run */
     int started;
@@ -2529,8 +2653,16 @@ static int64_t epoch_ms(void)
 static void *heartbeat_run(void *arg)
 {
     Heartbeat *self = arg;
+    int64_t last = LOAD_ACQUIRE(self->slot);
     while (LOAD_ACQUIRE(&self->running)) {
-        STORE_RELEASE(self->slot, epoch_ms());
+        /* the driver timed the client out (this process was stopped past its liveness) and
+         * may have handed the counter to someone else: never write it again */
+        int64_t now = epoch_ms();
+        if (LOAD_ACQUIRE(self->slot + 1) != self->owner_id ||
+            !__atomic_compare_exchange_n(self->slot, &last, now, 0, __ATOMIC_RELEASE,
+                                         __ATOMIC_RELAXED))
+            break;
+        last = now;
         int64_t left = self->interval_ns;
         while (left > 0 && LOAD_ACQUIRE(&self->running)) {
             int64_t step = left < 20000000 ? left : 20000000;
@@ -2559,19 +2691,20 @@ static void heartbeat_stop_thread(Heartbeat *self)
 
 static int heartbeat_init(Heartbeat *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"buffer", "offset", "interval", NULL};
+    static char *kwlist[] = {"buffer", "offset", "interval", "owner_id", NULL};
     PyObject *buffer;
     Py_ssize_t offset;
     double interval;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!nd", kwlist, &AtomicBufferType, &buffer,
-                                     &offset, &interval))
+    long long owner_id;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!ndL", kwlist, &AtomicBufferType, &buffer,
+                                     &offset, &interval, &owner_id))
         return -1;
     if (self->started) {
         PyErr_SetString(PyExc_RuntimeError, "heartbeat already started");
         return -1;
     }
     AtomicBuffer *ab = (AtomicBuffer *)buffer;
-    if (ab_check(ab, offset, 8, 8) < 0)
+    if (ab_check(ab, offset, 16, 8) < 0)
         return -1;
     if (!(interval > 0.0 && interval < 3600.0)) {
         PyErr_Format(PyExc_ValueError, "heartbeat interval %f s is not in (0, 3600)", interval);
@@ -2583,6 +2716,7 @@ static int heartbeat_init(Heartbeat *self, PyObject *args, PyObject *kwds)
     self->slot = (int64_t *)((uint8_t *)self->view.buf + (ab->data - (uint8_t *)ab->view.buf) +
                              offset);
     self->interval_ns = (int64_t)(interval * 1e9);
+    self->owner_id = owner_id;
     self->owner_pid = getpid();
     STORE_RELEASE(self->slot, epoch_ms());
     self->running = 1;

@@ -145,7 +145,10 @@ class ImageCore:
         initial_term_id: int,
         position_buffer: AtomicBuffer,
         position_offset: int,
-    ) -> None: ...
+        owned: bool = False,
+    ) -> None:
+        """``owned``: the position is a driver counter lent to this image; once the driver
+        takes it back (its ids change), the image reads and stores nothing more."""
     @property
     def position(self) -> int:
         """The subscriber position; set it to a non-negative multiple of 32 (ValueError)."""
@@ -157,6 +160,8 @@ class ImageCore:
     def initial_term_id(self) -> int: ...
     @property
     def is_closed(self) -> bool: ...
+    @property
+    def is_reclaimed(self) -> bool: ...
     def poll(self, handler: Callable[[memoryview, Header], object], fragment_limit: int, /) -> int:
         """Fragments handed to ``handler``; the memoryview is valid only during the call."""
     def controlled_poll(
@@ -189,6 +194,10 @@ class SubscriptionCore:
     def wait(self, timeout: float | None = None, /) -> bool:
         """Sleeps until an image has a fragment (True) or timeout seconds pass (False)."""
     def _fail(self, error: BaseException, /) -> None: ...
+    def _set_lease(self, buffer: AtomicBuffer, offset: int, owner_id: int,
+                   on_lost: Callable[[], object], /) -> None:
+        """Every poll checks that the int64 at buffer[offset] is ``owner_id`` before and after
+        reading, and calls ``on_lost()`` (which should raise) once it is not."""
     def _wake(self) -> None:
         """Wakes whoever waits on this subscription (they look again)."""
 
@@ -238,9 +247,11 @@ class FragmentAssembler:
 @final
 class Heartbeat:
     """A thread (no GIL) that stores epoch_ms() at buffer[offset] every ``interval`` seconds
-    (0 < interval < 3600) until stop()."""
+    (0 < interval < 3600) until stop(), or until the counter's registration id (the next word)
+    is no longer ``owner_id`` or its value not what it stored (the driver took it back)."""
 
-    def __init__(self, buffer: AtomicBuffer, offset: int, interval: float) -> None: ...
+    def __init__(self, buffer: AtomicBuffer, offset: int, interval: float,
+                 owner_id: int) -> None: ...
     @property
     def running(self) -> bool: ...
     def stop(self) -> None:

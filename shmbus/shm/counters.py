@@ -383,7 +383,8 @@ class CountersManager(CountersReader):
         return self._high_water_mark
 
     def free(self, counter_id: int) -> None:
-        """Free an allocated counter; its id is reused after the free-for-reuse timeout.
+        """Free an allocated counter; its id is reused after the free-for-reuse timeout. Its
+        registration, owner and reference ids read NULL_ID from now on.
 
         Raises ValueError if the counter is not allocated (double free).
         """
@@ -392,6 +393,11 @@ class CountersManager(CountersReader):
             state = RECORD_UNUSED if counter_id > self._high_water_mark else RECORD_RECLAIMED
             raise ValueError(f"counter {counter_id} is {STATE_NAMES[state]}, not allocated")
         self._allocated.discard(counter_id)
+        # a process still holding the id (stopped past its liveness) sees it is no longer its
+        # own before anyone else can have it (ImageCore and Heartbeat compare these ids)
+        slot = counter_id * COUNTER_LENGTH
+        for field in (REGISTRATION_ID_OFFSET, OWNER_ID_OFFSET, REFERENCE_ID_OFFSET):
+            self.values.put_int64_release(slot + field, NULL_ID)
         at = self.metadata_offset(counter_id)
         deadline = self.clock() + self.free_to_reuse_timeout_ms
         self.metadata.put_int64(at + FREE_FOR_REUSE_DEADLINE_OFFSET, deadline)

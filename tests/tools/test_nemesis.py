@@ -45,21 +45,21 @@ def test_messages_round_trip_and_a_bad_crc_or_short_message_is_corrupt() -> None
     assert subscriber.corrupt == 2 and counts(subscriber.tracks[(1, 0)]) == (1, 0, 0, 0, 0)
 
 
-def test_corrupt_messages_just_before_a_client_timeout_are_torn_others_corrupt() -> None:
+def test_corrupt_messages_of_a_poll_that_raised_client_timeout_are_torn_others_corrupt(
+        ) -> None:
     """A reader paused past its liveness inside a poll is dropped and may be handed memory the
-    writer reused; its next poll raises ClientTimeoutError. Corrupt messages of that poll are
-    torn; of any poll the next one completed after, corrupt."""
+    writer reused; that poll raises ClientTimeoutError when it resumes. Corrupt messages of
+    that poll are torn; of any poll that returned, corrupt."""
     subscriber = check.SubscriberCheck()
     subscriber.on_message(5, message(0))
-    subscriber.on_message(5, b"x" * 40)  # poll 1: corrupt, then the reader is paused
-    subscriber.on_poll_done()
-    subscriber.on_rebuild("ClientTimeoutError")  # poll 2 raised
+    subscriber.on_message(5, b"x" * 40)  # poll 1: corrupt, paused, then it raised
+    subscriber.on_rebuild("ClientTimeoutError")
     assert (subscriber.corrupt, subscriber.torn) == (0, 1)
     assert subscriber.tracks[(1, 0)].dropped
-    subscriber.on_message(5, b"y" * 40)  # poll 3: corrupt, and poll 4 completes
+    subscriber.on_message(5, b"y" * 40)  # poll 2: corrupt, and it returned
     subscriber.on_poll_done()
     subscriber.on_poll_done()
-    subscriber.on_message(5, b"z" * 40)  # poll 5: corrupt, then a driver timeout
+    subscriber.on_message(5, b"z" * 40)  # poll 4: corrupt, then a driver timeout
     subscriber.on_poll_done()
     subscriber.on_rebuild("DriverTimeoutError")
     assert (subscriber.corrupt, subscriber.torn) == (2, 1)

@@ -137,3 +137,16 @@ def test_a_reader_counter_beyond_the_writer_moves_the_limit_one_window(tmp_path:
     assert publication.offer(PAYLOAD) == WINDOW + 1024
     assert limit.get() == 2 * WINDOW
     assert log.buffer.get_int32(WINDOW) == 1024  # the frame written after the raise is intact
+
+
+def test_a_publisher_does_not_raise_a_limit_counter_that_is_no_longer_its_own(setup) -> None:
+    """A publisher stopped past its liveness may find its pub-lmt freed (registration id
+    cleared) and reused: it must not write someone else's counter."""
+    _, _, limit, reader, publication = setup
+    while publication.offer(PAYLOAD) > 0:
+        pass
+    limit.buffer.put_int64_release(limit.offset + 8, 99)  # freed, then another registration's
+    limit.set(7)  # the new owner's value
+    reader.set(publication.position)
+    assert publication.offer(PAYLOAD) < 0
+    assert limit.get() == 7
