@@ -58,19 +58,28 @@ class BufferClaim:
         return self.result > 0
 
     def commit(self) -> None:
-        """Publish the claimed frame. Raises ValueError if already committed or aborted."""
+        """Publish the claimed frame. Raises ValueError if already committed or aborted, and
+        PublicationError (code CLOSED) if the publication was closed while the claim was open
+        (its client closed or failed): the claim was aborted, the message is not published."""
         self._finish(self._publication._commit)
 
     def abort(self) -> None:
-        """Give the claimed space up: readers skip it as padding."""
+        """Give the claimed space up: readers skip it as padding. Raises as commit() does."""
         self._finish(self._publication._abort)
 
     def _finish(self, action: Any) -> None:
+        if self.result > 0 and self._publication.is_closed:
+            raise _closed_under_claim()
         if self.buffer is None:
             raise ValueError(f"no claim to finish ({codes.result_name(self.result)})")
         self.buffer.release()
         self.buffer = None
-        action(self._frame_offset)
+        try:
+            action(self._frame_offset)
+        except ValueError:
+            if self._publication.is_closed:  # closed meanwhile, by the conductor thread
+                raise _closed_under_claim() from None
+            raise
 
     def __enter__(self) -> BufferClaim:
         if self.result <= 0:
@@ -84,6 +93,11 @@ class BufferClaim:
             self.commit()
         else:
             self.abort()
+
+
+def _closed_under_claim() -> PublicationError:
+    return PublicationError(codes.CLOSED, "the publication was closed while this claim was "
+                            "open (its client closed or failed): nothing was published")
 
 
 class Publication(PublicationCore):

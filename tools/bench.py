@@ -15,8 +15,10 @@ machine hits every transport alike); the table shows the median of each figure.
 
 Throughput (1 writer -> 1 reader, 32 B, 256 B, 4 KiB): the writer sends for --duration seconds,
 then a STOP message; rate = messages / (time the reader saw STOP - time the writer started),
-both CLOCK_MONOTONIC. A message is its sequence number (int64), a fixed body, and a checksum
-(int64 tail: CRC-32 of the body followed by the sequence number's 8 bytes).
+both CLOCK_MONOTONIC. A message is a fixed body, its sequence number (int64) and a CRC-32 of both
+(uint32, little-endian): the writer computes the body's CRC once and continues it over the
+sequence number; the reader checks every byte with one CRC over the whole message (a CRC-32 over
+data followed by its own little-endian CRC is always the same residue).
 
 * copied and checked (every transport): the reader copies each message out as bytes and checks
   its sequence number and its checksum (every byte of the message); errors are counted.
@@ -126,38 +128,42 @@ PEER_WAIT = {QUEUE: "blocking", PIPE: "blocking", POSIX: "blocking", ZMQ: "block
 # ---------------------------------------------------------------------------------------------
 
 
-def body(size: int) -> bytes:
-    """The fixed body of a size-byte message (between the head and tail words)."""
-    return bytes(i % 251 for i in range(size - 16))
+SEQUENCE = struct.Struct("<q")
+TRAILER = struct.Struct("<qI")  # sequence number, CRC-32 of the body and the sequence number
+#: zlib.crc32 of any data followed by its own CRC-32 in little-endian order
+CRC_RESIDUE = 0x2144DF1C
 
 
 class Checked:
-    """Makes and checks copied messages: head = sequence number, tail = CRC-32 of the body
-    followed by the head's 8 bytes (so the body's CRC is computed once, by the writer)."""
+    """Makes and checks copied messages: a fixed body, then TRAILER. The writer computes the
+    body's CRC once and continues it over each sequence number; the reader checks every byte
+    with one CRC over the whole message (see CRC_RESIDUE)."""
 
     def __init__(self, size: int) -> None:
+        if size < 16:
+            raise ValueError(f"message size {size}: at least 16 bytes")
         self.size = size
-        self.codec = codec(size)
-        self.body_crc = zlib.crc32(body(size))
+        self.seq_offset = size - TRAILER.size
+        self.body = bytes(i % 251 for i in range(self.seq_offset))
+        body_crc, seq_offset = zlib.crc32(self.body), self.seq_offset
+        pack_into, pack, unpack_from, crc32 = (TRAILER.pack_into, SEQUENCE.pack,
+                                               SEQUENCE.unpack_from, zlib.crc32)
+
+        def write(message: bytearray, seq: int) -> None:
+            """Fill in the sequence number and the checksum."""
+            pack_into(message, seq_offset, seq, crc32(pack(seq), body_crc))
+
+        def check(data: bytes) -> tuple[int, bool]:
+            """(sequence number, whether length and checksum are right) of a copied message."""
+            if len(data) != size:
+                return -2, False
+            return unpack_from(data, seq_offset)[0], crc32(data) == CRC_RESIDUE
+
+        self.write, self.check = write, check
 
     def message(self) -> bytearray:
-        """A buffer holding the body; write() fills in head and tail."""
-        message = bytearray(self.size)
-        message[8:-8] = body(self.size)
-        return message
-
-    def write(self, message: bytearray, seq: int) -> None:
-        struct.pack_into("<q", message, 0, seq)
-        crc = zlib.crc32(memoryview(message)[:8], self.body_crc)
-        struct.pack_into("<q", message, self.size - 8, crc)
-
-    def check(self, data: bytes) -> tuple[int, bool]:
-        """(sequence number, whether length and checksum are right) of a copied message."""
-        if len(data) != self.size:
-            return self.codec.unpack_from(data)[0] if len(data) >= 8 else -2, False
-        seq, tail = self.codec.unpack(data)
-        view = memoryview(data)
-        return seq, tail == zlib.crc32(view[:8], zlib.crc32(view[8:-8]))
+        """A buffer holding the body; write() fills in the trailer."""
+        return bytearray(self.body + bytes(TRAILER.size))
 
 
 class Counter:
@@ -278,7 +284,7 @@ def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, batch: bool
                 seq += 1
                 if not seq & 127 and time.monotonic_ns() >= end_ns:
                     break
-        struct.pack_into("<q", message, 0, STOP)
+        write(message, STOP)
         publication.publish(message, timeout=timeout_s)
         done.wait(timeout_s)  # keep the publication until the reader has everything
     return {"sent": seq, "t0": t0}
@@ -293,7 +299,7 @@ def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, copy: bool,
     tally = Counter()
     checked = Checked(size)
     check = checked.check
-    head = struct.Struct("<q").unpack_from
+    unpack_from, seq_offset = SEQUENCE.unpack_from, checked.seq_offset
 
     def copied(buffer: memoryview, header: Any) -> None:
         seq, ok = check(bytes(buffer))
@@ -305,7 +311,7 @@ def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, copy: bool,
             tally.bad(seq, "bad checksum" if seq == tally.expected else "out of order")
 
     def in_place(buffer: memoryview, header: Any) -> None:
-        seq = head(buffer)[0]
+        seq = unpack_from(buffer, seq_offset)[0]
         if seq == tally.expected:
             tally.expected += 1
         elif seq == STOP:
@@ -594,7 +600,7 @@ def peer_writer(start: Any, end: PeerEnd, size: int, duration_s: float, timeout_
             seq += 1
             if not seq & 127 and time.monotonic_ns() >= end_ns:
                 break
-        struct.pack_into("<q", message, 0, STOP)
+        write(message, STOP)
         send(message)
     except Exception as e:
         raise BenchError(f"send failed after {seq} messages: {e!r}") from e

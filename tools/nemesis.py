@@ -174,24 +174,43 @@ class Bus:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    #: drivers that exited at once (see start)
+    restarts_refused: int = 0
 
     def start(self) -> None:
-        """Start a driver and wait until a client can connect (bounded: 30 s)."""
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.context.driver_command(), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=log, start_new_session=True)
-        self.starts += 1
+        """Start a driver and wait until a client can connect (bounded: 30 s). A driver that
+        exits at once (a full bus tmpfs: the old driver's logs stay until every process that
+        mapped them lets go) is started again until the deadline."""
         deadline = time.monotonic() + 30
         while True:
-            try:
-                shmbus.connect(self.context).close()
-                return
-            except (shmbus.DriverUnavailableError, shmbus.DriverTimeoutError):
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise SystemExit(
-                        f"nemesis: the driver did not start (see {self.log_path})") from None
-                time.sleep(0.05)
+            with open(self.log_path, "ab") as log:
+                self.process = subprocess.Popen(
+                    self.context.driver_command(), stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=log, start_new_session=True)
+            self.starts += 1
+            while self.process.poll() is None:
+                try:
+                    shmbus.connect(self.context).close()
+                    return
+                except (shmbus.DriverUnavailableError, shmbus.DriverTimeoutError):
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+            if time.monotonic() > deadline:
+                self.process.kill()
+                free = shutil.disk_usage(self.context.dir).free
+                raise SystemExit(
+                    f"nemesis: no driver started within 30 s (last exit code "
+                    f"{self.process.poll()}, {free} bytes free on the bus tmpfs; their output: "
+                    f"{self.keep_log()})")
+            self.restarts_refused += 1
+            time.sleep(0.5)
+
+    def keep_log(self) -> Path:
+        """A copy of the drivers' output that outlives the run's directory."""
+        kept = Path(tempfile.gettempdir()) / f"nemesis-driver-{os.getpid()}.log"
+        shutil.copy(self.log_path, kept)
+        return kept
 
     def kill(self) -> None:
         assert self.process is not None
@@ -517,10 +536,11 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
         print(summary(sent, reports, specs, nemesis))
         for note in nemesis.notes:
             print(f"note: {note}")
+        if bus.restarts_refused:
+            print(f"note: {bus.restarts_refused} drivers exited as they started (their output: "
+                  f"{bus.keep_log()}) and were started again")
         if found:
-            kept = Path(tempfile.gettempdir()) / f"nemesis-driver-{seed}-{os.getpid()}.log"
-            shutil.copy(bus.log_path, kept)
-            print(f"\nthe drivers' output: {kept}")
+            print(f"\nthe drivers' output: {bus.keep_log()}")
             print(f"BREACHES ({len(found)}):")
             for line in found[:200]:
                 print(f"  {line}")

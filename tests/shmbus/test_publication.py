@@ -204,6 +204,22 @@ def test_try_claim_commit_and_abort(stream, exclusive) -> None:
     assert [(m, r) for m, _, r, _ in got] == [(b"claimed!", 3), (b"after", 0)]
 
 
+def test_a_claim_open_when_its_publication_closes_is_not_published(stream, exclusive
+                                                                    ) -> None:
+    """A client that fails (driver lost, timed out) closes its publications under open
+    claims: finishing one raises PublicationError CLOSED, a ShmbusError a rebuild loop
+    catches, and nothing reaches the log."""
+    pub = stream.publication(exclusive)
+    claim = pub.try_claim(8)
+    assert claim
+    claim.buffer[:] = b"orphaned"
+    pub.close()
+    with pytest.raises(shmbus.PublicationError, match="closed while this claim was open") as raised:
+        claim.commit()
+    assert raised.value.code == shmbus.CLOSED
+    assert drain(stream, stream.image()) == []
+
+
 def test_claim_limits_and_failures(stream) -> None:
     pub = stream.publication()
     with pytest.raises(ValueError, match="max payload"):
