@@ -276,6 +276,8 @@ def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, batch: bool
                 if sent != BATCH_ROWS:  # back-pressured: the rest sleeps until it moves
                     publication.publish_many(block[max(sent, 0):], timeout=timeout_s)
                 seq += BATCH_ROWS
+            words[:1, 0] = words[:1, -1] = STOP
+            publication.publish_many(block[:1], timeout=timeout_s)
         else:
             while True:
                 write(message, seq)
@@ -284,8 +286,8 @@ def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, batch: bool
                 seq += 1
                 if not seq & 127 and time.monotonic_ns() >= end_ns:
                     break
-        write(message, STOP)
-        publication.publish(message, timeout=timeout_s)
+            write(message, STOP)
+            publication.publish(message, timeout=timeout_s)
         done.wait(timeout_s)  # keep the publication until the reader has everything
     return {"sent": seq, "t0": t0}
 
