@@ -85,8 +85,9 @@ class Subscription(SubscriptionCore):
         """Hand runs of fragments to ``handler`` as :class:`FragmentBatch` (numpy arrays).
 
         One handler call per image with data, no Python call per fragment. Returns the number
-        of fragments.
+        of fragments. Raises as :meth:`poll` does (DriverTimeoutError, ClientTimeoutError).
         """
+        self._check_client()
         images = self.images
         n = len(images)
         if not n:
@@ -97,6 +98,8 @@ class Subscription(SubscriptionCore):
             if fragments >= fragment_limit:
                 break
             fragments += images[(start + i) % n].poll_batch(handler, fragment_limit - fragments)
+        if fragments:  # stopped inside the handler past its liveness: see poll
+            self._check_client()
         return fragments
 
     def messages(self, timeout: float | None = 1.0) -> Iterator[bytes]:

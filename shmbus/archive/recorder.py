@@ -103,8 +103,9 @@ class _RecordingWriter:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def on_batch(self, batch: FragmentBatch) -> None:
-        """Append the frames of a ``poll_batch`` batch (and the padding around them)."""
+    def on_batch(self, batch: FragmentBatch, image: Image | None = None) -> None:
+        """Append the frames of a ``poll_batch`` batch (and the padding around them), unless
+        ``image`` lost its hold on the log while they were copied (see _commit)."""
         p0 = batch.position
         if p0 != self.stop:
             self.pad_to(p0)
@@ -126,7 +127,8 @@ class _RecordingWriter:
                                                                     start - cursor)))
             pieces.append((term_base + start, term[start:end]))
             cursor = end
-        self._commit(pieces)
+        if not self._commit(pieces, image):
+            return
         new_stop = term_base + cursor
         flags = batch.flags
         if flags[-1] & END_FLAG:
@@ -160,20 +162,26 @@ class _RecordingWriter:
         return encode_data_header(length, UNFRAGMENTED, HDR_TYPE_PAD, position & self._term_mask,
                                   d.session_id, d.stream_id, d.term_id_at(position))
 
-    def _commit(self, pieces: list[tuple[int, Any]]) -> None:
-        """Write the pieces, the first 4 bytes (first frame length) last."""
+    def _commit(self, pieces: list[tuple[int, Any]], image: Image | None = None) -> bool:
+        """Write the pieces, the first 4 bytes (first frame length) last. When the bytes come
+        from ``image``'s log and the driver dropped the image meanwhile (this process was
+        stopped past its liveness: a writer may have reused them), the block is left
+        uncommitted, unreachable as a torn frame is, and False returned."""
         if not pieces:
-            return
+            return True
         first_position, first = pieces[0]
         first = memoryview(first).cast("B")
         self._pwrite(first_position + 4, first[4:])
         for position, data in pieces[1:]:
             self._pwrite(position, memoryview(data).cast("B"))
+        if image is not None and image.is_reclaimed:
+            return False
         if self.fsync == "write":
             self._sync_segments()
         self._pwrite(first_position, first[:4])
         if self.fsync == "write":
             self._sync_segments()
+        return True
 
     def _pwrite(self, position: int, data: memoryview) -> None:
         segment = self._segment_for(position)
@@ -481,8 +489,9 @@ class Recorder:
 
     def _on_batch(self, batch: FragmentBatch) -> None:
         writer = self._writers.get(batch.session_id)
-        if writer is not None:
-            writer.on_batch(batch)
+        image = self._subscription.image_by_session_id(batch.session_id)
+        if writer is not None and image is not None:
+            writer.on_batch(batch, image)
 
     # -- duty cycle ------------------------------------------------------------------------------
 

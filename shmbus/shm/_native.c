@@ -1624,6 +1624,10 @@ static inline int image_owns_counter(ImageCore *self)
 {
     if (self->ids == NULL)
         return 1;
+    /* the log bytes read before this call are ordered before the ids read here: ids still
+     * ours afterwards mean the driver had not dropped the reader, so no writer could have
+     * reused those bytes while they were read */
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
     if (!self->reclaimed && (LOAD_ACQUIRE(self->ids) != self->registration_id ||
                              LOAD_ACQUIRE(self->ids + 2) != self->reference_id ||
                              LOAD_ACQUIRE(self->position) != self->local))
@@ -2306,6 +2310,13 @@ static PyObject *sub_fail(SubscriptionCore *self, PyObject *error)
     Py_RETURN_NONE;
 }
 
+static PyObject *sub_check_client(SubscriptionCore *self, PyObject *Py_UNUSED(ignored))
+{
+    if (sub_raise_error(self) < 0 || sub_check_lease(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *sub_set_lease(SubscriptionCore *self, PyObject *args)
 {
     PyObject *buffer, *on_lost;
@@ -2423,6 +2434,7 @@ static PyMethodDef sub_methods[] = {
      "timeout seconds passed (False; None waits forever). Costs no CPU while asleep."},
     {"_fail", (PyCFunction)sub_fail, METH_O, NULL},
     {"_set_lease", (PyCFunction)sub_set_lease, METH_VARARGS, NULL},
+    {"_check_client", (PyCFunction)sub_check_client, METH_NOARGS, NULL},
     {"_wake", (PyCFunction)sub_wake, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
