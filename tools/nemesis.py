@@ -1,14 +1,16 @@
 """A nemesis: a seeded schedule of faults while writers and readers stream checked messages.
 
     python tools/nemesis.py [--minutes 10 | --seconds 60] [--seed 1] [--publishers 6]
-                            [--subscribers 5]
+                            [--subscribers 6]
 
 Runs as root (it mounts a small tmpfs for the bus directory). Writers (tools/nemesis_workers.py)
 publish on an IPC stream and on a UDP stream through the netbridge: exclusive and concurrent
 publications, whole messages in offer_many batches or claimed one at a time, and fragmented
 ones; every message carries writer id, incarnation, sequence number and CRC32. Readers: a
-tethered and an untethered IPC subscriber, a UDP subscriber, a spy on the UDP publication, more
-tethered ones beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
+tethered and an untethered IPC subscriber, a UDP subscriber, a spy on the UDP publication, a
+recorder (shmbus.Recorder on the IPC stream, in 2-second windows, each read back with
+RecordingReader and checked, then deleted: the disk holds one window), more tethered ones
+beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
 datagrams both ways for the whole run (the netbridge's loss filter; it counts as fired once the
 netbridge's receivers report gaps, read with ``shmbus stat``). In a shuffled round, with pauses
 between, the nemesis:
@@ -34,7 +36,8 @@ The rules (a breach of any is printed and the exit status is 1):
    before and after each poll), so the messages of the poll that raises are torn.
 2. Within one image, never lost, duplicated or reordered: each writer incarnation's sequence
    goes up by one, for every kind of reader (an untethered reader or a spy that falls behind
-   gets a new image instead; the jump between images is *skipped*, not lost).
+   gets a new image instead; the jump between images is *skipped*, not lost). A recording is
+   one image: what it holds is exact.
 3. A tethered IPC reader and the UDP reader get every message a live writer's offer accepted
    while the driver lived: for the incarnations alive at the end, the last acked message
    arrives.
@@ -128,13 +131,14 @@ def writer_specs(count: int, port: int) -> list[WriterSpec]:
     return [kinds[i % len(kinds)] for i in range(count)]
 
 
-def reader_specs(count: int, port: int) -> list[ReaderSpec]:
+def reader_specs(count: int, port: int, recordings: Path) -> list[ReaderSpec]:
     udp = udp_channel(port)
     kinds = [
         ReaderSpec("tethered", "tethered", "aeron:ipc", IPC_STREAM),
         ReaderSpec("untethered", "untethered", "aeron:ipc?tether=false", IPC_STREAM),
         ReaderSpec("udp", "network", udp, UDP_STREAM),
         ReaderSpec("spy", "spy", f"aeron-spy:{udp}", UDP_STREAM),
+        ReaderSpec("recorder", "recorder", "aeron:ipc", IPC_STREAM, str(recordings)),
     ]
     return [kinds[i] if i < len(kinds) else
             ReaderSpec(f"tethered-{i}", "tethered", "aeron:ipc", IPC_STREAM)
@@ -497,7 +501,7 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
         bus = Bus(context, Path(tmp) / "driver.log")
         bus.start()
         workers = Workers(context, ledger, ledger_path, seed, specs,
-                          reader_specs(subscribers, port))
+                          reader_specs(subscribers, port, Path(tmp) / "recordings"))
         workers.start()
         nemesis = Nemesis(bus, workers, disk, rng)
         try:
@@ -556,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     length.add_argument("--seconds", type=float)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--publishers", type=int, default=6)
-    parser.add_argument("--subscribers", type=int, default=5)
+    parser.add_argument("--subscribers", type=int, default=6)
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else 60 * (args.minutes or 10)
     if seconds < 20:

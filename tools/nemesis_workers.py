@@ -16,11 +16,14 @@ driver's heartbeat; ``offer`` alone does not).
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import random
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nemesis_check import (
@@ -249,15 +252,20 @@ def _ignore(buffer: memoryview, header: shmbus.Header) -> None:
 @dataclass(frozen=True)
 class ReaderSpec:
     name: str
-    kind: str  # tethered, untethered, spy, network (see nemesis_check.SubscriberReport)
+    #: tethered, untethered, spy, network, recorder (see nemesis_check.SubscriberReport)
+    kind: str
     channel: str
     stream_id: int
+    directory: str = ""  # a recorder's: where its recording windows go
 
 
 def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: Any,
                errors: Any) -> None:
     """Read and check until ``stop`` is set, then drain (until 1 s passes with nothing) and put
     (name, SubscriberCheck) on ``results``. The client is rebuilt when the bus fails."""
+    if spec.kind == "recorder":
+        run_recorder(context, spec, stop, results, errors)
+        return
     check = SubscriberCheck()
     assembler = shmbus.FragmentAssembler(
         lambda buffer, header: check.on_message(header.session_id, buffer))
@@ -293,3 +301,59 @@ def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: An
     except BaseException as e:
         errors.put(f"reader {spec.name}: {type(e).__name__}: {e}")
         raise
+
+
+# -- the recorder -------------------------------------------------------------------------------
+
+RECORD_WINDOW_S = 2.0  # one recording window (the disk holds one window at a time)
+RECORD_GAP_S = 1.0
+
+
+def run_recorder(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: Any,
+                 errors: Any) -> None:
+    """Record the stream with shmbus.Recorder in windows of RECORD_WINDOW_S, each into a fresh
+    directory; after each window read every recording back, check it as one image, delete
+    it. A recorder the bus fails under is closed and its window checked like any other; one
+    window more is recorded after ``stop`` is set. Puts (name, SubscriberCheck) on
+    ``results``."""
+    check = SubscriberCheck()
+    idle = shmbus.SleepingIdleStrategy(IDLE_S)
+    try:
+        for window in itertools.count():
+            last = stop.is_set()
+            directory = Path(spec.directory) / f"window-{window}"
+            failure = None
+            try:
+                with shmbus.Recorder(directory, spec.channel, spec.stream_id,
+                                     context=context) as recorder:
+                    deadline = time.monotonic() + RECORD_WINDOW_S
+                    while time.monotonic() < deadline:
+                        idle.idle(recorder.poll())
+            except REBUILD as e:
+                failure = type(e).__name__
+            _check_recordings(check, directory)
+            if failure is not None:
+                check.on_rebuild(failure)
+            shutil.rmtree(directory, ignore_errors=True)
+            if last:
+                break
+            time.sleep(RECORD_GAP_S)
+        check.finish()
+        results.put((spec.name, check))
+    except BaseException as e:
+        errors.put(f"reader {spec.name}: {type(e).__name__}: {e}")
+        raise
+
+
+def _check_recordings(check: SubscriberCheck, directory: Path) -> None:
+    """Feed every recording of ``directory`` (ids 0, 1, ...) to ``check``, one image each."""
+    for recording_id in itertools.count():
+        try:
+            reader = shmbus.RecordingReader(directory, recording_id)
+        except (shmbus.RecordingError, FileNotFoundError):
+            return
+        session_id = reader.descriptor.session_id
+        check.on_new_image(session_id)
+        for message in reader.messages():  # RecordingError on a damaged recording: a breach
+            check.on_message(session_id, message.payload)
+        check.on_poll_done()
