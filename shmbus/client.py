@@ -606,7 +606,9 @@ class Client:
                 subscription._fail(error)
             self._release(send_close=False)
             self._answered.notify_all()
-        raise error
+        # a copy: the kept one must not hold this traceback's frames (and, through them, the
+        # client and its mapping of cnc.dat) alive
+        raise type(error)(str(error))
 
     @property
     def is_closed(self) -> bool:

@@ -255,6 +255,8 @@ class Publication(PublicationCore):
         self._change_destination(destination, False)
 
     def _change_destination(self, destination: str, add: bool) -> None:
+        if self.is_closed:
+            raise PublicationError(codes.CLOSED, "the publication is closed")
         if self._on_destination is None:
             raise ValueError("this publication was not made by a bus client")
         self._on_destination(self, destination, add)
@@ -271,8 +273,9 @@ class Publication(PublicationCore):
             return
         self._abort_claims()
         self._close_core()
-        if self._on_close is not None:
-            self._on_close(self)
+        on_close, self._on_close, self._on_destination = self._on_close, None, None
+        if on_close is not None:  # (the client's methods: dropped, so no cycle keeps it alive)
+            on_close(self)
 
     def _abort_claims(self) -> None:
         for claim in list(self._claims):

@@ -112,8 +112,9 @@ class Subscription(SubscriptionCore):
         pending: list[bytes] = []
         assembler = FragmentAssembler(lambda buffer, header: pending.append(bytes(buffer)))
         slice_s = 1.0 if timeout is None else timeout
+        poll = self.poll
         while not self._closed:
-            if self.poll(assembler, 1, timeout=slice_s):
+            if poll(assembler, 1) or poll(assembler, 1, timeout=slice_s):
                 if pending:
                     yield pending.pop()
             elif timeout is not None:
@@ -172,8 +173,10 @@ class Subscription(SubscriptionCore):
         images, self.images = self.images, ()
         for image in images:
             image.close()
-        if self._on_close is not None:
-            self._on_close(self, images)
+        self._drop_lease()
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:  # (the client's method: dropped, so no cycle keeps it alive)
+            on_close(self, images)
 
     def __enter__(self) -> Subscription:
         return self

@@ -57,6 +57,7 @@ measurement that cannot run here (missing package or API) is reported "n/a: <rea
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import itertools
 import json
@@ -118,6 +119,7 @@ BACK_TO_BACK = "back-to-back"
 PACED = f"{RTT_RATE:,} msg/s"
 SPIN = "busy-spin"
 BLOCKING = "blocking wait"
+ASYNCIO = "asyncio await"
 BACKOFF = "back-off (default)"
 PEER_WAIT = {QUEUE: "blocking", PIPE: "blocking", POSIX: "blocking", ZMQ: "blocking",
              ICEORYX: "busy-poll"}
@@ -724,6 +726,58 @@ def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], by
     return recv
 
 
+async def _async_round_trips(pinger: bool, send: Callable[[Any], None], subscription: Any,
+                             duration_s: float, rate: int | None, timeout_s: float
+                             ) -> dict[str, Any]:
+    """_ping_loop (pinger) or _pong_loop as one coroutine on an asyncio event loop, each
+    message awaited with Subscription.poll_async (the loop free while it waits)."""
+    got: list[bytes] = []
+    deadline = deadline_after(timeout_s + 60)
+
+    def handler(buffer: memoryview, header: Any) -> None:
+        got.append(bytes(buffer))
+
+    async def recv() -> bytes:
+        while not await subscription.poll_async(handler, 1, timeout=0.1):
+            if time.monotonic_ns() > deadline:
+                raise BenchError("no message before the deadline")
+        return got.pop()
+
+    pack, unpack = codec(RTT_SIZE).pack_into, codec(RTT_SIZE).unpack_from
+    message = bytearray(RTT_SIZE)
+    if not pinger:
+        expected = errors = 0
+        while True:
+            ping = await recv()
+            head, tail = unpack(ping)
+            if head == STOP:
+                return {"received": expected, "errors": errors}
+            errors += head != expected or tail != head
+            expected = head + 1
+            send(ping)
+    samples = array("q")
+    errors = seq = 0
+    clock = time.perf_counter_ns
+    period = None if rate is None else 1e9 / rate
+    start = clock()
+    while True:
+        pack(message, 0, seq, seq)
+        t0 = clock()
+        send(message)
+        head, tail = unpack(await recv())
+        t1 = clock()
+        samples.append(t1 - t0)
+        errors += head != seq or tail != seq
+        seq += 1
+        if t1 >= start + duration_s * 1e9 or seq >= MAX_SAMPLES:
+            break
+        if period is not None and (wait_ns := start + seq * period - clock()) > 0:
+            await asyncio.sleep(wait_ns / 1e9)
+    pack(message, 0, STOP, STOP)
+    send(message)
+    return {"samples": samples.tobytes(), "errors": errors}
+
+
 def _shm_send(publication: Any, timeout_s: float) -> Callable[[Any], None]:
     import shmbus
 
@@ -747,9 +801,14 @@ def shm_rtt(start: Any, bus_spec: Bus, pinger: bool, wait: str, rate: int | None
         subscription = bus.add_subscription(CHANNEL, rx)
         publication = _publication(bus, tx, deadline)
         _await_image(subscription, deadline)
-        send, recv = _shm_send(publication, timeout_s), _shm_recv(subscription, wait, timeout_s)
+        send = _shm_send(publication, timeout_s)
         start.ready(bus.driver_pid)
-        out = _ping_loop(send, recv, duration_s, rate) if pinger else _pong_loop(send, recv)
+        if wait == ASYNCIO:
+            out = asyncio.run(_async_round_trips(pinger, send, subscription, duration_s, rate,
+                                                 timeout_s))
+        else:
+            recv = _shm_recv(subscription, wait, timeout_s)
+            out = _ping_loop(send, recv, duration_s, rate) if pinger else _pong_loop(send, recv)
         if not pinger:
             done.set()
         done.wait(timeout_s)
@@ -942,7 +1001,8 @@ def plan(ctx: Any, sizes: tuple[int, ...], wanted: Callable[[str], bool], s: Set
             if wanted(t):
                 out.append(({"test": "throughput", "transport": t, "size": size},
                             lambda t=t, size=size: throughput(ctx, t, size, s)))
-    rtt = [(SHM, SPIN, None), (SHM, BLOCKING, RTT_RATE), (SHM, BACKOFF, RTT_RATE),
+    rtt = [(SHM, SPIN, None), (SHM, BLOCKING, RTT_RATE), (SHM, ASYNCIO, RTT_RATE),
+           (SHM, BACKOFF, RTT_RATE),
            *((p, PEER_WAIT[p], rate) for rate in (None, RTT_RATE) for p in PEERS)]
     for t, wait, rate in rtt:
         if wanted(t):

@@ -2115,8 +2115,19 @@ static int sub_raise_error(SubscriptionCore *self)
 {
     if (self->error == NULL)
         return 0;
-    PyException_SetTraceback(self->error, Py_None);  /* raised again and again: keep it short */
-    PyErr_SetObject((PyObject *)Py_TYPE(self->error), self->error);
+    /* a copy each time: the kept instance must not hold a traceback's frames (and, through
+     * them, the subscription and its client) alive */
+    PyObject *type = (PyObject *)Py_TYPE(self->error);
+    PyObject *args = PyObject_GetAttrString(self->error, "args");
+    PyObject *copy = args != NULL && PyTuple_Check(args) ? PyObject_Call(type, args, NULL) : NULL;
+    Py_XDECREF(args);
+    if (copy == NULL) {
+        PyErr_Clear();
+        PyException_SetTraceback(self->error, Py_None);
+        copy = Py_NewRef(self->error);
+    }
+    PyErr_SetObject(type, copy);
+    Py_DECREF(copy);
     return -1;
 }
 
@@ -2310,6 +2321,14 @@ static PyObject *sub_fail(SubscriptionCore *self, PyObject *error)
     Py_RETURN_NONE;
 }
 
+static PyObject *sub_drop_lease(SubscriptionCore *self, PyObject *Py_UNUSED(ignored))
+{
+    self->lease = NULL;
+    Py_CLEAR(self->lease_buffer);
+    Py_CLEAR(self->on_lease_lost);
+    Py_RETURN_NONE;
+}
+
 static PyObject *sub_check_client(SubscriptionCore *self, PyObject *Py_UNUSED(ignored))
 {
     if (sub_raise_error(self) < 0 || sub_check_lease(self) < 0)
@@ -2435,6 +2454,7 @@ static PyMethodDef sub_methods[] = {
     {"_fail", (PyCFunction)sub_fail, METH_O, NULL},
     {"_set_lease", (PyCFunction)sub_set_lease, METH_VARARGS, NULL},
     {"_check_client", (PyCFunction)sub_check_client, METH_NOARGS, NULL},
+    {"_drop_lease", (PyCFunction)sub_drop_lease, METH_NOARGS, NULL},
     {"_wake", (PyCFunction)sub_wake, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

@@ -198,6 +198,8 @@ class SubscriptionCore:
                    on_lost: Callable[[], object], /) -> None:
         """Every poll checks that the int64 at buffer[offset] is ``owner_id`` before and after
         reading, and calls ``on_lost()`` (which should raise) once it is not."""
+    def _drop_lease(self) -> None:
+        """Forget the lease (a closed subscription checks nothing)."""
     def _check_client(self) -> None:
         """Raise the client's error, or what on_lost raises once the lease is gone."""
     def _wake(self) -> None:

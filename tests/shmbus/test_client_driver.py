@@ -243,3 +243,48 @@ def test_a_client_adds_and_removes_its_own_counters_only(bus_context, driver) ->
         owner._request(cp.RemoveCounter(owner.client_id, owner._correlation(),
                                         ready.counter_id))
         assert ready.counter_id not in {c.counter_id for c in owner.counters.counters()}
+
+
+def test_a_client_whose_driver_died_lets_go_of_its_files_without_the_garbage_collector(
+        bus_context) -> None:
+    """A long-lived process that outlives many drivers must not keep each dead driver's
+    cnc.dat and logs mapped (deleted files on /dev/shm hold their memory): dropping the failed
+    client frees them by reference counting alone, with no cycle left for the collector."""
+    import gc
+    import signal
+
+    from tests.conftest import start_driver, stop_driver
+
+    def mapped_deleted_files() -> list[str]:
+        with open("/proc/self/maps") as maps:
+            return [line.split()[-2] for line in maps
+                    if line.rstrip().endswith("(deleted)") and bus_context.dir in line]
+
+    gc.disable()
+    try:
+        for _ in range(2):
+            driver = start_driver(bus_context)
+            try:
+                client = shmbus.connect(bus_context)
+                subscription = client.add_subscription("aeron:ipc", 1)
+                publication = client.add_exclusive_publication("aeron:ipc", 1)
+                deadline = time.monotonic() + 10
+                while not subscription.images:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                driver.send_signal(signal.SIGKILL)
+                driver.wait()
+                with pytest.raises(shmbus.DriverTimeoutError):
+                    while time.monotonic() < deadline + 20:
+                        subscription.poll(lambda buffer, header: None, 10, timeout=0.1)
+                client.close()
+                client = subscription = publication = None  # noqa: F841
+            finally:
+                stop_driver(driver)
+        replacement = start_driver(bus_context)  # removes the last dead driver's files
+        try:
+            assert mapped_deleted_files() == []
+        finally:
+            stop_driver(replacement)
+    finally:
+        gc.enable()
