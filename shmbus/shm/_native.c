@@ -2137,7 +2137,10 @@ static int sub_check_lease(SubscriptionCore *self)
 {
     if (self->lease == NULL || LOAD_ACQUIRE(self->lease) == self->lease_owner)
         return 0;
-    PyObject *r = PyObject_CallNoArgs(self->on_lease_lost);
+    /* held across the call: failing the client closes this subscription, which drops it */
+    PyObject *on_lost = Py_NewRef(self->on_lease_lost);
+    PyObject *r = PyObject_CallNoArgs(on_lost);
+    Py_DECREF(on_lost);
     if (r == NULL)
         return -1;
     Py_DECREF(r);
