@@ -88,6 +88,15 @@ class Subscription(SubscriptionCore):
         of fragments. Raises as :meth:`poll` does (DriverTimeoutError, ClientTimeoutError).
         """
         self._check_client()
+        fragments = self._each_image(Image.poll_batch, handler, fragment_limit)
+        if fragments:  # stopped inside the handler past its liveness: see poll
+            self._check_client()
+        return fragments
+
+    def _each_image(self, read: Callable[[Any, Any, int], int], handler: Any,
+                    fragment_limit: int) -> int:
+        """``read(image, handler, limit)`` over the images, round-robin from one further along
+        each call, until ``fragment_limit`` fragments; returns how many."""
         images = self.images
         n = len(images)
         if not n:
@@ -97,9 +106,7 @@ class Subscription(SubscriptionCore):
         for i in range(n):
             if fragments >= fragment_limit:
                 break
-            fragments += images[(start + i) % n].poll_batch(handler, fragment_limit - fragments)
-        if fragments:  # stopped inside the handler past its liveness: see poll
-            self._check_client()
+            fragments += read(images[(start + i) % n], handler, fragment_limit - fragments)
         return fragments
 
     def messages(self, timeout: float | None = 1.0) -> Iterator[bytes]:

@@ -151,17 +151,7 @@ class GroupSubscription(Subscription):
         return 0
 
     def _claim(self, handler: FragmentHandler, fragment_limit: int) -> int:
-        images: tuple[GroupImage, ...] = self.images
-        n = len(images)
-        if not n:
-            return 0
-        start = self._round_robin = (self._round_robin + 1) % n
-        fragments = 0
-        for i in range(n):
-            if fragments >= fragment_limit:
-                break
-            fragments += images[(start + i) % n].poll(handler, fragment_limit - fragments)
-        return fragments
+        return self._each_image(GroupImage.poll, handler, fragment_limit)
 
     def controlled_poll(self, handler: Callable[[memoryview, Header], Any],
                         fragment_limit: int = 10, timeout: float | None = None) -> int:

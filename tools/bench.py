@@ -89,6 +89,7 @@ from _harness import (
     machine,
     markdown_table,
     median_row,
+    offer_until_accepted,
     percentiles_us,
     run_processes,
 )
@@ -228,23 +229,6 @@ def _await_image(subscription: Any, deadline_ns: int) -> Any:
                              f"image")
         time.sleep(0.002)  # the client's conductor thread adds the image
     return subscription
-
-
-def _offer(offer: Callable[[Any], int], message: Any, idle: Any, deadline_ns: int) -> None:
-    """Offer until accepted, idling while back-pressured."""
-    import shmbus
-
-    while True:
-        result = offer(message)
-        if result > 0:
-            idle.reset()
-            return
-        if result in (shmbus.CLOSED, shmbus.MAX_POSITION_EXCEEDED):
-            raise BenchError(f"offer failed: {shmbus.result_name(result)}")
-        if result != shmbus.ADMIN_ACTION:
-            idle.idle(0)
-            if time.monotonic_ns() > deadline_ns:
-                raise BenchError(f"offer blocked: {shmbus.result_name(result)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -787,7 +771,7 @@ def _shm_send(publication: Any, timeout_s: float) -> Callable[[Any], None]:
 
     def send(message: Any) -> None:
         if offer(message) < 0:
-            _offer(offer, message, idle, deadline)
+            offer_until_accepted(offer, message, idle, deadline)
 
     return send
 

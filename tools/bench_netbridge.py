@@ -91,6 +91,7 @@ from _harness import (
     machine,
     markdown_table,
     median_row,
+    offer_until_accepted,
     percentiles_us,
     run_processes,
     text_table,
@@ -268,23 +269,6 @@ def _await_image(subscription: Any, deadline: float) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-def _offer(offer: Callable[[Any], int], message: Any, idle: Any, deadline_ns: int) -> None:
-    """Offer until accepted: back-off while back-pressured, again at once after a rotation."""
-    from shmbus import ADMIN_ACTION, CLOSED, MAX_POSITION_EXCEEDED, result_name
-
-    while True:
-        result = offer(message)
-        if result > 0:
-            idle.reset()
-            return
-        if result in (CLOSED, MAX_POSITION_EXCEEDED):
-            raise BenchError(f"offer failed: {result_name(result)}")
-        if result != ADMIN_ACTION:
-            idle.idle(0)
-            if time.monotonic_ns() > deadline_ns:
-                raise BenchError(f"offer not accepted before the deadline: {result_name(result)}")
-
-
 def _shm_writer(start: Any, context: Any, uri: str, stream_id: int, size: int,
                 duration_s: float, timeout_s: float, done: Any, batch: bool,
                 destinations: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -331,12 +315,12 @@ def _shm_writer(start: Any, context: Any, uri: str, stream_id: int, size: int,
             while True:
                 pack(message, 0, seq, seq)
                 if offer(message) < 0:
-                    _offer(offer, message, idle, deadline)
+                    offer_until_accepted(offer, message, idle, deadline)
                 seq += 1
                 if not seq & 127 and time.monotonic_ns() >= end_ns:
                     break
         pack(message, 0, STOP, STOP)
-        _offer(offer, message, idle, deadline)
+        offer_until_accepted(offer, message, idle, deadline)
         # keep the publication until the reader has everything (then close it)
         done.wait(timeout_s)
         publication.close()
@@ -570,7 +554,7 @@ def _shm_ping(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
             pack(message, 0, seq, seq)
             t0 = clock()
             if offer(message) < 0:
-                _offer(offer, message, idle, deadline)
+                offer_until_accepted(offer, message, idle, deadline)
             spins = 0
             while not poll(on_pong, 1):
                 idle.idle(0)
@@ -588,7 +572,7 @@ def _shm_ping(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
             _pace(began, seq, period)
         elapsed_s = (clock() - began) / 1e9
         pack(message, 0, STOP, STOP)
-        _offer(offer, message, idle, deadline)
+        offer_until_accepted(offer, message, idle, deadline)
         done.wait(timeout_s)
     return {"samples": samples.tobytes(), "errors": errors, "pings_per_s": seq / elapsed_s}
 
@@ -621,7 +605,7 @@ def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
                 errors += 1
             expected = head + 1
             if offer(buffer) < 0:
-                _offer(offer, buffer, echo_idle, deadline)
+                offer_until_accepted(offer, buffer, echo_idle, deadline)
 
         start.ready(bus.driver_pid)
         deadline = time.monotonic_ns() + int(timeout_s * 1e9)

@@ -18,8 +18,14 @@ import psutil
 
 import shmbus
 from shmbus import AtomicBuffer, ExclusivePublication, Image
-from shmbus.shm._native import Heartbeat
-from shmbus.shm.counters import COUNTER_LENGTH, METADATA_LENGTH, SUB_POS, CountersManager
+from shmbus.shm._native import Heartbeat, epoch_ms
+from shmbus.shm.counters import (
+    COUNTER_LENGTH,
+    METADATA_LENGTH,
+    RECORD_RECLAIMED,
+    SUB_POS,
+    CountersManager,
+)
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 
@@ -198,8 +204,13 @@ def test_a_reader_stopped_past_its_liveness_leaves_the_next_owner_of_its_counter
                     seq += 1
                 else:
                     time.sleep(0.001)
-            # past the liveness timeout and the counters' reuse timeout (1 s)
-            time.sleep(bus_context.client_liveness_timeout + 1.5)
+            # the driver times the stopped reader out and frees its counters; once their reuse
+            # deadline passes, the next client may be given them
+            while not all(bus.counters.counter(c).state == RECORD_RECLAIMED
+                          and bus.counters.get_free_for_reuse_deadline(c) < epoch_ms()
+                          for c in stopped_ids):
+                assert time.monotonic() < deadline + 30, "the stopped reader was never dropped"
+                time.sleep(0.05)
             processes.append(spawn.Process(target=steady_reader,
                                            args=(bus_context, total, steady_report)))
             processes[1].start()
