@@ -6,7 +6,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from shmbus.async_waits import sleep_on
+from shmbus.async_waits import ReadinessWatcher
 from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.image import FragmentBatch, Image
 from shmbus.shm._native import AtomicBuffer, SubscriptionCore
@@ -24,6 +24,9 @@ class Subscription(SubscriptionCore):
     conductor thread adds and removes them and calls ``on_available_image`` and
     ``on_unavailable_image`` (on that thread, so keep them short and thread-safe).
     """
+
+    #: the longest one await sleeps before polling again (None: until woken)
+    _wait_slice_s: float | None = None
 
     def __init__(
         self,
@@ -48,6 +51,7 @@ class Subscription(SubscriptionCore):
         self._round_robin = 0
         self._on_close = on_close
         self._closed = False
+        self._readiness = ReadinessWatcher()
 
     # -- images -----------------------------------------------------------------------------
 
@@ -134,7 +138,8 @@ class Subscription(SubscriptionCore):
         """:meth:`poll`, awaiting (the event loop runs on) until a fragment arrives.
 
         The handler runs on the event loop's thread. Returns the number of fragments, 0 when
-        ``timeout`` seconds passed (None: no limit). Cancelled, it has read nothing.
+        ``timeout`` seconds passed (None: no limit). Cancelled, it has read nothing. Finding
+        nothing, it sleeps (no CPU) until the writer wakes it.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -144,7 +149,9 @@ class Subscription(SubscriptionCore):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return 0
-            await sleep_on(self.wait, 3600.0 if remaining is None else remaining, self._wake)
+            if self._wait_slice_s is not None:
+                remaining = min(remaining or self._wait_slice_s, self._wait_slice_s)
+            await self._readiness.wait(self._arm_watcher, remaining)
 
     async def messages_async(self, timeout: float | None = None) -> AsyncIterator[bytes]:
         """Whole messages as bytes, awaited: ``async for message in sub.messages_async()``.
@@ -181,6 +188,7 @@ class Subscription(SubscriptionCore):
         for image in images:
             image.close()
         self._drop_lease()
+        self._readiness.close(self._wake)
         on_close, self._on_close = self._on_close, None
         if on_close is not None:  # (the client's method: dropped, so no cycle keeps it alive)
             on_close(self, images)

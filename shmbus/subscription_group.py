@@ -123,6 +123,9 @@ class GroupSubscription(Subscription):
     to exactly one member (at least once, see the module docs). Made by
     ``Client.add_subscription(..., group=name)``; ``images`` are :class:`GroupImage`."""
 
+    # a claim handed on from a departed member does not ring the data word of a sleeper
+    _wait_slice_s = _HANDED_ON_CHECK_S
+
     def __init__(self, channel: str, stream_id: int, group: str, **kwargs: Any) -> None:
         super().__init__(channel, stream_id, **kwargs)
         self.group = group
@@ -142,9 +145,7 @@ class GroupSubscription(Subscription):
             return 0
         deadline = time.monotonic() + timeout
         while (remaining := deadline - time.monotonic()) > 0 and not self.is_closed:
-            # in slices: a claim handed on from a departed member does not ring the data word
-            # of a sleeper that started to sleep just before
-            self.wait(min(remaining, _HANDED_ON_CHECK_S))
+            self.wait(min(remaining, self._wait_slice_s))
             fragments = self._claim(handler, fragment_limit)
             if fragments:
                 return fragments

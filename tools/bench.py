@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import inspect
 import itertools
 import json
 import multiprocessing as mp
@@ -70,7 +71,7 @@ import tempfile
 import time
 import zlib
 from array import array
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -710,11 +711,9 @@ def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], by
     return recv
 
 
-async def _async_round_trips(pinger: bool, send: Callable[[Any], None], subscription: Any,
-                             duration_s: float, rate: int | None, timeout_s: float
-                             ) -> dict[str, Any]:
-    """_ping_loop (pinger) or _pong_loop as one coroutine on an asyncio event loop, each
-    message awaited with Subscription.poll_async (the loop free while it waits)."""
+def _shm_async_recv(subscription: Any, timeout_s: float) -> Callable[[], Awaitable[bytes]]:
+    """recv for _async_round_trips: each message awaited with Subscription.poll_async (the
+    loop free while it waits)."""
     got: list[bytes] = []
     deadline = deadline_after(timeout_s + 60)
 
@@ -727,6 +726,19 @@ async def _async_round_trips(pinger: bool, send: Callable[[Any], None], subscrip
                 raise BenchError("no message before the deadline")
         return got.pop()
 
+    return recv
+
+
+async def _async_round_trips(pinger: bool, send: Callable[[Any], Any],
+                             recv: Callable[[], Awaitable[bytes]], duration_s: float,
+                             rate: int | None) -> dict[str, Any]:
+    """_ping_loop (pinger) or _pong_loop as one coroutine on an asyncio event loop; ``send``
+    may return an awaitable (awaited), ``recv`` is awaited."""
+
+    async def sent(message: Any) -> None:
+        if inspect.isawaitable(result := send(message)):
+            await result
+
     pack, unpack = codec(RTT_SIZE).pack_into, codec(RTT_SIZE).unpack_from
     message = bytearray(RTT_SIZE)
     if not pinger:
@@ -738,7 +750,7 @@ async def _async_round_trips(pinger: bool, send: Callable[[Any], None], subscrip
                 return {"received": expected, "errors": errors}
             errors += head != expected or tail != head
             expected = head + 1
-            send(ping)
+            await sent(ping)
     samples = array("q")
     errors = seq = 0
     clock = time.perf_counter_ns
@@ -747,7 +759,7 @@ async def _async_round_trips(pinger: bool, send: Callable[[Any], None], subscrip
     while True:
         pack(message, 0, seq, seq)
         t0 = clock()
-        send(message)
+        await sent(message)
         head, tail = unpack(await recv())
         t1 = clock()
         samples.append(t1 - t0)
@@ -758,7 +770,7 @@ async def _async_round_trips(pinger: bool, send: Callable[[Any], None], subscrip
         if period is not None and (wait_ns := start + seq * period - clock()) > 0:
             await asyncio.sleep(wait_ns / 1e9)
     pack(message, 0, STOP, STOP)
-    send(message)
+    await sent(message)
     return {"samples": samples.tobytes(), "errors": errors}
 
 
@@ -788,8 +800,8 @@ def shm_rtt(start: Any, bus_spec: Bus, pinger: bool, wait: str, rate: int | None
         send = _shm_send(publication, timeout_s)
         start.ready(bus.driver_pid)
         if wait == ASYNCIO:
-            out = asyncio.run(_async_round_trips(pinger, send, subscription, duration_s, rate,
-                                                 timeout_s))
+            recv_async = _shm_async_recv(subscription, timeout_s)
+            out = asyncio.run(_async_round_trips(pinger, send, recv_async, duration_s, rate))
         else:
             recv = _shm_recv(subscription, wait, timeout_s)
             out = _ping_loop(send, recv, duration_s, rate) if pinger else _pong_loop(send, recv)
@@ -812,6 +824,40 @@ def peer_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_
     return out
 
 
+def zmq_async_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_s: float,
+                  timeout_s: float, done: Any) -> dict[str, Any]:
+    """A zmq.asyncio PAIR pinger or ponger: pyzmq's own asyncio API, the peer of poll_async."""
+    import zmq
+    import zmq.asyncio
+
+    async def main() -> dict[str, Any]:
+        context = zmq.asyncio.Context()
+        sock = context.socket(zmq.PAIR)
+        sock.setsockopt(zmq.LINGER, int(timeout_s * 1000))
+        if end.bind:  # connected, both ways, before the clock starts
+            sock.bind(end.tx or end.rx)
+            if await asyncio.wait_for(sock.recv(), timeout_s) != b"hello":
+                raise BenchError("zmq: no hello")
+            await sock.send(b"hello")
+        else:
+            sock.connect(end.tx or end.rx)
+            await sock.send(b"hello")
+            if await asyncio.wait_for(sock.recv(), timeout_s) != b"hello":
+                raise BenchError("zmq: no hello back")
+        start.ready()
+        try:
+            return await _async_round_trips(pinger, sock.send, sock.recv, duration_s, rate)
+        finally:
+            sock.close()
+            context.term()
+
+    out = asyncio.run(main())
+    if not pinger:
+        done.set()
+    done.wait(timeout_s)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Idle members
 # ---------------------------------------------------------------------------------------------
@@ -820,7 +866,8 @@ def peer_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_
 def shm_idle(start: Any, bus_spec: Bus, publisher: bool, wait: str, duration_s: float,
              timeout_s: float) -> dict[str, Any]:
     """Connected and doing nothing for duration_s: a publisher sleeps; a subscriber polls
-    (back-off between empty polls) or blocks in poll(timeout=)."""
+    (back-off between empty polls), blocks in poll(timeout=) or awaits poll_async(timeout=)
+    on an asyncio loop."""
     import shmbus
 
     with bus_spec.connect() as bus:
@@ -834,6 +881,15 @@ def shm_idle(start: Any, bus_spec: Bus, publisher: bool, wait: str, duration_s: 
         end_ns = deadline_after(duration_s)
         idle = shmbus.BackoffIdleStrategy()
         polls = 0
+        if not publisher and wait == ASYNCIO:
+            async def awaits() -> int:
+                count = 0
+                while time.monotonic_ns() < end_ns:
+                    count += 1
+                    await subscription.poll_async(lambda buffer, header: None, 10, timeout=0.05)
+                return count
+
+            return {"polls": asyncio.run(awaits())}
         while time.monotonic_ns() < end_ns:
             if publisher:
                 time.sleep(0.05)
@@ -944,8 +1000,9 @@ def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
         if transport in PEERS:
             a, b, cleanup = make_peer_link(ctx, transport, s.root, scope.name, True)
             scope.cleanups.append(cleanup)
-            pinger = Member("pinger", peer_rtt, (a, True, rate, duration, s.timeout_s, done))
-            ponger = Member("ponger", peer_rtt, (b, False, rate, duration, s.timeout_s, done))
+            run = zmq_async_rtt if wait == ASYNCIO else peer_rtt
+            pinger = Member("pinger", run, (a, True, rate, duration, s.timeout_s, done))
+            ponger = Member("ponger", run, (b, False, rate, duration, s.timeout_s, done))
         else:
             bus = scope.bus()
             pinger = Member("pinger", shm_rtt, (bus, True, wait, rate, duration, s.timeout_s,
@@ -986,7 +1043,7 @@ def plan(ctx: Any, sizes: tuple[int, ...], wanted: Callable[[str], bool], s: Set
                 out.append(({"test": "throughput", "transport": t, "size": size},
                             lambda t=t, size=size: throughput(ctx, t, size, s)))
     rtt = [(SHM, SPIN, None), (SHM, BLOCKING, RTT_RATE), (SHM, ASYNCIO, RTT_RATE),
-           (SHM, BACKOFF, RTT_RATE),
+           (SHM, BACKOFF, RTT_RATE), (ZMQ, ASYNCIO, RTT_RATE),
            *((p, PEER_WAIT[p], rate) for rate in (None, RTT_RATE) for p in PEERS)]
     for t, wait, rate in rtt:
         if wanted(t):
@@ -994,7 +1051,7 @@ def plan(ctx: Any, sizes: tuple[int, ...], wanted: Callable[[str], bool], s: Set
                          "rate": BACK_TO_BACK if rate is None else PACED},
                         lambda t=t, wait=wait, rate=rate: round_trip(ctx, t, wait, rate, s)))
     if wanted(SHM):
-        for wait in (BACKOFF, BLOCKING):
+        for wait in (BACKOFF, BLOCKING, ASYNCIO):
             out.append(({"test": "idle", "transport": SHM, "wait": wait},
                         lambda wait=wait: idle(ctx, wait, s)))
     return out
@@ -1147,7 +1204,9 @@ result (1.00 = one core). MB = 10^6 payload bytes. x best peer: msg/s over the f
 at that size. RTT: microseconds, first 10% of round trips dropped; "waiting / subscriber
 CPU": the {PACED} round trip with the receiver waiting (shmbus: blocking in
 `poll(..., timeout=)`, peers: blocking calls, iceoryx2: polling) and the ponger's CPU in % of
-one core. Idle: publisher sleeping, subscriber waiting as named."""
+one core. "asyncio await": both ends on an asyncio event loop, shmbus awaiting
+`Subscription.poll_async`, zmq its own `zmq.asyncio` PAIR. Idle: publisher sleeping,
+subscriber waiting as named."""
 
 
 def draw_chart(rows: list[dict[str, Any]], sizes: tuple[int, ...], path: Path) -> None:

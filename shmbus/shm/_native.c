@@ -2440,6 +2440,8 @@ static PyGetSetDef sub_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+static PyObject *sub_arm_watcher(SubscriptionCore *self, PyObject *arg);
+
 static PyMethodDef sub_methods[] = {
     {"poll", (PyCFunction)(void (*)(void))sub_poll, METH_FASTCALL | METH_KEYWORDS,
      "poll(handler, fragment_limit=10, timeout=None) -> int\n\nCall handler(buffer, header) "
@@ -2459,6 +2461,10 @@ static PyMethodDef sub_methods[] = {
     {"_check_client", (PyCFunction)sub_check_client, METH_NOARGS, NULL},
     {"_drop_lease", (PyCFunction)sub_drop_lease, METH_NOARGS, NULL},
     {"_wake", (PyCFunction)sub_wake, METH_NOARGS, NULL},
+    {"_arm_watcher", (PyCFunction)sub_arm_watcher, METH_O,
+     "_arm_watcher(watcher) -> bool\n\nArm a LogWatcher to make its eventfd readable once an "
+     "image has a fragment to read, or the images change, or the client fails. False (nothing "
+     "armed) when a poll would find something now."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -3629,7 +3635,8 @@ static PyTypeObject GroupMemberCoreType = {
  *                  readable once a frame is committed where a sender waits (publication logs'
  *                  data words) or a subscriber reads up to where a status message falls due
  *                  (image logs' progress words), so the netbridge can block in poll() on its
- *                  sockets and that eventfd.
+ *                  sockets and that eventfd. An asyncio subscriber arms one too
+ *                  (SubscriptionCore._arm_watcher: its images' data words and its own word).
  * IPv4 only, as the netbridge's transport is.
  */
 
@@ -4028,12 +4035,15 @@ fail:
 
 /* ---- LogWatcher ----------------------------------------------------------------------------- */
 
+/* One of three kinds: a data watch (frame set), a progress watch (counter set) or a word watch
+ * (neither: ready once `wake` differs from `threshold`; its ringer always wakes, so no waiters
+ * count). */
 typedef struct {
-    const int32_t *frame;   /* data watch: the frame length where the sender waits, or NULL */
+    const int32_t *frame;   /* data watch: the frame length where the reader waits, or NULL */
     const int64_t *counter; /* progress watch: a subscriber position counter */
-    int64_t threshold;      /* progress watch: ready once the counter reaches it */
-    int32_t *wake;          /* the log's META_DATA_WAKE (data) or META_PROGRESS_WAKE */
-    int32_t *waiters;       /* the matching waiters count */
+    int64_t threshold;      /* progress: ready once the counter reaches it; word: the value seen */
+    int32_t *wake;          /* the log's META_DATA_WAKE (data) or META_PROGRESS_WAKE, or the word */
+    int32_t *waiters;       /* the matching waiters count (NULL for a word watch) */
 } Watch;
 
 typedef struct {
@@ -4054,8 +4064,11 @@ static PyTypeObject LogWatcherType;
 
 static int is_ready(const Watch *w)
 {
-    return w->frame != NULL ? LOAD_ACQUIRE(w->frame) > 0
-                            : LOAD_ACQUIRE(w->counter) >= w->threshold;
+    if (w->frame != NULL)
+        return LOAD_ACQUIRE(w->frame) > 0;
+    if (w->counter != NULL)
+        return LOAD_ACQUIRE(w->counter) >= w->threshold;
+    return LOAD_ACQUIRE(w->wake) != (int32_t)w->threshold;
 }
 
 static int watch_ready(const Watch *watches, int count)
@@ -4094,14 +4107,16 @@ static void *watcher_main(void *arg)
         pthread_mutex_unlock(&self->lock);
 
         for (int i = 0; i < count; i++) {
-            __atomic_fetch_add(watches[i].waiters, 1, __ATOMIC_SEQ_CST);
+            if (watches[i].waiters != NULL)
+                __atomic_fetch_add(watches[i].waiters, 1, __ATOMIC_SEQ_CST);
             words[i + 1] = watches[i].wake;
             expected[i + 1] = LOAD_ACQUIRE(watches[i].wake);
         }
         if (!watch_ready(watches, count))
             wait_words(words, expected, count + 1, -1);
         for (int i = 0; i < count; i++)
-            __atomic_fetch_sub(watches[i].waiters, 1, __ATOMIC_SEQ_CST);
+            if (watches[i].waiters != NULL)
+                __atomic_fetch_sub(watches[i].waiters, 1, __ATOMIC_SEQ_CST);
         int ready = watch_ready(watches, count);
 
         pthread_mutex_lock(&self->lock);
@@ -4156,6 +4171,22 @@ static void watcher_disarm_locked(LogWatcher *self, int wait)
     watcher_interrupt(self);
     while (wait && self->busy)
         pthread_cond_wait(&self->changed, &self->lock);
+}
+
+/* Replaces the watches (armed when there are any), keeping `held` (a new reference: what owns
+ * the watched memory) until the next. */
+static void watcher_set(LogWatcher *self, const Watch *watches, int count, PyObject *held)
+{
+    pthread_mutex_lock(&self->lock);
+    PyObject *previous = self->held;
+    memcpy(self->watches, watches, sizeof(Watch) * (size_t)count);
+    self->count = count;
+    self->held = held;
+    self->generation++;
+    self->armed = count > 0;
+    watcher_interrupt(self);
+    pthread_mutex_unlock(&self->lock);
+    Py_XDECREF(previous);
 }
 
 /* A data watch (log buffer, term length, position) or a progress watch (log buffer, term
@@ -4214,19 +4245,10 @@ static PyObject *log_watcher_arm(LogWatcher *self, PyObject *args)
                 count++; /* ready already: its owner has work, or waits on something else */
         }
     }
-    PyObject *arg = PyTuple_Pack(2, lists[0], lists[1]);
-    if (arg == NULL)
+    PyObject *held = PyTuple_Pack(2, lists[0], lists[1]);
+    if (held == NULL)
         return NULL;
-    pthread_mutex_lock(&self->lock);
-    PyObject *previous = self->held;
-    memcpy(self->watches, watches, sizeof(Watch) * (size_t)count);
-    self->count = count;
-    self->held = arg;
-    self->generation++;
-    self->armed = count > 0;
-    watcher_interrupt(self);
-    pthread_mutex_unlock(&self->lock);
-    Py_XDECREF(previous);
+    watcher_set(self, watches, count, held);
     Py_RETURN_NONE;
 }
 
@@ -4260,6 +4282,334 @@ static PyObject *log_watcher_clear(LogWatcher *self, PyObject *Py_UNUSED(ignored
     if (self->efd >= 0 && read(self->efd, &value, sizeof value) == (ssize_t)sizeof value)
         Py_RETURN_TRUE;
     Py_RETURN_FALSE;
+}
+
+/* ---- FutexRing: a futex wait an event loop can watch ------------------------------------ */
+
+/*
+ * An io_uring holding one futex_waitv request (Linux 6.7+): its fd turns readable as soon as
+ * one of the words it waits on is woken, so an asyncio loop (add_reader) wakes straight from
+ * the writer's FUTEX_WAKE, with no thread between them. The LogWatcher thread does the same
+ * where io_uring is missing or refused (older kernels, container seccomp profiles), one thread
+ * hop later. Arming follows the blocking wait's protocol: count this process as a sleeper on
+ * each image (image->sleeping too, so a closed image takes its count back), read the words,
+ * look for data, then submit; disarm cancels a wait still pending and takes the counts back.
+ * Used only by the thread that holds the GIL.
+ */
+#include <linux/io_uring.h>
+#include <sys/mman.h>
+
+#define URING_OP_FUTEX_WAITV 53 /* linux/io_uring.h before 6.7 lacks the futex opcodes */
+#define URING_ENTRIES 4
+
+typedef struct {
+    PyObject_HEAD
+    int fd;
+    void *rings;
+    size_t rings_size;
+    struct io_uring_sqe *sqes;
+    size_t sqes_size;
+    uint32_t *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
+    struct io_uring_cqe *cqes;
+    uint64_t sequence;   /* user_data of the latest wait */
+    int pending;         /* the latest wait has not completed */
+    PyObject *held;      /* what owns the watched words while armed, or NULL */
+    ImageCore *counted[WATCH_MAX];
+    int count;
+    struct wait_entry waitv[WATCH_MAX + 1];
+} FutexRing;
+
+static PyTypeObject FutexRingType;
+
+static int ring_submit(FutexRing *self, uint8_t opcode, uint64_t addr, uint32_t len,
+                       uint64_t user_data, unsigned min_complete)
+{
+    uint32_t tail = *self->sq_tail, index = tail & *self->sq_mask;
+    struct io_uring_sqe *sqe = &self->sqes[index];
+    memset(sqe, 0, sizeof *sqe);
+    sqe->opcode = opcode;
+    sqe->addr = addr;
+    sqe->len = len;
+    sqe->user_data = user_data;
+    self->sq_array[index] = index;
+    __atomic_store_n(self->sq_tail, tail + 1, __ATOMIC_RELEASE);
+    long r = syscall(SYS_io_uring_enter, self->fd, 1, min_complete,
+                     min_complete ? IORING_ENTER_GETEVENTS : 0, NULL, 0);
+    return r == 1 ? 0 : -1;
+}
+
+/* Consumes every completion; returns the latest wait's result if it completed, else 1. */
+static int ring_drain(FutexRing *self)
+{
+    int latest = 1;
+    uint32_t head = *self->cq_head;
+    while (head != __atomic_load_n(self->cq_tail, __ATOMIC_ACQUIRE)) {
+        struct io_uring_cqe *cqe = &self->cqes[head & *self->cq_mask];
+        if (cqe->user_data == self->sequence) {
+            latest = cqe->res;
+            self->pending = 0;
+        }
+        head++;
+    }
+    __atomic_store_n(self->cq_head, head, __ATOMIC_RELEASE);
+    return latest;
+}
+
+/* Cancels a pending wait and takes the sleeper counts back. */
+static void ring_disarm(FutexRing *self)
+{
+    ring_drain(self);
+    if (self->pending) {
+        /* user_data 0 is never a wait's: the cancellation's own completion is ignored */
+        ring_submit(self, IORING_OP_ASYNC_CANCEL, self->sequence, 0, 0, 0);
+        self->pending = 0;
+    }
+    for (int i = 0; i < self->count; i++) {
+        ImageCore *image = self->counted[i];
+        if (image->closed)
+            continue; /* img_close_core took its count back */
+        __atomic_fetch_sub(meta_i32(&image->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
+        image->sleeping--;
+    }
+    self->count = 0;
+    Py_CLEAR(self->held);
+}
+
+static void ring_unmap(FutexRing *self)
+{
+    if (self->sqes != NULL) munmap(self->sqes, self->sqes_size);
+    if (self->rings != NULL) munmap(self->rings, self->rings_size);
+    if (self->fd >= 0) close(self->fd);
+    self->sqes = NULL;
+    self->rings = NULL;
+    self->fd = -1;
+}
+
+static int futex_ring_init(FutexRing *self, PyObject *args, PyObject *kwds)
+{
+    if (!PyArg_ParseTuple(args, ":FutexRing"))
+        return -1;
+    if (self->fd >= 0) {
+        PyErr_SetString(PyExc_RuntimeError, "FutexRing is initialized already");
+        return -1;
+    }
+    struct io_uring_params p;
+    memset(&p, 0, sizeof p);
+    p.flags = IORING_SETUP_COOP_TASKRUN;
+    self->fd = (int)syscall(SYS_io_uring_setup, URING_ENTRIES, &p);
+    if (self->fd < 0 && errno == EINVAL) { /* before 5.19 */
+        memset(&p, 0, sizeof p);
+        self->fd = (int)syscall(SYS_io_uring_setup, URING_ENTRIES, &p);
+    }
+    if (self->fd < 0)
+        goto fail;
+    if (!(p.features & IORING_FEAT_SINGLE_MMAP)) {
+        errno = ENOSYS;
+        goto fail;
+    }
+    size_t sq_size = p.sq_off.array + p.sq_entries * sizeof(uint32_t);
+    size_t cq_size = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+    self->rings_size = sq_size > cq_size ? sq_size : cq_size;
+    self->rings = mmap(NULL, self->rings_size, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_POPULATE, self->fd, IORING_OFF_SQ_RING);
+    if (self->rings == MAP_FAILED) {
+        self->rings = NULL;
+        goto fail;
+    }
+    self->sqes_size = p.sq_entries * sizeof(struct io_uring_sqe);
+    self->sqes = mmap(NULL, self->sqes_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                      self->fd, IORING_OFF_SQES);
+    if (self->sqes == MAP_FAILED) {
+        self->sqes = NULL;
+        goto fail;
+    }
+    uint8_t *r = self->rings;
+    self->sq_tail = (uint32_t *)(r + p.sq_off.tail);
+    self->sq_mask = (uint32_t *)(r + p.sq_off.ring_mask);
+    self->sq_array = (uint32_t *)(r + p.sq_off.array);
+    self->cq_head = (uint32_t *)(r + p.cq_off.head);
+    self->cq_tail = (uint32_t *)(r + p.cq_off.tail);
+    self->cq_mask = (uint32_t *)(r + p.cq_off.ring_mask);
+    self->cqes = (struct io_uring_cqe *)(r + p.cq_off.cqes);
+    /* does this kernel wait on futexes? a word that is not its expected value answers at once */
+    int32_t probe = 1;
+    self->waitv[0] = (struct wait_entry){.val = 0, .uaddr = (uintptr_t)&probe,
+                                         .flags = WAIT_ENTRY_U32};
+    self->sequence = 1;
+    self->pending = 1;
+    if (ring_submit(self, URING_OP_FUTEX_WAITV, (uintptr_t)self->waitv, 1, 1, 1) < 0)
+        goto fail;
+    int res = ring_drain(self);
+    if (res != -EAGAIN) {
+        errno = res < 0 ? -res : ENOSYS;
+        goto fail;
+    }
+    return 0;
+fail:
+    PyErr_SetFromErrno(PyExc_OSError);
+    ring_unmap(self);
+    return -1;
+}
+
+/* Arms `self` on the subscription (see sub_arm_watcher); 0 when a poll would find something
+ * now (nothing armed), 1 when armed, -1 with an exception set. */
+static int ring_arm(FutexRing *self, SubscriptionCore *sub)
+{
+    if (self->fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "FutexRing is closed");
+        return -1;
+    }
+    ring_disarm(self);
+    int n = 0, ready = 0;
+    if (sub->wake != NULL)
+        self->waitv[n++] = (struct wait_entry){.val = (uint32_t)LOAD_ACQUIRE(sub->wake),
+                                               .uaddr = (uintptr_t)sub->wake,
+                                               .flags = WAIT_ENTRY_U32};
+    PyObject *images = sub->images;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images) && self->count < WATCH_MAX; i++) {
+        ImageCore *image = (ImageCore *)PyTuple_GET_ITEM(images, i);
+        if (image->closed || !image_owns_counter(image))
+            continue; /* nothing more to read there */
+        int32_t *word = meta_i32(&image->g, META_DATA_WAKE);
+        __atomic_fetch_add(meta_i32(&image->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
+        image->sleeping++;
+        self->counted[self->count++] = image;
+        self->waitv[n++] = (struct wait_entry){.val = (uint32_t)LOAD_ACQUIRE(word),
+                                               .uaddr = (uintptr_t)word,
+                                               .flags = WAIT_ENTRY_U32};
+    }
+    self->held = PyTuple_Pack(2, images, sub->wake_buffer ? sub->wake_buffer : Py_None);
+    for (int i = 0; i < self->count && !ready; i++)
+        ready = image_ready(self->counted[i]);
+    if (self->held == NULL || ready || n == 0) {
+        ring_disarm(self);
+        return self->held == NULL && PyErr_Occurred() ? -1 : 0;
+    }
+    self->sequence++;
+    self->pending = 1;
+    if (ring_submit(self, URING_OP_FUTEX_WAITV, (uintptr_t)self->waitv, (uint32_t)n,
+                    self->sequence, 0) < 0) {
+        self->pending = 0;
+        ring_disarm(self);
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    return 1;
+}
+
+static PyObject *futex_ring_disarm(FutexRing *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->fd >= 0)
+        ring_disarm(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *futex_ring_clear(FutexRing *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->fd < 0)
+        Py_RETURN_FALSE;
+    return PyBool_FromLong(ring_drain(self) != 1);
+}
+
+static PyObject *futex_ring_fileno(FutexRing *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "FutexRing is closed");
+        return NULL;
+    }
+    return PyLong_FromLong(self->fd);
+}
+
+static PyObject *futex_ring_close(FutexRing *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->fd >= 0) {
+        ring_disarm(self);
+        ring_unmap(self);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *futex_ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    FutexRing *self = (FutexRing *)type->tp_alloc(type, 0);
+    if (self != NULL)
+        self->fd = -1;
+    return (PyObject *)self;
+}
+
+static void futex_ring_dealloc(FutexRing *self)
+{
+    Py_XDECREF(futex_ring_close(self, NULL));
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef futex_ring_methods[] = {
+    {"disarm", (PyCFunction)futex_ring_disarm, METH_NOARGS,
+     "disarm(): cancel the wait and take this process's sleeper counts back"},
+    {"fileno", (PyCFunction)futex_ring_fileno, METH_NOARGS,
+     "fileno() -> int: the io_uring fd, readable once the armed wait is woken"},
+    {"clear", (PyCFunction)futex_ring_clear, METH_NOARGS,
+     "clear() -> bool: consume the completions; True if the armed wait completed"},
+    {"close", (PyCFunction)futex_ring_close, METH_NOARGS,
+     "close(): disarm, unmap and close the ring (idempotent)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject FutexRingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmbus.shm._native.FutexRing",
+    .tp_basicsize = sizeof(FutexRing),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "FutexRing(): an io_uring whose fd turns readable when an armed futex wait is "
+              "woken (Linux 6.7+); OSError where io_uring or its futex wait is unavailable.",
+    .tp_new = futex_ring_new,
+    .tp_init = (initproc)futex_ring_init,
+    .tp_dealloc = (destructor)futex_ring_dealloc,
+    .tp_methods = futex_ring_methods,
+};
+
+static PyObject *sub_arm_watcher(SubscriptionCore *self, PyObject *arg)
+{
+    if (self->error != NULL)
+        Py_RETURN_FALSE; /* the next poll raises it */
+    if (PyObject_TypeCheck(arg, &FutexRingType)) {
+        int armed = ring_arm((FutexRing *)arg, self);
+        return armed < 0 ? NULL : PyBool_FromLong(armed);
+    }
+    if (!PyObject_TypeCheck(arg, &LogWatcherType)) {
+        PyErr_SetString(PyExc_TypeError, "_arm_watcher takes a FutexRing or a LogWatcher");
+        return NULL;
+    }
+    LogWatcher *watcher = (LogWatcher *)arg;
+    if (!watcher->started || watcher->closing) {
+        PyErr_SetString(PyExc_ValueError, "LogWatcher is closed");
+        return NULL;
+    }
+    Watch watches[WATCH_MAX];
+    int count = 0;
+    /* the word first: an image change after this read ends the sleep */
+    if (self->wake != NULL)
+        watches[count++] = (Watch){.wake = self->wake, .threshold = LOAD_ACQUIRE(self->wake)};
+    PyObject *images = self->images;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images) && count < WATCH_MAX; i++) {
+        ImageCore *image = (ImageCore *)PyTuple_GET_ITEM(images, i);
+        if (image->closed || !image_owns_counter(image))
+            continue; /* nothing more to read there */
+        if (image_ready(image))
+            Py_RETURN_FALSE;
+        int64_t position = image_position(image);
+        int index = (int)((position >> image->g.position_bits) % PARTITION_COUNT);
+        watches[count++] = (Watch){
+            .frame = (const int32_t *)(term_at(&image->g, index) +
+                                       (position & (image->g.term_length - 1))),
+            .wake = meta_i32(&image->g, META_DATA_WAKE),
+            .waiters = meta_i32(&image->g, META_DATA_WAITERS)};
+    }
+    PyObject *held = PyTuple_Pack(2, images, self->wake_buffer ? self->wake_buffer : Py_None);
+    if (held == NULL)
+        return NULL;
+    watcher_set(watcher, watches, count, held);
+    Py_RETURN_TRUE;
 }
 
 static void watcher_stop(LogWatcher *self)
@@ -4364,7 +4714,8 @@ PyMODINIT_FUNC PyInit__native(void)
         PyType_Ready(&HeaderType) < 0 || PyType_Ready(&ImageCoreType) < 0 ||
         PyType_Ready(&SubscriptionCoreType) < 0 ||
         PyType_Ready(&HeartbeatType) < 0 || PyType_Ready(&AssemblerType) < 0 ||
-        PyType_Ready(&GroupMemberCoreType) < 0 || PyType_Ready(&LogWatcherType) < 0)
+        PyType_Ready(&GroupMemberCoreType) < 0 || PyType_Ready(&LogWatcherType) < 0 ||
+        PyType_Ready(&FutexRingType) < 0)
         return NULL;
     release_str = PyUnicode_InternFromString("release");
     if (release_str == NULL)
@@ -4381,6 +4732,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddObjectRef(m, "FragmentAssembler", (PyObject *)&AssemblerType) < 0 ||
         PyModule_AddObjectRef(m, "GroupMemberCore", (PyObject *)&GroupMemberCoreType) < 0 ||
         PyModule_AddObjectRef(m, "LogWatcher", (PyObject *)&LogWatcherType) < 0 ||
+        PyModule_AddObjectRef(m, "FutexRing", (PyObject *)&FutexRingType) < 0 ||
         PyModule_AddFunctions(m, netbridge_wire_functions) < 0 ||
         PyModule_AddFunctions(m, netbridge_batch_functions) < 0) {
         Py_DECREF(m);

@@ -204,6 +204,9 @@ class SubscriptionCore:
         """Raise the client's error, or what on_lost raises once the lease is gone."""
     def _wake(self) -> None:
         """Wakes whoever waits on this subscription (they look again)."""
+    def _arm_watcher(self, watcher: FutexRing | LogWatcher, /) -> bool:
+        """Arm ``watcher`` to fire once an image has a fragment to read, the images change or
+        the client fails; False (nothing armed) when a poll would find something now."""
 
 class GroupMemberCore(ImageCore):
     """One member of a subscription group on one log (see _native.c, "Subscription groups").
@@ -343,8 +346,8 @@ def send_batch(fd: int, buffer: AtomicBuffer, spans: Buffer, destination: tuple[
 @final
 class LogWatcher:
     """A native thread that makes ``fileno()`` readable once a frame is committed where a
-    sender waits or a subscriber reads up to a threshold; the netbridge polls it beside its
-    sockets."""
+    sender or subscriber waits, or a subscriber reads up to a threshold; the netbridge polls it
+    beside its sockets, an asyncio subscriber's event loop watches it."""
 
     def __init__(self) -> None: ...
     def arm(self, data: tuple[tuple[AtomicBuffer, int, int], ...],
@@ -358,4 +361,18 @@ class LogWatcher:
     def fileno(self) -> int: ...
     def clear(self) -> bool:
         """Consume the eventfd's readiness; True if it was readable."""
+    def close(self) -> None: ...
+
+@final
+class FutexRing:
+    """An io_uring whose fd turns readable once the futex wait armed on it (by
+    ``SubscriptionCore._arm_watcher``) is woken; raises OSError where io_uring or its futex
+    waits (Linux 6.7+) are unavailable."""
+
+    def __init__(self) -> None: ...
+    def disarm(self) -> None:
+        """Cancel the wait and take this process's sleeper counts back."""
+    def fileno(self) -> int: ...
+    def clear(self) -> bool:
+        """Consume the completions; True if the armed wait completed."""
     def close(self) -> None: ...

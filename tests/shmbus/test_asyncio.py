@@ -8,10 +8,16 @@ cancellation tests show a cancelled await has read (or written) nothing.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
 import shmbus
+from shmbus import async_waits
+from shmbus.shm._native import FutexRing, LogWatcher
+from shmbus.shm.log_buffer import DATA_WAITERS_OFFSET
 from tests.shmbus.driver import driver_workers as dw
 from tests.shmbus.driver.test_driver_processes import (
     CTX,
@@ -34,12 +40,27 @@ def procs():
         processes.close()
 
 
-@pytest.mark.parametrize("loop_kind", LOOPS)
-def test_async_for_reads_a_stream_while_the_loop_runs(bus_context, driver, procs, loop_kind):
+def _io_uring_waits() -> bool:
+    try:
+        FutexRing().close()
+    except OSError:
+        return False
+    return True
+
+
+# the io_uring waker where the kernel has it (else its fallback), and the fallback thread
+WAKERS = [("asyncio", "default"), ("uvloop", "default"), ("asyncio", "thread")]
+
+
+@pytest.mark.parametrize(("loop_kind", "waker"), WAKERS)
+def test_async_for_reads_a_stream_while_the_loop_runs(bus_context, driver, procs, loop_kind,
+                                                      waker):
     stream, count = 71, 3000
-    procs.start(async_reader, bus_context, stream, count, procs.queue, 60.0, loop_kind)
+    procs.start(async_reader, bus_context, stream, count, procs.queue, 60.0, loop_kind, waker)
     procs.wait("sub-ready")
     (quiet,) = procs.wait("quiet", timeout=30)
+    ring = waker == "default" and _io_uring_waits()
+    assert quiet["waker"] == ("FutexRing" if ring else "LogWatcher")
     assert quiet["got"] == 0 and quiet["wall"] >= 0.95
     assert quiet["ticks"] >= 20, "the event loop did not run while poll_async waited"
     assert quiet["cpu"] < 0.2, f"awaiting 1 s of nothing used {quiet['cpu']:.3f} s CPU"
@@ -111,3 +132,73 @@ def test_an_awaiting_reader_learns_that_the_driver_died(bus_context, driver):
                 await sub.poll_async(lambda buffer, header: None, 10, timeout=60)
 
     asyncio.run(main())
+
+
+@pytest.fixture(params=["default", "thread"])
+def waker(request, monkeypatch):
+    """The awaits of this process use the default waker, or the LogWatcher thread."""
+    if request.param == "thread":
+        monkeypatch.setattr(async_waits, "_waker", LogWatcher)
+    return request.param
+
+
+def _sleepers(image: shmbus.Image) -> int:
+    """How many readers the image's log counts as asleep (a writer wakes them)."""
+    return image.log.buffer.get_int32_acquire(image.log.meta_offset + DATA_WAITERS_OFFSET)
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    return condition()
+
+
+def test_an_await_counts_itself_asleep_only_while_it_waits(bus_context, driver, waker):
+    async def main() -> None:
+        with shmbus.connect(bus_context) as bus:
+            sub = bus.add_subscription("aeron:ipc", 75)
+            pub = bus.add_exclusive_publication("aeron:ipc", 75)
+            wait_until(lambda: sub.is_connected, 10, "the image")
+            (image,) = sub.images
+            waiting = asyncio.ensure_future(sub.poll_async(lambda b, h: None, 10, timeout=0.5))
+            # (the thread waker counts itself, and uncounts itself, on its own thread)
+            assert await _until(lambda: _sleepers(image) == 1), "the await is not counted"
+            assert await waiting == 0
+            assert await _until(lambda: _sleepers(image) == 0), "a timed-out await stays counted"
+            waiting = asyncio.ensure_future(sub.poll_async(lambda b, h: None, 10, timeout=5))
+            assert await _until(lambda: _sleepers(image) == 1)
+            pub.publish(dw.make_message(1, 0))
+            assert await waiting == 1
+            assert await _until(lambda: _sleepers(image) == 0)
+
+    asyncio.run(main())
+
+
+def test_closing_a_subscription_ends_the_await_on_it(bus_context, driver, waker):
+    async def main() -> None:
+        with shmbus.connect(bus_context) as bus:
+            sub = bus.add_subscription("aeron:ipc", 76)
+            pub = bus.add_exclusive_publication("aeron:ipc", 76)
+            wait_until(lambda: pub.is_connected, 10, "the subscriber")
+            loop = asyncio.get_running_loop()
+            loop.call_later(0.1, lambda: threading.Thread(target=sub.close).start())
+            got = await asyncio.wait_for(sub.poll_async(lambda b, h: None, 10), timeout=10)
+            assert got == 0 and sub.is_closed
+            assert sub._readiness._watcher is None, "the closed subscription kept its waker"
+
+    asyncio.run(main())
+
+
+def test_a_futex_ring_is_closed_once():
+    if not _io_uring_waits():  # no io_uring, or no futex waits in it (before Linux 6.7)
+        with pytest.raises(OSError):
+            FutexRing()
+        return
+    ring = FutexRing()
+    fd = ring.fileno()
+    assert fd >= 0 and ring.clear() is False
+    ring.close()
+    ring.close()
+    with pytest.raises(ValueError, match="closed"):
+        ring.fileno()

@@ -15,6 +15,8 @@ import types
 from typing import Any
 
 import shmbus
+from shmbus import async_waits
+from shmbus.shm._native import LogWatcher
 from shmbus.shm.log_buffer import UNFRAGMENTED
 from tests.shmbus.driver.driver_workers import Checker, _report_errors, make_message
 
@@ -97,10 +99,13 @@ async def _tick(ticks: list[int]) -> None:
 
 
 def async_reader(context: shmbus.Context, stream_id: int, expected: int, results: Any,
-                 timeout: float, loop_kind: str) -> None:
+                 timeout: float, loop_kind: str, waker: str = "default") -> None:
     """Awaits one quiet second (``poll_async``), then reads ``expected`` messages with
-    ``async for ... in sub.messages_async()``, a ticker task running beside it."""
-    name = f"async-reader-{loop_kind}"
+    ``async for ... in sub.messages_async()``, a ticker task running beside it. ``waker``
+    "thread" makes the awaits use the LogWatcher thread even where io_uring is there."""
+    name = f"async-reader-{loop_kind}-{waker}"
+    if waker == "thread":
+        async_waits._waker = LogWatcher
 
     async def main() -> None:
         ticks = [0]
@@ -111,7 +116,8 @@ def async_reader(context: shmbus.Context, stream_id: int, expected: int, results
             cpu, wall = time.process_time(), time.monotonic()
             got = await sub.poll_async(lambda buffer, header: None, 10, timeout=1.0)
             results.put({"kind": "quiet", "name": name, "got": got, "ticks": ticks[0],
-                         "cpu": time.process_time() - cpu, "wall": time.monotonic() - wall})
+                         "cpu": time.process_time() - cpu, "wall": time.monotonic() - wall,
+                         "waker": type(sub._readiness._watcher).__name__})
             checker = Checker(stream_id=stream_id)
             header = types.SimpleNamespace(session_id=0, flags=UNFRAGMENTED, position=0,
                                            stream_id=stream_id)
