@@ -59,6 +59,7 @@ from shmbus.errors import RegistrationError, ShmbusError
 from shmbus.shm import _native
 from shmbus.shm.counters import FC_RCV_POS, FC_RECEIVERS, RCV_CC_WINDOW
 from shmbus.shm.log_buffer import LogBuffer
+from shmbus.shm.log_watchers import new_log_watcher
 from shmbus.shm.position import Position
 
 #: counter type ids of the netbridge's per-channel statistics
@@ -226,8 +227,9 @@ class Bridge:
         self._next_service_ns = 0
         self._next_stats_ns = 0
         self._io = DatagramIO()
-        #: wakes the loop when a publisher commits a frame where a sender waits for data
-        self._watcher = _native.LogWatcher()
+        #: wakes the loop when a publisher commits a frame where a sender waits for data, or
+        #: subscribers read up to where a status message falls due
+        self._watcher = new_log_watcher()
         self._poller: tuple[tuple[int, ...], select.poll] | None = None
         self.client = Client(self.context, conductor_thread=False)
         # unique across hosts (client ids are only unique within one bus), as Aeron's are
@@ -431,7 +433,7 @@ class Bridge:
 
     def run(self) -> None:
         """Serve until stop() or the driver goes away; then close(). With nothing to do it
-        sleeps in poll() on its sockets and the log watcher's eventfd until the next
+        sleeps in poll() on its sockets and the log watcher's fd until the next
         deadline."""
         watcher = self._watcher
         watching: Watches | None = None

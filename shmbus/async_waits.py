@@ -1,13 +1,10 @@
 """Awaiting the bus from asyncio, woken by the bus's own futex words.
 
-A subscriber's await is a file descriptor the event loop watches (``add_reader``) that turns
+A subscriber's await is a file descriptor the event loop watches (``add_reader``), a log
+watcher (``shmbus.shm.log_watchers``: an io_uring futex wait, or a thread), that turns
 readable when the writer wakes the same futex words a blocking ``poll(timeout=)`` sleeps on
 (the images' data words, and the subscription's own word, rung when its images change or its
-client fails). Where the kernel has io_uring futex waits (Linux 6.7+) that descriptor is a
-``FutexRing`` and the writer's wake reaches the event loop directly; elsewhere (older kernels,
-container seccomp profiles that refuse io_uring) a ``LogWatcher`` thread sleeps on the words
-and makes an eventfd readable, one thread hop later. The writer pays a syscall only while
-someone sleeps.
+client fails). The writer pays a syscall only while someone sleeps.
 
 A back-pressured publisher's await is rarer and longer: its blocking wait for progress runs on
 a small pool of sleeper threads, and the coroutine resumes when the thread returns.
@@ -25,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from shmbus.shm._native import FutexRing, LogWatcher
+from shmbus.shm.log_watchers import new_log_watcher
 
 MAX_SLEEPERS = 64
 #: the longest one publisher sleep lasts; a wait longer than this sleeps again
@@ -44,14 +42,6 @@ async def sleep_on(wait: Callable[[float], object], timeout: float) -> None:
     """Run ``wait(timeout)`` (a blocking wait that releases the GIL and ends within
     ``SLICE_S``) on a sleeper thread and return when it does; its exceptions propagate."""
     await asyncio.get_running_loop().run_in_executor(_pool(), wait, min(timeout, SLICE_S))
-
-
-def _waker() -> FutexRing | LogWatcher:
-    """A FutexRing where this kernel allows it, else a LogWatcher thread."""
-    try:
-        return FutexRing()
-    except OSError:
-        return LogWatcher()
 
 
 def _fire(future: asyncio.Future[None]) -> None:
@@ -108,7 +98,7 @@ class ReadinessWatcher:
     def _watch_from(self, loop: asyncio.AbstractEventLoop) -> FutexRing | LogWatcher:
         """The watcher, watched by ``loop`` (made and registered on first use)."""
         if self._watcher is None:
-            self._watcher = _waker()
+            self._watcher = new_log_watcher()
         if self._loop is not loop:
             self._unregister()
             loop.add_reader(self._watcher.fileno(), self._on_readable)

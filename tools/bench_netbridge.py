@@ -40,10 +40,12 @@ Channels: each shmbus measurement runs on the default channel (a plain endpoint 
 1 MiB, mtu 1408, receiver window 128 KiB) and on a loopback-tuned one (mtu 65504, rcv-wnd
 2 MiB, term 4 MiB; --tuned changes it, --channels picks).
 
-Idle strategies: a shmbus application side with nothing to do uses BackoffIdleStrategy (spin,
-yield, then sleep 1 us .. 1 ms); each netbridge, with nothing to do, sleeps in poll() on its
-sockets and an eventfd its log watcher thread makes readable when a publisher writes where a
-sender waits, until its next timer; each driver backs off to at most 1 ms sleeps. zmq sides
+Idle strategies: a shmbus throughput side with nothing to do uses BackoffIdleStrategy (spin,
+yield, then sleep 1 us .. 1 ms); the ping-pong sides block in poll(..., timeout=), woken by
+the bridge's write; each netbridge, with nothing to do, sleeps in poll() on its sockets and its
+log watcher (an io_uring futex wait, or a thread's eventfd, that turns readable when a
+publisher writes where a sender waits), until its next timer; each driver sleeps on its
+doorbell. zmq sides
 block in their calls (with timeouts). So on a 2-core machine six processes share two cores in
 a shmbus run (two drivers, two netbridges, writer, reader), two processes and two zmq I/O
 threads in a zmq run.
@@ -555,14 +557,10 @@ def _shm_ping(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
             t0 = clock()
             if offer(message) < 0:
                 offer_until_accepted(offer, message, idle, deadline)
-            spins = 0
-            while not poll(on_pong, 1):
-                idle.idle(0)
-                spins += 1
-                if not spins & 63 and time.monotonic_ns() > deadline:
+            while not poll(on_pong, 1, timeout=0.1):  # asleep until the bridge writes it
+                if time.monotonic_ns() > deadline:
                     raise BenchError(f"no pong for ping {seq}")
             t1 = clock()
-            idle.reset()
             samples.append(t1 - t0)
             if seen != seq:
                 errors += 1
@@ -592,7 +590,6 @@ def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
         publication = _connect_publication(bus, pong_uri, stream_id, deadline_s)
         _await_image(subscription, deadline_s)
         offer, poll = publication.offer, subscription.poll
-        idle = shmbus.BackoffIdleStrategy()
         echo_idle = shmbus.BackoffIdleStrategy()
 
         def on_ping(buffer: memoryview, header: Any) -> None:
@@ -609,17 +606,9 @@ def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
 
         start.ready(bus.driver_pid)
         deadline = time.monotonic_ns() + int(timeout_s * 1e9)
-        idled = 0
         while not stopped:
-            if poll(on_ping, 1):
-                if idled:
-                    idle.reset()
-                    idled = 0
-            else:
-                idled += 1
-                idle.idle(0)
-                if not idled & 63 and time.monotonic_ns() > deadline:
-                    raise BenchError(f"ponger timed out after {expected} pings")
+            if not poll(on_ping, 1, timeout=0.1) and time.monotonic_ns() > deadline:
+                raise BenchError(f"ponger timed out after {expected} pings")
         done.set()
     return {"received": expected, "errors": errors}
 
@@ -922,11 +911,12 @@ notes:
 {{channels}}
     default: shmbus term 1 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
     fragments, 22 messages of 32 B per datagram), receiver window 128 KiB.
-  waiting: a shmbus application side with nothing to do uses BackoffIdleStrategy (spin 10,
-    yield 20, sleep 1 us .. 1 ms); a netbridge with nothing to do sleeps in poll() on its
-    sockets and its log watcher's eventfd (readable when a publisher writes where a sender
-    waits, or subscribers read up to where a status message falls due) until its next timer;
-    drivers back off to 1 ms sleeps. zmq: blocking calls with timeouts (and
+  waiting: a shmbus throughput side with nothing to do uses BackoffIdleStrategy (spin 10,
+    yield 20, sleep 1 us .. 1 ms), the ping-pong sides block in poll(..., timeout=); a
+    netbridge with nothing to do sleeps in poll() on its sockets and its log watcher (readable
+    when a publisher writes where a sender waits, or subscribers read up to where a status
+    message falls due) until its next timer; drivers sleep on their doorbells. zmq: blocking
+    calls with timeouts (and
     libzmq's I/O thread). Aeron C: two aeronmd (threading SHARED, default back-off idle),
     the samples busy-spin.
   throughput: offer/poll = ExclusivePublication.offer / Subscription.poll(limit {POLL_LIMIT})

@@ -4314,7 +4314,10 @@ typedef struct {
     uint64_t sequence;   /* user_data of the latest wait */
     int pending;         /* the latest wait has not completed */
     PyObject *held;      /* what owns the watched words while armed, or NULL */
-    ImageCore *counted[WATCH_MAX];
+    struct {
+        int32_t *waiters; /* the waiters count this process is counted in */
+        ImageCore *image; /* a subscription's image (its `sleeping` too), or NULL */
+    } counted[WATCH_MAX];
     int count;
     struct wait_entry waitv[WATCH_MAX + 1];
 } FutexRing;
@@ -4355,24 +4358,67 @@ static int ring_drain(FutexRing *self)
     return latest;
 }
 
+/* Takes the sleeper counts back and lets go of the watched memory. */
+static void ring_release(FutexRing *self)
+{
+    for (int i = 0; i < self->count; i++) {
+        ImageCore *image = self->counted[i].image;
+        if (image != NULL) {
+            if (image->closed)
+                continue; /* img_close_core took its count back */
+            image->sleeping--;
+        }
+        __atomic_fetch_sub(self->counted[i].waiters, 1, __ATOMIC_SEQ_CST);
+    }
+    self->count = 0;
+    Py_CLEAR(self->held);
+}
+
 /* Cancels a pending wait and takes the sleeper counts back. */
 static void ring_disarm(FutexRing *self)
 {
     ring_drain(self);
     if (self->pending) {
-        /* user_data 0 is never a wait's: the cancellation's own completion is ignored */
-        ring_submit(self, IORING_OP_ASYNC_CANCEL, self->sequence, 0, 0, 0);
+        /* waits for both completions (the cancellation's and the wait's) and consumes them,
+         * so that a disarmed ring is not readable */
+        ring_submit(self, IORING_OP_ASYNC_CANCEL, self->sequence, 0, 0, 2);
+        ring_drain(self);
         self->pending = 0;
     }
-    for (int i = 0; i < self->count; i++) {
-        ImageCore *image = self->counted[i];
-        if (image->closed)
-            continue; /* img_close_core took its count back */
-        __atomic_fetch_sub(meta_i32(&image->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
-        image->sleeping--;
+    ring_release(self);
+}
+
+/* Counts this process asleep on `waiters` (and `image`, when given) and adds `wake`, as it
+ * is now, to the words of the next wait (`n` of them so far). */
+static void ring_count(FutexRing *self, int32_t *wake, int32_t *waiters, ImageCore *image,
+                       int *n)
+{
+    __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
+    if (image != NULL)
+        image->sleeping++;
+    self->counted[self->count].waiters = waiters;
+    self->counted[self->count].image = image;
+    self->count++;
+    self->waitv[(*n)++] = (struct wait_entry){.val = (uint32_t)LOAD_ACQUIRE(wake),
+                                              .uaddr = (uintptr_t)wake,
+                                              .flags = WAIT_ENTRY_U32};
+}
+
+/* Submits the wait on the `n` words counted; with `now`, a no-op instead, so that the fd turns
+ * readable at once. -1 with an exception set when the ring refuses. */
+static int ring_submit_wait(FutexRing *self, int n, int now)
+{
+    self->sequence++;
+    self->pending = 1;
+    int r = now ? ring_submit(self, IORING_OP_NOP, 0, 0, self->sequence, 0)
+                : ring_submit(self, URING_OP_FUTEX_WAITV, (uintptr_t)self->waitv, (uint32_t)n,
+                              self->sequence, 0);
+    if (r < 0) {
+        self->pending = 0;
+        ring_release(self);
+        PyErr_SetFromErrno(PyExc_OSError);
     }
-    self->count = 0;
-    Py_CLEAR(self->held);
+    return r;
 }
 
 static void ring_unmap(FutexRing *self)
@@ -4461,7 +4507,7 @@ static int ring_arm(FutexRing *self, SubscriptionCore *sub)
     }
     ring_disarm(self);
     int n = 0, ready = 0;
-    if (sub->wake != NULL)
+    if (sub->wake != NULL) /* the subscription's own word: rung, always woken, never counted */
         self->waitv[n++] = (struct wait_entry){.val = (uint32_t)LOAD_ACQUIRE(sub->wake),
                                                .uaddr = (uintptr_t)sub->wake,
                                                .flags = WAIT_ENTRY_U32};
@@ -4470,35 +4516,64 @@ static int ring_arm(FutexRing *self, SubscriptionCore *sub)
         ImageCore *image = (ImageCore *)PyTuple_GET_ITEM(images, i);
         if (image->closed || !image_owns_counter(image))
             continue; /* nothing more to read there */
-        int32_t *word = meta_i32(&image->g, META_DATA_WAKE);
-        __atomic_fetch_add(meta_i32(&image->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
-        image->sleeping++;
-        self->counted[self->count++] = image;
-        self->waitv[n++] = (struct wait_entry){.val = (uint32_t)LOAD_ACQUIRE(word),
-                                               .uaddr = (uintptr_t)word,
-                                               .flags = WAIT_ENTRY_U32};
+        ring_count(self, meta_i32(&image->g, META_DATA_WAKE),
+                   meta_i32(&image->g, META_DATA_WAITERS), image, &n);
+    }
+    for (int i = 0; i < self->count && !ready; i++)
+        ready = image_ready(self->counted[i].image);
+    if (ready || n == 0) {
+        ring_release(self);
+        return 0;
     }
     self->held = PyTuple_Pack(2, images, sub->wake_buffer ? sub->wake_buffer : Py_None);
-    for (int i = 0; i < self->count && !ready; i++)
-        ready = image_ready(self->counted[i]);
-    if (self->held == NULL || ready || n == 0) {
-        ring_disarm(self);
-        return self->held == NULL && PyErr_Occurred() ? -1 : 0;
-    }
-    self->sequence++;
-    self->pending = 1;
-    if (ring_submit(self, URING_OP_FUTEX_WAITV, (uintptr_t)self->waitv, (uint32_t)n,
-                    self->sequence, 0) < 0) {
-        self->pending = 0;
-        ring_disarm(self);
-        PyErr_SetFromErrno(PyExc_OSError);
+    if (self->held == NULL) {
+        ring_release(self);
         return -1;
     }
-    return 1;
+    return ring_submit_wait(self, n, 0) < 0 ? -1 : 1;
 }
 
-static PyObject *futex_ring_disarm(FutexRing *self, PyObject *Py_UNUSED(ignored))
+/* arm(data, progress): LogWatcher.arm's watches, on the ring. */
+static PyObject *futex_ring_arm(FutexRing *self, PyObject *args)
 {
+    PyObject *lists[2];
+    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &lists[0], &PyTuple_Type, &lists[1]))
+        return NULL;
+    if (self->fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "FutexRing is closed");
+        return NULL;
+    }
+    ring_disarm(self);
+    Watch watches[WATCH_MAX];
+    int count = 0, n = 0, ready = 0;
+    for (int progress = 0; progress < 2; progress++) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lists[progress]) && count < WATCH_MAX; i++) {
+            if (watch_arg(PyTuple_GET_ITEM(lists[progress], i), progress, &watches[count]) < 0)
+                return NULL;
+            if (!is_ready(&watches[count]))
+                count++; /* ready already: its owner has work, or waits on something else */
+        }
+    }
+    if (count == 0)
+        Py_RETURN_NONE;
+    for (int i = 0; i < count; i++)
+        ring_count(self, watches[i].wake, watches[i].waiters, NULL, &n);
+    ready = watch_ready(watches, count); /* since the count: its writer may not have woken us */
+    self->held = PyTuple_Pack(2, lists[0], lists[1]);
+    if (self->held == NULL) {
+        ring_release(self);
+        return NULL;
+    }
+    if (ring_submit_wait(self, n, ready) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *futex_ring_disarm(FutexRing *self, PyObject *args)
+{
+    int wait = 0; /* LogWatcher's signature; a ring's disarm is always synchronous */
+    if (!PyArg_ParseTuple(args, "|p", &wait))
+        return NULL;
     if (self->fd >= 0)
         ring_disarm(self);
     Py_RETURN_NONE;
@@ -4506,9 +4581,10 @@ static PyObject *futex_ring_disarm(FutexRing *self, PyObject *Py_UNUSED(ignored)
 
 static PyObject *futex_ring_clear(FutexRing *self, PyObject *Py_UNUSED(ignored))
 {
-    if (self->fd < 0)
+    if (self->fd < 0 || ring_drain(self) == 1)
         Py_RETURN_FALSE;
-    return PyBool_FromLong(ring_drain(self) != 1);
+    ring_release(self); /* it fired: disarmed, as a LogWatcher that fired is */
+    Py_RETURN_TRUE;
 }
 
 static PyObject *futex_ring_fileno(FutexRing *self, PyObject *Py_UNUSED(ignored))
@@ -4544,12 +4620,17 @@ static void futex_ring_dealloc(FutexRing *self)
 }
 
 static PyMethodDef futex_ring_methods[] = {
-    {"disarm", (PyCFunction)futex_ring_disarm, METH_NOARGS,
-     "disarm(): cancel the wait and take this process's sleeper counts back"},
+    {"arm", (PyCFunction)futex_ring_arm, METH_VARARGS,
+     "arm(data, progress): LogWatcher.arm's watches; the fd turns readable once one is "
+     "ready (at once when one became ready while arming)"},
+    {"disarm", (PyCFunction)futex_ring_disarm, METH_VARARGS,
+     "disarm(wait=False): cancel the wait and take this process's sleeper counts back "
+     "(synchronous: wait is accepted for LogWatcher's signature)"},
     {"fileno", (PyCFunction)futex_ring_fileno, METH_NOARGS,
      "fileno() -> int: the io_uring fd, readable once the armed wait is woken"},
     {"clear", (PyCFunction)futex_ring_clear, METH_NOARGS,
-     "clear() -> bool: consume the completions; True if the armed wait completed"},
+     "clear() -> bool: consume the completions; True if the armed wait completed (it is "
+     "disarmed then)"},
     {"close", (PyCFunction)futex_ring_close, METH_NOARGS,
      "close(): disarm, unmap and close the ring (idempotent)"},
     {NULL, NULL, 0, NULL},

@@ -365,14 +365,17 @@ class LogWatcher:
 
 @final
 class FutexRing:
-    """An io_uring whose fd turns readable once the futex wait armed on it (by
+    """An io_uring whose fd turns readable once the futex wait armed on it (by ``arm`` or
     ``SubscriptionCore._arm_watcher``) is woken; raises OSError where io_uring or its futex
     waits (Linux 6.7+) are unavailable."""
 
     def __init__(self) -> None: ...
-    def disarm(self) -> None:
-        """Cancel the wait and take this process's sleeper counts back."""
+    def arm(self, data: tuple[tuple[AtomicBuffer, int, int], ...],
+            progress: tuple[tuple[AtomicBuffer, int, AtomicBuffer, int, int], ...], /) -> None:
+        """LogWatcher.arm's watches; the fd turns readable once one is ready."""
+    def disarm(self, wait: bool = False, /) -> None:
+        """Cancel the wait and take this process's sleeper counts back (always synchronous)."""
     def fileno(self) -> int: ...
     def clear(self) -> bool:
-        """Consume the completions; True if the armed wait completed."""
+        """Consume the completions; True if the armed wait completed (then disarmed)."""
     def close(self) -> None: ...

@@ -281,10 +281,27 @@ def readable(fd: int, timeout: float) -> bool:
     return bool(select.select([fd], [], [], timeout)[0])
 
 
+def _io_uring_waits() -> bool:
+    try:
+        _native.FutexRing().close()
+    except OSError:
+        return False
+    return True
+
+
+# both kinds of log watcher (shmbus.shm.log_watchers); FutexRing where this kernel has it
+WATCHERS = [_native.LogWatcher] + ([_native.FutexRing] if _io_uring_waits() else [])
+
+
+@pytest.fixture(params=WATCHERS, ids=lambda kind: kind.__name__)
+def watcher_kind(request):
+    return request.param
+
+
 def test_the_watcher_wakes_when_a_frame_is_committed_where_a_sender_waits(
-        tmp_path: Path) -> None:
+        tmp_path: Path, watcher_kind) -> None:
     log = PublicationLog(tmp_path)
-    watcher = _native.LogWatcher()
+    watcher = watcher_kind()
     try:
         buffer, term = log.log.buffer, log.term_length
         watcher.arm(((buffer, term, 0),), ())
@@ -310,9 +327,9 @@ def test_the_watcher_wakes_when_a_frame_is_committed_where_a_sender_waits(
         watcher.arm((), ())
 
 
-def test_the_watcher_refuses_what_is_not_a_log_position(tmp_path: Path) -> None:
+def test_the_watcher_refuses_what_is_not_a_log_position(tmp_path: Path, watcher_kind) -> None:
     log = PublicationLog(tmp_path)
-    watcher = _native.LogWatcher()
+    watcher = watcher_kind()
     try:
         with pytest.raises(ValueError, match="multiple of 32"):
             watcher.arm(((log.log.buffer, log.term_length, 5),), ())
@@ -329,12 +346,12 @@ def test_the_watcher_refuses_what_is_not_a_log_position(tmp_path: Path) -> None:
 
 
 def test_the_watcher_wakes_when_a_subscriber_reads_up_to_the_threshold(
-        tmp_path: Path) -> None:
+        tmp_path: Path, watcher_kind) -> None:
     """A progress watch: the subscriber's position counter reaching the threshold (a reader
     advancing wakes whoever sleeps on the log's progress word)."""
     host = ImageHost(tmp_path)
     receiver = make_receiver(host)
-    watcher = _native.LogWatcher()
+    watcher = watcher_kind()
     try:
         receiver.on_datagram(0, setup(0), ("127.0.0.1", 1))
         image = receiver.images[(SESSION, STREAM)]

@@ -138,7 +138,7 @@ def test_an_awaiting_reader_learns_that_the_driver_died(bus_context, driver):
 def waker(request, monkeypatch):
     """The awaits of this process use the default waker, or the LogWatcher thread."""
     if request.param == "thread":
-        monkeypatch.setattr(async_waits, "_waker", LogWatcher)
+        monkeypatch.setattr(async_waits, "new_log_watcher", LogWatcher)
     return request.param
 
 

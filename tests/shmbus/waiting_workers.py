@@ -105,7 +105,7 @@ def async_reader(context: shmbus.Context, stream_id: int, expected: int, results
     "thread" makes the awaits use the LogWatcher thread even where io_uring is there."""
     name = f"async-reader-{loop_kind}-{waker}"
     if waker == "thread":
-        async_waits._waker = LogWatcher
+        async_waits.new_log_watcher = LogWatcher
 
     async def main() -> None:
         ticks = [0]
