@@ -33,7 +33,8 @@ def test_quick_bench_measures_shmbus_and_a_peer_without_errors(tmp_path: Path) -
     rtt = {(r["transport"], r["rate"], r["wait"]): r for r in rows if r["test"] == "rtt"}
     for key in (("shmbus", "back-to-back", "busy-spin"), ("mp.Queue", "back-to-back", "blocking"),
                 ("shmbus", "1,000 msg/s", "back-off (default)"),
-                ("shmbus", "1,000 msg/s", "blocking wait")):
+                ("shmbus", "1,000 msg/s", "blocking wait"),
+                ("shmbus", "1,000 msg/s", "asyncio await")):
         r = rtt[key]
         assert r["status"] == "ok", r
         assert 0 < r["p50_us"] <= r["p90_us"] <= r["p99_us"] <= r["max_us"]
@@ -41,7 +42,7 @@ def test_quick_bench_measures_shmbus_and_a_peer_without_errors(tmp_path: Path) -
         assert r["cores"]["ponger"] is not None
 
     idle = [r for r in rows if r["test"] == "idle"]
-    assert {r["wait"] for r in idle} == {"back-off (default)", "blocking wait"}
+    assert {r["wait"] for r in idle} == {"back-off (default)", "blocking wait", "asyncio await"}
     for r in idle:
         assert r["status"] == "ok", r
         assert r["cores"]["subscriber"] is not None and r["cores"]["driver"] is not None
