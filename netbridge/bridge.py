@@ -628,6 +628,8 @@ class Bridge:
         sender.mirrored = values
         if values[0] != last[0]:
             sender.snd_pos.set(values[0])
+            # the publisher's limit follows snd-pos: one asleep on it must look again
+            _native.wake_log_writers(sender.log.buffer)
         if values[1] != last[1]:
             sender.snd_lmt.set(values[1])
         if values[2] != last[2]:

@@ -206,9 +206,9 @@ class Publication(PublicationCore):
         return 0, sleep_s
 
     def _sleep_time(self, result: int, deadline: float) -> float:
-        """How long to sleep after a refused offer: -1 when the deadline passed. Readers wake a
-        sleeping IPC publisher when they move; a network sender's position and a new
-        subscriber do not, so those are looked at again every millisecond."""
+        """How long to sleep after a refused offer: -1 when the deadline passed. Readers (and a
+        network publication's sender) wake a sleeping publisher when they move; a new
+        subscriber does not, so NOT_CONNECTED is looked at again every millisecond."""
         if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
             raise PublicationError(result)
         if result == codes.ADMIN_ACTION:
@@ -216,8 +216,7 @@ class Publication(PublicationCore):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return -1.0
-        slice_s = 0.001 if result == codes.NOT_CONNECTED or not self.channel.startswith(
-            "aeron:ipc") else 0.1
+        slice_s = 0.001 if result == codes.NOT_CONNECTED else 0.1
         return min(remaining, slice_s)
 
     def publish_many(self, messages: Sequence[Buffer] | np.ndarray[Any, Any],

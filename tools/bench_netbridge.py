@@ -40,15 +40,15 @@ Channels: each shmbus measurement runs on the default channel (a plain endpoint 
 1 MiB, mtu 1408, receiver window 128 KiB) and on a loopback-tuned one (mtu 65504, rcv-wnd
 2 MiB, term 4 MiB; --tuned changes it, --channels picks).
 
-Idle strategies: a shmbus throughput side with nothing to do uses BackoffIdleStrategy (spin,
-yield, then sleep 1 us .. 1 ms); the ping-pong sides block in poll(..., timeout=), woken by
-the bridge's write; each netbridge, with nothing to do, sleeps in poll() on its sockets and its
-log watcher (an io_uring futex wait, or a thread's eventfd, that turns readable when a
-publisher writes where a sender waits), until its next timer; each driver sleeps on its
-doorbell. zmq sides
-block in their calls (with timeouts). So on a 2-core machine six processes share two cores in
-a shmbus run (two drivers, two netbridges, writer, reader), two processes and two zmq I/O
-threads in a zmq run.
+Idle strategies: a back-pressured shmbus writer backs off (BackoffIdleStrategy: spin, yield,
+then sleep 1 us .. 1 ms; measured faster here than sleeping in publish(), which the bridge's
+sender wakes at every move); the readers and the ping-pong sides block in Subscription.wait()
+or poll(..., timeout=), woken when the bridge writes. Each netbridge, with nothing to do,
+sleeps in poll() on its sockets and its log watcher (an io_uring futex wait, or a thread's
+eventfd, that turns readable when a publisher writes where a sender waits), until its next
+timer; each driver sleeps on its doorbell. So on a 2-core machine six processes share two
+cores in a shmbus run (two drivers, two netbridges, writer, reader), two processes and two
+zmq I/O threads in a zmq run.
 
 CPU: each side's netbridge and driver (labels bridge A, bridge B, driver A, driver B), CPU
 seconds over the wall seconds of the measurement (tools/_harness.py).
@@ -281,8 +281,7 @@ def _shm_writer(start: Any, context: Any, uri: str, stream_id: int, size: int,
     with shmbus.connect(context) as bus:
         publication = _connect_publication(bus, uri, stream_id, time.monotonic() + timeout_s,
                                            destinations)
-        offer = publication.offer
-        offer_many = publication.offer_many
+        offer, offer_many, publish = publication.offer, publication.offer_many, publication.publish
         pack = codec(size).pack_into
         message = bytearray(size)
         block = np.zeros((BATCH_ROWS, size), np.uint8)
@@ -294,6 +293,7 @@ def _shm_writer(start: Any, context: Any, uri: str, stream_id: int, size: int,
         end_ns = t0 + int(duration_s * 1e9)
         deadline = t0 + int(timeout_s * 1e9)
         seq = 0
+        # back-pressured, the writer backs off (spin, yield, then sleeps up to 1 ms)
         if batch:
             while time.monotonic_ns() < end_ns:
                 np.add(ramp, seq, out=words[:, 0])
@@ -322,7 +322,7 @@ def _shm_writer(start: Any, context: Any, uri: str, stream_id: int, size: int,
                 if not seq & 127 and time.monotonic_ns() >= end_ns:
                     break
         pack(message, 0, STOP, STOP)
-        offer_until_accepted(offer, message, idle, deadline)
+        publish(message, timeout=timeout_s)
         # keep the publication until the reader has everything (then close it)
         done.wait(timeout_s)
         publication.close()
@@ -400,10 +400,8 @@ def _shm_reader(start: Any, context: Any, uri: str, stream_id: int, size: int,
         handler: Any = in_place
         if fragmented:
             handler = shmbus.FragmentAssembler(handler)
-        idle = shmbus.BackoffIdleStrategy()
         start.ready(bus.driver_pid)
         deadline = time.monotonic_ns() + int(timeout_s * 1e9)
-        idled = 0
         if batch:
             def poll() -> int:
                 return image.poll_batch(on_batch, BATCH_ROWS)
@@ -411,15 +409,9 @@ def _shm_reader(start: Any, context: Any, uri: str, stream_id: int, size: int,
             def poll() -> int:
                 return subscription.poll(handler, POLL_LIMIT)
         while not stopped:
-            if poll():
-                if idled:
-                    idle.reset()
-                    idled = 0
-            else:
-                idled += 1
-                idle.idle(0)
-                if not idled & 63 and time.monotonic_ns() > deadline:
-                    raise BenchError(f"reader timed out after {expected} messages")
+            # nothing there: asleep until the bridge writes more
+            if not poll() and not subscription.wait(0.1) and time.monotonic_ns() > deadline:
+                raise BenchError(f"reader timed out after {expected} messages")
         t1 = time.monotonic_ns()
         done.set()
     if batch and fragmented and payload_bytes != (expected + 1) * size:
@@ -540,9 +532,8 @@ def _shm_ping(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
         subscription = bus.add_subscription(pong_uri, stream_id)
         publication = _connect_publication(bus, ping_uri, stream_id, deadline_s)
         _await_image(subscription, deadline_s)
-        offer, poll = publication.offer, subscription.poll
+        offer, publish, poll = publication.offer, publication.publish, subscription.poll
         message = bytearray(LATENCY_SIZE)
-        idle = shmbus.BackoffIdleStrategy()
         samples = array("q")
         errors = 0
         clock = time.perf_counter_ns
@@ -556,7 +547,7 @@ def _shm_ping(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
             pack(message, 0, seq, seq)
             t0 = clock()
             if offer(message) < 0:
-                offer_until_accepted(offer, message, idle, deadline)
+                publish(message, timeout=timeout_s)
             while not poll(on_pong, 1, timeout=0.1):  # asleep until the bridge writes it
                 if time.monotonic_ns() > deadline:
                     raise BenchError(f"no pong for ping {seq}")
@@ -570,7 +561,7 @@ def _shm_ping(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
             _pace(began, seq, period)
         elapsed_s = (clock() - began) / 1e9
         pack(message, 0, STOP, STOP)
-        offer_until_accepted(offer, message, idle, deadline)
+        publish(message, timeout=timeout_s)
         done.wait(timeout_s)
     return {"samples": samples.tobytes(), "errors": errors, "pings_per_s": seq / elapsed_s}
 
@@ -589,8 +580,7 @@ def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
         subscription = bus.add_subscription(ping_uri, stream_id)
         publication = _connect_publication(bus, pong_uri, stream_id, deadline_s)
         _await_image(subscription, deadline_s)
-        offer, poll = publication.offer, subscription.poll
-        echo_idle = shmbus.BackoffIdleStrategy()
+        offer, publish, poll = publication.offer, publication.publish, subscription.poll
 
         def on_ping(buffer: memoryview, header: Any) -> None:
             nonlocal expected, errors, stopped
@@ -602,7 +592,7 @@ def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
                 errors += 1
             expected = head + 1
             if offer(buffer) < 0:
-                offer_until_accepted(offer, buffer, echo_idle, deadline)
+                publish(buffer, timeout=timeout_s)
 
         start.ready(bus.driver_pid)
         deadline = time.monotonic_ns() + int(timeout_s * 1e9)
@@ -911,11 +901,11 @@ notes:
 {{channels}}
     default: shmbus term 1 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
     fragments, 22 messages of 32 B per datagram), receiver window 128 KiB.
-  waiting: a shmbus throughput side with nothing to do uses BackoffIdleStrategy (spin 10,
-    yield 20, sleep 1 us .. 1 ms), the ping-pong sides block in poll(..., timeout=); a
-    netbridge with nothing to do sleeps in poll() on its sockets and its log watcher (readable
-    when a publisher writes where a sender waits, or subscribers read up to where a status
-    message falls due) until its next timer; drivers sleep on their doorbells. zmq: blocking
+  waiting: back-pressured shmbus writers back off (spin, yield, sleep 1 us .. 1 ms), readers
+    block in Subscription.wait() or poll(..., timeout=), woken by the bridges; a netbridge
+    with nothing to do sleeps in poll() on its sockets and its log watcher (readable when a
+    publisher writes where a sender waits, or subscribers read up to where a status message
+    falls due) until its next timer; drivers sleep on their doorbells. zmq: blocking
     calls with timeouts (and
     libzmq's I/O thread). Aeron C: two aeronmd (threading SHARED, default back-off idle),
     the samples busy-spin.

@@ -3181,12 +3181,11 @@ static PyObject *native_wait_for_data(PyObject *m, PyObject *args)
     return ready < 0 ? NULL : PyBool_FromLong(ready);
 }
 
-/* wake_log_readers(log_buffer): wake readers asleep on a log whose frames were written by
- * other means than PublicationCore (the netbridge's insert_frames). */
-static PyObject *native_wake_log_readers(PyObject *m, PyObject *arg)
+/* The metadata of a log's AtomicBuffer, or NULL with an exception set. */
+static uint8_t *log_meta(PyObject *arg, const char *caller)
 {
     if (!PyObject_TypeCheck(arg, &AtomicBufferType)) {
-        PyErr_SetString(PyExc_TypeError, "wake_log_readers takes a log's AtomicBuffer");
+        PyErr_Format(PyExc_TypeError, "%s takes a log's AtomicBuffer", caller);
         return NULL;
     }
     AtomicBuffer *log = (AtomicBuffer *)arg;
@@ -3194,8 +3193,28 @@ static PyObject *native_wake_log_readers(PyObject *m, PyObject *arg)
         PyErr_SetString(PyExc_ValueError, "the buffer is shorter than a log's metadata");
         return NULL;
     }
-    uint8_t *meta = log->data + log->capacity - LOG_META_DATA_LENGTH;
+    return log->data + log->capacity - LOG_META_DATA_LENGTH;
+}
+
+/* wake_log_readers(log_buffer): wake readers asleep on a log whose frames were written by
+ * other means than PublicationCore (the netbridge's insert_frames). */
+static PyObject *native_wake_log_readers(PyObject *m, PyObject *arg)
+{
+    uint8_t *meta = log_meta(arg, "wake_log_readers");
+    if (meta == NULL)
+        return NULL;
     wake_word((int32_t *)(meta + META_DATA_WAKE), (int32_t *)(meta + META_DATA_WAITERS));
+    Py_RETURN_NONE;
+}
+
+/* wake_log_writers(log_buffer): wake publishers asleep on a log whose limit a position other
+ * than a subscriber's holds back (the netbridge sender's, after it moved). */
+static PyObject *native_wake_log_writers(PyObject *m, PyObject *arg)
+{
+    uint8_t *meta = log_meta(arg, "wake_log_writers");
+    if (meta == NULL)
+        return NULL;
+    wake_word((int32_t *)(meta + META_PROGRESS_WAKE), (int32_t *)(meta + META_PROGRESS_WAITERS));
     Py_RETURN_NONE;
 }
 
@@ -3283,6 +3302,9 @@ static PyMethodDef netbridge_wire_functions[] = {
      "buffer[at:], the first frame's length last with a release store"},
     {"wake_log_readers", native_wake_log_readers, METH_O,
      "wake_log_readers(log_buffer): wake readers asleep on the log (after insert_frames)"},
+    {"wake_log_writers", native_wake_log_writers, METH_O,
+     "wake_log_writers(log_buffer): wake publishers asleep on the log (after the sender "
+     "position moved)"},
     {"signal_word", native_signal_word, METH_VARARGS,
      "signal_word(buffer, offset): bump a wake-up word and wake its sleepers"},
     {"wait_word", native_wait_word, METH_VARARGS,

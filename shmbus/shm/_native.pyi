@@ -289,6 +289,8 @@ def insert_frames(
 
 def wake_log_readers(log_buffer: AtomicBuffer, /) -> None:
     """Wakes the readers asleep on the log (call after insert_frames)."""
+def wake_log_writers(log_buffer: AtomicBuffer, /) -> None:
+    """Wakes the publishers asleep on the log (call after the sender position moved)."""
 
 def signal_word(buffer: AtomicBuffer, offset: int, /) -> None:
     """Bumps the 32-bit wake-up word at offset and wakes whoever sleeps on it."""

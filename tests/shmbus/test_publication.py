@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmbus
+from shmbus.shm import _native
 from shmbus.shm._native import PublicationCore
 from shmbus.shm.log_buffer import (
     ACTIVE_TERM_COUNT_OFFSET,
@@ -551,3 +552,16 @@ def test_a_sleeper_of_the_old_log_leaves_the_new_logs_waiter_count_alone(two_str
             pub, old.log.buffer, TERM, 0, 33, 1, 9, old.limit.buffer, old.limit.offset,
             exclusive)
     assert pub.session_id == 2 and pub.offer(b"x") == shmbus.BACK_PRESSURED
+
+
+def test_a_publisher_asleep_at_its_limit_is_woken_by_wake_log_writers(stream, exclusive):
+    """What a netbridge's sender calls when it moves: a network publication's limit follows
+    the sender position, which no reader's progress rings."""
+    pub = stream.publication(exclusive)
+    sleeper = sleep_at_the_limit(pub, stream, 30.0)
+    _native.wake_log_writers(stream.log.buffer)
+    sleeper.join(5)
+    assert not sleeper.is_alive()
+    assert progress_waiters(stream) == 0
+    with pytest.raises(TypeError, match="wake_log_writers"):
+        _native.wake_log_writers(b"not a log")  # type: ignore[arg-type]
