@@ -206,6 +206,8 @@ class ReceiveChannel:
     next_announce_ns: int = 0
     #: since when no stream is subscribed (None while one is): closed after the linger
     idle_since_ns: int | None = None
+    #: how many images the counters were last mirrored for (a new one is mirrored at once)
+    mirrored_images: int = 0
 
     @property
     def sock(self) -> socket.socket:
@@ -541,7 +543,7 @@ class Bridge:
                     work += 1
                     continue
                 deadline = min(deadline, channel.idle_since_ns + self._endpoint_linger_ns)
-            if stats:
+            if stats or len(receiver.images) != channel.mirrored_images:
                 self._mirror_receive(channel)
         for channel in list(self.send_channels.values()):
             work += self._io.receive(channel.sock, now,
@@ -682,6 +684,7 @@ class Bridge:
 
     def _mirror_receive(self, channel: ReceiveChannel) -> None:
         r = channel.receiver
+        channel.mirrored_images = len(r.images)
         for image in r.images.values():
             received = self._received(image)
             if received is not None:
