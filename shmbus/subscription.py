@@ -149,8 +149,9 @@ class Subscription(SubscriptionCore):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return 0
-            if self._wait_slice_s is not None:
-                remaining = min(remaining or self._wait_slice_s, self._wait_slice_s)
+            slice_s = self._wait_slice_s
+            if slice_s is not None and (remaining is None or remaining > slice_s):
+                remaining = slice_s
             await self._readiness.wait(self._arm_watcher, remaining)
 
     async def messages_async(self, timeout: float | None = None) -> AsyncIterator[bytes]:

@@ -2462,9 +2462,9 @@ static PyMethodDef sub_methods[] = {
     {"_drop_lease", (PyCFunction)sub_drop_lease, METH_NOARGS, NULL},
     {"_wake", (PyCFunction)sub_wake, METH_NOARGS, NULL},
     {"_arm_watcher", (PyCFunction)sub_arm_watcher, METH_O,
-     "_arm_watcher(watcher) -> bool\n\nArm a LogWatcher to make its eventfd readable once an "
-     "image has a fragment to read, or the images change, or the client fails. False (nothing "
-     "armed) when a poll would find something now."},
+     "_arm_watcher(watcher) -> bool\n\nArm a FutexRing or LogWatcher to make its fd readable "
+     "once an image has a fragment to read, or the images change, or the client fails. False "
+     "(nothing armed) when a poll would find something now."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -4310,18 +4310,60 @@ static PyObject *log_watcher_clear(LogWatcher *self, PyObject *Py_UNUSED(ignored
 
 /*
  * An io_uring holding one futex_waitv request (Linux 6.7+): its fd turns readable as soon as
- * one of the words it waits on is woken, so an asyncio loop (add_reader) wakes straight from
- * the writer's FUTEX_WAKE, with no thread between them. The LogWatcher thread does the same
+ * one of the words it waits on is woken, so an event loop (asyncio's add_reader, the
+ * netbridge's poll) wakes straight from the writer's FUTEX_WAKE, with no thread between them. The LogWatcher thread does the same
  * where io_uring is missing or refused (older kernels, container seccomp profiles), one thread
  * hop later. Arming follows the blocking wait's protocol: count this process as a sleeper on
  * each image (image->sleeping too, so a closed image takes its count back), read the words,
  * look for data, then submit; disarm cancels a wait still pending and takes the counts back.
  * Used only by the thread that holds the GIL.
  */
-#include <linux/io_uring.h>
 #include <sys/mman.h>
 
-#define URING_OP_FUTEX_WAITV 53 /* linux/io_uring.h before 6.7 lacks the futex opcodes */
+/* The io_uring ABI this needs, declared here: the kernel headers of older build images (the
+ * manylinux ones) have no linux/io_uring.h, or one without the futex opcodes (Linux 6.7). */
+typedef struct {
+    uint8_t opcode, flags;
+    uint16_t ioprio;
+    int32_t fd;
+    uint64_t off, addr;
+    uint32_t len, op_flags;
+    uint64_t user_data;
+    uint16_t buf_index, personality;
+    int32_t splice_fd_in;
+    uint64_t addr3, pad;
+} UringSqe;
+typedef struct {
+    uint64_t user_data;
+    int32_t res;
+    uint32_t flags;
+} UringCqe;
+typedef struct {
+    uint32_t head, tail, ring_mask, ring_entries, flags, dropped, array, resv1;
+    uint64_t user_addr;
+} UringSqOffsets;
+typedef struct {
+    uint32_t head, tail, ring_mask, ring_entries, overflow, cqes, flags, resv1;
+    uint64_t user_addr;
+} UringCqOffsets;
+typedef struct {
+    uint32_t sq_entries, cq_entries, flags, sq_thread_cpu, sq_thread_idle, features, wq_fd;
+    uint32_t resv[3];
+    UringSqOffsets sq_off;
+    UringCqOffsets cq_off;
+} UringParams;
+_Static_assert(sizeof(UringSqe) == 64 && sizeof(UringCqe) == 16 && sizeof(UringParams) == 120,
+               "io_uring ABI");
+#define URING_SYS_SETUP 425 /* the same number on every architecture */
+#define URING_SYS_ENTER 426
+#define URING_SETUP_COOP_TASKRUN (1U << 8)
+#define URING_FEAT_SINGLE_MMAP (1U << 0)
+#define URING_ENTER_GETEVENTS (1U << 0)
+#define URING_OFF_SQ_RING 0ULL
+#define URING_OFF_SQES 0x10000000ULL
+#define URING_OP_NOP 0
+#define URING_OP_ASYNC_CANCEL 14
+#define URING_OP_FUTEX_WAITV 53
 #define URING_ENTRIES 4
 
 typedef struct {
@@ -4329,10 +4371,10 @@ typedef struct {
     int fd;
     void *rings;
     size_t rings_size;
-    struct io_uring_sqe *sqes;
+    UringSqe *sqes;
     size_t sqes_size;
     uint32_t *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
-    struct io_uring_cqe *cqes;
+    UringCqe *cqes;
     uint64_t sequence;   /* user_data of the latest wait */
     int pending;         /* the latest wait has not completed */
     PyObject *held;      /* what owns the watched words while armed, or NULL */
@@ -4350,7 +4392,7 @@ static int ring_submit(FutexRing *self, uint8_t opcode, uint64_t addr, uint32_t 
                        uint64_t user_data, unsigned min_complete)
 {
     uint32_t tail = *self->sq_tail, index = tail & *self->sq_mask;
-    struct io_uring_sqe *sqe = &self->sqes[index];
+    UringSqe *sqe = &self->sqes[index];
     memset(sqe, 0, sizeof *sqe);
     sqe->opcode = opcode;
     sqe->addr = addr;
@@ -4358,8 +4400,8 @@ static int ring_submit(FutexRing *self, uint8_t opcode, uint64_t addr, uint32_t 
     sqe->user_data = user_data;
     self->sq_array[index] = index;
     __atomic_store_n(self->sq_tail, tail + 1, __ATOMIC_RELEASE);
-    long r = syscall(SYS_io_uring_enter, self->fd, 1, min_complete,
-                     min_complete ? IORING_ENTER_GETEVENTS : 0, NULL, 0);
+    long r = syscall(URING_SYS_ENTER, self->fd, 1, min_complete,
+                     min_complete ? URING_ENTER_GETEVENTS : 0, NULL, 0);
     return r == 1 ? 0 : -1;
 }
 
@@ -4369,7 +4411,7 @@ static int ring_drain(FutexRing *self)
     int latest = 1;
     uint32_t head = *self->cq_head;
     while (head != __atomic_load_n(self->cq_tail, __ATOMIC_ACQUIRE)) {
-        struct io_uring_cqe *cqe = &self->cqes[head & *self->cq_mask];
+        UringCqe *cqe = &self->cqes[head & *self->cq_mask];
         if (cqe->user_data == self->sequence) {
             latest = cqe->res;
             self->pending = 0;
@@ -4403,7 +4445,7 @@ static void ring_disarm(FutexRing *self)
     if (self->pending) {
         /* waits for both completions (the cancellation's and the wait's) and consumes them,
          * so that a disarmed ring is not readable */
-        ring_submit(self, IORING_OP_ASYNC_CANCEL, self->sequence, 0, 0, 2);
+        ring_submit(self, URING_OP_ASYNC_CANCEL, self->sequence, 0, 0, 2);
         ring_drain(self);
         self->pending = 0;
     }
@@ -4432,7 +4474,7 @@ static int ring_submit_wait(FutexRing *self, int n, int now)
 {
     self->sequence++;
     self->pending = 1;
-    int r = now ? ring_submit(self, IORING_OP_NOP, 0, 0, self->sequence, 0)
+    int r = now ? ring_submit(self, URING_OP_NOP, 0, 0, self->sequence, 0)
                 : ring_submit(self, URING_OP_FUTEX_WAITV, (uintptr_t)self->waitv, (uint32_t)n,
                               self->sequence, 0);
     if (r < 0) {
@@ -4461,32 +4503,32 @@ static int futex_ring_init(FutexRing *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "FutexRing is initialized already");
         return -1;
     }
-    struct io_uring_params p;
+    UringParams p;
     memset(&p, 0, sizeof p);
-    p.flags = IORING_SETUP_COOP_TASKRUN;
-    self->fd = (int)syscall(SYS_io_uring_setup, URING_ENTRIES, &p);
+    p.flags = URING_SETUP_COOP_TASKRUN;
+    self->fd = (int)syscall(URING_SYS_SETUP, URING_ENTRIES, &p);
     if (self->fd < 0 && errno == EINVAL) { /* before 5.19 */
         memset(&p, 0, sizeof p);
-        self->fd = (int)syscall(SYS_io_uring_setup, URING_ENTRIES, &p);
+        self->fd = (int)syscall(URING_SYS_SETUP, URING_ENTRIES, &p);
     }
     if (self->fd < 0)
         goto fail;
-    if (!(p.features & IORING_FEAT_SINGLE_MMAP)) {
+    if (!(p.features & URING_FEAT_SINGLE_MMAP)) {
         errno = ENOSYS;
         goto fail;
     }
     size_t sq_size = p.sq_off.array + p.sq_entries * sizeof(uint32_t);
-    size_t cq_size = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+    size_t cq_size = p.cq_off.cqes + p.cq_entries * sizeof(UringCqe);
     self->rings_size = sq_size > cq_size ? sq_size : cq_size;
     self->rings = mmap(NULL, self->rings_size, PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_POPULATE, self->fd, IORING_OFF_SQ_RING);
+                       MAP_SHARED | MAP_POPULATE, self->fd, URING_OFF_SQ_RING);
     if (self->rings == MAP_FAILED) {
         self->rings = NULL;
         goto fail;
     }
-    self->sqes_size = p.sq_entries * sizeof(struct io_uring_sqe);
+    self->sqes_size = p.sq_entries * sizeof(UringSqe);
     self->sqes = mmap(NULL, self->sqes_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                      self->fd, IORING_OFF_SQES);
+                      self->fd, URING_OFF_SQES);
     if (self->sqes == MAP_FAILED) {
         self->sqes = NULL;
         goto fail;
@@ -4498,7 +4540,7 @@ static int futex_ring_init(FutexRing *self, PyObject *args, PyObject *kwds)
     self->cq_head = (uint32_t *)(r + p.cq_off.head);
     self->cq_tail = (uint32_t *)(r + p.cq_off.tail);
     self->cq_mask = (uint32_t *)(r + p.cq_off.ring_mask);
-    self->cqes = (struct io_uring_cqe *)(r + p.cq_off.cqes);
+    self->cqes = (UringCqe *)(r + p.cq_off.cqes);
     /* does this kernel wait on futexes? a word that is not its expected value answers at once */
     int32_t probe = 1;
     self->waitv[0] = (struct wait_entry){.val = 0, .uaddr = (uintptr_t)&probe,
