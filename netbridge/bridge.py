@@ -37,6 +37,7 @@ from netbridge.frames import HDR_TYPE_SM, SETUP_FLAG_GROUP, SM_FLAG_SETUP, Statu
 from netbridge.loss_detector import multicast_nak_delay
 from netbridge.loss_filter import LossFilter, LossSpec
 from netbridge.receiver import (
+    RECEIVER_WINDOW_DEFAULT,
     ImageRequest,
     ImageResources,
     ImageUnavailable,
@@ -214,6 +215,13 @@ class ReceiveChannel:
         return self.transport.sock
 
 
+def _default_window(sock: socket.socket) -> int:
+    """A receive channel's window when its URI names none: RECEIVER_WINDOW_DEFAULT, or what
+    the socket's receive buffer holds if that is less (a window beyond it overruns the buffer
+    in a burst: loss to repair). Linux reports twice the bytes it grants to data."""
+    return min(RECEIVER_WINDOW_DEFAULT, sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2)
+
+
 class Bridge:
     """The netbridge of one bus. ``run()`` serves until the driver goes away or stop()."""
 
@@ -378,7 +386,7 @@ class Bridge:
         if channel is not None:
             return channel
         transport = open_receive(uri, self.context.netbridge_socket_buffer)
-        window = uri.int_param("rcv-wnd", 128 * 1024)
+        window = uri.int_param("rcv-wnd", _default_window(transport.sock))
         multicast = transport.control_address is not None
         holder: list[ReceiveChannel] = []
         receiver = NetworkReceiver(

@@ -29,8 +29,9 @@ One :class:`ReceiverImage` per publishing session (session id, stream id):
   the window is small: a full frame must always fit), and every status-message timeout
   (200 ms) otherwise, repeating the last scheduled position. They carry the EOS flag once the
   image reached end of stream.
-* **Window.** ``max_window`` is the channel's receiver window (``rcv-wnd``, 128 KiB by
-  default), at least the MTU and at most half a term: data past the last status message
+* **Window.** ``max_window`` is the channel's receiver window (``rcv-wnd``; by default
+  ``RECEIVER_WINDOW_DEFAULT``, or what the socket's receive buffer holds if that is less: see
+  ``netbridge.bridge``), at least the MTU and at most half a term: data past the last status message
   position plus it is dropped. The window each status message advertises (``window``) is the
   image's congestion control's (:mod:`netbridge.congestion_control`, chosen by the channel's
   ``cc``): the static window (``max_window``), or CUBIC's, which shrinks on each new gap and
@@ -121,7 +122,10 @@ __all__ = [
     "ReceiverPoll",
 ]
 
-RECEIVER_WINDOW_DEFAULT: Final = 128 * 1024
+#: 512 KiB, where Aeron's is 128 KiB: a status message takes tens of microseconds through each
+#: Python bridge, not Aeron's few, and the window must cover the data sent meanwhile
+#: (tools/bench_netbridge.py, 4 KiB on loopback: 186 MB/s with 128 KiB, 345-386 with 256-512)
+RECEIVER_WINDOW_DEFAULT: Final = 512 * 1024
 SM_TIMEOUT_NS_DEFAULT: Final = 200_000_000
 IMAGE_LIVENESS_TIMEOUT_NS_DEFAULT: Final = 10_000_000_000
 SETUP_ELICIT_INTERVAL_NS_DEFAULT: Final = 200_000_000
@@ -634,9 +638,9 @@ class NetworkReceiver:
     ``image_factory`` is called on a SETUP for a subscribed stream without an image and returns
     :class:`ImageResources` (or None to decline). ``receiver_id`` goes into every status
     message, with ``group_tag`` when not None. ``receiver_window`` is the default window
-    (128 KiB; each image uses at most half its term length); ``congestion_control`` names the
-    strategy that sets each image's advertised window within it (``static`` or ``cubic``, as
-    the channel's ``cc``). Timings default to Aeron's: status
+    (``RECEIVER_WINDOW_DEFAULT``; each image uses at most half its term length);
+    ``congestion_control`` names the strategy that sets each image's advertised window within
+    it (``static`` or ``cubic``, as the channel's ``cc``). Timings default to Aeron's: status
     message timeout 200 ms, image liveness 10 s, NAK delay 0 and retry 10 ms (unicast); SETUP
     elicitation at most every 200 ms per session; a removed image's session is ignored for
     ``image_cooldown_ns`` (1 s). Each image measures its round-trip time every

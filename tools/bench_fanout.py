@@ -26,7 +26,7 @@ their rate is the rate at which BOTH receivers get everything; under the multica
 max, the faster receiver sets the pace and the other one may fall behind and lose data.
 ``g:/2`` keeps the publication unconnected until both receivers have answered, so neither
 joins late. Channels are otherwise defaults: term 1 MiB, mtu 1408 (the veths' MTU is 1500),
-receiver window 128 KiB.
+receiver window 512 KiB.
 
 Throughput: the writer (tools/bench_netbridge._shm_writer: ExclusivePublication.offer per
 message, or offer_many with --batch) sends for a fixed duration, then a STOP message; each
@@ -244,7 +244,7 @@ notes:
 {channels}
     multicast and MDC use {flow_control}: the slowest receiver sets the pace and the publication
     connects once both receivers answered, so the rate is that at which BOTH got everything.
-    Otherwise defaults: term 1 MiB, mtu 1408, receiver window 128 KiB.
+    Otherwise defaults: term 1 MiB, mtu 1408, receiver window 512 KiB.
   api: {api}.
   msgs/s per receiver: messages / (time the LAST receiver saw STOP - time the writer started);
     every receiver got every message, in order (sequence number at head and tail, checked by

@@ -37,7 +37,7 @@ uses two streams on two UDP channels: ping (bus A -> bus B) and pong (bus B -> b
 uses one PAIR socket pair over TCP.
 
 Channels: each shmbus measurement runs on the default channel (a plain endpoint URI: term
-1 MiB, mtu 1408, receiver window 128 KiB) and on a loopback-tuned one (mtu 65504, rcv-wnd
+1 MiB, mtu 1408, receiver window 512 KiB) and on a loopback-tuned one (mtu 65504, rcv-wnd
 2 MiB, term 4 MiB; --tuned changes it, --channels picks).
 
 Idle strategies: a back-pressured shmbus writer backs off (BackoffIdleStrategy: spin, yield,
@@ -136,7 +136,7 @@ class ChannelConfig:
 
 
 #: a channel as a user writes it: term 1 MiB, mtu 1408 (a 4 KiB message is 3 fragments,
-#: 22 messages of 32 B fill a datagram), receiver window 128 KiB (Aeron's defaults but the term)
+#: 22 messages of 32 B fill a datagram), the default receiver window (512 KiB; Aeron's: 128 KiB)
 DEFAULT_CHANNEL = ChannelConfig("default")
 #: loopback tuning: datagrams up to 64 KiB (no IP fragmentation on lo, whose MTU is 65536; on a
 #: real network an mtu above the path MTU would be fragmented) and a 2 MiB receiver window
@@ -900,7 +900,7 @@ notes:
   over its socket buffer, 128 KiB unless configured):
 {{channels}}
     default: shmbus term 1 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
-    fragments, 22 messages of 32 B per datagram), receiver window 128 KiB.
+    fragments, 22 messages of 32 B per datagram), receiver window 512 KiB (Aeron's: 128 KiB).
   waiting: back-pressured shmbus writers back off (spin, yield, sleep 1 us .. 1 ms), readers
     block in Subscription.wait() or poll(..., timeout=), woken by the bridges; a netbridge
     with nothing to do sleeps in poll() on its sockets and its log watcher (readable when a

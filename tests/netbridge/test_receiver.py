@@ -51,7 +51,7 @@ MTU = 1408
 MS = 1_000_000
 SENDER = ("10.0.0.1", 50000)
 RECEIVER_ID = 0x5EED
-WINDOW = TERM // 2  # the default 128 KiB window, capped at half the term
+WINDOW = TERM // 2  # the default window, capped at half the term
 
 
 class ImageHost:

@@ -28,6 +28,7 @@ import pytest
 
 import shmbus
 from netbridge.frames import decode_frames
+from netbridge.receiver import RECEIVER_WINDOW_DEFAULT
 from tests.conftest import stop_driver
 from tests.netbridge import bridge_workers
 from tests.netbridge.pcap import read_udp
@@ -275,7 +276,7 @@ def test_wiresharks_aeron_dissector_reads_an_end_to_end_run(capture) -> None:  #
     assert receiver_id != 0
     normal = [(f, s, w) for _, f, s, w, _ in sms if not f & 0x80]  # not a SETUP request
     assert {s for _, s, _ in normal} == {session}
-    assert {w for _, _, w in normal} == {min(128 * 1024, TERM_LENGTH // 2)}
+    assert {w for _, _, w in normal} == {min(RECEIVER_WINDOW_DEFAULT, TERM_LENGTH // 2)}
     assert {f for f, _, _ in normal} == {0x00, 0x40}
 
     # NAKs for the injected loss: 28 bytes, whole frames (multiples of 32) inside the term
