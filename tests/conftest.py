@@ -51,6 +51,18 @@ def bus_context(shm_dir: Path):
                    driver_idle_timeout=600.0, timer_interval=0.02, embedded_driver=False)
 
 
+def io_uring_futex_waits() -> bool:
+    """Whether this kernel lets a FutexRing be made (io_uring with futex waits, Linux 6.7+),
+    so that shmbus.shm.log_watchers picks it over the LogWatcher thread."""
+    from shmbus.shm._native import FutexRing
+
+    try:
+        FutexRing().close()
+    except OSError:
+        return False
+    return True
+
+
 def start_driver(context, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
     """Start a driver process for ``context.dir`` and wait until it serves (20 s at most).
 

@@ -20,6 +20,7 @@ from netbridge.frames import encode_datagram, pad_frame
 from netbridge.receiver import NetworkReceiver
 from netbridge.sender import DataBatch
 from shmbus.shm import _native
+from tests.conftest import io_uring_futex_waits
 from tests.netbridge.test_receiver import (
     SESSION,
     STREAM,
@@ -281,16 +282,8 @@ def readable(fd: int, timeout: float) -> bool:
     return bool(select.select([fd], [], [], timeout)[0])
 
 
-def _io_uring_waits() -> bool:
-    try:
-        _native.FutexRing().close()
-    except OSError:
-        return False
-    return True
-
-
 # both kinds of log watcher (shmbus.shm.log_watchers); FutexRing where this kernel has it
-WATCHERS = [_native.LogWatcher] + ([_native.FutexRing] if _io_uring_waits() else [])
+WATCHERS = [_native.LogWatcher] + ([_native.FutexRing] if io_uring_futex_waits() else [])
 
 
 @pytest.fixture(params=WATCHERS, ids=lambda kind: kind.__name__)

@@ -18,6 +18,7 @@ import shmbus
 from shmbus import async_waits
 from shmbus.shm._native import FutexRing, LogWatcher
 from shmbus.shm.log_buffer import DATA_WAITERS_OFFSET
+from tests.conftest import io_uring_futex_waits
 from tests.shmbus.driver import driver_workers as dw
 from tests.shmbus.driver.test_driver_processes import (
     CTX,
@@ -40,14 +41,6 @@ def procs():
         processes.close()
 
 
-def _io_uring_waits() -> bool:
-    try:
-        FutexRing().close()
-    except OSError:
-        return False
-    return True
-
-
 # the io_uring waker where the kernel has it (else its fallback), and the fallback thread
 WAKERS = [("asyncio", "default"), ("uvloop", "default"), ("asyncio", "thread")]
 
@@ -59,7 +52,7 @@ def test_async_for_reads_a_stream_while_the_loop_runs(bus_context, driver, procs
     procs.start(async_reader, bus_context, stream, count, procs.queue, 60.0, loop_kind, waker)
     procs.wait("sub-ready")
     (quiet,) = procs.wait("quiet", timeout=30)
-    ring = waker == "default" and _io_uring_waits()
+    ring = waker == "default" and io_uring_futex_waits()
     assert quiet["waker"] == ("FutexRing" if ring else "LogWatcher")
     assert quiet["got"] == 0 and quiet["wall"] >= 0.95
     assert quiet["ticks"] >= 20, "the event loop did not run while poll_async waited"
@@ -191,7 +184,7 @@ def test_closing_a_subscription_ends_the_await_on_it(bus_context, driver, waker)
 
 
 def test_a_futex_ring_is_closed_once():
-    if not _io_uring_waits():  # no io_uring, or no futex waits in it (before Linux 6.7)
+    if not io_uring_futex_waits():  # no io_uring, or no futex waits in it (before Linux 6.7)
         with pytest.raises(OSError):
             FutexRing()
         return
