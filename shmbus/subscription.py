@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from shmbus.async_waits import ReadinessWatcher
-from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.image import FragmentBatch, Image
 from shmbus.shm._native import AtomicBuffer, SubscriptionCore
 
@@ -19,7 +18,8 @@ class Subscription(SubscriptionCore):
 
     ``poll`` (native: an empty poll costs well under a microsecond) visits the images
     round-robin, starting one further along each call so that no session starves another;
-    ``poll(handler, limit, timeout=s)``, :meth:`wait` and :meth:`messages` sleep until a writer
+    ``messages()`` hands out whole messages as bytes (natively: no Python call per message).
+    ``poll(handler, limit, timeout=s)``, :meth:`wait` and ``messages()`` sleep until a writer
     wakes them. Images come and go as publishers do, whether or not anyone polls: the client's
     conductor thread adds and removes them and calls ``on_available_image`` and
     ``on_unavailable_image`` (on that thread, so keep them short and thread-safe).
@@ -113,24 +113,6 @@ class Subscription(SubscriptionCore):
             fragments += read(images[(start + i) % n], handler, fragment_limit - fragments)
         return fragments
 
-    def messages(self, timeout: float | None = 1.0) -> Iterator[bytes]:
-        """Yield whole messages as bytes, reassembled, until none arrives for ``timeout`` s.
-
-        ``timeout=None`` waits until the subscription is closed. Sleeps (no CPU) while there
-        is nothing to read, woken by the writer. A message is read only when it is yielded:
-        leaving the loop early loses nothing.
-        """
-        pending: list[bytes] = []
-        assembler = FragmentAssembler(lambda buffer, header: pending.append(bytes(buffer)))
-        slice_s = 1.0 if timeout is None else timeout
-        poll = self.poll
-        while not self._closed:
-            if poll(assembler, 1) or poll(assembler, 1, timeout=slice_s):
-                if pending:
-                    yield pending.pop()
-            elif timeout is not None:
-                return
-
     # -- asyncio ----------------------------------------------------------------------------
 
     async def poll_async(self, handler: Callable[[memoryview, Any], Any],
@@ -144,30 +126,39 @@ class Subscription(SubscriptionCore):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             fragments = self.poll(handler, fragment_limit)
-            if fragments or self._closed:
+            if fragments or self._closed or not await self._readable(deadline):
                 return fragments
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return 0
-            slice_s = self._wait_slice_s
-            if slice_s is not None and (remaining is None or remaining > slice_s):
-                remaining = slice_s
-            await self._readiness.wait(self._arm_watcher, remaining)
 
     async def messages_async(self, timeout: float | None = None) -> AsyncIterator[bytes]:
         """Whole messages as bytes, awaited: ``async for message in sub.messages_async()``.
 
         Ends when none arrives for ``timeout`` seconds (None: only when the subscription is
-        closed). A message is read only when it is yielded: a cancelled or abandoned loop
-        loses nothing.
+        closed). A message is consumed as it is yielded: a cancelled or abandoned loop loses
+        nothing.
         """
-        pending: list[bytes] = []
-        assembler = FragmentAssembler(lambda buffer, header: pending.append(bytes(buffer)))
+        take, deadline = self._take, None
         while not self._closed:
-            if not await self.poll_async(assembler, 1, timeout):
+            message = take()
+            if message is not None:
+                deadline = None
+                yield message
+                continue
+            if deadline is None and timeout is not None:
+                deadline = time.monotonic() + timeout
+            if not await self._readable(deadline):
                 return
-            if pending:
-                yield pending.pop()
+
+    async def _readable(self, deadline: float | None) -> bool:
+        """Await until an image may have something to read (True) or ``deadline`` (monotonic
+        seconds; None: none) passed (False). Sleeps in slices of ``_wait_slice_s``."""
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return False
+        slice_s = self._wait_slice_s
+        if slice_s is not None and (remaining is None or remaining > slice_s):
+            remaining = slice_s
+        await self._readiness.wait(self._arm_watcher, remaining)
+        return True
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         """``async for message in sub``: :meth:`messages_async` without a timeout."""

@@ -18,10 +18,12 @@ anew starts at the end of the stream, as any new subscriber does.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shmbus.channel_uri import CONSUMER_GROUP, check_group_name
+from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.image import FragmentBatch, FragmentHandler, Image
 from shmbus.shm._native import GroupMemberCore, Header
 from shmbus.shm.counters import GROUP_CLAIM_KEY, CountersReader
@@ -129,6 +131,9 @@ class GroupSubscription(Subscription):
     def __init__(self, channel: str, stream_id: int, group: str, **kwargs: Any) -> None:
         super().__init__(channel, stream_id, **kwargs)
         self.group = group
+        self._assembled: deque[bytes] = deque()
+        self._assembler = FragmentAssembler(
+            lambda buffer, header: self._assembled.append(bytes(buffer)))
 
     def poll(self, handler: FragmentHandler, fragment_limit: int = 10,
              timeout: float | None = None) -> int:
@@ -153,6 +158,24 @@ class GroupSubscription(Subscription):
 
     def _claim(self, handler: FragmentHandler, fragment_limit: int) -> int:
         return self._each_image(GroupImage.poll, handler, fragment_limit)
+
+    def messages(self, timeout: float | None = 1.0) -> Iterator[bytes]:  # type: ignore[override]
+        """Whole messages this member claims, as bytes, until none arrives for ``timeout``
+        seconds (None: until closed). Sleeps while there is nothing to claim. A message counts
+        as done once it is yielded (see the module docs)."""
+        slice_s = 1.0 if timeout is None else timeout
+        while not self._closed:
+            message = self._take()
+            if message is not None:
+                yield message
+            elif not self.poll(self._assembler, 1, timeout=slice_s) and timeout is not None:
+                return
+
+    def _take(self) -> bytes | None:
+        """The next whole message this member claims, or None: claims one message at most."""
+        if not self._assembled and not self.poll(self._assembler, 1):
+            return None
+        return self._assembled.popleft() if self._assembled else None
 
     def controlled_poll(self, handler: Callable[[memoryview, Header], Any],
                         fragment_limit: int = 10, timeout: float | None = None) -> int:

@@ -21,7 +21,9 @@ sequence number; the reader checks every byte with one CRC over the whole messag
 data followed by its own little-endian CRC is always the same residue).
 
 * copied and checked (every transport): the reader copies each message out as bytes and checks
-  its sequence number and its checksum (every byte of the message); errors are counted.
+  its sequence number and its checksum (every byte of the message); errors are counted. shmbus
+  twice: ``for message in sub.messages()`` (whole messages as bytes, natively), and
+  ``poll(handler)`` with ``bytes(buffer)`` in a Python handler.
 * shmbus no-copy: the handler reads the sequence number from the memoryview in place.
 * shmbus batch: ``offer_many`` of a (1024, size) uint8 numpy array, ``Subscription.poll_batch``;
   the reader checks, with numpy over each batch, the sequence number at the head and at the tail
@@ -29,18 +31,19 @@ data followed by its own little-endian CRC is always the same residue).
   message in Python is the per-message cost the batch API exists to avoid).
 
 Messages over the mtu less the 32-byte frame header (4 KiB at the default mtu 1408) arrive in
-fragments; the scalar readers reassemble them with FragmentAssembler, as an application would.
-Nobody spins in throughput runs: a back-pressured shmbus writer sleeps in ``publish()`` /
-``publish_many()`` until the reader moves, an empty reader in ``poll(..., timeout=)`` /
-``wait()`` until the writer writes (peers block in their calls, iceoryx2 polls).
+fragments; ``messages()`` reassembles them itself, the handler readers with FragmentAssembler,
+as an application would. Nobody spins in throughput runs: a back-pressured shmbus writer sleeps
+in ``publish()`` / ``publish_many()`` until the reader moves, an empty reader in ``messages()``,
+``poll(..., timeout=)`` or ``wait()`` until the writer writes (peers block in their calls,
+iceoryx2 polls).
 
 Round trip (32 B ping-pong; p50/p90/p99 of the round trips, the first 10% dropped):
 
 * back-to-back: the next ping goes as soon as the pong is back. shmbus busy-spins
   (BusySpinIdleStrategy on both sides); peers block in their receive calls, iceoryx2 polls.
-* 1,000 msg/s: one ping per millisecond. shmbus waits blocking in
-  ``Subscription.poll(handler, 1, timeout=...)`` (woken by the writer; no spinning), and with
-  the default BackoffIdleStrategy between empty polls; peers as above. The summary shows the
+* 1,000 msg/s: one ping per millisecond. shmbus waits blocking in ``Subscription.messages()``
+  (woken by the writer; no spinning), awaiting ``messages_async()`` on an asyncio loop, and
+  with the default BackoffIdleStrategy between empty polls; peers as above. The summary shows the
   blocking-wait p50 with the ponger's CPU (a subscriber that waits all the time but for one
   echo per millisecond) in % of a core.
 
@@ -107,6 +110,7 @@ MAX_SAMPLES = 500_000  # round trips kept at most per run
 CHANNEL = "aeron:ipc"
 
 SHM = "shmbus"
+SHM_HANDLER = "shmbus poll(handler)"
 SHM_NOCOPY = "shmbus no-copy"
 SHM_BATCH = "shmbus batch"
 QUEUE = "mp.Queue"
@@ -115,7 +119,7 @@ POSIX = "posix_ipc MessageQueue"
 ZMQ = "zmq PAIR ipc://"
 ICEORYX = "iceoryx2"
 PEERS = (QUEUE, PIPE, POSIX, ZMQ, ICEORYX)
-THROUGHPUT = (SHM, SHM_NOCOPY, SHM_BATCH, *PEERS)
+THROUGHPUT = (SHM, SHM_HANDLER, SHM_NOCOPY, SHM_BATCH, *PEERS)
 
 BACK_TO_BACK = "back-to-back"
 PACED = f"{RTT_RATE:,} msg/s"
@@ -279,16 +283,19 @@ def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, batch: bool
     return {"sent": seq, "t0": t0}
 
 
-def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, copy: bool,
+def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
                timeout_s: float, done: Any) -> dict[str, Any]:
-    """Poll until STOP: copy and check every message (copy=True), or read its sequence number
-    in place."""
+    """Read until STOP: every message as bytes from ``messages()``, checked (how=SHM); by
+    poll(handler), copied and checked (SHM_HANDLER), or its sequence number read in place
+    (SHM_NOCOPY)."""
     import shmbus
 
     tally = Counter()
     checked = Checked(size)
     check = checked.check
     unpack_from, seq_offset = SEQUENCE.unpack_from, checked.seq_offset
+    if how == SHM:
+        return _shm_messages_reader(start, bus_spec, stream_id, check, timeout_s, done)
 
     def copied(buffer: memoryview, header: Any) -> None:
         seq, ok = check(bytes(buffer))
@@ -308,7 +315,7 @@ def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, copy: bool,
         else:
             tally.bad(seq, "out of order")
 
-    handler: Any = copied if copy else in_place
+    handler: Any = copied if how == SHM_HANDLER else in_place
     if size > bus_spec.max_payload():
         handler = shmbus.FragmentAssembler(handler)
     with bus_spec.connect() as bus:
@@ -323,6 +330,34 @@ def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, copy: bool,
                     raise BenchError(f"reader timed out after {tally.expected} messages")
         t1 = time.monotonic_ns()
         done.set()
+    return tally.result(t1)
+
+
+def _shm_messages_reader(start: Any, bus_spec: Bus, stream_id: int,
+                         check: Callable[[bytes], tuple[int, bool]], timeout_s: float,
+                         done: Any) -> dict[str, Any]:
+    """shm_reader's messages() loop: the iterator sleeps while there is nothing to read."""
+    tally = Counter()
+    with bus_spec.connect() as bus:
+        subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
+        start.ready(bus.driver_pid)
+        expected = 0
+        for message in subscription.messages(timeout=timeout_s):
+            seq, ok = check(message)
+            if seq == expected and ok:
+                expected += 1
+            elif seq == STOP:
+                tally.stopped = True
+                break
+            else:
+                tally.expected = expected
+                tally.bad(seq, "bad checksum" if seq == expected else "out of order")
+                expected = tally.expected
+        t1 = time.monotonic_ns()
+        done.set()
+    tally.expected = expected
+    if not tally.stopped:
+        raise BenchError(f"reader timed out after {expected} messages")
     return tally.result(t1)
 
 
@@ -678,9 +713,18 @@ def _pong_loop(send: Callable[[Any], Any], recv: Callable[[], Any]) -> dict[str,
 
 def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], bytes]:
     """recv() over a subscription: the next message as bytes; waiting as ``wait`` says
-    (busy-spin, back-off, or blocking in poll(timeout=))."""
+    (busy-spin, back-off, or blocking in messages())."""
     import shmbus
 
+    if wait == BLOCKING:
+        messages = subscription.messages(timeout=timeout_s + 60)
+
+        def recv() -> bytes:
+            for message in messages:
+                return message
+            raise BenchError("no message before the deadline")
+
+        return recv
     got: list[bytes] = []
 
     def handler(buffer: memoryview, header: Any) -> None:
@@ -688,14 +732,6 @@ def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], by
 
     deadline = deadline_after(timeout_s + 60)
     poll = subscription.poll
-    if wait == BLOCKING:
-        def recv() -> bytes:
-            while not poll(handler, 1, timeout=0.1):
-                if time.monotonic_ns() > deadline:
-                    raise BenchError("no message before the deadline")
-            return got.pop()
-
-        return recv
     idle = shmbus.BusySpinIdleStrategy() if wait == SPIN else shmbus.BackoffIdleStrategy()
 
     def recv() -> bytes:
@@ -712,19 +748,14 @@ def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], by
 
 
 def _shm_async_recv(subscription: Any, timeout_s: float) -> Callable[[], Awaitable[bytes]]:
-    """recv for _async_round_trips: each message awaited with Subscription.poll_async (the
+    """recv for _async_round_trips: each message awaited from Subscription.messages_async (the
     loop free while it waits)."""
-    got: list[bytes] = []
-    deadline = deadline_after(timeout_s + 60)
-
-    def handler(buffer: memoryview, header: Any) -> None:
-        got.append(bytes(buffer))
+    messages = subscription.messages_async(timeout=timeout_s + 60)
 
     async def recv() -> bytes:
-        while not await subscription.poll_async(handler, 1, timeout=0.1):
-            if time.monotonic_ns() > deadline:
-                raise BenchError("no message before the deadline")
-        return got.pop()
+        async for message in messages:
+            return message
+        raise BenchError("no message before the deadline")
 
     return recv
 
@@ -978,8 +1009,8 @@ def throughput(ctx: Any, transport: str, size: int, s: Settings) -> dict[str, An
                                                    s.duration_s, s.timeout_s, done))
             reader = (Member("reader", shm_batch_reader, (bus, 1, size, s.timeout_s, done))
                       if transport == SHM_BATCH else
-                      Member("reader", shm_reader, (bus, 1, size, transport == SHM,
-                                                    s.timeout_s, done)))
+                      Member("reader", shm_reader, (bus, 1, size, transport, s.timeout_s,
+                                                    done)))
         out = scope.run(ctx, [reader, writer], s.duration_s + s.timeout_s)
     w, r = out.results["writer"], out.results["reader"]
     if r["errors"] or w["sent"] != r["received"]:
@@ -1113,7 +1144,9 @@ def _rate_cell(row: dict[str, Any], size: int) -> str:
 
 
 def _label(transport: str) -> str:
-    return {SHM: "shmbus offer/poll, copied + checked", SHM_NOCOPY: "shmbus offer/poll, no copy",
+    return {SHM: "shmbus offer/messages(), copied + checked",
+            SHM_HANDLER: "shmbus offer/poll(handler), copied + checked",
+            SHM_NOCOPY: "shmbus offer/poll, no copy",
             SHM_BATCH: "shmbus offer_many/poll_batch (numpy)",
             ICEORYX: "iceoryx2 (busy-poll)"}.get(transport, transport)
 

@@ -1605,7 +1605,12 @@ typedef struct {
      * image whose position is its own memory (a group's, a test's). */
     const int64_t *ids;
     int64_t registration_id, reference_id;
-    int64_t local;            /* owned: the position this image last stored */
+    int64_t local;            /* owned: the position this process has read up to */
+    int64_t stored;           /* owned: the position this image last stored in the counter
+                               * (behind local while messages taken one by one are not yet
+                               * published, see consume) */
+    int32_t partial;          /* bytes of a fragmented message's leading fragments that
+                               * image_take found before the rest was committed */
     int reclaimed;            /* owned: the driver took the counter back; never store again */
     Header *header;           /* reused while nobody else holds it */
     int closed;               /* once set, the log may be unmapped: never touch it again */
@@ -1630,7 +1635,7 @@ static inline int image_owns_counter(ImageCore *self)
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     if (!self->reclaimed && (LOAD_ACQUIRE(self->ids) != self->registration_id ||
                              LOAD_ACQUIRE(self->ids + 2) != self->reference_id ||
-                             LOAD_ACQUIRE(self->position) != self->local))
+                             LOAD_ACQUIRE(self->position) != self->stored))
         self->reclaimed = 1;
     return !self->reclaimed;
 }
@@ -1640,17 +1645,19 @@ static inline int image_owns_counter(ImageCore *self)
  * (see image_owns_counter) is left alone. */
 static inline void advance(ImageCore *self, int64_t position)
 {
+    self->partial = 0;
     if (self->ids == NULL) {
         STORE_RELEASE(self->position, position);
     } else {
-        int64_t expected = self->local;
+        int64_t expected = self->stored;
+        self->local = position;
         if (!image_owns_counter(self) ||
             !__atomic_compare_exchange_n(self->position, &expected, position, 0,
                                          __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
             self->reclaimed = 1;
             return;
         }
-        self->local = position;
+        self->stored = position;
     }
     if (!self->closed)
         wake_word(meta_i32(&self->g, META_PROGRESS_WAKE), meta_i32(&self->g, META_PROGRESS_WAITERS));
@@ -1660,6 +1667,32 @@ static inline void advance(ImageCore *self, int64_t position)
 static inline int64_t image_position(ImageCore *self)
 {
     return self->ids == NULL ? LOAD_ACQUIRE(self->position) : self->local;
+}
+
+/*
+ * Consumes up to `position` for image_take, one message at a time. An owned image publishes
+ * the new position only once it is a sixteenth of a term past the last one stored (or when
+ * flushed: the reader found nothing more, or its iterator went away). Storing per message
+ * would cost a fence and a compare-and-swap per message, and a back-pressured publisher would
+ * be woken for every message instead of for a run of them. Everything in this process reads
+ * the image from `local`, so nothing is read twice; other processes see the position at most
+ * that far behind.
+ */
+static inline void consume(ImageCore *self, int64_t position)
+{
+    if (self->ids != NULL && position - self->stored < (self->g.term_length >> 4)) {
+        self->local = position;
+        self->partial = 0;
+    } else {
+        advance(self, position);
+    }
+}
+
+/* Publishes what consume held back. */
+static inline void flush_position(ImageCore *self)
+{
+    if (self->ids != NULL && self->local != self->stored && !self->closed)
+        advance(self, self->local);
 }
 
 static PyObject *release_str;
@@ -1829,6 +1862,131 @@ static long image_controlled_poll(ImageCore *self, PyObject *handler, long limit
     return failed ? -1 : fragments;
 }
 
+/* The length of the message whose first fragment is at `offset` in its term: on return,
+ * *end is the term offset just past its last fragment and the result is its payload length.
+ * Returns -1 when the rest is not committed yet (*end: the first missing fragment), -2 when
+ * the frames after it are not this message's (*end: where they start; they are read as
+ * messages of their own), -3 with an exception set for a corrupt frame, -4 when the term was
+ * lapped under the reader. */
+static Py_ssize_t message_extent(ImageCore *self, const uint8_t *term, int32_t offset,
+                                 int64_t position, int32_t *end)
+{
+    Py_ssize_t total = 0;
+    int32_t at = offset;
+    for (;;) {
+        int32_t length = LOAD_ACQUIRE((const int32_t *)(term + at));
+        *end = at;
+        if (length <= 0)
+            return -1;
+        const uint8_t *frame = term + at;
+        if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
+            return -2;
+        if (!frame_in_term(self, frame, position))
+            return -4;
+        if (!frame_ok(self, frame, at, length, position))
+            return PyErr_Occurred() ? -3 : -4;
+        uint8_t flags = frame[FLAGS_OFFSET];
+        if (at != offset && (flags & BEGIN_FLAG))
+            return -2;
+        total += length - HEADER_LENGTH;
+        at += (int32_t)ALIGN(length, FRAME_ALIGNMENT);
+        if (flags & END_FLAG) {
+            *end = at;
+            return total;
+        }
+        if (at >= self->g.term_length) {
+            *end = at;
+            return -2;
+        }
+    }
+}
+
+/* Asks the cache for the next message's committed fragments at term offset `at` (their
+ * lines after the first): its bytes come from the writer's core while the caller works on
+ * this one. */
+static inline void prefetch_message(const ImageCore *self, const uint8_t *term, int32_t at)
+{
+    while (at < self->g.term_length) {
+        int32_t length = LOAD_ACQUIRE((const int32_t *)(term + at));
+        if (length <= 0)
+            return;
+        int32_t next = at + (int32_t)ALIGN(length, FRAME_ALIGNMENT);
+        for (int32_t line = at + 64; line < next; line += 64)
+            __builtin_prefetch(term + line, 0, 3);
+        if (term[at + FLAGS_OFFSET] & END_FLAG || next > self->g.term_length)
+            return;
+        at = next;
+    }
+}
+
+/*
+ * The next whole message of the image, copied out as a new bytes object and consumed (with
+ * any padding before it). A fragmented message is put together from its fragments, which lie
+ * one after the other in one term. NULL with no exception when no whole message is committed:
+ * a fragmented message still arriving leaves `partial` set, so that a waiter sleeps until its
+ * next fragment. NULL with an exception for a corrupt log. Fragments that are not part of a
+ * whole message (no first fragment, or a new first fragment before the last one) are dropped,
+ * as FragmentAssembler drops them.
+ */
+static PyObject *image_take(ImageCore *self)
+{
+    if (self->closed || !image_owns_counter(self))
+        return NULL;
+    for (;;) {
+        int64_t position = image_position(self);
+        int32_t offset = (int32_t)(position & (self->g.term_length - 1));
+        uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
+        int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
+        if (length <= 0)
+            return NULL;
+        uint8_t *frame = term + offset;
+        int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
+        if ((!pad && !frame_in_term(self, frame, position)) ||
+            !frame_ok(self, frame, offset, length, position))
+            return NULL;
+        int32_t aligned = (int32_t)ALIGN(length, FRAME_ALIGNMENT);
+        uint8_t flags = frame[FLAGS_OFFSET];
+        if (pad || !(flags & BEGIN_FLAG)) {
+            consume(self, position + aligned);
+            continue;
+        }
+        if (flags & END_FLAG) {
+            PyObject *message = PyBytes_FromStringAndSize((char *)frame + HEADER_LENGTH,
+                                                          length - HEADER_LENGTH);
+            if (message != NULL) {
+                prefetch_message(self, term, offset + aligned);
+                consume(self, position + aligned);
+            }
+            return message;
+        }
+        int32_t end;
+        Py_ssize_t total = message_extent(self, term, offset, position, &end);
+        if (total == -1) {
+            self->partial = end - offset;
+            return NULL;
+        }
+        if (total == -3 || total == -4)
+            return NULL;
+        if (total == -2) {
+            consume(self, position + (end - offset));
+            continue;
+        }
+        PyObject *message = PyBytes_FromStringAndSize(NULL, total);
+        if (message == NULL)
+            return NULL;
+        char *out = PyBytes_AS_STRING(message);
+        for (int32_t at = offset; at < end;) {
+            int32_t frame_length = rd_i32(term + at);
+            memcpy(out, term + at + HEADER_LENGTH, (size_t)(frame_length - HEADER_LENGTH));
+            out += frame_length - HEADER_LENGTH;
+            at += (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
+        }
+        prefetch_message(self, term, end);
+        consume(self, position + (end - offset));
+        return message;
+    }
+}
+
 typedef long (*image_reader)(ImageCore *, PyObject *, long);
 
 /* Parses (handler, fragment_limit) for the poll methods; the limit is -1 on error. */
@@ -1937,7 +2095,7 @@ static int image_ready(ImageCore *self)
     if (self->closed || !image_owns_counter(self))
         return self->closed;
     int64_t position = image_position(self);
-    int32_t offset = (int32_t)(position & (self->g.term_length - 1));
+    int32_t offset = (int32_t)(position & (self->g.term_length - 1)) + self->partial;
     uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
     return LOAD_ACQUIRE((int32_t *)(term + offset)) > 0;
 }
@@ -1997,8 +2155,9 @@ static int img_init(ImageCore *self, PyObject *args, PyObject *kwds)
         self->ids = self->position + 1;
         self->registration_id = LOAD_ACQUIRE(self->ids);
         self->reference_id = LOAD_ACQUIRE(self->ids + 2);
-        self->local = LOAD_ACQUIRE(self->position);
+        self->local = self->stored = LOAD_ACQUIRE(self->position);
     }
+    self->partial = 0;
     Py_XSETREF(self->log_buffer, Py_NewRef(log));
     Py_XSETREF(self->position_buffer, Py_NewRef(pos_buf));
     return 0;
@@ -2096,6 +2255,7 @@ typedef struct {
     const int64_t *lease;     /* the heartbeat counter's registration id */
     int64_t lease_owner;      /* the client id it must hold */
     PyObject *on_lease_lost;  /* callable, or NULL */
+    char closed;              /* `_closed`: set by Subscription.close */
 } SubscriptionCore;
 
 static int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected,
@@ -2313,6 +2473,139 @@ static PyObject *sub_wait(SubscriptionCore *self, PyObject *const *args, Py_ssiz
     }
 }
 
+/* Publishes the positions image_take held back (see consume). */
+static void sub_flush_positions(SubscriptionCore *self)
+{
+    PyObject *images = self->images;
+    for (Py_ssize_t i = 0; images != NULL && i < PyTuple_GET_SIZE(images); i++)
+        flush_position((ImageCore *)PyTuple_GET_ITEM(images, i));
+}
+
+/* The next whole message from the images, round-robin from one further along each call;
+ * NULL with no exception when there is none (then the held-back positions are published),
+ * NULL with an exception when the client failed or a log is corrupt. */
+static PyObject *sub_take(SubscriptionCore *self)
+{
+    if (sub_raise_error(self) < 0 || sub_check_lease(self) < 0)
+        return NULL;
+    PyObject *images = self->images;
+    Py_ssize_t n = PyTuple_GET_SIZE(images);
+    if (n == 0)
+        return NULL;
+    Py_INCREF(images);
+    Py_ssize_t start = self->round_robin = (self->round_robin + 1) % n;
+    PyObject *message = NULL;
+    for (Py_ssize_t i = 0; i < n && message == NULL && !PyErr_Occurred(); i++)
+        message = image_take((ImageCore *)PyTuple_GET_ITEM(images, (start + i) % n));
+    if (message == NULL && !PyErr_Occurred())
+        sub_flush_positions(self);
+    Py_DECREF(images);
+    /* stopped past its liveness while copying: the bytes may have been reused */
+    if (message != NULL && sub_check_lease(self) < 0)
+        Py_CLEAR(message);
+    return message;
+}
+
+static PyObject *sub_take_method(SubscriptionCore *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *message = sub_take(self);
+    if (message == NULL && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return message;
+}
+
+/* ---- MessageIterator: Subscription.messages() ---------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    SubscriptionCore *subscription;
+    double timeout;           /* seconds without a message before it stops; < 0: never */
+    int ended;                /* stopped once: stays stopped, as iterators do */
+} MessageIterator;
+
+static PyTypeObject MessageIteratorType;
+
+static PyObject *messages_next(MessageIterator *self)
+{
+    SubscriptionCore *sub = self->subscription;
+    double deadline = self->timeout > 0 ? monotonic_s() + self->timeout : 0;
+    for (;;) {
+        if (self->ended)
+            return NULL;
+        int32_t seen = sub->wake != NULL ? LOAD_ACQUIRE(sub->wake) : 0;
+        PyObject *message = sub_take(sub);
+        if (message != NULL || PyErr_Occurred())
+            return message;
+        self->ended = sub->closed || self->timeout == 0;
+        double slice = 1.0;  /* to look at signals (Ctrl-C) while waiting forever */
+        if (self->timeout > 0) {
+            double remaining = deadline - monotonic_s();
+            self->ended = self->ended || remaining <= 0;
+            if (!self->ended && remaining < slice)
+                slice = remaining;
+        }
+        if (self->ended)
+            return NULL;
+        PyObject *images = Py_NewRef(sub->images);
+        int ready = wait_images(images, sub->wake, seen, timeout_to_ns(slice));
+        Py_DECREF(images);
+        if (ready < 0 || PyErr_CheckSignals() < 0)
+            return NULL;
+    }
+}
+
+static void messages_dealloc(MessageIterator *self)
+{
+    if (self->subscription != NULL)
+        sub_flush_positions(self->subscription);
+    Py_CLEAR(self->subscription);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject MessageIteratorType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmbus.shm._native.MessageIterator",
+    .tp_basicsize = sizeof(MessageIterator),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Whole messages of a subscription as bytes: see Subscription.messages.",
+    .tp_dealloc = (destructor)messages_dealloc,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)messages_next,
+};
+
+static PyObject *sub_messages(SubscriptionCore *self, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames)
+{
+    PyObject *timeout_obj = Py_None;
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs + nkw > 1 ||
+        (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "timeout") != 0)) {
+        PyErr_SetString(PyExc_TypeError, "messages(timeout=1.0)");
+        return NULL;
+    }
+    double timeout = 1.0;
+    if (nargs + nkw == 1) {
+        timeout_obj = args[0];
+        timeout = -1;
+    }
+    if (timeout_obj != Py_None) {
+        timeout = PyFloat_AsDouble(timeout_obj);
+        if (timeout == -1 && PyErr_Occurred()) return NULL;
+        if (timeout < 0 || timeout != timeout) {
+            PyErr_Format(PyExc_ValueError, "timeout must be None or >= 0 seconds, not %R",
+                         timeout_obj);
+            return NULL;
+        }
+    }
+    MessageIterator *it = PyObject_New(MessageIterator, &MessageIteratorType);
+    if (it == NULL)
+        return NULL;
+    it->subscription = (SubscriptionCore *)Py_NewRef(self);
+    it->timeout = timeout;
+    it->ended = 0;
+    return (PyObject *)it;
+}
+
 static PyObject *sub_fail(SubscriptionCore *self, PyObject *error)
 {
     if (!PyExceptionInstance_Check(error)) {
@@ -2434,6 +2727,12 @@ static void sub_dealloc(SubscriptionCore *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyMemberDef sub_members[] = {
+    {"_closed", T_BOOL, offsetof(SubscriptionCore, closed), 0,
+     "True once Subscription.close ran (set by it)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyGetSetDef sub_getset[] = {
     {"images", (getter)sub_get_images, (setter)sub_set_images,
      "the current images, a tuple (a snapshot: it is replaced, never changed)", NULL},
@@ -2456,6 +2755,14 @@ static PyMethodDef sub_methods[] = {
     {"wait", (PyCFunction)sub_wait, METH_FASTCALL,
      "wait(timeout=None) -> bool\n\nSleep until an image has a fragment to read (True) or "
      "timeout seconds passed (False; None waits forever). Costs no CPU while asleep."},
+    {"messages", (PyCFunction)(void (*)(void))sub_messages, METH_FASTCALL | METH_KEYWORDS,
+     "messages(timeout=1.0) -> Iterator[bytes]\n\nWhole messages, reassembled, as bytes, "
+     "round-robin over the images, until none arrives for timeout seconds (None: until the "
+     "subscription is closed; 0: until none is there). Sleeps (no CPU) while there is nothing "
+     "to read, woken by the writer. A message is consumed as it is handed out: leaving the "
+     "loop loses nothing. Raises the client's error once it is gone."},
+    {"_take", (PyCFunction)sub_take_method, METH_NOARGS,
+     "_take() -> bytes | None: the next whole message, or None"},
     {"_fail", (PyCFunction)sub_fail, METH_O, NULL},
     {"_set_lease", (PyCFunction)sub_set_lease, METH_VARARGS, NULL},
     {"_check_client", (PyCFunction)sub_check_client, METH_NOARGS, NULL},
@@ -2474,6 +2781,7 @@ static PyTypeObject SubscriptionCoreType = {
     .tp_basicsize = sizeof(SubscriptionCore),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "The image set, polls and waits behind Subscription.",
+    .tp_members = sub_members,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)sub_init,
     .tp_dealloc = (destructor)sub_dealloc,
@@ -4857,7 +5165,7 @@ PyMODINIT_FUNC PyInit__native(void)
 {
     if (PyType_Ready(&AtomicBufferType) < 0 || PyType_Ready(&PublicationCoreType) < 0 ||
         PyType_Ready(&HeaderType) < 0 || PyType_Ready(&ImageCoreType) < 0 ||
-        PyType_Ready(&SubscriptionCoreType) < 0 ||
+        PyType_Ready(&SubscriptionCoreType) < 0 || PyType_Ready(&MessageIteratorType) < 0 ||
         PyType_Ready(&HeartbeatType) < 0 || PyType_Ready(&AssemblerType) < 0 ||
         PyType_Ready(&GroupMemberCoreType) < 0 || PyType_Ready(&LogWatcherType) < 0 ||
         PyType_Ready(&FutexRingType) < 0)

@@ -3,7 +3,7 @@
 parses positionally are positional-only here.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias, final
 
 import numpy as np
@@ -193,6 +193,15 @@ class SubscriptionCore:
         """Like poll, the handler returning an Action."""
     def wait(self, timeout: float | None = None, /) -> bool:
         """Sleeps until an image has a fragment (True) or timeout seconds pass (False)."""
+    def messages(self, timeout: float | None = 1.0) -> Iterator[bytes]:
+        """Whole messages as bytes until none arrives for timeout s (None: until closed)."""
+    def _take(self) -> bytes | None:
+        """The next whole message, or None."""
+    @property
+    def _closed(self) -> bool:
+        """True once Subscription.close ran (set by it)."""
+    @_closed.setter
+    def _closed(self, value: bool) -> None: ...
     def _fail(self, error: BaseException, /) -> None: ...
     def _set_lease(self, buffer: AtomicBuffer, offset: int, owner_id: int,
                    on_lost: Callable[[], object], /) -> None:

@@ -13,7 +13,7 @@ import pytest
 from shmbus import ConcurrentPublication, ExclusivePublication, Image
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.driver.log_unblocker import unblock
-from shmbus.shm._native import AtomicBuffer
+from shmbus.shm._native import AtomicBuffer, SubscriptionCore
 from shmbus.shm.log_buffer import PARTITION_COUNT, TAIL_COUNTERS_OFFSET, LogBuffer
 from shmbus.shm.position import Position
 
@@ -52,6 +52,9 @@ def test_a_lapped_image_delivers_no_frame_of_a_later_term(tmp_path: Path, laps: 
     assert (polled, got, image.position) == (0, [], 0)
     assert image.controlled_poll(lambda buffer, header: got.append(header.term_id), 100) == 0
     assert image.poll_batch(lambda batch: got.append(len(batch)), 100) == 0
+    subscription = SubscriptionCore()
+    subscription.images = (image,)
+    assert list(subscription.messages(timeout=0)) == []
     assert got == [] and image.position == 0
 
 
