@@ -22,9 +22,9 @@ message carries its sequence number at its head and its tail, and the reader che
 every message: a run that loses, duplicates, reorders or tears a message fails instead of
 reporting a number.
 
-* shmbus offer/poll: ExclusivePublication.offer() per message; Subscription.poll(handler, 256),
-  the handler checking in place; messages over mtu - 32 (4 KiB with the default mtu 1408)
-  come in fragments and go through FragmentAssembler.
+* shmbus offer/messages(): ExclusivePublication.offer() per message; ``for message in
+  Subscription.messages()``, each message copied out as bytes (reassembled from its fragments
+  when it is over mtu - 32: 4 KiB with the default mtu 1408) and checked.
 * shmbus offer_many/poll_batch: offer_many() of a (1024, size) uint8 array, poll_batch() with
   the checks done by numpy over each batch.
 * zmq PUSH/PULL tcp://: send(copy=True) of a reused buffer; recv() (recv(copy=False) for 4 KiB).
@@ -101,7 +101,6 @@ from _harness import (
 
 SIZES = (32, 4096)
 LATENCY_SIZE = 32
-POLL_LIMIT = 256
 BATCH_ROWS = 1024
 FRAME_HEADER = 32  # bytes of a data frame's header: longer payloads than mtu - 32 fragment
 BEGIN_FLAG, END_FLAG = 0x80, 0x40  # FragmentBatch.flags: first and last fragment of a message
@@ -113,7 +112,7 @@ PING_RATE = 10_000  # pings per second of the ping-pong runs (--rate)
 #: loaded 2-core machine, where two busy-spinning samples starve the drivers (ms round trips)
 AERON_ROUND_TRIPS_PER_S = 1_000
 
-SHM = "shmbus offer/poll"
+SHM = "shmbus offer/messages()"
 SHM_BATCH = "shmbus offer_many/poll_batch"
 ZMQ = "zmq PUSH/PULL tcp://"
 ZMQ_PP = "zmq PAIR tcp://"
@@ -348,14 +347,6 @@ def _shm_reader(start: Any, context: Any, uri: str, stream_id: int, size: int,
         first_bad = first_bad or f"expected {expected}, got head {head} tail {tail}"
         expected = head + 1
 
-    def in_place(buffer: memoryview, header: Any) -> None:
-        nonlocal expected
-        head, tail = unpack(buffer)
-        if head == expected and tail == head:
-            expected += 1
-        else:
-            bad(head, tail)
-
     ramp = np.arange(BATCH_ROWS + 1, dtype=np.int64)
 
     def on_batch(fragments: Any) -> None:
@@ -397,20 +388,21 @@ def _shm_reader(start: Any, context: Any, uri: str, stream_id: int, size: int,
         subscription = bus.add_subscription(uri, stream_id)
         image = _await_image(subscription, time.monotonic() + timeout_s)
         fragmented = size > max_payload(uri)
-        handler: Any = in_place
-        if fragmented:
-            handler = shmbus.FragmentAssembler(handler)
         start.ready(bus.driver_pid)
         deadline = time.monotonic_ns() + int(timeout_s * 1e9)
-        if batch:
-            def poll() -> int:
-                return image.poll_batch(on_batch, BATCH_ROWS)
-        else:
-            def poll() -> int:
-                return subscription.poll(handler, POLL_LIMIT)
+        if not batch:
+            for message in subscription.messages(timeout=timeout_s):  # asleep while empty
+                head, tail = unpack(message)
+                if head == expected and tail == head:
+                    expected += 1
+                else:
+                    bad(head, tail)
+                    if stopped:
+                        break
         while not stopped:
             # nothing there: asleep until the bridge writes more
-            if not poll() and not subscription.wait(0.1) and time.monotonic_ns() > deadline:
+            if (not image.poll_batch(on_batch, BATCH_ROWS) and not subscription.wait(0.1)
+                    and time.monotonic_ns() > deadline):
                 raise BenchError(f"reader timed out after {expected} messages")
         t1 = time.monotonic_ns()
         done.set()
@@ -867,7 +859,7 @@ def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...],
 
 _SUMMARY_LABELS = {
     AERON: "Aeron C driver (SHARED) x2: streaming_publisher -> rate_subscriber; RTT cping/cpong",
-    SHM: "shmbus over two netbridges: offer/poll",
+    SHM: "shmbus over two netbridges: offer/messages()",
     SHM_BATCH: "shmbus over two netbridges: offer_many/poll_batch",
     ZMQ: "pyzmq PUSH/PULL tcp://; RTT PAIR tcp://",
 }
@@ -902,15 +894,14 @@ notes:
     default: shmbus term 1 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
     fragments, 22 messages of 32 B per datagram), receiver window 512 KiB (Aeron's: 128 KiB).
   waiting: back-pressured shmbus writers back off (spin, yield, sleep 1 us .. 1 ms), readers
-    block in Subscription.wait() or poll(..., timeout=), woken by the bridges; a netbridge
-    with nothing to do sleeps in poll() on its sockets and its log watcher (readable when a
-    publisher writes where a sender waits, or subscribers read up to where a status message
-    falls due) until its next timer; drivers sleep on their doorbells. zmq: blocking
-    calls with timeouts (and
-    libzmq's I/O thread). Aeron C: two aeronmd (threading SHARED, default back-off idle),
-    the samples busy-spin.
-  throughput: offer/poll = ExclusivePublication.offer / Subscription.poll(limit {POLL_LIMIT})
-    with in-place checks (FragmentAssembler when fragmented); batch = offer_many of
+    block in Subscription.messages(), wait() or poll(..., timeout=), woken by the bridges; a
+    netbridge with nothing to do sleeps in poll() on its sockets and its log watcher
+    (readable when a publisher writes where a sender waits, or subscribers read up to where a
+    status message falls due) until its next timer; drivers sleep on their doorbells. zmq:
+    blocking calls with timeouts (and libzmq's I/O thread). Aeron C: two aeronmd (threading
+    SHARED, default back-off idle), the samples busy-spin.
+  throughput: offer/messages() = ExclusivePublication.offer / Subscription.messages(), every
+    message copied out as bytes (reassembled when fragmented) and checked; batch = offer_many of
     ({BATCH_ROWS}, size) uint8 arrays / Image.poll_batch(limit {BATCH_ROWS}), numpy checks.
     zmq PUSH/PULL: send(copy=True) of a reused buffer, recv() (copy=False for 4 KiB).
     Aeron C: streaming_publisher -L size -m N (its own total: N over the time to offer them).
