@@ -27,6 +27,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -447,22 +448,25 @@ class Bridge:
         deadline."""
         watcher = self._watcher
         watching: Watches | None = None
+        readable: set[int] | None = None  # the first cycle tries every socket
         try:
             while not self._stopped:
                 now = time.monotonic_ns()
-                work, deadline = self.do_work(now)
+                work, deadline = self.do_work(now, readable)
                 if work:
                     if watching is not None:  # awake: publishers need not wake anyone
                         watcher.disarm()
                         watching = None
-                    continue
-                watches = self._watches()
-                if watches != watching:  # else it still watches just these
-                    watcher.arm(*watches)
-                    watching = watches
-                timeout_ns = min(deadline - time.monotonic_ns(), _IDLE_WAIT_MAX_NS)
-                self._poll().poll(max(0, -(-timeout_ns // 1_000_000)))  # ms, rounded up
-                if watcher.clear():  # it fired, and disarmed itself
+                    timeout_ms = 0  # only which sockets have something: no sleep
+                else:
+                    watches = self._watches()
+                    if watches != watching:  # else it still watches just these
+                        watcher.arm(*watches)
+                        watching = watches
+                    timeout_ns = min(deadline - time.monotonic_ns(), _IDLE_WAIT_MAX_NS)
+                    timeout_ms = max(0, -(-timeout_ns // 1_000_000))  # rounded up
+                readable = {fd for fd, _ in self._poll().poll(timeout_ms)}
+                if watching is not None and watcher.clear():  # it fired, and disarmed itself
                     watching = None
         except ShmbusError as e:  # the driver went away: nothing left to bridge
             print(f"netbridge: stopping: {e}", file=sys.stderr)
@@ -505,9 +509,18 @@ class Bridge:
                                  for p in received.subscriber_positions]
         return data, tuple(progress)
 
-    def do_work(self, now: int) -> tuple[int, int]:
-        """One duty cycle; returns (work done, when to come back at the latest)."""
+    def do_work(self, now: int, readable: set[int] | None = None) -> tuple[int, int]:
+        """One duty cycle; returns (work done, when to come back at the latest). ``readable``:
+        the file descriptors of the sockets that have datagrams (None: try every socket)."""
         work = 0
+
+        def receive(sock: socket.socket, handle: Callable[[memoryview, object], None],
+                    receiver: NetworkReceiver | None = None,
+                    loss: LossFilter | None = None) -> int:
+            if readable is not None and sock.fileno() not in readable:
+                return 0
+            return self._io.receive(sock, now, handle, receiver, loss)
+
         if now >= self._next_service_ns:
             self._next_service_ns = now + _SERVICE_INTERVAL_NS
             work = self.client._service()
@@ -525,13 +538,11 @@ class Bridge:
         channel: ReceiveChannel | SendChannel  # each loop below narrows it
         for key, channel in list(self.receive_channels.items()):
             receiver = channel.receiver
-            work += self._io.receive(channel.sock, now,
-                                     functools.partial(receiver.on_datagram, now), receiver,
-                                     channel.loss_in)
+            work += receive(channel.sock, functools.partial(receiver.on_datagram, now), receiver,
+                            channel.loss_in)
             if channel.transport.control_sock is not None:  # multicast: others' NAKs
-                work += self._io.receive(
-                    channel.transport.control_sock, now,
-                    lambda data, _source: receiver.on_nak_heard(now, data))  # noqa: B023 (run now)
+                work += receive(channel.transport.control_sock,
+                                lambda data, _source: receiver.on_nak_heard(now, data))  # noqa: B023 (run now)
             # dynamic MDC: announce while a subscription wants the channel (once the last one
             # goes, the sender drops this destination after its timeout)
             if (channel.transport.announce_to is not None and receiver.subscriptions
@@ -554,9 +565,8 @@ class Bridge:
             if stats or len(receiver.images) != channel.mirrored_images:
                 self._mirror_receive(channel)
         for channel in list(self.send_channels.values()):
-            work += self._io.receive(channel.sock, now,
-                                     functools.partial(self._on_control, channel, now),
-                                     loss=channel.loss_in)
+            work += receive(channel.sock, functools.partial(self._on_control, channel, now),
+                            loss=channel.loss_in)
             if stats and channel.tracker is not None:
                 channel.tracker.on_idle(now)
                 channel.apply_destinations()
