@@ -1,6 +1,11 @@
 """Datagram I/O in batches, for the netbridge process: one recvmmsg per socket and duty cycle,
 one sendmmsg per batch of DATA (shmbus.shm._native: receive_batch, send_batch).
 
+Where the kernel has UDP segmentation, a run of equal-length datagrams goes out as one
+segmented send (UDP_SEGMENT: one trip through the stack, the same datagrams on the wire), and a
+receive socket takes such runs coalesced (UDP_GRO, see netbridge.transport), which
+receive_batch splits back into their datagrams.
+
 Receiving: DATA that continues one of a receiver's images exactly at its high-water mark
 (:meth:`netbridge.receiver.NetworkReceiver.in_order_images`) is validated and copied into the
 image log natively, and the image is told the result once per batch. From the first datagram

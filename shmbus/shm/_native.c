@@ -3977,6 +3977,17 @@ static PyTypeObject GroupMemberCoreType = {
 
 #define BATCH_MAX 64
 #define BATCH_SLOT 65536
+/* UDP generic segmentation (Linux 4.18) and its receive side (5.0), declared here since libc
+ * headers may predate them */
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+#define GSO_SEGMENTS_MAX 64   /* UDP_MAX_SEGMENTS of the oldest kernels that have it */
+#define UDP_PAYLOAD_MAX 65507
+#define SEND_SPANS_MAX 1024   /* datagrams per sendmmsg at most */
 #define WATCH_MAX 127
 #define HDR_TYPE_SETUP 0x05
 #define HDR_TYPE_RTTM 0x06
@@ -4107,6 +4118,21 @@ static int datagram_key(const uint8_t *d, int64_t size, int32_t *session_id, int
     return 0;
 }
 
+/* The datagram length of a received message: the segment size the kernel reports when it
+ * coalesced several datagrams of one flow (UDP_GRO: each `segment` bytes, the last one maybe
+ * shorter), else the whole message. */
+static int64_t coalesced_segment(struct msghdr *msg, int64_t whole)
+{
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c)) {
+        if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO) {
+            int segment;
+            memcpy(&segment, CMSG_DATA(c), sizeof segment);
+            return segment > 0 && segment < whole ? segment : whole;
+        }
+    }
+    return whole > 0 ? whole : 1;
+}
+
 /* receive_batch(fd, slots, images) -> (received, in_order, rest)
  *
  * One recvmmsg (non-blocking) of up to len(slots) // 65536 datagrams (at most 64) into
@@ -4149,6 +4175,10 @@ static PyObject *native_receive_batch(PyObject *m, PyObject *args)
     struct mmsghdr msgs[BATCH_MAX];
     struct iovec iov[BATCH_MAX];
     struct sockaddr_in sources[BATCH_MAX];
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } control[BATCH_MAX];
     memset(msgs, 0, sizeof(struct mmsghdr) * (size_t)capacity);
     for (Py_ssize_t i = 0; i < capacity; i++) {
         iov[i].iov_base = (uint8_t *)slots.buf + i * BATCH_SLOT;
@@ -4157,44 +4187,51 @@ static PyObject *native_receive_batch(PyObject *m, PyObject *args)
         msgs[i].msg_hdr.msg_iovlen = 1;
         msgs[i].msg_hdr.msg_name = &sources[i];
         msgs[i].msg_hdr.msg_namelen = sizeof sources[i];
+        msgs[i].msg_hdr.msg_control = control[i].buf;
+        msgs[i].msg_hdr.msg_controllen = sizeof control[i].buf;
     }
-    int received = recvmmsg(fd, msgs, (unsigned)capacity, MSG_DONTWAIT, NULL);
-    if (received < 0) {
+    int messages = recvmmsg(fd, msgs, (unsigned)capacity, MSG_DONTWAIT, NULL);
+    if (messages < 0) {
         if (errno == EBADF || errno == ENOTSOCK || errno == EFAULT || errno == EINVAL) {
             PyErr_SetFromErrno(PyExc_OSError);
             goto done;
         }
-        received = 0; /* nothing there, or an ICMP error reported late: not ours to handle */
+        messages = 0; /* nothing there, or an ICMP error reported late: not ours to handle */
     }
     if ((in_order = PyTuple_New(image_count)) == NULL || (rest = PyList_New(0)) == NULL)
         goto done;
-    int diverted = 0;
-    for (int i = 0; i < received; i++) {
-        const uint8_t *d = iov[i].iov_base;
-        int64_t size = msgs[i].msg_len;
-        InOrderImage *image = diverted ? NULL : insert_in_order(images, image_count, d, size);
-        if (image != NULL) {
-            image->datagrams++;
-            image->bytes += size;
-            image->last = i;
-            continue;
-        }
-        int32_t session_id, stream_id;
-        if (!datagram_key(d, size, &session_id, &stream_id)) {
-            diverted = 1;
-        } else {
-            for (Py_ssize_t j = 0; j < image_count; j++)
-                if (images[j].session_id == session_id && images[j].stream_id == stream_id)
-                    images[j].diverted = 1;
-        }
-        PyObject *source = source_tuple(&sources[i]);
-        PyObject *entry = source == NULL ? NULL : Py_BuildValue(
-            "(nLN)", (Py_ssize_t)(i * BATCH_SLOT), (long long)size, source);
-        if (entry == NULL || PyList_Append(rest, entry) < 0) {
-            Py_XDECREF(entry);
-            goto done;
-        }
-        Py_DECREF(entry);
+    int diverted = 0, received = 0;
+    for (int i = 0; i < messages; i++) {
+        int64_t whole = msgs[i].msg_len, segment = coalesced_segment(&msgs[i].msg_hdr, whole);
+        int64_t at = 0;
+        do {  /* each datagram of the message (an empty one too) */
+            received++;
+            const uint8_t *d = (const uint8_t *)iov[i].iov_base + at;
+            int64_t size = whole - at < segment ? whole - at : segment;
+            InOrderImage *image = diverted ? NULL : insert_in_order(images, image_count, d, size);
+            if (image != NULL) {
+                image->datagrams++;
+                image->bytes += size;
+                image->last = i;
+                continue;
+            }
+            int32_t session_id, stream_id;
+            if (!datagram_key(d, size, &session_id, &stream_id)) {
+                diverted = 1;
+            } else {
+                for (Py_ssize_t j = 0; j < image_count; j++)
+                    if (images[j].session_id == session_id && images[j].stream_id == stream_id)
+                        images[j].diverted = 1;
+            }
+            PyObject *source = source_tuple(&sources[i]);
+            PyObject *entry = source == NULL ? NULL : Py_BuildValue(
+                "(nLN)", (Py_ssize_t)(i * BATCH_SLOT + at), (long long)size, source);
+            if (entry == NULL || PyList_Append(rest, entry) < 0) {
+                Py_XDECREF(entry);
+                goto done;
+            }
+            Py_DECREF(entry);
+        } while ((at += segment) < whole);
     }
     for (Py_ssize_t i = 0; i < image_count; i++) {
         InOrderImage *image = &images[i];
@@ -4295,56 +4332,117 @@ static PyObject *native_scan_datagrams(PyObject *m, PyObject *args)
                          back_pressured ? Py_True : Py_False, more ? Py_True : Py_False);
 }
 
+/* Whether this process still sends with UDP_SEGMENT: cleared for good the first time the kernel
+ * or the route refuses it (no such option, or a device without checksum offload). */
+static int gso_enabled = 1;
+
+/* How many spans from `first` go out as one segmented send: spans of one length (the segment
+ * size), and at most one shorter span to end it, within UDP_PAYLOAD_MAX bytes in all. */
+static int gso_run(const Span *spans, Py_ssize_t first, Py_ssize_t count)
+{
+    int64_t size = spans[first].length;
+    int64_t total = size;
+    int n = 1;
+    while (first + n < count && n < GSO_SEGMENTS_MAX) {
+        int64_t length = spans[first + n].length;
+        if (length > size || total + length > UDP_PAYLOAD_MAX)
+            break;
+        total += length;
+        n++;
+        if (length < size)
+            break;
+    }
+    return n;
+}
+
 /* send_batch(fd, buffer, spans, destination) -> datagrams sent
  *
- * sendmmsg (non-blocking) of each (offset, length) span of `buffer` (as scan_datagrams packs
- * them) to `destination`, a numeric IPv4 (host, port). A full socket buffer ends the batch
+ * Sends each (offset, length) span of `buffer` (as scan_datagrams packs them) as one datagram
+ * to `destination`, a numeric IPv4 (host, port), straight from the log, non-blocking. Runs of
+ * equal-length spans go as one segmented send each (UDP_SEGMENT: the kernel cuts it into the
+ * same datagrams, one trip through the stack for the run), all in one sendmmsg; where the
+ * kernel has no segmentation, one datagram per message. A full socket buffer ends the batch
  * (the rest is lost, and NAKed by the receiver as any loss); a datagram the kernel refuses is
  * skipped. ValueError for spans outside the buffer or a bad destination. */
 static PyObject *native_send_batch(PyObject *m, PyObject *args)
 {
     int fd;
     PyObject *obj, *destination;
-    Py_buffer spans;
-    if (!PyArg_ParseTuple(args, "iO!y*O", &fd, &AtomicBufferType, &obj, &spans, &destination))
+    Py_buffer packed;
+    if (!PyArg_ParseTuple(args, "iO!y*O", &fd, &AtomicBufferType, &obj, &packed, &destination))
         return NULL;
     AtomicBuffer *ab = (AtomicBuffer *)obj;
     struct sockaddr_in to;
-    Py_ssize_t count = spans.len / (Py_ssize_t)sizeof(Span);
-    const uint8_t *packed = spans.buf;
+    Py_ssize_t count = packed.len / (Py_ssize_t)sizeof(Span);
+    Span *spans = NULL;
     int sent = 0;
     if (sockaddr_arg(destination, &to) < 0 || ab_check(ab, 0, 0, 1) < 0)
         goto fail;
-    if (spans.len % (Py_ssize_t)sizeof(Span)) {
+    if (packed.len % (Py_ssize_t)sizeof(Span)) {
         PyErr_Format(PyExc_ValueError, "spans of %zd bytes are not (offset, length) pairs",
-                     spans.len);
+                     packed.len);
         goto fail;
     }
+    spans = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(Span));
+    if (spans == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t offset = rd_i64((const uint8_t *)packed.buf + i * sizeof(Span));
+        int64_t length = rd_i64((const uint8_t *)packed.buf + i * sizeof(Span) + 8);
+        if (offset < 0 || length <= 0 || length > UDP_PAYLOAD_MAX ||
+            offset > ab->capacity - length) {
+            PyErr_Format(PyExc_ValueError, "span (%lld, %lld) is not a datagram inside the "
+                         "buffer of %zd bytes", (long long)offset, (long long)length,
+                         ab->capacity);
+            goto fail;
+        }
+        spans[i].offset = offset;
+        spans[i].length = length;
+    }
     struct mmsghdr msgs[BATCH_MAX];
-    struct iovec iov[BATCH_MAX];
+    struct iovec iov[SEND_SPANS_MAX];
+    int runs[BATCH_MAX];
+    union {
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } control[BATCH_MAX];
     for (Py_ssize_t first = 0; first < count;) {
-        int n = 0;
-        for (; n < BATCH_MAX && first + n < count; n++) {
-            int64_t offset = rd_i64(packed + (first + n) * sizeof(Span));
-            int64_t length = rd_i64(packed + (first + n) * sizeof(Span) + 8);
-            if (offset < 0 || length <= 0 || length > 65507 || offset > ab->capacity - length) {
-                PyErr_Format(PyExc_ValueError, "span (%lld, %lld) is not a datagram inside the "
-                             "buffer of %zd bytes", (long long)offset, (long long)length,
-                             ab->capacity);
-                goto fail;
-            }
-            iov[n].iov_base = ab->data + offset;
-            iov[n].iov_len = (size_t)length;
+        int n = 0, spanned = 0;
+        for (Py_ssize_t at = first;
+             n < BATCH_MAX && at < count && spanned + GSO_SEGMENTS_MAX <= SEND_SPANS_MAX; n++) {
+            int run = gso_enabled ? gso_run(spans, at, count) : 1;
             memset(&msgs[n], 0, sizeof msgs[n]);
-            msgs[n].msg_hdr.msg_iov = &iov[n];
-            msgs[n].msg_hdr.msg_iovlen = 1;
+            for (int k = 0; k < run; k++) {
+                iov[spanned + k].iov_base = ab->data + spans[at + k].offset;
+                iov[spanned + k].iov_len = (size_t)spans[at + k].length;
+            }
+            msgs[n].msg_hdr.msg_iov = &iov[spanned];
+            msgs[n].msg_hdr.msg_iovlen = (size_t)run;
             msgs[n].msg_hdr.msg_name = &to;
             msgs[n].msg_hdr.msg_namelen = sizeof to;
+            if (run > 1) {
+                memset(&control[n], 0, sizeof control[n]);
+                msgs[n].msg_hdr.msg_control = control[n].buf;
+                msgs[n].msg_hdr.msg_controllen = sizeof control[n].buf;
+                struct cmsghdr *c = CMSG_FIRSTHDR(&msgs[n].msg_hdr);
+                c->cmsg_level = IPPROTO_UDP;
+                c->cmsg_type = UDP_SEGMENT;
+                c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+                uint16_t segment = (uint16_t)spans[at].length;
+                memcpy(CMSG_DATA(c), &segment, sizeof segment);
+            }
+            runs[n] = run;
+            spanned += run;
+            at += run;
         }
         int done = sendmmsg(fd, msgs, (unsigned)n, MSG_DONTWAIT);
         if (done > 0) {
-            sent += done;
-            first += done;
+            for (int k = 0; k < done; k++) {
+                sent += runs[k];
+                first += runs[k];
+            }
         } else if (done < 0 && errno == EINTR) {
             continue;
         } else if (done < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS)) {
@@ -4352,14 +4450,19 @@ static PyObject *native_send_batch(PyObject *m, PyObject *args)
         } else if (done < 0 && (errno == EBADF || errno == ENOTSOCK)) {
             PyErr_SetFromErrno(PyExc_OSError);
             goto fail;
+        } else if (runs[0] > 1 && (errno == EINVAL || errno == EIO || errno == ENOPROTOOPT ||
+                                   errno == EOPNOTSUPP)) {
+            gso_enabled = 0;  /* refused segmentation: send these again, one by one */
         } else {
-            first++; /* refused (e.g. unreachable): skip it */
+            first += runs[0]; /* refused (e.g. unreachable): skip it */
         }
     }
-    PyBuffer_Release(&spans);
+    PyMem_Free(spans);
+    PyBuffer_Release(&packed);
     return PyLong_FromLong(sent);
 fail:
-    PyBuffer_Release(&spans);
+    PyMem_Free(spans);
+    PyBuffer_Release(&packed);
     return NULL;
 }
 

@@ -236,6 +236,70 @@ def test_a_data_batch_is_what_the_sender_sends_one_by_one_and_goes_out_byte_for_
             log.close()
 
 
+def runs_of_datagrams(buffer: _native.AtomicBuffer) -> tuple[bytes, list[bytes]]:
+    """Spans in ``buffer`` for send_batch and the datagrams they are: runs of one length that
+    go out as segmented sends (a shorter one ends a run, a longer one starts the next), more
+    than one sendmmsg and more than fit one segmented send."""
+    lengths = [1000] * 70 + [300] + [500] * 10 + [700, 64, 64] + [1408] * 50 + [1]
+    spans, datagrams, offset = [], [], 0
+    for i, length in enumerate(lengths):
+        data = bytes((i + k) % 256 for k in range(length))
+        buffer.put_bytes(offset, data)
+        spans.append(struct.pack("<qq", offset, length))
+        datagrams.append(data)
+        offset += length
+    return b"".join(spans), datagrams
+
+
+def coalescing_receiver(sock: socket.socket) -> bool:
+    """Ask the kernel for coalesced runs (UDP_GRO, as the netbridge's receive sockets do);
+    whether it has them."""
+    try:
+        sock.setsockopt(socket.IPPROTO_UDP, 104, 1)
+    except OSError:
+        return False
+    return True
+
+
+def test_runs_of_equal_datagrams_go_out_segmented_and_arrive_as_the_same_datagrams(
+        loopback: tuple[socket.socket, socket.socket]) -> None:
+    out, into = loopback
+    buffer = _native.AtomicBuffer(bytearray(1 << 20))
+    spans, datagrams = runs_of_datagrams(buffer)
+    assert _native.send_batch(out.fileno(), buffer, spans, into.getsockname()) == len(datagrams)
+    got = []
+    while len(got) < len(datagrams):
+        assert select.select([into], [], [], 5)[0], f"{len(got)} of {len(datagrams)} arrived"
+        got.append(into.recv(65536))
+    assert got == datagrams
+
+
+def test_coalesced_runs_are_split_back_into_their_datagrams(
+        loopback: tuple[socket.socket, socket.socket]) -> None:
+    """Where the kernel coalesces (UDP_GRO), a run arrives as one message and receive_batch
+    hands back each datagram of it, in order, with its source; elsewhere each arrives alone."""
+    out, into = loopback
+    coalescing = coalescing_receiver(into)
+    buffer = _native.AtomicBuffer(bytearray(1 << 20))
+    spans, datagrams = runs_of_datagrams(buffer)
+    _native.send_batch(out.fileno(), buffer, spans, into.getsockname())
+    select.select([into], [], [], 5)
+    data, ancillary, _, _ = into.recvmsg(65536, socket.CMSG_SPACE(4))  # the first run
+    first = len(data) // len(datagrams[0])
+    if coalescing:
+        assert first > 1 and ancillary == [(socket.IPPROTO_UDP, 104, struct.pack("<i", 1000))]
+    assert data == b"".join(datagrams[:first])
+    slots = bytearray(RECEIVE_BATCH * 65536)
+    got = datagrams[:first]
+    while len(got) < len(datagrams):
+        assert select.select([into], [], [], 5)[0], f"{len(got)} of {len(datagrams)} arrived"
+        received, _, rest = _native.receive_batch(into.fileno(), slots, ())
+        assert received == len(rest)
+        assert {source for _, _, source in rest} == {out.getsockname()}
+        got += [bytes(slots[offset:offset + size]) for offset, size, _ in rest]
+    assert got == datagrams
+
+
 def test_send_batch_refuses_spans_outside_the_log_and_bad_destinations(
         tmp_path: Path, loopback: tuple[socket.socket, socket.socket]) -> None:
     out, into = loopback
