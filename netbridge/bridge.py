@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import random
 import select
 import signal
@@ -233,6 +234,7 @@ class Bridge:
         #: by endpoint (ChannelUri.endpoint_key): one socket per endpoint, whatever the streams
         self.receive_channels: dict[tuple[str, ...], ReceiveChannel] = {}
         self._endpoint_linger_ns = int(context.netbridge_endpoint_linger * 1e9)
+        self._busy_window_ns = int(context.netbridge_busy_window * 1e9)
         self._images_by_id: dict[int, ReceivedImage] = {}
         self._stopped = False
         self._next_service_ns = 0
@@ -443,20 +445,26 @@ class Bridge:
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Serve until stop() or the driver goes away; then close(). With nothing to do it
-        sleeps in poll() on its sockets and the log watcher's fd until the next
-        deadline."""
+        """Serve until stop() or the driver goes away; then close(). After work it keeps
+        polling for ``Context.netbridge_busy_window`` (yielding the CPU between duty cycles);
+        then, with nothing to do, it sleeps in poll() on its sockets and the log watcher's fd
+        until the next deadline."""
         watcher = self._watcher
         watching: Watches | None = None
         readable: set[int] | None = None  # the first cycle tries every socket
+        busy_until = 0
         try:
             while not self._stopped:
                 now = time.monotonic_ns()
                 work, deadline = self.do_work(now, readable)
                 if work:
+                    busy_until = now + self._busy_window_ns
+                if work or now < busy_until:
                     if watching is not None:  # awake: publishers need not wake anyone
                         watcher.disarm()
                         watching = None
+                    if not work:
+                        os.sched_yield()
                     timeout_ms = 0  # only which sockets have something: no sleep
                 else:
                     watches = self._watches()

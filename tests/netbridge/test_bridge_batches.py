@@ -19,11 +19,14 @@ from tests.netbridge.test_endpoint_ownership import bridge_pid
 PER_PUBLISHER = 100_000
 
 
-@pytest.mark.parametrize("loss", ["", "drop=0.05,dup=0.05,reorder=0.05,seed=5"],
-                         ids=["clean", "5%-loss-dup-reorder"])
+@pytest.mark.parametrize(("loss", "busy_window"), [
+    ("", 100e-6), ("", 0.0), ("drop=0.05,dup=0.05,reorder=0.05,seed=5", 100e-6)],
+    ids=["clean", "clean-bridges-sleep-at-once", "5%-loss-dup-reorder"])
 def test_two_publishers_stream_200k_messages_exactly_through_the_batch_path(
-        shm_dir, loss: str) -> None:
-    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, loss)
+        shm_dir, loss: str, busy_window: float) -> None:
+    """The bridges poll on for busy_window after work (0: sleep at once, woken by sockets and
+    their log watcher)."""
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, loss, netbridge_busy_window=busy_window)
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     spawn = mp.get_context("spawn")
     try:
@@ -54,10 +57,12 @@ def test_two_publishers_stream_200k_messages_exactly_through_the_batch_path(
             stop_driver(driver)
 
 
-def test_an_idle_bridge_sleeps(shm_dir) -> None:
+@pytest.mark.parametrize("busy_window", [100e-6, 0.0])
+def test_an_idle_bridge_sleeps(shm_dir, busy_window: float) -> None:
     """With a stream connected but nothing published, each netbridge only runs its timers
-    (status messages, heartbeats, driver events): a correctness check that nothing spins."""
-    (ctx_a, ctx_b), drivers = bus_pair(shm_dir)
+    (status messages, heartbeats, driver events): a correctness check that nothing spins,
+    whether or not it polls on for a while after work."""
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, netbridge_busy_window=busy_window)
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     try:
         with shmbus.connect(ctx_a) as bus_a, shmbus.connect(ctx_b) as bus_b:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import socket
+from typing import Any
 
 import pytest
 
@@ -20,10 +21,10 @@ def free_udp_port() -> int:
         return sock.getsockname()[1]
 
 
-def bus_pair(shm_dir, loss: str = ""):
+def bus_pair(shm_dir, loss: str = "", **settings: Any):
     contexts = [shmbus.Context(dir=str(shm_dir / name), embedded_driver=False,
                                driver_idle_timeout=600, netbridge_loss=loss,
-                               ipc_term_length=1 << 20) for name in ("a", "b")]
+                               ipc_term_length=1 << 20, **settings) for name in ("a", "b")]
     drivers = [start_driver(context) for context in contexts]
     return contexts, drivers
 

@@ -224,6 +224,11 @@ def test_context_pickles_and_reads_the_environment(monkeypatch, bus_context) -> 
         shmbus.Context.resolve()
     with pytest.raises(TypeError, match="unknown setting 'bogus'"):
         shmbus.Context.resolve(bogus=1)
+    with pytest.raises(ValueError, match="driver_timeout must be a positive number"):
+        shmbus.Context(driver_timeout=0)
+    assert shmbus.Context(netbridge_busy_window=0).netbridge_busy_window == 0  # sleep at once
+    with pytest.raises(ValueError, match="netbridge_busy_window must be a positive number"):
+        shmbus.Context(netbridge_busy_window=-1e-6)
 
 
 def test_a_client_adds_and_removes_its_own_counters_only(bus_context, driver) -> None:
