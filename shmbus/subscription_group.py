@@ -159,7 +159,7 @@ class GroupSubscription(Subscription):
     def _claim(self, handler: FragmentHandler, fragment_limit: int) -> int:
         return self._each_image(GroupImage.poll, handler, fragment_limit)
 
-    def messages(self, timeout: float | None = 1.0) -> Iterator[bytes]:  # type: ignore[override]
+    def messages(self, timeout: float | None = 1.0) -> Iterator[bytes]:
         """Whole messages this member claims, as bytes, until none arrives for ``timeout``
         seconds (None: until closed). Sleeps while there is nothing to claim. A message counts
         as done once it is yielded (see the module docs)."""
