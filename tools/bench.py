@@ -857,7 +857,8 @@ def peer_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_
 
 def zmq_async_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_s: float,
                   timeout_s: float, done: Any) -> dict[str, Any]:
-    """A zmq.asyncio PAIR pinger or ponger: pyzmq's own asyncio API, the peer of poll_async."""
+    """A zmq.asyncio PAIR pinger or ponger: pyzmq's own asyncio API, the peer of
+    messages_async."""
     import zmq
     import zmq.asyncio
 
@@ -1225,8 +1226,9 @@ def report_markdown(report: dict[str, Any]) -> str:
 NOTES = f"""\
 Notes: shmbus = `shmbus.connect()` (embedded driver, default settings: term 1 MiB, mtu 1408,
 `{CHANNEL}`), exclusive publication / subscription in two spawned processes; back-pressured,
-the writer sleeps in publish() and an empty reader in poll(timeout=). "copied +
-checked": every message copied out as bytes, its sequence number and CRC-32 checked; "no copy":
+the writer sleeps in publish() and an empty reader in messages() or poll(timeout=). "copied +
+checked": every message copied out as bytes (by `Subscription.messages()`, or by `bytes()` in a
+poll handler), its sequence number and CRC-32 checked; "no copy":
 the sequence number read from the memoryview in place; batch: offer_many of ({BATCH_ROWS}, size)
 numpy arrays, poll_batch, sequence numbers at head and tail checked with numpy. Peers:
 mp.Queue(maxsize={QUEUE_DEPTH}) put/get, mp.Pipe send_bytes/recv_bytes, posix_ipc (default
@@ -1236,9 +1238,9 @@ buffer {QUEUE_DEPTH}, publisher retries when it is full), all copied + checked l
 result (1.00 = one core). MB = 10^6 payload bytes. x best peer: msg/s over the fastest peer's
 at that size. RTT: microseconds, first 10% of round trips dropped; "waiting / subscriber
 CPU": the {PACED} round trip with the receiver waiting (shmbus: blocking in
-`poll(..., timeout=)`, peers: blocking calls, iceoryx2: polling) and the ponger's CPU in % of
-one core. "asyncio await": both ends on an asyncio event loop, shmbus awaiting
-`Subscription.poll_async`, zmq its own `zmq.asyncio` PAIR. Idle: publisher sleeping,
+`Subscription.messages()`, peers: blocking calls, iceoryx2: polling) and the ponger's CPU in %
+of one core. "asyncio await": both ends on an asyncio event loop, shmbus awaiting
+`Subscription.messages_async()`, zmq its own `zmq.asyncio` PAIR. Idle: publisher sleeping,
 subscriber waiting as named."""
 
 

@@ -23,7 +23,7 @@ def test_quick_netbridge_bench_measures_both_buses_and_zmq(tmp_path: Path) -> No
 
     throughput = {(r["transport"], r["size"]): r for r in rows if r["test"] == "throughput"}
     assert set(throughput) == {(t, size) for size in (32, 4096) for t in (
-        "shmbus offer/poll", "shmbus offer_many/poll_batch", "zmq PUSH/PULL tcp://")}
+        "shmbus offer/messages()", "shmbus offer_many/poll_batch", "zmq PUSH/PULL tcp://")}
     for (transport, _), r in throughput.items():
         assert r["status"] == "ok", r
         assert r["messages"] > 0 and r["msgs_per_s"] > 0 and r["mb_per_s"] > 0
@@ -31,15 +31,15 @@ def test_quick_netbridge_bench_measures_both_buses_and_zmq(tmp_path: Path) -> No
             assert all(r["cores"][side] is not None for side in SIDES), r["cores"]
 
     pings = {r["transport"]: r for r in rows if r["test"] == "ping-pong"}
-    assert set(pings) == {"shmbus offer/poll", "zmq PAIR tcp://"}
+    assert set(pings) == {"shmbus offer/messages()", "zmq PAIR tcp://"}
     for r in pings.values():
         assert r["status"] == "ok", r
         assert r["pace"] == "10,000/s" and 0 < r["pings_per_s"] <= 10_000 * 1.05
         assert 0 < r["p50_us"] <= r["p99_us"] <= r["max_us"] and r["round_trips"] > 0
 
     # issue 14's table, each figure from the rows above
-    shm = throughput[("shmbus offer/poll", 32)]
+    shm = throughput[("shmbus offer/messages()", 32)]
     line = next(x for x in done.stdout.splitlines()
-                if x.startswith("| shmbus over two netbridges: offer/poll [default] |"))
-    assert f"| {pings['shmbus offer/poll']['p50_us']:,.1f} at 10,000/s |" in line
+                if x.startswith("| shmbus over two netbridges: offer/messages() [default] |"))
+    assert f"| {pings['shmbus offer/messages()']['p50_us']:,.1f} at 10,000/s |" in line
     assert line.endswith(" / ".join(f"{shm['cores'][side]:.0%}" for side in SIDES) + " |")

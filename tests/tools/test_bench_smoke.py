@@ -20,7 +20,8 @@ def test_quick_bench_measures_shmbus_and_a_peer_without_errors(tmp_path: Path) -
 
     throughput = [r for r in rows if r["test"] == "throughput"]
     assert {(r["transport"], r["size"]) for r in throughput} == {
-        (t, size) for t in ("shmbus", "shmbus no-copy", "shmbus batch", "mp.Queue")
+        (t, size) for t in ("shmbus", "shmbus poll(handler)", "shmbus no-copy", "shmbus batch",
+                            "mp.Queue")
         for size in (4096,)}
     for r in throughput:
         assert r["status"] == "ok", r
@@ -50,7 +51,7 @@ def test_quick_bench_measures_shmbus_and_a_peer_without_errors(tmp_path: Path) -
     markdown = (tmp_path / "bench.md").read_text()
     blocking = rtt[("shmbus", "1,000 msg/s", "blocking wait")]
     summary = next(line for line in markdown.splitlines()
-                   if line.startswith("| shmbus offer/poll, copied + checked |"))
+                   if line.startswith("| shmbus offer/messages(), copied + checked |"))
     assert f"| {blocking['p50_us']:.1f} / {blocking['cores']['ponger']:.1%} |" in summary
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert json.loads((tmp_path / "bench.json").read_text())["rows"] == rows
