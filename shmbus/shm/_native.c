@@ -3977,13 +3977,9 @@ static PyTypeObject GroupMemberCoreType = {
 
 #define BATCH_MAX 64
 #define BATCH_SLOT 65536
-/* UDP generic segmentation (Linux 4.18) and its receive side (5.0), declared here since libc
- * headers may predate them */
+/* UDP generic segmentation (Linux 4.18), declared here since libc headers may predate it */
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
-#endif
-#ifndef UDP_GRO
-#define UDP_GRO 104
 #endif
 #define GSO_SEGMENTS_MAX 64   /* UDP_MAX_SEGMENTS of the oldest kernels that have it */
 #define UDP_PAYLOAD_MAX 65507
@@ -4118,21 +4114,6 @@ static int datagram_key(const uint8_t *d, int64_t size, int32_t *session_id, int
     return 0;
 }
 
-/* The datagram length of a received message: the segment size the kernel reports when it
- * coalesced several datagrams of one flow (UDP_GRO: each `segment` bytes, the last one maybe
- * shorter), else the whole message. */
-static int64_t coalesced_segment(struct msghdr *msg, int64_t whole)
-{
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c)) {
-        if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO) {
-            int segment;
-            memcpy(&segment, CMSG_DATA(c), sizeof segment);
-            return segment > 0 && segment < whole ? segment : whole;
-        }
-    }
-    return whole > 0 ? whole : 1;
-}
-
 /* receive_batch(fd, slots, images) -> (received, in_order, rest)
  *
  * One recvmmsg (non-blocking) of up to len(slots) // 65536 datagrams (at most 64) into
@@ -4175,10 +4156,6 @@ static PyObject *native_receive_batch(PyObject *m, PyObject *args)
     struct mmsghdr msgs[BATCH_MAX];
     struct iovec iov[BATCH_MAX];
     struct sockaddr_in sources[BATCH_MAX];
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } control[BATCH_MAX];
     memset(msgs, 0, sizeof(struct mmsghdr) * (size_t)capacity);
     for (Py_ssize_t i = 0; i < capacity; i++) {
         iov[i].iov_base = (uint8_t *)slots.buf + i * BATCH_SLOT;
@@ -4187,51 +4164,44 @@ static PyObject *native_receive_batch(PyObject *m, PyObject *args)
         msgs[i].msg_hdr.msg_iovlen = 1;
         msgs[i].msg_hdr.msg_name = &sources[i];
         msgs[i].msg_hdr.msg_namelen = sizeof sources[i];
-        msgs[i].msg_hdr.msg_control = control[i].buf;
-        msgs[i].msg_hdr.msg_controllen = sizeof control[i].buf;
     }
-    int messages = recvmmsg(fd, msgs, (unsigned)capacity, MSG_DONTWAIT, NULL);
-    if (messages < 0) {
+    int received = recvmmsg(fd, msgs, (unsigned)capacity, MSG_DONTWAIT, NULL);
+    if (received < 0) {
         if (errno == EBADF || errno == ENOTSOCK || errno == EFAULT || errno == EINVAL) {
             PyErr_SetFromErrno(PyExc_OSError);
             goto done;
         }
-        messages = 0; /* nothing there, or an ICMP error reported late: not ours to handle */
+        received = 0; /* nothing there, or an ICMP error reported late: not ours to handle */
     }
     if ((in_order = PyTuple_New(image_count)) == NULL || (rest = PyList_New(0)) == NULL)
         goto done;
-    int diverted = 0, received = 0;
-    for (int i = 0; i < messages; i++) {
-        int64_t whole = msgs[i].msg_len, segment = coalesced_segment(&msgs[i].msg_hdr, whole);
-        int64_t at = 0;
-        do {  /* each datagram of the message (an empty one too) */
-            received++;
-            const uint8_t *d = (const uint8_t *)iov[i].iov_base + at;
-            int64_t size = whole - at < segment ? whole - at : segment;
-            InOrderImage *image = diverted ? NULL : insert_in_order(images, image_count, d, size);
-            if (image != NULL) {
-                image->datagrams++;
-                image->bytes += size;
-                image->last = i;
-                continue;
-            }
-            int32_t session_id, stream_id;
-            if (!datagram_key(d, size, &session_id, &stream_id)) {
-                diverted = 1;
-            } else {
-                for (Py_ssize_t j = 0; j < image_count; j++)
-                    if (images[j].session_id == session_id && images[j].stream_id == stream_id)
-                        images[j].diverted = 1;
-            }
-            PyObject *source = source_tuple(&sources[i]);
-            PyObject *entry = source == NULL ? NULL : Py_BuildValue(
-                "(nLN)", (Py_ssize_t)(i * BATCH_SLOT + at), (long long)size, source);
-            if (entry == NULL || PyList_Append(rest, entry) < 0) {
-                Py_XDECREF(entry);
-                goto done;
-            }
-            Py_DECREF(entry);
-        } while ((at += segment) < whole);
+    int diverted = 0;
+    for (int i = 0; i < received; i++) {
+        const uint8_t *d = iov[i].iov_base;
+        int64_t size = msgs[i].msg_len;
+        InOrderImage *image = diverted ? NULL : insert_in_order(images, image_count, d, size);
+        if (image != NULL) {
+            image->datagrams++;
+            image->bytes += size;
+            image->last = i;
+            continue;
+        }
+        int32_t session_id, stream_id;
+        if (!datagram_key(d, size, &session_id, &stream_id)) {
+            diverted = 1;
+        } else {
+            for (Py_ssize_t j = 0; j < image_count; j++)
+                if (images[j].session_id == session_id && images[j].stream_id == stream_id)
+                    images[j].diverted = 1;
+        }
+        PyObject *source = source_tuple(&sources[i]);
+        PyObject *entry = source == NULL ? NULL : Py_BuildValue(
+            "(nLN)", (Py_ssize_t)(i * BATCH_SLOT), (long long)size, source);
+        if (entry == NULL || PyList_Append(rest, entry) < 0) {
+            Py_XDECREF(entry);
+            goto done;
+        }
+        Py_DECREF(entry);
     }
     for (Py_ssize_t i = 0; i < image_count; i++) {
         InOrderImage *image = &images[i];

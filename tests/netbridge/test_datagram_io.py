@@ -251,16 +251,6 @@ def runs_of_datagrams(buffer: _native.AtomicBuffer) -> tuple[bytes, list[bytes]]
     return b"".join(spans), datagrams
 
 
-def coalescing_receiver(sock: socket.socket) -> bool:
-    """Ask the kernel for coalesced runs (UDP_GRO, as the netbridge's receive sockets do);
-    whether it has them."""
-    try:
-        sock.setsockopt(socket.IPPROTO_UDP, 104, 1)
-    except OSError:
-        return False
-    return True
-
-
 def test_runs_of_equal_datagrams_go_out_segmented_and_arrive_as_the_same_datagrams(
         loopback: tuple[socket.socket, socket.socket]) -> None:
     out, into = loopback
@@ -271,32 +261,6 @@ def test_runs_of_equal_datagrams_go_out_segmented_and_arrive_as_the_same_datagra
     while len(got) < len(datagrams):
         assert select.select([into], [], [], 5)[0], f"{len(got)} of {len(datagrams)} arrived"
         got.append(into.recv(65536))
-    assert got == datagrams
-
-
-def test_coalesced_runs_are_split_back_into_their_datagrams(
-        loopback: tuple[socket.socket, socket.socket]) -> None:
-    """Where the kernel coalesces (UDP_GRO), a run arrives as one message and receive_batch
-    hands back each datagram of it, in order, with its source; elsewhere each arrives alone."""
-    out, into = loopback
-    coalescing = coalescing_receiver(into)
-    buffer = _native.AtomicBuffer(bytearray(1 << 20))
-    spans, datagrams = runs_of_datagrams(buffer)
-    _native.send_batch(out.fileno(), buffer, spans, into.getsockname())
-    select.select([into], [], [], 5)
-    data, ancillary, _, _ = into.recvmsg(65536, socket.CMSG_SPACE(4))  # the first run
-    first = len(data) // len(datagrams[0])
-    if coalescing:
-        assert first > 1 and ancillary == [(socket.IPPROTO_UDP, 104, struct.pack("<i", 1000))]
-    assert data == b"".join(datagrams[:first])
-    slots = bytearray(RECEIVE_BATCH * 65536)
-    got = datagrams[:first]
-    while len(got) < len(datagrams):
-        assert select.select([into], [], [], 5)[0], f"{len(got)} of {len(datagrams)} arrived"
-        received, _, rest = _native.receive_batch(into.fileno(), slots, ())
-        assert received == len(rest)
-        assert {source for _, _, source in rest} == {out.getsockname()}
-        got += [bytes(slots[offset:offset + size]) for offset, size, _ in rest]
     assert got == datagrams
 
 
