@@ -53,21 +53,6 @@ def _udp_socket(buffer_size: int) -> socket.socket:
     return sock
 
 
-#: setsockopt(IPPROTO_UDP, UDP_GRO): receive runs of one flow's datagrams coalesced (Linux 5.0)
-_UDP_GRO = 104
-
-
-def _coalesce_received(sock: socket.socket) -> None:
-    """Let the kernel hand over a run of one sender's equal-length datagrams as one message
-    with their length beside it (the sender's segmented sends arrive so over loopback without
-    being cut up first); shmbus.shm._native.receive_batch splits them again. Kernels without
-    UDP_GRO deliver datagram by datagram, as before."""
-    try:
-        sock.setsockopt(socket.IPPROTO_UDP, _UDP_GRO, 1)
-    except OSError:
-        pass
-
-
 def _join(sock: socket.socket, group: tuple[str, int], interface: str, ttl: int) -> None:
     """Bind ``group`` (shared with other sockets of this host) and join it on ``interface``."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -169,7 +154,6 @@ def open_send(uri: ChannelUri, buffer_size: int) -> SendTransport:
 def open_receive(uri: ChannelUri, buffer_size: int) -> ReceiveTransport:
     """The sockets a subscription on ``uri`` receives on. OSError when they cannot be bound."""
     sock = _udp_socket(buffer_size)
-    _coalesce_received(sock)
     try:
         endpoint = parse_address(uri.params["endpoint"])
         if uri.is_multicast:

@@ -162,7 +162,8 @@ class GroupSubscription(Subscription):
     def messages(self, timeout: float | None = 1.0) -> Iterator[bytes]:
         """Whole messages this member claims, as bytes, until none arrives for ``timeout``
         seconds (None: until closed). Sleeps while there is nothing to claim. A message counts
-        as done once it is yielded (see the module docs)."""
+        as done when it is taken from its claim, just before it is yielded (see the module
+        docs)."""
         slice_s = 1.0 if timeout is None else timeout
         while not self._closed:
             message = self._take()
