@@ -2364,6 +2364,24 @@ static long sub_read_waiting(SubscriptionCore *self, image_reader read, PyObject
     }
 }
 
+/* A timeout argument in seconds: None gives `none`; ValueError for a negative or NaN one.
+ * Returns -1 with the exception set on error. */
+static int timeout_arg(PyObject *obj, double none, double *timeout)
+{
+    if (obj == Py_None) {
+        *timeout = none;
+        return 0;
+    }
+    *timeout = PyFloat_AsDouble(obj);
+    if (*timeout == -1 && PyErr_Occurred())
+        return -1;
+    if (*timeout < 0 || *timeout != *timeout) {
+        PyErr_Format(PyExc_ValueError, "timeout must be None or >= 0 seconds, not %R", obj);
+        return -1;
+    }
+    return 0;
+}
+
 static const char *poll_keywords[] = {"handler", "fragment_limit", "timeout", NULL};
 
 static PyObject *sub_poll_with(SubscriptionCore *self, image_reader read, PyObject *const *args,
@@ -2395,16 +2413,9 @@ static PyObject *sub_poll_with(SubscriptionCore *self, image_reader read, PyObje
             return NULL;
         }
     }
-    double timeout = 0;
-    if (timeout_obj != Py_None) {
-        timeout = PyFloat_AsDouble(timeout_obj);
-        if (timeout == -1 && PyErr_Occurred()) return NULL;
-        if (timeout < 0 || timeout != timeout) {
-            PyErr_Format(PyExc_ValueError, "timeout must be None or >= 0 seconds, not %R",
-                         timeout_obj);
-            return NULL;
-        }
-    }
+    double timeout;
+    if (timeout_arg(timeout_obj, 0, &timeout) < 0)
+        return NULL;
     long got = sub_read_waiting(self, read, handler, limit, timeout);
     return got < 0 ? NULL : PyLong_FromLong(got);
 usage:
@@ -2440,16 +2451,9 @@ static PyObject *sub_wait(SubscriptionCore *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "wait(timeout=None)");
         return NULL;
     }
-    double timeout = -1;  /* forever */
-    if (nargs == 1 && args[0] != Py_None) {
-        timeout = PyFloat_AsDouble(args[0]);
-        if (timeout == -1 && PyErr_Occurred()) return NULL;
-        if (timeout < 0 || timeout != timeout) {
-            PyErr_Format(PyExc_ValueError, "timeout must be None or >= 0 seconds, not %R",
-                         args[0]);
-            return NULL;
-        }
-    }
+    double timeout;  /* None: forever (-1) */
+    if (timeout_arg(nargs == 1 ? args[0] : Py_None, -1, &timeout) < 0)
+        return NULL;
     double deadline = timeout >= 0 ? monotonic_s() + timeout : 0;
     for (;;) {
         if (sub_raise_error(self) < 0)
@@ -2529,21 +2533,14 @@ static PyObject *messages_next(MessageIterator *self)
 {
     SubscriptionCore *sub = self->subscription;
     double deadline = self->timeout > 0 ? monotonic_s() + self->timeout : 0;
-    for (;;) {
-        if (self->ended)
-            return NULL;
+    while (!self->ended) {
         int32_t seen = sub->wake != NULL ? LOAD_ACQUIRE(sub->wake) : 0;
         PyObject *message = sub_take(sub);
         if (message != NULL || PyErr_Occurred())
             return message;
-        self->ended = sub->closed || self->timeout == 0;
-        double slice = 1.0;  /* to look at signals (Ctrl-C) while waiting forever */
-        if (self->timeout > 0) {
-            double remaining = deadline - monotonic_s();
-            self->ended = self->ended || remaining <= 0;
-            if (!self->ended && remaining < slice)
-                slice = remaining;
-        }
+        double remaining = self->timeout > 0 ? deadline - monotonic_s() : 1.0;
+        double slice = remaining < 1.0 ? remaining : 1.0;  /* 1 s: to look at signals */
+        self->ended = sub->closed || self->timeout == 0 || slice <= 0;
         if (self->ended)
             return NULL;
         PyObject *images = Py_NewRef(sub->images);
@@ -2552,6 +2549,7 @@ static PyObject *messages_next(MessageIterator *self)
         if (ready < 0 || PyErr_CheckSignals() < 0)
             return NULL;
     }
+    return NULL;
 }
 
 static void messages_dealloc(MessageIterator *self)
@@ -2576,27 +2574,15 @@ static PyTypeObject MessageIteratorType = {
 static PyObject *sub_messages(SubscriptionCore *self, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames)
 {
-    PyObject *timeout_obj = Py_None;
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    if (nargs + nkw > 1 ||
-        (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "timeout") != 0)) {
+    if (nargs + nkw > 1 || (nkw == 1 && PyUnicode_CompareWithASCIIString(
+                                            PyTuple_GET_ITEM(kwnames, 0), "timeout") != 0)) {
         PyErr_SetString(PyExc_TypeError, "messages(timeout=1.0)");
         return NULL;
     }
-    double timeout = 1.0;
-    if (nargs + nkw == 1) {
-        timeout_obj = args[0];
-        timeout = -1;
-    }
-    if (timeout_obj != Py_None) {
-        timeout = PyFloat_AsDouble(timeout_obj);
-        if (timeout == -1 && PyErr_Occurred()) return NULL;
-        if (timeout < 0 || timeout != timeout) {
-            PyErr_Format(PyExc_ValueError, "timeout must be None or >= 0 seconds, not %R",
-                         timeout_obj);
-            return NULL;
-        }
-    }
+    double timeout = 1.0;  /* not given: 1 s; None: until closed (-1) */
+    if (nargs + nkw == 1 && timeout_arg(args[0], -1, &timeout) < 0)
+        return NULL;
     MessageIterator *it = PyObject_New(MessageIterator, &MessageIteratorType);
     if (it == NULL)
         return NULL;
