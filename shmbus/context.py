@@ -15,7 +15,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from shmbus.shm.log_buffer import MTU_DEFAULT, TERM_LENGTH_DEFAULT, check_mtu, check_term_length
+from shmbus.shm.log_buffer import (
+    MTU_DEFAULT,
+    TERM_LENGTH_DEFAULT,
+    UDP_TERM_LENGTH_DEFAULT,
+    check_mtu,
+    check_term_length,
+)
 
 
 def default_directory() -> str:
@@ -50,6 +56,10 @@ class Context:
     untethered_resting_timeout: float = 10.0
     #: term length of IPC publications unless the channel sets term-length
     ipc_term_length: int = TERM_LENGTH_DEFAULT
+    #: term length of udp publications unless the channel sets term-length (Aeron: 16 MiB).
+    #: A log is three terms, so 12 MiB per publication and per image; a udp publisher may run
+    #: half a term ahead of what its netbridge sent
+    udp_term_length: int = UDP_TERM_LENGTH_DEFAULT
     #: IPC publication window (0: term length / 2)
     ipc_window: int = 0
     #: mtu of publications unless the channel sets mtu
@@ -83,8 +93,9 @@ class Context:
     netbridge_busy_window: float = 100e-6
 
     def __post_init__(self) -> None:
-        check_term_length(self.ipc_term_length)
-        check_mtu(self.mtu, self.ipc_term_length)
+        for term_length in (self.ipc_term_length, self.udp_term_length):
+            check_term_length(term_length)
+            check_mtu(self.mtu, term_length)
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type == "float" and not (value > 0 or value == 0 and f.name in _MAY_BE_ZERO):

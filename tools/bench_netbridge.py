@@ -37,12 +37,11 @@ uses two streams on two UDP channels: ping (bus A -> bus B) and pong (bus B -> b
 uses one PAIR socket pair over TCP.
 
 Channels: each shmbus measurement runs on the default channel (a plain endpoint URI: term
-1 MiB, mtu 1408, receiver window 512 KiB) and on a loopback-tuned one (mtu 65504, rcv-wnd
+4 MiB, mtu 1408, receiver window 2 MiB) and on a loopback-tuned one (mtu 65504, rcv-wnd
 2 MiB, term 4 MiB; --tuned changes it, --channels picks).
 
-Idle strategies: a back-pressured shmbus writer backs off (BackoffIdleStrategy: spin, yield,
-then sleep 1 us .. 1 ms; measured faster here than sleeping in publish(), which the bridge's
-sender wakes at every move); the readers and the ping-pong sides block in Subscription.wait()
+Idle strategies: a back-pressured shmbus writer sleeps in publish() / publish_many(), woken
+when the bridge's sender moves; the readers and the ping-pong sides block in Subscription.wait()
 or poll(..., timeout=), woken when the bridge writes. Each netbridge, with nothing to do,
 sleeps in poll() on its sockets and its log watcher (an io_uring futex wait, or a thread's
 eventfd, that turns readable when a publisher writes where a sender waits), until its next
@@ -93,7 +92,6 @@ from _harness import (
     machine,
     markdown_table,
     median_row,
-    offer_until_accepted,
     percentiles_us,
     run_processes,
     text_table,
@@ -134,8 +132,8 @@ class ChannelConfig:
         return f"aeron:udp?endpoint=127.0.0.1:{port}" + (f"|{self.params}" if self.params else "")
 
 
-#: a channel as a user writes it: term 1 MiB, mtu 1408 (a 4 KiB message is 3 fragments,
-#: 22 messages of 32 B fill a datagram), the default receiver window (512 KiB; Aeron's: 128 KiB)
+#: a channel as a user writes it: term 4 MiB, mtu 1408 (a 4 KiB message is 3 fragments,
+#: 22 messages of 32 B fill a datagram), the default receiver window (2 MiB; Aeron's: 128 KiB)
 DEFAULT_CHANNEL = ChannelConfig("default")
 #: loopback tuning: datagrams up to 64 KiB (no IP fragmentation on lo, whose MTU is 65536; on a
 #: real network an mtu above the path MTU would be fragmented) and a 2 MiB receiver window
@@ -280,43 +278,31 @@ def _shm_writer(start: Any, context: Any, uri: str, stream_id: int, size: int,
     with shmbus.connect(context) as bus:
         publication = _connect_publication(bus, uri, stream_id, time.monotonic() + timeout_s,
                                            destinations)
-        offer, offer_many, publish = publication.offer, publication.offer_many, publication.publish
+        offer, offer_many = publication.offer, publication.offer_many
+        publish, publish_many = publication.publish, publication.publish_many
         pack = codec(size).pack_into
         message = bytearray(size)
         block = np.zeros((BATCH_ROWS, size), np.uint8)
         words = block.view("<i8")
         ramp = np.arange(BATCH_ROWS, dtype=np.int64)
-        idle = shmbus.BackoffIdleStrategy()
         start.ready(bus.driver_pid)
         t0 = time.monotonic_ns()
         end_ns = t0 + int(duration_s * 1e9)
-        deadline = t0 + int(timeout_s * 1e9)
         seq = 0
-        # back-pressured, the writer backs off (spin, yield, then sleeps up to 1 ms)
+        # back-pressured, the writer sleeps in publish()/publish_many() until the sender moves
         if batch:
             while time.monotonic_ns() < end_ns:
                 np.add(ramp, seq, out=words[:, 0])
                 words[:, -1] = words[:, 0]
-                sent = 0
-                while sent < BATCH_ROWS:
-                    result = offer_many(block[sent:] if sent else block)
-                    if result > 0:
-                        sent += result
-                        idle.reset()
-                        continue
-                    if result == shmbus.ADMIN_ACTION:
-                        continue
-                    if result in (shmbus.CLOSED, shmbus.MAX_POSITION_EXCEEDED):
-                        raise BenchError(f"offer_many: {shmbus.result_name(result)}")
-                    idle.idle(0)
-                    if time.monotonic_ns() > deadline:
-                        raise BenchError(f"offer_many blocked: {shmbus.result_name(result)}")
+                sent = offer_many(block)
+                if sent != BATCH_ROWS:
+                    publish_many(block[max(sent, 0):], timeout=timeout_s)
                 seq += BATCH_ROWS
         else:
             while True:
                 pack(message, 0, seq, seq)
                 if offer(message) < 0:
-                    offer_until_accepted(offer, message, idle, deadline)
+                    publish(message, timeout=timeout_s)
                 seq += 1
                 if not seq & 127 and time.monotonic_ns() >= end_ns:
                     break
@@ -891,9 +877,9 @@ notes:
   channels (shmbus rows; Aeron's on the default one only: its driver refuses a receiver window
   over its socket buffer, 128 KiB unless configured):
 {{channels}}
-    default: shmbus term 1 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
-    fragments, 22 messages of 32 B per datagram), receiver window 512 KiB (Aeron's: 128 KiB).
-  waiting: back-pressured shmbus writers back off (spin, yield, sleep 1 us .. 1 ms), readers
+    default: shmbus term 4 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
+    fragments, 22 messages of 32 B per datagram), receiver window 2 MiB (Aeron's: 128 KiB).
+  waiting: back-pressured shmbus writers sleep in publish() until the bridge's sender moves, readers
     block in Subscription.messages(), wait() or poll(..., timeout=), woken by the bridges; a
     netbridge with nothing to do sleeps in poll() on its sockets and its log watcher
     (readable when a publisher writes where a sender waits, or subscribers read up to where a

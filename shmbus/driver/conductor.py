@@ -543,7 +543,8 @@ class DriverConductor:
     def _create_publication(self, command: cp.AddPublication, uri: ChannelUri,
                             exclusive: bool) -> IpcPublication:
         registration_id = command.correlation_id
-        term_length = uri.int_param("term-length", self.context.ipc_term_length)
+        term_length = uri.int_param("term-length", self.context.ipc_term_length if uri.is_ipc
+                                    else self.context.udp_term_length)
         mtu = uri.int_param("mtu", self.context.mtu)
         if "session-id" in uri.params:
             session_id = uri.int_param("session-id")

@@ -25,7 +25,8 @@ def bridges(directory: str) -> list[psutil.Process]:
 
 
 def test_a_killed_netbridge_is_replaced_and_the_stream_goes_on(bus_context, driver) -> None:
-    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    # a window of a quarter of the stream: most of it is still to be sent when the bridge dies
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}|rcv-wnd=131072"
     events: list[str] = []
     with shmbus.connect(bus_context) as bus:
         publication = bus.add_exclusive_publication(channel, STREAM)
