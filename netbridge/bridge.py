@@ -28,7 +28,6 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -445,10 +444,11 @@ class Bridge:
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Serve until stop() or the driver goes away; then close(). After work it keeps
-        polling for ``Context.netbridge_busy_window`` (yielding the CPU between duty cycles);
-        then, with nothing to do, it sleeps in poll() on its sockets and the log watcher's fd
-        until the next deadline."""
+        """Serve until stop() or the driver goes away; then close(). After work it spins for
+        ``Context.netbridge_busy_window`` (natively, yielding the CPU at every turn: see
+        _native.busy_poll) until a socket is readable, a publisher commits where a sender
+        waits, or a timer is due; then, with nothing to do, it sleeps in poll() on its sockets
+        and the log watcher's fd until the next deadline."""
         watcher = self._watcher
         watching: Watches | None = None
         readable: set[int] | None = None  # the first cycle tries every socket
@@ -463,8 +463,11 @@ class Bridge:
                     if watching is not None:  # awake: publishers need not wake anyone
                         watcher.disarm()
                         watching = None
-                    if not work:
-                        os.sched_yield()
+                    if not work:  # spin natively until there is something to do
+                        found = _native.busy_poll(self._poll_fds(), *self._watches(),
+                                                  min(busy_until, deadline))
+                        readable = None if found is None else set(found)
+                        continue
                     timeout_ms = 0  # only which sockets have something: no sleep
                 else:
                     watches = self._watches()
@@ -488,10 +491,14 @@ class Bridge:
         return [c.sock for c in self.send_channels.values()] + [
             sock for c in self.receive_channels.values() for sock in c.transport.sockets()]
 
+    def _poll_fds(self) -> tuple[int, ...]:
+        """The watcher's fd, then every socket's."""
+        return (self._watcher.fileno(), *(sock.fileno() for sock in self._sockets()))
+
     def _poll(self) -> select.poll:
         """A poll object on every socket and the watcher's eventfd (made again when the
         sockets change)."""
-        fds = (self._watcher.fileno(), *(sock.fileno() for sock in self._sockets()))
+        fds = self._poll_fds()
         if self._poller is None or self._poller[0] != fds:
             poller = select.poll()
             for fd in fds:
@@ -519,22 +526,25 @@ class Bridge:
 
     def do_work(self, now: int, readable: set[int] | None = None) -> tuple[int, int]:
         """One duty cycle; returns (work done, when to come back at the latest). ``readable``:
-        the file descriptors of the sockets that have datagrams (None: try every socket)."""
-        work = 0
+        the file descriptors of the sockets that have datagrams (None: try every socket).
 
-        def receive(sock: socket.socket, handle: Callable[[memoryview, object], None],
-                    receiver: NetworkReceiver | None = None,
-                    loss: LossFilter | None = None) -> int:
-            if readable is not None and sock.fileno() not in readable:
-                return 0
-            return self._io.receive(sock, now, handle, receiver, loss)
-
-        if now >= self._next_service_ns:
-            self._next_service_ns = now + _SERVICE_INTERVAL_NS
-            work = self.client._service()
+        In the order a datagram's latency wants: what came in (DATA, which wakes subscribers,
+        then control, which moves senders' limits); the CPU offered to the subscribers just
+        woken (one may answer at once, and its answer goes out below); what goes out (DATA,
+        then receivers' NAKs and status messages); then driver events, statistics and the loss
+        filters' timers."""
         stats = now >= self._next_stats_ns
         if stats:
             self._next_stats_ns = now + _STATS_INTERVAL_NS
+        work = self._receive(now, readable)
+        deadline = now + _IDLE_WAIT_MAX_NS
+        for send_channel in list(self.send_channels.values()):
+            work, deadline = self._send(send_channel, now, stats, work, deadline)
+        for key, receive_channel in list(self.receive_channels.items()):
+            work, deadline = self._poll_receiver(key, receive_channel, now, stats, work, deadline)
+        if now >= self._next_service_ns:
+            self._next_service_ns = now + _SERVICE_INTERVAL_NS
+            work += self.client._service()
         while self._events:
             work += 1
             event = self._events.pop(0)
@@ -542,62 +552,6 @@ class Bridge:
                 self._on_driver_event(event)
             except OSError as e:  # e.g. an endpoint another process holds: report, go on
                 print(f"netbridge: {type(event).__name__}: {e}", file=sys.stderr)
-        deadline = now + _IDLE_WAIT_MAX_NS
-        channel: ReceiveChannel | SendChannel  # each loop below narrows it
-        for key, channel in list(self.receive_channels.items()):
-            receiver = channel.receiver
-            work += receive(channel.sock, functools.partial(receiver.on_datagram, now), receiver,
-                            channel.loss_in)
-            if channel.transport.control_sock is not None:  # multicast: others' NAKs
-                work += receive(channel.transport.control_sock,
-                                lambda data, _source: receiver.on_nak_heard(now, data))  # noqa: B023 (run now)
-            # dynamic MDC: announce while a subscription wants the channel (once the last one
-            # goes, the sender drops this destination after its timeout)
-            if (channel.transport.announce_to is not None and receiver.subscriptions
-                    and now >= channel.next_announce_ns):
-                channel.next_announce_ns = now + _ANNOUNCE_INTERVAL_NS
-                send_to(channel.sock, self._announcement, channel.transport.announce_to)
-            polled = receiver.poll(now)
-            work += self._io.send(channel.sock, polled.datagrams, now, channel.loss_out)
-            for image_event in polled.events:
-                if isinstance(image_event, ImageUnavailable):
-                    self._close_image(channel, image_event.image)
-            if polled.next_deadline_ns is not None:
-                deadline = min(deadline, polled.next_deadline_ns)
-            if channel.idle_since_ns is not None and not receiver.images:
-                if now - channel.idle_since_ns >= self._endpoint_linger_ns:
-                    self._close_receive_channel(key)
-                    work += 1
-                    continue
-                deadline = min(deadline, channel.idle_since_ns + self._endpoint_linger_ns)
-            if stats or len(receiver.images) != channel.mirrored_images:
-                self._mirror_receive(channel)
-        for channel in list(self.send_channels.values()):
-            work += receive(channel.sock, functools.partial(self._on_control, channel, now),
-                            loss=channel.loss_in)
-            if stats and channel.tracker is not None:
-                channel.tracker.on_idle(now)
-                channel.apply_destinations()
-            for sender_key, sender in list(channel.senders.items()):
-                self._check_closed(sender)
-                datagrams, due = sender.sender.poll(now)
-                work += self._io.send(channel.sock, datagrams, now, channel.loss_out)
-                deadline = min(deadline, due)
-                if sender.closed_at_ns is None:
-                    # after the end of stream is mirrored the driver frees the counters
-                    self._mirror_sender(sender)
-                if stats:
-                    self._mirror_receivers(sender)
-                if sender.sender.is_end_of_stream:
-                    sender.closed_at_ns = sender.closed_at_ns or now
-                    if now - sender.closed_at_ns > _SENDER_LINGER_NS:
-                        del channel.senders[sender_key]
-                        self._watcher.disarm(True)  # it may still be asleep on this log
-                        sender.log.close()
-                        for counter_id in sender.counter_ids():
-                            self._remove_counter(counter_id)
-            if stats:
-                self._mirror_send(channel)
         channels: list[ReceiveChannel | SendChannel] = [*self.send_channels.values(),
                                                          *self.receive_channels.values()]
         for channel in channels:
@@ -615,6 +569,91 @@ class Bridge:
                 next_loss = loss.next_deadline()
                 if next_loss is not None:
                     deadline = min(deadline, next_loss)
+        return work, deadline
+
+    def _receive(self, now: int, readable: set[int] | None) -> int:
+        """Every readable socket's datagrams: DATA (and multicast NAKs) first, then status
+        messages and NAKs for the senders; returns how many came. Yields the CPU after DATA
+        came: a subscriber it woke may be waiting for this core."""
+        io = self._io
+        data = 0
+        for channel in self.receive_channels.values():
+            receiver = channel.receiver
+            if readable is None or channel.sock.fileno() in readable:
+                data += io.receive(channel.sock, now, functools.partial(receiver.on_datagram, now),
+                                   receiver, channel.loss_in)
+            control = channel.transport.control_sock  # multicast: others' NAKs
+            if control is not None and (readable is None or control.fileno() in readable):
+                data += io.receive(control, now, functools.partial(self._on_nak_heard,
+                                                                   receiver, now))
+        if data:
+            os.sched_yield()
+        control_count = 0
+        for send_channel in self.send_channels.values():
+            if readable is None or send_channel.sock.fileno() in readable:
+                control_count += io.receive(
+                    send_channel.sock, now, functools.partial(self._on_control, send_channel, now),
+                    loss=send_channel.loss_in)
+        return data + control_count
+
+    @staticmethod
+    def _on_nak_heard(receiver: NetworkReceiver, now: int, data: memoryview,
+                      _source: object) -> None:
+        receiver.on_nak_heard(now, data)
+
+    def _send(self, channel: SendChannel, now: int, stats: bool, work: int,
+              deadline: int) -> tuple[int, int]:
+        """Poll the channel's senders and send what they have; mirror their counters."""
+        if stats and channel.tracker is not None:
+            channel.tracker.on_idle(now)
+            channel.apply_destinations()
+        for sender_key, sender in list(channel.senders.items()):
+            self._check_closed(sender)
+            datagrams, due = sender.sender.poll(now)
+            work += self._io.send(channel.sock, datagrams, now, channel.loss_out)
+            deadline = min(deadline, due)
+            if sender.closed_at_ns is None:
+                # after the end of stream is mirrored the driver frees the counters
+                self._mirror_sender(sender)
+            if stats:
+                self._mirror_receivers(sender)
+            if sender.sender.is_end_of_stream:
+                sender.closed_at_ns = sender.closed_at_ns or now
+                if now - sender.closed_at_ns > _SENDER_LINGER_NS:
+                    del channel.senders[sender_key]
+                    self._watcher.disarm(True)  # it may still be asleep on this log
+                    sender.log.close()
+                    for counter_id in sender.counter_ids():
+                        self._remove_counter(counter_id)
+        if stats:
+            self._mirror_send(channel)
+        return work, deadline
+
+    def _poll_receiver(self, key: tuple[str, ...], channel: ReceiveChannel, now: int,
+                       stats: bool, work: int, deadline: int) -> tuple[int, int]:
+        """The receiver's timers (NAKs, status messages, liveness), its announcements, and the
+        endpoint closed once its linger is over; mirror its counters."""
+        receiver = channel.receiver
+        # dynamic MDC: announce while a subscription wants the channel (once the last one
+        # goes, the sender drops this destination after its timeout)
+        if (channel.transport.announce_to is not None and receiver.subscriptions
+                and now >= channel.next_announce_ns):
+            channel.next_announce_ns = now + _ANNOUNCE_INTERVAL_NS
+            send_to(channel.sock, self._announcement, channel.transport.announce_to)
+        polled = receiver.poll(now)
+        work += self._io.send(channel.sock, polled.datagrams, now, channel.loss_out)
+        for image_event in polled.events:
+            if isinstance(image_event, ImageUnavailable):
+                self._close_image(channel, image_event.image)
+        if polled.next_deadline_ns is not None:
+            deadline = min(deadline, polled.next_deadline_ns)
+        if channel.idle_since_ns is not None and not receiver.images:
+            if now - channel.idle_since_ns >= self._endpoint_linger_ns:
+                self._close_receive_channel(key)
+                return work + 1, deadline
+            deadline = min(deadline, channel.idle_since_ns + self._endpoint_linger_ns)
+        if stats or len(receiver.images) != channel.mirrored_images:
+            self._mirror_receive(channel)
         return work, deadline
 
     @staticmethod

@@ -354,6 +354,14 @@ def send_batch(fd: int, buffer: AtomicBuffer, spans: Buffer, destination: tuple[
     """sendmmsg of each (offset, length) span of buffer to a numeric IPv4 destination;
     returns how many went (a full socket buffer ends the batch: loss)."""
 
+def busy_poll(
+    fds: tuple[int, ...], data: tuple[tuple[AtomicBuffer, int, int], ...],
+    progress: tuple[tuple[AtomicBuffer, int, AtomicBuffer, int, int], ...], until_ns: int, /,
+) -> tuple[int, ...] | None:
+    """A poll loop's spin: until CLOCK_MONOTONIC reaches until_ns, poll fds without waiting,
+    check the watches (as LogWatcher.arm takes them) and yield the CPU. Returns the readable
+    fds, () when a watch is ready first, None at until_ns; OSError from poll()."""
+
 @final
 class LogWatcher:
     """A native thread that makes ``fileno()`` readable once a frame is committed where a

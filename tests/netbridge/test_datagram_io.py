@@ -395,3 +395,40 @@ def test_the_watcher_wakes_when_a_subscriber_reads_up_to_the_threshold(
     finally:
         watcher.close()
         host.close()
+
+
+# --- the busy window's spin ---------------------------------------------------------------------
+
+
+def test_busy_poll_returns_at_a_datagram_a_committed_frame_or_its_deadline(
+        tmp_path: Path, loopback: tuple[socket.socket, socket.socket]) -> None:
+    out, into = loopback
+    log = PublicationLog(tmp_path)
+    try:
+        data_watch = ((log.log.buffer, log.term_length, 0),)
+        fds = (into.fileno(),)
+        before = time.monotonic_ns()
+        assert _native.busy_poll(fds, data_watch, (), before + 20 * MS) is None
+        assert time.monotonic_ns() - before >= 20 * MS  # it spun until its deadline
+        # a datagram: the readable fd, long before the deadline
+        threading.Timer(0.05, lambda: out.sendto(b"x", into.getsockname())).start()
+        assert _native.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == fds
+        into.recv(16)
+        # a publisher's frame where the sender waits: () (nothing readable)
+        threading.Timer(0.05, lambda: log.offer(b"wake")).start()
+        assert _native.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == ()
+    finally:
+        log.close()
+
+
+def test_busy_poll_refuses_bad_arguments_clearly(tmp_path: Path) -> None:
+    log = PublicationLog(tmp_path)
+    try:
+        with pytest.raises(ValueError, match="at most 127"):
+            _native.busy_poll(tuple(range(200)), (), (), 0)
+        with pytest.raises(ValueError, match="multiple of 32"):
+            _native.busy_poll((), ((log.log.buffer, log.term_length, 5),), (), 0)
+        with pytest.raises(TypeError):
+            _native.busy_poll([0], (), (), 0)  # type: ignore[arg-type]
+    finally:
+        log.close()
