@@ -474,8 +474,13 @@ class Bridge:
                     if watches != watching:  # else it still watches just these
                         watcher.arm(*watches)
                         watching = watches
-                    timeout_ns = min(deadline - time.monotonic_ns(), _IDLE_WAIT_MAX_NS)
-                    timeout_ms = max(0, -(-timeout_ns // 1_000_000))  # rounded up
+                    if _native.busy_poll((), *watches, 0) is not None:
+                        # a frame or a reader came since the duty cycle (arm leaves out what
+                        # is ready: it would never fire): no sleep
+                        timeout_ms = 0
+                    else:
+                        timeout_ns = min(deadline - time.monotonic_ns(), _IDLE_WAIT_MAX_NS)
+                        timeout_ms = max(0, -(-timeout_ns // 1_000_000))  # rounded up
                 readable = {fd for fd, _ in self._poll().poll(timeout_ms)}
                 if watching is not None and watcher.clear():  # it fired, and disarmed itself
                     watching = None

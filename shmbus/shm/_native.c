@@ -4773,10 +4773,15 @@ static int ring_submit(FutexRing *self, uint8_t opcode, uint64_t addr, uint32_t 
     return r == 1 ? 0 : -1;
 }
 
-/* Consumes every completion; returns the latest wait's result if it completed, else 1. */
+/* ring_drain's answer while the latest wait has not completed (a completed futex_waitv's
+ * result is the index of the word woken, 0 for a no-op, or -errno) */
+#define RING_PENDING INT_MIN
+
+/* Consumes every completion; returns the latest wait's result if it completed, else
+ * RING_PENDING. */
 static int ring_drain(FutexRing *self)
 {
-    int latest = 1;
+    int latest = RING_PENDING;
     uint32_t head = *self->cq_head;
     while (head != __atomic_load_n(self->cq_tail, __ATOMIC_ACQUIRE)) {
         UringCqe *cqe = &self->cqes[head & *self->cq_mask];
@@ -5013,7 +5018,7 @@ static PyObject *futex_ring_disarm(FutexRing *self, PyObject *args)
 
 static PyObject *futex_ring_clear(FutexRing *self, PyObject *Py_UNUSED(ignored))
 {
-    if (self->fd < 0 || ring_drain(self) == 1)
+    if (self->fd < 0 || ring_drain(self) == RING_PENDING)
         Py_RETURN_FALSE;
     ring_release(self); /* it fired: disarmed, as a LogWatcher that fired is */
     Py_RETURN_TRUE;

@@ -397,6 +397,24 @@ def test_the_watcher_wakes_when_a_subscriber_reads_up_to_the_threshold(
         host.close()
 
 
+
+def test_a_watcher_woken_on_any_of_its_words_says_it_fired(tmp_path: Path, watcher_kind) -> None:
+    """clear() is True whichever word woke it (an io_uring futex wait completes with the
+    index of the word woken: 1 here), so the loop knows it must arm again before it sleeps."""
+    log = PublicationLog(tmp_path)
+    other_log = PublicationLog(tmp_path, name="other.log")
+    watcher = watcher_kind()
+    try:
+        watcher.arm(((other_log.log.buffer, other_log.term_length, 0),
+                     (log.log.buffer, log.term_length, 0)), ())
+        assert log.offer(b"second word") > 0
+        assert readable(watcher.fileno(), 5)
+        assert watcher.clear()
+    finally:
+        watcher.close()
+        log.close()
+        other_log.close()
+
 # --- the busy window's spin ---------------------------------------------------------------------
 
 
