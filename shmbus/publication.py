@@ -49,10 +49,15 @@ class BufferClaim:
                  length: int) -> None:
         self._publication = publication
         self._frame_offset = frame_offset
+        self.buffer: memoryview | None = None
+        if result > 0:
+            try:
+                self.buffer = publication._claim_view(frame_offset, length)
+            except ValueError:
+                if not publication.is_closed:
+                    raise
+                result = codes.CLOSED  # closed since the claim (its client failed): no claim
         self.result = result
-        self.buffer: memoryview | None = (
-            publication._claim_view(frame_offset, length) if result > 0 else None
-        )
 
     def __bool__(self) -> bool:
         return self.result > 0

@@ -493,7 +493,8 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
             client_liveness_timeout=2.0, keepalive_interval=0.2,
             publication_unblock_timeout=1.0, publication_linger_timeout=1.0,
             untethered_window_limit_timeout=1.0, untethered_resting_timeout=1.0,
-            ipc_term_length=TERM_LENGTH, driver_idle_timeout=3600.0,
+            ipc_term_length=TERM_LENGTH, udp_term_length=TERM_LENGTH,
+            driver_idle_timeout=3600.0,
             netbridge_loss=f"{LOSS},seed={seed}")
         ledger_path = str(Path(tmp) / "ledger")
         specs = writer_specs(publishers, port)

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmbus
+from shmbus.publication import BufferClaim
 from shmbus.shm import _native
 from shmbus.shm._native import PublicationCore
 from shmbus.shm.log_buffer import (
@@ -220,6 +221,21 @@ def test_a_claim_open_when_its_publication_closes_is_not_published(stream, exclu
     assert raised.value.code == shmbus.CLOSED
     assert drain(stream, stream.image()) == []
 
+
+
+def test_a_publication_closed_between_the_claim_and_its_buffer_gives_a_failed_claim(
+        stream, exclusive) -> None:
+    """The client's conductor thread may close the publication just after try_claim reserved
+    the frame: the claim comes back failed with CLOSED (as offer would), not a ValueError."""
+    pub = stream.publication(exclusive)
+    result, frame_offset = pub._claim(8, 0)
+    assert result > 0
+    pub.close()
+    claim = BufferClaim(pub, result, frame_offset, 8)
+    assert not claim and claim.result == shmbus.CLOSED and claim.buffer is None
+    with pytest.raises(shmbus.PublicationError):
+        claim.__enter__()
+    assert drain(stream, stream.image()) == []
 
 def test_claim_limits_and_failures(stream) -> None:
     pub = stream.publication()
