@@ -475,8 +475,8 @@ class Bridge:
                         watcher.arm(*watches)
                         watching = watches
                     if _native.busy_poll((), *watches, 0) is not None:
-                        # a frame or a reader came since the duty cycle (arm leaves out what
-                        # is ready: it would never fire): no sleep
+                        # a frame or a reader came since the duty cycle (arm leaves out a
+                        # watch that is ready: it would never fire): no sleep
                         timeout_ms = 0
                     else:
                         timeout_ns = min(deadline - time.monotonic_ns(), _IDLE_WAIT_MAX_NS)
@@ -515,7 +515,9 @@ class Bridge:
         """What the log watcher wakes the bridge for: where senders wait for a publisher's
         next frame (log buffer, term length, position), and how far each image's subscribers
         must read for a status message to fall due (log buffer, term length, their position
-        counter's buffer and offset, that position)."""
+        counter's buffer and offset, that position). A subscriber there already is left out:
+        it waits for a slower one (the status message follows the slowest), and a watch that
+        is ready must mean work to do."""
         data = tuple((s.log.buffer, s.sender.term_length, s.sender.sender_position)
                      for channel in self.send_channels.values()
                      for s in channel.senders.values() if s.sender.waits_for_data)
@@ -526,7 +528,7 @@ class Bridge:
                 if received is not None and received.subscriber_positions:
                     due = image.sm_due_position
                     progress += [(image.log.buffer, image.term_length, p.buffer, p.offset, due)
-                                 for p in received.subscriber_positions]
+                                 for p in received.subscriber_positions if p.get() < due]
         return data, tuple(progress)
 
     def do_work(self, now: int, readable: set[int] | None = None) -> tuple[int, int]:

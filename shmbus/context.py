@@ -15,13 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from shmbus.shm.log_buffer import (
-    MTU_DEFAULT,
-    TERM_LENGTH_DEFAULT,
-    UDP_TERM_LENGTH_DEFAULT,
-    check_mtu,
-    check_term_length,
-)
+from shmbus.shm.log_buffer import MTU_DEFAULT, TERM_LENGTH_DEFAULT, check_mtu, check_term_length
 
 
 def default_directory() -> str:
@@ -56,10 +50,12 @@ class Context:
     untethered_resting_timeout: float = 10.0
     #: term length of IPC publications unless the channel sets term-length
     ipc_term_length: int = TERM_LENGTH_DEFAULT
-    #: term length of udp publications unless the channel sets term-length (Aeron: 16 MiB).
-    #: A log is three terms, so 12 MiB per publication and per image; a udp publisher may run
-    #: half a term ahead of what its netbridge sent
-    udp_term_length: int = UDP_TERM_LENGTH_DEFAULT
+    #: term length of udp publications unless the channel sets term-length (Aeron: 16 MiB). A
+    #: receiver window is at most half a term, so longer terms stream faster through the
+    #: bridges (4 MiB: 32 B messages 15-30% faster on loopback), but the fault-injection run
+    #: (tools/nemesis.py) found a spy handed a corrupt message with 4 MiB terms and none with
+    #: 1 MiB, so the default stays 1 MiB until that is understood
+    udp_term_length: int = TERM_LENGTH_DEFAULT
     #: IPC publication window (0: term length / 2)
     ipc_window: int = 0
     #: mtu of publications unless the channel sets mtu
@@ -86,10 +82,11 @@ class Context:
     #: the netbridge closes a receive endpoint this long after its last subscription went (a
     #: quick new subscription reuses the socket; after it, another process may bind the address)
     netbridge_endpoint_linger: float = 0.5
-    #: after it did work, the netbridge goes on polling this long (yielding the CPU between
-    #: polls) before it sleeps: a reply that comes sooner is taken without a wake-up (loopback
-    #: round trips at 10k msg/s: p50 104 us instead of 163, the bridges' CPU 0.8 core instead
-    #: of 0.3; an idle bridge is not affected); 0: sleep at once
+    #: after it did work, the netbridge spins this long (natively, yielding the CPU at every
+    #: turn) before it sleeps: a datagram or frame that comes sooner is taken without a
+    #: wake-up (loopback round trips at 10k msg/s on 2 cores: p50 about 100 us instead of 155,
+    #: the two bridges' CPU 0.8-1.6 core instead of 0.5; an idle bridge is not affected);
+    #: 0: sleep at once
     netbridge_busy_window: float = 100e-6
 
     def __post_init__(self) -> None:

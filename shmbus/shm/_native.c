@@ -5216,23 +5216,25 @@ static PyObject *native_busy_poll(PyObject *m, PyObject *args)
                           &lists[0], &PyTuple_Type, &lists[1], &until_ns))
         return NULL;
     Py_ssize_t nfds = PyTuple_GET_SIZE(fd_tuple);
-    if (nfds > WATCH_MAX) {
-        PyErr_Format(PyExc_ValueError, "busy_poll: %zd fds, at most %d", nfds, WATCH_MAX);
-        return NULL;
-    }
-    struct pollfd pfds[WATCH_MAX];
+    struct pollfd *pfds = PyMem_Calloc(nfds ? (size_t)nfds : 1, sizeof *pfds);
+    if (pfds == NULL)
+        return PyErr_NoMemory();
     for (Py_ssize_t i = 0; i < nfds; i++) {
         long fd = PyLong_AsLong(PyTuple_GET_ITEM(fd_tuple, i));
-        if (fd == -1 && PyErr_Occurred())
+        if (fd == -1 && PyErr_Occurred()) {
+            PyMem_Free(pfds);
             return NULL;
+        }
         pfds[i] = (struct pollfd){.fd = (int)fd, .events = POLLIN};
     }
-    Watch watches[WATCH_MAX];
+    Watch watches[WATCH_MAX]; /* more are left out, as arm does: found at the deadline */
     int count = 0;
     for (int progress = 0; progress < 2; progress++)
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lists[progress]) && count < WATCH_MAX; i++)
-            if (watch_arg(PyTuple_GET_ITEM(lists[progress], i), progress, &watches[count++]) < 0)
+            if (watch_arg(PyTuple_GET_ITEM(lists[progress], i), progress, &watches[count++]) < 0) {
+                PyMem_Free(pfds);
                 return NULL;
+            }
     int readable = 0, ready = 0;
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
@@ -5246,23 +5248,24 @@ static PyObject *native_busy_poll(PyObject *m, PyObject *args)
         sched_yield();
     }
     Py_END_ALLOW_THREADS
+    PyObject *out = NULL;
     if (readable < 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    if (readable == 0 && !ready)
-        Py_RETURN_NONE;
-    PyObject *out = PyTuple_New(readable);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0, j = 0; i < nfds && j < readable; i++) {
-        if (!pfds[i].revents)
-            continue;
-        PyObject *fd = PyLong_FromLong(pfds[i].fd);
-        if (fd == NULL) {
-            Py_DECREF(out);
-            return NULL;
+        PyErr_SetFromErrno(PyExc_OSError);
+    else if (readable == 0 && !ready)
+        out = Py_NewRef(Py_None);
+    else if ((out = PyTuple_New(readable)) != NULL) {
+        for (Py_ssize_t i = 0, j = 0; i < nfds && j < readable; i++) {
+            if (!pfds[i].revents)
+                continue;
+            PyObject *fd = PyLong_FromLong(pfds[i].fd);
+            if (fd == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyTuple_SET_ITEM(out, j++, fd);
         }
-        PyTuple_SET_ITEM(out, j++, fd);
     }
+    PyMem_Free(pfds);
     return out;
 }
 

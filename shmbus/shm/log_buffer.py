@@ -61,12 +61,6 @@ MTU_DEFAULT = 1408
 #: Default term length: 1 MiB, so a stream's log is about 3 MiB and twenty streams fit in a
 #: default Docker /dev/shm of 64 MiB.
 TERM_LENGTH_DEFAULT = 1024 * 1024
-#: Default term length of udp publications: 4 MiB (Aeron's: 16 MiB). Through two netbridges the
-#: window a term allows (half of it) must cover the data in flight while status messages pass
-#: two Python processes: 32 B messages on loopback went from 3.5-3.9 M msg/s with 1 MiB terms
-#: to 4.4-4.6 M (tools/bench_netbridge.py). A 12 MiB log still leaves room for several streams in
-#: a 64 MiB Docker /dev/shm.
-UDP_TERM_LENGTH_DEFAULT = 4 * 1024 * 1024
 LAYOUT_VERSION = 1
 
 TAIL_COUNTERS_OFFSET = 0

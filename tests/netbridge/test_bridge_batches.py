@@ -89,6 +89,36 @@ def test_an_idle_bridge_sleeps(shm_dir, busy_window: float) -> None:
             stop_driver(driver)
 
 
+
+def test_a_bridge_sleeps_while_a_slow_subscriber_holds_the_status_message_back(shm_dir) -> None:
+    """Two subscribers on one image, one reading everything, one nothing: the fast one is past
+    where a status message would fall due, but status messages follow the slowest, so there
+    is nothing to do, and the receiving bridge must sleep rather than spin on that watch."""
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir)
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    payload = bytes(1000)
+    try:
+        with shmbus.connect(ctx_a) as bus_a, shmbus.connect(ctx_b) as bus_b:
+            fast = bus_b.add_subscription(channel, 4)
+            slow = bus_b.add_subscription(channel, 4)
+            publication = bus_a.add_publication(channel, 4)
+            deadline = time.monotonic() + 30
+            sent = received = 0
+            # 300 kB: past a quarter of the window (512 KiB), which the slow one holds back
+            while received < 300:
+                assert time.monotonic() < deadline, f"{received} of 300 arrived"
+                if sent < 300 and publication.offer(payload) > 0:
+                    sent += 1
+                received += fast.poll(lambda _buffer, _header: None, 100, timeout=0.01)
+            assert slow.images and fast.images  # the slow one holds its place, unread
+            bridge = psutil.Process(bridge_pid(drivers[1]))
+            before = sum(bridge.cpu_times()[:2])
+            time.sleep(2)
+            assert sum(bridge.cpu_times()[:2]) - before < 0.2
+    finally:
+        for driver in drivers:
+            stop_driver(driver)
+
 def test_bridges_let_logs_they_sleep_on_go_and_serve_the_next_stream(shm_dir) -> None:
     """Each bridge's log watcher sleeps on the logs of its senders and images; when a stream
     ends and its logs are closed the bridges go on (same processes) and carry the next one."""

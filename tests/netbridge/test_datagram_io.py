@@ -425,6 +425,10 @@ def test_busy_poll_returns_at_a_datagram_a_committed_frame_or_its_deadline(
     try:
         data_watch = ((log.log.buffer, log.term_length, 0),)
         fds = (into.fileno(),)
+        many = tuple(socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(200))
+        assert _native.busy_poll((*(s.fileno() for s in many), *fds), data_watch, (), 0) is None
+        for sock in many:  # more sockets than the watches' limit are fine
+            sock.close()
         before = time.monotonic_ns()
         assert _native.busy_poll(fds, data_watch, (), before + 20 * MS) is None
         assert time.monotonic_ns() - before >= 20 * MS  # it spun until its deadline
@@ -442,8 +446,8 @@ def test_busy_poll_returns_at_a_datagram_a_committed_frame_or_its_deadline(
 def test_busy_poll_refuses_bad_arguments_clearly(tmp_path: Path) -> None:
     log = PublicationLog(tmp_path)
     try:
-        with pytest.raises(ValueError, match="at most 127"):
-            _native.busy_poll(tuple(range(200)), (), (), 0)
+        with pytest.raises(TypeError):
+            _native.busy_poll(("3",), (), (), 0)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="multiple of 32"):
             _native.busy_poll((), ((log.log.buffer, log.term_length, 5),), (), 0)
         with pytest.raises(TypeError):
