@@ -2329,8 +2329,10 @@ static long sub_read(SubscriptionCore *self, image_reader read, PyObject *handle
         fragments += got;
     }
     Py_DECREF(images);
-    /* stopped inside a handler past its liveness: what it was handed may have been reused */
-    if (fragments > 0 && sub_check_lease(self) < 0)
+    /* stopped inside a handler past its liveness: what it was handed may have been reused.
+     * The error too: the conductor thread may have failed the client (and dropped the lease)
+     * while a handler let go of the GIL */
+    if (fragments > 0 && (sub_raise_error(self) < 0 || sub_check_lease(self) < 0))
         return -1;
     return fragments;
 }
@@ -2504,8 +2506,8 @@ static PyObject *sub_take(SubscriptionCore *self)
     if (message == NULL && !PyErr_Occurred())
         sub_flush_positions(self);
     Py_DECREF(images);
-    /* stopped past its liveness while copying: the bytes may have been reused */
-    if (message != NULL && sub_check_lease(self) < 0)
+    /* stopped past its liveness while copying: the bytes may have been reused (as sub_read) */
+    if (message != NULL && (sub_raise_error(self) < 0 || sub_check_lease(self) < 0))
         Py_CLEAR(message);
     return message;
 }

@@ -10,11 +10,13 @@ import multiprocessing as mp
 import os
 import signal
 import struct
+import threading
 import time
 import zlib
 from pathlib import Path
 
 import psutil
+import pytest
 
 import shmbus
 from shmbus import AtomicBuffer, ExclusivePublication, Image
@@ -235,3 +237,33 @@ def test_a_reader_stopped_past_its_liveness_leaves_the_next_owner_of_its_counter
     assert stop_poll == polls, "it polled again after it was resumed"
     assert all(poll == stop_poll for poll, _ in after_stop)
     assert got and got == list(range(got[0], total)), "the new reader lost or reordered"
+
+
+def test_a_poll_whose_client_failed_while_its_handler_ran_raises(
+        bus_context: shmbus.Context, driver) -> None:
+    """Resumed after a stop, the client's conductor thread may fail the client (dropping the
+    subscription's lease) while the poll's handler lets go of the GIL: that poll must still
+    raise, since what its handler was given may have been reused meanwhile."""
+    with shmbus.connect(bus_context) as bus:
+        subscription = bus.add_subscription("aeron:ipc", STREAM)
+        publication = bus.add_publication("aeron:ipc", STREAM)
+        deadline = time.monotonic() + 10
+        while publication.offer(b"handed over") < 0:
+            assert time.monotonic() < deadline, "the publication never connected"
+            time.sleep(0.01)
+
+        def fail_the_client_meanwhile(_buffer: memoryview, _header: object) -> None:
+            def conductor() -> None:  # what the client's conductor thread does on a timeout
+                try:
+                    bus._timed_out()
+                except shmbus.ClientTimeoutError:
+                    pass
+            thread = threading.Thread(target=conductor)
+            thread.start()
+            thread.join()  # the handler lets go of the GIL here, as a slow one would
+
+        while not subscription.images:
+            assert time.monotonic() < deadline, "no image"
+            time.sleep(0.01)
+        with pytest.raises(shmbus.ClientTimeoutError):  # this poll, not the next one
+            subscription.poll(fail_the_client_meanwhile, 10, timeout=5)
