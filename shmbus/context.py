@@ -15,7 +15,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from shmbus.shm.log_buffer import MTU_DEFAULT, TERM_LENGTH_DEFAULT, check_mtu, check_term_length
+from shmbus.shm.log_buffer import (
+    MTU_DEFAULT,
+    TERM_LENGTH_DEFAULT,
+    UDP_TERM_LENGTH_DEFAULT,
+    check_mtu,
+    check_term_length,
+)
 
 
 def default_directory() -> str:
@@ -51,11 +57,11 @@ class Context:
     #: term length of IPC publications unless the channel sets term-length
     ipc_term_length: int = TERM_LENGTH_DEFAULT
     #: term length of udp publications unless the channel sets term-length (Aeron: 16 MiB). A
-    #: receiver window is at most half a term, so longer terms stream faster through the
-    #: bridges (4 MiB: 32 B messages 15-30% faster on loopback), but the fault-injection run
-    #: (tools/nemesis.py) found a spy handed a corrupt message with 4 MiB terms and none with
-    #: 1 MiB, so the default stays 1 MiB until that is understood
-    udp_term_length: int = TERM_LENGTH_DEFAULT
+    #: receiver window is at most half a term, and through two Python bridges the window must
+    #: cover what is in flight while status messages cross them (32 B messages on loopback:
+    #: 15-30% faster than with 1 MiB terms). A log is three terms: 12 MiB per publication and
+    #: per image
+    udp_term_length: int = UDP_TERM_LENGTH_DEFAULT
     #: IPC publication window (0: term length / 2)
     ipc_window: int = 0
     #: mtu of publications unless the channel sets mtu

@@ -37,7 +37,7 @@ uses two streams on two UDP channels: ping (bus A -> bus B) and pong (bus B -> b
 uses one PAIR socket pair over TCP.
 
 Channels: each shmbus measurement runs on the default channel (a plain endpoint URI: term
-1 MiB, mtu 1408, receiver window 512 KiB) and on a loopback-tuned one (mtu 65504, rcv-wnd
+4 MiB, mtu 1408, receiver window 2 MiB) and on a loopback-tuned one (mtu 65504, rcv-wnd
 2 MiB, term 4 MiB; --tuned changes it, --channels picks).
 
 Idle strategies: a back-pressured shmbus writer sleeps in publish() / publish_many(), woken
@@ -132,8 +132,8 @@ class ChannelConfig:
         return f"aeron:udp?endpoint=127.0.0.1:{port}" + (f"|{self.params}" if self.params else "")
 
 
-#: a channel as a user writes it: term 1 MiB, mtu 1408 (a 4 KiB message is 3 fragments,
-#: 22 messages of 32 B fill a datagram), the default receiver window (half the term, 512 KiB;
+#: a channel as a user writes it: term 4 MiB, mtu 1408 (a 4 KiB message is 3 fragments,
+#: 22 messages of 32 B fill a datagram), the default receiver window (2 MiB, half the term;
 #: Aeron's: 128 KiB)
 DEFAULT_CHANNEL = ChannelConfig("default")
 #: loopback tuning: datagrams up to 64 KiB (no IP fragmentation on lo, whose MTU is 65536; on a
@@ -878,8 +878,8 @@ notes:
   channels (shmbus rows; Aeron's on the default one only: its driver refuses a receiver window
   over its socket buffer, 128 KiB unless configured):
 {{channels}}
-    default: shmbus term 1 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
-    fragments, 22 messages of 32 B per datagram), receiver window 512 KiB (Aeron's: 128 KiB).
+    default: shmbus term 4 MiB (Aeron's default term: 16 MiB), mtu 1408 (4 KiB messages in 3
+    fragments, 22 messages of 32 B per datagram), receiver window 2 MiB (Aeron's: 128 KiB).
   waiting: back-pressured shmbus writers sleep in publish() until the bridge's sender moves, readers
     block in Subscription.messages(), wait() or poll(..., timeout=), woken by the bridges; a
     netbridge with nothing to do sleeps in poll() on its sockets and its log watcher

@@ -61,6 +61,8 @@ MTU_DEFAULT = 1408
 #: Default term length: 1 MiB, so a stream's log is about 3 MiB and twenty streams fit in a
 #: default Docker /dev/shm of 64 MiB.
 TERM_LENGTH_DEFAULT = 1024 * 1024
+#: Default term length of udp publications: 4 MiB (Aeron's: 16 MiB); see Context.udp_term_length.
+UDP_TERM_LENGTH_DEFAULT = 4 * 1024 * 1024
 LAYOUT_VERSION = 1
 
 TAIL_COUNTERS_OFFSET = 0

@@ -95,7 +95,7 @@ def test_a_bridge_sleeps_while_a_slow_subscriber_holds_the_status_message_back(s
     where a status message would fall due, but status messages follow the slowest, so there
     is nothing to do, and the receiving bridge must sleep rather than spin on that watch."""
     (ctx_a, ctx_b), drivers = bus_pair(shm_dir)
-    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}|rcv-wnd=524288"
     payload = bytes(1000)
     try:
         with shmbus.connect(ctx_a) as bus_a, shmbus.connect(ctx_b) as bus_b:
@@ -104,7 +104,7 @@ def test_a_bridge_sleeps_while_a_slow_subscriber_holds_the_status_message_back(s
             publication = bus_a.add_publication(channel, 4)
             deadline = time.monotonic() + 30
             sent = received = 0
-            # 300 kB: past a quarter of the window (512 KiB), which the slow one holds back
+            # 300 kB: past a quarter of the channel's window (512 KiB), which the slow one holds
             while received < 300:
                 assert time.monotonic() < deadline, f"{received} of 300 arrived"
                 if sent < 300 and publication.offer(payload) > 0:
