@@ -22,12 +22,13 @@ its whole life, from its rusage. Parsing the samples' output is pure (the parse_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,7 @@ class _Started:
 @dataclass
 class AeronC:
     """Two Aeron C drivers under ``root`` (aeron.dir a and b) and the samples run against
-    them. ``start`` before the measurements, ``stop`` after (also when one fails)."""
+    them, inside ``running()`` (or between ``start`` and ``stop``)."""
 
     binaries: dict[str, Path]
     root: Path
@@ -125,6 +126,16 @@ class AeronC:
                 if driver.process.poll() is not None or time.monotonic() > deadline:
                     raise BenchError(f"aeronmd ({side}) did not start: {_tail(driver.log)}")
                 time.sleep(0.01)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Both drivers up for the block only: left up, their back-off idle loops would share
+        the two cores with the other transports' runs."""
+        self.start()
+        try:
+            yield
+        finally:
+            self.stop()
 
     def stop(self) -> None:
         for driver in self.drivers:

@@ -665,8 +665,9 @@ def run_throughput(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
     message was lost, repeated, reordered or torn."""
     if transport == AERON:
         assert aeron is not None and config is not None
-        return aeron.throughput(config.uri(_free_udp_port()), size, opt.duration_s,
-                                opt.timeout_s)
+        with aeron.running():
+            return aeron.throughput(config.uri(_free_udp_port()), size, opt.duration_s,
+                                    opt.timeout_s)
     run = next(_RUN_IDS)
     done = ctx.Event()
     watch = None
@@ -702,9 +703,10 @@ def run_latency(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
         assert aeron is not None and config is not None
         round_trips = max(100, int(opt.duration_s * AERON_ROUND_TRIPS_PER_S))
         ping_port, pong_port = _free_udp_ports(2)
-        return {**aeron.ping_pong(config.uri(ping_port), config.uri(pong_port),
-                                  round_trips, opt.timeout_s + opt.duration_s),
-                "pace": BACK_TO_BACK}
+        with aeron.running():
+            return {**aeron.ping_pong(config.uri(ping_port), config.uri(pong_port),
+                                      round_trips, opt.timeout_s + opt.duration_s),
+                    "pace": BACK_TO_BACK}
     run = next(_RUN_IDS)
     done = ctx.Event()
     watch = None
@@ -1034,16 +1036,12 @@ def main(argv: list[str] | None = None) -> int:
                          lambda: run_latency(ctx, buses, aeron, ZMQ_PP, None, opt)))
     runs: list[list[dict[str, Any]]] = [[] for _ in plan]
     try:
-        if aeron is not None:
-            aeron.start()
         for _ in range(repeat):
             for (key, thunk), done in zip(plan, runs, strict=True):
                 row = {**key, **attempt(thunk)}
                 report(row)
                 done.append(row)
     finally:
-        if aeron is not None:
-            aeron.stop()
         for process in buses.drivers:
             stop_driver(process)
         shutil.rmtree(root, ignore_errors=True)
