@@ -2310,10 +2310,18 @@ static int sub_check_lease(SubscriptionCore *self)
     return -1;
 }
 
+/* 0 while the client is usable: no error kept (the conductor thread may have failed it, and
+ * dropped the lease, while a handler let go of the GIL) and its lease held; else -1 with the
+ * exception set. Checked before reading and after. */
+static int sub_check_usable(SubscriptionCore *self)
+{
+    return sub_raise_error(self) < 0 || sub_check_lease(self) < 0 ? -1 : 0;
+}
+
 /* One pass over the images, round-robin from one further along each call; -1 on error. */
 static long sub_read(SubscriptionCore *self, image_reader read, PyObject *handler, long limit)
 {
-    if (sub_raise_error(self) < 0 || sub_check_lease(self) < 0)
+    if (sub_check_usable(self) < 0)
         return -1;
     PyObject *images = self->images;
     Py_ssize_t n = PyTuple_GET_SIZE(images);
@@ -2329,10 +2337,8 @@ static long sub_read(SubscriptionCore *self, image_reader read, PyObject *handle
         fragments += got;
     }
     Py_DECREF(images);
-    /* stopped inside a handler past its liveness: what it was handed may have been reused.
-     * The error too: the conductor thread may have failed the client (and dropped the lease)
-     * while a handler let go of the GIL */
-    if (fragments > 0 && (sub_raise_error(self) < 0 || sub_check_lease(self) < 0))
+    /* stopped inside a handler past its liveness: what it was handed may have been reused */
+    if (fragments > 0 && sub_check_usable(self) < 0)
         return -1;
     return fragments;
 }
@@ -2492,7 +2498,7 @@ static void sub_flush_positions(SubscriptionCore *self)
  * NULL with an exception when the client failed or a log is corrupt. */
 static PyObject *sub_take(SubscriptionCore *self)
 {
-    if (sub_raise_error(self) < 0 || sub_check_lease(self) < 0)
+    if (sub_check_usable(self) < 0)
         return NULL;
     PyObject *images = self->images;
     Py_ssize_t n = PyTuple_GET_SIZE(images);
@@ -2506,8 +2512,8 @@ static PyObject *sub_take(SubscriptionCore *self)
     if (message == NULL && !PyErr_Occurred())
         sub_flush_positions(self);
     Py_DECREF(images);
-    /* stopped past its liveness while copying: the bytes may have been reused (as sub_read) */
-    if (message != NULL && (sub_raise_error(self) < 0 || sub_check_lease(self) < 0))
+    /* stopped past its liveness while copying: the bytes may have been reused */
+    if (message != NULL && sub_check_usable(self) < 0)
         Py_CLEAR(message);
     return message;
 }
@@ -2615,7 +2621,7 @@ static PyObject *sub_drop_lease(SubscriptionCore *self, PyObject *Py_UNUSED(igno
 
 static PyObject *sub_check_client(SubscriptionCore *self, PyObject *Py_UNUSED(ignored))
 {
-    if (sub_raise_error(self) < 0 || sub_check_lease(self) < 0)
+    if (sub_check_usable(self) < 0)
         return NULL;
     Py_RETURN_NONE;
 }

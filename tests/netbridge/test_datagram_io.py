@@ -365,7 +365,6 @@ def test_the_watcher_refuses_what_is_not_a_log_position(tmp_path: Path, watcher_
         log.close()
 
 
-
 def test_the_watcher_wakes_when_a_subscriber_reads_up_to_the_threshold(
         tmp_path: Path, watcher_kind) -> None:
     """A progress watch: the subscriber's position counter reaching the threshold (a reader
@@ -397,7 +396,6 @@ def test_the_watcher_wakes_when_a_subscriber_reads_up_to_the_threshold(
         host.close()
 
 
-
 def test_a_watcher_woken_on_any_of_its_words_says_it_fired(tmp_path: Path, watcher_kind) -> None:
     """clear() is True whichever word woke it (an io_uring futex wait completes with the
     index of the word woken: 1 here), so the loop knows it must arm again before it sleeps."""
@@ -414,6 +412,7 @@ def test_a_watcher_woken_on_any_of_its_words_says_it_fired(tmp_path: Path, watch
         watcher.close()
         log.close()
         other_log.close()
+
 
 # --- the busy window's spin ---------------------------------------------------------------------
 
