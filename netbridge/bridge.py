@@ -131,6 +131,8 @@ class Sender:
     receiver_positions: dict[int, tuple[int, Position]] = field(default_factory=dict)
     counters_refused: bool = False  # the driver refused an fc-rcv-pos counter: ask no more
     closed_at_ns: int | None = None
+    #: when its timers want the next poll (it is polled sooner for a datagram or a frame)
+    next_poll_ns: int = 0
     #: (snd-pos, snd-lmt, snd-bpe, connected) as last written: counters are written only when
     #: the sender's own value changes, never read back (the driver may free and reuse them)
     mirrored: tuple[int, int, int, int] = (-1, -1, -1, -1)
@@ -154,6 +156,8 @@ class SendChannel:
     tracker: DestinationTracker | None = None
     senders: dict[tuple[int, int], Sender] = field(default_factory=dict)
     invalid: int = 0
+    #: a status message or NAK came in this duty cycle: its senders are polled
+    heard: bool = False
 
     @property
     def sock(self) -> socket.socket:
@@ -210,6 +214,10 @@ class ReceiveChannel:
     idle_since_ns: int | None = None
     #: how many images the counters were last mirrored for (a new one is mirrored at once)
     mirrored_images: int = 0
+    #: datagrams came in this duty cycle: the receiver is polled
+    heard: bool = False
+    #: when the receiver's timers want the next poll
+    next_poll_ns: int = 0
 
     @property
     def sock(self) -> socket.socket:
@@ -238,6 +246,8 @@ class Bridge:
         self._stopped = False
         self._next_service_ns = 0
         self._next_stats_ns = 0
+        #: poll every sender and receiver in the next duty cycle (after driver events)
+        self._poll_all = True
         self._io = DatagramIO()
         #: wakes the loop when a publisher commits a frame where a sender waits for data, or
         #: subscribers read up to where a status message falls due
@@ -459,16 +469,13 @@ class Bridge:
                 work, deadline = self.do_work(now, readable)
                 if work:
                     busy_until = now + self._busy_window_ns
-                if work or now < busy_until:
+                if work or now < busy_until:  # spin natively until there is something to do
                     if watching is not None:  # awake: publishers need not wake anyone
                         watcher.disarm()
                         watching = None
-                    if not work:  # spin natively until there is something to do
-                        found = _native.busy_poll(self._poll_fds(), *self._watches(),
-                                                  min(busy_until, deadline))
-                        readable = None if found is None else set(found)
-                        continue
-                    timeout_ms = 0  # only which sockets have something: no sleep
+                    found = _native.busy_poll(self._poll_fds(), *self._watches(),
+                                              min(busy_until, deadline))
+                    readable = set(found or ())
                 else:
                     watches = self._watches()
                     if watches != watching:  # else it still watches just these
@@ -481,9 +488,9 @@ class Bridge:
                     else:
                         timeout_ns = min(deadline - time.monotonic_ns(), _IDLE_WAIT_MAX_NS)
                         timeout_ms = max(0, -(-timeout_ns // 1_000_000))  # rounded up
-                readable = {fd for fd, _ in self._poll().poll(timeout_ms)}
-                if watching is not None and watcher.clear():  # it fired, and disarmed itself
-                    watching = None
+                    readable = {fd for fd, _ in self._poll().poll(timeout_ms)}
+                    if watching is not None and watcher.clear():  # it fired; it is disarmed
+                        watching = None
         except ShmbusError as e:  # the driver went away: nothing left to bridge
             print(f"netbridge: stopping: {e}", file=sys.stderr)
         finally:
@@ -543,15 +550,21 @@ class Bridge:
         stats = now >= self._next_stats_ns
         if stats:
             self._next_stats_ns = now + _STATS_INTERVAL_NS
+        poll_all = stats or self._poll_all
+        self._poll_all = False
         work = self._receive(now, readable)
         deadline = now + _IDLE_WAIT_MAX_NS
         for send_channel in list(self.send_channels.values()):
-            work, deadline = self._send(send_channel, now, stats, work, deadline)
+            work, deadline = self._send(send_channel, now, stats, poll_all, work, deadline)
         for key, receive_channel in list(self.receive_channels.items()):
-            work, deadline = self._poll_receiver(key, receive_channel, now, stats, work, deadline)
+            work, deadline = self._poll_receiver(key, receive_channel, now, stats, poll_all,
+                                                 work, deadline)
         if now >= self._next_service_ns:
             self._next_service_ns = now + _SERVICE_INTERVAL_NS
             work += self.client._service()
+        if self._events:  # channels, destinations, subscriptions changed: poll everything
+            self._poll_all = True
+            deadline = now
         while self._events:
             work += 1
             event = self._events.pop(0)
@@ -586,21 +599,27 @@ class Bridge:
         data = 0
         for channel in self.receive_channels.values():
             receiver = channel.receiver
+            count = 0
             if readable is None or channel.sock.fileno() in readable:
-                data += io.receive(channel.sock, now, functools.partial(receiver.on_datagram, now),
+                count = io.receive(channel.sock, now, functools.partial(receiver.on_datagram, now),
                                    receiver, channel.loss_in)
             control = channel.transport.control_sock  # multicast: others' NAKs
             if control is not None and (readable is None or control.fileno() in readable):
-                data += io.receive(control, now, functools.partial(self._on_nak_heard,
-                                                                   receiver, now))
+                count += io.receive(control, now, functools.partial(self._on_nak_heard,
+                                                                    receiver, now))
+            channel.heard = count > 0
+            data += count
         if data:
             os.sched_yield()
         control_count = 0
         for send_channel in self.send_channels.values():
+            count = 0
             if readable is None or send_channel.sock.fileno() in readable:
-                control_count += io.receive(
+                count = io.receive(
                     send_channel.sock, now, functools.partial(self._on_control, send_channel, now),
                     loss=send_channel.loss_in)
+            send_channel.heard = count > 0
+            control_count += count
         return data + control_count
 
     @staticmethod
@@ -608,15 +627,22 @@ class Bridge:
                       _source: object) -> None:
         receiver.on_nak_heard(now, data)
 
-    def _send(self, channel: SendChannel, now: int, stats: bool, work: int,
+    def _send(self, channel: SendChannel, now: int, stats: bool, poll_all: bool, work: int,
               deadline: int) -> tuple[int, int]:
-        """Poll the channel's senders and send what they have; mirror their counters."""
+        """Poll the channel's senders that have something to do (a datagram came for them, a
+        publisher committed where they wait, their timers are due, or ``poll_all``) and send
+        what they have; mirror their counters."""
         if stats and channel.tracker is not None:
             channel.tracker.on_idle(now)
             channel.apply_destinations()
         for sender_key, sender in list(channel.senders.items()):
+            if not (poll_all or channel.heard or now >= sender.next_poll_ns
+                    or sender.sender.data_ready()):
+                deadline = min(deadline, sender.next_poll_ns)
+                continue
             self._check_closed(sender)
             datagrams, due = sender.sender.poll(now)
+            sender.next_poll_ns = due
             work += self._io.send(channel.sock, datagrams, now, channel.loss_out)
             deadline = min(deadline, due)
             if sender.closed_at_ns is None:
@@ -637,9 +663,11 @@ class Bridge:
         return work, deadline
 
     def _poll_receiver(self, key: tuple[str, ...], channel: ReceiveChannel, now: int,
-                       stats: bool, work: int, deadline: int) -> tuple[int, int]:
-        """The receiver's timers (NAKs, status messages, liveness), its announcements, and the
-        endpoint closed once its linger is over; mirror its counters."""
+                       stats: bool, poll_all: bool, work: int, deadline: int) -> tuple[int, int]:
+        """The receiver's timers (NAKs, status messages, liveness) when it has something to do
+        (datagrams came, subscribers read up to where a status message falls due, its timers
+        are due, or ``poll_all``), its announcements, and the endpoint closed once its linger
+        is over; mirror its counters."""
         receiver = channel.receiver
         # dynamic MDC: announce while a subscription wants the channel (once the last one
         # goes, the sender drops this destination after its timeout)
@@ -647,13 +675,17 @@ class Bridge:
                 and now >= channel.next_announce_ns):
             channel.next_announce_ns = now + _ANNOUNCE_INTERVAL_NS
             send_to(channel.sock, self._announcement, channel.transport.announce_to)
-        polled = receiver.poll(now)
-        work += self._io.send(channel.sock, polled.datagrams, now, channel.loss_out)
-        for image_event in polled.events:
-            if isinstance(image_event, ImageUnavailable):
-                self._close_image(channel, image_event.image)
-        if polled.next_deadline_ns is not None:
-            deadline = min(deadline, polled.next_deadline_ns)
+        if (poll_all or channel.heard or now >= channel.next_poll_ns
+                or any(image.subscriber_position() >= image.sm_due_position
+                       for image in receiver.images.values())):
+            polled = receiver.poll(now)
+            work += self._io.send(channel.sock, polled.datagrams, now, channel.loss_out)
+            for image_event in polled.events:
+                if isinstance(image_event, ImageUnavailable):
+                    self._close_image(channel, image_event.image)
+            channel.next_poll_ns = (polled.next_deadline_ns if polled.next_deadline_ns is not None
+                                    else now + _IDLE_WAIT_MAX_NS)
+        deadline = min(deadline, channel.next_poll_ns)
         if channel.idle_since_ns is not None and not receiver.images:
             if now - channel.idle_since_ns >= self._endpoint_linger_ns:
                 self._close_receive_channel(key)

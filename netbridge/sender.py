@@ -520,6 +520,16 @@ class NetworkSender:
         return (self.has_initial_connection and not self.is_end_of_stream
                 and self.sender_position < self.sender_limit)
 
+    def data_ready(self) -> bool:
+        """It waits for data and a publisher has committed a frame at ``sender_position``
+        since: :meth:`poll` would send it now."""
+        if not self.waits_for_data:
+            return False
+        position = self.sender_position
+        index = (position >> self._position_bits) % PARTITION_COUNT
+        offset = index * self.term_length + (position & (self.term_length - 1))
+        return self._buffer.get_int32_acquire(offset) != 0
+
     def _resend(
         self, term_id: int, term_offset: int, length: int, position: int, out: list[Outgoing]
     ) -> None:
