@@ -214,7 +214,7 @@ class ReceiveChannel:
     idle_since_ns: int | None = None
     #: how many images the counters were last mirrored for (a new one is mirrored at once)
     mirrored_images: int = 0
-    #: datagrams came in this duty cycle: the receiver is polled
+    #: datagrams came in this duty cycle for the receiver's state machine: it is polled
     heard: bool = False
     #: when the receiver's timers want the next poll
     next_poll_ns: int = 0
@@ -599,15 +599,19 @@ class Bridge:
         data = 0
         for channel in self.receive_channels.values():
             receiver = channel.receiver
-            count = 0
+            count = handled = 0
             if readable is None or channel.sock.fileno() in readable:
-                count = io.receive(channel.sock, now, functools.partial(receiver.on_datagram, now),
-                                   receiver, channel.loss_in)
+                count, handled = io.receive(
+                    channel.sock, now, functools.partial(receiver.on_datagram, now), receiver,
+                    channel.loss_in)
             control = channel.transport.control_sock  # multicast: others' NAKs
             if control is not None and (readable is None or control.fileno() in readable):
-                count += io.receive(control, now, functools.partial(self._on_nak_heard,
-                                                                    receiver, now))
-            channel.heard = count > 0
+                heard = io.receive(control, now, functools.partial(self._on_nak_heard,
+                                                                   receiver, now))[0]
+                count += heard
+                handled += heard
+            # data placed in order natively changes no timer: only the others need a poll
+            channel.heard = handled > 0
             data += count
         if data:
             os.sched_yield()
@@ -617,7 +621,7 @@ class Bridge:
             if readable is None or send_channel.sock.fileno() in readable:
                 count = io.receive(
                     send_channel.sock, now, functools.partial(self._on_control, send_channel, now),
-                    loss=send_channel.loss_in)
+                    loss=send_channel.loss_in)[0]
             send_channel.heard = count > 0
             control_count += count
         return data + control_count

@@ -46,11 +46,13 @@ class DatagramIO:
 
     def receive(self, sock: socket.socket, now: int,
                 handle: Callable[[memoryview, object], None],
-                receiver: NetworkReceiver | None = None, loss: LossFilter | None = None) -> int:
-        """Take up to RECEIVE_BATCH datagrams from ``sock``; returns how many came. In-order
-        data of ``receiver``'s images is placed natively (without a loss filter); every other
-        datagram is handed to ``handle`` with its source, in order, as a memoryview valid only
-        until ``handle`` returns (through ``loss`` first when given)."""
+                receiver: NetworkReceiver | None = None, loss: LossFilter | None = None
+                ) -> tuple[int, int]:
+        """Take up to RECEIVE_BATCH datagrams from ``sock``; returns how many came and how many
+        of them went to ``handle``. In-order data of ``receiver``'s images is placed natively
+        (without a loss filter); every other datagram is handed to ``handle`` with its source,
+        in order, as a memoryview valid only until ``handle`` returns (through ``loss`` first
+        when given)."""
         images = receiver.in_order_images() if receiver is not None and loss is None else []
         received, in_order, rest = _native.receive_batch(sock.fileno(), self._slots, tuple(
             (image.log.buffer, image.session_id, image.stream_id, image.term_length,
@@ -68,7 +70,7 @@ class DatagramIO:
         if rest and receiver is not None:
             for image in receiver.images.values():  # readers of data the receiver placed
                 _native.wake_log_readers(image.log.buffer)
-        return received
+        return received, len(rest)
 
     @staticmethod
     def send(sock: socket.socket, datagrams: Sequence[tuple[bytes | memoryview | DataBatch,

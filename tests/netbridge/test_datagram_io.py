@@ -63,7 +63,7 @@ def receive_all(io: DatagramIO, sock: socket.socket, count: int, now: int,
     while got < count:
         assert time.monotonic() < deadline, f"{got} of {count} datagrams arrived"
         select.select([sock], [], [], 0.1)
-        got += io.receive(sock, now, lambda d, s: receiver.on_datagram(now, d, s), receiver)
+        got += io.receive(sock, now, lambda d, s: receiver.on_datagram(now, d, s), receiver)[0]
 
 
 def state(receiver: NetworkReceiver) -> dict[str, object]:
