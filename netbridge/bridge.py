@@ -473,15 +473,27 @@ class Bridge:
                     if watching is not None:  # awake: publishers need not wake anyone
                         watcher.disarm()
                         watching = None
-                    found = _native.busy_poll(self._poll_fds(), *self._watches(),
-                                              min(busy_until, deadline))
+                    while True:  # a sender the spin sent for needs no duty cycle
+                        data, progress, sends, sending = self._spin_watches()
+                        found, sent = _native.busy_poll(self._poll_fds(), data, progress,
+                                                        min(busy_until, deadline), sends)
+                        if not sent:
+                            break
+                        index, position, datagrams, length, back_pressured, more = sent
+                        now = time.monotonic_ns()
+                        sending[index].sender.on_data_sent(now, position, datagrams, length,
+                                                           back_pressured)
+                        self._mirror_sender(sending[index])
+                        busy_until = now + self._busy_window_ns
+                        if more or now >= self._next_service_ns:
+                            break  # its poll, or the driver's events, are due
                     readable = set(found or ())
                 else:
                     watches = self._watches()
                     if watches != watching:  # else it still watches just these
                         watcher.arm(*watches)
                         watching = watches
-                    if _native.busy_poll((), *watches, 0) is not None:
+                    if _native.busy_poll((), *watches, 0)[0] is not None:
                         # a frame or a reader came since the duty cycle (arm leaves out a
                         # watch that is ready: it would never fire): no sleep
                         timeout_ms = 0
@@ -521,13 +533,45 @@ class Bridge:
     def _watches(self) -> Watches:
         """What the log watcher wakes the bridge for: where senders wait for a publisher's
         next frame (log buffer, term length, position), and how far each image's subscribers
-        must read for a status message to fall due (log buffer, term length, their position
-        counter's buffer and offset, that position). A subscriber there already is left out:
-        it waits for a slower one (the status message follows the slowest), and a watch that
-        is ready must mean work to do."""
+        must read for a status message to fall due (see _progress_watches)."""
         data = tuple((s.log.buffer, s.sender.term_length, s.sender.sender_position)
                      for channel in self.send_channels.values()
                      for s in channel.senders.values() if s.sender.waits_for_data)
+        return data, self._progress_watches()
+
+    def _spin_watches(self) -> tuple[
+            tuple[tuple[_native.AtomicBuffer, int, int], ...],
+            tuple[tuple[_native.AtomicBuffer, int, _native.AtomicBuffer, int, int], ...],
+            tuple[tuple[int, _native.AtomicBuffer, int, int, int, int, int,
+                        tuple[object, ...]], ...],
+            list[Sender]]:
+        """The busy spin's watches: those of _watches, except that a sender the spin may send
+        for by itself (NetworkSender.spin_send: no loss filter on its channel) is given as a
+        send (socket, log buffer, term length, position, limit, mtu, max datagrams,
+        destinations) instead of a data watch; and the senders of those sends, in order."""
+        data = []
+        sends = []
+        sending = []
+        for channel in self.send_channels.values():
+            for s in channel.senders.values():
+                sender = s.sender
+                if not sender.waits_for_data:
+                    continue
+                spin = sender.spin_send() if channel.loss_out is None else None
+                if spin is None:
+                    data.append((s.log.buffer, sender.term_length, sender.sender_position))
+                else:
+                    sends.append((channel.sock.fileno(), s.log.buffer, sender.term_length,
+                                  *spin, tuple(sender.destinations)))
+                    sending.append(s)
+        return tuple(data), self._progress_watches(), tuple(sends), sending
+
+    def _progress_watches(self) -> tuple[
+            tuple[_native.AtomicBuffer, int, _native.AtomicBuffer, int, int], ...]:
+        """How far each image's subscribers must read for a status message to fall due (log
+        buffer, term length, their position counter's buffer and offset, that position). A
+        subscriber there already is left out: it waits for a slower one (the status message
+        follows the slowest), and a watch that is ready must mean work to do."""
         progress = []
         for channel in self.receive_channels.values():
             for image in channel.receiver.images.values():
@@ -536,7 +580,7 @@ class Bridge:
                     due = image.sm_due_position
                     progress += [(image.log.buffer, image.term_length, p.buffer, p.offset, due)
                                  for p in received.subscriber_positions if p.get() < due]
-        return data, tuple(progress)
+        return tuple(progress)
 
     def do_work(self, now: int, readable: set[int] | None = None) -> tuple[int, int]:
         """One duty cycle; returns (work done, when to come back at the latest). ``readable``:

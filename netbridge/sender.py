@@ -520,6 +520,30 @@ class NetworkSender:
         return (self.has_initial_connection and not self.is_end_of_stream
                 and self.sender_position < self.sender_limit)
 
+    def spin_send(self) -> tuple[int, int, int, int] | None:
+        """(position, limit, mtu, max datagrams): what the process layer may send by itself,
+        without a poll, once a publisher commits at ``sender_position`` (the DATA step of
+        :meth:`poll`, which is all a poll would do then), and report with
+        :meth:`on_data_sent`; None while a poll must decide (not connected, no room, a reply
+        or SETUP queued, datagrams not sent as batches)."""
+        if (not self.data_batches or not self.waits_for_data or self._pending
+                or self._setup_requested or self._should_send_setup):
+            return None
+        return self.sender_position, self.sender_limit, self.mtu, self.max_datagrams_per_poll
+
+    def on_data_sent(self, now_ns: int, position: int, datagrams: int, length: int,
+                     back_pressured: bool) -> None:
+        """The process layer sent ``datagrams`` DATA datagrams (``length`` bytes) to every
+        destination as :meth:`spin_send` allowed, scanning up to ``position``: account for
+        them as :meth:`poll` would have."""
+        if back_pressured:
+            self.back_pressure_events += 1
+        self.sender_position = position
+        if datagrams:
+            self._last_send_ns = now_ns
+            self.datagrams_sent += datagrams * len(self.destinations)
+            self.bytes_sent += length * len(self.destinations)
+
     def data_ready(self) -> bool:
         """It waits for data and a publisher has committed a frame at ``sender_position``
         since: :meth:`poll` would send it now."""

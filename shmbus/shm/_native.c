@@ -4230,6 +4230,50 @@ typedef struct {
     int64_t length;
 } Span;
 
+/* What one DATA scan found (see scan_datagrams). */
+typedef struct {
+    int64_t position; /* where the next scan starts */
+    int64_t bytes;    /* the datagrams' total length */
+    int count, back_pressured, more;
+} Scan;
+
+/* The loop of scan_datagrams over a log whose geometry `g` is checked, into `out` (room for
+ * max_datagrams spans). Touches no Python object: runs without the GIL. */
+static Scan scan_spans(const LogGeometry *g, int64_t position, int64_t limit, int mtu,
+                       int max_datagrams, Span *out)
+{
+    Scan scan = {.position = position};
+    int64_t term_length = g->term_length, mask = term_length - 1;
+    for (;;) {
+        int64_t window = limit - scan.position;
+        int index = (int)((scan.position >> g->position_bits) % PARTITION_COUNT);
+        int64_t term_offset = scan.position & mask;
+        const uint8_t *term = g->terms + (int64_t)index * term_length;
+        int committed = LOAD_ACQUIRE((const int32_t *)(term + term_offset)) > 0;
+        if (window <= 0) {
+            scan.back_pressured = committed;
+            break;
+        }
+        if (scan.count >= max_datagrams) {
+            scan.more = 1;
+            break;
+        }
+        int64_t length, padding;
+        scan_frames(term, term_length, term_offset, window < mtu ? window : mtu, term_length,
+                    &length, &padding);
+        if (length == 0) {
+            scan.back_pressured = window < mtu && committed;
+            break;
+        }
+        out[scan.count].offset = (int64_t)index * term_length + term_offset;
+        out[scan.count].length = length;
+        scan.count++;
+        scan.bytes += length;
+        scan.position += length + padding;
+    }
+    return scan;
+}
+
 /* scan_datagrams(log_buffer, term_length, position, limit, mtu, max_datagrams)
  *     -> (position, spans, bytes, back_pressured, more)
  *
@@ -4260,41 +4304,13 @@ static PyObject *native_scan_datagrams(PyObject *m, PyObject *args)
     PyObject *spans = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(Span) * max_datagrams);
     if (spans == NULL)
         return NULL;
-    Span *out = (Span *)PyBytes_AS_STRING(spans);
-    int count = 0, back_pressured = 0, more = 0;
-    int64_t mask = term_length - 1, total = 0;
-    const uint8_t *base = ((AtomicBuffer *)obj)->data;
-    for (;;) {
-        int64_t window = limit - position;
-        int index = (int)((position >> g.position_bits) % PARTITION_COUNT);
-        int64_t term_offset = position & mask;
-        const uint8_t *term = base + (int64_t)index * term_length;
-        int committed = LOAD_ACQUIRE((const int32_t *)(term + term_offset)) > 0;
-        if (window <= 0) {
-            back_pressured = committed;
-            break;
-        }
-        if (count >= max_datagrams) {
-            more = 1;
-            break;
-        }
-        int64_t length, padding;
-        scan_frames(term, term_length, term_offset, window < mtu ? window : mtu, term_length,
-                    &length, &padding);
-        if (length == 0) {
-            back_pressured = window < mtu && committed;
-            break;
-        }
-        out[count].offset = (int64_t)index * term_length + term_offset;
-        out[count].length = length;
-        count++;
-        total += length;
-        position += length + padding;
-    }
-    if (_PyBytes_Resize(&spans, (Py_ssize_t)sizeof(Span) * count) < 0)
+    Scan scan = scan_spans(&g, position, limit, mtu, max_datagrams,
+                           (Span *)PyBytes_AS_STRING(spans));
+    if (_PyBytes_Resize(&spans, (Py_ssize_t)sizeof(Span) * scan.count) < 0)
         return NULL;
-    return Py_BuildValue("(LNLOO)", position, spans, (long long)total,
-                         back_pressured ? Py_True : Py_False, more ? Py_True : Py_False);
+    return Py_BuildValue("(LNLOO)", (long long)scan.position, spans, (long long)scan.bytes,
+                         scan.back_pressured ? Py_True : Py_False,
+                         scan.more ? Py_True : Py_False);
 }
 
 /* Whether this process still sends with UDP_SEGMENT: cleared for good the first time the kernel
@@ -4318,6 +4334,70 @@ static int gso_run(const Span *spans, Py_ssize_t first, Py_ssize_t count)
             break;
     }
     return n;
+}
+
+/* Sends `count` spans of `data` to `to` as send_batch does; returns how many went, or -errno
+ * when the socket is bad (EBADF, ENOTSOCK). Touches no Python object: runs without the GIL. */
+static int send_spans(int fd, uint8_t *data, const Span *spans, Py_ssize_t count,
+                      const struct sockaddr_in *to)
+{
+    int sent = 0;
+    struct mmsghdr msgs[BATCH_MAX];
+    struct iovec iov[SEND_SPANS_MAX];
+    int runs[BATCH_MAX];
+    union {
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } control[BATCH_MAX];
+    for (Py_ssize_t first = 0; first < count;) {
+        int n = 0, spanned = 0;
+        for (Py_ssize_t at = first;
+             n < BATCH_MAX && at < count && spanned + GSO_SEGMENTS_MAX <= SEND_SPANS_MAX; n++) {
+            int run = gso_enabled ? gso_run(spans, at, count) : 1;
+            memset(&msgs[n], 0, sizeof msgs[n]);
+            for (int k = 0; k < run; k++) {
+                iov[spanned + k].iov_base = data + spans[at + k].offset;
+                iov[spanned + k].iov_len = (size_t)spans[at + k].length;
+            }
+            msgs[n].msg_hdr.msg_iov = &iov[spanned];
+            msgs[n].msg_hdr.msg_iovlen = (size_t)run;
+            msgs[n].msg_hdr.msg_name = (void *)to;
+            msgs[n].msg_hdr.msg_namelen = sizeof *to;
+            if (run > 1) {
+                memset(&control[n], 0, sizeof control[n]);
+                msgs[n].msg_hdr.msg_control = control[n].buf;
+                msgs[n].msg_hdr.msg_controllen = sizeof control[n].buf;
+                struct cmsghdr *c = CMSG_FIRSTHDR(&msgs[n].msg_hdr);
+                c->cmsg_level = IPPROTO_UDP;
+                c->cmsg_type = UDP_SEGMENT;
+                c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+                uint16_t segment = (uint16_t)spans[at].length;
+                memcpy(CMSG_DATA(c), &segment, sizeof segment);
+            }
+            runs[n] = run;
+            spanned += run;
+            at += run;
+        }
+        int done = sendmmsg(fd, msgs, (unsigned)n, MSG_DONTWAIT);
+        if (done > 0) {
+            for (int k = 0; k < done; k++) {
+                sent += runs[k];
+                first += runs[k];
+            }
+        } else if (done < 0 && errno == EINTR) {
+            continue;
+        } else if (done < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS)) {
+            break;
+        } else if (done < 0 && (errno == EBADF || errno == ENOTSOCK)) {
+            return -errno;
+        } else if (runs[0] > 1 && (errno == EINVAL || errno == EIO || errno == ENOPROTOOPT ||
+                                   errno == EOPNOTSUPP)) {
+            gso_enabled = 0;  /* refused segmentation: send these again, one by one */
+        } else {
+            first += runs[0]; /* refused (e.g. unreachable): skip it */
+        }
+    }
+    return sent;
 }
 
 /* send_batch(fd, buffer, spans, destination) -> datagrams sent
@@ -4366,61 +4446,11 @@ static PyObject *native_send_batch(PyObject *m, PyObject *args)
         spans[i].offset = offset;
         spans[i].length = length;
     }
-    struct mmsghdr msgs[BATCH_MAX];
-    struct iovec iov[SEND_SPANS_MAX];
-    int runs[BATCH_MAX];
-    union {
-        char buf[CMSG_SPACE(sizeof(uint16_t))];
-        struct cmsghdr align;
-    } control[BATCH_MAX];
-    for (Py_ssize_t first = 0; first < count;) {
-        int n = 0, spanned = 0;
-        for (Py_ssize_t at = first;
-             n < BATCH_MAX && at < count && spanned + GSO_SEGMENTS_MAX <= SEND_SPANS_MAX; n++) {
-            int run = gso_enabled ? gso_run(spans, at, count) : 1;
-            memset(&msgs[n], 0, sizeof msgs[n]);
-            for (int k = 0; k < run; k++) {
-                iov[spanned + k].iov_base = ab->data + spans[at + k].offset;
-                iov[spanned + k].iov_len = (size_t)spans[at + k].length;
-            }
-            msgs[n].msg_hdr.msg_iov = &iov[spanned];
-            msgs[n].msg_hdr.msg_iovlen = (size_t)run;
-            msgs[n].msg_hdr.msg_name = &to;
-            msgs[n].msg_hdr.msg_namelen = sizeof to;
-            if (run > 1) {
-                memset(&control[n], 0, sizeof control[n]);
-                msgs[n].msg_hdr.msg_control = control[n].buf;
-                msgs[n].msg_hdr.msg_controllen = sizeof control[n].buf;
-                struct cmsghdr *c = CMSG_FIRSTHDR(&msgs[n].msg_hdr);
-                c->cmsg_level = IPPROTO_UDP;
-                c->cmsg_type = UDP_SEGMENT;
-                c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-                uint16_t segment = (uint16_t)spans[at].length;
-                memcpy(CMSG_DATA(c), &segment, sizeof segment);
-            }
-            runs[n] = run;
-            spanned += run;
-            at += run;
-        }
-        int done = sendmmsg(fd, msgs, (unsigned)n, MSG_DONTWAIT);
-        if (done > 0) {
-            for (int k = 0; k < done; k++) {
-                sent += runs[k];
-                first += runs[k];
-            }
-        } else if (done < 0 && errno == EINTR) {
-            continue;
-        } else if (done < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS)) {
-            break;
-        } else if (done < 0 && (errno == EBADF || errno == ENOTSOCK)) {
-            PyErr_SetFromErrno(PyExc_OSError);
-            goto fail;
-        } else if (runs[0] > 1 && (errno == EINVAL || errno == EIO || errno == ENOPROTOOPT ||
-                                   errno == EOPNOTSUPP)) {
-            gso_enabled = 0;  /* refused segmentation: send these again, one by one */
-        } else {
-            first += runs[0]; /* refused (e.g. unreachable): skip it */
-        }
+    sent = send_spans(fd, ab->data, spans, count, &to);
+    if (sent < 0) {
+        errno = -sent;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto fail;
     }
     PyMem_Free(spans);
     PyBuffer_Release(&packed);
@@ -5210,44 +5240,133 @@ static PyTypeObject LogWatcherType = {
     .tp_methods = log_watcher_methods,
 };
 
-/* busy_poll(fds, data_watches, progress_watches, until_ns) -> tuple | None: a poll loop's
- * spin between duty cycles (the netbridge's busy window). Until CLOCK_MONOTONIC reaches
+/* One sender the spin sends for by itself (see busy_poll): DATA committed at `position` goes
+ * out as scan_datagrams and send_batch would send it, to every destination. */
+typedef struct {
+    int fd;
+    LogGeometry g;
+    int64_t position, limit;
+    int mtu, max_datagrams;
+    struct sockaddr_in *destinations;
+    Py_ssize_t destination_count;
+    int blocked; /* a committed frame the limit leaves no room for: left to the duty cycle */
+} SpinSend;
+
+static int spin_send_arg(PyObject *item, SpinSend *send)
+{
+    PyObject *log, *destinations;
+    int term_length;
+    long long position, limit;
+    memset(send, 0, sizeof *send);
+    if (!PyTuple_Check(item) ||
+        !PyArg_ParseTuple(item, "iO!iLLiiO!", &send->fd, &AtomicBufferType, &log, &term_length,
+                          &position, &limit, &send->mtu, &send->max_datagrams, &PyTuple_Type,
+                          &destinations) ||
+        geometry_from((AtomicBuffer *)log, term_length, 0, &send->g) < 0)
+        return -1;
+    if (position < 0 || position % FRAME_ALIGNMENT || send->mtu < HEADER_LENGTH ||
+        send->max_datagrams < 1 || send->max_datagrams > 4096) {
+        PyErr_Format(PyExc_ValueError, "busy_poll send: position %lld (a multiple of 32 >= 0), "
+                     "mtu %d (>= 32) or max_datagrams %d (1..4096) out of range", position,
+                     send->mtu, send->max_datagrams);
+        return -1;
+    }
+    send->position = position;
+    send->limit = limit;
+    send->destination_count = PyTuple_GET_SIZE(destinations);
+    send->destinations = PyMem_Calloc(send->destination_count ? (size_t)send->destination_count
+                                                              : 1, sizeof(struct sockaddr_in));
+    if (send->destinations == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < send->destination_count; i++)
+        if (sockaddr_arg(PyTuple_GET_ITEM(destinations, i), &send->destinations[i]) < 0)
+            return -1;
+    return 0;
+}
+
+/* busy_poll(fds, data_watches, progress_watches, until_ns, sends=()) -> (found, sent): a poll
+ * loop's spin between duty cycles (the netbridge's busy window). Until CLOCK_MONOTONIC reaches
  * until_ns it polls fds without waiting, checks the watches (as LogWatcher.arm takes them) and
- * yields the CPU; returns the readable fds when one is, () when a watch is ready, None at
- * until_ns. Each turn costs two syscalls, not a Python duty cycle, so data is seen within
- * microseconds of its arrival while other processes keep the CPU they need. */
+ * the senders in `sends`, and yields the CPU. Each of `sends` is (fd, log_buffer, term_length,
+ * position, limit, mtu, max_datagrams, destinations): once a publisher commits at `position`,
+ * the spin sends that sender's DATA itself (exactly scan_datagrams then send_batch to each
+ * numeric IPv4 destination) and returns. found: the readable fds when one is, () when a watch
+ * is ready, else None; sent: (index in sends, position after the scan, datagrams, bytes,
+ * back_pressured, more) for the sender it sent for, or nothing. Each turn costs two syscalls,
+ * not a Python duty cycle, so data is seen and sent within microseconds of its arrival while
+ * other processes keep the CPU they need. */
 static PyObject *native_busy_poll(PyObject *m, PyObject *args)
 {
-    PyObject *fd_tuple, *lists[2];
+    PyObject *fd_tuple, *lists[2], *send_tuple = NULL, *out = NULL;
     long long until_ns;
-    if (!PyArg_ParseTuple(args, "O!O!O!L:busy_poll", &PyTuple_Type, &fd_tuple, &PyTuple_Type,
-                          &lists[0], &PyTuple_Type, &lists[1], &until_ns))
+    if (!PyArg_ParseTuple(args, "O!O!O!L|O!:busy_poll", &PyTuple_Type, &fd_tuple, &PyTuple_Type,
+                          &lists[0], &PyTuple_Type, &lists[1], &until_ns, &PyTuple_Type,
+                          &send_tuple))
         return NULL;
     Py_ssize_t nfds = PyTuple_GET_SIZE(fd_tuple);
+    Py_ssize_t nsends = send_tuple == NULL ? 0 : PyTuple_GET_SIZE(send_tuple);
     struct pollfd *pfds = PyMem_Calloc(nfds ? (size_t)nfds : 1, sizeof *pfds);
-    if (pfds == NULL)
-        return PyErr_NoMemory();
+    SpinSend *sends = PyMem_Calloc(nsends ? (size_t)nsends : 1, sizeof *sends);
+    Span *spans = NULL;
+    if (pfds == NULL || sends == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < nfds; i++) {
         long fd = PyLong_AsLong(PyTuple_GET_ITEM(fd_tuple, i));
-        if (fd == -1 && PyErr_Occurred()) {
-            PyMem_Free(pfds);
-            return NULL;
-        }
+        if (fd == -1 && PyErr_Occurred())
+            goto done;
         pfds[i] = (struct pollfd){.fd = (int)fd, .events = POLLIN};
+    }
+    int max_datagrams = 1;
+    for (Py_ssize_t i = 0; i < nsends; i++) {
+        if (spin_send_arg(PyTuple_GET_ITEM(send_tuple, i), &sends[i]) < 0)
+            goto done;
+        if (sends[i].max_datagrams > max_datagrams)
+            max_datagrams = sends[i].max_datagrams;
+    }
+    if ((spans = PyMem_Malloc((size_t)max_datagrams * sizeof *spans)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
     }
     Watch watches[WATCH_MAX]; /* more are left out, as arm does: found at the deadline */
     int count = 0;
     for (int progress = 0; progress < 2; progress++)
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lists[progress]) && count < WATCH_MAX; i++)
-            if (watch_arg(PyTuple_GET_ITEM(lists[progress], i), progress, &watches[count++]) < 0) {
-                PyMem_Free(pfds);
-                return NULL;
-            }
-    int readable = 0, ready = 0;
+            if (watch_arg(PyTuple_GET_ITEM(lists[progress], i), progress, &watches[count++]) < 0)
+                goto done;
+    int readable = 0, ready = 0, error = 0;
+    Py_ssize_t sent_index = -1;
+    Scan scan = {0};
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
         readable = poll(pfds, (nfds_t)nfds, 0);
-        if (readable != 0 || (ready = watch_ready(watches, count)))
+        if (readable != 0)
+            break;
+        for (Py_ssize_t i = 0; i < nsends && sent_index < 0; i++) {
+            SpinSend *send = &sends[i];
+            int index = (int)((send->position >> send->g.position_bits) % PARTITION_COUNT);
+            const int32_t *frame = (const int32_t *)(
+                term_at(&send->g, index) + (send->position & (send->g.term_length - 1)));
+            if (send->blocked || LOAD_ACQUIRE(frame) <= 0)
+                continue;
+            scan = scan_spans(&send->g, send->position, send->limit, send->mtu,
+                              send->max_datagrams, spans);
+            if (scan.count == 0) {
+                send->blocked = 1;
+                continue;
+            }
+            sent_index = i;
+            for (Py_ssize_t d = 0; d < send->destination_count; d++) {
+                int done = send_spans(send->fd, send->g.terms, spans, scan.count,
+                                      &send->destinations[d]);
+                if (done < 0)
+                    error = -done;
+            }
+        }
+        if (sent_index >= 0 || (ready = watch_ready(watches, count)))
             break;
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -5256,23 +5375,40 @@ static PyObject *native_busy_poll(PyObject *m, PyObject *args)
         sched_yield();
     }
     Py_END_ALLOW_THREADS
-    PyObject *out = NULL;
-    if (readable < 0)
+    if (readable < 0 || error) {
+        errno = error ? error : errno;
         PyErr_SetFromErrno(PyExc_OSError);
-    else if (readable == 0 && !ready)
-        out = Py_NewRef(Py_None);
-    else if ((out = PyTuple_New(readable)) != NULL) {
+        goto done;
+    }
+    PyObject *found;
+    if (readable == 0 && !ready)
+        found = Py_NewRef(Py_None);
+    else if ((found = PyTuple_New(readable)) != NULL) {
         for (Py_ssize_t i = 0, j = 0; i < nfds && j < readable; i++) {
             if (!pfds[i].revents)
                 continue;
             PyObject *fd = PyLong_FromLong(pfds[i].fd);
             if (fd == NULL) {
-                Py_CLEAR(out);
+                Py_CLEAR(found);
                 break;
             }
-            PyTuple_SET_ITEM(out, j++, fd);
+            PyTuple_SET_ITEM(found, j++, fd);
         }
     }
+    if (found == NULL)
+        goto done;
+    if (sent_index < 0)
+        out = Py_BuildValue("(N())", found);
+    else
+        out = Py_BuildValue("(N(nLiLOO))", found, sent_index, (long long)scan.position,
+                            scan.count, (long long)scan.bytes,
+                            scan.back_pressured ? Py_True : Py_False,
+                            scan.more ? Py_True : Py_False);
+done:
+    for (Py_ssize_t i = 0; sends != NULL && i < nsends; i++)
+        PyMem_Free(sends[i].destinations);
+    PyMem_Free(sends);
+    PyMem_Free(spans);
     PyMem_Free(pfds);
     return out;
 }
@@ -5287,8 +5423,8 @@ static PyMethodDef netbridge_batch_functions[] = {
     {"send_batch", native_send_batch, METH_VARARGS,
      "send_batch(fd, buffer, spans, destination) -> int: sendmmsg spans of buffer"},
     {"busy_poll", native_busy_poll, METH_VARARGS,
-     "busy_poll(fds, data_watches, progress_watches, until_ns) -> tuple | None: spin until "
-     "an fd is readable (returns them), a watch is ready (returns ()) or until_ns (None)"},
+     "busy_poll(fds, data_watches, progress_watches, until_ns, sends=()) -> (found, sent): "
+     "spin until an fd is readable, a watch is ready, a sender sent, or until_ns"},
     {NULL, NULL, 0, NULL},
 };
 

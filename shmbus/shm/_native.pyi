@@ -356,11 +356,18 @@ def send_batch(fd: int, buffer: AtomicBuffer, spans: Buffer, destination: tuple[
 
 def busy_poll(
     fds: tuple[int, ...], data: tuple[tuple[AtomicBuffer, int, int], ...],
-    progress: tuple[tuple[AtomicBuffer, int, AtomicBuffer, int, int], ...], until_ns: int, /,
-) -> tuple[int, ...] | None:
+    progress: tuple[tuple[AtomicBuffer, int, AtomicBuffer, int, int], ...], until_ns: int,
+    sends: tuple[tuple[int, AtomicBuffer, int, int, int, int, int, tuple[object, ...]], ...] = (),
+    /,
+) -> tuple[tuple[int, ...] | None, tuple[()] | tuple[int, int, int, int, bool, bool]]:
     """A poll loop's spin: until CLOCK_MONOTONIC reaches until_ns, poll fds without waiting,
-    check the watches (as LogWatcher.arm takes them) and yield the CPU. Returns the readable
-    fds, () when a watch is ready first, None at until_ns; OSError from poll()."""
+    check the watches (as LogWatcher.arm takes them) and the sends, and yield the CPU. A send
+    is (fd, log buffer, term length, position, limit, mtu, max datagrams, destinations): once a
+    frame is committed at position, the spin sends that sender's DATA itself (scan_datagrams,
+    then send_batch to each destination) and returns. Returns (found, sent): found is the
+    readable fds, () when a watch is ready, else None; sent is (index in sends, position after
+    the scan, datagrams, bytes, back_pressured, more) or (). OSError from poll() or a bad
+    socket; ValueError for a bad send."""
 
 @final
 class LogWatcher:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import select
 import socket
 import struct
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -425,21 +426,101 @@ def test_busy_poll_returns_at_a_datagram_a_committed_frame_or_its_deadline(
         data_watch = ((log.log.buffer, log.term_length, 0),)
         fds = (into.fileno(),)
         many = tuple(socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(200))
-        assert _native.busy_poll((*(s.fileno() for s in many), *fds), data_watch, (), 0) is None
+        assert _native.busy_poll((*(s.fileno() for s in many), *fds), data_watch, (), 0) == (
+            None, ())
         for sock in many:  # more sockets than the watches' limit are fine
             sock.close()
         before = time.monotonic_ns()
-        assert _native.busy_poll(fds, data_watch, (), before + 20 * MS) is None
+        assert _native.busy_poll(fds, data_watch, (), before + 20 * MS) == (None, ())
         assert time.monotonic_ns() - before >= 20 * MS  # it spun until its deadline
         # a datagram: the readable fd, long before the deadline
         threading.Timer(0.05, lambda: out.sendto(b"x", into.getsockname())).start()
-        assert _native.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == fds
+        assert _native.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == (
+            fds, ())
         into.recv(16)
         # a publisher's frame where the sender waits: () (nothing readable)
         threading.Timer(0.05, lambda: log.offer(b"wake")).start()
-        assert _native.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == ()
+        assert _native.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == (
+            (), ())
     finally:
         log.close()
+
+
+def test_the_spin_sends_a_publishers_frame_itself_as_a_poll_would(
+        tmp_path: Path, loopback: tuple[socket.socket, socket.socket]) -> None:
+    """A send given to busy_poll goes out once a publisher has committed where the sender
+    waits: the datagrams a poll would send, to each destination, and the sender accounts for them
+    with on_data_sent exactly as its poll would have."""
+    out, into = loopback
+    logs = [PublicationLog(tmp_path, name=f"{i}.log") for i in range(2)]
+    try:
+        spun, polled = (make_sender(log, data_batches=True) for log in logs)
+        for sender in (spun, polled):
+            connect(sender, window=1 << 20)
+            sender.poll(0)  # the SETUP phase is over: nothing queued
+        assert spun.spin_send() == (0, spun.sender_limit, spun.mtu, spun.max_datagrams_per_poll)
+        destinations = (into.getsockname(), into.getsockname())  # two: each gets the DATA
+        send = (out.fileno(), logs[0].log.buffer, spun.term_length, *spun.spin_send(),
+                destinations)
+        messages = [bytes([n]) * 600 for n in range(5)]  # three datagrams at mtu 1408
+        for m in messages:
+            logs[0].offer(m)
+        found, sent = _native.busy_poll((), (), (), time.monotonic_ns() + 10_000 * MS, (send,))
+        assert found is None
+        index, position, datagrams, length, back_pressured, more = sent
+        assert index == 0 and not back_pressured and not more
+        spun.on_data_sent(5 * MS, position, datagrams, length, back_pressured)
+        for m in messages:
+            logs[1].offer(m)
+        expected, _ = polled.poll(5 * MS)
+        batches = [data for data, _ in expected]
+        wanted = [bytes(d) for d in batches[0].datagrams()]
+        into.settimeout(5)
+        assert [into.recv(65536) for _ in range(2 * len(wanted))] == wanted * 2
+        assert (position, datagrams, length) == (
+            polled.sender_position, batches[0].count, batches[0].length)
+        for name in ("sender_position", "datagrams_sent", "bytes_sent", "back_pressure_events"):
+            assert getattr(spun, name) == getattr(polled, name), name
+        assert spun.poll(5 * MS)[0] == []  # nothing left that the spin should have sent
+    finally:
+        for log in logs:
+            log.close()
+
+
+def test_the_spin_leaves_a_frame_its_limit_has_no_room_for_to_the_duty_cycle(
+        tmp_path: Path, loopback: tuple[socket.socket, socket.socket]) -> None:
+    out, into = loopback
+    log = PublicationLog(tmp_path)
+    try:
+        log.offer(b"x" * 1000)  # committed, but the limit leaves 64 bytes
+        send = (out.fileno(), log.log.buffer, log.term_length, 0, 64, 1408, 64,
+                (into.getsockname(),))
+        before = time.monotonic_ns()
+        assert _native.busy_poll((), (), (), before + 20 * MS, (send,)) == (None, ())
+        assert time.monotonic_ns() - before >= 20 * MS  # it spun on, sending nothing
+        into.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            into.recv(65536)
+    finally:
+        log.close()
+
+
+def test_a_sender_the_spin_may_not_send_for() -> None:
+    """spin_send is None until a poll has nothing to do first: before the SETUP phase ends,
+    or without data batches."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as directory:
+        log = PublicationLog(Path(directory))
+        try:
+            sender = make_sender(log, data_batches=True)
+            assert sender.spin_send() is None  # not connected
+            sender.poll(0)
+            assert sender.spin_send() is None  # SETUP sent, no status message yet
+            connect(sender)
+            sender.poll(0)
+            assert sender.spin_send() is not None
+            assert make_sender(log).spin_send() is None  # datagrams one by one
+        finally:
+            log.close()
 
 
 def test_busy_poll_refuses_bad_arguments_clearly(tmp_path: Path) -> None:
@@ -451,5 +532,10 @@ def test_busy_poll_refuses_bad_arguments_clearly(tmp_path: Path) -> None:
             _native.busy_poll((), ((log.log.buffer, log.term_length, 5),), (), 0)
         with pytest.raises(TypeError):
             _native.busy_poll([0], (), (), 0)  # type: ignore[arg-type]
+        send = (0, log.log.buffer, log.term_length, 0, 1 << 20, 1408, 64, (("localhost", 1),))
+        with pytest.raises(ValueError, match="not a numeric IPv4"):
+            _native.busy_poll((), (), (), 0, (send,))
+        with pytest.raises(ValueError, match="mtu 16"):
+            _native.busy_poll((), (), (), 0, (send[:5] + (16,) + send[6:],))
     finally:
         log.close()
