@@ -414,6 +414,14 @@ class Bridge:
         self.receive_channels[key] = channel
         return channel
 
+    def _close_send_channel(self, key: tuple[str, ...]) -> None:
+        """Let a channel whose last publication went go: its socket is closed and its
+        counters freed (a new publication on it opens it again)."""
+        channel = self.send_channels.pop(key)
+        channel.sock.close()
+        for counter_id, _ in channel.counters.counters.values():
+            self._remove_counter(counter_id)
+
     def _close_receive_channel(self, key: tuple[str, ...]) -> None:
         """Let an endpoint go: its sockets are closed (another process may bind it at once)
         and its counters freed. Its images are gone already."""
@@ -457,8 +465,9 @@ class Bridge:
         """Serve until stop() or the driver goes away; then close(). After work it spins for
         ``Context.netbridge_busy_window`` (natively, yielding the CPU at every turn: see
         _native.busy_poll) until a socket is readable, a publisher commits where a sender
-        waits, or a timer is due; then, with nothing to do, it sleeps in poll() on its sockets
-        and the log watcher's fd until the next deadline."""
+        waits, or a timer is due; a sender's DATA the spin sends itself when its poll would do
+        nothing else, and spins on. With nothing to do, it sleeps in poll() on its sockets and
+        the log watcher's fd until the next deadline."""
         watcher = self._watcher
         watching: Watches | None = None
         readable: set[int] | None = None  # the first cycle tries every socket
@@ -598,8 +607,8 @@ class Bridge:
         self._poll_all = False
         work = self._receive(now, readable)
         deadline = now + _IDLE_WAIT_MAX_NS
-        for send_channel in list(self.send_channels.values()):
-            work, deadline = self._send(send_channel, now, stats, poll_all, work, deadline)
+        for key, send_channel in list(self.send_channels.items()):
+            work, deadline = self._send(key, send_channel, now, stats, poll_all, work, deadline)
         for key, receive_channel in list(self.receive_channels.items()):
             work, deadline = self._poll_receiver(key, receive_channel, now, stats, poll_all,
                                                  work, deadline)
@@ -675,11 +684,11 @@ class Bridge:
                       _source: object) -> None:
         receiver.on_nak_heard(now, data)
 
-    def _send(self, channel: SendChannel, now: int, stats: bool, poll_all: bool, work: int,
-              deadline: int) -> tuple[int, int]:
+    def _send(self, key: tuple[str, ...], channel: SendChannel, now: int, stats: bool,
+              poll_all: bool, work: int, deadline: int) -> tuple[int, int]:
         """Poll the channel's senders that have something to do (a datagram came for them, a
         publisher committed where they wait, their timers are due, or ``poll_all``) and send
-        what they have; mirror their counters."""
+        what they have; mirror their counters. The channel is closed with its last sender."""
         if stats and channel.tracker is not None:
             channel.tracker.on_idle(now)
             channel.apply_destinations()
@@ -706,6 +715,9 @@ class Bridge:
                     sender.log.close()
                     for counter_id in sender.counter_ids():
                         self._remove_counter(counter_id)
+                    if not channel.senders:
+                        self._close_send_channel(key)
+                        return work + 1, deadline
         if stats:
             self._mirror_send(channel)
         return work, deadline

@@ -18,7 +18,8 @@ then to the state machine.
 
 Sending: a :class:`netbridge.sender.DataBatch` goes out with one sendmmsg straight from the log
 (or, through an outgoing loss filter, datagram by datagram); other datagrams with sendto. A
-full socket buffer is loss, recovered by NAK as any other.
+full socket buffer is loss, recovered by NAK as any other. (In its busy window the bridge's
+spin sends a publisher's new DATA itself, the same way: see _native.busy_poll.)
 """
 
 from __future__ import annotations

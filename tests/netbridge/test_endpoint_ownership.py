@@ -20,7 +20,7 @@ from shmbus.channel_uri import ChannelUri
 from shmbus.driver import control_protocol as cp
 from tests.conftest import start_driver, stop_driver
 from tests.netbridge import bridge_workers
-from tests.netbridge.test_end_to_end import free_udp_port
+from tests.netbridge.test_end_to_end import bus_pair, channel_counters, free_udp_port
 
 MESSAGES = 20_000
 LINGER = 0.3
@@ -121,3 +121,42 @@ def test_an_endpoint_held_by_another_bus_is_refused_until_it_lets_go(shm_dir) ->
     finally:
         for process in drivers:
             stop_driver(process)
+
+
+def udp_sockets(pid: int) -> int:
+    return len(psutil.Process(pid).net_connections(kind="udp"))
+
+
+def test_a_send_channel_is_closed_with_its_last_publication_and_opened_again(shm_dir) -> None:
+    """A netbridge closes a channel's send socket (and frees its counters) once the channel's
+    last publication has gone and lingered; a later publication on it opens it again and its
+    stream arrives whole."""
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir)
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    try:
+        with shmbus.connect(ctx_a) as bus_a, shmbus.connect(ctx_b) as bus_b:
+            subscription = bus_b.add_subscription(channel, 3)
+            for round_ in range(2):
+                publication = bus_a.add_exclusive_publication(channel, 3)
+                bridge = bridge_pid(drivers[0])
+                got: list[int] = []
+                sent = 0
+                deadline = time.monotonic() + 30
+                while len(got) < 500:
+                    assert time.monotonic() < deadline, f"round {round_}: {len(got)} arrived"
+                    if sent < 500 and publication.offer(sent.to_bytes(4, "little")) > 0:
+                        sent += 1
+                    subscription.poll(lambda buffer, _header, into=got: into.append(
+                        int.from_bytes(buffer, "little")), 64)
+                assert got == list(range(500))
+                assert "bytes sent" in channel_counters(ctx_a)
+                with_publication = udp_sockets(bridge)
+                publication.close()
+                deadline = time.monotonic() + 20  # the sender lingers 2 s after its end
+                while udp_sockets(bridge) != with_publication - 1:
+                    assert time.monotonic() < deadline, "the send socket was never closed"
+                    time.sleep(0.1)
+                assert "bytes sent" not in channel_counters(ctx_a)  # its counters are freed
+    finally:
+        for driver in drivers:
+            stop_driver(driver)
