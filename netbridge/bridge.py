@@ -488,11 +488,8 @@ class Bridge:
                                                         min(busy_until, deadline), sends)
                         if not sent:
                             break
-                        index, position, datagrams, length, back_pressured, more = sent
                         now = time.monotonic_ns()
-                        sending[index].sender.on_data_sent(now, position, datagrams, length,
-                                                           back_pressured)
-                        self._mirror_sender(sending[index])
+                        more = self._on_data_sent(sending[sent[0]], now, sent[1:])
                         busy_until = now + self._busy_window_ns
                         if more or now >= self._next_service_ns:
                             break  # its poll, or the driver's events, are due
@@ -566,14 +563,36 @@ class Bridge:
                 sender = s.sender
                 if not sender.waits_for_data:
                     continue
-                spin = sender.spin_send() if channel.loss_out is None else None
-                if spin is None:
+                send = self._native_send(channel, s)
+                if send is None:
                     data.append((s.log.buffer, sender.term_length, sender.sender_position))
                 else:
-                    sends.append((channel.sock.fileno(), s.log.buffer, sender.term_length,
-                                  *spin, tuple(sender.destinations)))
+                    sends.append(send)
                     sending.append(s)
         return tuple(data), self._progress_watches(), tuple(sends), sending
+
+    @staticmethod
+    def _native_send(channel: SendChannel, sender: Sender) -> tuple[
+            int, _native.AtomicBuffer, int, int, int, int, int, tuple[object, ...]] | None:
+        """The send (as _native.busy_poll and send_now take it) that sends the sender's next
+        committed DATA natively, or None when its poll must (NetworkSender.spin_send says
+        when) or its channel has an outgoing loss filter."""
+        spin = sender.sender.spin_send() if channel.loss_out is None else None
+        if spin is None:
+            return None
+        return (channel.sock.fileno(), sender.log.buffer, sender.sender.term_length, *spin,
+                tuple(sender.sender.destinations))
+
+    def _on_data_sent(self, sender: Sender, now: int, sent: tuple[int, int, int, bool, bool]
+                      ) -> bool:
+        """Account for DATA a native send sent for ``sender``: ``sent`` is (position,
+        datagrams, bytes, back_pressured, more). Returns more: its poll is due."""
+        position, datagrams, length, back_pressured, more = sent
+        sender.sender.on_data_sent(now, position, datagrams, length, back_pressured)
+        self._mirror_sender(sender)
+        if more:
+            sender.next_poll_ns = now
+        return more
 
     def _progress_watches(self) -> tuple[
             tuple[_native.AtomicBuffer, int, _native.AtomicBuffer, int, int], ...]:
@@ -693,10 +712,16 @@ class Bridge:
             channel.tracker.on_idle(now)
             channel.apply_destinations()
         for sender_key, sender in list(channel.senders.items()):
-            if not (poll_all or channel.heard or now >= sender.next_poll_ns
-                    or sender.sender.data_ready()):
-                deadline = min(deadline, sender.next_poll_ns)
-                continue
+            if not (poll_all or channel.heard or now >= sender.next_poll_ns):
+                if not sender.sender.data_ready():
+                    deadline = min(deadline, sender.next_poll_ns)
+                    continue
+                send = self._native_send(channel, sender)
+                if send is not None:  # only a publisher's frame to send: natively, no poll
+                    work += 1
+                    self._on_data_sent(sender, now, _native.send_now(send))
+                    deadline = min(deadline, sender.next_poll_ns)
+                    continue
             self._check_closed(sender)
             datagrams, due = sender.sender.poll(now)
             sender.next_poll_ns = due

@@ -5286,6 +5286,50 @@ static int spin_send_arg(PyObject *item, SpinSend *send)
     return 0;
 }
 
+/* Scans `send` from its position and sends what is committed to each destination (nothing
+ * when no whole frame fits its limit); *error is set to the errno of a bad socket. No GIL. */
+static Scan send_committed(const SpinSend *send, Span *spans, int *error)
+{
+    Scan scan = scan_spans(&send->g, send->position, send->limit, send->mtu,
+                           send->max_datagrams, spans);
+    for (Py_ssize_t d = 0; d < send->destination_count && scan.count; d++) {
+        int done = send_spans(send->fd, send->g.terms, spans, scan.count,
+                              &send->destinations[d]);
+        if (done < 0)
+            *error = -done;
+    }
+    return scan;
+}
+
+/* send_now(send) -> (position, datagrams, bytes, back_pressured, more): what busy_poll does
+ * for a send (see there) once its frame is committed, at once and without waiting: the DATA
+ * committed from its position goes out to each destination. OSError for a bad socket. */
+static PyObject *native_send_now(PyObject *m, PyObject *arg)
+{
+    SpinSend send;
+    PyObject *out = NULL;
+    Span *spans = NULL;
+    int error = 0;
+    if (spin_send_arg(arg, &send) < 0)
+        goto done;
+    if ((spans = PyMem_Malloc((size_t)send.max_datagrams * sizeof *spans)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Scan scan = send_committed(&send, spans, &error);
+    if (error) {
+        errno = error;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    out = Py_BuildValue("(LiLOO)", (long long)scan.position, scan.count, (long long)scan.bytes,
+                        scan.back_pressured ? Py_True : Py_False, scan.more ? Py_True : Py_False);
+done:
+    PyMem_Free(send.destinations);
+    PyMem_Free(spans);
+    return out;
+}
+
 /* busy_poll(fds, data_watches, progress_watches, until_ns, sends=()) -> (found, sent): a poll
  * loop's spin between duty cycles (the netbridge's busy window). Until CLOCK_MONOTONIC reaches
  * until_ns it polls fds without waiting, checks the watches (as LogWatcher.arm takes them) and
@@ -5352,19 +5396,11 @@ static PyObject *native_busy_poll(PyObject *m, PyObject *args)
                 term_at(&send->g, index) + (send->position & (send->g.term_length - 1)));
             if (send->blocked || LOAD_ACQUIRE(frame) <= 0)
                 continue;
-            scan = scan_spans(&send->g, send->position, send->limit, send->mtu,
-                              send->max_datagrams, spans);
-            if (scan.count == 0) {
+            scan = send_committed(send, spans, &error);
+            if (scan.count == 0)
                 send->blocked = 1;
-                continue;
-            }
-            sent_index = i;
-            for (Py_ssize_t d = 0; d < send->destination_count; d++) {
-                int done = send_spans(send->fd, send->g.terms, spans, scan.count,
-                                      &send->destinations[d]);
-                if (done < 0)
-                    error = -done;
-            }
+            else
+                sent_index = i;
         }
         if (sent_index >= 0 || (ready = watch_ready(watches, count)))
             break;
@@ -5422,6 +5458,9 @@ static PyMethodDef netbridge_batch_functions[] = {
      "(position, spans, back_pressured, more): the sender's DATA datagrams as log spans"},
     {"send_batch", native_send_batch, METH_VARARGS,
      "send_batch(fd, buffer, spans, destination) -> int: sendmmsg spans of buffer"},
+    {"send_now", native_send_now, METH_O,
+     "send_now(send) -> (position, datagrams, bytes, back_pressured, more): busy_poll's send "
+     "of what is committed, at once"},
     {"busy_poll", native_busy_poll, METH_VARARGS,
      "busy_poll(fds, data_watches, progress_watches, until_ns, sends=()) -> (found, sent): "
      "spin until an fd is readable, a watch is ready, a sender sent, or until_ns"},

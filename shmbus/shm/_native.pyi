@@ -354,6 +354,13 @@ def send_batch(fd: int, buffer: AtomicBuffer, spans: Buffer, destination: tuple[
     """sendmmsg of each (offset, length) span of buffer to a numeric IPv4 destination;
     returns how many went (a full socket buffer ends the batch: loss)."""
 
+def send_now(
+    send: tuple[int, AtomicBuffer, int, int, int, int, int, tuple[object, ...]], /,
+) -> tuple[int, int, int, bool, bool]:
+    """busy_poll's send (see there) of what is committed at its position, at once: returns
+    (position after the scan, datagrams, bytes, back_pressured, more); OSError for a bad
+    socket, ValueError for a bad send."""
+
 def busy_poll(
     fds: tuple[int, ...], data: tuple[tuple[AtomicBuffer, int, int], ...],
     progress: tuple[tuple[AtomicBuffer, int, AtomicBuffer, int, int], ...], until_ns: int,

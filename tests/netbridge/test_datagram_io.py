@@ -487,6 +487,26 @@ def test_the_spin_sends_a_publishers_frame_itself_as_a_poll_would(
             log.close()
 
 
+def test_send_now_sends_what_is_committed_at_once(
+        tmp_path: Path, loopback: tuple[socket.socket, socket.socket]) -> None:
+    out, into = loopback
+    log = PublicationLog(tmp_path)
+    try:
+        send = (out.fileno(), log.log.buffer, log.term_length, 0, 1 << 20, 1408, 64,
+                (into.getsockname(),))
+        assert _native.send_now(send) == (0, 0, 0, False, False)  # nothing committed yet
+        log.offer(b"a" * 100)
+        log.offer(b"b" * 100)
+        # both frames (each 132 bytes, aligned to 160) in one datagram, straight from the log
+        assert _native.send_now(send) == (320, 1, 320, False, False)
+        into.settimeout(5)
+        assert into.recv(65536) == log.bytes_at(0, 320)
+        with pytest.raises(OSError):
+            _native.send_now((into.fileno() + 100, *send[1:]))  # no such socket
+    finally:
+        log.close()
+
+
 def test_the_spin_leaves_a_frame_its_limit_has_no_room_for_to_the_duty_cycle(
         tmp_path: Path, loopback: tuple[socket.socket, socket.socket]) -> None:
     out, into = loopback
