@@ -5258,15 +5258,19 @@ static int spin_send_arg(PyObject *item, SpinSend *send)
     int term_length;
     long long position, limit;
     memset(send, 0, sizeof *send);
-    if (!PyTuple_Check(item) ||
-        !PyArg_ParseTuple(item, "iO!iLLiiO!", &send->fd, &AtomicBufferType, &log, &term_length,
+    if (!PyTuple_Check(item)) {
+        PyErr_Format(PyExc_TypeError, "a send is a tuple (fd, log_buffer, term_length, "
+                     "position, limit, mtu, max_datagrams, destinations), not %R", item);
+        return -1;
+    }
+    if (!PyArg_ParseTuple(item, "iO!iLLiiO!", &send->fd, &AtomicBufferType, &log, &term_length,
                           &position, &limit, &send->mtu, &send->max_datagrams, &PyTuple_Type,
                           &destinations) ||
         geometry_from((AtomicBuffer *)log, term_length, 0, &send->g) < 0)
         return -1;
     if (position < 0 || position % FRAME_ALIGNMENT || send->mtu < HEADER_LENGTH ||
         send->max_datagrams < 1 || send->max_datagrams > 4096) {
-        PyErr_Format(PyExc_ValueError, "busy_poll send: position %lld (a multiple of 32 >= 0), "
+        PyErr_Format(PyExc_ValueError, "send: position %lld (a multiple of 32 >= 0), "
                      "mtu %d (>= 32) or max_datagrams %d (1..4096) out of range", position,
                      send->mtu, send->max_datagrams);
         return -1;

@@ -557,5 +557,7 @@ def test_busy_poll_refuses_bad_arguments_clearly(tmp_path: Path) -> None:
             _native.busy_poll((), (), (), 0, (send,))
         with pytest.raises(ValueError, match="mtu 16"):
             _native.busy_poll((), (), (), 0, (send[:5] + (16,) + send[6:],))
+        with pytest.raises(TypeError, match="a send is a tuple"):
+            _native.send_now([0])  # type: ignore[arg-type]
     finally:
         log.close()
