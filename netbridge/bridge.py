@@ -252,6 +252,7 @@ class Bridge:
         #: wakes the loop when a publisher commits a frame where a sender waits for data, or
         #: subscribers read up to where a status message falls due
         self._watcher = new_log_watcher()
+        #: the fds the loop polls and a poll object on them (None: made again, see _polled)
         self._poller: tuple[tuple[int, ...], select.poll] | None = None
         self.client = Client(self.context, conductor_thread=False)
         # unique across hosts (client ids are only unique within one bus), as Aeron's are
@@ -341,6 +342,7 @@ class Bridge:
                 SEND_CHANNEL_STAT, uri.canonical(), SEND_STATS), *self._loss_filters(),
                 tracker=tracker)
             self.send_channels[key] = channel
+            self._poller = None
         log = LogBuffer.open(self.client.directory / event.log_file)
         snd_pos = self._counter(event.snd_pos_counter_id)
         transport = channel.transport
@@ -412,12 +414,14 @@ class Bridge:
             RECEIVE_CHANNEL_STAT, uri.canonical(), RECEIVE_STATS), *self._loss_filters())
         holder.append(channel)
         self.receive_channels[key] = channel
+        self._poller = None
         return channel
 
     def _close_send_channel(self, key: tuple[str, ...]) -> None:
         """Let a channel whose last publication went go: its socket is closed and its
         counters freed (a new publication on it opens it again)."""
         channel = self.send_channels.pop(key)
+        self._poller = None
         channel.sock.close()
         for counter_id, _ in channel.counters.counters.values():
             self._remove_counter(counter_id)
@@ -426,6 +430,7 @@ class Bridge:
         """Let an endpoint go: its sockets are closed (another process may bind it at once)
         and its counters freed. Its images are gone already."""
         channel = self.receive_channels.pop(key)
+        self._poller = None
         for sock in channel.transport.sockets():
             sock.close()
         for counter_id, _ in channel.counters.counters.values():
@@ -523,18 +528,22 @@ class Bridge:
 
     def _poll_fds(self) -> tuple[int, ...]:
         """The watcher's fd, then every socket's."""
-        return (self._watcher.fileno(), *(sock.fileno() for sock in self._sockets()))
+        return self._polled()[0]
 
     def _poll(self) -> select.poll:
-        """A poll object on every socket and the watcher's eventfd (made again when the
-        sockets change)."""
-        fds = self._poll_fds()
-        if self._poller is None or self._poller[0] != fds:
+        """A poll object on those fds."""
+        return self._polled()[1]
+
+    def _polled(self) -> tuple[tuple[int, ...], select.poll]:
+        """The fds to poll and a poll object on them, made again after a channel was opened
+        or closed (which sets _poller to None)."""
+        if self._poller is None:
+            fds = (self._watcher.fileno(), *(sock.fileno() for sock in self._sockets()))
             poller = select.poll()
             for fd in fds:
                 poller.register(fd, select.POLLIN)
             self._poller = (fds, poller)
-        return self._poller[1]
+        return self._poller
 
     def _watches(self) -> Watches:
         """What the log watcher wakes the bridge for: where senders wait for a publisher's
