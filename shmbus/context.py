@@ -90,8 +90,8 @@ class Context:
     netbridge_endpoint_linger: float = 0.5
     #: after it did work, the netbridge spins this long (natively, yielding the CPU at every
     #: turn) before it sleeps: a datagram or frame that comes sooner is taken without a
-    #: wake-up (loopback round trips at 10k msg/s on 2 cores: p50 about 100 us instead of 155,
-    #: the two bridges' CPU 0.8-1.6 core instead of 0.5; an idle bridge is not affected);
+    #: wake-up (loopback round trips at 10k msg/s on 2 cores: p50 about 90 us instead of 135,
+    #: the two bridges' CPU 1.5 cores instead of 1.3; an idle bridge is not affected);
     #: 0: sleep at once
     netbridge_busy_window: float = 100e-6
 
