@@ -727,8 +727,9 @@ class Bridge:
                     continue
                 send = self._native_send(channel, sender)
                 if send is not None:  # only a publisher's frame to send: natively, no poll
-                    work += 1
-                    self._on_data_sent(sender, now, _native.send_now(send))
+                    sent = _native.send_now(send)
+                    work += sent[1]
+                    self._on_data_sent(sender, now, sent)
                     deadline = min(deadline, sender.next_poll_ns)
                     continue
             self._check_closed(sender)

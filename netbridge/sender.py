@@ -516,9 +516,23 @@ class NetworkSender:
     def waits_for_data(self) -> bool:
         """Connected, not at its end, and with room under its limit: what it sends next is
         whatever a publisher commits at ``sender_position`` (the process layer may sleep until
-        that, or a datagram, or the deadline of :meth:`poll`)."""
-        return (self.has_initial_connection and not self.is_end_of_stream
-                and self.sender_position < self.sender_limit)
+        that, or a datagram, or the deadline of :meth:`poll`). Not when the frame committed
+        there already does not fit under the limit: then it waits for a status message."""
+        if not (self.has_initial_connection and not self.is_end_of_stream
+                and self.sender_position < self.sender_limit):
+            return False
+        if not self._committed():
+            return True
+        _, spans, _, back_pressured, _ = _scan_datagrams(
+            self._buffer, self.term_length, self.sender_position, self.sender_limit, self.mtu, 1)
+        return bool(spans) or not back_pressured
+
+    def _committed(self) -> bool:
+        """A publisher has committed a frame at ``sender_position``."""
+        position = self.sender_position
+        index = (position >> self._position_bits) % PARTITION_COUNT
+        offset = index * self.term_length + (position & (self.term_length - 1))
+        return self._buffer.get_int32_acquire(offset) > 0
 
     def spin_send(self) -> tuple[int, int, int, int] | None:
         """(position, limit, mtu, max datagrams): what the process layer may send by itself,
@@ -547,12 +561,7 @@ class NetworkSender:
     def data_ready(self) -> bool:
         """It waits for data and a publisher has committed a frame at ``sender_position``
         since: :meth:`poll` would send it now."""
-        if not self.waits_for_data:
-            return False
-        position = self.sender_position
-        index = (position >> self._position_bits) % PARTITION_COUNT
-        offset = index * self.term_length + (position & (self.term_length - 1))
-        return self._buffer.get_int32_acquire(offset) != 0
+        return self.waits_for_data and self._committed()
 
     def _resend(
         self, term_id: int, term_offset: int, length: int, position: int, out: list[Outgoing]

@@ -119,6 +119,42 @@ def test_a_bridge_sleeps_while_a_slow_subscriber_holds_the_status_message_back(s
         for driver in drivers:
             stop_driver(driver)
 
+def test_a_sender_held_at_the_end_of_its_window_sleeps(shm_dir) -> None:
+    """A subscriber that reads nothing holds the sender at the end of the receiver's window,
+    which the frames (1056 bytes aligned) do not divide: the next frame is committed but does
+    not fit, so the sending bridge waits for a status message and must sleep rather than spin
+    on that frame."""
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir)
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}|rcv-wnd=524288"
+    payload = bytes(1000)
+    try:
+        with shmbus.connect(ctx_a) as bus_a, shmbus.connect(ctx_b) as bus_b:
+            subscription = bus_b.add_subscription(channel, 6)
+            publication = bus_a.add_publication(channel, 6)
+            deadline = time.monotonic() + 30
+            while not (publication.is_connected and subscription.images):
+                assert time.monotonic() < deadline, "the stream never connected"
+                time.sleep(0.01)
+            sent = 0
+            refused_since = None
+            while refused_since is None or time.monotonic() - refused_since < 0.5:
+                assert time.monotonic() < deadline, f"never held back ({sent} sent)"
+                if publication.offer(payload) > 0:
+                    sent += 1
+                    refused_since = None
+                else:
+                    refused_since = refused_since or time.monotonic()
+                    time.sleep(0.001)
+            assert sent * 1056 > 524288  # the window is full: the sender waits at its end
+            bridge = psutil.Process(bridge_pid(drivers[0]))
+            before = sum(bridge.cpu_times()[:2])
+            time.sleep(2)
+            assert sum(bridge.cpu_times()[:2]) - before < 0.2
+    finally:
+        for driver in drivers:
+            stop_driver(driver)
+
+
 def test_bridges_let_logs_they_sleep_on_go_and_serve_the_next_stream(shm_dir) -> None:
     """Each bridge's log watcher sleeps on the logs of its senders and images; when a stream
     ends and its logs are closed the bridges go on (same processes) and carry the next one."""

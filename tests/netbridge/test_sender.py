@@ -546,3 +546,24 @@ def test_destinations_can_be_added_and_removed(pub: PublicationLog) -> None:
     pub.offer(b"e" * 64)
     out, _ = sender.poll(2 * MS)
     assert [dest for _, dest in out] == [other]
+
+
+def test_a_sender_whose_committed_frame_does_not_fit_waits_for_a_status_message(
+        pub: PublicationLog) -> None:
+    """At the end of the receiver's window, with the next frame committed but too long for
+    what is left, the sender does not wait for data (a process layer watching for a frame
+    there would find it ready forever) but for a status message that moves its limit."""
+    sender = make_sender(pub, data_batches=True)
+    connect(sender, window=1000)
+    sender.poll(0)
+    assert sender.waits_for_data and not sender.data_ready()  # nothing committed yet
+    pub.offer(b"x" * 600)  # 640 bytes aligned
+    assert sender.data_ready()
+    pub.offer(b"y" * 600)
+    sender.poll(1)
+    assert (sender.sender_position, sender.sender_limit) == (640, 1000)
+    assert not sender.waits_for_data and not sender.data_ready()
+    assert sender.spin_send() is None
+    sender.on_datagram(2, sm(640, 1000), CONTROL)
+    sender.poll(2)
+    assert sender.sender_position == 1280 and sender.waits_for_data
