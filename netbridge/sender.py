@@ -521,8 +521,8 @@ class NetworkSender:
         if not (self.has_initial_connection and not self.is_end_of_stream
                 and self.sender_position < self.sender_limit):
             return False
-        if not self._committed():
-            return True
+        if self.sender_limit - self.sender_position >= self.mtu or not self._committed():
+            return True  # a frame is never longer than the mtu
         _, spans, _, back_pressured, _ = _scan_datagrams(
             self._buffer, self.term_length, self.sender_position, self.sender_limit, self.mtu, 1)
         return bool(spans) or not back_pressured
