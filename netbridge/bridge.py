@@ -93,7 +93,7 @@ _NO_END_OF_STREAM = (1 << 63) - 1  # a log's end-of-stream position while it is 
 #: a sender held by its limit (publishers ahead of it, the receivers' window full) keeps the
 #: bridge in its busy window this long, so the status message that lets it go on is taken
 #: without a wake-up; then (a stalled receiver) the bridge may sleep
-_HELD_SPIN_NS = 1_000_000
+_HELD_SPIN_NS = 5_000_000
 #: at most this many fc-rcv-pos counters per publication (a flood of status messages with
 #: made-up receiver ids must not use up the counters)
 _RECEIVER_COUNTERS_PER_SENDER = 64
