@@ -90,10 +90,6 @@ _IDLE_WAIT_MAX_NS = 20_000_000
 Watches = tuple[tuple[tuple[_native.AtomicBuffer, int, int], ...],
                 tuple[tuple[_native.AtomicBuffer, int, _native.AtomicBuffer, int, int], ...]]
 _NO_END_OF_STREAM = (1 << 63) - 1  # a log's end-of-stream position while it is open
-#: a sender held by its limit (publishers ahead of it, the receivers' window full) keeps the
-#: bridge in its busy window this long, so the status message that lets it go on is taken
-#: without a wake-up; then (a stalled receiver) the bridge may sleep
-_HELD_SPIN_NS = 5_000_000
 #: at most this many fc-rcv-pos counters per publication (a flood of status messages with
 #: made-up receiver ids must not use up the counters)
 _RECEIVER_COUNTERS_PER_SENDER = 64
@@ -137,8 +133,6 @@ class Sender:
     closed_at_ns: int | None = None
     #: when its timers want the next poll (it is polled sooner for a datagram or a frame)
     next_poll_ns: int = 0
-    #: since when it is held by its limit (NetworkSender.held_by_limit), None while it is not
-    held_since_ns: int | None = None
     #: (snd-pos, snd-lmt, snd-bpe, connected) as last written: counters are written only when
     #: the sender's own value changes, never read back (the driver may free and reuse them)
     mirrored: tuple[int, int, int, int] = (-1, -1, -1, -1)
@@ -254,8 +248,6 @@ class Bridge:
         self._next_stats_ns = 0
         #: poll every sender and receiver in the next duty cycle (after driver events)
         self._poll_all = True
-        #: stay in the busy window until then at least (see _HELD_SPIN_NS)
-        self._spin_until_ns = 0
         self._io = DatagramIO()
         #: wakes the loop when a publisher commits a frame where a sender waits for data, or
         #: subscribers read up to where a status message falls due
@@ -491,7 +483,6 @@ class Bridge:
                 work, deadline = self.do_work(now, readable)
                 if work:
                     busy_until = now + self._busy_window_ns
-                busy_until = max(busy_until, self._spin_until_ns)
                 if work or now < busy_until:  # spin natively until there is something to do
                     if watching is not None:  # awake: publishers need not wake anyone
                         watcher.disarm()
@@ -504,7 +495,7 @@ class Bridge:
                             break
                         now = time.monotonic_ns()
                         more = self._on_data_sent(sending[sent[0]], now, sent[1:])
-                        busy_until = max(now + self._busy_window_ns, self._spin_until_ns)
+                        busy_until = now + self._busy_window_ns
                         if more or now >= self._next_service_ns:
                             break  # its poll, or the driver's events, are due
                     readable = set(found or ())
@@ -608,19 +599,9 @@ class Bridge:
         position, datagrams, length, back_pressured, more = sent
         sender.sender.on_data_sent(now, position, datagrams, length, back_pressured)
         self._mirror_sender(sender)
-        self._check_held(sender, now)
         if more:
             sender.next_poll_ns = now
         return more
-
-    def _check_held(self, sender: Sender, now: int) -> None:
-        """After a sender sent: note whether its limit holds it now (see _HELD_SPIN_NS)."""
-        if not sender.sender.held_by_limit:
-            sender.held_since_ns = None
-            return
-        if sender.held_since_ns is None:
-            sender.held_since_ns = now
-        self._spin_until_ns = max(self._spin_until_ns, sender.held_since_ns + _HELD_SPIN_NS)
 
     def _progress_watches(self) -> tuple[
             tuple[_native.AtomicBuffer, int, _native.AtomicBuffer, int, int], ...]:
@@ -755,7 +736,6 @@ class Bridge:
             datagrams, due = sender.sender.poll(now)
             sender.next_poll_ns = due
             work += self._io.send(channel.sock, datagrams, now, channel.loss_out)
-            self._check_held(sender, now)
             deadline = min(deadline, due)
             if sender.closed_at_ns is None:
                 # after the end of stream is mirrored the driver frees the counters

@@ -518,18 +518,14 @@ class NetworkSender:
         whatever a publisher commits at ``sender_position`` (the process layer may sleep until
         that, or a datagram, or the deadline of :meth:`poll`). Not when the frame committed
         there already does not fit under the limit: then it waits for a status message."""
-        return (self.has_initial_connection and not self.is_end_of_stream
-                and self.sender_position < self.sender_limit and not self.held_by_limit)
-
-    @property
-    def held_by_limit(self) -> bool:
-        """A publisher has committed a frame at ``sender_position`` that does not fit under
-        the limit: nothing goes out until a status message moves the limit."""
+        if not (self.has_initial_connection and not self.is_end_of_stream
+                and self.sender_position < self.sender_limit):
+            return False
         if self.sender_limit - self.sender_position >= self.mtu or not self._committed():
-            return False  # a frame is never longer than the mtu
+            return True  # a frame is never longer than the mtu
         _, spans, _, back_pressured, _ = _scan_datagrams(
             self._buffer, self.term_length, self.sender_position, self.sender_limit, self.mtu, 1)
-        return not spans and back_pressured
+        return bool(spans) or not back_pressured
 
     def _committed(self) -> bool:
         """A publisher has committed a frame at ``sender_position``."""
