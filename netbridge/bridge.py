@@ -569,15 +569,12 @@ class Bridge:
         sending = []
         for channel in self.send_channels.values():
             for s in channel.senders.values():
-                sender = s.sender
-                if not sender.waits_for_data:
-                    continue
-                send = self._native_send(channel, s)
-                if send is None:
-                    data.append((s.log.buffer, sender.term_length, sender.sender_position))
-                else:
+                send = self._native_send(channel, s)  # None unless it waits for data
+                if send is not None:
                     sends.append(send)
                     sending.append(s)
+                elif s.sender.waits_for_data:
+                    data.append((s.log.buffer, s.sender.term_length, s.sender.sender_position))
         return tuple(data), self._progress_watches(), tuple(sends), sending
 
     @staticmethod

@@ -21,6 +21,7 @@ from shmbus.driver import control_protocol as cp
 from tests.conftest import start_driver, stop_driver
 from tests.netbridge import bridge_workers
 from tests.netbridge.test_end_to_end import bus_pair, channel_counters, free_udp_port
+from tests.netbridge.test_multicast_mdc import wait_for
 
 MESSAGES = 20_000
 LINGER = 0.3
@@ -152,10 +153,10 @@ def test_a_send_channel_is_closed_with_its_last_publication_and_opened_again(shm
                 assert "bytes sent" in channel_counters(ctx_a)
                 with_publication = udp_sockets(bridge)
                 publication.close()
-                deadline = time.monotonic() + 20  # the sender lingers 2 s after its end
-                while udp_sockets(bridge) != with_publication - 1:
-                    assert time.monotonic() < deadline, "the send socket was never closed"
-                    time.sleep(0.1)
+                # the sender lingers 2 s after its end
+                closed = with_publication - 1
+                wait_for(lambda pid=bridge, closed=closed: udp_sockets(pid) == closed, 20,
+                         "the send socket to close")
                 assert "bytes sent" not in channel_counters(ctx_a)  # its counters are freed
     finally:
         for driver in drivers:
