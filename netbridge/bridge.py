@@ -53,12 +53,12 @@ from netbridge.transport import (
     open_send,
     parse_address,
 )
+from shmbus import Client
 from shmbus.channel_uri import ChannelUri
-from shmbus.client import Client
 from shmbus.context import Context
-from shmbus.driver import control_protocol as cp
 from shmbus.errors import RegistrationError, ShmbusError
 from shmbus.shm import _native
+from shmbus.shm import control_protocol as cp
 from shmbus.shm.counters import FC_RCV_POS, FC_RECEIVERS, RCV_CC_WINDOW
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.log_watchers import new_log_watcher

@@ -31,7 +31,6 @@ from typing import Any, TypeVar
 import psutil
 
 from shmbus.context import Context
-from shmbus.driver import control_protocol as cp
 from shmbus.errors import (
     ClientClosedError,
     ClientTimeoutError,
@@ -43,6 +42,7 @@ from shmbus.errors import (
 from shmbus.image import Image
 from shmbus.publication import ConcurrentPublication, ExclusivePublication, Publication
 from shmbus.reconnection import DriverLoss, Reconnected
+from shmbus.shm import control_protocol as cp
 from shmbus.shm._native import Heartbeat, epoch_ms
 from shmbus.shm.broadcast import BroadcastReceiver
 from shmbus.shm.bus_directory import prepare_directory

@@ -1,9 +1,17 @@
 """The import rules that keep the three processes apart, read from the source (no imports run).
 
+* The plain settings and values of the top package (context, errors, codes, channel_uri,
+  idle_strategy) and shmbus/shm/ (what every process maps, with the control protocol
+  ``shmbus.shm.control_protocol``) are what every process may share.
 * shmbus/driver/ (the driver process) imports no client module: only itself, shmbus/shm/ and
-  the plain settings and values of the top package (context, errors, codes, channel_uri,
-  idle_strategy); never the top package itself, whose __init__ pulls in the client.
-* shmbus/shm/ (what every process maps) imports only itself, the standard library and numpy.
+  the plain settings; never the top package itself, whose __init__ pulls in the client.
+* The client (the top-level modules of shmbus/, but ``__main__``, the ``shmbus`` command) never
+  imports shmbus/driver/, shmbus/cli/ or netbridge/: it starts a driver as a process, and the
+  commands import the client, not the other way round.
+* netbridge/ (the netbridge process) imports shmbus only through the public API (the top
+  package, ``from shmbus import Client``), shmbus/shm/ and the plain settings; never the
+  driver, the CLI or a client module by its own name.
+* shmbus/shm/ imports only itself, the standard library and numpy.
 * shmbus/archive/ imports no driver module.
 * examples/ and tools/ use the public API only: names in ``shmbus.__all__``, ``shmbus.spark``
   and names in ``netbridge.__all__``; never the tests.
@@ -20,13 +28,17 @@ import netbridge
 import shmbus
 
 ROOT = Path(__file__).resolve().parents[1]
-DRIVER_MAY_IMPORT = {f"shmbus.{name}" for name in
-                     ("context", "errors", "codes", "channel_uri", "idle_strategy")}
+PLAIN_SETTINGS = {f"shmbus.{name}" for name in
+                  ("context", "errors", "codes", "channel_uri", "idle_strategy")}
 PUBLIC = {"shmbus": {*shmbus.__all__, "spark"}, "netbridge": set(netbridge.__all__)}
 
 
 def _python_files(root: Path, folder: str) -> list[Path]:
-    files = sorted((root / folder).rglob("*.py"))
+    """The files under ``folder``; for ``shmbus`` (the client) only its top-level modules."""
+    if folder == "shmbus":
+        files = sorted(path for path in (root / folder).glob("*.py") if path.stem != "__main__")
+    else:
+        files = sorted((root / folder).rglob("*.py"))
     assert files, f"no Python files under {folder}"
     return files
 
@@ -64,7 +76,17 @@ def _within(module: str, package: str) -> bool:
 
 def _driver_may_import(module: str) -> bool:
     return (not _within(module, "shmbus") or _within(module, "shmbus.driver")
-            or _within(module, "shmbus.shm") or module in DRIVER_MAY_IMPORT)
+            or _within(module, "shmbus.shm") or module in PLAIN_SETTINGS)
+
+
+def _client_may_import(module: str) -> bool:
+    return not any(_within(module, package)
+                   for package in ("shmbus.driver", "shmbus.cli", "netbridge"))
+
+
+def _netbridge_may_import(module: str) -> bool:
+    return (not _within(module, "shmbus") or module == "shmbus"
+            or _within(module, "shmbus.shm") or module in PLAIN_SETTINGS)
 
 
 def _shm_may_import(module: str) -> bool:
@@ -101,6 +123,14 @@ def test_the_driver_imports_no_client_module() -> None:
     assert _violations(ROOT, "shmbus/driver", _driver_may_import) == []
 
 
+def test_the_client_imports_neither_the_driver_nor_the_commands_nor_the_netbridge() -> None:
+    assert _violations(ROOT, "shmbus", _client_may_import) == []
+
+
+def test_the_netbridge_uses_shmbus_through_the_public_api_shm_and_settings() -> None:
+    assert _violations(ROOT, "netbridge", _netbridge_may_import) == []
+
+
 def test_shared_memory_structures_import_only_themselves_stdlib_and_numpy() -> None:
     assert _violations(ROOT, "shmbus/shm", _shm_may_import) == []
 
@@ -122,8 +152,13 @@ def test_the_rules_refuse_what_they_must(tmp_path: Path) -> None:
     """On a made-up tree, each rule names every import it must refuse, and only those."""
     files = {
         "shmbus/__init__.py": "",
-        "shmbus/client.py": "",
+        "shmbus/__main__.py": "from shmbus.cli import main\n",
+        "shmbus/client.py": (
+            "import psutil\nfrom shmbus.shm import control_protocol\n"
+            "from shmbus.driver.conductor import X\nfrom . import cli\n"
+            "def f():\n    import netbridge\n"),
         "shmbus/codes.py": "",
+        "shmbus/cli/__init__.py": "",
         "shmbus/driver/__init__.py": "",
         "shmbus/driver/bad.py": (
             "import os\nimport shmbus\nfrom shmbus import client, codes, connect\n"
@@ -131,6 +166,11 @@ def test_the_rules_refuse_what_they_must(tmp_path: Path) -> None:
             "def f():\n    from ..publication import Publication\n"),
         "shmbus/shm/bad.py": "import struct, numpy\nimport psutil\nfrom shmbus import codes\n",
         "shmbus/archive/bad.py": "from shmbus.driver.conductor import X\nimport shmbus\n",
+        "netbridge/bad.py": (
+            "import socket\nfrom shmbus import Client\nfrom shmbus.client import Client\n"
+            "from shmbus.shm import control_protocol\nfrom shmbus.context import Context\n"
+            "from shmbus.driver.conductor import X\nfrom shmbus.image import Image\n"
+            "from netbridge.frames import Nak\n"),
         "examples/bad.py": (
             "import shmbus\nfrom shmbus import Publication, LogBufferReader\n"
             "from shmbus.shm.counters import SUB_POS\nimport tests.conftest\n"
@@ -145,6 +185,16 @@ def test_the_rules_refuse_what_they_must(tmp_path: Path) -> None:
         "shmbus/driver/bad.py:3 imports shmbus",  # connect: a name of the top package
         "shmbus/driver/bad.py:3 imports shmbus.client",
         "shmbus/driver/bad.py:7 imports shmbus.publication",
+    ]
+    assert _violations(tmp_path, "shmbus", _client_may_import) == [
+        "shmbus/client.py:3 imports shmbus.driver.conductor",
+        "shmbus/client.py:4 imports shmbus.cli",
+        "shmbus/client.py:6 imports netbridge",
+    ]
+    assert _violations(tmp_path, "netbridge", _netbridge_may_import) == [
+        "netbridge/bad.py:3 imports shmbus.client",
+        "netbridge/bad.py:6 imports shmbus.driver.conductor",
+        "netbridge/bad.py:7 imports shmbus.image",
     ]
     assert _violations(tmp_path, "shmbus/shm", _shm_may_import) == [
         "shmbus/shm/bad.py:2 imports psutil",

@@ -19,8 +19,8 @@ from typing import Any
 
 from shmbus.channel_uri import CONSUMER_GROUP, ChannelUri, ChannelUriError
 from shmbus.context import Context
-from shmbus.driver import control_protocol as cp
 from shmbus.driver.channel_addresses import check_addresses
+from shmbus.driver.group_claims import SubscriptionGroup
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.driver.ipc_publication import (
     ImageEvent,
@@ -33,8 +33,8 @@ from shmbus.driver.ipc_publication import (
     Timeouts,
 )
 from shmbus.driver.network_image import NetworkImage
-from shmbus.driver.subscription_group import SubscriptionGroup
 from shmbus.driver.system_counters import SystemCounter
+from shmbus.shm import control_protocol as cp
 from shmbus.shm.broadcast import BroadcastTransmitter
 from shmbus.shm.counters import (
     CLIENT_HEARTBEAT,

@@ -11,9 +11,9 @@ import enum
 import os
 from dataclasses import dataclass, field
 
+from shmbus.driver.group_claims import IDLE, SubscriptionGroup
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.driver.log_unblocker import unblock
-from shmbus.driver.subscription_group import IDLE, SubscriptionGroup
 from shmbus.shm.log_buffer import PARTITION_COUNT, LogBuffer
 from shmbus.shm.position import Position
 

@@ -17,7 +17,7 @@ import pytest
 import shmbus
 from netbridge.transport import open_receive
 from shmbus.channel_uri import ChannelUri
-from shmbus.driver import control_protocol as cp
+from shmbus.shm import control_protocol as cp
 from tests.conftest import start_driver, stop_driver
 from tests.netbridge import bridge_workers
 from tests.netbridge.test_end_to_end import bus_pair, channel_counters, free_udp_port

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import shmbus
-from shmbus.driver import control_protocol as cp
+from shmbus.shm import control_protocol as cp
 
 
 def wait_for(condition, timeout: float = 5.0, poll=None) -> None:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmbus import FragmentAssembler, Header
-from shmbus.driver.subscription_group import (
+from shmbus.driver.group_claims import (
     IDLE,
     Departure,
     SubscriptionGroup,

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import shmbus
-from shmbus.driver import control_protocol as cp
+from shmbus.shm import control_protocol as cp
 from shmbus.shm.cnc import COUNTERS_METADATA, COUNTERS_VALUES, TO_DRIVER, CncFile
 from shmbus.shm.counters import METADATA_LENGTH, CountersReader
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 import shmbus
-from shmbus.driver import control_protocol as cp
 from shmbus.driver.ipc_flow_control import ipc_window
 from shmbus.driver.system_counters import SystemCounter
+from shmbus.shm import control_protocol as cp
 from shmbus.shm.cnc import CncLengths
 from shmbus.shm.counters import PUB_LIMIT, PUB_POS, SUB_POS
 from shmbus.shm.log_buffer import align, log_length

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import shmbus
-from shmbus.driver import control_protocol as cp
+from shmbus.shm import control_protocol as cp
 from shmbus.shm.cnc import ERROR_LOG
 from shmbus.shm.error_log import read_error_log
 from tests.conftest import start_driver, stop_driver
