@@ -1,5 +1,5 @@
 """Congestion control of one receive image: the receiver window its status messages advertise
-(seed 001; wire facts 5.4).
+(docs/protocol.md, Congestion control).
 
 In Aeron, congestion control belongs to the receiver: the sender may only run a window ahead
 of the consumption position each status message reports, so a receiver that shrinks that

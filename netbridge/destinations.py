@@ -1,4 +1,5 @@
-"""Where a multi-destination-cast publication sends (seed 000, "Multi-Destination-Cast").
+"""Where a multi-destination-cast publication sends
+(docs/protocol.md, Channels and addressing).
 
 Sans-IO bookkeeping of one send channel's destinations:
 

@@ -1,5 +1,5 @@
 """Sender flow-control strategies: how a publication turns receivers' status messages into its
-sender limit (seed 001, "Flow Control Strategies"; wire facts 5.3).
+sender limit (docs/protocol.md, Flow control).
 
 A strategy is pure state over positions and nanosecond timestamps, with no clock and no I/O.
 The :class:`~netbridge.sender.NetworkSender` owns one instance and calls it as follows:

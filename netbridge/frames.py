@@ -1,4 +1,5 @@
-"""Aeron wire codec: the frames of Aeron's transport protocol, encoded and decoded.
+"""Aeron wire codec: the frames of Aeron's transport protocol, encoded and decoded
+(docs/protocol.md, Frames on the wire).
 
 Sans-IO and pure Python: nothing here touches a socket or a clock. Every layout, type value,
 flag and length is the one Aeron's media driver puts on the wire (little-endian, no gaps):

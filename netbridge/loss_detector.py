@@ -1,6 +1,6 @@
 """Loss detection for one image: which parts of the stream between the rebuild position and
-the high-water mark are missing, and when to NAK them (seed 000, "Data Recovery via
-Retransmit Request"; wire facts 5.4).
+the high-water mark are missing, and when to NAK them
+(docs/protocol.md, NAK recovery).
 
 :class:`LossDetector` is pure bookkeeping over stream positions; the receiver tells it which
 byte ranges it placed in the image log (whole frames, as the sender packs them) and which

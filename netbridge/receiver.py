@@ -1,5 +1,5 @@
 """The receiver side of a receive channel: a sans-IO state machine that rebuilds images
-(seed 000, seed 001; wire facts 3.4 and 5.4).
+(docs/protocol.md: Stream set-up, Status messages, NAK recovery, RTT measurement).
 
 :class:`NetworkReceiver` takes datagrams (DATA, PAD, heartbeats, SETUP, RTTM) with the time
 and their source, and from :meth:`NetworkReceiver.poll` returns the datagrams to send (status
@@ -55,7 +55,7 @@ One :class:`ReceiverImage` per publishing session (session id, stream id):
   Echoes for another receiver id, an unknown session or with a timestamp in the future are
   counted as ignored frames. Aeron's driver measures only with ``cc=cubic`` and
   ``AERON_CUBICCONGESTIONCONTROL_MEASURERTT=true`` (its congestion control is the only
-  consumer; wire facts 3.4, 5.4); shmbus measures always, at
+  consumer; docs/protocol.md, RTT measurement); shmbus measures always, at
   this low rate, so that ``shmbus stat`` can show the RTT of each receive channel. It costs one
   40-byte datagram each way per image per interval, and a sender that never answers (an Aeron
   driver answers every request, whatever its congestion control) only leaves ``rtt_ns`` None.

@@ -1,5 +1,5 @@
-"""The sender side of one network publication: a sans-IO state machine (seed 000, seed 001;
-wire facts 3.4 and 5.2).
+"""The sender side of one network publication: a sans-IO state machine
+(docs/protocol.md: Stream set-up, Frames on the wire, Flow control, NAK recovery).
 
 :class:`NetworkSender` reads committed frames straight from a publication's log buffer and
 decides, for a given time, which datagrams go out: SETUP every 100 ms until the first status

@@ -1,4 +1,5 @@
-"""UDP sockets for a channel: unicast, multicast and multi-destination-cast (seed 000).
+"""UDP sockets for a channel: unicast, multicast and multi-destination-cast
+(docs/protocol.md, Channels and addressing).
 
 * unicast: the sender sends to the endpoint from an ephemeral port (or ``interface``), and
   hears status messages and NAKs on that socket; the receiver binds the endpoint, alone: no

@@ -1,5 +1,5 @@
-"""Channel URIs (seed 000): ``aeron:ipc``, ``aeron:udp?endpoint=host:port|...`` and
-``aeron-spy:aeron:udp?...``.
+"""Channel URIs: ``aeron:ipc``, ``aeron:udp?endpoint=host:port|...`` and
+``aeron-spy:aeron:udp?...`` (docs/protocol.md, Channels and addressing).
 
 Parsing checks the media, every parameter name and the value of every parameter shmbus uses;
 each error names the part of the URI that is wrong.

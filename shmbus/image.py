@@ -1,4 +1,4 @@
-"""Images: the read side of one publishing session's log (seed 003).
+"""Images: the read side of one publishing session's log (docs/protocol.md, Log buffer layout).
 
 An :class:`Image` reads frames in place from the log buffer and advances its subscriber
 position; the native core does the scanning. ``poll`` hands each fragment to a Python

@@ -1,4 +1,5 @@
-"""Publications: append messages to a log buffer (seed 003).
+"""Publications: append messages to a log buffer
+(docs/protocol.md, Appending, fragments and padding).
 
 :class:`ExclusivePublication` has one writer (one thread of one process) and is the fastest.
 :class:`ConcurrentPublication` may be shared by threads and by several processes that map the

@@ -8,7 +8,7 @@ message goes publisher -> log (bus A) -> netbridge A -> UDP 127.0.0.1 -> netbrid
 log (bus B) -> subscriber. Beside it, in the same run with the same loops, pyzmq PUSH/PULL
 over tcp://127.0.0.1 (throughput) and PAIR over tcp://127.0.0.1 (ping-pong); with
 ``--aeron-bin DIR``, Aeron C's driver and samples on the default channel (tools/_aeron_c.py).
-The first table is issue 14's: 32 B and 4 KiB msg/s, the 32 B round trip's p50 at 10,000
+The first table is the summary: 32 B and 4 KiB msg/s, the 32 B round trip's p50 at 10,000
 pings a second, and the CPU of each side's bridge and driver; its targets are checked at the
 end.
 
@@ -766,7 +766,7 @@ def _row(rows: list[dict[str, Any]], test: str, transport: str, channel: str,
 
 
 def evaluate_targets(rows: list[dict[str, Any]], channels: list[str]) -> list[dict[str, Any]]:
-    """Issue 14's targets, each as {target, value, goal, status: PASS / FAIL / n/a}: on the
+    """The netbridge's targets, each as {target, value, goal, status: PASS / FAIL / n/a}: on the
     default channel 32 B >= 3 M msg/s, >= 0.8x Aeron C and >= 2.5x zmq; 4 KiB >= 250 MB/s;
     ping-pong p50 <= 100 us; on the tuned one (any other of ``channels``) 4 KiB >= 1x zmq."""
     targets: list[dict[str, Any]] = []
@@ -818,7 +818,7 @@ def _sides_cell(row: dict[str, Any] | None) -> str:
 
 def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...],
                   channels: list[str]) -> str:
-    """Issue 14's table (markdown): a line per way of sending, msg/s by size (MB/s from 4 KiB),
+    """The summary table (markdown): a line per way of sending, msg/s by size (MB/s from 4 KiB),
     its round trip p50 and the CPU of each bridge and driver in the first size's run."""
     headers = ["loopback, one stream",
                *(f"{_size_name(z)} msg/s" + (" (MB/s)" if z >= 1024 else "") for z in sizes),
@@ -1063,7 +1063,7 @@ def main(argv: list[str] | None = None) -> int:
     channels = "\n".join(f"    [{c.name}] {c.uri(0).replace(':0', ':PORT')}" for c in configs)
     print(NOTES.format(channels=channels))
     print()
-    print("targets (issue 14):")
+    print("targets:")
     print(format_targets(targets))
     failed = [r for r in rows if r["status"] != "ok"]
     for r in failed:

@@ -1,4 +1,4 @@
-"""IPC flow control and term cleaning for one publication log (seed 001, "IPC Operation").
+"""IPC flow control and term cleaning for one publication log (docs/protocol.md, IPC flow control).
 
 The publication limit is the slowest counted position plus a window; before the limit is
 raised, the bytes every counted reader has consumed are zeroed, so the term a publisher rotates

@@ -1,5 +1,5 @@
 """The driver's side of one IPC publication log: its subscribers, limit, tethering, unblocking
-and end of life (seed 001, "IPC Operation" and "Subscription Tethering").
+and end of life (docs/protocol.md, IPC flow control).
 
 Pure state and rules over the log and positions; the conductor gives it the time (``now_ms``)
 and turns the events it returns into broadcasts. No I/O here besides the log memory itself.

@@ -1,5 +1,6 @@
 """Messages between clients and the driver: commands on the to-driver ring buffer, responses
-and events on the to-clients broadcast buffer. Pure encode/decode, no I/O.
+and events on the to-clients broadcast buffer (docs/protocol.md, Control protocol). Pure
+encode/decode, no I/O; the client, the driver and the netbridge all import it.
 
 Each message is a fixed little-endian part followed by zero or more UTF-8 strings, each
 prefixed by its length (i32). Type ids follow Aeron's ControlProtocolEvents where one exists.

@@ -1,4 +1,4 @@
-"""Doorbells: a 32-bit word that wakes whoever sleeps on it (a futex).
+"""Doorbells: a 32-bit word that wakes whoever sleeps on it (a futex; docs/protocol.md, Wake-ups).
 
 A ringer bumps the word and wakes its sleepers; a sleeper reads the word *before* it looks
 for work, and sleeps only while the word still holds what it read, so a ring between the look

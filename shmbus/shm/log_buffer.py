@@ -1,4 +1,5 @@
-"""Log buffer files: three terms followed by a metadata section (seed 003).
+"""Log buffer files: three terms followed by a metadata section
+(docs/protocol.md, Log buffer layout and Log buffer metadata).
 
 Layout of a log file of term length T::
 
@@ -153,7 +154,8 @@ def encode_data_header(
     term_id: int,
     reserved_value: int = 0,
 ) -> bytes:
-    """The 32-byte DATA/PAD frame header, little-endian, as on the wire (seed 000)."""
+    """The 32-byte DATA/PAD frame header, little-endian, as on the wire (docs/protocol.md, Frame
+    header)."""
     return _DATA_HEADER.pack(
         frame_length, 0, flags, frame_type, term_offset, session_id, stream_id, term_id,
         reserved_value,

@@ -86,7 +86,8 @@ def test_frame_counts_match_the_fixture_readme(decoded: list[Decoded]) -> None:
         "eos heartbeat": 34,
         "heartbeat": 9,
         # The README's 4,164 "datagrams with DATA frames" is Wireshark's count, which shows the
-        # 34 end-of-stream heartbeats as Data Frames (aeron-wire-facts 3.3).
+        # 34 end-of-stream heartbeats as Data Frames (a heartbeat is a DATA frame:
+        # docs/protocol.md, Frames on the wire).
         "datagrams with data": 4164 - 34,
     }
 

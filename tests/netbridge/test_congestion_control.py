@@ -53,7 +53,8 @@ def test_the_static_window_never_moves() -> None:
 
 def test_cubic_starts_at_ten_mtus_as_aerons_does() -> None:
     cc = cubic()
-    assert cc.window == cc.on_tick(0) == 10 * MTU == 14080  # wire facts 3.4: the first SM
+    # as in Aeron's first status message with cc=cubic (docs/protocol.md, Congestion control)
+    assert cc.window == cc.on_tick(0) == 10 * MTU == 14080
     assert cc.next_deadline() == MIN_UPDATE_INTERVAL_NS
 
 

@@ -1,4 +1,4 @@
-"""One publication, many receiving hosts (issue 7): multicast, multi-destination-cast (manual
+"""One publication, many receiving hosts: multicast, multi-destination-cast (manual
 and dynamic), the flow-control strategies, spies and bad channels, over real sockets between
 network namespaces.
 

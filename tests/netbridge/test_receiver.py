@@ -460,7 +460,8 @@ def test_cubic_backs_off_on_a_gap_grows_back_and_keeps_data_sent_under_a_larger_
     receiver = make_receiver(host, congestion_control="cubic", rttm_interval_ns=1000 * MS)
     receiver.on_datagram(0, setup(0), SENDER)
     (sm,) = sms(receiver.poll(0))
-    assert sm.receiver_window == 10 * MTU  # cubic's first window (wire facts 3.4)
+    # cubic's first window (docs/protocol.md, Congestion control)
+    assert sm.receiver_window == 10 * MTU
     image = receiver.images[(SESSION, STREAM)]
     assert (image.window, image.max_window) == (10 * MTU, WINDOW)
     assert image.congestion_control.name == "cubic"

@@ -1,7 +1,6 @@
 """An independent decoder for what the netbridge puts on the wire: an end-to-end run over
 loopback (two buses, their drivers and auto-started netbridges, 5% loss injected) is captured
-with ``tshark -i lo`` and read back by Wireshark's Aeron dissector (issue 5, "An independent
-decoder").
+with ``tshark -i lo`` and read back by Wireshark's Aeron dissector.
 
 The run is shaped so that every frame type appears: SETUP and status messages at the
 handshake, heartbeats while the connected publication is idle, DATA with whole and fragmented

@@ -37,7 +37,7 @@ def test_quick_netbridge_bench_measures_both_buses_and_zmq(tmp_path: Path) -> No
         assert r["pace"] == "10,000/s" and 0 < r["pings_per_s"] <= 10_000 * 1.05
         assert 0 < r["p50_us"] <= r["p99_us"] <= r["max_us"] and r["round_trips"] > 0
 
-    # issue 14's table, each figure from the rows above
+    # the summary table, each figure from the rows above
     shm = throughput[("shmbus offer/messages()", 32)]
     line = next(x for x in done.stdout.splitlines()
                 if x.startswith("| shmbus over two netbridges: offer/messages() [default] |"))

@@ -1,4 +1,4 @@
-"""The driver with real client processes on a real bus directory (issue 3's tests).
+"""The driver with real client processes on a real bus directory.
 
 Every client process is started with the "spawn" context and connects with
 ``shmbus.connect(context)`` using the test's pickled ``bus_context``; the spawn targets live in

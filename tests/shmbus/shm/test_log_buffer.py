@@ -21,8 +21,8 @@ from shmbus.shm.log_buffer import (
 
 
 def test_data_header_golden_bytes() -> None:
-    # seed 000 "Data Frame": length, version, flags, type, term offset, session, stream,
-    # term id, reserved value; little-endian
+    # length, version, flags, type, term offset, session, stream, term id, reserved value;
+    # little-endian (docs/protocol.md, Frame header)
     expected = bytes.fromhex(
         "84000000"          # frame length 132
         "00"                # version 0
