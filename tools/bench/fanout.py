@@ -175,8 +175,11 @@ def run_fanout(ctx: Any, net: Any, channels: Channels, size: int, batch: bool,
     readers = [Member(f"reader on host {host}", stream_reader,
                       (net.contexts[host], uri, stream_id, size, opt.timeout_s, done, batch))
                for host, uri in enumerate(channels.subscriptions, start=1)]
+    labels = [f"bridge {i}" for i in range(len(net.drivers))]  # host i's netbridge
+
     def bridges() -> dict[str, list[int]]:
-        return {f"bridge {i}": child_pids(driver.pid) for i, driver in enumerate(net.drivers)}
+        return {label: child_pids(driver.pid) for label, driver in zip(labels, net.drivers,
+                                                                       strict=True)}
 
     out = run_processes(ctx, [*readers, writer], 2 * opt.timeout_s + opt.duration_s + 30,
                         watch=bridges)
@@ -193,7 +196,7 @@ def run_fanout(ctx: Any, net: Any, channels: Channels, size: int, batch: bool,
             "mb_per_s": sent * size / seconds / 1e6,
             "delivered_mb_per_s": receivers * sent * size / seconds / 1e6,
             "receiver_spread_ms": (last - min(r["t1"] for r in got)) / 1e6,
-            "bridge_cpu_s": [(out.cores.get(label) or 0.0) * out.wall_s for label in bridges]}
+            "bridge_cpu_s": [(out.cores.get(label) or 0.0) * out.wall_s for label in labels]}
 
 
 # ---------------------------------------------------------------------------------------------
