@@ -162,7 +162,7 @@ TUNED_CHANNEL = ChannelConfig("mtu 64K, rcv-wnd 2M",
 @dataclass
 class Buses:
     contexts: tuple[Any, Any]
-    drivers: list[subprocess.Popen]
+    drivers: list[subprocess.Popen[bytes]]
 
     def sides(self) -> dict[str, set[int]]:
         """The processes of each side by label (SIDES): its driver and its netbridge."""
@@ -179,7 +179,7 @@ def start_buses(root: Path, term_length: int) -> Buses:
     contexts = tuple(shmbus.Context(dir=str(root / name), embedded_driver=False,
                                     driver_idle_timeout=600, ipc_term_length=term_length)
                      for name in ("a", "b"))
-    drivers: list[subprocess.Popen] = []
+    drivers: list[subprocess.Popen[bytes]] = []
     try:
         for context in contexts:
             drivers.append(start_driver(context))

@@ -97,7 +97,7 @@ class HostBuses(NamedTuple):
 
     hosts: list[Host]
     contexts: list[Any]  # shmbus.Context
-    drivers: list[subprocess.Popen]
+    drivers: list[subprocess.Popen[bytes]]
 
 
 @contextmanager
