@@ -35,7 +35,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
 bench: $(STAMP)
-	$(BIN)/python tools/bench.py
+	$(BIN)/python -m tools.bench.ipc
 
 lint: typecheck
 	$(BIN)/ruff check shmbus netbridge tests tools examples

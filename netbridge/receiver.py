@@ -124,7 +124,7 @@ __all__ = [
 
 #: 2 MiB, where Aeron's is 128 KiB: a status message takes tens of microseconds through each
 #: Python bridge, not Aeron's few, and the window must cover the data sent meanwhile
-#: (tools/bench_netbridge.py on loopback, 4 KiB: 186 MB/s with 128 KiB, 345-386 with 256-512 KiB;
+#: (tools/bench/netbridge.py on loopback, 4 KiB: 186 MB/s with 128 KiB, 345-386 with 256-512 KiB;
 #: 32 B with 4 MiB terms: 4.4-4.6 M msg/s with 2 MiB, 3.5-3.9 M with 512 KiB). At most half a
 #: term, and at most what the socket's receive buffer holds.
 RECEIVER_WINDOW_DEFAULT: Final = 2 * 1024 * 1024

@@ -15,6 +15,8 @@
 * shmbus/archive/ imports no driver module.
 * examples/ and tools/ use the public API only: names in ``shmbus.__all__``, ``shmbus.spark``
   and names in ``netbridge.__all__``; never the tests.
+* tools/ is programs (a module with an ``if __name__ == "__main__":`` block, run as
+  ``python -m tools.bench.ipc``) and the shared modules they import; no program imports another.
 """
 
 from __future__ import annotations
@@ -146,6 +148,20 @@ def test_examples_import_only_the_public_api() -> None:
 
 def test_tools_import_only_the_public_api() -> None:
     assert _public_api_violations(ROOT, "tools") == []
+
+
+def _is_program(path: Path) -> bool:
+    """Whether the module at ``path`` has an ``if __name__ == "__main__":`` block."""
+    return any(isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+               and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+               for node in ast.parse(path.read_text(), str(path)).body)
+
+
+def test_no_program_in_tools_imports_another() -> None:
+    programs = {".".join(path.relative_to(ROOT).with_suffix("").parts)
+                for path in _python_files(ROOT, "tools") if _is_program(path)}
+    assert {"tools.bench.ipc", "tools.bench.netbridge", "tools.nemesis.run"} <= programs
+    assert _violations(ROOT, "tools", lambda module: module not in programs) == []
 
 
 def test_the_rules_refuse_what_they_must(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from shmbus.cli.stat import SenderView, analyse_streams, read_snapshot
 from shmbus.shm.counters import PUB_POS, RCV_HWM, SUB_POS
 from tests.netbridge import bridge_workers
 from tests.netbridge.bridge_workers import channel_stats, publish_range, wait_sent
-from tests.netbridge.namespaces import Host, host_buses
+from tools.bench.network import Host, host_buses
 
 #: messages of the multicast tests, as many as the issue asks for (about 12 s each here)
 MULTICAST = 500_000

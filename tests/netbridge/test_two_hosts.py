@@ -12,7 +12,7 @@ import multiprocessing as mp
 import shmbus
 from tests.conftest import start_driver, stop_driver
 from tests.netbridge import bridge_workers
-from tests.netbridge.namespaces import hosts
+from tools.bench.network import hosts
 
 MESSAGES = 300_000
 

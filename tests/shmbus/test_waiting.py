@@ -5,7 +5,7 @@ Real processes (spawn) on a real bus with its driver process. Readers that block
 back-pressured ``publish()`` sleeps until the reader moves; a subscriber that never polls still
 sees publishers come and go; the publication limit follows the reader with the driver stopped
 (publishers raise it themselves). CPU bounds here are generous correctness checks (a waiting
-process sleeps), not performance figures: those are tools/bench.py's.
+process sleeps), not performance figures: those are tools/bench/ipc.py's.
 """
 
 from __future__ import annotations

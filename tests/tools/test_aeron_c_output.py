@@ -1,18 +1,15 @@
-"""tools/_aeron_c.py reads the Aeron C samples' output: the figures come from the lines the
+"""tools/bench/aeron_c.py reads the Aeron C samples' output: the figures come from the lines the
 samples print (excerpts of real runs of streaming_publisher and cping from Aeron 1.48), and
 output without them is a clear error, never a made-up figure."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-
-from _aeron_c import find_binaries, parse_ping_histogram, parse_publisher_total  # noqa: E402
-from _harness import Unavailable  # noqa: E402
+from tools.bench.aeron_c import find_binaries, parse_ping_histogram, parse_publisher_total
+from tools.bench.harness import Unavailable
 
 PUBLISHER = """\
 Streaming 3000000 messages of payload length 32 bytes to aeron:udp?endpoint=127.0.0.1:40123 on \

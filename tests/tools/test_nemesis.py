@@ -1,16 +1,15 @@
-"""tools/nemesis.py: its checker on made-up sequences, and a 60-second run of the real thing."""
+"""tools/nemesis: its checker on made-up sequences, and a 60-second run of the real thing."""
 
 from __future__ import annotations
 
-import importlib
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
-sys.path.insert(0, str(TOOLS))
-check = importlib.import_module("nemesis_check")
+from tools.nemesis import check, run
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BLOCK = check.payload_block(7)
 
@@ -125,13 +124,14 @@ def test_each_rule_is_named_when_broken() -> None:
 
 def test_a_minute_of_faults_breaches_nothing() -> None:
     """The 60-second run: every fault fired, every writer sent and was received, no breach."""
-    result = subprocess.run([sys.executable, str(TOOLS / "nemesis.py"), "--seconds", "60",
-                             "--seed", "16"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-m", "tools.nemesis.run", "--seconds", "60",
+                             "--seed", "16"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-4000:]
     assert out.rstrip().endswith("no breach")
     fired = dict(re.findall(r"([a-z-]+)=(\d+)", re.search(r"faults fired: (.*)", out)[1]))
-    assert sorted(fired) == sorted(importlib.import_module("nemesis").FAULTS)
+    assert sorted(fired) == sorted(run.FAULTS)
     assert all(int(n) >= 1 for n in fired.values()), fired
     rows = re.findall(r"^ ?(\d+) (\S+) +(\d+) +(\d+) +(\d+) ", out, re.M)
     sent = {int(w): 0 for w in range(6)}

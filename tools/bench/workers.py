@@ -1,5 +1,6 @@
-# Run from the repository root: .venv/bin/python tools/bench_workers.py [--tasks N] [--json f]
 """Worker-pool benchmark: one producer, 4 workers, each task done by exactly one worker.
+
+    python -m tools.bench.workers [--tasks N] [--json FILE]   # from the repository root
 
 For 32 B and 4 KiB tasks, in one run, on the same machine:
 
@@ -20,7 +21,7 @@ counts of all workers must be exactly one per task, else the row says failed.
 The clock (CLOCK_MONOTONIC, shared by all processes) runs from the producer's first send to
 the last task a worker finished; a worker stops once the workers' progress counters (a
 shared array, one slot each) add up to every task. Processes, start barrier, watchdog and CPU
-accounting are tools/_harness.py's: "cores" is CPU seconds over wall seconds, per role, the
+accounting are tools/bench/harness.py's: "cores" is CPU seconds over wall seconds, per role, the
 driver of the bus included. Each transport runs ``--repeat`` times (default 3), the transports
 taking turns, and the median is reported; ratios are shmbus's tasks/s over each peer's.
 """
@@ -33,7 +34,6 @@ import multiprocessing as mp
 import random
 import shutil
 import struct
-import sys
 import tempfile
 import time
 import zlib
@@ -43,22 +43,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _harness import (  # noqa: E402
-    BenchError,
-    Member,
-    attempt,
-    cpu_seconds,
-    fmt,
-    fmt_rate,
-    machine,
-    median_row,
-    run_processes,
-    text_table,
-)
-
-import shmbus  # noqa: E402
+import shmbus
+from tools.bench.harness import BenchError, Member, attempt, cpu_seconds, median_row, run_processes
+from tools.bench.report import fmt, fmt_rate, machine, text_table
 
 CTX = mp.get_context("spawn")
 HEAD = struct.Struct("<QI")

@@ -1,5 +1,6 @@
-# Run from the repository root: .venv/bin/python tools/bench_spark.py [--messages N] [--json f]
 """shmbus.spark benchmark: batch read of a recording into a Spark DataFrame, beside Parquet.
+
+    python -m tools.bench.spark [--messages N] [--json FILE]   # from the repository root
 
 1. Records N (default 1,000,000) 32-byte messages: a publisher (offer_many of 1024 rows at a
    time) and a Recorder in this process, through an embedded driver, into a recording
@@ -31,11 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import shmbus  # noqa: E402
-from shmbus import Recorder, RecordingReader  # noqa: E402
+import shmbus
+from shmbus import Recorder, RecordingReader
 
 
 def record(directory: Path, bus_dir: Path, messages: int) -> tuple[float, int]:

@@ -1,4 +1,4 @@
-"""tools/bench_netbridge.py runs end to end: a quick pass over shmbus through two netbridges and
+"""tools/bench/netbridge.py runs end to end: a quick pass over shmbus through two netbridges and
 pyzmq on loopback (functional, untimed)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ SIDES = ("bridge A", "bridge B", "driver A", "driver B")
 def test_quick_netbridge_bench_measures_both_buses_and_zmq(tmp_path: Path) -> None:
     report = tmp_path / "netbridge.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_netbridge.py"), "--quick",
+        [sys.executable, "-m", "tools.bench.netbridge", "--quick",
          "--channels", "default", "--json", str(report)],
         cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

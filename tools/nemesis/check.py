@@ -9,7 +9,7 @@ A :class:`SubscriberCheck` follows one subscriber through its images. Within one
 sequence of every writer incarnation must go up by one; a gap there is *lost*, a message seen
 again *duplicated*, one that fills an earlier gap *reordered*. Between images (a rejoin, a
 rebuilt client) a jump forward is *skipped*, which the rules allow. :func:`breaches` applies the
-rules of tools/nemesis.py to the checks and to what the writers say they sent.
+rules of tools/nemesis/run.py to the checks and to what the writers say they sent.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The processes tools/nemesis.py starts (multiprocessing spawn targets): writers and readers.
+"""The processes tools/nemesis/run.py starts (multiprocessing spawn targets): writers and readers.
 
 Progress the orchestrator must read even after it SIGKILLs a writer lives in a shared
 :class:`Ledger` (an mmapped file read through ``shmbus.AtomicBuffer``); readers hand their
-:class:`~nemesis_check.SubscriberCheck` back through a queue when asked to stop.
+:class:`~tools.nemesis.check.SubscriberCheck` back through a queue when asked to stop.
 
 The rebuild pattern (until ``connect`` can reconnect by itself): a worker runs its whole client
 inside ``while not stop: try: with shmbus.connect(...) ... except REBUILD: ...``. When the
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemesis_check import (
+import shmbus
+from tools.nemesis.check import (
     DRIVER_LOST,
     FINISHED,
     HEAD,
@@ -36,8 +37,6 @@ from nemesis_check import (
     encode,
     payload_block,
 )
-
-import shmbus
 
 REBUILD = (shmbus.DriverTimeoutError, shmbus.ClientTimeoutError, shmbus.DriverUnavailableError,
            shmbus.ClientClosedError, shmbus.RegistrationError, shmbus.PublicationError)
@@ -252,7 +251,7 @@ def _ignore(buffer: memoryview, header: shmbus.Header) -> None:
 @dataclass(frozen=True)
 class ReaderSpec:
     name: str
-    #: tethered, untethered, spy, network, recorder (see nemesis_check.SubscriberReport)
+    #: tethered, untethered, spy, network, recorder (see check.SubscriberReport)
     kind: str
     channel: str
     stream_id: int

@@ -1,7 +1,8 @@
-# Run from the repository root: .venv/bin/python tools/bench_fanout.py [--quick] [--json out.json]
 """Fan-out network benchmark: one publisher to one or two receiving hosts over UDP.
 
-Three hosts are network namespaces (tools/_namespaces.py: 10.<subnet>.0.1 .. .3
+    sudo .venv/bin/python -m tools.bench.fanout [--quick] [--json out.json]   # from the repo root
+
+Three hosts are network namespaces (tools/bench/network.py: 10.<subnet>.0.1 .. .3
 on a Linux bridge, with a multicast route); each runs its own driver in its namespace, and the
 driver starts its netbridge there when the first udp channel appears. The publisher and the
 subscribers run outside the namespaces (they only touch their bus's shared memory), so a
@@ -28,9 +29,9 @@ max, the faster receiver sets the pace and the other one may fall behind and los
 joins late. Channels are otherwise defaults: term 1 MiB, mtu 1408 (the veths' MTU is 1500),
 receiver window 512 KiB.
 
-Throughput: the writer (tools/bench_netbridge._shm_writer: ExclusivePublication.offer per
+Throughput: the writer (tools/bench/members.stream_writer: ExclusivePublication.offer per
 message, or offer_many with --batch) sends for a fixed duration, then a STOP message; each
-reader (bench_netbridge._shm_reader: Subscription.poll, or Image.poll_batch with --batch)
+reader (members.stream_reader: Subscription.messages(), or Image.poll_batch with --batch)
 checks the sequence number that every message carries at its head and its tail, so a lost,
 duplicated, reordered or torn message fails the run. A run counts only if every receiver got
 exactly the messages sent, in order; its rate is messages / (time the LAST receiver saw STOP -
@@ -40,7 +41,7 @@ receiver got all of them ("MB/s delivered" counts every receiver's copy).
 Every measurement runs in fresh spawned processes (one writer, one reader per receiving host)
 that the parent starts and watches; the drivers and their netbridges are started once and serve
 every run (each run on its own stream id and UDP ports, so each run has fresh logs, images and
-sockets). Idle strategies as in tools/bench_netbridge.py: back-off on the application sides,
+sockets). Idle strategies as in tools/bench/netbridge.py: back-off on the application sides,
 select() in the netbridges, back-off in the drivers; on a 2-core machine nine processes (three
 drivers, three netbridges, writer, two readers) share the two cores.
 
@@ -66,25 +67,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from _harness import (
+from tools.bench.harness import (
     BenchError,
     Member,
+    Options,
+    add_run_options,
     attempt,
     child_pids,
-    fmt,
     median_row,
     run_processes,
-    text_table,
 )
-from _namespaces import host_buses
-from bench_netbridge import (
-    BATCH_ROWS,
-    POLL_LIMIT,
-    Options,
-    _shm_reader,
-    _shm_writer,
-    add_run_options,
-)
+from tools.bench.members import BATCH_ROWS, stream_reader, stream_writer
+from tools.bench.network import host_buses
+from tools.bench.report import add_ratios, fmt, text_table
 
 SIZES = (32, 1024)
 SUBNET = 231  # the tests use 221..229
@@ -174,14 +169,17 @@ def run_fanout(ctx: Any, net: Any, channels: Channels, size: int, batch: bool,
     any process failed or any receiver missed, repeated, reordered or tore a message."""
     receivers = len(channels.subscriptions)
     done = ReadersDone(ctx.Semaphore(0), receivers)
-    writer = Member("writer", _shm_writer, (net.contexts[0], channels.publication, stream_id,
-                                            size, opt.duration_s, opt.timeout_s, done, batch,
-                                            channels.destinations))
-    readers = [Member(f"reader on host {host}", _shm_reader,
+    writer = Member("writer", stream_writer, (net.contexts[0], channels.publication, stream_id,
+                                              size, opt.duration_s, opt.timeout_s, done, batch,
+                                              channels.destinations))
+    readers = [Member(f"reader on host {host}", stream_reader,
                       (net.contexts[host], uri, stream_id, size, opt.timeout_s, done, batch))
                for host, uri in enumerate(channels.subscriptions, start=1)]
+    labels = [f"bridge {i}" for i in range(len(net.drivers))]  # host i's netbridge
+
     def bridges() -> dict[str, list[int]]:
-        return {f"bridge {i}": child_pids(driver.pid) for i, driver in enumerate(net.drivers)}
+        return {label: child_pids(driver.pid) for label, driver in zip(labels, net.drivers,
+                                                                       strict=True)}
 
     out = run_processes(ctx, [*readers, writer], 2 * opt.timeout_s + opt.duration_s + 30,
                         watch=bridges)
@@ -198,21 +196,12 @@ def run_fanout(ctx: Any, net: Any, channels: Channels, size: int, batch: bool,
             "mb_per_s": sent * size / seconds / 1e6,
             "delivered_mb_per_s": receivers * sent * size / seconds / 1e6,
             "receiver_spread_ms": (last - min(r["t1"] for r in got)) / 1e6,
-            "bridge_cpu_s": [(out.cores.get(label) or 0.0) * out.wall_s for label in bridges]}
+            "bridge_cpu_s": [(out.cores.get(label) or 0.0) * out.wall_s for label in labels]}
 
 
 # ---------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------
-
-
-def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """x_unicast: each row's msgs/s over the unicast row's at the same size (both ok)."""
-    for r in rows:
-        base = next((u for u in rows if u["status"] == "ok" and u["config"] == UNICAST
-                     and u["size"] == r["size"]), None)
-        if r["status"] == "ok" and base is not None:
-            r["x_unicast"] = r["msgs_per_s"] / base["msgs_per_s"]
 
 
 def _bridge_cpu_cell(row: dict[str, Any]) -> str:
@@ -255,10 +244,10 @@ notes:
     measurement (all connected) to its end / messages sent: host 0's / hosts 1 and 2's.
     A warm-up run first starts every host's netbridge, so no row pays for a start."""
 
-API_OFFER = (f"ExclusivePublication.offer per message / Subscription.poll(limit {POLL_LIMIT}), "
-             f"back-off idle")
+API_OFFER = ("ExclusivePublication.offer per message / Subscription.messages(), each copied "
+             "out as bytes")
 API_BATCH = (f"offer_many of ({BATCH_ROWS}, size) uint8 arrays / Image.poll_batch(limit "
-             f"{BATCH_ROWS}), back-off idle")
+             f"{BATCH_ROWS}), asleep in wait() while empty")
 
 
 def _channel_templates(configs: list[str]) -> str:
@@ -370,7 +359,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous_handler)
     rows = [median_row(runs[key]) for key in plan]
-    add_ratios(rows)
+    # x unicast: msgs/s over the unicast row's at the same size
+    add_ratios(rows, "x_unicast", lambda r: r["config"] == UNICAST, lambda r: r["size"],
+               lambda r, unicast: r["msgs_per_s"] / unicast["msgs_per_s"])
     return {"settings": {"duration_s": duration, "repeat": repeat, "sizes": list(args.sizes),
                          "configs": configs, "batch": args.batch, "subnet": args.subnet,
                          "flow_control": FAN_OUT_FLOW_CONTROL, "cpus": os.cpu_count(),

@@ -1,4 +1,4 @@
-"""Aeron C as the reference beside shmbus in tools/bench_netbridge.py: its media driver and its
+"""Aeron C as the reference beside shmbus in tools/bench/netbridge.py: its media driver and its
 C samples, run from a build directory (``--aeron-bin DIR`` holding aeronmd, streaming_publisher,
 rate_subscriber, cping and cpong), in the benchmark's parent process.
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _harness import BenchError, Unavailable, cpu_seconds
+from tools.bench.harness import BenchError, Unavailable, cpu_seconds
 
 BINARIES = ("aeronmd", "streaming_publisher", "rate_subscriber", "cping", "cpong")
 TARGET_BYTES_PER_S = 250e6  # sizes a throughput run's message count (see the docstring)

@@ -1,5 +1,6 @@
-# Run from the repository root: .venv/bin/python tools/bench.py [--quick] [--runs N] [--only ...]
-"""shmbus benchmark: the bus users run, beside the IPC a Python user would pick instead.
+"""IPC benchmark: the bus users run, beside the IPC a Python user would pick instead.
+
+    python -m tools.bench.ipc [--quick] [--runs N] [--only NAMES] [--json]   # from the repo root
 
 shmbus is measured as a user runs it: ``shmbus.connect()`` with the embedded driver and default
 settings (a fresh bus directory per measurement; the first client launches the driver), an
@@ -7,7 +8,7 @@ exclusive publication (``aeron:ipc``) in one spawned process and a subscription 
 Beside it, in the same run with the same loops: multiprocessing Queue and Pipe, posix_ipc
 MessageQueue, pyzmq PAIR over ipc:// and iceoryx2 (publish-subscribe over shared memory).
 
-Every measurement runs in fresh spawned processes (tools/_harness.py): they set up and connect,
+Every measurement runs in fresh spawned processes (tools/bench/harness.py): they set up and connect,
 then start together; the CPU time of every process involved (writer, reader, the bus's driver)
 is taken from the start to the last result, and reported as cores (CPU s / wall s). Each
 measurement is repeated --runs times, interleaved with the others (so a burst of load on the
@@ -61,63 +62,72 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import inspect
 import itertools
 import json
 import multiprocessing as mp
 import os
 import shutil
-import struct
 import sys
 import tempfile
 import time
-import zlib
-from array import array
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _harness import (
+
+from tools.bench.harness import (
+    RTT_SIZE,
+    SEQUENCE,
     STOP,
     BenchError,
+    Checked,
+    Counter,
     Member,
     Outcome,
+    async_round_trips,
     attempt,
-    codec,
     deadline_after,
-    fmt,
-    fmt_rate,
-    machine,
-    markdown_table,
     median_row,
     offer_until_accepted,
     percentiles_us,
+    ping_loop,
+    pong_loop,
     run_processes,
 )
+from tools.bench.members import (
+    BATCH_ROWS,
+    BatchCheck,
+    await_image,
+    connect_publication,
+    max_payload,
+)
+from tools.bench.peers import (
+    ICEORYX,
+    PIPE,
+    POSIX,
+    QUEUE,
+    QUEUE_DEPTH,
+    ZMQ,
+    make_peer_link,
+    peer_reader,
+    peer_rtt,
+    peer_writer,
+    zmq_async_rtt,
+)
+from tools.bench.report import add_ratios, fmt, fmt_rate, machine, markdown_table, size_name
 
 SIZES = (32, 256, 4096)
-RTT_SIZE = 32
 RTT_RATE = 1000  # pings per second of the paced round-trip mode
-QUEUE_DEPTH = 1024  # mp.Queue maxsize, iceoryx2 subscriber buffer: bounded like a log window
 POLL_LIMIT = 256  # fragment limit of Subscription.poll in throughput runs
-BATCH_ROWS = 1024  # rows of an offer_many array, and the poll_batch limit
-FRAME_HEADER = 32  # bytes of a data frame's header: longer payloads than mtu - 32 fragment
-BEGIN_FLAG, END_FLAG = 0x80, 0x40  # FragmentBatch.flags: first and last fragment of a message
-MAX_SAMPLES = 500_000  # round trips kept at most per run
 CHANNEL = "aeron:ipc"
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # tools/results/, not in git
 
 SHM = "shmbus"
 SHM_HANDLER = "shmbus poll(handler)"
 SHM_NOCOPY = "shmbus no-copy"
 SHM_BATCH = "shmbus batch"
-QUEUE = "mp.Queue"
-PIPE = "mp.Pipe"
-POSIX = "posix_ipc MessageQueue"
-ZMQ = "zmq PAIR ipc://"
-ICEORYX = "iceoryx2"
 PEERS = (QUEUE, PIPE, POSIX, ZMQ, ICEORYX)
 THROUGHPUT = (SHM, SHM_HANDLER, SHM_NOCOPY, SHM_BATCH, *PEERS)
 
@@ -129,67 +139,6 @@ ASYNCIO = "asyncio await"
 BACKOFF = "back-off (default)"
 PEER_WAIT = {QUEUE: "blocking", PIPE: "blocking", POSIX: "blocking", ZMQ: "blocking",
              ICEORYX: "busy-poll"}
-
-
-# ---------------------------------------------------------------------------------------------
-# Messages: sequence number, a fixed body, a checksum
-# ---------------------------------------------------------------------------------------------
-
-
-SEQUENCE = struct.Struct("<q")
-TRAILER = struct.Struct("<qI")  # sequence number, CRC-32 of the body and the sequence number
-#: zlib.crc32 of any data followed by its own CRC-32 in little-endian order
-CRC_RESIDUE = 0x2144DF1C
-
-
-class Checked:
-    """Makes and checks copied messages: a fixed body, then TRAILER. The writer computes the
-    body's CRC once and continues it over each sequence number; the reader checks every byte
-    with one CRC over the whole message (see CRC_RESIDUE)."""
-
-    def __init__(self, size: int) -> None:
-        if size < 16:
-            raise ValueError(f"message size {size}: at least 16 bytes")
-        self.size = size
-        self.seq_offset = size - TRAILER.size
-        self.body = bytes(i % 251 for i in range(self.seq_offset))
-        body_crc, seq_offset = zlib.crc32(self.body), self.seq_offset
-        pack_into, pack, unpack_from, crc32 = (TRAILER.pack_into, SEQUENCE.pack,
-                                               SEQUENCE.unpack_from, zlib.crc32)
-
-        def write(message: bytearray, seq: int) -> None:
-            """Fill in the sequence number and the checksum."""
-            pack_into(message, seq_offset, seq, crc32(pack(seq), body_crc))
-
-        def check(data: bytes) -> tuple[int, bool]:
-            """(sequence number, whether length and checksum are right) of a copied message."""
-            if len(data) != size:
-                return -2, False
-            return unpack_from(data, seq_offset)[0], crc32(data) == CRC_RESIDUE
-
-        self.write, self.check = write, check
-
-    def message(self) -> bytearray:
-        """A buffer holding the body; write() fills in the trailer."""
-        return bytearray(self.body + bytes(TRAILER.size))
-
-
-class Counter:
-    """A reader's tally: messages in order, errors, the first error, and STOP seen."""
-
-    def __init__(self) -> None:
-        self.expected = self.errors = 0
-        self.first_bad: str | None = None
-        self.stopped = False
-
-    def bad(self, seq: int, what: str) -> None:
-        self.errors += 1
-        self.first_bad = self.first_bad or f"expected {self.expected}, got {seq}: {what}"
-        self.expected = seq + 1
-
-    def result(self, t1: int) -> dict[str, Any]:
-        return {"received": self.expected, "errors": self.errors, "first_bad": self.first_bad,
-                "t1": t1}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,31 +157,15 @@ class Bus:
 
         return shmbus.connect(dir=self.dir)
 
-    def max_payload(self) -> int:
-        import shmbus
-
-        return shmbus.Context(dir=self.dir).mtu - FRAME_HEADER
-
 
 def _publication(bus: Any, stream_id: int, deadline_ns: int) -> Any:
-    publication = bus.add_exclusive_publication(CHANNEL, stream_id)
-    while not publication.is_connected:
-        if time.monotonic_ns() > deadline_ns:
-            raise BenchError(f"publication on stream {stream_id} never connected")
-        time.sleep(0.002)
-    return publication
+    return connect_publication(bus, CHANNEL, stream_id, deadline_ns)
 
 
 def _subscription(bus: Any, stream_id: int, deadline_ns: int) -> Any:
-    return _await_image(bus.add_subscription(CHANNEL, stream_id), deadline_ns)
-
-
-def _await_image(subscription: Any, deadline_ns: int) -> Any:
-    while not subscription.images:
-        if time.monotonic_ns() > deadline_ns:
-            raise BenchError(f"subscription on stream {subscription.stream_id} never got an "
-                             f"image")
-        time.sleep(0.002)  # the client's conductor thread adds the image
+    """A subscription on CHANNEL once it has an image."""
+    subscription = bus.add_subscription(CHANNEL, stream_id)
+    await_image(subscription, deadline_ns)
     return subscription
 
 
@@ -316,7 +249,7 @@ def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
             tally.bad(seq, "out of order")
 
     handler: Any = copied if how == SHM_HANDLER else in_place
-    if size > bus_spec.max_payload():
+    if size > max_payload(CHANNEL):
         handler = shmbus.FragmentAssembler(handler)
     with bus_spec.connect() as bus:
         subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
@@ -363,352 +296,27 @@ def _shm_messages_reader(start: Any, bus_spec: Bus, stream_id: int,
 
 def shm_batch_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, timeout_s: float,
                      done: Any) -> dict[str, Any]:
-    """poll_batch until STOP, checking head and tail sequence numbers with numpy."""
-
-    tally = Counter()
-    ramp = np.arange(BATCH_ROWS + 1, dtype=np.int64)
-    fragmented = size > bus_spec.max_payload()
-    payload_bytes = 0
-    pending: list[int] = []  # head of a message whose last fragment is in a later batch
-
-    def on_batch(batch: Any) -> None:
-        nonlocal payload_bytes
-        words = batch.term.view(np.int64)  # frames are 32-byte aligned: payloads 8-aligned
-        offsets, lengths = batch.offsets, batch.lengths
-        if fragmented:
-            begins, ends = (batch.flags & BEGIN_FLAG) != 0, (batch.flags & END_FLAG) != 0
-            heads = np.concatenate((pending, words[offsets[begins] >> 3])).astype(np.int64)
-            tails = words[(offsets[ends] + lengths[ends] - 8) >> 3]
-            payload_bytes += int(lengths.sum())  # checked against the count at the end
-            pending[:] = heads[len(tails):].tolist()
-            heads = heads[:len(tails)]
-            lengths_ok = True
-        else:
-            heads = words[offsets >> 3]
-            tails = words[(offsets + size - 8) >> 3]
-            lengths_ok = bool((lengths == size).all())
-        n = len(heads)
-        if n and heads[n - 1] == STOP:
-            tally.stopped = True
-            n -= 1
-            heads, tails = heads[:n], tails[:n]
-        if not n:
-            return
-        if (lengths_ok and np.array_equal(heads - tally.expected, ramp[:n])
-                and np.array_equal(tails, heads)):
-            tally.expected += n
-        else:
-            tally.bad(int(heads[n - 1]), f"batch at position {batch.position}: heads "
-                                         f"{heads[:4]}.. tails {tails[:4]}..")
-
+    """poll_batch until STOP, checking head and tail sequence numbers with numpy
+    (members.BatchCheck)."""
+    check = BatchCheck(size, size > max_payload(CHANNEL))
     with bus_spec.connect() as bus:
         subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
         poll_batch = subscription.poll_batch
         start.ready(bus.driver_pid)
         deadline = deadline_after(timeout_s)
-        while not tally.stopped:
-            if not poll_batch(on_batch, BATCH_ROWS) and not subscription.wait(0.1):
+        while not check.stopped:
+            if not poll_batch(check, BATCH_ROWS) and not subscription.wait(0.1):
                 if time.monotonic_ns() > deadline:
-                    raise BenchError(f"reader timed out after {tally.expected} messages")
+                    raise BenchError(f"reader timed out after {check.expected} messages")
         t1 = time.monotonic_ns()
         done.set()
-    if fragmented and payload_bytes != (tally.expected + 1) * size:  # + 1: STOP
-        tally.bad(tally.expected, f"{payload_bytes} payload bytes for {tally.expected + 1} "
-                                  f"messages")
-    return tally.result(t1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Peers: one process's end of a link, as send / recv / close
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PeerEnd:
-    """Where one process sends (tx) and receives (rx); made in the parent."""
-
-    kind: str
-    tx: Any = None
-    rx: Any = None
-    bind: bool = False  # zmq: this end binds
-
-
-def make_peer_link(ctx: Any, kind: str, root: Path, name: str,
-                   two_way: bool) -> tuple[PeerEnd, PeerEnd, Callable[[], None]]:
-    """(a, b, cleanup): a sends to b, and with two_way b sends back to a."""
-    if kind == QUEUE:
-        fwd = ctx.Queue(maxsize=QUEUE_DEPTH)
-        back = ctx.Queue(maxsize=QUEUE_DEPTH) if two_way else None
-        return PeerEnd(kind, fwd, back), PeerEnd(kind, back, fwd), lambda: None
-    if kind == PIPE:
-        fwd_r, fwd_w = ctx.Pipe(duplex=False)
-        back_r, back_w = ctx.Pipe(duplex=False) if two_way else (None, None)
-        return PeerEnd(kind, fwd_w, back_r), PeerEnd(kind, back_w, fwd_r), lambda: None
-    if kind == POSIX:
-        import posix_ipc
-
-        names = [f"/shmbus-bench-{os.getpid()}-{name}-{d}" for d in ("f", "b")[:1 + two_way]]
-        for n in names:
-            posix_ipc.MessageQueue(n, posix_ipc.O_CREX).close()
-
-        def cleanup() -> None:
-            for n in names:
-                try:
-                    posix_ipc.unlink_message_queue(n)
-                except posix_ipc.ExistentialError:
-                    pass
-
-        back = names[1] if two_way else None
-        return PeerEnd(kind, names[0], back), PeerEnd(kind, back, names[0]), cleanup
-    if kind == ZMQ:
-        endpoint = f"ipc://{root}/{name}.zmq"
-        return (PeerEnd(kind, endpoint, endpoint if two_way else None),
-                PeerEnd(kind, endpoint if two_way else None, endpoint, bind=True), lambda: None)
-    if kind == ICEORYX:
-        fwd, back = f"shmbus-bench/{os.getpid()}/{name}/f", f"shmbus-bench/{os.getpid()}/{name}/b"
-        back_name = back if two_way else None
-        return PeerEnd(kind, fwd, back_name), PeerEnd(kind, back_name, fwd), lambda: None
-    raise ValueError(f"unknown peer {kind!r}")
-
-
-def open_peer(end: PeerEnd, size: int, timeout_s: float
-              ) -> tuple[Callable[[Any], Any], Callable[[], bytes], Callable[[], None]]:
-    """(send, recv, close) of this end, in the member's process; recv returns bytes."""
-    if end.kind == QUEUE:
-        tx = end.tx
-
-        def send(message: Any) -> None:
-            tx.put(bytes(message))
-
-        return send, end.rx.get if end.rx is not None else _no_recv, lambda: None
-    if end.kind == PIPE:
-        return (end.tx.send_bytes if end.tx is not None else None,
-                end.rx.recv_bytes if end.rx is not None else _no_recv, lambda: None)
-    if end.kind == POSIX:
-        return _open_posix(end, timeout_s)
-    if end.kind == ZMQ:
-        return _open_zmq(end, timeout_s)
-    if end.kind == ICEORYX:
-        return _open_iceoryx(end, size, timeout_s)
-    raise ValueError(f"unknown peer {end.kind!r}")
-
-
-def _no_recv() -> bytes:
-    raise BenchError("this end does not receive")
-
-
-def _open_posix(end: PeerEnd, timeout_s: float) -> Any:
-    import posix_ipc
-
-    txq = posix_ipc.MessageQueue(end.tx) if end.tx else None
-    rxq = posix_ipc.MessageQueue(end.rx) if end.rx else None
-
-    def send(message: Any) -> None:
-        txq.send(message, timeout_s)
-
-    def recv() -> bytes:
-        return rxq.receive(timeout_s)[0]
-
-    def close() -> None:
-        for q in (txq, rxq):
-            if q is not None:
-                q.close()
-
-    return send, recv, close
-
-
-def _open_zmq(end: PeerEnd, timeout_s: float) -> Any:
-    import zmq
-
-    context = zmq.Context()
-    sock = context.socket(zmq.PAIR)
-    ms = int(timeout_s * 1000)
-    for option in (zmq.LINGER, zmq.SNDTIMEO, zmq.RCVTIMEO):
-        sock.setsockopt(option, ms)
-    # connected, both ways, before the clock starts
-    if end.bind:
-        sock.bind(end.tx or end.rx)
-        if sock.recv() != b"hello":
-            raise BenchError("zmq: no hello")
-        sock.send(b"hello")
-    else:
-        sock.connect(end.tx or end.rx)
-        sock.send(b"hello")
-        if sock.recv() != b"hello":
-            raise BenchError("zmq: no hello back")
-
-    def close() -> None:
-        sock.close()
-        context.term()
-
-    return sock.send, sock.recv, close
-
-
-def _open_iceoryx(end: PeerEnd, size: int, timeout_s: float) -> Any:
-    import iceoryx2 as iox2
-
-    iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
-    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
-
-    def service(name: str) -> Any:
-        # no loss: a full subscriber buffer makes the publisher retry (back-pressure)
-        return (node.service_builder(iox2.ServiceName.new(name))
-                .publish_subscribe(iox2.Slice[ctypes.c_uint8])
-                .enable_safe_overflow(False).subscriber_max_buffer_size(QUEUE_DEPTH)
-                .max_publishers(1).max_subscribers(1).open_or_create())
-
-    ports: list[Any] = []
-    send: Any = None
-    recv: Any = _no_recv
-    if end.rx:  # subscribers first: each side's publisher then waits for the other's
-        subscriber = service(end.rx).subscriber_builder().buffer_size(QUEUE_DEPTH).create()
-        ports.append(subscriber)
-        receive = subscriber.receive
-        deadline_rx = deadline_after(timeout_s + 60)
-
-        def recv() -> bytes:
-            spins = 0
-            while True:
-                sample = receive()
-                if sample is not None:
-                    data = bytes(sample.payload().as_memory_view())
-                    sample.delete()
-                    return data
-                spins += 1
-                if not spins & 4095 and time.monotonic_ns() > deadline_rx:
-                    raise BenchError("iceoryx2: receive timed out")
-
-    if end.tx:
-        tx_service = service(end.tx)
-        publisher = (tx_service.publisher_builder().initial_max_slice_len(size)
-                     .backpressure_strategy(iox2.BackpressureStrategy.RetryUntilDelivered)
-                     .create())
-        ports.append(publisher)
-        loan = publisher.loan_slice_uninit
-
-        def send(message: Any) -> None:
-            sample = loan(len(message))
-            ctypes.memmove(sample.payload_ptr, bytes(message), len(message))
-            sample.assume_init().send()
-
-        # a sample published before the subscriber is there would be lost: wait for it
-        deadline = deadline_after(timeout_s)
-        while tx_service.dynamic_config.number_of_subscribers == 0:
-            if time.monotonic_ns() > deadline:
-                raise BenchError("iceoryx2: no subscriber")
-            time.sleep(0.002)
-        publisher.update_connections()
-
-    def close() -> None:
-        for port in ports:
-            port.delete()
-
-    return send, recv, close
-
-
-def peer_writer(start: Any, end: PeerEnd, size: int, duration_s: float, timeout_s: float,
-                done: Any) -> dict[str, Any]:
-    """Send checked messages for duration_s, then STOP."""
-    send, _, close = open_peer(end, size, timeout_s)
-    checked = Checked(size)
-    message = checked.message()
-    write = checked.write
-    start.ready()
-    t0 = time.monotonic_ns()
-    end_ns = t0 + int(duration_s * 1e9)
-    seq = 0
-    try:
-        while True:
-            write(message, seq)
-            send(message)
-            seq += 1
-            if not seq & 127 and time.monotonic_ns() >= end_ns:
-                break
-        write(message, STOP)
-        send(message)
-    except Exception as e:
-        raise BenchError(f"send failed after {seq} messages: {e!r}") from e
-    done.wait(timeout_s)  # zmq and iceoryx2 may drop what is unread when an end closes
-    close()
-    return {"sent": seq, "t0": t0}
-
-
-def peer_reader(start: Any, end: PeerEnd, size: int, timeout_s: float,
-                done: Any) -> dict[str, Any]:
-    """Receive until STOP, checking every message."""
-    _, recv, close = open_peer(end, size, timeout_s)
-    check = Checked(size).check
-    tally = Counter()
-    start.ready()
-    try:
-        while True:
-            seq, ok = check(recv())
-            if seq == tally.expected and ok:
-                tally.expected += 1
-            elif seq == STOP:
-                break
-            else:
-                tally.bad(seq, "bad checksum" if seq == tally.expected else "out of order")
-    except Exception as e:
-        raise BenchError(f"receive failed after {tally.expected} messages: {e!r}") from e
-    t1 = time.monotonic_ns()
-    done.set()
-    close()
-    return tally.result(t1)
+    check.finish()
+    return check.result(t1)
 
 
 # ---------------------------------------------------------------------------------------------
 # Round-trip members: a pinger and a ponger over (send, recv)
 # ---------------------------------------------------------------------------------------------
-
-
-def _ping_loop(send: Callable[[Any], Any], recv: Callable[[], Any], duration_s: float,
-               rate: int | None) -> dict[str, Any]:
-    """Ping (32 B, sequence number at head and tail), time each round trip, check each pong;
-    ``rate``: pings per second (None: back-to-back). Ends with a STOP ping."""
-    pack = codec(RTT_SIZE).pack_into
-    unpack = codec(RTT_SIZE).unpack_from
-    message = bytearray(RTT_SIZE)
-    samples = array("q")
-    errors = 0
-    clock = time.perf_counter_ns
-    period = None if rate is None else 1e9 / rate
-    start = clock()
-    end_ns = start + int(duration_s * 1e9)
-    seq = 0
-    while True:
-        pack(message, 0, seq, seq)
-        t0 = clock()
-        send(message)
-        head, tail = unpack(recv())
-        t1 = clock()
-        samples.append(t1 - t0)
-        errors += head != seq or tail != seq
-        seq += 1
-        if t1 >= end_ns or seq >= MAX_SAMPLES:
-            break
-        if period is not None:
-            wait_ns = start + seq * period - clock()
-            if wait_ns > 0:
-                time.sleep(wait_ns / 1e9)
-    pack(message, 0, STOP, STOP)
-    send(message)
-    return {"samples": samples.tobytes(), "errors": errors}
-
-
-def _pong_loop(send: Callable[[Any], Any], recv: Callable[[], Any]) -> dict[str, Any]:
-    """Echo every ping until STOP, checking sequence numbers."""
-    unpack = codec(RTT_SIZE).unpack_from
-    expected = errors = 0
-    while True:
-        message = recv()
-        head, tail = unpack(message)
-        if head == STOP:
-            break
-        errors += head != expected or tail != head
-        expected = head + 1
-        send(message)
-    return {"received": expected, "errors": errors}
 
 
 def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], bytes]:
@@ -760,51 +368,6 @@ def _shm_async_recv(subscription: Any, timeout_s: float) -> Callable[[], Awaitab
     return recv
 
 
-async def _async_round_trips(pinger: bool, send: Callable[[Any], Any],
-                             recv: Callable[[], Awaitable[bytes]], duration_s: float,
-                             rate: int | None) -> dict[str, Any]:
-    """_ping_loop (pinger) or _pong_loop as one coroutine on an asyncio event loop; ``send``
-    may return an awaitable (awaited), ``recv`` is awaited."""
-
-    async def sent(message: Any) -> None:
-        if inspect.isawaitable(result := send(message)):
-            await result
-
-    pack, unpack = codec(RTT_SIZE).pack_into, codec(RTT_SIZE).unpack_from
-    message = bytearray(RTT_SIZE)
-    if not pinger:
-        expected = errors = 0
-        while True:
-            ping = await recv()
-            head, tail = unpack(ping)
-            if head == STOP:
-                return {"received": expected, "errors": errors}
-            errors += head != expected or tail != head
-            expected = head + 1
-            await sent(ping)
-    samples = array("q")
-    errors = seq = 0
-    clock = time.perf_counter_ns
-    period = None if rate is None else 1e9 / rate
-    start = clock()
-    while True:
-        pack(message, 0, seq, seq)
-        t0 = clock()
-        await sent(message)
-        head, tail = unpack(await recv())
-        t1 = clock()
-        samples.append(t1 - t0)
-        errors += head != seq or tail != seq
-        seq += 1
-        if t1 >= start + duration_s * 1e9 or seq >= MAX_SAMPLES:
-            break
-        if period is not None and (wait_ns := start + seq * period - clock()) > 0:
-            await asyncio.sleep(wait_ns / 1e9)
-    pack(message, 0, STOP, STOP)
-    await sent(message)
-    return {"samples": samples.tobytes(), "errors": errors}
-
-
 def _shm_send(publication: Any, timeout_s: float) -> Callable[[Any], None]:
     import shmbus
 
@@ -827,66 +390,18 @@ def shm_rtt(start: Any, bus_spec: Bus, pinger: bool, wait: str, rate: int | None
         deadline = deadline_after(timeout_s)
         subscription = bus.add_subscription(CHANNEL, rx)
         publication = _publication(bus, tx, deadline)
-        _await_image(subscription, deadline)
+        await_image(subscription, deadline)
         send = _shm_send(publication, timeout_s)
         start.ready(bus.driver_pid)
         if wait == ASYNCIO:
             recv_async = _shm_async_recv(subscription, timeout_s)
-            out = asyncio.run(_async_round_trips(pinger, send, recv_async, duration_s, rate))
+            out = asyncio.run(async_round_trips(pinger, send, recv_async, duration_s, rate))
         else:
             recv = _shm_recv(subscription, wait, timeout_s)
-            out = _ping_loop(send, recv, duration_s, rate) if pinger else _pong_loop(send, recv)
+            out = ping_loop(send, recv, duration_s, rate) if pinger else pong_loop(send, recv)
         if not pinger:
             done.set()
         done.wait(timeout_s)
-    return out
-
-
-def peer_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_s: float,
-             timeout_s: float, done: Any) -> dict[str, Any]:
-    """A peer's pinger (pinger=True) or ponger."""
-    send, recv, close = open_peer(end, RTT_SIZE, timeout_s)
-    start.ready()
-    out = _ping_loop(send, recv, duration_s, rate) if pinger else _pong_loop(send, recv)
-    if not pinger:
-        done.set()
-    done.wait(timeout_s)
-    close()
-    return out
-
-
-def zmq_async_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_s: float,
-                  timeout_s: float, done: Any) -> dict[str, Any]:
-    """A zmq.asyncio PAIR pinger or ponger: pyzmq's own asyncio API, the peer of
-    messages_async."""
-    import zmq
-    import zmq.asyncio
-
-    async def main() -> dict[str, Any]:
-        context = zmq.asyncio.Context()
-        sock = context.socket(zmq.PAIR)
-        sock.setsockopt(zmq.LINGER, int(timeout_s * 1000))
-        if end.bind:  # connected, both ways, before the clock starts
-            sock.bind(end.tx or end.rx)
-            if await asyncio.wait_for(sock.recv(), timeout_s) != b"hello":
-                raise BenchError("zmq: no hello")
-            await sock.send(b"hello")
-        else:
-            sock.connect(end.tx or end.rx)
-            await sock.send(b"hello")
-            if await asyncio.wait_for(sock.recv(), timeout_s) != b"hello":
-                raise BenchError("zmq: no hello back")
-        start.ready()
-        try:
-            return await _async_round_trips(pinger, sock.send, sock.recv, duration_s, rate)
-        finally:
-            sock.close()
-            context.term()
-
-    out = asyncio.run(main())
-    if not pinger:
-        done.set()
-    done.wait(timeout_s)
     return out
 
 
@@ -1106,7 +621,7 @@ def cores_cell(row: dict[str, Any], labels: tuple[str, ...]) -> str:
 def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...]) -> str:
     """One line per transport: msg/s by size, p50 / p99 of its fastest round trip, and p50 of
     its waiting round trip at RTT_RATE with the ponger's CPU (shmbus: the blocking wait)."""
-    headers = ["1 writer -> 1 reader", *(f"{_size_name(z)} msg/s" for z in sizes),
+    headers = ["1 writer -> 1 reader", *(f"{size_name(z)} msg/s" for z in sizes),
                f"RTT p50 / p99 us ({RTT_SIZE} B, {BACK_TO_BACK})",
                f"RTT p50 us at {PACED}, waiting / subscriber CPU"]
     lines = []
@@ -1135,10 +650,6 @@ def _percent_of_core(row: dict[str, Any], label: str) -> str:
     return "-" if cores is None else f"{cores:.1%}"
 
 
-def _size_name(size: int) -> str:
-    return f"{size // 1024} KiB" if size >= 1024 and size % 1024 == 0 else f"{size} B"
-
-
 def _rate_cell(row: dict[str, Any], size: int) -> str:
     cell = fmt_rate(row["msgs_per_s"])
     return cell + (f" ({row['mb_per_s'] / 1000:.2f} GB/s)" if size >= 4096 else "")
@@ -1161,7 +672,7 @@ def throughput_table(rows: list[dict[str, Any]]) -> str:
             continue
         status = cell_status(r)
         best = r.get("best_peer_msgs_per_s")
-        lines.append([_label(r["transport"]), _size_name(r["size"]),
+        lines.append([_label(r["transport"]), size_name(r["size"]),
                       status or fmt(r["msgs_per_s"]), "" if status else fmt(r["mb_per_s"], 1),
                       "" if status or not best else f"{r['msgs_per_s'] / best:.2f}",
                       "" if status else cores_cell(r, ("writer", "reader", "driver")),
@@ -1193,16 +704,6 @@ def idle_table(rows: list[dict[str, Any]]) -> str:
               cell_status(r) or cores_cell(r, ("publisher", "subscriber", "driver"))]
              for r in rows if r["test"] == "idle"]
     return markdown_table(headers, lines)
-
-
-def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Each throughput row's best peer rate at its size (for "x best peer")."""
-    for r in rows:
-        if r["test"] == "throughput" and r["status"] == "ok":
-            peers = [p["msgs_per_s"] for p in rows if p["test"] == "throughput"
-                     and p["status"] == "ok" and p["size"] == r["size"]
-                     and p["transport"] in PEERS]
-            r["best_peer_msgs_per_s"] = max(peers) if peers else None
 
 
 def report_markdown(report: dict[str, Any]) -> str:
@@ -1263,7 +764,7 @@ def draw_chart(rows: list[dict[str, Any]], sizes: tuple[int, ...], path: Path) -
             values.append(r["msgs_per_s"] if r else 0)
         left.bar([x + i * width for x in range(len(sizes))], values, width, label=_label(t))
     left.set_xticks([x + width * (len(transports) - 1) / 2 for x in range(len(sizes))],
-                    [_size_name(z) for z in sizes])
+                    [size_name(z) for z in sizes])
     left.set_yscale("log")
     left.set_ylabel("messages / s (log)")
     left.set_title("Throughput, 1 writer -> 1 reader (missing bar: n/a)")
@@ -1311,7 +812,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", metavar="NAMES",
                         help="comma-separated names: run only the transports whose name "
                              "contains one of them (e.g. shmbus,mp.Queue)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results",
+    parser.add_argument("--out", type=Path, default=RESULTS,
                         help="directory for bench.md, bench.json, bench.png "
                              "(default tools/results/)")
     parser.add_argument("--json", action="store_true",
@@ -1361,7 +862,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = [median_row(r) for r in results]
-    add_ratios(rows)
+    # "x best peer": each throughput row's msg/s over the fastest peer's at its size
+    add_ratios(rows, "best_peer_msgs_per_s",
+               lambda r: r["test"] == "throughput" and r["transport"] in PEERS,
+               lambda r: (r["test"], r.get("size")), lambda r, best: best["msgs_per_s"])
     report = {"settings": {"runs": runs, "duration_s": settings.duration_s,
                            "paced_s": settings.paced_s, "idle_s": settings.idle_s,
                            "sizes": list(args.sizes), "only": args.only,

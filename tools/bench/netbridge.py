@@ -1,13 +1,13 @@
-# Run from the repository root: .venv/bin/python tools/bench_netbridge.py [--quick]
-#   [--aeron-bin DIR]
 """netbridge benchmark: shmbus streams through two netbridges on loopback, beside pyzmq over TCP.
+
+    python -m tools.bench.netbridge [--quick] [--aeron-bin DIR]   # from the repository root
 
 One-way throughput and a paced ping-pong between two buses, each with its own driver (a
 process: ``python -m shmbus.driver``, Context.driver_command) that starts its netbridge, so a
 message goes publisher -> log (bus A) -> netbridge A -> UDP 127.0.0.1 -> netbridge B -> image
 log (bus B) -> subscriber. Beside it, in the same run with the same loops, pyzmq PUSH/PULL
 over tcp://127.0.0.1 (throughput) and PAIR over tcp://127.0.0.1 (ping-pong); with
-``--aeron-bin DIR``, Aeron C's driver and samples on the default channel (tools/_aeron_c.py).
+``--aeron-bin DIR``, Aeron C's driver and samples on the default channel (tools/bench/aeron_c.py).
 The first table is the summary: 32 B and 4 KiB msg/s, the 32 B round trip's p50 at 10,000
 pings a second, and the CPU of each side's bridge and driver; its targets are checked at the
 end.
@@ -50,7 +50,7 @@ cores in a shmbus run (two drivers, two netbridges, writer, reader), two process
 zmq I/O threads in a zmq run.
 
 CPU: each side's netbridge and driver (labels bridge A, bridge B, driver A, driver B), CPU
-seconds over the wall seconds of the measurement (tools/_harness.py).
+seconds over the wall seconds of the measurement (tools/bench/harness.py).
 
 Bounded waits: every loop checks a deadline, zmq calls have timeouts, and the parent
 terminates a pair of processes that overruns.
@@ -63,46 +63,58 @@ import itertools
 import json
 import multiprocessing as mp
 import os
-import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _aeron_c import AeronC, find_binaries
-from _harness import (
+
+from tools.bench.aeron_c import AeronC, find_binaries
+from tools.bench.harness import (
+    RTT_SIZE,
     STOP,
     BenchError,
     Member,
+    Options,
     Unavailable,
+    add_run_options,
     attempt,
     child_pids,
     codec,
+    deadline_after,
+    median_row,
+    percentiles_us,
+    ping_loop,
+    run_processes,
+    start_driver,
+    stop_driver,
+)
+from tools.bench.members import (
+    BATCH_ROWS,
+    await_image,
+    connect_publication,
+    stream_reader,
+    stream_writer,
+)
+from tools.bench.network import free_tcp_port, free_udp_ports
+from tools.bench.peers import zmq_pull_reader, zmq_push_writer, zmq_tcp_rtt
+from tools.bench.report import (
+    add_ratios,
     fmt,
     fmt_rate,
     machine,
     markdown_table,
-    median_row,
-    percentiles_us,
-    run_processes,
+    size_name,
     text_table,
 )
 
 SIZES = (32, 4096)
-LATENCY_SIZE = 32
-BATCH_ROWS = 1024
-FRAME_HEADER = 32  # bytes of a data frame's header: longer payloads than mtu - 32 fragment
-BEGIN_FLAG, END_FLAG = 0x80, 0x40  # FragmentBatch.flags: first and last fragment of a message
-MAX_SAMPLES = 500_000
 _RUN_IDS = itertools.count(1)
 
 PING_RATE = 10_000  # pings per second of the ping-pong runs (--rate)
@@ -142,37 +154,6 @@ TUNED_CHANNEL = ChannelConfig("mtu 64K, rcv-wnd 2M",
                               "mtu=65504|rcv-wnd=2097152|term-length=4194304")
 
 
-def max_payload(uri: str) -> int:
-    """Longest payload of one frame on channel ``uri``: its mtu (or the default) - 32."""
-    import shmbus
-
-    mtu = re.search(r"[?|]mtu=(\d+)", uri)
-    return (int(mtu.group(1)) if mtu else shmbus.Context().mtu) - FRAME_HEADER
-
-
-def _free_udp_ports(count: int) -> list[int]:
-    """``count`` distinct UDP ports free on 127.0.0.1 now (all held open together while they
-    are chosen: one at a time, the kernel may hand out the same port twice)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _free_udp_port() -> int:
-    return _free_udp_ports(1)[0]
-
-
-def _free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # ---------------------------------------------------------------------------------------------
 # The two buses: a driver process each, each auto-starting its netbridge
 # ---------------------------------------------------------------------------------------------
@@ -181,7 +162,7 @@ def _free_tcp_port() -> int:
 @dataclass
 class Buses:
     contexts: tuple[Any, Any]
-    drivers: list[subprocess.Popen]
+    drivers: list[subprocess.Popen[bytes]]
 
     def sides(self) -> dict[str, set[int]]:
         """The processes of each side by label (SIDES): its driver and its netbridge."""
@@ -192,46 +173,13 @@ class Buses:
         return out
 
 
-def start_driver(context: Any, prefix: tuple[str, ...] = (), timeout_s: float = 20.0
-                 ) -> subprocess.Popen:
-    """A driver process for context.dir (``python -m shmbus.driver``, through ``prefix``, e.g.
-    ``ip netns exec NAME``), once a client can connect to it; BenchError if it cannot."""
-    import shmbus
-
-    process = subprocess.Popen([*prefix, *context.driver_command()])
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with shmbus.connect(context.with_(embedded_driver=False)) as bus:
-                if bus.driver_pid == process.pid:
-                    return process
-        except shmbus.DriverUnavailableError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise BenchError(f"driver for {context.dir} did not start "
-                             f"(exit code {process.returncode})")
-        time.sleep(0.01)
-
-
-def stop_driver(process: subprocess.Popen) -> None:
-    """SIGTERM (the driver stops its netbridge and removes its files), SIGKILL if stuck."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def start_buses(root: Path, term_length: int) -> Buses:
     import shmbus
 
     contexts = tuple(shmbus.Context(dir=str(root / name), embedded_driver=False,
                                     driver_idle_timeout=600, ipc_term_length=term_length)
                      for name in ("a", "b"))
-    drivers: list[subprocess.Popen] = []
+    drivers: list[subprocess.Popen[bytes]] = []
     try:
         for context in contexts:
             drivers.append(start_driver(context))
@@ -242,323 +190,61 @@ def start_buses(root: Path, term_length: int) -> Buses:
     return Buses(contexts, drivers)  # type: ignore[arg-type]
 
 
-def _connect_publication(bus: Any, uri: str, stream_id: int, deadline: float,
-                         destinations: tuple[str, ...] = ()) -> Any:
-    """An exclusive publication on uri, with destinations added (a control-mode=manual
-    channel's), once connected; BenchError if it is not connected by deadline."""
-    publication = bus.add_exclusive_publication(uri, stream_id)
-    for destination in destinations:
-        publication.add_destination(destination)
-    while not publication.is_connected:
-        if time.monotonic() > deadline:
-            raise BenchError(f"publication on {uri} stream {stream_id} never connected")
-        time.sleep(0.002)
-    return publication
-
-
-def _await_image(subscription: Any, deadline: float) -> Any:
-    while not subscription.images:
-        if time.monotonic() > deadline:
-            raise BenchError("subscription never got an image")
-        time.sleep(0.002)  # the client's conductor thread adds the image
-    return subscription.images[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# Child processes
-# ---------------------------------------------------------------------------------------------
-
-
-def _shm_writer(start: Any, context: Any, uri: str, stream_id: int, size: int,
-                duration_s: float, timeout_s: float, done: Any, batch: bool,
-                destinations: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Send for duration_s, then STOP; keep the publication until done (its wait(timeout))
-    says every reader has everything. destinations: see _connect_publication."""
-    import shmbus
-
-    with shmbus.connect(context) as bus:
-        publication = _connect_publication(bus, uri, stream_id, time.monotonic() + timeout_s,
-                                           destinations)
-        offer, offer_many = publication.offer, publication.offer_many
-        publish, publish_many = publication.publish, publication.publish_many
-        pack = codec(size).pack_into
-        message = bytearray(size)
-        block = np.zeros((BATCH_ROWS, size), np.uint8)
-        words = block.view("<i8")
-        ramp = np.arange(BATCH_ROWS, dtype=np.int64)
-        start.ready(bus.driver_pid)
-        t0 = time.monotonic_ns()
-        end_ns = t0 + int(duration_s * 1e9)
-        seq = 0
-        # back-pressured, the writer sleeps in publish()/publish_many() until the sender moves
-        if batch:
-            while time.monotonic_ns() < end_ns:
-                np.add(ramp, seq, out=words[:, 0])
-                words[:, -1] = words[:, 0]
-                sent = offer_many(block)
-                if sent != BATCH_ROWS:
-                    publish_many(block[max(sent, 0):], timeout=timeout_s)
-                seq += BATCH_ROWS
-        else:
-            while True:
-                pack(message, 0, seq, seq)
-                if offer(message) < 0:
-                    publish(message, timeout=timeout_s)
-                seq += 1
-                if not seq & 127 and time.monotonic_ns() >= end_ns:
-                    break
-        pack(message, 0, STOP, STOP)
-        publish(message, timeout=timeout_s)
-        # keep the publication until the reader has everything (then close it)
-        done.wait(timeout_s)
-        publication.close()
-    return {"sent": seq, "t0": t0}
-
-
-def _shm_reader(start: Any, context: Any, uri: str, stream_id: int, size: int,
-                timeout_s: float, done: Any, batch: bool) -> dict[str, Any]:
-    import shmbus
-
-    unpack = codec(size).unpack_from
-    expected = errors = payload_bytes = 0
-    first_bad: str | None = None
-    stopped = False
-    pending: Any = None
-
-    def bad(head: int, tail: int) -> None:
-        nonlocal expected, errors, first_bad, stopped
-        if head == STOP:
-            stopped = True
-            return
-        errors += 1
-        first_bad = first_bad or f"expected {expected}, got head {head} tail {tail}"
-        expected = head + 1
-
-    ramp = np.arange(BATCH_ROWS + 1, dtype=np.int64)
-
-    def on_batch(fragments: Any) -> None:
-        nonlocal expected, errors, first_bad, payload_bytes, pending, stopped
-        words = fragments.term.view(np.int64)
-        offsets, lengths = fragments.offsets, fragments.lengths
-        if fragmented:
-            flags = fragments.flags
-            begins, ends = (flags & BEGIN_FLAG) != 0, (flags & END_FLAG) != 0
-            heads = words[offsets[begins] >> 3]
-            tails = words[(offsets[ends] + lengths[ends] - 8) >> 3]
-            payload_bytes += int(lengths.sum())
-            if pending is not None:
-                heads = np.concatenate(([pending], heads))
-            pending = heads[-1] if len(heads) > len(tails) else None
-            heads = heads[:len(tails)]
-            ok_lengths = True
-        else:
-            heads = words[offsets >> 3]
-            tails = words[(offsets + size - 8) >> 3]
-            ok_lengths = bool((lengths == size).all())
-        n = len(heads)
-        if n and heads[n - 1] == STOP:
-            stopped = True
-            n -= 1
-            heads, tails = heads[:n], tails[:n]
-        if not n:
-            return
-        if ok_lengths and np.array_equal(heads - expected, ramp[:n]) and np.array_equal(
-                tails, heads):
-            expected += n
-        else:
-            errors += 1
-            first_bad = first_bad or (f"batch at {fragments.position}: expected {expected}, "
-                                      f"got heads {heads[:4]} tails {tails[:4]}")
-            expected = int(heads[n - 1]) + 1
-
-    with shmbus.connect(context) as bus:
-        subscription = bus.add_subscription(uri, stream_id)
-        image = _await_image(subscription, time.monotonic() + timeout_s)
-        fragmented = size > max_payload(uri)
-        start.ready(bus.driver_pid)
-        deadline = time.monotonic_ns() + int(timeout_s * 1e9)
-        if not batch:
-            for message in subscription.messages(timeout=timeout_s):  # asleep while empty
-                head, tail = unpack(message)
-                if head == expected and tail == head:
-                    expected += 1
-                else:
-                    bad(head, tail)
-                    if stopped:
-                        break
-        while not stopped:
-            # nothing there: asleep until the bridge writes more
-            if (not image.poll_batch(on_batch, BATCH_ROWS) and not subscription.wait(0.1)
-                    and time.monotonic_ns() > deadline):
-                raise BenchError(f"reader timed out after {expected} messages")
-        t1 = time.monotonic_ns()
-        done.set()
-    if batch and fragmented and payload_bytes != (expected + 1) * size:
-        errors += 1
-        first_bad = first_bad or f"{payload_bytes} payload bytes for {expected + 1} messages"
-    return {"received": expected, "errors": errors, "first_bad": first_bad, "t1": t1}
-
-
-def _zmq_socket(kind: str, endpoint: str, bind: bool, timeout_s: float) -> tuple[Any, Any]:
-    import zmq
-
-    zctx = zmq.Context()
-    sock = zctx.socket(getattr(zmq, kind))
-    ms = int(timeout_s * 1000)
-    sock.setsockopt(zmq.LINGER, ms)
-    sock.setsockopt(zmq.SNDTIMEO, ms)
-    sock.setsockopt(zmq.RCVTIMEO, ms)
-    if bind:
-        sock.bind(endpoint)
-    else:
-        sock.connect(endpoint)
-    return zctx, sock
-
-
-def _zmq_writer(start: Any, endpoint: str, size: int, duration_s: float, timeout_s: float,
-                done: Any) -> dict[str, Any]:
-    zctx, sock = _zmq_socket("PUSH", endpoint, False, timeout_s)
-    send = sock.send
-    send(b"hello")  # connected before the clock starts
-    pack = codec(size).pack_into
-    message = bytearray(size)
-    start.ready()
-    t0 = time.monotonic_ns()
-    end_ns = t0 + int(duration_s * 1e9)
-    seq = 0
-    try:
-        while True:
-            pack(message, 0, seq, seq)
-            send(message)
-            seq += 1
-            if not seq & 127 and time.monotonic_ns() >= end_ns:
-                break
-        pack(message, 0, STOP, STOP)
-        send(message)
-    except Exception as e:
-        raise BenchError(f"send failed after {seq} messages: {e!r}") from e
-    done.wait(timeout_s)
-    sock.close()
-    zctx.term()
-    return {"sent": seq, "t0": t0}
-
-
-def _zmq_reader(start: Any, endpoint: str, size: int, timeout_s: float,
-                done: Any) -> dict[str, Any]:
-    zctx, sock = _zmq_socket("PULL", endpoint, True, timeout_s)
-    sock_recv = sock.recv
-    if sock_recv() != b"hello":
-        raise BenchError("no hello")
-    if size >= 4096:
-        def recv() -> Any:
-            return sock_recv(copy=False)
-    else:
-        recv = sock_recv
-    unpack = codec(size).unpack_from
-    start.ready()
-    expected = errors = 0
-    first_bad = None
-    try:
-        while True:
-            head, tail = unpack(recv())
-            if head == expected and tail == head:
-                expected += 1
-            elif head == STOP:
-                break
-            else:
-                errors += 1
-                first_bad = first_bad or f"expected {expected}, got head {head} tail {tail}"
-                expected = head + 1
-    except Exception as e:
-        raise BenchError(f"receive failed after {expected} messages: {e!r}") from e
-    t1 = time.monotonic_ns()
-    done.set()
-    sock.close()
-    zctx.term()
-    return {"received": expected, "errors": errors, "first_bad": first_bad, "t1": t1}
-
-
-def _pace(began_ns: int, seq: int, period_ns: float | None) -> None:
-    """Sleep until ping ``seq`` is due (``period_ns`` apart from ``began_ns``, perf_counter
-    clock); at once when back-to-back (None) or late."""
-    if period_ns is not None:
-        wait_ns = began_ns + seq * period_ns - time.perf_counter_ns()
-        if wait_ns > 0:
-            time.sleep(wait_ns / 1e9)
-
-
-def _period_ns(rate: int | None) -> float | None:
-    return None if rate is None else 1e9 / rate
+def _connected(bus: Any, out_uri: str, in_uri: str, stream_id: int,
+               timeout_s: float) -> tuple[Any, Any]:
+    """One end of the ping-pong: (a publication on out_uri once connected, a subscription on
+    in_uri once it has an image); BenchError after timeout_s."""
+    deadline = deadline_after(timeout_s)
+    subscription = bus.add_subscription(in_uri, stream_id)
+    publication = connect_publication(bus, out_uri, stream_id, deadline)
+    await_image(subscription, deadline)
+    return publication, subscription
 
 
 def _shm_ping(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id: int,
               rate: int | None, duration_s: float, timeout_s: float,
               done: Any) -> dict[str, Any]:
-    """Ping ``rate`` times a second (None: back-to-back), timing each round trip."""
+    """harness.ping_loop on bus A: ping on ping_uri, each pong taken with poll(timeout=)
+    (asleep until the bridge writes it)."""
     import shmbus
 
-    unpack = codec(LATENCY_SIZE).unpack_from
-    pack = codec(LATENCY_SIZE).pack_into
-    seen = -2
+    got: list[bytes] = []
 
     def on_pong(buffer: memoryview, header: Any) -> None:
-        nonlocal seen
-        head, tail = unpack(buffer)
-        seen = head if tail == head else -3
+        got.append(bytes(buffer))
 
     with shmbus.connect(context) as bus:
-        deadline_s = time.monotonic() + timeout_s
-        subscription = bus.add_subscription(pong_uri, stream_id)
-        publication = _connect_publication(bus, ping_uri, stream_id, deadline_s)
-        _await_image(subscription, deadline_s)
+        publication, subscription = _connected(bus, ping_uri, pong_uri, stream_id, timeout_s)
         offer, publish, poll = publication.offer, publication.publish, subscription.poll
-        message = bytearray(LATENCY_SIZE)
-        samples = array("q")
-        errors = 0
-        clock = time.perf_counter_ns
-        period = _period_ns(rate)
         start.ready(bus.driver_pid)
-        began = clock()
-        end_ns = began + int(duration_s * 1e9)
-        deadline = time.monotonic_ns() + int(timeout_s * 1e9)
-        seq = 0
-        while True:
-            pack(message, 0, seq, seq)
-            t0 = clock()
+        deadline = deadline_after(timeout_s)
+
+        def send(message: Any) -> None:
             if offer(message) < 0:
                 publish(message, timeout=timeout_s)
-            while not poll(on_pong, 1, timeout=0.1):  # asleep until the bridge writes it
+
+        def recv() -> bytes:
+            while not poll(on_pong, 1, timeout=0.1):
                 if time.monotonic_ns() > deadline:
-                    raise BenchError(f"no pong for ping {seq}")
-            t1 = clock()
-            samples.append(t1 - t0)
-            if seen != seq:
-                errors += 1
-            seq += 1
-            if t1 >= end_ns or seq >= MAX_SAMPLES:
-                break
-            _pace(began, seq, period)
-        elapsed_s = (clock() - began) / 1e9
-        pack(message, 0, STOP, STOP)
-        publish(message, timeout=timeout_s)
+                    raise BenchError("no pong before the deadline")
+            return got.pop()
+
+        out = ping_loop(send, recv, duration_s, rate)
         done.wait(timeout_s)
-    return {"samples": samples.tobytes(), "errors": errors, "pings_per_s": seq / elapsed_s}
+    return out
 
 
 def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id: int,
               timeout_s: float, done: Any) -> dict[str, Any]:
+    """Echo each ping on bus B from inside the poll handler (no copy) until STOP, checking
+    sequence numbers: received, errors."""
     import shmbus
 
-    unpack = codec(LATENCY_SIZE).unpack_from
+    unpack = codec(RTT_SIZE).unpack_from
     expected = errors = 0
     stopped = False
-    deadline = 0
-
     with shmbus.connect(context) as bus:
-        deadline_s = time.monotonic() + timeout_s
-        subscription = bus.add_subscription(ping_uri, stream_id)
-        publication = _connect_publication(bus, pong_uri, stream_id, deadline_s)
-        _await_image(subscription, deadline_s)
+        publication, subscription = _connected(bus, pong_uri, ping_uri, stream_id, timeout_s)
         offer, publish, poll = publication.offer, publication.publish, subscription.poll
 
         def on_ping(buffer: memoryview, header: Any) -> None:
@@ -574,7 +260,7 @@ def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
                 publish(buffer, timeout=timeout_s)
 
         start.ready(bus.driver_pid)
-        deadline = time.monotonic_ns() + int(timeout_s * 1e9)
+        deadline = deadline_after(timeout_s)
         while not stopped:
             if not poll(on_ping, 1, timeout=0.1) and time.monotonic_ns() > deadline:
                 raise BenchError(f"ponger timed out after {expected} pings")
@@ -582,81 +268,9 @@ def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
     return {"received": expected, "errors": errors}
 
 
-def _zmq_ping(start: Any, endpoint: str, rate: int | None, duration_s: float, timeout_s: float,
-              done: Any) -> dict[str, Any]:
-    """Ping ``rate`` times a second (None: back-to-back), timing each round trip."""
-    zctx, sock = _zmq_socket("PAIR", endpoint, False, timeout_s)
-    send, recv = sock.send, sock.recv
-    send(b"hello")
-    if recv() != b"hello":
-        raise BenchError("no hello")
-    pack = codec(LATENCY_SIZE).pack_into
-    unpack = codec(LATENCY_SIZE).unpack_from
-    message = bytearray(LATENCY_SIZE)
-    samples = array("q")
-    errors = 0
-    clock = time.perf_counter_ns
-    period = _period_ns(rate)
-    start.ready()
-    began = clock()
-    end_ns = began + int(duration_s * 1e9)
-    seq = 0
-    while True:
-        pack(message, 0, seq, seq)
-        t0 = clock()
-        send(message)
-        head, tail = unpack(recv())
-        t1 = clock()
-        samples.append(t1 - t0)
-        if head != seq or tail != seq:
-            errors += 1
-        seq += 1
-        if t1 >= end_ns or seq >= MAX_SAMPLES:
-            break
-        _pace(began, seq, period)
-    elapsed_s = (clock() - began) / 1e9
-    pack(message, 0, STOP, STOP)
-    send(message)
-    done.wait(timeout_s)
-    sock.close()
-    zctx.term()
-    return {"samples": samples.tobytes(), "errors": errors, "pings_per_s": seq / elapsed_s}
-
-
-def _zmq_pong(start: Any, endpoint: str, timeout_s: float, done: Any) -> dict[str, Any]:
-    zctx, sock = _zmq_socket("PAIR", endpoint, True, timeout_s)
-    send, recv = sock.send, sock.recv
-    if recv() != b"hello":
-        raise BenchError("no hello")
-    send(b"hello")
-    unpack = codec(LATENCY_SIZE).unpack_from
-    start.ready()
-    expected = errors = 0
-    while True:
-        message = recv()
-        head, tail = unpack(message)
-        if head == STOP:
-            break
-        if head != expected or tail != head:
-            errors += 1
-        expected = head + 1
-        send(message)
-    done.set()
-    sock.close()
-    zctx.term()
-    return {"received": expected, "errors": errors}
-
-
 # ---------------------------------------------------------------------------------------------
 # The parent: run pairs of processes under a watchdog
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Options:
-    duration_s: float
-    timeout_s: float
-    rate: int | None = None  # pings per second of the ping-pong runs (None: back-to-back)
 
 
 def run_throughput(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
@@ -666,24 +280,24 @@ def run_throughput(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
     if transport == AERON:
         assert aeron is not None and config is not None
         with aeron.running():
-            return aeron.throughput(config.uri(_free_udp_port()), size, opt.duration_s,
+            return aeron.throughput(config.uri(free_udp_ports(1)[0]), size, opt.duration_s,
                                     opt.timeout_s)
     run = next(_RUN_IDS)
     done = ctx.Event()
     watch = None
     if transport == ZMQ:
-        endpoint = f"tcp://127.0.0.1:{_free_tcp_port()}"
-        writer = Member("writer", _zmq_writer, (endpoint, size, opt.duration_s, opt.timeout_s,
-                                                done))
-        reader = Member("reader", _zmq_reader, (endpoint, size, opt.timeout_s, done))
+        endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+        writer = Member("writer", zmq_push_writer, (endpoint, size, opt.duration_s,
+                                                    opt.timeout_s, done))
+        reader = Member("reader", zmq_pull_reader, (endpoint, size, opt.timeout_s, done))
     else:
         assert config is not None
-        uri = config.uri(_free_udp_port())
+        uri = config.uri(free_udp_ports(1)[0])
         batch = transport == SHM_BATCH
-        writer = Member("writer", _shm_writer, (buses.contexts[0], uri, 1000 + run, size,
-                                                opt.duration_s, opt.timeout_s, done, batch))
-        reader = Member("reader", _shm_reader, (buses.contexts[1], uri, 1000 + run, size,
-                                                opt.timeout_s, done, batch))
+        writer = Member("writer", stream_writer, (buses.contexts[0], uri, 1000 + run, size,
+                                                  opt.duration_s, opt.timeout_s, done, batch))
+        reader = Member("reader", stream_reader, (buses.contexts[1], uri, 1000 + run, size,
+                                                  opt.timeout_s, done, batch))
         watch = buses.sides
     out = run_processes(ctx, [reader, writer], 2 * opt.timeout_s + opt.duration_s + 30, watch)
     w, r = out.results["writer"], out.results["reader"]
@@ -702,7 +316,7 @@ def run_latency(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
     if transport == AERON_PP:
         assert aeron is not None and config is not None
         round_trips = max(100, int(opt.duration_s * AERON_ROUND_TRIPS_PER_S))
-        ping_port, pong_port = _free_udp_ports(2)
+        ping_port, pong_port = free_udp_ports(2)
         with aeron.running():
             return {**aeron.ping_pong(config.uri(ping_port), config.uri(pong_port),
                                       round_trips, opt.timeout_s + opt.duration_s),
@@ -711,13 +325,14 @@ def run_latency(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
     done = ctx.Event()
     watch = None
     if transport == ZMQ_PP:
-        endpoint = f"tcp://127.0.0.1:{_free_tcp_port()}"
-        pinger = Member("ping", _zmq_ping, (endpoint, opt.rate, opt.duration_s, opt.timeout_s,
-                                            done))
-        ponger = Member("pong", _zmq_pong, (endpoint, opt.timeout_s, done))
+        endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+        pinger = Member("ping", zmq_tcp_rtt, (endpoint, True, opt.rate, opt.duration_s,
+                                              opt.timeout_s, done))
+        ponger = Member("pong", zmq_tcp_rtt, (endpoint, False, None, opt.duration_s,
+                                              opt.timeout_s, done))
     else:
         assert config is not None
-        ping_uri, pong_uri = (config.uri(port) for port in _free_udp_ports(2))
+        ping_uri, pong_uri = (config.uri(port) for port in free_udp_ports(2))
         pinger = Member("ping", _shm_ping, (buses.contexts[0], ping_uri, pong_uri, 1000 + run,
                                             opt.rate, opt.duration_s, opt.timeout_s, done))
         ponger = Member("pong", _shm_pong, (buses.contexts[1], ping_uri, pong_uri, 1000 + run,
@@ -740,22 +355,6 @@ def _pace_name(rate: int | None) -> str:
 # ---------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------
-
-
-def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Each row against the zmq row of the same test and size (x zmq: higher is better for
-    throughput, p50 zmq / p50 for ping-pong)."""
-    for r in rows:
-        if r["status"] != "ok":
-            continue
-        peer = next((p for p in rows if p["status"] == "ok" and p["transport"] in PEERS
-                     and (p["test"], p["size"]) == (r["test"], r["size"])), None)
-        if peer is None:
-            continue
-        if r["test"] == "throughput":
-            r["x_zmq"] = r["msgs_per_s"] / peer["msgs_per_s"]
-        else:
-            r["x_zmq"] = peer["p50_us"] / r["p50_us"]
 
 
 def _row(rows: list[dict[str, Any]], test: str, transport: str, channel: str,
@@ -783,7 +382,7 @@ def evaluate_targets(rows: list[dict[str, Any]], channels: list[str]) -> list[di
             (f"4 KiB {transport} MB/s >= 250", "throughput", transport, 4096, "mb_per_s", 250,
              ">="),
         ]
-    checks.append(("ping-pong p50 us <= 100", "ping-pong", SHM, LATENCY_SIZE, "p50_us", 100,
+    checks.append(("ping-pong p50 us <= 100", "ping-pong", SHM, RTT_SIZE, "p50_us", 100,
                    "<="))
     for name, test, transport, size, key, goal, sense in checks:
         if default not in channels:
@@ -821,9 +420,9 @@ def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...],
     """The summary table (markdown): a line per way of sending, msg/s by size (MB/s from 4 KiB),
     its round trip p50 and the CPU of each bridge and driver in the first size's run."""
     headers = ["loopback, one stream",
-               *(f"{_size_name(z)} msg/s" + (" (MB/s)" if z >= 1024 else "") for z in sizes),
-               f"RTT p50 us ({LATENCY_SIZE} B ping-pong)",
-               f"cores in the {_size_name(sizes[0])} run: {' / '.join(SIDES)}"]
+               *(f"{size_name(z)} msg/s" + (" (MB/s)" if z >= 1024 else "") for z in sizes),
+               f"RTT p50 us ({RTT_SIZE} B ping-pong)",
+               f"cores in the {size_name(sizes[0])} run: {' / '.join(SIDES)}"]
     ways = [(AERON, AERON_PP, DEFAULT_CHANNEL.name)]
     ways += [(t, SHM if t == SHM else None, channel) for channel in channels
              for t in (SHM, SHM_BATCH)]
@@ -838,7 +437,7 @@ def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...],
             cells.append("-" if r is None else fmt_rate(r["msgs_per_s"]) + (
                 f" ({r['mb_per_s']:,.0f} MB/s)" if size >= 1024 else ""))
         pp = None if latency is None else _row(rows, "ping-pong", latency, channel,
-                                               LATENCY_SIZE)
+                                               RTT_SIZE)
         cells.append("-" if pp is None else f"{pp['p50_us']:,.1f} at {pp['pace']}")
         cells.append(_sides_cell(_row(rows, "throughput", transport, channel, sizes[0])))
         label = _SUMMARY_LABELS[transport] + ("" if channel == "-" else f" [{channel}]")
@@ -852,10 +451,6 @@ _SUMMARY_LABELS = {
     SHM_BATCH: "shmbus over two netbridges: offer_many/poll_batch",
     ZMQ: "pyzmq PUSH/PULL tcp://; RTT PAIR tcp://",
 }
-
-
-def _size_name(size: int) -> str:
-    return f"{size // 1024} KiB" if size >= 1024 and size % 1024 == 0 else f"{size} B"
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -894,7 +489,7 @@ notes:
     ({BATCH_ROWS}, size) uint8 arrays / Image.poll_batch(limit {BATCH_ROWS}), numpy checks.
     zmq PUSH/PULL: send(copy=True) of a reused buffer, recv() (copy=False for 4 KiB).
     Aeron C: streaming_publisher -L size -m N (its own total: N over the time to offer them).
-  ping-pong: {LATENCY_SIZE} B round trips in microseconds, first 10% (<= 1000) dropped, paced
+  ping-pong: {RTT_SIZE} B round trips in microseconds, first 10% (<= 1000) dropped, paced
     as "pace" says (pings sent on a fixed schedule; a late pong delays only its own ping).
     shmbus: two streams (ping A -> B, pong B -> A) on two UDP channels; zmq: PAIR over tcp://;
     Aeron C: cping/cpong, which have no pacing (back-to-back, busy-spinning;
@@ -926,20 +521,6 @@ def _channel_configs(names: str, tuned_params: str) -> list[ChannelConfig]:
             raise SystemExit(f"--channels: unknown channel {name!r} (default, tuned)")
         out.append(configs[name])
     return out
-
-
-def add_run_options(parser: argparse.ArgumentParser, duration_s: float, what: str) -> None:
-    """The options of how long and how often each measurement runs: --quick (0.3 s),
-    --duration (default duration_s; help: "seconds <what>"), --repeat, --timeout."""
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke pass: 0.3 s per measurement instead of --duration")
-    parser.add_argument("--duration", type=float, default=duration_s,
-                        help=f"seconds {what} (default {duration_s:g})")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="run each measurement this many times, interleaved, and report "
-                             "the median (a failed run fails the row; default 1)")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="deadline of each run beyond its duration, seconds (default 30)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -1028,11 +609,11 @@ def main(argv: list[str] | None = None) -> int:
         for config in configs:
             aeron_too = aeron is not None and config == DEFAULT_CHANNEL
             for transport in [*([SHM] if wanted(SHM) else []), *([AERON_PP] if aeron_too else [])]:
-                plan.append((_key("ping-pong", transport, config.name, LATENCY_SIZE),
+                plan.append((_key("ping-pong", transport, config.name, RTT_SIZE),
                              lambda t=transport, c=config:
                              run_latency(ctx, buses, aeron, t, c, opt)))
         if wanted(ZMQ_PP):
-            plan.append((_key("ping-pong", ZMQ_PP, "-", LATENCY_SIZE),
+            plan.append((_key("ping-pong", ZMQ_PP, "-", RTT_SIZE),
                          lambda: run_latency(ctx, buses, aeron, ZMQ_PP, None, opt)))
     runs: list[list[dict[str, Any]]] = [[] for _ in plan]
     try:
@@ -1047,7 +628,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     load_after = os.getloadavg()
     rows = [median_row(r) for r in runs]
-    add_ratios(rows)
+    # x zmq: msgs/s over zmq's at the same size; for ping-pong zmq's p50 over the row's
+    add_ratios(rows, "x_zmq", lambda r: r["transport"] in PEERS, lambda r: (r["test"], r["size"]),
+               lambda r, zmq: (r["msgs_per_s"] / zmq["msgs_per_s"] if r["test"] == "throughput"
+                               else zmq["p50_us"] / r["p50_us"]))
     channel_names = [c.name for c in configs]
     targets = evaluate_targets(rows, channel_names)
 

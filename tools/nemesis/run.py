@@ -1,9 +1,9 @@
 """A nemesis: a seeded schedule of faults while writers and readers stream checked messages.
 
-    python tools/nemesis.py [--minutes 10 | --seconds 60] [--seed 1] [--publishers 6]
-                            [--subscribers 6]
+    python -m tools.nemesis.run [--minutes 10 | --seconds 60] [--seed 1] [--publishers 6]
+                                [--subscribers 6]
 
-Runs as root (it mounts a small tmpfs for the bus directory). Writers (tools/nemesis_workers.py)
+Runs as root (it mounts a small tmpfs for the bus directory). Writers (tools/nemesis/workers.py)
 publish on an IPC stream and on a UDP stream through the netbridge: exclusive and concurrent
 publications, whole messages in offer_many batches or claimed one at a time, and fragmented
 ones; every message carries writer id, incarnation, sequence number and CRC32. Readers: a
@@ -65,7 +65,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -77,7 +76,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from nemesis_check import (
+
+import shmbus
+from tools.bench.network import free_udp_ports
+from tools.nemesis.check import (
     ENDINGS,
     KILLED_MID_CLAIM,
     KILLED_MID_OFFER,
@@ -88,7 +90,7 @@ from nemesis_check import (
     Track,
     breaches,
 )
-from nemesis_workers import (
+from tools.nemesis.workers import (
     HOLDING_CLAIM,
     OFFERING,
     Ledger,
@@ -97,8 +99,6 @@ from nemesis_workers import (
     run_reader,
     run_writer,
 )
-
-import shmbus
 
 SCHEDULED = ("kill-writer-mid-offer", "kill-writer-mid-claim", "stop-subscriber", "kill-driver",
              "kill-netbridge", "fill-disk")
@@ -143,12 +143,6 @@ def reader_specs(count: int, port: int, recordings: Path) -> list[ReaderSpec]:
     return [kinds[i] if i < len(kinds) else
             ReaderSpec(f"tethered-{i}", "tethered", "aeron:ipc", IPC_STREAM)
             for i in range(count)]
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the bus under attack ------------------------------------------------------------------------
@@ -485,7 +479,7 @@ def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[
 
 def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
     rng = random.Random(seed)
-    port = free_udp_port()
+    port = free_udp_ports(1)[0]
     with tempfile.TemporaryDirectory(prefix="nemesis-") as tmp, \
             small_tmpfs(Path(tmp), TMPFS_MB) as disk:
         context = shmbus.Context(

@@ -1,9 +1,15 @@
-"""Test hosts: network namespaces joined by veth pairs or a bridge, made and removed by tests."""
+"""Networks on one machine, for the network benchmarks and the netbridge tests: free UDP and
+TCP ports on loopback, and hosts as Linux network namespaces on a bridge, each with a bus and
+a driver that starts the host's netbridge. The one copy: fanout.py and tests/netbridge import
+it from here (tools/ imports nothing from tests/). Runs in the parent process of a benchmark or
+in the test process; the namespaces need root (``ip netns``).
+"""
 
 from __future__ import annotations
 
 import itertools
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -11,16 +17,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tools.bench.harness import start_driver, stop_driver
+
 _calls = itertools.count()
 
 
+def free_udp_ports(count: int) -> list[int]:
+    """``count`` distinct UDP ports free on 127.0.0.1 now (all held open together while they
+    are chosen: one at a time, the kernel may hand out the same port twice)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def free_tcp_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def ip(*args: str) -> None:
+    """Run ``ip ARGS``; CalledProcessError if it fails."""
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
 @dataclass(frozen=True)
 class Host:
-    """A namespace with one address on the test network."""
+    """A namespace with one address on the hosts' network."""
 
     name: str
     address: str
@@ -68,7 +97,7 @@ class HostBuses(NamedTuple):
 
     hosts: list[Host]
     contexts: list[Any]  # shmbus.Context
-    drivers: list[subprocess.Popen]
+    drivers: list[subprocess.Popen[bytes]]
 
 
 @contextmanager
@@ -76,9 +105,9 @@ def host_buses(root: Path, count: int, subnet: int,
                settings: dict[int, dict[str, Any]] | None = None) -> Iterator[HostBuses]:
     """``count`` hosts (see :func:`hosts`), each with a bus directory under ``root`` and a
     driver in its namespace; host ``i``'s context takes ``settings[i]`` too. Drivers stopped
-    (they stop their netbridges) and namespaces removed on exit, also after a failure."""
+    (they stop their netbridges) and namespaces removed on exit, also after a failure; a driver
+    that does not start raises harness.BenchError."""
     import shmbus
-    from tests.conftest import start_driver, stop_driver
 
     settings = settings or {}
     with hosts(count, subnet) as made, ExitStack() as running:

@@ -1,7 +1,9 @@
-"""What the benchmarks in tools/ share: processes under a watchdog, their CPU, medians, tables.
+"""How the benchmarks in tools/bench/ measure: processes under a watchdog and their CPU,
+medians of repeated runs, checked messages, the ping and pong loops, driver processes.
 
-Runs in the parent process of a benchmark (and, for :class:`Start`, in each spawned member).
-Imports only the public API of shmbus, psutil and numpy; nothing from tests/.
+Runs in the parent process of a benchmark (and, for :class:`Start`, the messages and the
+round-trip loops, in each spawned member). Imports only the public API of shmbus, psutil and
+numpy; nothing from tests/.
 
 A measurement runs each member (a role, a function, its arguments) in a process of its own
 (multiprocessing spawn). A member sets itself up, then calls ``start.ready()`` (naming the
@@ -20,14 +22,20 @@ thing measured does not exist here: a missing package or API).
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import inspect
 import os
-import platform
 import queue
+import signal
 import statistics
 import struct
+import subprocess
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import zlib
+from array import array
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +43,8 @@ import psutil
 
 STOP = -1  # sequence number of the message that ends a throughput run
 READY_TIMEOUT_S = 60.0  # for every member to set up (spawn, imports, connect) and say ready
+RTT_SIZE = 32  # bytes of a ping
+MAX_SAMPLES = 500_000  # round trips kept at most per run
 
 
 class BenchError(RuntimeError):
@@ -49,11 +59,72 @@ class Unavailable(BenchError):
 UNAVAILABLE_ERRORS = ("Unavailable", "ImportError", "ModuleNotFoundError")
 
 
+# ---------------------------------------------------------------------------------------------
+# Messages
+# ---------------------------------------------------------------------------------------------
+
+
 def codec(size: int) -> struct.Struct:
     """A message of ``size`` bytes (at least 16): an int64 at its head and one at its tail."""
     if size < 16:
         raise ValueError(f"message size {size}: at least 16 bytes (head and tail words)")
     return struct.Struct(f"<q{size - 16}xq")
+
+
+SEQUENCE = struct.Struct("<q")
+TRAILER = struct.Struct("<qI")  # sequence number, CRC-32 of the body and the sequence number
+#: zlib.crc32 of any data followed by its own CRC-32 in little-endian order
+CRC_RESIDUE = 0x2144DF1C
+
+
+class Checked:
+    """Makes and checks copied messages: a fixed body, then TRAILER. The writer computes the
+    body's CRC once and continues it over each sequence number; the reader checks every byte
+    with one CRC over the whole message (see CRC_RESIDUE)."""
+
+    def __init__(self, size: int) -> None:
+        if size < 16:
+            raise ValueError(f"message size {size}: at least 16 bytes")
+        self.size = size
+        self.seq_offset = size - TRAILER.size
+        self.body = bytes(i % 251 for i in range(self.seq_offset))
+        body_crc, seq_offset = zlib.crc32(self.body), self.seq_offset
+        pack_into, pack, unpack_from, crc32 = (TRAILER.pack_into, SEQUENCE.pack,
+                                               SEQUENCE.unpack_from, zlib.crc32)
+
+        def write(message: bytearray, seq: int) -> None:
+            """Fill in the sequence number and the checksum."""
+            pack_into(message, seq_offset, seq, crc32(pack(seq), body_crc))
+
+        def check(data: bytes) -> tuple[int, bool]:
+            """(sequence number, whether length and checksum are right) of a copied message."""
+            if len(data) != size:
+                return -2, False
+            return unpack_from(data, seq_offset)[0], crc32(data) == CRC_RESIDUE
+
+        self.write, self.check = write, check
+
+    def message(self) -> bytearray:
+        """A buffer holding the body; write() fills in the trailer."""
+        return bytearray(self.body + bytes(TRAILER.size))
+
+
+class Counter:
+    """A reader's tally: messages in order, errors, the first error, and STOP seen."""
+
+    def __init__(self) -> None:
+        self.expected = self.errors = 0
+        self.first_bad: str | None = None
+        self.stopped = False
+
+    def bad(self, seq: int, what: str) -> None:
+        self.errors += 1
+        self.first_bad = self.first_bad or f"expected {self.expected}, got {seq}: {what}"
+        self.expected = seq + 1
+
+    def result(self, t1: int) -> dict[str, Any]:
+        return {"received": self.expected, "errors": self.errors, "first_bad": self.first_bad,
+                "t1": t1}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,6 +299,30 @@ def _collect(messages: Any, procs: list[Any], count: int, timeout_s: float, barr
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Options:
+    """How long each run of a network benchmark lasts, its deadline beyond that, and the pace
+    of its ping-pong runs."""
+
+    duration_s: float
+    timeout_s: float
+    rate: int | None = None  # pings per second of the ping-pong runs (None: back-to-back)
+
+
+def add_run_options(parser: argparse.ArgumentParser, duration_s: float, what: str) -> None:
+    """The options of how long and how often each measurement runs: --quick (0.3 s),
+    --duration (default duration_s; help: "seconds <what>"), --repeat, --timeout."""
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke pass: 0.3 s per measurement instead of --duration")
+    parser.add_argument("--duration", type=float, default=duration_s,
+                        help=f"seconds {what} (default {duration_s:g})")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each measurement this many times, interleaved, and report "
+                             "the median (a failed run fails the row; default 1)")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="deadline of each run beyond its duration, seconds (default 30)")
+
+
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One row from repeated runs of a measurement: the median of every numeric field, errors
     summed, the first failure if any run failed (``status`` "failed" beats "n/a")."""
@@ -305,64 +400,138 @@ def percentiles_us(samples_ns: Sequence[int] | Any, warmup_fraction: float = 0.1
 
 
 # ---------------------------------------------------------------------------------------------
-# Output
+# Round trips: a pinger and a ponger over (send, recv)
 # ---------------------------------------------------------------------------------------------
 
 
-def fmt(value: Any, digits: int = 0) -> str:
-    """A table cell: "-" for None, floats with thousands separators and ``digits`` decimals."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
+def ping_loop(send: Callable[[Any], Any], recv: Callable[[], Any], duration_s: float,
+              rate: int | None) -> dict[str, Any]:
+    """Ping (RTT_SIZE bytes, sequence number at head and tail) with ``send``, take each pong
+    with ``recv`` (bytes), time each round trip (perf_counter) and check each pong; ``rate``:
+    pings per second on a fixed schedule (a late pong delays only its own ping), None:
+    back-to-back. Stops after duration_s or MAX_SAMPLES pings and sends a STOP ping. Returns
+    samples (int64 ns, as bytes), errors and pings_per_s."""
+    pack, unpack = codec(RTT_SIZE).pack_into, codec(RTT_SIZE).unpack_from
+    message = bytearray(RTT_SIZE)
+    samples = array("q")
+    errors = 0
+    clock = time.perf_counter_ns
+    period = None if rate is None else 1e9 / rate
+    began = clock()
+    end_ns = began + int(duration_s * 1e9)
+    seq = 0
+    while True:
+        pack(message, 0, seq, seq)
+        t0 = clock()
+        send(message)
+        head, tail = unpack(recv())
+        t1 = clock()
+        samples.append(t1 - t0)
+        errors += head != seq or tail != seq
+        seq += 1
+        if t1 >= end_ns or seq >= MAX_SAMPLES:
+            break
+        if period is not None and (wait_ns := began + seq * period - clock()) > 0:
+            time.sleep(wait_ns / 1e9)
+    elapsed_s = (clock() - began) / 1e9
+    pack(message, 0, STOP, STOP)
+    send(message)
+    return {"samples": samples.tobytes(), "errors": errors, "pings_per_s": seq / elapsed_s}
 
 
-def fmt_rate(value: float | None) -> str:
-    """A rate as 2.13 M / 180 k / 6.4 k / 950."""
-    if value is None:
-        return "-"
-    if value >= 1e6:
-        return f"{value / 1e6:.2f} M"
-    if value >= 1e3:
-        return f"{value / 1e3:.{0 if value >= 1e4 else 1}f} k"
-    return f"{value:.0f}"
+def pong_loop(send: Callable[[Any], Any], recv: Callable[[], Any]) -> dict[str, Any]:
+    """Echo every ping until STOP, checking sequence numbers: received, errors."""
+    unpack = codec(RTT_SIZE).unpack_from
+    expected = errors = 0
+    while True:
+        message = recv()
+        head, tail = unpack(message)
+        if head == STOP:
+            break
+        errors += head != expected or tail != head
+        expected = head + 1
+        send(message)
+    return {"received": expected, "errors": errors}
 
 
-def markdown_table(headers: Sequence[str], lines: Sequence[Sequence[str]],
-                   right: Iterable[int] = ()) -> str:
-    """A markdown (GitHub) table; columns whose index is in ``right`` right-aligned."""
-    right = set(right)
-    rule = [("---:" if i in right else "---") for i in range(len(headers))]
+async def async_round_trips(pinger: bool, send: Callable[[Any], Any],
+                            recv: Callable[[], Awaitable[bytes]], duration_s: float,
+                            rate: int | None) -> dict[str, Any]:
+    """ping_loop (pinger) or pong_loop as one coroutine on an asyncio event loop; ``send``
+    may return an awaitable (awaited), ``recv`` is awaited."""
 
-    def row(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    async def sent(message: Any) -> None:
+        if inspect.isawaitable(result := send(message)):
+            await result
 
-    return "\n".join([row(headers), "| " + " | ".join(rule) + " |", *map(row, lines)])
+    pack, unpack = codec(RTT_SIZE).pack_into, codec(RTT_SIZE).unpack_from
+    message = bytearray(RTT_SIZE)
+    if not pinger:
+        expected = errors = 0
+        while True:
+            ping = await recv()
+            head, tail = unpack(ping)
+            if head == STOP:
+                return {"received": expected, "errors": errors}
+            errors += head != expected or tail != head
+            expected = head + 1
+            await sent(ping)
+    samples = array("q")
+    errors = seq = 0
+    clock = time.perf_counter_ns
+    period = None if rate is None else 1e9 / rate
+    began = clock()
+    while True:
+        pack(message, 0, seq, seq)
+        t0 = clock()
+        await sent(message)
+        head, tail = unpack(await recv())
+        t1 = clock()
+        samples.append(t1 - t0)
+        errors += head != seq or tail != seq
+        seq += 1
+        if t1 >= began + duration_s * 1e9 or seq >= MAX_SAMPLES:
+            break
+        if period is not None and (wait_ns := began + seq * period - clock()) > 0:
+            await asyncio.sleep(wait_ns / 1e9)
+    pack(message, 0, STOP, STOP)
+    await sent(message)
+    return {"samples": samples.tobytes(), "errors": errors}
 
 
-def text_table(headers: Sequence[str], lines: Sequence[Sequence[str]], right: Iterable[int],
-               groups: Sequence[Any]) -> str:
-    """A plain text table: headers, a rule, one line per row, the columns whose index is in
-    ``right`` right-aligned; a blank line where the group key (one per row) changes."""
-    right = set(right)
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
-
-    def render(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
-
-    out = [render(headers), render(["-" * w for w in widths])]
-    previous = None
-    for group, line in zip(groups, lines, strict=True):
-        if previous is not None and group != previous:
-            out.append("")
-        previous = group
-        out.append(render(line))
-    return "\n".join(out)
+# ---------------------------------------------------------------------------------------------
+# Driver processes
+# ---------------------------------------------------------------------------------------------
 
 
-def machine() -> dict[str, Any]:
-    """Where a benchmark ran: python, platform, CPUs and the load average now."""
-    return {"python": platform.python_version(), "platform": platform.platform(),
-            "cpus": os.cpu_count(), "load": os.getloadavg()[0]}
+def start_driver(context: Any, prefix: tuple[str, ...] = (), timeout_s: float = 20.0
+                 ) -> subprocess.Popen[bytes]:
+    """A driver process for context.dir (``python -m shmbus.driver``, through ``prefix``, e.g.
+    ``ip netns exec NAME``), once a client can connect to it; BenchError if it cannot."""
+    import shmbus
+
+    process = subprocess.Popen([*prefix, *context.driver_command()])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with shmbus.connect(context.with_(embedded_driver=False)) as bus:
+                if bus.driver_pid == process.pid:
+                    return process
+        except shmbus.DriverUnavailableError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise BenchError(f"driver for {context.dir} did not start "
+                             f"(exit code {process.returncode})")
+        time.sleep(0.01)
+
+
+def stop_driver(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the driver stops its netbridge and removes its files), SIGKILL if stuck."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,4 +1,4 @@
-"""tools/bench.py runs end to end: a quick pass over shmbus and mp.Queue (functional, untimed)."""
+"""tools/bench/ipc.py runs end to end: a quick pass over shmbus and mp.Queue (untimed)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_quick_bench_measures_shmbus_and_a_peer_without_errors(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench.py"), "--quick", "--only", "shmbus,mp.Queue",
+        [sys.executable, "-m", "tools.bench.ipc", "--quick", "--only", "shmbus,mp.Queue",
          "--sizes", "4096", "--json", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,0 +1,437 @@
+"""The peers the benchmarks measure shmbus beside, as member functions (each runs in a spawned
+member process, see harness.run_processes): multiprocessing.Queue and Pipe, posix_ipc message
+queues, pyzmq (PAIR over ipc:// and its asyncio API; PUSH/PULL and PAIR over tcp://) and
+iceoryx2. A missing package raises ImportError in the member: the row reads "n/a".
+
+On one host (ipc.py) a link is made in the parent (make_peer_link) and each member opens its
+end (open_peer) as send / recv / close; messages are harness.Checked (every byte checked). Over
+TCP (netbridge.py) messages carry their sequence number at head and tail (harness.codec).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tools.bench.harness import (
+    RTT_SIZE,
+    STOP,
+    BenchError,
+    Checked,
+    Counter,
+    async_round_trips,
+    codec,
+    deadline_after,
+    ping_loop,
+    pong_loop,
+)
+
+QUEUE = "mp.Queue"
+PIPE = "mp.Pipe"
+POSIX = "posix_ipc MessageQueue"
+ZMQ = "zmq PAIR ipc://"
+ICEORYX = "iceoryx2"
+QUEUE_DEPTH = 1024  # mp.Queue maxsize, iceoryx2 subscriber buffer: bounded like a log window
+
+
+# ---------------------------------------------------------------------------------------------
+# On one host: one process's end of a link, as send / recv / close
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeerEnd:
+    """Where one process sends (tx) and receives (rx); made in the parent."""
+
+    kind: str
+    tx: Any = None
+    rx: Any = None
+    bind: bool = False  # zmq: this end binds
+
+
+def make_peer_link(ctx: Any, kind: str, root: Path, name: str,
+                   two_way: bool) -> tuple[PeerEnd, PeerEnd, Callable[[], None]]:
+    """(a, b, cleanup): a sends to b, and with two_way b sends back to a."""
+    if kind == QUEUE:
+        fwd = ctx.Queue(maxsize=QUEUE_DEPTH)
+        back = ctx.Queue(maxsize=QUEUE_DEPTH) if two_way else None
+        return PeerEnd(kind, fwd, back), PeerEnd(kind, back, fwd), lambda: None
+    if kind == PIPE:
+        fwd_r, fwd_w = ctx.Pipe(duplex=False)
+        back_r, back_w = ctx.Pipe(duplex=False) if two_way else (None, None)
+        return PeerEnd(kind, fwd_w, back_r), PeerEnd(kind, back_w, fwd_r), lambda: None
+    if kind == POSIX:
+        import posix_ipc
+
+        names = [f"/shmbus-bench-{os.getpid()}-{name}-{d}" for d in ("f", "b")[:1 + two_way]]
+        for n in names:
+            posix_ipc.MessageQueue(n, posix_ipc.O_CREX).close()
+
+        def cleanup() -> None:
+            for n in names:
+                try:
+                    posix_ipc.unlink_message_queue(n)
+                except posix_ipc.ExistentialError:
+                    pass
+
+        back = names[1] if two_way else None
+        return PeerEnd(kind, names[0], back), PeerEnd(kind, back, names[0]), cleanup
+    if kind == ZMQ:
+        endpoint = f"ipc://{root}/{name}.zmq"
+        return (PeerEnd(kind, endpoint, endpoint if two_way else None),
+                PeerEnd(kind, endpoint if two_way else None, endpoint, bind=True), lambda: None)
+    if kind == ICEORYX:
+        fwd, back = f"shmbus-bench/{os.getpid()}/{name}/f", f"shmbus-bench/{os.getpid()}/{name}/b"
+        back_name = back if two_way else None
+        return PeerEnd(kind, fwd, back_name), PeerEnd(kind, back_name, fwd), lambda: None
+    raise ValueError(f"unknown peer {kind!r}")
+
+
+def open_peer(end: PeerEnd, size: int, timeout_s: float
+              ) -> tuple[Callable[[Any], Any], Callable[[], bytes], Callable[[], None]]:
+    """(send, recv, close) of this end, in the member's process; recv returns bytes."""
+    if end.kind == QUEUE:
+        tx = end.tx
+
+        def send(message: Any) -> None:
+            tx.put(bytes(message))
+
+        return send, end.rx.get if end.rx is not None else _no_recv, lambda: None
+    if end.kind == PIPE:
+        return (end.tx.send_bytes if end.tx is not None else None,
+                end.rx.recv_bytes if end.rx is not None else _no_recv, lambda: None)
+    if end.kind == POSIX:
+        return _open_posix(end, timeout_s)
+    if end.kind == ZMQ:
+        return _open_zmq(end, timeout_s)
+    if end.kind == ICEORYX:
+        return _open_iceoryx(end, size, timeout_s)
+    raise ValueError(f"unknown peer {end.kind!r}")
+
+
+def _no_recv() -> bytes:
+    raise BenchError("this end does not receive")
+
+
+def _open_posix(end: PeerEnd, timeout_s: float) -> Any:
+    import posix_ipc
+
+    txq = posix_ipc.MessageQueue(end.tx) if end.tx else None
+    rxq = posix_ipc.MessageQueue(end.rx) if end.rx else None
+
+    def send(message: Any) -> None:
+        txq.send(message, timeout_s)
+
+    def recv() -> bytes:
+        return rxq.receive(timeout_s)[0]
+
+    def close() -> None:
+        for q in (txq, rxq):
+            if q is not None:
+                q.close()
+
+    return send, recv, close
+
+
+def _open_zmq(end: PeerEnd, timeout_s: float) -> Any:
+    import zmq
+
+    context = zmq.Context()
+    sock = context.socket(zmq.PAIR)
+    ms = int(timeout_s * 1000)
+    for option in (zmq.LINGER, zmq.SNDTIMEO, zmq.RCVTIMEO):
+        sock.setsockopt(option, ms)
+    # connected, both ways, before the clock starts
+    if end.bind:
+        sock.bind(end.tx or end.rx)
+        if sock.recv() != b"hello":
+            raise BenchError("zmq: no hello")
+        sock.send(b"hello")
+    else:
+        sock.connect(end.tx or end.rx)
+        sock.send(b"hello")
+        if sock.recv() != b"hello":
+            raise BenchError("zmq: no hello back")
+
+    def close() -> None:
+        sock.close()
+        context.term()
+
+    return sock.send, sock.recv, close
+
+
+def _open_iceoryx(end: PeerEnd, size: int, timeout_s: float) -> Any:
+    import iceoryx2 as iox2
+
+    iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
+    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+
+    def service(name: str) -> Any:
+        # no loss: a full subscriber buffer makes the publisher retry (back-pressure)
+        return (node.service_builder(iox2.ServiceName.new(name))
+                .publish_subscribe(iox2.Slice[ctypes.c_uint8])
+                .enable_safe_overflow(False).subscriber_max_buffer_size(QUEUE_DEPTH)
+                .max_publishers(1).max_subscribers(1).open_or_create())
+
+    ports: list[Any] = []
+    send: Any = None
+    recv: Any = _no_recv
+    if end.rx:  # subscribers first: each side's publisher then waits for the other's
+        subscriber = service(end.rx).subscriber_builder().buffer_size(QUEUE_DEPTH).create()
+        ports.append(subscriber)
+        receive = subscriber.receive
+        deadline_rx = deadline_after(timeout_s + 60)
+
+        def recv() -> bytes:
+            spins = 0
+            while True:
+                sample = receive()
+                if sample is not None:
+                    data = bytes(sample.payload().as_memory_view())
+                    sample.delete()
+                    return data
+                spins += 1
+                if not spins & 4095 and time.monotonic_ns() > deadline_rx:
+                    raise BenchError("iceoryx2: receive timed out")
+
+    if end.tx:
+        tx_service = service(end.tx)
+        publisher = (tx_service.publisher_builder().initial_max_slice_len(size)
+                     .backpressure_strategy(iox2.BackpressureStrategy.RetryUntilDelivered)
+                     .create())
+        ports.append(publisher)
+        loan = publisher.loan_slice_uninit
+
+        def send(message: Any) -> None:
+            sample = loan(len(message))
+            ctypes.memmove(sample.payload_ptr, bytes(message), len(message))
+            sample.assume_init().send()
+
+        # a sample published before the subscriber is there would be lost: wait for it
+        deadline = deadline_after(timeout_s)
+        while tx_service.dynamic_config.number_of_subscribers == 0:
+            if time.monotonic_ns() > deadline:
+                raise BenchError("iceoryx2: no subscriber")
+            time.sleep(0.002)
+        publisher.update_connections()
+
+    def close() -> None:
+        for port in ports:
+            port.delete()
+
+    return send, recv, close
+
+
+def peer_writer(start: Any, end: PeerEnd, size: int, duration_s: float, timeout_s: float,
+                done: Any) -> dict[str, Any]:
+    """Send checked messages for duration_s, then STOP."""
+    send, _, close = open_peer(end, size, timeout_s)
+    checked = Checked(size)
+    message = checked.message()
+    write = checked.write
+    start.ready()
+    t0 = time.monotonic_ns()
+    end_ns = t0 + int(duration_s * 1e9)
+    seq = 0
+    try:
+        while True:
+            write(message, seq)
+            send(message)
+            seq += 1
+            if not seq & 127 and time.monotonic_ns() >= end_ns:
+                break
+        write(message, STOP)
+        send(message)
+    except Exception as e:
+        raise BenchError(f"send failed after {seq} messages: {e!r}") from e
+    done.wait(timeout_s)  # zmq and iceoryx2 may drop what is unread when an end closes
+    close()
+    return {"sent": seq, "t0": t0}
+
+
+def peer_reader(start: Any, end: PeerEnd, size: int, timeout_s: float,
+                done: Any) -> dict[str, Any]:
+    """Receive until STOP, checking every message."""
+    _, recv, close = open_peer(end, size, timeout_s)
+    check = Checked(size).check
+    tally = Counter()
+    start.ready()
+    try:
+        while True:
+            seq, ok = check(recv())
+            if seq == tally.expected and ok:
+                tally.expected += 1
+            elif seq == STOP:
+                break
+            else:
+                tally.bad(seq, "bad checksum" if seq == tally.expected else "out of order")
+    except Exception as e:
+        raise BenchError(f"receive failed after {tally.expected} messages: {e!r}") from e
+    t1 = time.monotonic_ns()
+    done.set()
+    close()
+    return tally.result(t1)
+
+
+def peer_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_s: float,
+             timeout_s: float, done: Any) -> dict[str, Any]:
+    """A peer's pinger (pinger=True) or ponger."""
+    send, recv, close = open_peer(end, RTT_SIZE, timeout_s)
+    start.ready()
+    out = ping_loop(send, recv, duration_s, rate) if pinger else pong_loop(send, recv)
+    if not pinger:
+        done.set()
+    done.wait(timeout_s)
+    close()
+    return out
+
+
+def zmq_async_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_s: float,
+                  timeout_s: float, done: Any) -> dict[str, Any]:
+    """A zmq.asyncio PAIR pinger or ponger: pyzmq's own asyncio API, the peer of
+    messages_async."""
+    import zmq
+    import zmq.asyncio
+
+    async def main() -> dict[str, Any]:
+        context = zmq.asyncio.Context()
+        sock = context.socket(zmq.PAIR)
+        sock.setsockopt(zmq.LINGER, int(timeout_s * 1000))
+        if end.bind:  # connected, both ways, before the clock starts
+            sock.bind(end.tx or end.rx)
+            if await asyncio.wait_for(sock.recv(), timeout_s) != b"hello":
+                raise BenchError("zmq: no hello")
+            await sock.send(b"hello")
+        else:
+            sock.connect(end.tx or end.rx)
+            await sock.send(b"hello")
+            if await asyncio.wait_for(sock.recv(), timeout_s) != b"hello":
+                raise BenchError("zmq: no hello back")
+        start.ready()
+        try:
+            return await async_round_trips(pinger, sock.send, sock.recv, duration_s, rate)
+        finally:
+            sock.close()
+            context.term()
+
+    out = asyncio.run(main())
+    if not pinger:
+        done.set()
+    done.wait(timeout_s)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Over TCP: pyzmq PUSH/PULL and PAIR on tcp://127.0.0.1
+# ---------------------------------------------------------------------------------------------
+
+
+def _zmq_socket(kind: str, endpoint: str, bind: bool, timeout_s: float) -> tuple[Any, Any]:
+    import zmq
+
+    zctx = zmq.Context()
+    sock = zctx.socket(getattr(zmq, kind))
+    ms = int(timeout_s * 1000)
+    sock.setsockopt(zmq.LINGER, ms)
+    sock.setsockopt(zmq.SNDTIMEO, ms)
+    sock.setsockopt(zmq.RCVTIMEO, ms)
+    if bind:
+        sock.bind(endpoint)
+    else:
+        sock.connect(endpoint)
+    return zctx, sock
+
+
+def zmq_push_writer(start: Any, endpoint: str, size: int, duration_s: float,
+                    timeout_s: float, done: Any) -> dict[str, Any]:
+    """PUSH (connects) size-byte messages for duration_s, then STOP: sent, t0."""
+    zctx, sock = _zmq_socket("PUSH", endpoint, False, timeout_s)
+    send = sock.send
+    send(b"hello")  # connected before the clock starts
+    pack = codec(size).pack_into
+    message = bytearray(size)
+    start.ready()
+    t0 = time.monotonic_ns()
+    end_ns = t0 + int(duration_s * 1e9)
+    seq = 0
+    try:
+        while True:
+            pack(message, 0, seq, seq)
+            send(message)
+            seq += 1
+            if not seq & 127 and time.monotonic_ns() >= end_ns:
+                break
+        pack(message, 0, STOP, STOP)
+        send(message)
+    except Exception as e:
+        raise BenchError(f"send failed after {seq} messages: {e!r}") from e
+    done.wait(timeout_s)
+    sock.close()
+    zctx.term()
+    return {"sent": seq, "t0": t0}
+
+
+def zmq_pull_reader(start: Any, endpoint: str, size: int, timeout_s: float,
+                    done: Any) -> dict[str, Any]:
+    """PULL (binds) until STOP, checking every message (recv(copy=False) from 4 KiB):
+    received, errors, first_bad, t1."""
+    zctx, sock = _zmq_socket("PULL", endpoint, True, timeout_s)
+    sock_recv = sock.recv
+    if sock_recv() != b"hello":
+        raise BenchError("no hello")
+    if size >= 4096:
+        def recv() -> Any:
+            return sock_recv(copy=False)
+    else:
+        recv = sock_recv
+    unpack = codec(size).unpack_from
+    start.ready()
+    expected = errors = 0
+    first_bad = None
+    try:
+        while True:
+            head, tail = unpack(recv())
+            if head == expected and tail == head:
+                expected += 1
+            elif head == STOP:
+                break
+            else:
+                errors += 1
+                first_bad = first_bad or f"expected {expected}, got head {head} tail {tail}"
+                expected = head + 1
+    except Exception as e:
+        raise BenchError(f"receive failed after {expected} messages: {e!r}") from e
+    t1 = time.monotonic_ns()
+    done.set()
+    sock.close()
+    zctx.term()
+    return {"received": expected, "errors": errors, "first_bad": first_bad, "t1": t1}
+
+
+def zmq_tcp_rtt(start: Any, endpoint: str, pinger: bool, rate: int | None, duration_s: float,
+                timeout_s: float, done: Any) -> dict[str, Any]:
+    """A PAIR pinger (pinger=True: connects; harness.ping_loop at ``rate`` pings a second,
+    None: back-to-back) or ponger (binds; harness.pong_loop) over tcp://, a hello each way
+    before the clock starts."""
+    zctx, sock = _zmq_socket("PAIR", endpoint, not pinger, timeout_s)
+    send, recv = sock.send, sock.recv
+    if pinger:
+        send(b"hello")
+    if recv() != b"hello":
+        raise BenchError("no hello")
+    if not pinger:
+        send(b"hello")
+    start.ready()
+    out = ping_loop(send, recv, duration_s, rate) if pinger else pong_loop(send, recv)
+    if not pinger:
+        done.set()
+    done.wait(timeout_s)
+    sock.close()
+    zctx.term()
+    return out
