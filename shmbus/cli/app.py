@@ -91,7 +91,8 @@ _STAT_HELP = (
     "The header shows the driver pid, its heartbeat age and the cnc layout version; a stale "
     "bus (heartbeat older than the driver timeout, or driver process gone) is marked STALE. "
     "Without --once or --count it refreshes until Ctrl-C (a table; with --json, a line per "
-    "sample)."
+    "sample). pub-pos is the log's tail, read live (not the driver's sample), in the same "
+    "snapshot `shmbus streams` takes."
     "\n\nExit codes: 0 running bus; 1 no bus (stderr says where it looked and how to start a "
     "driver); 3 stale bus."
     "\n\n--json prints one JSON document (with --interval: one per line):"
@@ -242,16 +243,20 @@ def export_command(
     "One line per stream and session: pub-pos, pub-lmt, each subscriber's position and lag, "
     "and what limits the publisher now."
     "\n\nThe verdict is \"held by subscriber pid 4242 (worker-3), 3.9 MiB behind; window "
-    "4 MiB\" when the publisher is at its limit (the slowest subscribers hold it; on a udp "
-    "channel possibly the sender), \"free: 2.1 MiB of window left\" below it, or \"not "
-    "connected\" with no subscriber. Network images (received from udp) follow, with rcv-pos, "
-    "rcv-hwm and their subscribers' lag."
+    "4 MiB\" when the publisher is at its limit or a window ahead of its slowest counted "
+    "subscriber (which holds it; on a udp channel possibly the sender), \"free: 2.1 MiB of "
+    "window left\" otherwise (never more than the window), or \"not connected\" with no "
+    "subscriber. Network images (received from udp) follow, with rcv-pos, rcv-hwm and their "
+    "subscribers' lag."
+    "\n\npub-pos is the log's tail, read live after the subscribers' positions and before "
+    "pub-lmt, so no lag is negative; a publisher's last message may end past pub-lmt."
     "\n\nExit codes: 0 running bus, 1 no bus, 3 stale bus."
     "\n\n--json: " + _JSON_COMMON + '"streams": [{"kind", "stream_id", "session_id", '
     '"channel", "registration_id", "publisher_pid", "publisher_name", "pub_pos", "pub_lmt", '
-    '"window", "term_length", "sender", "receiver", "state", "held_by" (pids), '
-    '"held_by_sender", "verdict", "subscribers": [{"subscription_id", "client_id", "pid", '
-    '"name", "counter_id", "position", "lag"}]}]}'))
+    '"pub_pos_source" ("log"|"driver"), "window", "term_length", "free", "sender", '
+    '"receiver", "state", "held_by" (pids), "held_by_sender", "verdict", "subscribers": '
+    '[{"subscription_id", "client_id", "pid", "name", "counter_id", "position", "lag", '
+    '"group", "counted"}]}]}'))
 def streams_command(
     dir: DirOption = None,
     streams: Annotated[list[int] | None, typer.Option(
