@@ -68,6 +68,7 @@ from shmbus.shm.log_buffer import (
     FC_COUNTED_SIZE_OFFSET,
     FC_COUNTED_VERSION_OFFSET,
     FC_MAX_COUNTED,
+    FC_WINDOW_OFFSET,
     INITIAL_TERM_ID_OFFSET,
     IS_CONNECTED_OFFSET,
     LOG_META_DATA_LENGTH,
@@ -125,7 +126,9 @@ class LogInfo:
     term_length: int
     mtu: int
     is_connected: bool  # a subscriber (or, on the network, a receiver) is there
-    window: int  # the publication window the driver uses for this log
+    #: the window flow control raises pub-lmt by (the log's flow-control window, else the
+    #: publication window the driver announced, else term length / 2)
+    window: int
     initial_term_id: int = 0
     path: str | None = None  # the file, to read its tail live
 
@@ -395,16 +398,17 @@ def read_log_infos(logs_dir: Path) -> dict[int, LogInfo]:
         if len(meta) < LOG_META_DATA_LENGTH:
             continue
         (registration_id,) = struct.unpack_from("<q", meta, REGISTRATION_ID_OFFSET)
-        term_length, mtu, session_id, stream_id, connected, window, initial_term_id = (
+        (term_length, mtu, session_id, stream_id, connected, window, fc_window,
+         initial_term_id) = (
             struct.unpack_from("<i", meta, offset)[0]
             for offset in (TERM_LENGTH_OFFSET, MTU_OFFSET, SESSION_ID_OFFSET, STREAM_ID_OFFSET,
-                           IS_CONNECTED_OFFSET, PUBLICATION_WINDOW_OFFSET,
+                           IS_CONNECTED_OFFSET, PUBLICATION_WINDOW_OFFSET, FC_WINDOW_OFFSET,
                            INITIAL_TERM_ID_OFFSET))
         if term_length > 0:
             infos[registration_id] = LogInfo(registration_id, session_id, stream_id,
                                              term_length, mtu, connected == 1,
-                                             window or ipc_window(term_length), initial_term_id,
-                                             str(logs_dir / name))
+                                             fc_window or window or ipc_window(term_length),
+                                             initial_term_id, str(logs_dir / name))
     return infos
 
 

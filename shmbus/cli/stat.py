@@ -92,8 +92,9 @@ the publisher raises pub-lmt itself up to there, so that is what it can still wr
 positions agree by construction (:func:`shmbus.cli.snapshot.read_publication`): lag >= 0,
 free <= window, and pub-pos - pub-lmt is below one claim (a message may end past the limit).
 
-``window`` is the publication window the driver set in the log file's metadata (term length
-/ 2 unless the driver runs with a smaller ``ipc_window``; 0 there reads as term length / 2).
+``window`` is the window the log's flow control raises pub-lmt by, from the log file's
+metadata (term length / 2 unless the driver runs with a smaller ``ipc_window``; a log without
+flow-control fields gives the publication window the driver announced, else term length / 2).
 
 ``clients`` adds ``"clients"``::
 
