@@ -253,7 +253,7 @@ def export_command(
     "\n\nExit codes: 0 running bus, 1 no bus, 3 stale bus."
     "\n\n--json: " + _JSON_COMMON + '"streams": [{"kind", "stream_id", "session_id", '
     '"channel", "registration_id", "publisher_pid", "publisher_name", "pub_pos", "pub_lmt", '
-    '"pub_pos_source" ("log"|"driver"), "window", "term_length", "free", "sender", '
+    '"position_source" ("log"|"counter"), "window", "term_length", "free", "sender", '
     '"receiver", "state", "held_by" (pids), "held_by_sender", "verdict", "subscribers": '
     '[{"subscription_id", "client_id", "pid", "name", "counter_id", "position", "lag", '
     '"group", "counted"}]}]}'))

@@ -12,6 +12,11 @@ Where the positions come from
   the counter values (acquire loads through :meth:`CncFile.load_view`) and from the metadata
   of its log file (acquire loads over a private, read-only-opened map of the file's metadata
   page). See :func:`read_publication` for the order and why it makes the positions agree.
+* A network image's rcv-pos is read live too: the netbridge's rcv-pos counter is a mirror of
+  its receiver's state, copied once per bridge cycle, while subscribers read each frame as it
+  lands, so under load the counter trails them by hundreds of KiB. :func:`read_image` reads
+  the subscribers, then scans the image's log for the contiguous data from there (the rebuild
+  position: what a subscriber can read next is below it).
 * **pub-pos is the log's tail**, not the pub-pos counter. The counter is the driver's sample
   of the tail, taken when the driver's duty cycle runs; since publishers raise their own
   limit the driver sleeps under load, and its sample can be megabytes old (a subscriber then
@@ -56,6 +61,7 @@ from shmbus.shm.counters import (
     GROUP_POS,
     PUB_LIMIT,
     PUB_POS,
+    RCV_POS,
     SND_POS,
     SUB_POS,
     Counter,
@@ -69,6 +75,7 @@ from shmbus.shm.log_buffer import (
     FC_COUNTED_VERSION_OFFSET,
     FC_MAX_COUNTED,
     FC_WINDOW_OFFSET,
+    FRAME_ALIGNMENT,
     INITIAL_TERM_ID_OFFSET,
     IS_CONNECTED_OFFSET,
     LOG_META_DATA_LENGTH,
@@ -80,6 +87,8 @@ from shmbus.shm.log_buffer import (
     STREAM_ID_OFFSET,
     TAIL_COUNTERS_OFFSET,
     TERM_LENGTH_OFFSET,
+    align,
+    log_length,
 )
 
 LOGS_DIR = "logs"
@@ -91,6 +100,8 @@ _READERS_BY_REGISTRATION = frozenset({GROUP_POS, GROUP_ORPHAN, SND_POS, FC_RCV_P
 #: Attempts at a consistent read of a log's counted set before giving up on it (the driver
 #: writes it only when a subscriber comes, goes or rests, so one retry nearly always does).
 _COUNTED_ATTEMPTS = 3
+#: Where a frame header holds its term id (see shmbus.shm.log_buffer.encode_data_header).
+_TERM_ID_IN_HEADER = 20
 
 
 class BusNotFoundError(ShmbusError):
@@ -149,11 +160,22 @@ class LivePositions:
 
 
 @dataclass(frozen=True)
+class LiveImage:
+    """A network image's positions as :func:`read_image` read them, in order: its
+    subscribers' positions (by counter id), then ``rcv_pos``, the end of the contiguous data
+    in its log."""
+
+    readers: Mapping[int, int]
+    rcv_pos: int
+
+
+@dataclass(frozen=True)
 class BusSnapshot:
     """Copies of what a bus holds at one moment; every view is computed from it.
 
-    ``counters`` carry the live values of :attr:`live` (pub-pos: the log's tail); ``live``
-    has, by registration id, the publications whose log could be read.
+    ``counters`` carry the live values of :attr:`live` (pub-pos: the log's tail) and of
+    :attr:`live_images` (rcv-pos: the contiguous data); both have, by registration id, the
+    logs that could be read.
     """
 
     directory: str
@@ -164,6 +186,7 @@ class BusSnapshot:
     logs: Mapping[int, LogInfo] = field(default_factory=dict)
     errors: tuple[ErrorObservation, ...] = ()
     live: Mapping[int, LivePositions] = field(default_factory=dict)
+    live_images: Mapping[int, LiveImage] = field(default_factory=dict)
 
 
 # -- pure: positions from what was read ---------------------------------------------------------
@@ -189,24 +212,47 @@ def reader_counters(counters: Iterable[Counter], registration_id: int) -> list[i
             or (c.type_id in _READERS_BY_REGISTRATION and c.registration_id == registration_id)]
 
 
-def with_live_values(counters: Iterable[Counter], live: Mapping[int, LivePositions]
+def with_live_values(counters: Iterable[Counter], live: Mapping[int, LivePositions],
+                     live_images: Mapping[int, LiveImage] | None = None
                      ) -> tuple[Counter, ...]:
-    """``counters`` with the live values put in: readers, pub-lmt and pub-pos (the tail)."""
+    """``counters`` with the live values put in: readers, pub-lmt, pub-pos (the tail) and
+    rcv-pos (the contiguous data)."""
+    images = live_images or {}
+    readers: dict[int, int] = {}
+    for p in live.values():
+        readers.update(p.readers)
+    for live_image in images.values():
+        readers.update(live_image.readers)
     out = []
     for c in counters:
         positions = live.get(c.registration_id)
-        value = c.value
+        image = images.get(c.registration_id)
+        value = readers.get(c.counter_id, c.value)
         if positions is not None and c.type_id == PUB_POS:
             value = positions.pub_pos
         elif positions is not None and c.type_id == PUB_LIMIT:
             value = positions.pub_lmt
-        else:
-            for p in live.values():
-                if c.counter_id in p.readers:
-                    value = p.readers[c.counter_id]
-                    break
+        elif image is not None and c.type_id == RCV_POS:
+            value = image.rcv_pos
         out.append(c if value == c.value else dataclasses.replace(c, value=value))
     return tuple(out)
+
+
+def contiguous_end(log: AtomicBuffer, start: int, term_length: int, initial_term_id: int,
+                   limit: int) -> int:
+    """Where the contiguous frames from ``start`` end in a log (at most ``limit``): the scan
+    steps over every frame whose length is set (an acquire load, as a subscriber's) and whose
+    header holds the term id its position expects (a frame left from three terms before does
+    not), and stops at the first that is not. ``start`` must be a frame's start."""
+    position = start
+    while position < limit:
+        offset = (position // term_length) % PARTITION_COUNT * term_length + position % term_length
+        length = log.get_int32_acquire(offset)
+        expected = (initial_term_id + position // term_length + 2**31) % 2**32 - 2**31
+        if length <= 0 or log.get_int32(offset + _TERM_ID_IN_HEADER) != expected:
+            break
+        position += align(length, FRAME_ALIGNMENT)
+    return position
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -279,6 +325,44 @@ def read_publication(values: AtomicBuffer, meta: AtomicBuffer, limit_counter_id:
     return LivePositions(positions, pub_pos, pub_lmt, counted)
 
 
+def read_image(values: AtomicBuffer, log: AtomicBuffer, rcv_pos_counter_id: int,
+               readers: Iterable[int], info: LogInfo) -> LiveImage:
+    """Read a network image's positions in the order that keeps its subscribers' lag >= 0.
+
+    1. every subscriber position (acquire loads);
+    2. the rcv-pos counter (the netbridge's mirror of its receiver: everything below it is
+       in the log);
+    3. the log from max(rcv-pos, the subscriber positions) on, scanned for contiguous frames
+       (at most a term).
+
+    Everything below a subscriber's position was in the log when it read it, and the scan
+    starts at or past every subscriber, so the rcv-pos it returns is >= each of them: the lag
+    is >= 0 by construction, and rcv-pos is what a subscriber can read up to now.
+    """
+    positions = {counter_id: values.get_int64_acquire(counter_id * COUNTER_LENGTH)
+                 for counter_id in readers}
+    start = max([values.get_int64_acquire(rcv_pos_counter_id * COUNTER_LENGTH),
+                 *positions.values()])
+    return LiveImage(positions, contiguous_end(log, start, info.term_length,
+                                               info.initial_term_id, start + info.term_length))
+
+
+def _map_log(path: str, term_length: int) -> mmap.mmap | None:
+    """A private map of a whole log file, opened read-only (None: it is gone or resized)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_size != log_length(term_length):
+            return None
+        return mmap.mmap(fd, log_length(term_length), access=mmap.ACCESS_COPY)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _map_metadata(path: str) -> mmap.mmap | None:
     """A private map of a log file's metadata page, opened read-only (None: it is gone)."""
     try:
@@ -295,6 +379,29 @@ def _map_metadata(path: str) -> mmap.mmap | None:
         return None
     finally:
         os.close(fd)
+
+
+def read_live_images(values: AtomicBuffer, counters: tuple[Counter, ...],
+                     logs: Mapping[int, LogInfo]) -> dict[int, LiveImage]:
+    """The live positions of every network image whose log file can be read, by
+    registration id (each in :func:`read_image`'s order)."""
+    live: dict[int, LiveImage] = {}
+    for c in counters:
+        info = logs.get(c.registration_id)
+        if c.type_id != RCV_POS or info is None or info.path is None:
+            continue
+        mapping = _map_log(info.path, info.term_length)
+        if mapping is None:
+            continue
+        log = AtomicBuffer(mapping)
+        try:
+            readers = [r.counter_id for r in counters
+                       if r.type_id == SUB_POS and r.reference_id == c.registration_id]
+            live[c.registration_id] = read_image(values, log, c.counter_id, readers, info)
+        finally:
+            log.release()
+            mapping.close()
+    return live
 
 
 def read_live(values: AtomicBuffer, counters: tuple[Counter, ...],
@@ -362,6 +469,7 @@ def read_snapshot(directory: str | os.PathLike[str], *, errors: bool = False) ->
         logs = read_log_infos(path / LOGS_DIR)
         values = cnc.load_view(COUNTERS_VALUES)
         live = read_live(values, counters, logs)
+        live_images = read_live_images(values, counters, logs)
     finally:
         if values is not None:
             values.release()
@@ -370,7 +478,8 @@ def read_snapshot(directory: str | os.PathLike[str], *, errors: bool = False) ->
     monotonic_s = time.monotonic()
     observations = tuple(read_error_log(_buffer(error_log))) if errors else ()
     return BusSnapshot(str(path), time_ms, monotonic_s, driver,
-                       with_live_values(counters, live), logs, observations, live)
+                       with_live_values(counters, live, live_images), logs, observations, live,
+                       live_images)
 
 
 def read_log_infos(logs_dir: Path) -> dict[int, LogInfo]:

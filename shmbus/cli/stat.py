@@ -62,8 +62,8 @@ Every document is one JSON object on one line, with these common keys::
      "stream_id": 7, "session_id": -77, "channel": "aeron:ipc", "registration_id": 5,
      "publisher_pid": 4240 | null, "publisher_name": "pub" | null,
      "pub_pos": 43008 | null, "pub_lmt": 43008 | null,      # null for an image
-     "pub_pos_source": "log" | "driver" | null,  # the log's tail, read live; else the
-                                                  # driver's sample (log unreadable)
+     "position_source": "log" | "counter",  # pub-pos (an image: rcv-pos) read live from
+                                            # the log, or (log unreadable) the counter
      "window": 32768 | null, "term_length": 65536 | null,
      "free": 20480 | null,      # room before the publisher is held (with state "free")
      "sender": null | {"position": snd-pos, "limit": snd-lmt, "back_pressure_events": snd-bpe,
@@ -714,9 +714,9 @@ class StreamView:
     subscribers: tuple[SubscriberView, ...]
     verdict: Verdict
     groups: tuple[GroupView, ...] = ()
-    #: "log": pub-pos is the log's tail, read live; "driver": the driver's sample (the log
-    #: could not be read); None for an image
-    pub_pos_source: str | None = None
+    #: "log": pub-pos (an image: rcv-pos) was read live from the log (the tail; the
+    #: contiguous data); "counter": the counter's value (the log could not be read)
+    position_source: str = "counter"
 
     @property
     def state(self) -> str:
@@ -728,7 +728,7 @@ class StreamView:
                 "channel": self.channel, "registration_id": self.registration_id,
                 "publisher_pid": self.publisher_pid, "publisher_name": self.publisher_name,
                 "pub_pos": self.pub_pos, "pub_lmt": self.pub_lmt,
-                "pub_pos_source": self.pub_pos_source, "window": self.window,
+                "position_source": self.position_source, "window": self.window,
                 "term_length": self.term_length, "free": v.free,
                 "sender": self.sender.to_json() if self.sender else None,
                 "receiver": self.receiver.to_json() if self.receiver else None,
@@ -825,15 +825,19 @@ def verdict(pub_pos: int | None, pub_lmt: int | None, window: int | None,
 def stream_problems(view: StreamView, max_claim: int) -> list[str]:
     """How a publication's view breaks the rules its snapshot guarantees (empty: none).
 
-    The rules, for a view whose pub-pos is the log's tail (``pub_pos_source`` "log"): every
-    subscriber's lag and the sender's are >= 0; while connected, pub-pos - pub-lmt is below
-    ``max_claim`` (the longest claim a publisher makes: one message's frames, rounded up);
-    free is within (0, window]; a held verdict names the slowest counted reader, and only it.
+    The rules, for a view whose positions were read live (``position_source`` "log"): every
+    subscriber's lag is >= 0 (an image's too), and the sender's; while connected, pub-pos -
+    pub-lmt is below ``max_claim`` (the longest claim a publisher makes: one message's
+    frames, rounded up); free is within (0, window]; a held verdict names the slowest counted
+    reader, and only it.
     """
-    if view.kind != "publication" or view.pub_pos_source != "log" or view.pub_pos is None:
+    if view.position_source != "log":
         return []
-    problems = [f"{s.who} is {format_bytes(-s.lag)} ahead of pub-pos {view.pub_pos:,}"
+    head = "rcv-pos" if view.kind == "image" else "pub-pos"
+    problems = [f"{s.who} is {format_bytes(-s.lag)} ahead of {head}"
                 for s in view.subscribers if s.lag < 0]
+    if view.pub_pos is None:
+        return problems
     sender = view.sender
     if sender is not None and sender.position is not None and sender.position > view.pub_pos:
         problems.append(f"snd-pos {sender.position:,} is ahead of pub-pos {view.pub_pos:,}")
@@ -976,7 +980,8 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
                 head if kind == "publication" else None, pub_lmt, window,
                 info.term_length if info else None, sender, receiver, tuple(subscribers),
                 result, groups,
-                None if kind == "image" else "log" if live is not None else "driver"))
+                "log" if registration_id in snapshot.live or registration_id in
+                snapshot.live_images else "counter"))
     return views
 
 

@@ -1,5 +1,6 @@
-"""The snapshot's pure parts: the tail's position, live values put into the counters, the
-verdicts over counted readers, and the rules a snapshot's streams must keep."""
+"""The snapshot's pure parts: the tail's position, an image's contiguous data, live values
+put into the counters, the verdicts over counted readers, and the rules a snapshot's streams
+must keep."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import pytest
 
 from shmbus.cli import snapshot as bussnapshot
 from shmbus.cli import stat as busstat
+from shmbus.shm._native import AtomicBuffer
 from shmbus.shm.counters import Counter
+from shmbus.shm.log_buffer import (
+    HDR_TYPE_DATA,
+    HDR_TYPE_PAD,
+    UNFRAGMENTED,
+    encode_data_header,
+    log_length,
+)
 
 T = 65536
 KIB = 1024
@@ -46,6 +55,35 @@ def test_live_values_replace_the_copied_ones() -> None:
     values = {c.counter_id: c.value for c in bussnapshot.with_live_values(copied, live)}
     # pub-lmt, pub-pos (the tail), the log's readers; another log's reader is left alone
     assert values == {1: 1100, 2: 1200, 3: 900, 4: 70, 5: 950}
+
+
+def test_live_image_rcv_pos_replaces_the_netbridge_mirror() -> None:
+    copied = (counter(1, 5, 1000, 20, -5), counter(2, 4, 900, 21, 20), counter(3, 3, 1100, 20))
+    live = bussnapshot.with_live_values(copied, {}, {20: bussnapshot.LiveImage({2: 1500}, 1600)})
+    assert [c.value for c in live] == [1600, 1500, 1100]  # rcv-pos, sub-pos; rcv-hwm as copied
+
+
+def frame(log: bytearray, position: int, length: int, term_id: int,
+          frame_type: int = HDR_TYPE_DATA) -> None:
+    offset = (position // T) % 3 * T + position % T
+    header = encode_data_header(length, UNFRAGMENTED, frame_type, position % T, -5, 7, term_id)
+    log[offset:offset + len(header)] = header
+
+
+def test_contiguous_end_stops_at_a_gap_or_a_stale_term() -> None:
+    log = bytearray(log_length(T))
+    frame(log, 0, 132, 10)                    # 160 bytes aligned
+    frame(log, 160, 64, 10)
+    frame(log, 224 + 32, 64, 10)              # after a 32-byte gap
+    buffer = AtomicBuffer(log)
+    assert bussnapshot.contiguous_end(buffer, 0, T, 10, 10 * T) == 224
+    assert bussnapshot.contiguous_end(buffer, 224, T, 10, 10 * T) == 224
+    assert bussnapshot.contiguous_end(buffer, 0, T, 10, 100) == 160  # at most the limit
+    # padding to the term's end, then the next term (id 11); term 2 still holds term 9's
+    frame(log, T - 128, 128, 10, HDR_TYPE_PAD)
+    frame(log, T, 32, 11)
+    frame(log, T + 32, 32, 9)                 # left from three terms before
+    assert bussnapshot.contiguous_end(buffer, T - 128, T, 10, 10 * T) == T + 32
 
 
 def sub(pid: int, position: int, pub_pos: int, counted: bool = True) -> busstat.SubscriberView:
@@ -97,7 +135,7 @@ def test_the_rules_pass_a_consistent_view_and_name_each_break() -> None:
 
     ahead = stream([sub(1, 2241209792, 2221867168)], 2221867168, 2241268544, 512 * KIB)
     assert busstat.stream_problems(ahead, 160) == [  # the issue's stale-sample snapshot
-        "pid 1 (w1) is 18.4 MiB ahead of pub-pos 2,221,867,168",
+        "pid 1 (w1) is 18.4 MiB ahead of pub-pos",
         "free 19866912 is not within the window 524288"]
 
     past = stream([sub(1, 60 * KIB, 100 * KIB)], 100 * KIB, 99 * KIB)
@@ -117,5 +155,5 @@ def test_the_rules_pass_a_consistent_view_and_name_each_break() -> None:
     assert busstat.stream_problems(nobody, 160) == ["held, but the verdict names no holder: "
                                                     "held by ?"]
     # the driver's sample promises nothing: no rules
-    assert busstat.stream_problems(dataclasses.replace(ahead, pub_pos_source="driver"),
+    assert busstat.stream_problems(dataclasses.replace(ahead, position_source="counter"),
                                    160) == []
