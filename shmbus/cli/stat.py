@@ -3,12 +3,12 @@
 Everything starts from a :class:`~shmbus.cli.snapshot.BusSnapshot` that
 :func:`shmbus.cli.snapshot.read_snapshot` takes: cnc.dat and the logs opened read-only, the
 counters copied, and each publication's and network image's positions read live in an order
-that makes them agree (pub-pos is the log's tail; see that module). Every command computes its view from one
-snapshot, so ``stat`` and ``streams`` (and their ``--json``) show the same positions. Nothing
-here writes to the bus directory, sends a command or registers a client, so looking at a bus
-never disturbs it. The rest are pure functions over snapshots (and, for processes, over
-:class:`ProcessInfo` records that :func:`probe_processes` takes with psutil), so the CLI only
-parses options and prints.
+that makes them agree (pub-pos is the log's tail; see that module). Every command computes
+its view from one snapshot, so ``stat`` and ``streams`` (and their ``--json``) show the same
+positions. Nothing here writes to the bus directory, sends a command or registers a client,
+so looking at a bus never disturbs it. The rest are pure functions over snapshots (and, for
+processes, over :class:`ProcessInfo` records that :func:`probe_processes` takes with psutil),
+so the CLI only parses options and prints.
 
 Bus states
 ----------
