@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from typing import Annotated, Any
@@ -11,6 +12,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from shmbus.cli import snapshot as bussnapshot
 from shmbus.cli import stat as busstat
 from shmbus.context import Context
 from shmbus.driver.media_driver import DriverAlreadyRunningError, run_driver
@@ -69,11 +71,11 @@ def _console() -> Console:
 
 
 def _read(dir: str | None, *, errors: bool = False
-          ) -> tuple[busstat.BusSnapshot, busstat.BusStatus]:
+          ) -> tuple[bussnapshot.BusSnapshot, busstat.BusStatus]:
     directory, timeout_ms = _bus_settings(dir)
     try:
-        snapshot = busstat.read_snapshot(directory, errors=errors)
-    except busstat.BusNotFoundError as e:
+        snapshot = bussnapshot.read_snapshot(directory, errors=errors)
+    except bussnapshot.BusNotFoundError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(busstat.EXIT_NO_BUS) from None
     return snapshot, busstat.check_bus(snapshot, timeout_ms)
@@ -89,7 +91,8 @@ _STAT_HELP = (
     "The header shows the driver pid, its heartbeat age and the cnc layout version; a stale "
     "bus (heartbeat older than the driver timeout, or driver process gone) is marked STALE. "
     "Without --once or --count it refreshes until Ctrl-C (a table; with --json, a line per "
-    "sample)."
+    "sample). pub-pos is the log's tail, read live (not the driver's sample), in the same "
+    "snapshot `shmbus streams` takes."
     "\n\nExit codes: 0 running bus; 1 no bus (stderr says where it looked and how to start a "
     "driver); 3 stale bus."
     "\n\n--json prints one JSON document (with --interval: one per line):"
@@ -119,12 +122,20 @@ def stat_command(
     sessions: Annotated[list[int] | None, typer.Option(
         "--session", help="session id; repeatable (negative: --session=-5)")] = None,
     as_json: JsonOption = False,
+    openmetrics: Annotated[bool, typer.Option(
+        "--openmetrics", help="print one OpenMetrics exposition (what `shmbus export` serves "
+        "at /metrics) and exit")] = False,
 ) -> None:
     try:
         type_ids = [busstat.parse_type(t) for t in types or []]
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--type") from None
     directory, timeout_ms = _bus_settings(dir)
+    if openmetrics:
+        if as_json:
+            raise typer.BadParameter("--openmetrics and --json exclude each other",
+                                     param_hint="--openmetrics")
+        _print_openmetrics(directory, timeout_ms)
     watch = not once and (interval is not None or not as_json)
     samples = count if watch else 1
     console = _console()
@@ -134,7 +145,7 @@ def stat_command(
     try:
         if live is not None:
             live.start()
-        for snapshot in busstat.samples(directory, interval or 1.0, samples, logs=False):
+        for snapshot in bussnapshot.samples(directory, interval or 1.0, samples):
             status = busstat.check_bus(snapshot, timeout_ms)
             code = status.exit_code
             views = busstat.filter_counters(
@@ -152,7 +163,7 @@ def stat_command(
                 live.update(view, refresh=True)
             else:
                 console.print(view)
-    except busstat.BusNotFoundError as e:
+    except bussnapshot.BusNotFoundError as e:
         typer.echo(f"error: {e}", err=True)
         code = busstat.EXIT_NO_BUS
     except KeyboardInterrupt:
@@ -163,20 +174,89 @@ def stat_command(
     raise typer.Exit(code)
 
 
+def _print_openmetrics(directory: str, timeout_ms: int) -> None:
+    """One OpenMetrics exposition of the bus on stdout; exits with stat's codes."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    try:
+        snapshot = bussnapshot.read_snapshot(directory)
+    except bussnapshot.BusNotFoundError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(busstat.EXIT_NO_BUS) from None
+    from shmbus.cli import metrics
+
+    status = busstat.check_bus(snapshot, timeout_ms)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics.SnapshotCollector(snapshot, status))
+    exposition: bytes = generate_latest(registry)  # type: ignore[no-untyped-call]
+    typer.echo(exposition.decode(), nl=False)
+    raise typer.Exit(status.exit_code)
+
+
+@app.command("export", help=(
+    "Serve the bus's counters to Prometheus: GET /metrics on --addr:--port (OpenMetrics when "
+    "the scraper asks for it, else the Prometheus text format)."
+    "\n\nEach scrape reads the bus afresh (the same snapshot `shmbus streams` takes): every "
+    "counter as shmbus_position_bytes (gauges: pub-pos, pub-lmt, sub-pos, ...), shmbus_value "
+    "(other gauges) or shmbus_events_total (totals), labelled with type, id, name, stream, "
+    "session, channel, client_pid and client_name; plus shmbus_subscriber_lag_bytes, "
+    "shmbus_publication_held, shmbus_up and shmbus_driver_heartbeat_age_seconds. A bus that "
+    "is missing or stale gives shmbus_up 0. Runs until Ctrl-C or SIGTERM."
+    "\n\nExit codes: 0 stopped, 1 cannot serve (the port is in use, the address is not "
+    "this host's)."))
+def export_command(
+    dir: DirOption = None,
+    port: Annotated[int, typer.Option(help="TCP port (0: any free port, printed on stderr)",
+                                      min=0, max=65535)] = 9464,
+    addr: Annotated[str, typer.Option(help="address to listen on")] = "0.0.0.0",
+) -> None:
+    import signal
+    import threading
+
+    from prometheus_client import start_http_server
+
+    from shmbus.cli import metrics
+
+    directory, timeout_ms = _bus_settings(dir)
+    try:
+        server, thread = start_http_server(port, addr,
+                                           registry=metrics.bus_registry(directory, timeout_ms))
+    except OSError as e:
+        reason = e.strerror or str(e)
+        hint = (" (another exporter may be running there; choose another --port)"
+                if e.errno == errno.EADDRINUSE else "")
+        typer.echo(f"error: cannot serve on {addr}:{port}: {reason}{hint}", err=True)
+        raise typer.Exit(1) from None
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    typer.echo(f"serving http://{addr}:{server.server_port}/metrics for the bus in "
+               f"{directory} (Ctrl-C to stop)", err=True)
+    stop.wait()
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
 @app.command("streams", help=(
     "One line per stream and session: pub-pos, pub-lmt, each subscriber's position and lag, "
     "and what limits the publisher now."
     "\n\nThe verdict is \"held by subscriber pid 4242 (worker-3), 3.9 MiB behind; window "
-    "4 MiB\" when the publisher is at its limit (the slowest subscribers hold it; on a udp "
-    "channel possibly the sender), \"free: 2.1 MiB of window left\" below it, or \"not "
-    "connected\" with no subscriber. Network images (received from udp) follow, with rcv-pos, "
-    "rcv-hwm and their subscribers' lag."
+    "4 MiB\" when the publisher is at its limit or a window ahead of its slowest counted "
+    "subscriber (which holds it; on a udp channel possibly the sender), \"free: 2.1 MiB of "
+    "window left\" otherwise (never more than the window), or \"not connected\" with no "
+    "subscriber. Network images (received from udp) follow, with rcv-pos, rcv-hwm and their "
+    "subscribers' lag."
+    "\n\npub-pos is the log's tail, read live after the subscribers' positions and before "
+    "pub-lmt, so no lag is negative; a publisher's last message may end past pub-lmt."
     "\n\nExit codes: 0 running bus, 1 no bus, 3 stale bus."
     "\n\n--json: " + _JSON_COMMON + '"streams": [{"kind", "stream_id", "session_id", '
     '"channel", "registration_id", "publisher_pid", "publisher_name", "pub_pos", "pub_lmt", '
-    '"window", "term_length", "sender", "receiver", "state", "held_by" (pids), '
-    '"held_by_sender", "verdict", "subscribers": [{"subscription_id", "client_id", "pid", '
-    '"name", "counter_id", "position", "lag"}]}]}'))
+    '"position_source" ("log"|"counter"), "window", "term_length", "free", "sender", '
+    '"receiver", "state", "held_by" (pids), "held_by_sender", "verdict", "subscribers": '
+    '[{"subscription_id", "client_id", "pid", "name", "counter_id", "position", "lag", '
+    '"group", "counted"}]}]}'))
 def streams_command(
     dir: DirOption = None,
     streams: Annotated[list[int] | None, typer.Option(

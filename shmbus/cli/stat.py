@@ -1,11 +1,14 @@
 """Read-only views of a bus: what ``shmbus stat``, ``streams``, ``clients`` and ``errors`` show.
 
-Everything starts from a :class:`BusSnapshot`: :func:`read_snapshot` maps cnc.dat read-only
-(``CncFile.open(dir, writable=False)``), copies the counters sections (and, if asked, the error
-log) and reads the metadata of the log files with plain reads. Nothing here writes to the bus
-directory, sends a command or registers a client, so looking at a bus never disturbs it. The
-rest are pure functions over snapshots (and, for processes, over :class:`ProcessInfo` records
-that :func:`probe_processes` takes with psutil), so the CLI only parses options and prints.
+Everything starts from a :class:`~shmbus.cli.snapshot.BusSnapshot` that
+:func:`shmbus.cli.snapshot.read_snapshot` takes: cnc.dat and the logs opened read-only, the
+counters copied, and each publication's and network image's positions read live in an order
+that makes them agree (pub-pos is the log's tail; see that module). Every command computes
+its view from one snapshot, so ``stat`` and ``streams`` (and their ``--json``) show the same
+positions. Nothing here writes to the bus directory, sends a command or registers a client,
+so looking at a bus never disturbs it. The rest are pure functions over snapshots (and, for
+processes, over :class:`ProcessInfo` records that :func:`probe_processes` takes with psutil),
+so the CLI only parses options and prints.
 
 Bus states
 ----------
@@ -13,7 +16,7 @@ Bus states
 ``running``: cnc.dat is there, the driver's heartbeat is younger than the driver timeout and
 its pid is alive (and was not reused). ``stale``: cnc.dat is there but the heartbeat is old or
 the driver process is gone (it crashed or was killed; the next driver cleans up). With no
-directory or no cnc.dat, :func:`read_snapshot` raises :class:`BusNotFoundError`, whose message
+directory or no cnc.dat, ``read_snapshot`` raises ``BusNotFoundError``, whose message
 names where it looked and how to start a driver.
 
 Exit codes of the commands: 0 running bus, 1 no bus (no directory, no cnc.dat, not ready or
@@ -59,7 +62,10 @@ Every document is one JSON object on one line, with these common keys::
      "stream_id": 7, "session_id": -77, "channel": "aeron:ipc", "registration_id": 5,
      "publisher_pid": 4240 | null, "publisher_name": "pub" | null,
      "pub_pos": 43008 | null, "pub_lmt": 43008 | null,      # null for an image
+     "position_source": "log" | "counter",  # pub-pos (an image: rcv-pos) read live from
+                                            # the log, or (log unreadable) the counter
      "window": 32768 | null, "term_length": 65536 | null,
+     "free": 20480 | null,      # room before the publisher is held (with state "free")
      "sender": null | {"position": snd-pos, "limit": snd-lmt, "back_pressure_events": snd-bpe,
                        "connected": true | false | null,
                        "at_limit": true | false,   # less than one mtu of room under snd-lmt
@@ -70,17 +76,25 @@ Every document is one JSON object on one line, with these common keys::
                        "holding_receiver": null | the receiver that sets snd-lmt},
      "receiver": null | {"hwm": rcv-hwm, "position": rcv-pos, "source": "127.0.0.1:40123"},
      "state": "held" | "free" | "not-connected" | "receiving" | "unknown",
-     "held_by": [4242],         # pids of the slowest subscribers, when held
+     "held_by": [4242],         # pids of the slowest counted subscribers, when held
      "held_by_sender": false,   # the sender is the slowest (a network publication): it waits
                                 # at snd-lmt for the sender's holding_receiver
      "verdict": "held by subscriber pid 4242 (worker-3), 32 KiB behind; window 32 KiB",
      "subscribers": [{"subscription_id": 4, "client_id": 2, "pid": 4242, "name": "worker-3",
-                      "counter_id": 11, "position": 10240, "lag": 32768}]}
+                      "counter_id": 11, "position": 10240, "lag": 32768,
+                      "counted": true}]}
 
-A subscriber's ``lag`` is pub-pos (an image: rcv-pos) minus its position.
+A subscriber's ``lag`` is pub-pos (an image: rcv-pos) minus its position; ``counted`` is
+whether the log's flow control counts it (a resting untethered subscriber does not hold the
+publisher). The publisher is held when pub-pos >= pub-lmt or its slowest counted reader is a
+window behind; ``free`` is then null, otherwise window - (pub-pos - slowest counted position):
+the publisher raises pub-lmt itself up to there, so that is what it can still write. The
+positions agree by construction (:func:`shmbus.cli.snapshot.read_publication`): lag >= 0,
+free <= window, and pub-pos - pub-lmt is below one claim (a message may end past the limit).
 
-``window`` is the publication window the driver set in the log file's metadata (term length
-/ 2 unless the driver runs with a smaller ``ipc_window``; 0 there reads as term length / 2).
+``window`` is the window the log's flow control raises pub-lmt by, from the log file's
+metadata (term length / 2 unless the driver runs with a smaller ``ipc_window``; a log without
+flow-control fields gives the publication window the driver announced, else term length / 2).
 
 ``clients`` adds ``"clients"``::
 
@@ -98,13 +112,10 @@ A subscriber's ``lag`` is pub-pos (an image: rcv-pos) minus its position.
 
 from __future__ import annotations
 
-import os
 import re
-import struct
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -113,18 +124,8 @@ from rich.table import Table
 from rich.text import Text
 
 from shmbus.channel_uri import ChannelUri, ChannelUriError
-from shmbus.driver.ipc_flow_control import ipc_window
-from shmbus.errors import ShmbusError
-from shmbus.shm._native import AtomicBuffer, epoch_ms
-from shmbus.shm.cnc import (
-    CNC_FILE,
-    COUNTERS_METADATA,
-    COUNTERS_VALUES,
-    ERROR_LOG,
-    CncCorruptError,
-    CncError,
-    CncFile,
-)
+from shmbus.cli.snapshot import BusSnapshot
+from shmbus.cli.snapshot import read_snapshot as read_snapshot  # its home before snapshot.py
 from shmbus.shm.counters import (
     CLIENT_HEARTBEAT,
     FC_RCV_POS,
@@ -146,19 +147,8 @@ from shmbus.shm.counters import (
     SYSTEM,
     TYPE_NAMES,
     Counter,
-    CountersReader,
 )
-from shmbus.shm.error_log import ErrorObservation, read_error_log
-from shmbus.shm.log_buffer import (
-    IS_CONNECTED_OFFSET,
-    LOG_META_DATA_LENGTH,
-    MTU_OFFSET,
-    PUBLICATION_WINDOW_OFFSET,
-    REGISTRATION_ID_OFFSET,
-    SESSION_ID_OFFSET,
-    STREAM_ID_OFFSET,
-    TERM_LENGTH_OFFSET,
-)
+from shmbus.shm.error_log import ErrorObservation
 
 #: The ``shmbus stat --json`` document, as ``shmbus stat --help`` shows it (valid JSON).
 STAT_JSON_EXAMPLE = """\
@@ -185,158 +175,6 @@ STALE = "stale"
 
 #: A process's start time is known to about a second (boot time has 1 s resolution).
 _CREATE_TIME_SLACK_MS = 2000
-_LOGS_DIR = "logs"
-
-
-class BusNotFoundError(ShmbusError):
-    """No bus to look at: no directory, no cnc.dat, or one that cannot be read."""
-
-    def __init__(self, directory: Path, problem: str, *, hint: bool = True) -> None:
-        self.directory = directory
-        message = f"no bus at {directory}: {problem}"
-        if hint:
-            message += f"\nstart a driver with: shmbus driver --dir {directory}"
-        super().__init__(message)
-
-
-# -- snapshots ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DriverInfo:
-    """The cnc.dat header and the driver's heartbeat."""
-
-    cnc_path: str
-    layout_version: int
-    pid: int
-    start_time_ms: int
-    heartbeat_ms: int
-    client_liveness_timeout_ms: int
-
-
-@dataclass(frozen=True)
-class LogInfo:
-    """What a publication's log file says about itself (read from its metadata section)."""
-
-    registration_id: int
-    session_id: int
-    stream_id: int
-    term_length: int
-    mtu: int
-    is_connected: bool  # a subscriber (or, on the network, a receiver) is there
-    window: int  # the publication window the driver uses for this log
-
-
-@dataclass(frozen=True)
-class BusSnapshot:
-    """Copies of what a bus holds at one moment; every view below is computed from it."""
-
-    directory: str
-    time_ms: int
-    monotonic_s: float
-    driver: DriverInfo
-    counters: tuple[Counter, ...]
-    logs: Mapping[int, LogInfo] = field(default_factory=dict)
-    errors: tuple[ErrorObservation, ...] = ()
-
-
-def _buffer(data: bytes) -> AtomicBuffer:
-    return AtomicBuffer(bytearray(data))
-
-
-def read_snapshot(directory: str | os.PathLike[str], *, errors: bool = False,
-                  logs: bool = True) -> BusSnapshot:
-    """Copy the counters (and with ``errors`` the error log) of the bus in ``directory``.
-
-    cnc.dat is mapped read-only and unmapped before this returns; with ``logs``, the log
-    files' metadata is read too, with plain reads. Raises :class:`BusNotFoundError` for a
-    missing directory or cnc.dat, or a cnc.dat that is not ready or of another layout version.
-    """
-    path = Path(directory)
-    if not path.is_dir():
-        problem = "is not a directory" if path.exists() else "the directory does not exist"
-        raise BusNotFoundError(path, problem)
-    try:
-        cnc = CncFile.open(path, writable=False)
-    except CncError as e:
-        if not (path / CNC_FILE).exists():
-            raise BusNotFoundError(path, f"{path / CNC_FILE} does not exist (no driver has run "
-                                         f"here, or it stopped and removed its files)") from None
-        hint = not isinstance(e, CncCorruptError) and "layout version" not in str(e)
-        raise BusNotFoundError(path, str(e), hint=hint) from None
-    except OSError as e:
-        raise BusNotFoundError(path, f"cannot read {path / CNC_FILE}: {e.strerror}",
-                               hint=False) from None
-    try:
-        heartbeat_ms = cnc.driver_heartbeat_ms()
-        metadata = cnc.snapshot(COUNTERS_METADATA)  # metadata first: see shmbus.shm.counters
-        values = cnc.snapshot(COUNTERS_VALUES)
-        error_log = cnc.snapshot(ERROR_LOG) if errors else b""
-        driver = DriverInfo(
-            cnc_path=str(cnc.path), layout_version=cnc.version, pid=cnc.pid,
-            start_time_ms=cnc.start_time_ms, heartbeat_ms=heartbeat_ms,
-            client_liveness_timeout_ms=cnc.client_liveness_timeout_ns // 1_000_000)
-    finally:
-        cnc.close()
-    time_ms = epoch_ms()
-    monotonic_s = time.monotonic()
-    counters = tuple(CountersReader(_buffer(metadata), _buffer(values)).counters())
-    observations = tuple(read_error_log(_buffer(error_log))) if errors else ()
-    return BusSnapshot(str(path), time_ms, monotonic_s, driver, counters,
-                       read_log_infos(path / _LOGS_DIR) if logs else {}, observations)
-
-
-def read_log_infos(logs_dir: Path) -> dict[int, LogInfo]:
-    """The metadata of every log file in ``logs_dir``, by registration id (plain reads)."""
-    infos: dict[int, LogInfo] = {}
-    try:
-        names = sorted(os.listdir(logs_dir))
-    except OSError:
-        return infos
-    for name in names:
-        try:
-            fd = os.open(logs_dir / name, os.O_RDONLY)
-        except OSError:
-            continue  # removed meanwhile
-        try:
-            size = os.fstat(fd).st_size
-            if size < LOG_META_DATA_LENGTH:
-                continue
-            meta = os.pread(fd, LOG_META_DATA_LENGTH, size - LOG_META_DATA_LENGTH)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        if len(meta) < LOG_META_DATA_LENGTH:
-            continue
-        (registration_id,) = struct.unpack_from("<q", meta, REGISTRATION_ID_OFFSET)
-        term_length, mtu, session_id, stream_id, connected, window = (
-            struct.unpack_from("<i", meta, offset)[0]
-            for offset in (TERM_LENGTH_OFFSET, MTU_OFFSET, SESSION_ID_OFFSET, STREAM_ID_OFFSET,
-                           IS_CONNECTED_OFFSET, PUBLICATION_WINDOW_OFFSET))
-        if term_length > 0:
-            infos[registration_id] = LogInfo(registration_id, session_id, stream_id,
-                                             term_length, mtu, connected == 1,
-                                             window or ipc_window(term_length))
-    return infos
-
-
-def samples(directory: str | os.PathLike[str], interval: float, count: int = 0,
-            *, errors: bool = False, logs: bool = True) -> Iterator[BusSnapshot]:
-    """Snapshots every ``interval`` seconds (``count`` of them; 0: until the caller stops).
-
-    cnc.dat is opened afresh each time, so a restarted driver is followed; a bus that goes
-    away raises :class:`BusNotFoundError` from the next sample.
-    """
-    taken = 0
-    next_at = time.monotonic()
-    while count <= 0 or taken < count:
-        yield read_snapshot(directory, errors=errors, logs=logs)
-        taken += 1
-        if count > 0 and taken >= count:
-            return
-        next_at += interval
-        time.sleep(max(0.0, next_at - time.monotonic()))
 
 
 # -- processes (psutil) ------------------------------------------------------------------------
@@ -700,11 +538,14 @@ class SubscriberView:
     lag: int
     #: a subscription group counted as one subscriber (at its oldest unfinished claim)
     group: str | None = None
+    #: the log's flow control counts it (False: an untethered subscriber resting)
+    counted: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {"subscription_id": self.subscription_id, "client_id": self.client_id,
                 "pid": self.pid, "name": self.name, "counter_id": self.counter_id,
-                "position": self.position, "lag": self.lag, "group": self.group}
+                "position": self.position, "lag": self.lag, "group": self.group,
+                "counted": self.counted}
 
     @property
     def who(self) -> str:
@@ -848,6 +689,8 @@ class Verdict:
     sentence: str
     held_by: tuple[SubscriberView, ...] = ()
     held_by_sender: bool = False
+    #: bytes the publisher can still write before it is held (state "free" only)
+    free: int | None = None
 
 
 @dataclass(frozen=True)
@@ -871,6 +714,9 @@ class StreamView:
     subscribers: tuple[SubscriberView, ...]
     verdict: Verdict
     groups: tuple[GroupView, ...] = ()
+    #: "log": pub-pos (an image: rcv-pos) was read live from the log (the tail; the
+    #: contiguous data); "counter": the counter's value (the log could not be read)
+    position_source: str = "counter"
 
     @property
     def state(self) -> str:
@@ -881,8 +727,9 @@ class StreamView:
         return {"kind": self.kind, "stream_id": self.stream_id, "session_id": self.session_id,
                 "channel": self.channel, "registration_id": self.registration_id,
                 "publisher_pid": self.publisher_pid, "publisher_name": self.publisher_name,
-                "pub_pos": self.pub_pos, "pub_lmt": self.pub_lmt, "window": self.window,
-                "term_length": self.term_length,
+                "pub_pos": self.pub_pos, "pub_lmt": self.pub_lmt,
+                "position_source": self.position_source, "window": self.window,
+                "term_length": self.term_length, "free": v.free,
                 "sender": self.sender.to_json() if self.sender else None,
                 "receiver": self.receiver.to_json() if self.receiver else None,
                 "state": v.state, "held_by": [s.pid for s in v.held_by],
@@ -893,6 +740,7 @@ class StreamView:
     def line(self) -> str:
         """The one-line text form ``shmbus streams`` prints."""
         subs = "; ".join(f"{s.who} at {s.position:,} (lag {format_bytes(s.lag)})"
+                         + ("" if s.counted else " (not counted)")
                          for s in self.subscribers) or "none"
         head = (f"stream {_opt(self.stream_id)} session {self.session_id} "
                 f"{self.channel or '?'}")
@@ -928,27 +776,31 @@ def verdict(pub_pos: int | None, pub_lmt: int | None, window: int | None,
             sender: SenderView | None = None) -> Verdict:
     """What limits one publisher now.
 
-    Its limit is the slowest of its subscribers (and, on a network channel, of its sender
-    once a receiver is connected) plus the window; once its position reaches the limit it is
-    back-pressured, held by the slowest. Below the limit it is free, with the rest of the
-    window to write into.
+    Its limit is the slowest of its counted subscribers (and, on a network channel, of its
+    sender once a receiver is connected) plus the window; the publisher raises pub-lmt up to
+    there itself. It is held, by the slowest, once its position reaches pub-lmt or the
+    slowest is a window behind; otherwise it is free, with window - (pub-pos - slowest) left
+    to write (without a window: pub-lmt - pub-pos). Subscribers that are not counted never
+    hold it.
     """
+    counted = [s for s in subscribers if s.counted]
     sender_counts = sender is not None and sender.position is not None and (
         sender.connected is not False)
-    if not subscribers and not sender_counts:
+    if not counted and not sender_counts:
         if sender is not None:
             return Verdict(NOT_CONNECTED, "not connected: no receiver has answered the sender")
         return Verdict(NOT_CONNECTED, "not connected: no subscriber")
     if pub_pos is None or pub_lmt is None:
         return Verdict(UNKNOWN, "unknown: the pub-pos or pub-lmt counter is missing")
-    if pub_pos < pub_lmt:
-        return Verdict(FREE, f"free: {format_bytes(pub_lmt - pub_pos)} of window left")
-    positions = [s.position for s in subscribers]
+    positions = [s.position for s in counted]
     if sender_counts:
         assert sender is not None and sender.position is not None
         positions.append(sender.position)
     slowest = min(positions)
-    held_by = tuple(s for s in subscribers if s.position == slowest)
+    room = window - (pub_pos - slowest) if window is not None else pub_lmt - pub_pos
+    if pub_pos < pub_lmt and room > 0:
+        return Verdict(FREE, f"free: {format_bytes(room)} of window left", free=room)
+    held_by = tuple(s for s in counted if s.position == slowest)
     by_sender = sender_counts and sender is not None and sender.position == slowest
     names = []
     if by_sender:
@@ -968,6 +820,45 @@ def verdict(pub_pos: int | None, pub_lmt: int | None, window: int | None,
     sentence = (f"held by {' and '.join(names)}, {format_bytes(pub_pos - slowest)} "
                 f"behind{window_text}")
     return Verdict(HELD, sentence, held_by, by_sender)
+
+
+def stream_problems(view: StreamView, max_claim: int) -> list[str]:
+    """How a publication's view breaks the rules its snapshot guarantees (empty: none).
+
+    The rules, for a view whose positions were read live (``position_source`` "log"): every
+    subscriber's lag is >= 0 (an image's too), and the sender's; while connected, pub-pos -
+    pub-lmt is below ``max_claim`` (the longest claim a publisher makes: one message's
+    frames, rounded up); free is within (0, window]; a held verdict names the slowest counted
+    reader, and only it.
+    """
+    if view.position_source != "log":
+        return []
+    head = "rcv-pos" if view.kind == "image" else "pub-pos"
+    problems = [f"{s.who} is {format_bytes(-s.lag)} ahead of {head}"
+                for s in view.subscribers if s.lag < 0]
+    if view.pub_pos is None:
+        return problems
+    sender = view.sender
+    if sender is not None and sender.position is not None and sender.position > view.pub_pos:
+        problems.append(f"snd-pos {sender.position:,} is ahead of pub-pos {view.pub_pos:,}")
+    v = view.verdict
+    if v.state in (HELD, FREE) and view.pub_lmt is not None and (
+            view.pub_pos - view.pub_lmt >= max_claim):
+        problems.append(f"pub-pos {view.pub_pos:,} is a claim or more past pub-lmt "
+                        f"{view.pub_lmt:,}")
+    if v.state == FREE and (v.free is None or not 0 < v.free <= (view.window or 0)):
+        problems.append(f"free {v.free} is not within the window {view.window}")
+    if v.state == HELD:
+        counted = [s.position for s in view.subscribers if s.counted]
+        if v.held_by_sender and sender is not None and sender.position is not None:
+            counted.append(sender.position)
+        slowest = min(counted, default=None)
+        if not (v.held_by or v.held_by_sender):
+            problems.append(f"held, but the verdict names no holder: {v.sentence}")
+        elif any(s.position != slowest for s in v.held_by):
+            problems.append(f"the verdict names a holder that is not the slowest counted "
+                            f"reader (at {slowest}): {v.sentence}")
+    return problems
 
 
 def image_verdict(receiver: ReceiverView, subscribers: Sequence[SubscriberView]) -> Verdict:
@@ -1047,12 +938,15 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
                 pub_lmt = value(PUB_LIMIT, registration_id)
             else:
                 head, pub_lmt = value(RCV_POS, registration_id), None
+            live = snapshot.live.get(registration_id)
+            counted = live.counted if live is not None else None
             subscribers = []
             for c in subs.get(registration_id, []):
                 pid, name = _client_of(c, clients)
                 subscribers.append(SubscriberView(
                     c.registration_id, c.owner_id, pid, name, c.counter_id, c.value,
-                    (head - c.value) if head is not None else 0))
+                    (head - c.value) if head is not None else 0,
+                    counted=counted is None or c.counter_id in counted))
             groups = _groups(registration_id, group_counters, clients)
             # a group holds the publisher back as one subscriber, at its oldest unfinished claim
             subscribers.extend(SubscriberView(
@@ -1085,7 +979,9 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
                 publisher.pid if publisher else None, publisher.name if publisher else None,
                 head if kind == "publication" else None, pub_lmt, window,
                 info.term_length if info else None, sender, receiver, tuple(subscribers),
-                result, groups))
+                result, groups,
+                "log" if registration_id in snapshot.live or registration_id in
+                snapshot.live_images else "counter"))
     return views
 
 

@@ -170,7 +170,11 @@ class CncFile:
     def open(cls, directory: Path, *, writable: bool = True) -> CncFile:
         """Map an existing cnc.dat; raise CncError if it is missing, not ready or foreign.
 
-        ``writable=False`` maps it read-only (for tools that must not disturb the bus).
+        ``writable=False`` is for tools that must not disturb the bus: the file is opened
+        read-only and mapped private (``ACCESS_COPY``), so nothing done through the map can
+        reach the file, while loads see the bus's pages as they change (Linux maps a private
+        page that was never written to the shared page itself). :meth:`load_view` gives
+        acquire loads over it.
         """
         path = directory / CNC_FILE
         try:
@@ -183,7 +187,7 @@ class CncFile:
                 raise CncCorruptError(f"{path} is {size} bytes, less than its "
                                       f"{HEADER_LENGTH}-byte header: truncated or not a cnc "
                                       f"file")
-            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
             mapping = mmap.mmap(fd, size, access=access)
         finally:
             os.close(fd)
@@ -210,6 +214,17 @@ class CncFile:
         """An AtomicBuffer over one section (TO_DRIVER .. ERROR_LOG); needs a writable map."""
         if not self.writable:
             raise CncError(f"{self.path} is mapped read-only: read sections with snapshot()")
+        offset, length = self._sections[index]
+        view = memoryview(self._mmap)[offset:offset + length]
+        self._views.append(view)
+        return AtomicBuffer(view)
+
+    def load_view(self, index: int) -> AtomicBuffer:
+        """An AtomicBuffer over one section of a read-only open, for acquire loads of what
+        others write (a tool reading counters live); nothing stored through it leaves this
+        process (the map is private)."""
+        if self.writable:
+            raise CncError(f"{self.path} is mapped writable: use section()")
         offset, length = self._sections[index]
         view = memoryview(self._mmap)[offset:offset + length]
         self._views.append(view)

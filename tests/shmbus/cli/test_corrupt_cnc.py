@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shmbus.cli import stat as busstat
+from shmbus.shm._native import epoch_ms
 from shmbus.shm.cnc import (
     CNC_FILE,
     COUNTERS_METADATA_LENGTH_OFFSET,
@@ -75,7 +76,7 @@ CORRUPTIONS = {  # name: (corruption, what the message must say)
 
 def corrupt_bus(directory: Path, corruption: Callable[[Path], None]) -> Path:
     directory.mkdir()
-    cnc = CncFile.create(directory, LENGTHS, pid=os.getpid(), start_time_ms=busstat.epoch_ms(),
+    cnc = CncFile.create(directory, LENGTHS, pid=os.getpid(), start_time_ms=epoch_ms(),
                          client_liveness_timeout_ns=10**10)
     cnc.close()
     corruption(directory / CNC_FILE)

@@ -31,8 +31,10 @@ import pytest
 from typer.testing import CliRunner
 
 import shmbus
+from shmbus.cli import snapshot as bussnapshot
 from shmbus.cli import stat as busstat
 from shmbus.cli.app import app
+from shmbus.shm._native import epoch_ms
 from shmbus.shm.cnc import (
     CNC_FILE,
     HEADER_LENGTH,
@@ -359,7 +361,7 @@ def test_errors_lists_each_distinct_error_once_with_its_count(bus_context, drive
     clean = run("errors", "--dir", bus_context.dir)
     assert clean.exit_code == 0 and "no errors" in clean.stdout
     with shmbus.connect(bus_context) as bus:
-        before = busstat.epoch_ms()
+        before = epoch_ms()
         for _ in range(2):
             with pytest.raises(shmbus.RegistrationError):
                 bus.add_publication("aeron:ipc", 0)
@@ -367,7 +369,7 @@ def test_errors_lists_each_distinct_error_once_with_its_count(bus_context, drive
             bus.add_subscription("aeron:ipx", 3)
     (zero, ipx) = run_json("errors", "--dir", bus_context.dir)["errors"]
     assert zero["count"] == 2 and "stream_id 0" in zero["text"]
-    assert before <= zero["first_ms"] <= zero["last_ms"] <= busstat.epoch_ms()
+    assert before <= zero["first_ms"] <= zero["last_ms"] <= epoch_ms()
     assert ipx["count"] == 1 and "ipx" in ipx["text"]
     text = run("errors", "--dir", bus_context.dir).stdout
     assert "2 distinct errors, 3 observations" in text
@@ -421,7 +423,8 @@ def test_commands_never_write_to_cnc_dat(scenario, monkeypatch) -> None:
         result = run(*args, "--dir", d)
         assert result.exit_code == 0, (args, result.output)
     monkeypatch.undo()
-    assert len(mappings) >= 12 and set(mappings) == {mmap.ACCESS_READ}
+    # private maps of read-only opened files: nothing done through them reaches the file
+    assert len(mappings) >= 12 and set(mappings) == {mmap.ACCESS_COPY}
     assert path.stat().st_ino == inode
     assert invariant_bytes(path) == before
 
@@ -491,7 +494,7 @@ def test_a_killed_driver_leaves_a_stale_bus(bus_context, driver) -> None:
 
 
 def test_old_heartbeat_or_reused_pid_is_stale(shm_dir) -> None:
-    now = busstat.epoch_ms()
+    now = epoch_ms()
     lengths = CncLengths(to_driver_capacity=1024, to_clients_capacity=1024, counters=16,
                          error_log=4096)
 
@@ -513,7 +516,7 @@ def test_old_heartbeat_or_reused_pid_is_stale(shm_dir) -> None:
 
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as later:
         try:  # a process started after the driver did has only reused its pid
-            reused = bus("reused", later.pid, busstat.epoch_ms())
+            reused = bus("reused", later.pid, epoch_ms())
             result = run("streams", "--json", "--dir", str(reused))
             assert result.exit_code == busstat.EXIT_STALE
             reason = json.loads(result.stdout)["bus"]["reason"]
@@ -522,7 +525,7 @@ def test_old_heartbeat_or_reused_pid_is_stale(shm_dir) -> None:
         finally:
             later.kill()
 
-    foreign = bus("foreign", os.getpid(), busstat.epoch_ms())
+    foreign = bus("foreign", os.getpid(), epoch_ms())
     with open(foreign / CNC_FILE, "r+b") as f:
         f.seek(VERSION_OFFSET)
         f.write(struct.pack("<i", 99))
@@ -566,9 +569,9 @@ def test_streams_of_a_network_publication_and_image() -> None:
         Counter(14, 5, f"rcv-pos: 20 -5 9 {udp} 127.0.0.1:4000", 4000, 20, 99, -5, b""),
         Counter(15, 4, f"sub-pos: 21 -5 9 {udp} @0 pid=4242 w", 3000, 21, 30, 20, b""),
     ]
-    logs = {5: busstat.LogInfo(5, -77, 9, 65536, 1408, True, 32768)}
-    snap = busstat.BusSnapshot("d", 0, 0.0, busstat.DriverInfo("cnc.dat", 1, 1, 1, 0, 10_000),
-                               tuple(counters), logs)
+    logs = {5: bussnapshot.LogInfo(5, -77, 9, 65536, 1408, True, 32768)}
+    driver = bussnapshot.DriverInfo("cnc.dat", 1, 1, 1, 0, 10_000)
+    snap = bussnapshot.BusSnapshot("d", 0, 0.0, driver, tuple(counters), logs)
     publication, image = busstat.analyse_streams(snap)
     assert (publication.kind, publication.stream_id, publication.session_id) == (
         "publication", 9, -77)
@@ -621,9 +624,9 @@ def test_streams_name_the_receiver_that_sets_the_sender_limit(fc: str, holder: s
         Counter(15, 19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 73 at 10.0.0.4:40 (not counted)",
                 1000, 5, 99, -77, b""),
     ]
-    logs = {5: busstat.LogInfo(5, -77, 9, 65536, 1408, True, 32768)}
-    snap = busstat.BusSnapshot("d", 0, 0.0, busstat.DriverInfo("cnc.dat", 1, 1, 1, 0, 10_000),
-                               tuple(counters), logs)
+    logs = {5: bussnapshot.LogInfo(5, -77, 9, 65536, 1408, True, 32768)}
+    driver = bussnapshot.DriverInfo("cnc.dat", 1, 1, 1, 0, 10_000)
+    snap = bussnapshot.BusSnapshot("d", 0, 0.0, driver, tuple(counters), logs)
     (publication,) = busstat.analyse_streams(snap)
     sender = publication.sender
     assert sender is not None and sender.fc_receivers == 2
@@ -651,9 +654,9 @@ def test_formatting_and_type_names() -> None:
 
 
 def snapshot(counters: list[Counter], monotonic_s: float,
-             start_ms: int = 1) -> busstat.BusSnapshot:
-    driver = busstat.DriverInfo("cnc.dat", 1, 1, start_ms, 0, 10_000)
-    return busstat.BusSnapshot("d", 0, monotonic_s, driver, tuple(counters))
+             start_ms: int = 1) -> bussnapshot.BusSnapshot:
+    driver = bussnapshot.DriverInfo("cnc.dat", 1, 1, start_ms, 0, 10_000)
+    return bussnapshot.BusSnapshot("d", 0, monotonic_s, driver, tuple(counters))
 
 
 def test_rates_only_compare_the_same_counter() -> None:
