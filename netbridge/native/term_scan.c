@@ -10,7 +10,12 @@
 #include "io.h"
 
 /* Committed whole frames of `term` from term_offset on (see term_scan below): sets *available
- * to the bytes of them to send and *padding to the bytes skipped after them. */
+ * to the bytes of them to send and *padding to the bytes skipped after them. Its rules are not
+ * the image readers' (next_frame in shmbus/shm/native/image.c): it cuts a datagram, so it stops
+ * before a frame that would not fit and after a PAD (sent as its header); a length that would
+ * step past the term stops it without an error, as it also runs without the GIL (busy_poll);
+ * and it checks no term id, since flow control counts the sender's position, so no writer
+ * laps the sender. */
 static void scan_frames(const uint8_t *term, int64_t term_length, int64_t term_offset,
                         int64_t max_length, int64_t stop, int64_t *available, int64_t *padding)
 {

@@ -78,7 +78,10 @@ static void group_go_idle(GroupMemberCore *self)
 
 /* The end of a run of whole messages from `position`: up to `limit` fragments, more only to
  * finish a fragmented message, never past the term. Padding at the end of the term joins the
- * run. `*bad` is set if a frame length is out of bounds (stale or corrupt). */
+ * run. `*bad` is set if a frame length is out of bounds (stale or corrupt). Not the readers'
+ * next_frame (image.c): this runs before the claim, without the lock, so a bad length may be a
+ * stale read of bytes another member already claimed; group_claim raises only if the group
+ * position has not moved meanwhile. */
 static int64_t group_scan(GroupMemberCore *self, int64_t position, long limit, int *bad)
 {
     const LogGeometry *g = &self->image.g;

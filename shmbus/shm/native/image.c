@@ -186,6 +186,34 @@ int frame_ok(ImageCore *self, const uint8_t *frame, int32_t offset, int32_t leng
     return 1;
 }
 
+/* What a reader finds at a term offset (see next_frame). */
+enum { FRAME_STOP, FRAME_PAD, FRAME_DATA, FRAME_ERROR };
+
+/*
+ * One step of the readers' walk through their term (poll, controlled_poll, _scan, take): the
+ * frame at term[offset], with its committed *length. FRAME_STOP at an uncommitted frame or a
+ * DATA frame of a later term (see frame_in_term), FRAME_ERROR (exception set) for a corrupt
+ * length in the reader's own term. The other walks over logs keep their own loops because
+ * their rules differ: message_extent (take's fragments after the first) tells an uncommitted
+ * fragment from a stale one; a group member (group_member.c) scans without the lock, where a
+ * bad length may be a stale read; the netbridge sender (netbridge/native/term_scan.c) cuts
+ * datagrams, not fragments.
+ */
+static inline int next_frame(ImageCore *self, const uint8_t *term, int32_t offset,
+                             int64_t position, int32_t *length)
+{
+    *length = LOAD_ACQUIRE((const int32_t *)(term + offset));
+    if (*length <= 0)
+        return FRAME_STOP;
+    const uint8_t *frame = term + offset;
+    int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
+    if (!pad && !frame_in_term(self, frame, position))
+        return FRAME_STOP;
+    if (!frame_ok(self, frame, offset, *length, position))
+        return PyErr_Occurred() ? FRAME_ERROR : FRAME_STOP;
+    return pad ? FRAME_PAD : FRAME_DATA;
+}
+
 /* Delivers up to `limit` fragments to handler(buffer, header); returns how many, or -1 with an
  * exception set (the fragments before it still count as consumed). */
 long image_poll(ImageCore *self, PyObject *handler, long limit)
@@ -199,19 +227,15 @@ long image_poll(ImageCore *self, PyObject *handler, long limit)
     long fragments = 0;
     int failed = 0;
     while (fragments < limit && offset < self->g.term_length) {
-        int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
-        if (length <= 0)
-            break;
-        uint8_t *frame = term + offset;
-        int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
-        if (!pad && !frame_in_term(self, frame, position))
-            break;
-        if (!frame_ok(self, frame, offset, length, position)) {
-            failed = PyErr_Occurred() != NULL;
+        int32_t length;
+        int kind = next_frame(self, term, offset, position, &length);
+        if (kind == FRAME_STOP || kind == FRAME_ERROR) {
+            failed = kind == FRAME_ERROR;
             break;
         }
+        uint8_t *frame = term + offset;
         offset += (int32_t)ALIGN(length, FRAME_ALIGNMENT);
-        if (pad)
+        if (kind == FRAME_PAD)
             continue;
         fragments++;
         PyObject *r = deliver(self, handler, frame, length);
@@ -237,20 +261,16 @@ long image_controlled_poll(ImageCore *self, PyObject *handler, long limit)
     long fragments = 0;
     int failed = 0;
     while (fragments < limit && offset < self->g.term_length) {
-        int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
-        if (length <= 0)
-            break;
-        uint8_t *frame = term + offset;
-        int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
-        if (!pad && !frame_in_term(self, frame, position))
-            break;
-        if (!frame_ok(self, frame, offset, length, position)) {
-            failed = PyErr_Occurred() != NULL;
+        int32_t length;
+        int kind = next_frame(self, term, offset, position, &length);
+        if (kind == FRAME_STOP || kind == FRAME_ERROR) {
+            failed = kind == FRAME_ERROR;
             break;
         }
+        uint8_t *frame = term + offset;
         int32_t aligned = (int32_t)ALIGN(length, FRAME_ALIGNMENT);
         offset += aligned;
-        if (pad)
+        if (kind == FRAME_PAD)
             continue;
         fragments++;
         PyObject *r = deliver(self, handler, frame, length);
@@ -355,17 +375,14 @@ PyObject *image_take(ImageCore *self)
         int64_t position = image_position(self);
         int32_t offset = (int32_t)(position & (self->g.term_length - 1));
         uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
-        int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
-        if (length <= 0)
+        int32_t length;
+        int kind = next_frame(self, term, offset, position, &length);
+        if (kind == FRAME_STOP || kind == FRAME_ERROR)
             return NULL;
         uint8_t *frame = term + offset;
-        int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
-        if ((!pad && !frame_in_term(self, frame, position)) ||
-            !frame_ok(self, frame, offset, length, position))
-            return NULL;
         int32_t aligned = (int32_t)ALIGN(length, FRAME_ALIGNMENT);
         uint8_t flags = frame[FLAGS_OFFSET];
-        if (pad || !(flags & BEGIN_FLAG)) {
+        if (kind == FRAME_PAD || !(flags & BEGIN_FLAG)) {
             consume(self, position + aligned);
             continue;
         }
@@ -463,19 +480,14 @@ static PyObject *img_scan(ImageCore *self, PyObject *args)
     int32_t offset = term_offset;
     Py_ssize_t count = 0;
     while (count < limit && offset < self->g.term_length) {
-        int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
-        if (length <= 0)
+        int32_t length;
+        int kind = next_frame(self, term, offset, position, &length);
+        if (kind == FRAME_ERROR)
+            goto done;
+        if (kind == FRAME_STOP)
             break;
         uint8_t *frame = term + offset;
-        int pad = rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD;
-        if (!pad && !frame_in_term(self, frame, position))
-            break;
-        if (!frame_ok(self, frame, offset, length, position)) {
-            if (PyErr_Occurred())
-                goto done;
-            break;
-        }
-        if (!pad) {
+        if (kind == FRAME_DATA) {
             o[count] = offset + HEADER_LENGTH;
             l[count] = length - HEADER_LENGTH;
             f[count] = frame[FLAGS_OFFSET];
