@@ -12,6 +12,8 @@
 #include <poll.h>
 #include <sched.h>
 
+/* One sender the spin sends for by itself (see busy_poll): DATA committed at `position` goes
+ * out as scan_datagrams and send_batch would send it, to every destination. */
 typedef struct {
     int fd;
     LogGeometry g;

@@ -28,6 +28,7 @@
 #define HDR_TYPE_SETUP 0x05
 #define HDR_TYPE_RTTM 0x06
 
+/* (host, port) as the socket module gives a received IPv4 datagram's source */
 static PyObject *source_tuple(const struct sockaddr_in *a)
 {
     char host[INET_ADDRSTRLEN];
@@ -53,6 +54,7 @@ int sockaddr_arg(PyObject *destination, struct sockaddr_in *a)
     }
     return 0;
 }
+
 /* The (session, stream) a datagram for Python concerns alone: DATA/PAD (the receiver reads only
  * its first frame), or a datagram of one SETUP or RTTM frame. 0 when it may concern several. */
 static int datagram_key(const uint8_t *d, int64_t size, int32_t *session_id, int32_t *stream_id)

@@ -218,7 +218,7 @@ class SubscriptionCore:
         the client fails; False (nothing armed) when a poll would find something now."""
 
 class GroupMemberCore(ImageCore):
-    """One member of a subscription group on one log (see _native.c, "Subscription groups").
+    """One member of a subscription group on one log (see shmbus/shm/native/group_member.c).
 
     ``counters`` is the bus's counter values; the offsets are the value slots of the group's
     grp-pos, this member's grp-claim and the group's grp-orphan counters; ``token`` (> 0, unique

@@ -257,6 +257,9 @@ int64_t *position_ptr(PyObject *buffer, Py_ssize_t offset)
     if (ab_check((AtomicBuffer *)buffer, offset, 8, 8)) return NULL;
     return (int64_t *)(((AtomicBuffer *)buffer)->data + offset);
 }
+
+/* The geometry of a log of `term_length` (a power of two >= 64 KiB) filling `log`'s first
+ * 3 terms + metadata; -1 with ValueError or IndexError otherwise. */
 int geometry_from(AtomicBuffer *log, int32_t term_length, int32_t initial_term_id,
                   LogGeometry *g)
 {

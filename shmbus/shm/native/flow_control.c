@@ -148,6 +148,7 @@ int fc_raise(const LogGeometry *g, const uint8_t *values, Py_ssize_t values_len,
     fc_advance(g, limit, slowest, FC_RAISE, version);
     return LOAD_ACQUIRE(limit) > before;
 }
+
 static int log_geometry_arg(PyObject *log, int term_length, LogGeometry *g)
 {
     if (!PyObject_TypeCheck(log, &AtomicBufferType)) {

@@ -301,7 +301,7 @@ PyTypeObject LogWatcherType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "LogWatcher(): a native thread that makes an eventfd readable when a publisher "
               "commits a frame where a network sender waits, or a subscriber reads up to a "
-              "threshold (see _native.c).",
+              "threshold (see shmbus/shm/native/log_watcher.c).",
     .tp_new = log_watcher_new,
     .tp_init = (initproc)log_watcher_init,
     .tp_dealloc = (destructor)log_watcher_dealloc,

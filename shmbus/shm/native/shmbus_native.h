@@ -19,11 +19,9 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
-#include <pthread.h>
 #include <sys/syscall.h>
 #include <stdint.h>
 #include <string.h>
@@ -116,6 +114,7 @@ static inline int64_t term_count_between(int32_t term_id, int32_t initial_term_i
 {
     return (int64_t)(int32_t)((uint32_t)term_id - (uint32_t)initial_term_id);
 }
+
 /* ---- log geometry: where a log's terms, tails and metadata are ------------------------- */
 
 typedef struct {

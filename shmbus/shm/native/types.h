@@ -8,6 +8,9 @@
 
 #include "shmbus_capi.h"
 
+#include <pthread.h>
+#include <structmember.h>
+
 /* Shared between the sources of this extension only: not exported from the .so. */
 #define INTERNAL __attribute__((visibility("hidden")))
 
