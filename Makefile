@@ -4,6 +4,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The C sources of shmbus.shm._native and netbridge._io: a change rebuilds them.
+NATIVE := $(wildcard shmbus/shm/native/*.[ch] netbridge/native/*.[ch])
 
 .PHONY: test typecheck demo bench lint clean system-deps
 
@@ -19,7 +21,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml setup.py shmbus/shm/_native.c
+$(STAMP): $(BIN)/python pyproject.toml setup.py $(NATIVE)
 	$(BIN)/pip install --quiet -e '.[dev,bench,spark]'
 	touch $(STAMP)
 
@@ -41,4 +43,4 @@ lint: typecheck
 	$(BIN)/ruff check shmbus netbridge tests tools examples
 
 clean:
-	rm -rf $(VENV) build *.egg-info shmbus/shm/*.so
+	rm -rf $(VENV) build *.egg-info shmbus/shm/*.so netbridge/*.so

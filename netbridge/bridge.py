@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
+from netbridge import _io
 from netbridge.datagram_io import DatagramIO, send_to
 from netbridge.destinations import DestinationTracker
 from netbridge.flow_control import strategy_for
@@ -469,7 +470,7 @@ class Bridge:
     def run(self) -> None:
         """Serve until stop() or the driver goes away; then close(). After work it spins for
         ``Context.netbridge_busy_window`` (natively, yielding the CPU at every turn: see
-        _native.busy_poll) until a socket is readable, a publisher commits where a sender
+        _io.busy_poll) until a socket is readable, a publisher commits where a sender
         waits, or a timer is due; a sender's DATA the spin sends itself when its poll would do
         nothing else, and spins on. With nothing to do, it sleeps in poll() on its sockets and
         the log watcher's fd until the next deadline."""
@@ -489,8 +490,8 @@ class Bridge:
                         watching = None
                     while True:  # a sender the spin sent for needs no duty cycle
                         data, progress, sends, sending = self._spin_watches()
-                        found, sent = _native.busy_poll(self._poll_fds(), data, progress,
-                                                        min(busy_until, deadline), sends)
+                        found, sent = _io.busy_poll(self._poll_fds(), data, progress,
+                                                    min(busy_until, deadline), sends)
                         if not sent:
                             break
                         now = time.monotonic_ns()
@@ -504,7 +505,7 @@ class Bridge:
                     if watches != watching:  # else it still watches just these
                         watcher.arm(*watches)
                         watching = watches
-                    if _native.busy_poll((), *watches, 0)[0] is not None:
+                    if _io.busy_poll((), *watches, 0)[0] is not None:
                         # a frame or a reader came since the duty cycle (arm leaves out a
                         # watch that is ready: it would never fire): no sleep
                         timeout_ms = 0
@@ -580,7 +581,7 @@ class Bridge:
     @staticmethod
     def _native_send(channel: SendChannel, sender: Sender) -> tuple[
             int, _native.AtomicBuffer, int, int, int, int, int, tuple[object, ...]] | None:
-        """The send (as _native.busy_poll and send_now take it) that sends the sender's next
+        """The send (as _io.busy_poll and send_now take it) that sends the sender's next
         committed DATA natively, or None when its poll must (NetworkSender.spin_send says
         when) or its channel has an outgoing loss filter."""
         spin = sender.sender.spin_send() if channel.loss_out is None else None
@@ -724,7 +725,7 @@ class Bridge:
                     continue
                 send = self._native_send(channel, sender)
                 if send is not None:  # only a publisher's frame to send: natively, no poll
-                    sent = _native.send_now(send)
+                    sent = _io.send_now(send)
                     work += sent[1]
                     self._on_data_sent(sender, now, sent)
                     deadline = min(deadline, sender.next_poll_ns)

@@ -1,5 +1,5 @@
 """Datagram I/O in batches, for the netbridge process: one recvmmsg per socket and duty cycle,
-one sendmmsg per batch of DATA (shmbus.shm._native: receive_batch, send_batch).
+one sendmmsg per batch of DATA (netbridge._io: receive_batch, send_batch).
 
 Where the kernel has UDP segmentation, a run of equal-length datagrams goes out as one
 segmented send (UDP_SEGMENT: one trip through the stack, the same datagrams on the wire).
@@ -19,7 +19,7 @@ then to the state machine.
 Sending: a :class:`netbridge.sender.DataBatch` goes out with one sendmmsg straight from the log
 (or, through an outgoing loss filter, datagram by datagram); other datagrams with sendto. A
 full socket buffer is loss, recovered by NAK as any other. (In its busy window the bridge's
-spin sends a publisher's new DATA itself, the same way: see _native.busy_poll.)
+spin sends a publisher's new DATA itself, the same way: see _io.busy_poll.)
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from netbridge import _io
 from netbridge.loss_filter import LossFilter
 from netbridge.receiver import NetworkReceiver
 from netbridge.sender import DataBatch
@@ -55,7 +56,7 @@ class DatagramIO:
         in order, as a memoryview valid only until ``handle`` returns (through ``loss`` first
         when given)."""
         images = receiver.in_order_images() if receiver is not None and loss is None else []
-        received, in_order, rest = _native.receive_batch(sock.fileno(), self._slots, tuple(
+        received, in_order, rest = _io.receive_batch(sock.fileno(), self._slots, tuple(
             (image.log.buffer, image.session_id, image.stream_id, image.term_length,
              image.initial_term_id, image.rcv_hwm, image.window_limit) for image in images))
         for image, result in zip(images, in_order, strict=True):
@@ -81,8 +82,8 @@ class DatagramIO:
         for data, destination in datagrams:
             if isinstance(data, DataBatch):
                 if loss is None:
-                    _native.send_batch(sock.fileno(), data.buffer, data.spans,
-                                       cast("tuple[str, int]", destination))
+                    _io.send_batch(sock.fileno(), data.buffer, data.spans,
+                                   cast("tuple[str, int]", destination))
                     continue
                 each: Sequence[bytes | memoryview] = data.datagrams()
             else:

@@ -73,6 +73,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
+from netbridge import _io
 from netbridge.congestion_control import CongestionControl, congestion_control_for
 from netbridge.frames import (
     CURRENT_VERSION,
@@ -94,7 +95,6 @@ from netbridge.frames import (
 )
 from netbridge.loss_detector import NAK_RETRY_NS_DEFAULT, LossDetector
 from shmbus.channel_uri import CONGESTION_CONTROLS
-from shmbus.shm import _native
 from shmbus.shm.log_buffer import (
     PARTITION_COUNT,
     LogBuffer,
@@ -385,11 +385,11 @@ class ReceiverImage:
         rebuild = self.loss.rebuild_position
         # Every frame's version, type, length, session, stream, term id and term offset
         # checked against its place in the datagram and the term, in one native call
-        # (shmbus.shm._native.validate_datagram): -1, or (copy_end: bytes of the datagram to copy,
+        # (netbridge._io.validate_datagram): -1, or (copy_end: bytes of the datagram to copy,
         # a PAD sent as its header; span: bytes of the stream covered, a PAD's whole length;
         # skip: leading bytes of frames wholly below the rebuild position).
-        walked = _native.validate_datagram(view, term_offset, self.session_id, self.stream_id,
-                                           term_id, term_length, rebuild - position)
+        walked = _io.validate_datagram(view, term_offset, self.session_id, self.stream_id,
+                                       term_id, term_length, rebuild - position)
         if isinstance(walked, int):  # -1: some frame header is invalid
             self._invalid()
             return
@@ -421,8 +421,8 @@ class ReceiverImage:
         if skip < copy_end:
             # one block, the first frame's length last with a release store
             index = (position >> self._position_bits) % PARTITION_COUNT
-            _native.insert_frames(self._buffer, index * term_length + term_offset + skip, view,
-                                  skip, copy_end)
+            _io.insert_frames(self._buffer, index * term_length + term_offset + skip, view,
+                              skip, copy_end)
 
     @property
     def sm_due_position(self) -> int:

@@ -27,6 +27,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
+from netbridge import _io
 from netbridge.flow_control import FlowControl, UnicastFlowControl
 from netbridge.frames import (
     FRAME_ALIGNMENT,
@@ -40,7 +41,6 @@ from netbridge.frames import (
     decode_frames,
     heartbeat,
 )
-from shmbus.shm import _native
 from shmbus.shm._native import AtomicBuffer
 from shmbus.shm.log_buffer import (
     PARTITION_COUNT,
@@ -67,8 +67,8 @@ RETRANSMIT_DELAY_NS_DEFAULT: Final = 0
 MAX_RETRANSMITS_DEFAULT: Final = 16
 MAX_DATAGRAMS_PER_POLL_DEFAULT: Final = 64
 
-_term_scan = _native.term_scan
-_scan_datagrams = _native.scan_datagrams
+_term_scan = _io.term_scan
+_scan_datagrams = _io.scan_datagrams
 _SPAN = struct.Struct("<qq")
 
 
@@ -77,7 +77,7 @@ class DataBatch:
     """DATA datagrams of one poll as spans of the log (nothing copied): ``spans`` packs each
     datagram as little-endian int64 (offset in ``buffer``, length), ``count`` of them,
     ``length`` bytes in all; ``terms`` are read-only views of the log's terms. The socket
-    layer sends them with ``_native.send_batch``; valid, like memoryviews of the log, until the
+    layer sends them with ``_io.send_batch``; valid, like memoryviews of the log, until the
     log is cleaned past them."""
 
     buffer: AtomicBuffer
@@ -482,7 +482,7 @@ class NetworkSender:
         send, padding skipped after them). Stops at an uncommitted frame (length <= 0), at
         ``max_length`` bytes, at a frame starting at or after ``stop``, and after a PAD frame
         (sent as its 32-byte header; the rest of its length is the returned padding). The
-        loop over frame headers is native (shmbus.shm._native.term_scan), which also never steps
+        loop over frame headers is native (netbridge._io.term_scan), which also never steps
         past the end of the term."""
         term_length = self.term_length
         return _term_scan(self._buffer, index * term_length, term_length, term_offset,
@@ -490,7 +490,7 @@ class NetworkSender:
 
     def _send_data(self, now_ns: int, out: list[Outgoing]) -> bool:
         """Send DATA from the sender position up to the limit; True if the per-poll budget ran
-        out with more to send. The loop over datagrams is native (_native.scan_datagrams)."""
+        out with more to send. The loop over datagrams is native (_io.scan_datagrams)."""
         position, spans, length, back_pressured, more = _scan_datagrams(
             self._buffer, self.term_length, self.sender_position, self.sender_limit, self.mtu,
             self.max_datagrams_per_poll)

@@ -3,7 +3,7 @@
 ``bus.add_subscription(channel, stream_id, group="workers")`` makes this process a member of the
 group ``workers`` on that channel and stream: each message goes to exactly one member. A member
 claims a run of whole messages at the group's shared claim position (natively, see
-``_native.c``, "Subscription groups"), hands them to its handler and marks each done as its
+``shmbus/shm/native/group_member.c``), hands them to its handler and marks each done as its
 handler returns. The driver counts the group for flow control like one subscriber, so a
 publisher waits for the group rather than for each member.
 

@@ -1,5 +1,5 @@
-"""The distributions: a wheel with the compiled core that works in a clean venv, and an sdist
-that carries the C source and builds that wheel.
+"""The distributions: a wheel with the compiled extensions that works in a clean venv, and an
+sdist that carries their C sources and builds that wheel.
 
 Built once per module from this checkout into temporary folders (pip and build fetch setuptools
 and the dependencies from pip's cache or the index, as a user's install would).
@@ -68,10 +68,13 @@ def test_wheel_holds_every_package_and_the_compiled_core_but_no_tests(dist: Path
     names = wheel.namelist()
     for package in PACKAGES:
         assert f"{package}/__init__.py" in names, package
-    # the compiled core and its stub for type checkers, not its C source
+    # the compiled extensions and their stubs for type checkers, not their C sources
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
     assert sorted(n for n in names if n.startswith("shmbus/shm/_native.")) == \
-        sorted(["shmbus/shm/_native" + sysconfig.get_config_var("EXT_SUFFIX"),
-                "shmbus/shm/_native.pyi"])
+        sorted(["shmbus/shm/_native" + suffix, "shmbus/shm/_native.pyi"])
+    assert sorted(n for n in names if n.startswith("netbridge/_io.")) == \
+        sorted(["netbridge/_io" + suffix, "netbridge/_io.pyi"])
+    assert not [n for n in names if n.endswith((".c", ".h"))]
     assert "shmbus/py.typed" in names
     assert not [n for n in names if n.split("/")[0] in ("tests", "tools", "examples")]
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
@@ -79,10 +82,14 @@ def test_wheel_holds_every_package_and_the_compiled_core_but_no_tests(dist: Path
     assert "shmbus = shmbus.cli:app" in text and "netbridge = netbridge.cli:app" in text
 
 
-def test_sdist_carries_the_c_source_and_builds_the_wheel(dist: Path, tmp_path: Path) -> None:
+def test_sdist_carries_the_c_sources_and_builds_the_wheel(dist: Path, tmp_path: Path) -> None:
     sdist = only(dist, "shmbus-*.tar.gz")
     names = {name.split("/", 1)[1] for name in tarfile.open(sdist).getnames() if "/" in name}
-    assert {"shmbus/shm/_native.c", "setup.py", "pyproject.toml", "README.md"} <= names
+    sources = {str(path.relative_to(CHECKOUT))
+               for folder in ("shmbus/shm/native", "netbridge/native")
+               for path in (CHECKOUT / folder).glob("*.[ch]")}
+    assert sources and sources <= names
+    assert {"setup.py", "pyproject.toml", "README.md"} <= names
     assert {f"{package}/__init__.py" for package in PACKAGES} <= names
     assert not [n for n in names if n.split("/")[0] in ("tests", "tools", "examples")]
     assert not [n for n in names if n.endswith(".so")], "a compiled module leaked into the sdist"
@@ -91,6 +98,7 @@ def test_sdist_carries_the_c_source_and_builds_the_wheel(dist: Path, tmp_path: P
         cwd=tmp_path)
     built = zipfile.ZipFile(only(tmp_path, "shmbus-*.whl")).namelist()
     assert [n for n in built if n.startswith("shmbus/shm/_native.") and n.endswith(".so")]
+    assert [n for n in built if n.startswith("netbridge/_io.") and n.endswith(".so")]
 
 
 def test_wheel_installed_in_a_clean_venv_runs_a_pub_sub_and_the_cli(dist: Path,
@@ -110,6 +118,7 @@ def test_wheel_installed_in_a_clean_venv_runs_a_pub_sub_and_the_cli(dist: Path,
     site_packages = venv / "lib" / f"python{sysconfig.get_python_version()}" / "site-packages"
     assert f"shmbus from {site_packages / 'shmbus' / '__init__.py'}" in output, output
     assert f"native core from {site_packages / 'shmbus' / 'shm' / '_native.'}" in output, output
+    assert f"netbridge natives from {site_packages / 'netbridge' / '_io.'}" in output, output
     assert "1000 messages received exactly" in output, output
 
     assert "driver" in run(bin_dir / "shmbus", "--help", cwd=tmp_path)

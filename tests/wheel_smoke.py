@@ -4,7 +4,7 @@
 package, does not go on sys.path), by tests/test_packaging.py in a fresh venv and by
 cibuildwheel's test-command. This process starts an embedded driver in a temporary bus directory
 and publishes 1,000 messages of 1 to 2,000 bytes (the larger ones fragmented); a spawned
-subscriber process receives them. Prints where shmbus and its C core were loaded from, then
+subscriber process receives them. Prints where shmbus and its C extensions were loaded from, then
 "1000 messages received exactly" and exits 0 when every message arrived once, in order and
 intact and the driver then exited by itself; otherwise exits 1 saying what went wrong.
 """
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import shmbus
+from netbridge import _io
 from shmbus.shm import _native
 
 STREAM = 1001
@@ -46,6 +47,7 @@ def subscribe(context: shmbus.Context, results: mp.Queue) -> None:
 def main() -> int:
     print(f"shmbus from {shmbus.__file__}")
     print(f"native core from {_native.__file__}")
+    print(f"netbridge natives from {_io.__file__}")
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="shmbus-wheel-smoke-", dir=shm) as tmp:
         bus_dir = Path(tmp) / "bus"

@@ -70,9 +70,9 @@ from shmbus.shm.counters import (
 from shmbus.shm.error_log import ErrorObservation, read_error_log
 from shmbus.shm.log_buffer import (
     ACTIVE_TERM_COUNT_OFFSET,
-    FC_COUNTED_IDS_OFFSET,
-    FC_COUNTED_SIZE_OFFSET,
-    FC_COUNTED_VERSION_OFFSET,
+    FC_COUNTER_IDS_OFFSET,
+    FC_COUNT_OFFSET,
+    FC_VERSION_OFFSET,
     FC_MAX_COUNTED,
     FC_WINDOW_OFFSET,
     FRAME_ALIGNMENT,
@@ -266,15 +266,15 @@ def read_counted(meta: AtomicBuffer) -> frozenset[int] | None:
     an unchanged, even version means the set was not written meanwhile.
     """
     for _ in range(_COUNTED_ATTEMPTS):
-        version = meta.get_int32_acquire(FC_COUNTED_VERSION_OFFSET)
+        version = meta.get_int32_acquire(FC_VERSION_OFFSET)
         if version & 1:
             continue
-        size = meta.get_int32_acquire(FC_COUNTED_SIZE_OFFSET)
+        size = meta.get_int32_acquire(FC_COUNT_OFFSET)
         if not 0 <= size <= FC_MAX_COUNTED:
             return None
-        ids = frozenset(meta.get_int32_acquire(FC_COUNTED_IDS_OFFSET + 4 * i)
+        ids = frozenset(meta.get_int32_acquire(FC_COUNTER_IDS_OFFSET + 4 * i)
                         for i in range(size))
-        if meta.get_int32_acquire(FC_COUNTED_VERSION_OFFSET) == version:
+        if meta.get_int32_acquire(FC_VERSION_OFFSET) == version:
             return ids
     return None
 

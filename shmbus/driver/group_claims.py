@@ -2,7 +2,7 @@
 
 The members of a group (subscriptions with ``consumer-group=<name>`` on one channel and stream)
 share the log: each message goes to exactly one member. The driver allocates, per group and
-log, the counters the members claim with (see ``_native.c``, "Subscription groups"):
+log, the counters the members claim with (see ``shmbus/shm/native/group_member.c``):
 
 * ``grp-pos``: the claim position; members move it on under the group's claim lock (its
   second word). Everything before it has been claimed.

@@ -7,7 +7,7 @@ into again is clean (a reader relies on a zero frame length meaning "not written
 The limit moves at memory speed: the driver decides *which* position counters count
 (tethering, liveness, the sender of a network publication) and publishes their ids in the log
 metadata; a publisher that reaches its limit raises it itself from those counters, natively,
-under the log's flow-control lock (see ``_native.c``, "IPC flow control"). The driver's own
+under the log's flow-control lock (see ``shmbus/shm/native/flow_control.c``). The driver's own
 calls to :meth:`IpcFlowControl.update` cover what no publisher is there to do: the first limit,
 pulling the limit back when nobody counts, and cleaning while publishers are idle.
 

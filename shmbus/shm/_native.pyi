@@ -1,4 +1,4 @@
-"""Types of the native core (shmbus/shm/_native.c); keep in step with its method tables
+"""Types of the native core (shmbus/shm/native/*.c); keep in step with its method tables
 (tests/shmbus/shm/test_native_stub.py checks that every name is here). Arguments the C code
 parses positionally are positional-only here.
 """
@@ -218,7 +218,7 @@ class SubscriptionCore:
         the client fails; False (nothing armed) when a poll would find something now."""
 
 class GroupMemberCore(ImageCore):
-    """One member of a subscription group on one log (see _native.c, "Subscription groups").
+    """One member of a subscription group on one log (see shmbus/shm/native/group_member.c).
 
     ``counters`` is the bus's counter values; the offsets are the value slots of the group's
     grp-pos, this member's grp-claim and the group's grp-orphan counters; ``token`` (> 0, unique
@@ -273,29 +273,14 @@ class Heartbeat:
     def stop(self) -> None:
         """Stop the thread and let go of the buffer. Idempotent; a no-op after fork."""
 
+#: The log layout constants of shmbus/shm/native/shmbus_native.h, under the names
+#: shmbus/shm/log_buffer.py gives them (tests/shmbus/shm/test_log_buffer.py compares the two).
+LAYOUT: dict[str, int]
+
 def epoch_ms() -> int:
     """The clock heartbeats use: wall-clock time in milliseconds."""
 
 def acquire_fence() -> None: ...
-def release_fence() -> None: ...
-def full_fence() -> None: ...
-def term_scan(
-    buffer: AtomicBuffer, term_start: int, term_length: int, term_offset: int, max_length: int,
-    stop: int, /,
-) -> tuple[int, int]:
-    """(bytes of committed whole frames to send from term_offset, padding skipped after them)."""
-
-def validate_datagram(
-    datagram: Buffer, term_offset: int, session_id: int, stream_id: int, term_id: int,
-    term_length: int, below: int, /,
-) -> tuple[int, int, int] | int:
-    """(end, span, skip), or -1 when any frame header of the datagram is invalid."""
-
-def insert_frames(
-    buffer: AtomicBuffer, at: int, datagram: Buffer, start: int, end: int, /
-) -> int:
-    """Copies datagram[start:end] to buffer[at:], the first frame's length last (release)."""
-
 def wake_log_readers(log_buffer: AtomicBuffer, /) -> None:
     """Wakes the readers asleep on the log (call after insert_frames)."""
 def wake_log_writers(log_buffer: AtomicBuffer, /) -> None:
@@ -324,57 +309,6 @@ def flow_control_advance(
 ) -> bool:
     """Driver only: cleans behind slowest; mode 0 raises the limit, 1 pulls it back, 2 only
     cleans. False when the metadata lock is held by a publisher (try again later)."""
-
-# -- netbridge datagram batches (netbridge process only) ---------------------------------------
-
-def receive_batch(
-    fd: int, slots: WritableBuffer,
-    images: tuple[tuple[AtomicBuffer, int, int, int, int, int, int], ...], /,
-) -> tuple[int, tuple[tuple[int, int, int, tuple[str, int] | None] | None, ...],
-           list[tuple[int, int, tuple[str, int] | None]]]:
-    """One non-blocking recvmmsg into 64 KiB slots: (received, in_order, rest). ``images``
-    are (log buffer, session id, stream id, term length, initial term id, position where its
-    highest data ends, limit its data may not pass). DATA that continues one of them exactly
-    at its position, valid and within its limit, is inserted into its log (readers woken);
-    in_order[i] is None or (position, datagrams, bytes, source of the latest). Every other
-    datagram is in ``rest`` as (slot offset, length, source), in order, and so is every later
-    one of the same image (after one that names no single image, every later one). OSError
-    for a bad descriptor."""
-
-def scan_datagrams(
-    log_buffer: AtomicBuffer, term_length: int, position: int, limit: int, mtu: int,
-    max_datagrams: int, /,
-) -> tuple[int, bytes, int, bool, bool]:
-    """The sender's DATA datagrams from position up to limit: (next position, spans packed as
-    little-endian int64 (buffer offset, length) pairs, their total bytes, back_pressured,
-    more)."""
-
-def send_batch(fd: int, buffer: AtomicBuffer, spans: Buffer, destination: tuple[str, int], /
-               ) -> int:
-    """sendmmsg of each (offset, length) span of buffer to a numeric IPv4 destination;
-    returns how many went (a full socket buffer ends the batch: loss)."""
-
-def send_now(
-    send: tuple[int, AtomicBuffer, int, int, int, int, int, tuple[object, ...]], /,
-) -> tuple[int, int, int, bool, bool]:
-    """busy_poll's send (see there) of what is committed at its position, at once: returns
-    (position after the scan, datagrams, bytes, back_pressured, more); OSError for a bad
-    socket, ValueError for a bad send."""
-
-def busy_poll(
-    fds: tuple[int, ...], data: tuple[tuple[AtomicBuffer, int, int], ...],
-    progress: tuple[tuple[AtomicBuffer, int, AtomicBuffer, int, int], ...], until_ns: int,
-    sends: tuple[tuple[int, AtomicBuffer, int, int, int, int, int, tuple[object, ...]], ...] = (),
-    /,
-) -> tuple[tuple[int, ...] | None, tuple[()] | tuple[int, int, int, int, bool, bool]]:
-    """A poll loop's spin: until CLOCK_MONOTONIC reaches until_ns, poll fds without waiting,
-    check the watches (as LogWatcher.arm takes them) and the sends, and yield the CPU. A send
-    is (fd, log buffer, term length, position, limit, mtu, max datagrams, destinations): once a
-    frame is committed at position, the spin sends that sender's DATA itself (scan_datagrams,
-    then send_batch to each destination) and returns. Returns (found, sent): found is the
-    readable fds, () when a watch is ready, else None; sent is (index in sends, position after
-    the scan, datagrams, bytes, back_pressured, more) or (). OSError from poll() or a bad
-    socket; ValueError for a bad send."""
 
 @final
 class LogWatcher:

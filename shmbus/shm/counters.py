@@ -10,8 +10,8 @@ Values buffer: one 64-byte slot per counter id, at ``counter_id * 64``::
     8    registration id (i64)  set at allocation: the registration it belongs to
     16   owner id (i64)         set at allocation: the client that owns it
     24   reference id (i64)     set at allocation: a related registration
-    32   second word (i64)      grp-pos, grp-claim, grp-orphan only (see _native.c,
-                                "Subscription groups"); padding for the rest
+    32   second word (i64)      grp-pos, grp-claim, grp-orphan only (see
+                                shmbus/shm/native/group_member.c); padding for the rest
     40   (padding to 64 bytes)
 
 Metadata buffer: one 512-byte record per counter id, at ``counter_id * 512``::

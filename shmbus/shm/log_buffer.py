@@ -38,7 +38,9 @@ written concurrently sits on its own cache lines; the owner of each field is nam
     1024 counted counter ids (768 x i32)  driver
 
 Only the native module (through :class:`AtomicBuffer`) reads or writes the concurrently
-written fields; the creation-time fields are written before the file is shared.
+written fields; the creation-time fields are written before the file is shared. The native
+sources have their own copy of these offsets (shmbus/shm/native/shmbus_native.h), exported as
+``_native.LAYOUT``; tests/shmbus/shm/test_log_buffer.py checks that the two agree.
 """
 
 from __future__ import annotations
@@ -84,13 +86,15 @@ PUBLICATION_WINDOW_OFFSET = 296
 DEFAULT_FRAME_HEADER_OFFSET = 384
 FC_LOCK_OFFSET = 512
 FC_CLEAN_POSITION_OFFSET = 520
+DATA_WAKE_OFFSET = 576
 DATA_WAITERS_OFFSET = 580
+PROGRESS_WAKE_OFFSET = 640
 PROGRESS_WAITERS_OFFSET = 644
-FC_COUNTED_VERSION_OFFSET = 704
-FC_COUNTED_SIZE_OFFSET = 708
+FC_VERSION_OFFSET = 704
+FC_COUNT_OFFSET = 708
 FC_WINDOW_OFFSET = 712
 FC_CLEAN_LAG_OFFSET = 716
-FC_COUNTED_IDS_OFFSET = 1024
+FC_COUNTER_IDS_OFFSET = 1024
 FC_MAX_COUNTED = 768
 
 HDR_TYPE_PAD = 0

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from netbridge import _io
 from netbridge.datagram_io import RECEIVE_BATCH, DatagramIO
 from netbridge.frames import encode_datagram, pad_frame
 from netbridge.receiver import NetworkReceiver
@@ -184,7 +185,7 @@ def test_receive_batch_takes_at_most_a_batch_and_hands_back_sources_in_order(
         out.sendto(struct.pack("<i", i), into.getsockname())
     slots = bytearray(RECEIVE_BATCH * 65536)
     select.select([into], [], [], 1)
-    received, in_order, rest = _native.receive_batch(into.fileno(), slots, ())
+    received, in_order, rest = _io.receive_batch(into.fileno(), slots, ())
     assert received == len(rest) and in_order == ()
     assert [struct.unpack_from("<i", slots, offset)[0] for offset, _, _ in rest] == list(
         range(received))
@@ -194,12 +195,12 @@ def test_receive_batch_takes_at_most_a_batch_and_hands_back_sources_in_order(
 
 def test_receive_batch_refuses_bad_arguments_clearly() -> None:
     with pytest.raises(ValueError, match="slot"):
-        _native.receive_batch(0, bytearray(100), ())
+        _io.receive_batch(0, bytearray(100), ())
     with pytest.raises(OSError):
-        _native.receive_batch(-1, bytearray(65536), ())
+        _io.receive_batch(-1, bytearray(65536), ())
     with pytest.raises(ValueError, match="term length"):
-        _native.receive_batch(0, bytearray(65536), ((_native.AtomicBuffer(bytearray(4096)),
-                                                     1, 2, 1000, 0, 0, 0),))
+        _io.receive_batch(0, bytearray(65536), ((_native.AtomicBuffer(bytearray(4096)),
+                                                 1, 2, 1000, 0, 0, 0),))
 
 
 # --- sending --------------------------------------------------------------------------------
@@ -225,7 +226,7 @@ def test_a_data_batch_is_what_the_sender_sends_one_by_one_and_goes_out_byte_for_
         assert senders[0].bytes_sent == senders[1].bytes_sent
         assert senders[0].datagrams_sent == senders[1].datagrams_sent
 
-        sent = _native.send_batch(out.fileno(), batch.buffer, batch.spans, into.getsockname())
+        sent = _io.send_batch(out.fileno(), batch.buffer, batch.spans, into.getsockname())
         assert sent == batch.count
         got = []
         while len(got) < sent:
@@ -257,7 +258,7 @@ def test_runs_of_equal_datagrams_go_out_segmented_and_arrive_as_the_same_datagra
     out, into = loopback
     buffer = _native.AtomicBuffer(bytearray(1 << 20))
     spans, datagrams = runs_of_datagrams(buffer)
-    assert _native.send_batch(out.fileno(), buffer, spans, into.getsockname()) == len(datagrams)
+    assert _io.send_batch(out.fileno(), buffer, spans, into.getsockname()) == len(datagrams)
     got = []
     while len(got) < len(datagrams):
         assert select.select([into], [], [], 5)[0], f"{len(got)} of {len(datagrams)} arrived"
@@ -272,12 +273,12 @@ def test_send_batch_refuses_spans_outside_the_log_and_bad_destinations(
     try:
         buffer = log.log.buffer
         with pytest.raises(ValueError, match="inside the buffer"):
-            _native.send_batch(out.fileno(), buffer, struct.pack("<qq", 1 << 40, 100),
-                               into.getsockname())
+            _io.send_batch(out.fileno(), buffer, struct.pack("<qq", 1 << 40, 100),
+                           into.getsockname())
         with pytest.raises(ValueError, match="pairs"):
-            _native.send_batch(out.fileno(), buffer, b"123", into.getsockname())
+            _io.send_batch(out.fileno(), buffer, b"123", into.getsockname())
         with pytest.raises(ValueError, match="numeric IPv4"):
-            _native.send_batch(out.fileno(), buffer, b"", ("localhost", 1))
+            _io.send_batch(out.fileno(), buffer, b"", ("localhost", 1))
     finally:
         log.close()
 
@@ -289,17 +290,17 @@ def test_scan_datagrams_stops_at_the_limit_and_says_when_a_frame_waits_behind_it
         for _ in range(4):
             assert log.offer(b"x" * 1000) > 0  # 1056-byte frames
         buffer, term = log.log.buffer, log.term_length
-        position, spans, length, back_pressured, more = _native.scan_datagrams(
+        position, spans, length, back_pressured, more = _io.scan_datagrams(
             buffer, term, 0, 2 * 1056, 1408, 64)
         assert (position, length, back_pressured, more) == (2 * 1056, 2 * 1056, True, False)
         assert list(struct.iter_unpack("<qq", spans)) == [(0, 1056), (1056, 1056)]
-        position, spans, length, back_pressured, more = _native.scan_datagrams(
+        position, spans, length, back_pressured, more = _io.scan_datagrams(
             buffer, term, 0, term, 1408, 3)
         assert (position, len(spans) // 16, back_pressured, more) == (3 * 1056, 3, False, True)
-        assert _native.scan_datagrams(buffer, term, 4 * 1056, term, 1408, 64)[:2] == (
+        assert _io.scan_datagrams(buffer, term, 4 * 1056, term, 1408, 64)[:2] == (
             4 * 1056, b"")
         with pytest.raises(ValueError, match="position"):
-            _native.scan_datagrams(buffer, term, 7, term, 1408, 64)
+            _io.scan_datagrams(buffer, term, 7, term, 1408, 64)
     finally:
         log.close()
 
@@ -426,21 +427,21 @@ def test_busy_poll_returns_at_a_datagram_a_committed_frame_or_its_deadline(
         data_watch = ((log.log.buffer, log.term_length, 0),)
         fds = (into.fileno(),)
         many = tuple(socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(200))
-        assert _native.busy_poll((*(s.fileno() for s in many), *fds), data_watch, (), 0) == (
+        assert _io.busy_poll((*(s.fileno() for s in many), *fds), data_watch, (), 0) == (
             None, ())
         for sock in many:  # more sockets than the watches' limit are fine
             sock.close()
         before = time.monotonic_ns()
-        assert _native.busy_poll(fds, data_watch, (), before + 20 * MS) == (None, ())
+        assert _io.busy_poll(fds, data_watch, (), before + 20 * MS) == (None, ())
         assert time.monotonic_ns() - before >= 20 * MS  # it spun until its deadline
         # a datagram: the readable fd, long before the deadline
         threading.Timer(0.05, lambda: out.sendto(b"x", into.getsockname())).start()
-        assert _native.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == (
+        assert _io.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == (
             fds, ())
         into.recv(16)
         # a publisher's frame where the sender waits: () (nothing readable)
         threading.Timer(0.05, lambda: log.offer(b"wake")).start()
-        assert _native.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == (
+        assert _io.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == (
             (), ())
     finally:
         log.close()
@@ -465,7 +466,7 @@ def test_the_spin_sends_a_publishers_frame_itself_as_a_poll_would(
         messages = [bytes([n]) * 600 for n in range(5)]  # three datagrams at mtu 1408
         for m in messages:
             logs[0].offer(m)
-        found, sent = _native.busy_poll((), (), (), time.monotonic_ns() + 10_000 * MS, (send,))
+        found, sent = _io.busy_poll((), (), (), time.monotonic_ns() + 10_000 * MS, (send,))
         assert found is None
         index, position, datagrams, length, back_pressured, more = sent
         assert index == 0 and not back_pressured and not more
@@ -494,15 +495,15 @@ def test_send_now_sends_what_is_committed_at_once(
     try:
         send = (out.fileno(), log.log.buffer, log.term_length, 0, 1 << 20, 1408, 64,
                 (into.getsockname(),))
-        assert _native.send_now(send) == (0, 0, 0, False, False)  # nothing committed yet
+        assert _io.send_now(send) == (0, 0, 0, False, False)  # nothing committed yet
         log.offer(b"a" * 100)
         log.offer(b"b" * 100)
         # both frames (each 132 bytes, aligned to 160) in one datagram, straight from the log
-        assert _native.send_now(send) == (320, 1, 320, False, False)
+        assert _io.send_now(send) == (320, 1, 320, False, False)
         into.settimeout(5)
         assert into.recv(65536) == log.bytes_at(0, 320)
         with pytest.raises(OSError):
-            _native.send_now((into.fileno() + 100, *send[1:]))  # no such socket
+            _io.send_now((into.fileno() + 100, *send[1:]))  # no such socket
     finally:
         log.close()
 
@@ -516,7 +517,7 @@ def test_the_spin_leaves_a_frame_its_limit_has_no_room_for_to_the_duty_cycle(
         send = (out.fileno(), log.log.buffer, log.term_length, 0, 64, 1408, 64,
                 (into.getsockname(),))
         before = time.monotonic_ns()
-        assert _native.busy_poll((), (), (), before + 20 * MS, (send,)) == (None, ())
+        assert _io.busy_poll((), (), (), before + 20 * MS, (send,)) == (None, ())
         assert time.monotonic_ns() - before >= 20 * MS  # it spun on, sending nothing
         into.setblocking(False)
         with pytest.raises(BlockingIOError):
@@ -547,17 +548,17 @@ def test_busy_poll_refuses_bad_arguments_clearly(tmp_path: Path) -> None:
     log = PublicationLog(tmp_path)
     try:
         with pytest.raises(TypeError):
-            _native.busy_poll(("3",), (), (), 0)  # type: ignore[arg-type]
+            _io.busy_poll(("3",), (), (), 0)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="multiple of 32"):
-            _native.busy_poll((), ((log.log.buffer, log.term_length, 5),), (), 0)
+            _io.busy_poll((), ((log.log.buffer, log.term_length, 5),), (), 0)
         with pytest.raises(TypeError):
-            _native.busy_poll([0], (), (), 0)  # type: ignore[arg-type]
+            _io.busy_poll([0], (), (), 0)  # type: ignore[arg-type]
         send = (0, log.log.buffer, log.term_length, 0, 1 << 20, 1408, 64, (("localhost", 1),))
         with pytest.raises(ValueError, match="not a numeric IPv4"):
-            _native.busy_poll((), (), (), 0, (send,))
+            _io.busy_poll((), (), (), 0, (send,))
         with pytest.raises(ValueError, match="mtu 16"):
-            _native.busy_poll((), (), (), 0, (send[:5] + (16,) + send[6:],))
+            _io.busy_poll((), (), (), 0, (send[:5] + (16,) + send[6:],))
         with pytest.raises(TypeError, match="a send is a tuple"):
-            _native.send_now([0])  # type: ignore[arg-type]
+            _io.send_now([0])  # type: ignore[arg-type]
     finally:
         log.close()

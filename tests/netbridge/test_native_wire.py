@@ -1,4 +1,4 @@
-"""The native netbridge wire helpers (shmbus.shm._native.term_scan, validate_datagram,
+"""The native netbridge wire helpers (netbridge._io.term_scan, validate_datagram,
 insert_frames) against plain-Python reference versions of the loops they replace, on random
 and hostile input: same answers, and bad arguments raise instead of touching memory outside a
 buffer."""
@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from netbridge import _io
 from shmbus import AtomicBuffer
-from shmbus.shm import _native
 
-term_scan = _native.term_scan
-validate_datagram = _native.validate_datagram
-insert_frames = _native.insert_frames
+term_scan = _io.term_scan
+validate_datagram = _io.validate_datagram
+insert_frames = _io.insert_frames
 
 HEADER = struct.Struct("<iBBHiiiiq")
 DATA, PAD = 1, 0

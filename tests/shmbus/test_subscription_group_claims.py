@@ -197,8 +197,8 @@ def test_a_group_member_refuses_controlled_and_batch_polls(tmp_path: Path) -> No
 
 # -- the driver's rule for a member that left, against a model of the claim steps ---------
 
-#: The member's steps (see _native.c): announce (end, then start), lock, check the source
-#: and store the end (owned from here), move the source on, unlock.
+#: The member's steps (see shmbus/shm/native/group_member.c): announce (end, then start), lock,
+#: check the source and store the end (owned from here), move the source on, unlock.
 STEPS = ("announce_end", "announce_start", "lock", "store_end", "move_source", "unlock")
 
 

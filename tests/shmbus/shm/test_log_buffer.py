@@ -7,6 +7,7 @@ import struct
 
 import pytest
 
+from shmbus.shm import _native, log_buffer
 from shmbus.shm.log_buffer import (
     LAYOUT_VERSION_OFFSET,
     LOG_META_DATA_LENGTH,
@@ -18,6 +19,12 @@ from shmbus.shm.log_buffer import (
     log_length,
     max_message_length,
 )
+
+
+def test_the_native_layout_is_the_python_layout() -> None:
+    # the C sources and log_buffer.py each name every offset: one value for each name
+    assert _native.LAYOUT
+    assert {name: getattr(log_buffer, name, None) for name in _native.LAYOUT} == _native.LAYOUT
 
 
 def test_data_header_golden_bytes() -> None:

@@ -1,7 +1,8 @@
-"""shmbus/shm/_native.pyi names everything the C module exports, and nothing it does not.
+"""shmbus/shm/_native.pyi and netbridge/_io.pyi name everything their C module exports, and
+nothing it does not.
 
-Type checkers read the stub, never the C code, so a method added to _native.c without a line in
-the stub is invisible to them; this test catches that.
+Type checkers read the stub, never the C code, so a method added to a native source without a
+line in the stub is invisible to them; this test catches that.
 """
 
 from __future__ import annotations
@@ -10,10 +11,15 @@ import ast
 import types
 from pathlib import Path
 
+import pytest
+
+from netbridge import _io
 from shmbus.shm import _native
 
-STUB = Path(_native.__file__).with_name("_native.pyi")
-STUB_ONLY = {"Buffer", "WritableBuffer"}  # type aliases for annotations, no runtime object
+# type aliases for annotations, no runtime object
+STUB_ONLY = {_native: {"Buffer", "WritableBuffer"}, _io: set()}
+HIDDEN = {"_C_API"}  # the capsule netbridge._io imports: for C, not Python
+MODULES = pytest.mark.parametrize("module", [_native, _io], ids=["_native", "_io"])
 
 
 def _kind(node: ast.FunctionDef) -> str:
@@ -22,9 +28,11 @@ def _kind(node: ast.FunctionDef) -> str:
         d.endswith(".setter") for d in decorators) else "method"
 
 
-def _stub() -> tuple[set[str], dict[str, dict[str, str]]]:
+def _stub(module: types.ModuleType) -> tuple[set[str], dict[str, dict[str, str]]]:
     """(module-level names, {class name: {member name: "property" or "method"}}) of the stub."""
-    tree = ast.parse(STUB.read_text())
+    assert module.__file__ is not None
+    stub = Path(module.__file__).with_name(module.__name__.rpartition(".")[2] + ".pyi")
+    tree = ast.parse(stub.read_text())
     names: set[str] = set()
     classes: dict[str, dict[str, str]] = {}
     for node in tree.body:
@@ -50,18 +58,24 @@ def _runtime_members(cls: type) -> dict[str, str]:
     return members
 
 
-def test_the_stub_names_every_export_of_the_module() -> None:
-    names, _ = _stub()
-    exported = {name for name in vars(_native) if not name.startswith("__")}
-    assert exported == names - STUB_ONLY
-    assert STUB_ONLY <= names
+@MODULES
+def test_the_stub_names_every_export_of_the_module(module: types.ModuleType) -> None:
+    names, _ = _stub(module)
+    exported = {name for name in vars(module) if not name.startswith("__")} - HIDDEN
+    assert exported == names - STUB_ONLY[module]
+    assert STUB_ONLY[module] <= names
 
 
-def test_the_stub_has_every_method_and_property_of_each_type_as_what_it_is() -> None:
-    _, classes = _stub()
-    assert set(classes) == {name for name in vars(_native) if isinstance(getattr(_native, name),
-                                                                          type)}
+@MODULES
+def test_the_stub_has_every_method_and_property_of_each_type_as_what_it_is(
+        module: types.ModuleType) -> None:
+    _, classes = _stub(module)
+    assert set(classes) == {name for name in vars(module) if isinstance(getattr(module, name),
+                                                                         type)}
     for name, members in classes.items():
-        assert _runtime_members(getattr(_native, name)) == members, name
-    # e.g. a publication's position is a property, as an image's is
+        assert _runtime_members(getattr(module, name)) == members, name
+
+
+def test_a_publications_position_is_a_property_as_an_images_is() -> None:
+    _, classes = _stub(_native)
     assert classes["PublicationCore"]["position"] == classes["ImageCore"]["position"] == "property"

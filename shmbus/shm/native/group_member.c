@@ -1,0 +1,326 @@
+/*
+ * GroupMemberCore: one member of a subscription group, competing consumers that claim whole
+ * messages at a shared position (shmbus/subscription_group.py); the driver's side of the same
+ * records is shmbus/driver/subscription_group.py.
+ *
+ * Runs in client processes, on the thread that polls, with the GIL held (handlers are Python
+ * callables).
+ *
+ * The members of a group on one log share a claim position (the grp-pos counter: everything
+ * before it has been claimed). Each member has a claim record (its grp-claim counter), and the
+ * driver hands a departed member's unfinished claim to the others through the group's orphan
+ * record (grp-orphan). These live in 64-byte counter slots of cnc.dat: the value word (offset
+ * 0) is what flow control counts, the second word (offset 32) is the claim's end, or for
+ * grp-pos the group's claim lock (the token of the member inside a claim, 0 when free).
+ *
+ * A record (start, end) owns [start, end) when start < end; start is GROUP_IDLE otherwise.
+ * Only the member writes its record (the driver only after the member has left). To claim, a
+ * member first announces an empty claim at the source's start (end = start, then start, which
+ * flow control counts: nothing from there on is cleaned meanwhile), finds a run of whole
+ * messages without the lock, then under the lock checks the source has not moved, stores its
+ * end (from here on it owns the range) and moves the source on (grp-pos to the end, or the
+ * orphan to idle). The driver resolves a member that left inside the lock from its record:
+ * end > start means the claim happened, and the driver completes the move.
+ *
+ * Delivery moves start past each whole message once its last fragment's handler returns, so
+ * a member that dies leaves at most the message in its handler unfinished: only that one is
+ * delivered again (at least once).
+ */
+#include "types.h"
+
+#include <sched.h>
+
+#define GROUP_SECOND_WORD 32
+#define GROUP_IDLE INT64_MAX
+#define GROUP_LOCK_SPINS 256
+
+typedef struct {
+    ImageCore image;          /* its position is the group's claim position (grp-pos) */
+    int64_t *lock;            /* grp-pos's second word */
+    int64_t *start;           /* this member's claim record */
+    int64_t *end;
+    int64_t *orphan_start;    /* the group's orphan record (written by the driver) */
+    int64_t *orphan_end;
+    int64_t token;            /* this member's lock token (> 0) */
+} GroupMemberCore;
+
+static int group_lock(GroupMemberCore *self)
+{
+    for (int i = 0; i < GROUP_LOCK_SPINS; i++) {
+        int64_t expected = 0;
+        if (CAS(self->lock, &expected, self->token))
+            return 1;
+        if (i % 32 == 31)
+            sched_yield();  /* the holder may be descheduled: let it finish */
+    }
+    return 0;
+}
+
+static void group_unlock(GroupMemberCore *self)
+{
+    STORE_RELEASE(self->lock, (int64_t)0);
+}
+
+/* Announces an empty claim at `position`: flow control holds the log from there on. */
+static void group_announce(GroupMemberCore *self, int64_t position)
+{
+    __atomic_store_n(self->end, position, __ATOMIC_RELAXED);
+    __atomic_store_n(self->start, position, __ATOMIC_SEQ_CST);
+}
+
+static void group_go_idle(GroupMemberCore *self)
+{
+    STORE_RELEASE(self->start, (int64_t)GROUP_IDLE);
+    if (!self->image.closed)
+        wake_word(meta_i32(&self->image.g, META_PROGRESS_WAKE),
+                  meta_i32(&self->image.g, META_PROGRESS_WAITERS));
+}
+
+/* The end of a run of whole messages from `position`: up to `limit` fragments, more only to
+ * finish a fragmented message, never past the term. Padding at the end of the term joins the
+ * run. `*bad` is set if a frame length is out of bounds (stale or corrupt). Not the readers'
+ * next_frame (image.c): this runs before the claim, without the lock, so a bad length may be a
+ * stale read of bytes another member already claimed; group_claim raises only if the group
+ * position has not moved meanwhile. */
+static int64_t group_scan(GroupMemberCore *self, int64_t position, long limit, int *bad)
+{
+    const LogGeometry *g = &self->image.g;
+    int32_t start = (int32_t)(position & (g->term_length - 1));
+    uint8_t *term = term_at(g, (int)((position >> g->position_bits) % PARTITION_COUNT));
+    int32_t offset = start, run_end = start;
+    long fragments = 0;
+    *bad = 0;
+    while (offset < g->term_length) {
+        int32_t length = LOAD_ACQUIRE((int32_t *)(term + offset));
+        if (length <= 0)
+            break;
+        if (length < HEADER_LENGTH ||
+            (int64_t)offset + ALIGN((int64_t)length, FRAME_ALIGNMENT) > g->term_length) {
+            *bad = 1;
+            break;
+        }
+        uint8_t *frame = term + offset;
+        offset += (int32_t)ALIGN(length, FRAME_ALIGNMENT);
+        if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD) {
+            run_end = offset;
+            continue;
+        }
+        fragments++;
+        if (frame[FLAGS_OFFSET] & END_FLAG) {
+            run_end = offset;
+            if (fragments >= limit)
+                break;
+        }
+    }
+    return position + (run_end - start);
+}
+
+/* Claims the orphan if there is one: 1 when this member now owns it. */
+static int group_take_orphan(GroupMemberCore *self)
+{
+    int64_t start = LOAD_ACQUIRE(self->orphan_start);
+    if (start == GROUP_IDLE)
+        return 0;
+    int64_t end = LOAD_ACQUIRE(self->orphan_end);
+    group_announce(self, start);
+    if (!group_lock(self)) {
+        STORE_RELEASE(self->start, (int64_t)GROUP_IDLE);
+        return 0;
+    }
+    int taken = LOAD_ACQUIRE(self->orphan_start) == start;
+    if (taken) {
+        STORE_RELEASE(self->end, end);
+        STORE_RELEASE(self->orphan_start, (int64_t)GROUP_IDLE);
+    }
+    group_unlock(self);
+    if (!taken)
+        STORE_RELEASE(self->start, (int64_t)GROUP_IDLE);
+    return taken;
+}
+
+/* Claims a new run at the group position: 1 when claimed, 0 when there is nothing (or the
+ * lock stayed busy), -1 with an exception for a corrupt log. */
+static int group_claim(GroupMemberCore *self, long limit)
+{
+    for (int attempt = 0; attempt < 8; attempt++) {
+        int64_t position = LOAD_ACQUIRE(self->image.position);
+        group_announce(self, position);
+        int bad;
+        int64_t end = group_scan(self, position, limit, &bad);
+        if (end == position) {
+            STORE_RELEASE(self->start, (int64_t)GROUP_IDLE);
+            if (bad && LOAD_ACQUIRE(self->image.position) == position) {
+                PyErr_Format(PyExc_RuntimeError, "corrupt log: bad frame at group position "
+                             "%lld", (long long)position);
+                return -1;
+            }
+            return 0;
+        }
+        if (!group_lock(self))
+            break;
+        int claimed = LOAD_ACQUIRE(self->image.position) == position;
+        if (claimed) {
+            STORE_RELEASE(self->end, end);
+            STORE_RELEASE(self->image.position, end);
+        }
+        group_unlock(self);
+        if (claimed)
+            return 1;
+    }
+    STORE_RELEASE(self->start, (int64_t)GROUP_IDLE);
+    return 0;
+}
+
+/* Hands the fragments of this member's claim to the handler, moving the record's start past
+ * each whole message. Returns the fragments delivered, or -1 with an exception. */
+static long group_deliver(GroupMemberCore *self, PyObject *handler)
+{
+    ImageCore *image = &self->image;
+    const LogGeometry *g = &image->g;
+    int64_t position = LOAD_ACQUIRE(self->start);
+    int64_t end = LOAD_ACQUIRE(self->end);
+    long fragments = 0;
+    int failed = 0;
+    while (position < end && !image->closed) {
+        int32_t offset = (int32_t)(position & (g->term_length - 1));
+        uint8_t *frame = term_at(g, (int)((position >> g->position_bits) % PARTITION_COUNT)) +
+                         offset;
+        int32_t length = LOAD_ACQUIRE((int32_t *)frame);
+        if (!frame_ok(image, frame, offset, length, position)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "a claimed message was overwritten: the "
+                                "writer lapped this member (it was dropped as dead)");
+            return -1;
+        }
+        position += ALIGN(length, FRAME_ALIGNMENT);
+        if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
+            continue;
+        int last = (frame[FLAGS_OFFSET] & END_FLAG) != 0;
+        if (!failed) {
+            fragments++;
+            PyObject *r = deliver(image, handler, frame, length);
+            if (r == NULL)
+                failed = 1;  /* the message counts as done: skip its other fragments */
+            else
+                Py_DECREF(r);
+        }
+        if (last) {
+            STORE_RELEASE(self->start, position >= end ? (int64_t)GROUP_IDLE : position);
+            if (failed || image->closed || position >= end)
+                break;  /* once closed the log may be gone: the record keeps the rest */
+        }
+    }
+    if (position >= end && !image->closed)
+        group_go_idle(self);
+    return failed ? -1 : fragments;
+}
+
+/* poll(handler, fragment_limit) -> fragments: finish this member's claim, else take the
+ * orphan, else claim up to fragment_limit fragments (whole messages) at the group position. */
+static PyObject *group_poll(GroupMemberCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "poll(handler, fragment_limit)");
+        return NULL;
+    }
+    long limit = PyLong_AsLong(args[1]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    if (self->image.closed || limit <= 0)
+        return PyLong_FromLong(0);
+    int64_t start = LOAD_ACQUIRE(self->start);
+    if (start == GROUP_IDLE || start >= LOAD_ACQUIRE(self->end)) {
+        int claimed = group_take_orphan(self);
+        if (!claimed)
+            claimed = group_claim(self, limit);
+        if (claimed <= 0)
+            return claimed < 0 ? NULL : PyLong_FromLong(0);
+    }
+    long fragments = group_deliver(self, args[0]);
+    return fragments < 0 ? NULL : PyLong_FromLong(fragments);
+}
+
+static PyObject *group_refuse(GroupMemberCore *self, PyObject *args)
+{
+    PyErr_SetString(PyExc_TypeError, "a group member delivers only with poll(); controlled "
+                    "and batch polls would let a claim be split across members");
+    return NULL;
+}
+
+static PyObject *group_get_claim(GroupMemberCore *self, void *c)
+{
+    return Py_BuildValue("(LL)", (long long)LOAD_ACQUIRE(self->start),
+                         (long long)LOAD_ACQUIRE(self->end));
+}
+
+static PyObject *group_get_position(GroupMemberCore *self, void *c)
+{ return PyLong_FromLongLong(LOAD_ACQUIRE(self->image.position)); }
+
+static int group_init(GroupMemberCore *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"log_buffer", "term_length", "initial_term_id", "counters",
+                             "group_offset", "claim_offset", "orphan_offset", "token", NULL};
+    PyObject *log, *counters;
+    int term_length, initial_term_id;
+    Py_ssize_t group_offset, claim_offset, orphan_offset;
+    long long token;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iiO!nnnL", kwlist, &AtomicBufferType, &log,
+                                     &term_length, &initial_term_id, &AtomicBufferType,
+                                     &counters, &group_offset, &claim_offset, &orphan_offset,
+                                     &token))
+        return -1;
+    if (token <= 0) {
+        PyErr_Format(PyExc_ValueError, "lock token %lld must be positive", token);
+        return -1;
+    }
+    PyObject *base_args = Py_BuildValue("(OiiOn)", log, term_length, initial_term_id, counters,
+                                        group_offset);
+    if (base_args == NULL)
+        return -1;
+    int r = ImageCoreType.tp_init((PyObject *)self, base_args, NULL);
+    Py_DECREF(base_args);
+    if (r < 0)
+        return -1;
+    if ((self->lock = position_ptr(counters, group_offset + GROUP_SECOND_WORD)) == NULL ||
+        (self->start = position_ptr(counters, claim_offset)) == NULL ||
+        (self->end = position_ptr(counters, claim_offset + GROUP_SECOND_WORD)) == NULL ||
+        (self->orphan_start = position_ptr(counters, orphan_offset)) == NULL ||
+        (self->orphan_end = position_ptr(counters, orphan_offset + GROUP_SECOND_WORD)) == NULL)
+        return -1;
+    self->token = token;
+    return 0;
+}
+
+static PyGetSetDef group_getset[] = {
+    {"position", (getter)group_get_position, NULL,
+     "the group's claim position: everything before it has been claimed by a member", NULL},
+    {"claim", (getter)group_get_claim, NULL,
+     "this member's claim record (start, end): it owns [start, end) while start < end", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef group_methods[] = {
+    {"poll", (PyCFunction)(void (*)(void))group_poll, METH_FASTCALL,
+     "poll(handler, fragment_limit) -> int\n\nDeliver this member's claim to handler(buffer, "
+     "header): the rest of an unfinished one, else the group's orphan, else a new run of whole "
+     "messages (up to fragment_limit fragments, more to finish a fragmented message). Each "
+     "message is done once its last fragment's handler returns (or raises: the exception "
+     "propagates, the rest of the claim stays this member's). Returns the fragments."},
+    {"controlled_poll", (PyCFunction)group_refuse, METH_VARARGS, NULL},
+    {"_scan", (PyCFunction)group_refuse, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject GroupMemberCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmbus.shm._native.GroupMemberCore",
+    .tp_basicsize = sizeof(GroupMemberCore),
+    /* Py_TPFLAGS_HAVE_GC, dealloc, traverse and clear are inherited from ImageCore */
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "One member of a subscription group on one log: claims and delivers whole "
+              "messages no other member gets.",
+    .tp_base = &ImageCoreType,
+    .tp_init = (initproc)group_init,
+    .tp_methods = group_methods,
+    .tp_getset = group_getset,
+};

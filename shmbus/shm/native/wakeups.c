@@ -1,0 +1,233 @@
+/*
+ * Sleeping on futex words in shared memory, and waking the sleepers (the protocol is described
+ * at wake_word in shmbus_native.h): wait_words, the one place a thread sleeps on words;
+ * wait_images, a subscriber's sleep until one of its images has a frame; and the module
+ * functions signal_word/wait_word (the driver's and clients' doorbells, shmbus/shm/doorbell.py),
+ * wait_for_data, and wake_log_readers/wake_log_writers (the driver's group reassignments and the
+ * netbridge, for logs written or read without a PublicationCore or ImageCore).
+ *
+ * Called from Python with the GIL held, in the client, the driver and the netbridge; every
+ * sleep releases the GIL. wait_words is also called by the LogWatcher thread (no GIL).
+ */
+#include "types.h"
+
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449
+#endif
+
+/* Sleeps on up to `count` words until one changes from its expected value or `timeout_ns`
+ * passes (< 0: forever). The GIL must be released by the caller. */
+void wait_words(int32_t **words, const int32_t *expected, int count, int64_t timeout_ns)
+{
+    struct wait_entry waiters[128];
+    if (count > 128) count = 128;
+    for (int i = 0; i < count; i++) {
+        waiters[i].val = (uint32_t)expected[i];
+        waiters[i].uaddr = (uintptr_t)words[i];
+        waiters[i].flags = WAIT_ENTRY_U32;
+        waiters[i].reserved = 0;
+    }
+    struct timespec deadline, *deadline_ptr = NULL;
+    if (timeout_ns >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        int64_t ns = deadline.tv_nsec + timeout_ns % 1000000000LL;
+        deadline.tv_sec += (time_t)(timeout_ns / 1000000000LL + ns / 1000000000LL);
+        deadline.tv_nsec = (long)(ns % 1000000000LL);
+        deadline_ptr = &deadline;
+    }
+    long r = syscall(SYS_futex_waitv, waiters, (unsigned)count, 0, deadline_ptr,
+                     CLOCK_MONOTONIC);
+    if (r < 0 && errno == ENOSYS) {
+        /* kernels before 5.16: sleep on the first word only, in short slices */
+        struct timespec slice = {0, 1000000};
+        if (timeout_ns >= 0 && timeout_ns < 1000000) slice.tv_nsec = (long)timeout_ns;
+        syscall(SYS_futex, words[0], FUTEX_WAIT, expected[0], &slice, NULL, 0);
+    }
+}
+
+int64_t timeout_to_ns(double timeout_s)
+{
+    if (timeout_s < 0) return -1;
+    if (timeout_s > 1e9) return -1;
+    return (int64_t)(timeout_s * 1e9);
+}
+
+int word_at(PyObject *buffer, Py_ssize_t offset, int32_t **word)
+{
+    if (!PyObject_TypeCheck(buffer, &AtomicBufferType)) {
+        PyErr_SetString(PyExc_TypeError, "a wake-up word must live in an AtomicBuffer");
+        return -1;
+    }
+    if (ab_check((AtomicBuffer *)buffer, offset, 4, 4) < 0)
+        return -1;
+    *word = (int32_t *)(((AtomicBuffer *)buffer)->data + offset);
+    return 0;
+}
+
+/* signal_word(buffer, offset): bump the word and wake everyone asleep on it (always a
+ * syscall: for rare events such as commands to the driver and broadcasts to clients). */
+static PyObject *native_signal_word(PyObject *m, PyObject *args)
+{
+    PyObject *buffer;
+    Py_ssize_t offset;
+    int32_t *word;
+    if (!PyArg_ParseTuple(args, "On", &buffer, &offset) || word_at(buffer, offset, &word) < 0)
+        return NULL;
+    __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    Py_RETURN_NONE;
+}
+
+/* wait_word(buffer, offset, expected, timeout_s): sleep, without the GIL, while the word holds
+ * `expected` (read before the caller checked its condition), at most timeout_s seconds. */
+static PyObject *native_wait_word(PyObject *m, PyObject *args)
+{
+    PyObject *buffer;
+    Py_ssize_t offset;
+    int expected;
+    double timeout;
+    int32_t *word;
+    if (!PyArg_ParseTuple(args, "Onid", &buffer, &offset, &expected, &timeout) ||
+        word_at(buffer, offset, &word) < 0)
+        return NULL;
+    int64_t ns = timeout_to_ns(timeout);
+    int32_t value = (int32_t)expected;
+    Py_BEGIN_ALLOW_THREADS
+    wait_words(&word, &value, 1, ns);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* Sleeps until one of `images` (a tuple of ImageCore; the first 127 count) has a frame at its
+ * position, *wake (when not NULL) differs from wake_expected, or timeout_ns passes (< 0:
+ * forever). Returns 1 when an image has a frame (or was closed) after the sleep, 0 when none
+ * has, -1 with TypeError for an item that is not an image. Writers signal only while someone
+ * sleeps (see wake_word). The caller holds the GIL; it is released while asleep. */
+int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected, int64_t timeout_ns)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(images);
+    if (n > 127) n = 127;
+    int32_t *words[128];
+    int32_t expected[128];
+    ImageCore *sleeping[127];
+    int count = 0, slept = 0, ready = 0;
+    if (wake != NULL) {
+        words[0] = wake;
+        expected[0] = wake_expected;
+        count = 1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(images, i);
+        if (!PyObject_TypeCheck(item, &ImageCoreType)) {
+            PyErr_SetString(PyExc_TypeError, "images must be a tuple of Image");
+            ready = -1;
+            break;
+        }
+        ImageCore *image = (ImageCore *)item;
+        if (image->closed) { ready = 1; continue; }
+        __atomic_fetch_add(meta_i32(&image->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
+        image->sleeping++;
+        sleeping[slept++] = image;
+        words[count] = meta_i32(&image->g, META_DATA_WAKE);
+        expected[count] = LOAD_ACQUIRE(words[count]);
+        count++;
+    }
+    for (int i = 0; i < slept && !ready; i++)
+        ready = image_ready(sleeping[i]);
+    if (!ready && count > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        wait_words(words, expected, count, timeout_ns);
+        Py_END_ALLOW_THREADS
+    } else if (!ready && timeout_ns != 0) {
+        /* nothing to sleep on: no images and no wake word */
+        int64_t ns = timeout_ns < 0 ? 1000000000LL : timeout_ns;
+        struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+        Py_BEGIN_ALLOW_THREADS
+        nanosleep(&ts, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    if (ready >= 0)
+        ready = 0;
+    for (int i = 0; i < slept; i++) {
+        if (sleeping[i]->closed)
+            continue;  /* img_close_core took its waiter count back */
+        __atomic_fetch_sub(meta_i32(&sleeping[i]->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
+        sleeping[i]->sleeping--;
+        if (ready >= 0)
+            ready = ready || image_ready(sleeping[i]);
+    }
+    return ready;
+}
+
+/* wait_for_data(images, timeout_s, wake=None) -> bool: wait_images from Python; wake is
+ * (buffer, offset, expected) of a word that also ends the sleep when it changes. */
+static PyObject *native_wait_for_data(PyObject *m, PyObject *args)
+{
+    PyObject *images, *wake = Py_None;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "O!d|O", &PyTuple_Type, &images, &timeout, &wake))
+        return NULL;
+    int32_t *word = NULL;
+    int value = 0;
+    if (wake != Py_None) {
+        PyObject *buffer;
+        Py_ssize_t offset;
+        if (!PyArg_ParseTuple(wake, "Oni", &buffer, &offset, &value) ||
+            word_at(buffer, offset, &word) < 0)
+            return NULL;
+    }
+    int ready = wait_images(images, word, value, timeout_to_ns(timeout));
+    return ready < 0 ? NULL : PyBool_FromLong(ready);
+}
+
+/* The metadata of a log's AtomicBuffer, or NULL with an exception set. */
+static uint8_t *log_meta(PyObject *arg, const char *caller)
+{
+    if (!PyObject_TypeCheck(arg, &AtomicBufferType)) {
+        PyErr_Format(PyExc_TypeError, "%s takes a log's AtomicBuffer", caller);
+        return NULL;
+    }
+    AtomicBuffer *log = (AtomicBuffer *)arg;
+    if (log->capacity < LOG_META_DATA_LENGTH) {
+        PyErr_SetString(PyExc_ValueError, "the buffer is shorter than a log's metadata");
+        return NULL;
+    }
+    return log->data + log->capacity - LOG_META_DATA_LENGTH;
+}
+
+/* wake_log_readers(log_buffer): wake readers asleep on a log whose frames were written by
+ * other means than PublicationCore (the netbridge's insert_frames). */
+static PyObject *native_wake_log_readers(PyObject *m, PyObject *arg)
+{
+    uint8_t *meta = log_meta(arg, "wake_log_readers");
+    if (meta == NULL)
+        return NULL;
+    wake_word((int32_t *)(meta + META_DATA_WAKE), (int32_t *)(meta + META_DATA_WAITERS));
+    Py_RETURN_NONE;
+}
+
+/* wake_log_writers(log_buffer): wake publishers asleep on a log whose limit a position other
+ * than a subscriber's holds back (the netbridge sender's, after it moved). */
+static PyObject *native_wake_log_writers(PyObject *m, PyObject *arg)
+{
+    uint8_t *meta = log_meta(arg, "wake_log_writers");
+    if (meta == NULL)
+        return NULL;
+    wake_word((int32_t *)(meta + META_PROGRESS_WAKE), (int32_t *)(meta + META_PROGRESS_WAITERS));
+    Py_RETURN_NONE;
+}
+
+PyMethodDef wakeup_functions[] = {
+    {"signal_word", native_signal_word, METH_VARARGS,
+     "signal_word(buffer, offset): bump a wake-up word and wake its sleepers"},
+    {"wait_word", native_wait_word, METH_VARARGS,
+     "wait_word(buffer, offset, expected, timeout_s): sleep while the word holds expected"},
+    {"wait_for_data", native_wait_for_data, METH_VARARGS,
+     "wait_for_data(images, timeout_s, wake=None) -> bool: sleep until an image has a frame"},
+    {"wake_log_readers", native_wake_log_readers, METH_O,
+     "wake_log_readers(log_buffer): wake readers asleep on the log (after insert_frames)"},
+    {"wake_log_writers", native_wake_log_writers, METH_O,
+     "wake_log_writers(log_buffer): wake publishers asleep on the log (after the sender "
+     "position moved)"},
+    {NULL, NULL, 0, NULL},
+};
