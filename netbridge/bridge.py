@@ -11,6 +11,9 @@ rules live elsewhere:
   :mod:`netbridge.flow_control`, :mod:`netbridge.congestion_control`,
   :mod:`netbridge.loss_detector`), which touch logs only through :mod:`netbridge.log_port`;
 * where a received datagram goes in an image: :mod:`netbridge.placement`;
+* who a multi-destination-cast channel sends to: :mod:`netbridge.destinations`, fed here (the
+  bridge reads each control datagram's type and key to route it, and sends a dynamic MDC
+  receiver's announcements, status messages for no stream, itself);
 * the frame layout on the wire: :mod:`netbridge.frames`;
 * the per-frame loops over logs and datagrams (the sender's scan into datagrams, the
   receiver's check of frame headers and copy into the log): native, behind
