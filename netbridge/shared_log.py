@@ -172,9 +172,8 @@ class SharedImageLog:
 
     def walk(self, datagram: memoryview, term_offset: int, term_id: int,
              below: int) -> FrameWalk | None:
-        walked = _native.validate_datagram(datagram, term_offset, self.session_id,
-                                           self.stream_id, term_id, self.term_length, below)
-        return None if isinstance(walked, int) else FrameWalk(*walked)
+        return walk_frames(datagram, term_offset, self.session_id, self.stream_id, term_id,
+                           self.term_length, below)
 
     def insert(self, position: int, frames: memoryview) -> None:
         _native.insert_frames(self._buffer, self._offset(position), frames, 0, len(frames))

@@ -480,6 +480,28 @@ def test_destinations_can_be_added_and_removed(pub: FakePublicationLog) -> None:
     assert [dest for _, dest in out] == [other]
 
 
+def test_a_scan_the_process_layer_sent_is_accounted_as_a_polls(pub: FakePublicationLog) -> None:
+    """What the bridge's native spin does (the scan spin_send allows, sent to every destination
+    by the process layer, then on_data_sent) leaves a sender as its own poll does."""
+    other = publication_log()
+    spun, polled = make_sender(pub, data_batches=True), make_sender(other, data_batches=True)
+    for sender in (spun, polled):
+        sender.add_destination(("10.0.0.3", 40123))
+        connect(sender, window=1 << 20)
+        sender.poll(0)  # the SETUP phase is over: nothing queued
+    for log in (pub, other):
+        for i in range(40):
+            log.offer(bytes([i]) * 300)
+    position, limit, mtu, most = spun.spin_send()  # type: ignore[misc]
+    scan = pub.scan(position, limit, mtu, most)
+    spun.on_data_sent(5 * MS, scan)
+    (batch, _), _ = polled.poll(5 * MS)[0]
+    assert scan.datagrams == batch.count > 1 and scan.length == batch.length
+    for name in ("sender_position", "datagrams_sent", "bytes_sent", "back_pressure_events"):
+        assert getattr(spun, name) == getattr(polled, name), name
+    assert spun.poll(5 * MS)[0] == []  # nothing left that the spin should have sent
+
+
 def test_a_sender_whose_committed_frame_does_not_fit_waits_for_a_status_message(
         pub: FakePublicationLog) -> None:
     """At the end of the receiver's window, with the next frame committed but too long for
