@@ -3,8 +3,25 @@
 It is a client of its bus's driver with extra rights (it registers as the bridge). The driver
 tells it about publications on udp channels (it sends them from their logs) and subscriptions
 on udp channels (it listens on their endpoints and asks the driver for an image log when a
-SETUP arrives). Everything protocol-shaped happens in :mod:`netbridge.sender` and
-:mod:`netbridge.receiver`; here are the sockets, the clock, the counters and the loop.
+SETUP arrives). Here are the sockets, the clock, the counters and the loop; the protocol's
+rules live elsewhere:
+
+* what a sender sends and when, and what a receiver answers, places and NAKs: the sans-IO
+  state machines :mod:`netbridge.sender` and :mod:`netbridge.receiver` (with
+  :mod:`netbridge.flow_control`, :mod:`netbridge.congestion_control`,
+  :mod:`netbridge.loss_detector`), which touch logs only through :mod:`netbridge.log_port`;
+* where a received datagram goes in an image: :mod:`netbridge.placement`;
+* who a multi-destination-cast channel sends to: :mod:`netbridge.destinations`, fed here (the
+  bridge reads each control datagram's type and key to route it, and sends a dynamic MDC
+  receiver's announcements, status messages for no stream, itself);
+* the frame layout on the wire: :mod:`netbridge.frames`;
+* the per-frame loops over logs and datagrams (the sender's scan into datagrams, the
+  receiver's check of frame headers and copy into the log): native, behind
+  :mod:`netbridge.shared_log`, the ports over the shared-memory logs;
+* two fast paths the bridge runs natively as batches of those same steps, accounted by the
+  state machines: in-order DATA placed as it is received (:mod:`netbridge.datagram_io`,
+  ``ReceiverImage.on_in_order_data``), and a sender's new DATA scanned and sent by the busy
+  spin (:meth:`Bridge.run`, ``NetworkSender.spin_send`` and ``on_data_sent``).
 
 Receive endpoints: one socket per endpoint, whatever the streams and channel parameters (those
 of its first subscription apply). Whether it could be bound goes back to the driver, which
@@ -36,6 +53,7 @@ from netbridge.datagram_io import DatagramIO, send_to
 from netbridge.destinations import DestinationTracker
 from netbridge.flow_control import strategy_for
 from netbridge.frames import HDR_TYPE_SM, SETUP_FLAG_GROUP, SM_FLAG_SETUP, StatusMessage
+from netbridge.log_port import Scan
 from netbridge.loss_detector import multicast_nak_delay
 from netbridge.loss_filter import LossFilter, LossSpec
 from netbridge.receiver import (
@@ -47,6 +65,14 @@ from netbridge.receiver import (
     ReceiverImage,
 )
 from netbridge.sender import NetworkSender
+from netbridge.shared_log import (
+    NativeSend,
+    SharedImageLog,
+    SharedPublicationLog,
+    native_send,
+    send_now,
+    sent,
+)
 from netbridge.transport import (
     ReceiveTransport,
     SendTransport,
@@ -189,6 +215,8 @@ class ReceivedImage:
     #: the driver had no counter left)
     cc_window: tuple[int, Position] | None
     subscriber_positions: list[Position] | None = None  # None until the driver says
+    #: the receiver's port over ``log`` (set once the image is made)
+    port: SharedImageLog | None = None
 
     def subscriber_position(self) -> int:
         positions = self.subscriber_positions
@@ -351,7 +379,7 @@ class Bridge:
         if channel.tracker is not None:
             destinations += channel.tracker.destinations
         sender = NetworkSender(
-            log, destination=None, position=snd_pos.get(),
+            SharedPublicationLog(log), destination=None, position=snd_pos.get(),
             mtu=uri.int_param("mtu", log.descriptor.mtu), ttl=uri.int_param("ttl", 0),
             flow_control=strategy_for(uri),
             setup_flags=SETUP_FLAG_GROUP if transport.group else 0, data_batches=True)
@@ -463,7 +491,8 @@ class Bridge:
                               self._counter(ready.rcv_pos_counter_id), request.join_position,
                               cc_window)
         self._images_by_id[ready.image_id] = image
-        return ImageResources(log, image.subscriber_position)
+        image.port = SharedImageLog(log, image.subscriber_position)
+        return ImageResources(image.port)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -490,12 +519,12 @@ class Bridge:
                         watching = None
                     while True:  # a sender the spin sent for needs no duty cycle
                         data, progress, sends, sending = self._spin_watches()
-                        found, sent = _io.busy_poll(self._poll_fds(), data, progress,
-                                                    min(busy_until, deadline), sends)
-                        if not sent:
+                        found, spun = _io.busy_poll(self._poll_fds(), data, progress,
+                                                        min(busy_until, deadline), sends)
+                        if not spun:
                             break
                         now = time.monotonic_ns()
-                        more = self._on_data_sent(sending[sent[0]], now, sent[1:])
+                        more = self._on_data_sent(sending[spun[0]], now, sent(spun[1:]))
                         busy_until = now + self._busy_window_ns
                         if more or now >= self._next_service_ns:
                             break  # its poll, or the driver's events, are due
@@ -558,9 +587,7 @@ class Bridge:
     def _spin_watches(self) -> tuple[
             tuple[tuple[_native.AtomicBuffer, int, int], ...],
             tuple[tuple[_native.AtomicBuffer, int, _native.AtomicBuffer, int, int], ...],
-            tuple[tuple[int, _native.AtomicBuffer, int, int, int, int, int,
-                        tuple[object, ...]], ...],
-            list[Sender]]:
+            tuple[NativeSend, ...], list[Sender]]:
         """The busy spin's watches: those of _watches, except that a sender the spin may send
         for by itself (NetworkSender.spin_send: no loss filter on its channel) is given as a
         send (socket, log buffer, term length, position, limit, mtu, max datagrams,
@@ -579,27 +606,23 @@ class Bridge:
         return tuple(data), self._progress_watches(), tuple(sends), sending
 
     @staticmethod
-    def _native_send(channel: SendChannel, sender: Sender) -> tuple[
-            int, _native.AtomicBuffer, int, int, int, int, int, tuple[object, ...]] | None:
-        """The send (as _io.busy_poll and send_now take it) that sends the sender's next
-        committed DATA natively, or None when its poll must (NetworkSender.spin_send says
-        when) or its channel has an outgoing loss filter."""
+    def _native_send(channel: SendChannel, sender: Sender) -> NativeSend | None:
+        """The send (as _io.busy_poll and send_now take it) that scans and sends the
+        sender's next committed DATA natively, or None when its poll must
+        (NetworkSender.spin_send says when) or its channel has an outgoing loss filter."""
         spin = sender.sender.spin_send() if channel.loss_out is None else None
         if spin is None:
             return None
-        return (channel.sock.fileno(), sender.log.buffer, sender.sender.term_length, *spin,
-                tuple(sender.sender.destinations))
+        return native_send(channel.sock.fileno(), sender.log, spin, sender.sender.destinations)
 
-    def _on_data_sent(self, sender: Sender, now: int, sent: tuple[int, int, int, bool, bool]
-                      ) -> bool:
-        """Account for DATA a native send sent for ``sender``: ``sent`` is (position,
-        datagrams, bytes, back_pressured, more). Returns more: its poll is due."""
-        position, datagrams, length, back_pressured, more = sent
-        sender.sender.on_data_sent(now, position, datagrams, length, back_pressured)
+    def _on_data_sent(self, sender: Sender, now: int, scan: Scan) -> bool:
+        """Account for the DATA a native send scanned and sent for ``sender``. Returns
+        whether more is committed: its poll is due."""
+        sender.sender.on_data_sent(now, scan)
         self._mirror_sender(sender)
-        if more:
+        if scan.more:
             sender.next_poll_ns = now
-        return more
+        return scan.more
 
     def _progress_watches(self) -> tuple[
             tuple[_native.AtomicBuffer, int, _native.AtomicBuffer, int, int], ...]:
@@ -613,7 +636,8 @@ class Bridge:
                 received = self._received(image)
                 if received is not None and received.subscriber_positions:
                     due = image.sm_due_position
-                    progress += [(image.log.buffer, image.term_length, p.buffer, p.offset, due)
+                    progress += [(received.log.buffer, image.term_length, p.buffer, p.offset,
+                                  due)
                                  for p in received.subscriber_positions if p.get() < due]
         return tuple(progress)
 
@@ -725,9 +749,9 @@ class Bridge:
                     continue
                 send = self._native_send(channel, sender)
                 if send is not None:  # only a publisher's frame to send: natively, no poll
-                    sent = _io.send_now(send)
-                    work += sent[1]
-                    self._on_data_sent(sender, now, sent)
+                    scan = send_now(send)
+                    work += scan.datagrams
+                    self._on_data_sent(sender, now, scan)
                     deadline = min(deadline, sender.next_poll_ns)
                     continue
             self._check_closed(sender)
@@ -769,7 +793,7 @@ class Bridge:
             channel.next_announce_ns = now + _ANNOUNCE_INTERVAL_NS
             send_to(channel.sock, self._announcement, channel.transport.announce_to)
         if (poll_all or channel.heard or now >= channel.next_poll_ns
-                or any(image.subscriber_position() >= image.sm_due_position
+                or any(image.log.subscriber_position() >= image.sm_due_position
                        for image in receiver.images.values())):
             polled = receiver.poll(now)
             work += self._io.send(channel.sock, polled.datagrams, now, channel.loss_out)
@@ -903,7 +927,7 @@ class Bridge:
 
     def _received(self, image: ReceiverImage) -> ReceivedImage | None:
         for received in self._images_by_id.values():
-            if received.log is image.log:
+            if received.port is image.log:
                 return received
         return None
 

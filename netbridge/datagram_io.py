@@ -1,5 +1,6 @@
 """Datagram I/O in batches, for the netbridge process: one recvmmsg per socket and duty cycle,
-one sendmmsg per batch of DATA (netbridge._io: receive_batch, send_batch).
+one sendmmsg per batch of DATA (natively: :func:`netbridge.shared_log.receive_batch` and
+:meth:`netbridge.shared_log.DataBatch.send`).
 
 Where the kernel has UDP segmentation, a run of equal-length datagrams goes out as one
 segmented send (UDP_SEGMENT: one trip through the stack, the same datagrams on the wire).
@@ -7,7 +8,8 @@ Receiving them coalesced (UDP_GRO) was tried and left out: on loopback it made t
 stream stop and go at the receiver window (about 3 M instead of 8 M messages a second).
 
 Receiving: DATA that continues one of a receiver's images exactly at its high-water mark
-(:meth:`netbridge.receiver.NetworkReceiver.in_order_images`) is validated and copied into the
+(:func:`netbridge.placement.in_order`, for
+:meth:`netbridge.receiver.NetworkReceiver.in_order_images`) is validated and copied into the
 image log natively, and the image is told the result once per batch. From the first datagram
 of an image that is anything else (loss, a retransmit, a heartbeat, a SETUP, data past the
 window) every later datagram of that image in the batch goes to the sans-IO state machine, in
@@ -16,7 +18,7 @@ image's state depends only on its own datagrams, so the protocol rules end up ex
 datagram at a time takes them. With an incoming loss filter every datagram goes through it and
 then to the state machine.
 
-Sending: a :class:`netbridge.sender.DataBatch` goes out with one sendmmsg straight from the log
+Sending: a :class:`netbridge.shared_log.DataBatch` goes out with one sendmmsg straight from the log
 (or, through an outgoing loss filter, datagram by datagram); other datagrams with sendto. A
 full socket buffer is loss, recovered by NAK as any other. (In its busy window the bridge's
 spin sends a publisher's new DATA itself, the same way: see _io.busy_poll.)
@@ -28,11 +30,10 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from netbridge import _io
+from netbridge.log_port import Datagrams
 from netbridge.loss_filter import LossFilter
 from netbridge.receiver import NetworkReceiver
-from netbridge.sender import DataBatch
-from shmbus.shm import _native
+from netbridge.shared_log import DataBatch, receive_batch
 
 #: datagrams taken per receive (one recvmmsg), each into a slot of 64 KiB
 RECEIVE_BATCH = 64
@@ -56,9 +57,8 @@ class DatagramIO:
         in order, as a memoryview valid only until ``handle`` returns (through ``loss`` first
         when given)."""
         images = receiver.in_order_images() if receiver is not None and loss is None else []
-        received, in_order, rest = _io.receive_batch(sock.fileno(), self._slots, tuple(
-            (image.log.buffer, image.session_id, image.stream_id, image.term_length,
-             image.initial_term_id, image.rcv_hwm, image.window_limit) for image in images))
+        received, in_order, rest = receive_batch(sock.fileno(), self._slots, [
+            (image.log, image.rcv_hwm, image.window_limit) for image in images])
         for image, result in zip(images, in_order, strict=True):
             if result is not None:
                 image.on_in_order_data(now, *result)
@@ -71,23 +71,23 @@ class DatagramIO:
                     handle(memoryview(data), address)
         if rest and receiver is not None:
             for image in receiver.images.values():  # readers of data the receiver placed
-                _native.wake_log_readers(image.log.buffer)
+                image.log.wake_readers()
         return received, len(rest)
 
     @staticmethod
-    def send(sock: socket.socket, datagrams: Sequence[tuple[bytes | memoryview | DataBatch,
+    def send(sock: socket.socket, datagrams: Sequence[tuple[bytes | memoryview | Datagrams,
                                                             object]],
              now: int, loss: LossFilter | None = None) -> int:
-        """Send each (datagram or DataBatch, destination); returns how many entries."""
+        """Send each (datagram or batch of them, destination); returns how many entries."""
         for data, destination in datagrams:
-            if isinstance(data, DataBatch):
-                if loss is None:
-                    _io.send_batch(sock.fileno(), data.buffer, data.spans,
-                                   cast("tuple[str, int]", destination))
-                    continue
-                each: Sequence[bytes | memoryview] = data.datagrams()
-            else:
+            each: Sequence[bytes | memoryview]
+            if isinstance(data, DataBatch) and loss is None:
+                data.send(sock.fileno(), cast("tuple[str, int]", destination))
+                continue
+            if isinstance(data, bytes | memoryview):
                 each = (data,)
+            else:
+                each = data.datagrams()
             for datagram in each:
                 if loss is None:
                     send_to(sock, datagram, destination)

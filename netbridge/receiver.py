@@ -10,15 +10,18 @@ again. Nothing here opens a socket, reads a clock or starts a thread.
 One :class:`ReceiverImage` per publishing session (session id, stream id):
 
 * **Creation.** A SETUP for a subscribed stream calls the ``image_factory`` the process layer
-  provides; it returns the image's log buffer (same term length and initial term id as the
-  SETUP, freshly zeroed) and a callable giving the subscribers' (minimum) position.
+  provides; it returns the image's log as an :class:`~netbridge.log_port.ImagePort` (same term
+  length and initial term id as the SETUP, freshly zeroed), which also gives the subscribers'
+  (minimum) position.
 * **Placement.** A DATA datagram is validated whole (every frame's version, type, length,
   session, stream, term id and term offset must agree with its place in the datagram, and the
-  frames must lie inside the term) and then copied into the log at its term id and offset in
-  one block, the first frame's length last with a release store, as Aeron's term rebuilder
-  does: a reader (shmbus ``Image.poll``) that sees that length sees the whole block. Frames
-  below the rebuild position are not rewritten (that part of the log may be cleaned already);
-  data past the window (last status message position + receiver window) is dropped.
+  frames must lie inside the term: :meth:`ImagePort.walk <netbridge.log_port.ImagePort.walk>`)
+  and then placed by the rule of :mod:`netbridge.placement`: copied into the log at its term
+  id and offset in one block, the first frame's length last with a release store, as Aeron's
+  term rebuilder does: a reader (shmbus ``Image.poll``) that sees that length sees the whole
+  block. Frames below the rebuild position are not rewritten (that part of the log may be
+  cleaned already); data past the window (last status message position + receiver window) is
+  dropped.
 * **Positions.** rcv-hwm is the highest position seen in data or heartbeats; rcv-pos (the
   rebuild position) is the end of the contiguous data (see :mod:`netbridge.loss_detector`).
 * **Loss.** Every gap is NAKed at once (unicast) and again every NAK retry time while it
@@ -73,7 +76,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from netbridge import _io
 from netbridge.congestion_control import CongestionControl, congestion_control_for
 from netbridge.frames import (
     CURRENT_VERSION,
@@ -93,16 +95,10 @@ from netbridge.frames import (
     StatusMessage,
     decode_frames,
 )
+from netbridge.log_port import ImagePort, position_of, term_id_of, valid_geometry
 from netbridge.loss_detector import NAK_RETRY_NS_DEFAULT, LossDetector
+from netbridge.placement import Placement, placement
 from shmbus.channel_uri import CONGESTION_CONTROLS
-from shmbus.shm.log_buffer import (
-    PARTITION_COUNT,
-    LogBuffer,
-    LogBufferError,
-    check_mtu,
-    check_term_length,
-    compute_position,
-)
 
 __all__ = [
     "IMAGE_LIVENESS_TIMEOUT_NS_DEFAULT",
@@ -137,7 +133,6 @@ LOST_TIMEOUT_NS_DEFAULT: Final = 1_000_000_000
 RTTM_INTERVAL_NS_DEFAULT: Final = 1_000_000_000
 
 _HEADER = struct.Struct("<iBBHiiii")  # the first 24 bytes of a DATA/PAD header
-_INT32 = struct.Struct("<i")
 _ALIGN_MASK: Final = ~(FRAME_ALIGNMENT - 1)
 _ELICIT_TABLE_LIMIT: Final = 1024
 
@@ -165,13 +160,11 @@ class ImageRequest:
 
 @dataclass(slots=True)
 class ImageResources:
-    """What the image factory returns: a zeroed log buffer created with the request's term
-    length, initial term id, mtu, session and stream id; a callable returning the minimum
-    position of the image's subscribers (values below the join position are taken as the
-    join position); optionally a receiver window for this image (``rcv-wnd``)."""
+    """What the image factory returns: a zeroed log created with the request's term length,
+    initial term id, mtu, session and stream id; optionally a receiver window for this image
+    (``rcv-wnd``)."""
 
-    log: LogBuffer
-    subscriber_position: Callable[[], int]
+    log: ImagePort
     receiver_window: int | None = None
 
 
@@ -255,11 +248,11 @@ class ReceiverImage:
         now_ns: int,
     ) -> None:
         log = resources.log
-        d = log.descriptor
-        if (d.term_length, d.initial_term_id) != (request.term_length, request.initial_term_id):
+        if (log.term_length, log.initial_term_id) != (request.term_length,
+                                                      request.initial_term_id):
             raise ValueError(
-                f"image log has term length {d.term_length} and initial term id "
-                f"{d.initial_term_id}; the SETUP says {request.term_length} and "
+                f"image log has term length {log.term_length} and initial term id "
+                f"{log.initial_term_id}; the SETUP says {request.term_length} and "
                 f"{request.initial_term_id}"
             )
         self._receiver = receiver
@@ -270,7 +263,6 @@ class ReceiverImage:
         self.mtu = request.mtu
         self.join_position = request.join_position
         self.log = log
-        self.subscriber_position = resources.subscriber_position
         window = resources.receiver_window or receiver.receiver_window
         # at least one MTU (else a full frame could never be sent), at most half a term
         self.max_window = min(max(window, self.mtu), self.term_length // 2)
@@ -282,7 +274,6 @@ class ReceiverImage:
         self._follow_source = receiver.control_address is None
         self.control_address = request.source if self._follow_source else receiver.control_address
 
-        self._buffer = log.buffer
         self._position_bits = self.term_length.bit_length() - 1
         self._term_mask = self.term_length - 1
         # A heartbeat may lie past the window by the padding the sender skipped after sending
@@ -343,12 +334,10 @@ class ReceiverImage:
         return self.loss.bytes_lost
 
     def _position(self, term_id: int, term_offset: int) -> int:
-        term_count = ((term_id - self.initial_term_id + 2**31) & 0xFFFFFFFF) - 2**31
-        return (term_count << self._position_bits) + term_offset
+        return position_of(term_id, term_offset, self._position_bits, self.initial_term_id)
 
     def _term_id(self, position: int) -> int:
-        term_id = self.initial_term_id + (position >> self._position_bits)
-        return ((term_id + 2**31) & 0xFFFFFFFF) - 2**31
+        return term_id_of(position, self._position_bits, self.initial_term_id)
 
     def _invalid(self) -> None:
         self.invalid_datagrams += 1
@@ -383,46 +372,29 @@ class ReceiverImage:
 
         position = self._position(term_id, term_offset)
         rebuild = self.loss.rebuild_position
-        # Every frame's version, type, length, session, stream, term id and term offset
-        # checked against its place in the datagram and the term, in one native call
-        # (netbridge._io.validate_datagram): -1, or (copy_end: bytes of the datagram to copy,
-        # a PAD sent as its header; span: bytes of the stream covered, a PAD's whole length;
-        # skip: leading bytes of frames wholly below the rebuild position).
-        walked = _io.validate_datagram(view, term_offset, self.session_id, self.stream_id,
-                                       term_id, term_length, rebuild - position)
-        if isinstance(walked, int):  # -1: some frame header is invalid
+        walk = self.log.walk(view, term_offset, term_id, rebuild - position)
+        if walk is None:
             self._invalid()
             return
-        copy_end, span, skip = walked
 
         self.last_heard_ns = now_ns
         if source is not None and self._follow_source:
             self.control_address = source
         self.datagrams_received += 1
         self.bytes_received += size
-        if position + span <= rebuild:
-            self.duplicates += 1
-            return
-        # the window may have shrunk since the sender sent this: only data the log cannot
-        # take yet is refused
-        if position + copy_end > self.sm_position + self.max_window:
+        verdict = placement(position, walk, rebuild, self.window_limit,
+                            self.end_of_stream_position)
+        if verdict is Placement.OVERRUN:
             self.overruns += 1
             self._receiver.overruns += 1
-            self.furthest_seen = max(self.furthest_seen, position + span)
-            return
-        if self.end_of_stream_position is not None and position + span > (
-            self.end_of_stream_position
-        ):
+            self.furthest_seen = max(self.furthest_seen, position + walk.span)
+        elif verdict is Placement.PAST_END:
             self._invalid()
-            return
-        if not self.loss.on_data(now_ns, position + skip, position + span):
+        elif verdict is Placement.DUPLICATE or not self.loss.on_data(
+                now_ns, position + walk.skip, position + walk.span):
             self.duplicates += 1
-            return
-        if skip < copy_end:
-            # one block, the first frame's length last with a release store
-            index = (position >> self._position_bits) % PARTITION_COUNT
-            _io.insert_frames(self._buffer, index * term_length + term_offset + skip, view,
-                              skip, copy_end)
+        elif walk.skip < walk.end:
+            self.log.insert(position + walk.skip, view[walk.skip:walk.end])
 
     @property
     def sm_due_position(self) -> int:
@@ -443,10 +415,10 @@ class ReceiverImage:
     def on_in_order_data(self, now_ns: int, end_position: int, datagrams: int, size: int,
                          source: object) -> None:
         """``datagrams`` DATA datagrams (``size`` bytes, the latest from ``source``) that each
-        continued this image exactly at its high-water mark, valid and inside the window, were
-        placed in the log up to ``end_position`` by the native batch path (see
-        :meth:`NetworkReceiver.in_order_images`): count them and move the positions exactly as
-        :meth:`on_data` would have, one by one."""
+        were :func:`~netbridge.placement.in_order` and valid were placed in the log up to
+        ``end_position`` by the native batch path (see :meth:`NetworkReceiver.in_order_images`):
+        count them and move the positions exactly as :meth:`on_data` would have, one by
+        one."""
         self.last_heard_ns = now_ns
         if source is not None and self._follow_source:
             self.control_address = source
@@ -503,10 +475,13 @@ class ReceiverImage:
         return the next time this image needs a poll."""
         receiver = self._receiver
         rebuild = self.loss.rebuild_position
-        subscriber = self.subscriber_position()
+        subscriber = self.log.subscriber_position()
         if subscriber > self.consumption_position:
             self.consumption_position = min(subscriber, rebuild) & _ALIGN_MASK
-            self._clean_to(self.consumption_position - self.term_length)
+            clean_to = self.consumption_position - self.term_length
+            if clean_to > self._clean_position:
+                self.log.clean(self._clean_position, clean_to)
+                self._clean_position = clean_to
 
         if (
             self.end_of_stream_position is not None
@@ -514,7 +489,7 @@ class ReceiverImage:
             and rebuild >= self.end_of_stream_position
         ):
             self.is_end_of_stream = True
-            self.log.end_of_stream_position = self.end_of_stream_position
+            self.log.end_of_stream(self.end_of_stream_position)
             self._sm_due = True
             events.append(EndOfStream(self, self.end_of_stream_position))
 
@@ -605,24 +580,6 @@ class ReceiverImage:
         self._last_sm_ns = now_ns
         self.sms_sent += 1
         receiver.sms_sent += 1
-
-    def _clean_to(self, position: int) -> None:
-        """Zero the log from the clean position up to ``position``, term by term, the first
-        8 bytes of each span last with a release store (the log's owner only)."""
-        term_length = self.term_length
-        buffer = self._buffer
-        while position > self._clean_position:
-            clean = self._clean_position
-            index = (clean >> self._position_bits) % PARTITION_COUNT
-            term_offset = clean & self._term_mask
-            length = min(position - clean, term_length - term_offset)
-            start = index * term_length + term_offset
-            if length > 8:
-                buffer.set_memory(start + 8, length - 8, 0)
-                buffer.put_int64_release(start, 0)
-            else:
-                buffer.set_memory(start, length, 0)
-            self._clean_position = clean + length
 
     def __repr__(self) -> str:
         return (
@@ -803,13 +760,13 @@ class NetworkReceiver:
 
     def in_order_images(self) -> list[ReceiverImage]:
         """The images a datagram may be placed in without :meth:`on_datagram`: those whose end
-        of stream is not announced. A valid DATA/PAD datagram of one of them that starts exactly
-        at its ``rcv_hwm`` and ends at or below its ``window_limit`` does nothing but copy its
-        frames and move rcv-hwm (and rcv-pos, when no gap is open) to its end; the process
-        layer may do that natively for a batch and report each image's result with
-        :meth:`ReceiverImage.on_in_order_data`, once every later datagram of an image whose
-        datagram did not qualify goes to on_datagram, in order (an image's state depends only
-        on its own datagrams)."""
+        of stream is not announced. A valid DATA/PAD datagram of one of them that is
+        :func:`~netbridge.placement.in_order` (it starts exactly at its ``rcv_hwm`` and ends at
+        or below its ``window_limit``) does nothing but copy its frames and move rcv-hwm (and
+        rcv-pos, when no gap is open) to its end; the process layer may do that natively for a
+        batch and report each image's result with :meth:`ReceiverImage.on_in_order_data`, once
+        every later datagram of an image whose datagram did not qualify goes to on_datagram, in
+        order (an image's state depends only on its own datagrams)."""
         return [image for image in self.images.values() if image.end_of_stream_position is None]
 
     def _on_control(self, now_ns: int, frame: Frame, source: object) -> None:
@@ -885,19 +842,15 @@ class NetworkReceiver:
             self.ignored_frames += 1
             return
         term_length = setup.term_length
-        try:
-            check_term_length(term_length)
-            check_mtu(setup.mtu, term_length)
-        except LogBufferError:
+        if not valid_geometry(term_length, setup.mtu):
             self.invalid_datagrams += 1
             return
         term_offset = setup.term_offset
         if term_offset < 0 or term_offset >= term_length or term_offset % FRAME_ALIGNMENT:
             self.invalid_datagrams += 1
             return
-        join_position = compute_position(
-            setup.active_term_id, term_offset, term_length, setup.initial_term_id
-        )
+        join_position = position_of(setup.active_term_id, term_offset,
+                                    term_length.bit_length() - 1, setup.initial_term_id)
         if join_position < 0:
             self.invalid_datagrams += 1
             return

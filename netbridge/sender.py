@@ -1,7 +1,7 @@
 """The sender side of one network publication: a sans-IO state machine
 (docs/protocol.md: Stream set-up, Frames on the wire, Flow control, NAK recovery).
 
-:class:`NetworkSender` reads committed frames straight from a publication's log buffer and
+:class:`NetworkSender` reads committed frames straight from a publication's log and
 decides, for a given time, which datagrams go out: SETUP every 100 ms until the first status
 message; then DATA between the sender position and the sender limit set by the flow-control
 strategy, several whole frames per datagram up to the MTU; heartbeats after 100 ms without
@@ -11,23 +11,26 @@ Nothing here opens a socket, reads a clock or starts a thread: the caller feeds 
 datagrams to :meth:`NetworkSender.on_datagram` and calls :meth:`NetworkSender.poll` with the
 current time, sends what it returns, and calls again by the deadline it returns.
 
-Reading the log: the frame length at the sender position is read with an acquire load and
-scanning stops at a length <= 0, so only committed frames are sent (a publisher in another
-process may be writing the next frame). DATA datagrams are read-only ``memoryview`` slices of
-the log itself, or a :class:`DataBatch` of spans of it (no copy; the scan over frame headers
-and datagrams is native): the caller must send them (or copy them) before the log is cleaned
+The log is read through a :class:`~netbridge.log_port.PublicationPort` (in the bridge, the
+publication's shared log: :mod:`netbridge.shared_log`): only committed frames are sent (a
+publisher in another process may be writing the next one). DATA datagrams are views of the log
+itself (a :class:`~netbridge.log_port.Datagrams` batch of them per poll, or a memoryview per
+datagram; nothing copied): the caller must send them (or copy them) before the log is cleaned
 past them. The owner of the log must therefore clean it no closer than one term length behind
 the sender position, as Aeron does; retransmits read up to half a term plus the maximum message
 length behind it.
+
+Every DATA the sender sends is accounted by one method (:meth:`NetworkSender._on_scan`): the
+scans of :meth:`NetworkSender.poll`, and the scans the process layer's native spin sends by
+itself while :meth:`NetworkSender.spin_send` allows (reported with
+:meth:`NetworkSender.on_data_sent`).
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from typing import Final
 
-from netbridge import _io
 from netbridge.flow_control import FlowControl, UnicastFlowControl
 from netbridge.frames import (
     FRAME_ALIGNMENT,
@@ -41,17 +44,10 @@ from netbridge.frames import (
     decode_frames,
     heartbeat,
 )
-from shmbus.shm._native import AtomicBuffer
-from shmbus.shm.log_buffer import (
-    PARTITION_COUNT,
-    LogBuffer,
-    compute_position,
-    max_message_length,
-)
+from netbridge.log_port import Datagrams, PublicationPort, Scan, position_of, term_id_of
 
 __all__ = [
     "CONNECTION_TIMEOUT_NS_DEFAULT",
-    "DataBatch",
     "HEARTBEAT_INTERVAL_NS_DEFAULT",
     "RETRANSMIT_LINGER_NS_DEFAULT",
     "SETUP_INTERVAL_NS_DEFAULT",
@@ -67,40 +63,10 @@ RETRANSMIT_DELAY_NS_DEFAULT: Final = 0
 MAX_RETRANSMITS_DEFAULT: Final = 16
 MAX_DATAGRAMS_PER_POLL_DEFAULT: Final = 64
 
-_term_scan = _io.term_scan
-_scan_datagrams = _io.scan_datagrams
-_SPAN = struct.Struct("<qq")
-
-
-@dataclass(frozen=True, slots=True)
-class DataBatch:
-    """DATA datagrams of one poll as spans of the log (nothing copied): ``spans`` packs each
-    datagram as little-endian int64 (offset in ``buffer``, length), ``count`` of them,
-    ``length`` bytes in all; ``terms`` are read-only views of the log's terms. The socket
-    layer sends them with ``_io.send_batch``; valid, like memoryviews of the log, until the
-    log is cleaned past them."""
-
-    buffer: AtomicBuffer
-    terms: tuple[memoryview, ...]
-    spans: bytes
-    count: int
-    length: int
-
-    def datagrams(self) -> list[memoryview]:
-        """Each datagram as a read-only memoryview of the log (for per-datagram handling,
-        e.g. a loss filter)."""
-        term_length = len(self.terms[0])
-        out = []
-        for offset, length in _SPAN.iter_unpack(self.spans):
-            index, term_offset = divmod(offset, term_length)
-            out.append(self.terms[index][term_offset:term_offset + length])
-        return out
-
-
-#: One datagram to send (``bytes`` or a read-only memoryview of the log), or a DataBatch of
-#: them, and where to. Destinations are opaque to the state machine (the socket layer uses
-#: (host, port)).
-Outgoing = tuple[bytes | memoryview | DataBatch, object]
+#: One datagram to send (``bytes`` or a read-only memoryview of the log), or a batch of DATA
+#: datagrams of the log, and where to. Destinations are opaque to the state machine (the
+#: socket layer uses (host, port)).
+Outgoing = tuple[bytes | memoryview | Datagrams, object]
 
 
 @dataclass(slots=True)
@@ -118,18 +84,19 @@ class _Retransmit:
 class NetworkSender:
     """The sans-IO sender of one publication session over UDP (unicast; built for more).
 
-    ``log`` is the publication's log buffer: session id, stream id, initial term id and term
-    length come from its descriptor. ``destination`` is where DATA, SETUP and heartbeats go
-    (the channel endpoint). ``position`` is the sender position to start from (where the
-    publication started; a multiple of 32). ``mtu`` is the largest datagram (default: the log's
-    MTU, which bounds its frames; it may not be smaller). ``flow_control`` defaults to
-    :class:`~netbridge.flow_control.UnicastFlowControl`.
+    ``log`` is the publication's log (a :class:`~netbridge.log_port.PublicationPort`): session
+    id, stream id, initial term id and term length come from it. ``destination`` is where
+    DATA, SETUP and heartbeats go (the channel endpoint). ``position`` is the sender position
+    to start from (where the publication started; a multiple of 32). ``mtu`` is the largest
+    datagram (default: the log's MTU, which bounds its frames; it may not be smaller).
+    ``flow_control`` defaults to :class:`~netbridge.flow_control.UnicastFlowControl`.
 
     Timings default to Aeron's: SETUP every 100 ms, heartbeat after 100 ms idle, connection
     lost after 5 s without a status message, retransmit delay 0 and linger 10 ms, at most 16
     retransmits in flight. ``max_datagrams_per_poll`` bounds the DATA datagrams one poll emits
     (the deadline is then "now" while more is ready). With ``data_batches`` the DATA of a poll
-    comes out as one :class:`DataBatch` per destination instead of a memoryview per datagram.
+    comes out as one :class:`~netbridge.log_port.Datagrams` batch per destination instead of a
+    memoryview per datagram.
 
     Counters are plain ints (the process layer mirrors them): ``sender_position`` (snd-pos),
     ``sender_limit`` (snd-lmt), ``back_pressure_events`` (snd-bpe), ``bytes_sent``,
@@ -142,7 +109,7 @@ class NetworkSender:
 
     def __init__(
         self,
-        log: LogBuffer,
+        log: PublicationPort,
         *,
         destination: object,
         flow_control: FlowControl | None = None,
@@ -159,8 +126,7 @@ class NetworkSender:
         max_datagrams_per_poll: int = MAX_DATAGRAMS_PER_POLL_DEFAULT,
         data_batches: bool = False,
     ) -> None:
-        d = log.descriptor
-        self.log = log
+        self.log = d = log
         self.session_id: int = d.session_id
         self.stream_id: int = d.stream_id
         self.initial_term_id: int = d.initial_term_id
@@ -192,11 +158,9 @@ class NetworkSender:
         self.max_datagrams_per_poll = max_datagrams_per_poll
         self.data_batches = data_batches
 
-        self._buffer = log.buffer
-        self._terms = tuple(log.term_view(i).toreadonly() for i in range(PARTITION_COUNT))
         self._position_bits = d.term_length.bit_length() - 1
         self._term_mask = d.term_length - 1
-        self._max_resend_distance = d.term_length // 2 + max_message_length(d.term_length)
+        self._max_resend_distance = d.term_length // 2 + log.max_message_length
 
         # counters
         self.sender_position = position
@@ -338,9 +302,8 @@ class NetworkSender:
         ):
             self.naks_ignored += 1
             return
-        position = compute_position(
-            nak.term_id, term_offset, self.term_length, self.initial_term_id
-        )
+        position = position_of(nak.term_id, term_offset, self._position_bits,
+                               self.initial_term_id)
         behind = self.sender_position - position
         if behind <= 0 or behind > self._max_resend_distance:
             self.naks_ignored += 1
@@ -357,7 +320,7 @@ class NetworkSender:
                 return
         length = min(length, behind, self.term_length - term_offset)
         if self.retransmit_delay_ns <= 0:
-            self._resend(nak.term_id, term_offset, length, position, self._pending)
+            self._resend(position, length, self._pending)
             self._retransmits[key] = _Retransmit(
                 nak.term_id, term_offset, length, None, now_ns + self.retransmit_linger_ns
             )
@@ -391,7 +354,7 @@ class NetworkSender:
         DATA up to the sender limit (at most ``max_datagrams_per_poll`` datagrams), and a
         heartbeat when nothing was sent for the heartbeat interval (at once, the first time,
         when the end of stream is reached). DATA datagrams are memoryviews of the log (or
-        DataBatches of it): send them before the log is cleaned past them.
+        batches of them): send them before the log is cleaned past them.
         """
         out = self._pending
         self._pending = []
@@ -440,8 +403,7 @@ class NetworkSender:
         self.bytes_sent += len(data)
 
     def _term_id(self, position: int) -> int:
-        term_id = self.initial_term_id + (position >> self._position_bits)
-        return ((term_id + 2**31) % 2**32) - 2**31
+        return term_id_of(position, self._position_bits, self.initial_term_id)
 
     def _send_setup(self, out: list[Outgoing]) -> None:
         position = self.sender_position
@@ -477,40 +439,31 @@ class NetworkSender:
         if eos:
             self._eos_heartbeat_sent = True
 
-    def _scan(self, index: int, term_offset: int, max_length: int, stop: int) -> tuple[int, int]:
-        """Committed whole frames from ``term_offset`` of term ``index``: returns (bytes to
-        send, padding skipped after them). Stops at an uncommitted frame (length <= 0), at
-        ``max_length`` bytes, at a frame starting at or after ``stop``, and after a PAD frame
-        (sent as its 32-byte header; the rest of its length is the returned padding). The
-        loop over frame headers is native (netbridge._io.term_scan), which also never steps
-        past the end of the term."""
-        term_length = self.term_length
-        return _term_scan(self._buffer, index * term_length, term_length, term_offset,
-                          max_length, stop)
-
     def _send_data(self, now_ns: int, out: list[Outgoing]) -> bool:
         """Send DATA from the sender position up to the limit; True if the per-poll budget ran
-        out with more to send. The loop over datagrams is native (_io.scan_datagrams)."""
-        position, spans, length, back_pressured, more = _scan_datagrams(
-            self._buffer, self.term_length, self.sender_position, self.sender_limit, self.mtu,
-            self.max_datagrams_per_poll)
-        if back_pressured:
+        out with more to send."""
+        scan = self.log.scan(self.sender_position, self.sender_limit, self.mtu,
+                             self.max_datagrams_per_poll)
+        self._on_scan(now_ns, scan)
+        batch = scan.batch
+        if batch is not None:
+            if self.data_batches:
+                out.extend((batch, destination) for destination in self.destinations)
+            else:
+                out.extend((data, destination) for data in batch.datagrams()
+                           for destination in self.destinations)
+        return scan.more
+
+    def _on_scan(self, now_ns: int, scan: Scan) -> None:
+        """Account for a scan's DATA, sent to every destination: the one place DATA moves the
+        sender position and counts as sent."""
+        if scan.back_pressured:
             self.back_pressure_events += 1
-        self.sender_position = position
-        if not spans:
-            return False
-        self._last_send_ns = now_ns
-        batch = DataBatch(self._buffer, self._terms, spans, len(spans) // _SPAN.size, length)
-        if self.data_batches:
-            for destination in self.destinations:
-                out.append((batch, destination))
-                self.datagrams_sent += batch.count
-                self.bytes_sent += length
-        else:
-            for data in batch.datagrams():
-                for destination in self.destinations:
-                    self._emit(out, data, destination)
-        return more
+        self.sender_position = scan.position
+        if scan.datagrams:
+            self._last_send_ns = now_ns
+            self.datagrams_sent += scan.datagrams * len(self.destinations)
+            self.bytes_sent += scan.length * len(self.destinations)
 
     @property
     def waits_for_data(self) -> bool:
@@ -521,76 +474,45 @@ class NetworkSender:
         if not (self.has_initial_connection and not self.is_end_of_stream
                 and self.sender_position < self.sender_limit):
             return False
-        if self.sender_limit - self.sender_position >= self.mtu or not self._committed():
+        if (self.sender_limit - self.sender_position >= self.mtu
+                or not self.log.committed(self.sender_position)):
             return True  # a frame is never longer than the mtu
-        _, spans, _, back_pressured, _ = _scan_datagrams(
-            self._buffer, self.term_length, self.sender_position, self.sender_limit, self.mtu, 1)
-        return bool(spans) or not back_pressured
-
-    def _committed(self) -> bool:
-        """A publisher has committed a frame at ``sender_position``."""
-        position = self.sender_position
-        index = (position >> self._position_bits) % PARTITION_COUNT
-        offset = index * self.term_length + (position & (self.term_length - 1))
-        return self._buffer.get_int32_acquire(offset) > 0
+        scan = self.log.scan(self.sender_position, self.sender_limit, self.mtu, 1)
+        return scan.datagrams > 0 or not scan.back_pressured
 
     def spin_send(self) -> tuple[int, int, int, int] | None:
-        """(position, limit, mtu, max datagrams): what the process layer may send by itself,
-        without a poll, once a publisher commits at ``sender_position`` (the DATA step of
-        :meth:`poll`, which is all a poll would do then), and report with
-        :meth:`on_data_sent`; None while a poll must decide (not connected, no room, a reply
-        or SETUP queued, datagrams not sent as batches)."""
+        """(position, limit, mtu, max datagrams): the scan (as :meth:`PublicationPort.scan
+        <netbridge.log_port.PublicationPort.scan>` takes it) that the process layer may make
+        and send to every destination by itself, without a poll, once a publisher commits at
+        ``sender_position`` (the DATA step of :meth:`poll`, which is all a poll would do then),
+        and report with :meth:`on_data_sent`; None while a poll must decide (not connected, no
+        room, a reply or SETUP queued, datagrams not sent as batches)."""
         if (not self.data_batches or not self.waits_for_data or self._pending
                 or self._setup_requested or self._should_send_setup):
             return None
         return self.sender_position, self.sender_limit, self.mtu, self.max_datagrams_per_poll
 
-    def on_data_sent(self, now_ns: int, position: int, datagrams: int, length: int,
-                     back_pressured: bool) -> None:
-        """The process layer sent ``datagrams`` DATA datagrams (``length`` bytes) to every
-        destination as :meth:`spin_send` allowed, scanning up to ``position``: account for
-        them as :meth:`poll` would have."""
-        if back_pressured:
-            self.back_pressure_events += 1
-        self.sender_position = position
-        if datagrams:
-            self._last_send_ns = now_ns
-            self.datagrams_sent += datagrams * len(self.destinations)
-            self.bytes_sent += length * len(self.destinations)
+    def on_data_sent(self, now_ns: int, scan: Scan) -> None:
+        """The process layer made the scan :meth:`spin_send` allowed and sent its datagrams to
+        every destination: account for them as :meth:`poll` does for its own."""
+        self._on_scan(now_ns, scan)
 
     def data_ready(self) -> bool:
         """It waits for data and a publisher has committed a frame at ``sender_position``
         since: :meth:`poll` would send it now."""
-        return self.waits_for_data and self._committed()
+        return self.waits_for_data and self.log.committed(self.sender_position)
 
-    def _resend(
-        self, term_id: int, term_offset: int, length: int, position: int, out: list[Outgoing]
-    ) -> None:
-        """Resend the whole frames that start in [term_offset, term_offset + length), if the
-        frame at term_offset is one this session wrote there (else the NAK is ignored)."""
-        index = (position >> self._position_bits) % PARTITION_COUNT
-        base = index * self.term_length
-        buffer = self._buffer
-        if (
-            buffer.get_int32_acquire(base + term_offset) <= 0
-            or buffer.get_int32(base + term_offset + 8) != term_offset
-            or buffer.get_int32(base + term_offset + 12) != self.session_id
-            or buffer.get_int32(base + term_offset + 20) != term_id
-        ):
+    def _resend(self, position: int, length: int, out: list[Outgoing]) -> None:
+        """Resend the whole frames that start in [position, position + length), if the frame
+        at position is one this session wrote there (else the NAK is ignored)."""
+        datagrams = self.log.frames(position, length, self.mtu)
+        if datagrams is None:
             self.naks_ignored += 1
             return
-        stop = term_offset + length
-        offset = term_offset
-        term = self._terms[index]
-        while offset < stop:
-            available, padding = self._scan(index, offset, self.mtu, stop)
-            if available == 0:
-                break
-            data = term[offset : offset + available]
+        for data in datagrams:
             for destination in self.destinations:
                 self._emit(out, data, destination)
-            self.retransmitted_bytes += available
-            offset += available + padding
+            self.retransmitted_bytes += len(data)
         self.retransmits += 1
 
     def _run_retransmits(self, now_ns: int, out: list[Outgoing]) -> int:
@@ -600,13 +522,10 @@ class NetworkSender:
         for key, action in list(self._retransmits.items()):
             if action.send_at_ns is not None:
                 if now_ns >= action.send_at_ns:
-                    position = compute_position(
-                        action.term_id, action.term_offset, self.term_length,
-                        self.initial_term_id,
-                    )
+                    position = position_of(action.term_id, action.term_offset,
+                                           self._position_bits, self.initial_term_id)
                     if 0 < self.sender_position - position <= self._max_resend_distance:
-                        self._resend(action.term_id, action.term_offset, action.length,
-                                     position, out)
+                        self._resend(position, action.length, out)
                     action.send_at_ns = None
                 else:
                     deadline = min(deadline, action.send_at_ns)

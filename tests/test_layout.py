@@ -13,6 +13,10 @@
   driver, the CLI or a client module by its own name.
 * shmbus/shm/ imports only itself, the standard library and numpy.
 * shmbus/archive/ imports no driver module.
+* netbridge/sender.py and netbridge/receiver.py (the sans-IO state machines) reach logs only
+  through netbridge.log_port: they import neither the native cores (shmbus.shm._native,
+  netbridge._io), nor the log buffer, nor
+  the counters, nor netbridge.shared_log (the port over shared memory).
 * examples/ and tools/ use the public API only: names in ``shmbus.__all__``, ``shmbus.spark``
   and names in ``netbridge.__all__``; never the tests.
 * tools/ is programs (a module with an ``if __name__ == "__main__":`` block, run as
@@ -142,6 +146,23 @@ def test_the_archive_imports_no_driver_module() -> None:
                        lambda module: not _within(module, "shmbus.driver")) == []
 
 
+SANS_IO = ("netbridge/sender.py", "netbridge/receiver.py")
+SANS_IO_REFUSED = ("shmbus.shm._native", "netbridge._io", "shmbus.shm.log_buffer",
+                   "shmbus.shm.counters", "netbridge.shared_log")
+
+
+def _sans_io_violations(root: Path) -> list[str]:
+    """``file:line imports module`` for each log or shared-memory import of the netbridge's
+    sans-IO state machines."""
+    return sorted(f"{name}:{line} imports {module}" for name in SANS_IO
+                  for line, module in _imports(root, root / name)
+                  if any(_within(module, refused) for refused in SANS_IO_REFUSED))
+
+
+def test_the_netbridge_state_machines_reach_logs_only_through_the_port() -> None:
+    assert _sans_io_violations(ROOT) == []
+
+
 def test_examples_import_only_the_public_api() -> None:
     assert _public_api_violations(ROOT, "examples") == []
 
@@ -182,11 +203,16 @@ def test_the_rules_refuse_what_they_must(tmp_path: Path) -> None:
             "def f():\n    from ..publication import Publication\n"),
         "shmbus/shm/bad.py": "import struct, numpy\nimport psutil\nfrom shmbus import codes\n",
         "shmbus/archive/bad.py": "from shmbus.driver.conductor import X\nimport shmbus\n",
-        "netbridge/bad.py": (
-            "import socket\nfrom shmbus import Client\nfrom shmbus.client import Client\n"
-            "from shmbus.shm import control_protocol\nfrom shmbus.context import Context\n"
-            "from shmbus.driver.conductor import X\nfrom shmbus.image import Image\n"
-            "from netbridge.frames import Nak\n"),
+        "shmbus/shm/_native.py": "",
+        "shmbus/shm/log_buffer.py": "",
+        "netbridge/__init__.py": "",
+        "netbridge/log_port.py": "",
+        "netbridge/sender.py": (
+            "from shmbus.shm import _native\nfrom netbridge.log_port import Scan\n"
+            "import shmbus.shm.counters\n"),
+        "netbridge/receiver.py": (
+            "from shmbus.shm.log_buffer import LogBuffer\n"
+            "def f():\n    from .shared_log import SharedImageLog\n"),
         "examples/bad.py": (
             "import shmbus\nfrom shmbus import Publication, LogBufferReader\n"
             "from shmbus.shm.counters import SUB_POS\nimport tests.conftest\n"
@@ -219,6 +245,12 @@ def test_the_rules_refuse_what_they_must(tmp_path: Path) -> None:
     assert _violations(tmp_path, "shmbus/archive",
                        lambda module: not _within(module, "shmbus.driver")) == [
         "shmbus/archive/bad.py:1 imports shmbus.driver.conductor"]
+    assert _sans_io_violations(tmp_path) == [
+        "netbridge/receiver.py:1 imports shmbus.shm.log_buffer",
+        "netbridge/receiver.py:3 imports netbridge.shared_log",
+        "netbridge/sender.py:1 imports shmbus.shm._native",
+        "netbridge/sender.py:3 imports shmbus.shm.counters",
+    ]
     assert _public_api_violations(tmp_path, "examples") == [
         "examples/bad.py:2 imports shmbus.LogBufferReader",
         "examples/bad.py:3 imports from shmbus.shm.counters",

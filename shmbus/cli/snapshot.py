@@ -70,10 +70,10 @@ from shmbus.shm.counters import (
 from shmbus.shm.error_log import ErrorObservation, read_error_log
 from shmbus.shm.log_buffer import (
     ACTIVE_TERM_COUNT_OFFSET,
-    FC_COUNTER_IDS_OFFSET,
     FC_COUNT_OFFSET,
-    FC_VERSION_OFFSET,
+    FC_COUNTER_IDS_OFFSET,
     FC_MAX_COUNTED,
+    FC_VERSION_OFFSET,
     FC_WINDOW_OFFSET,
     FRAME_ALIGNMENT,
     INITIAL_TERM_ID_OFFSET,

@@ -20,14 +20,15 @@ from netbridge import _io
 from netbridge.datagram_io import RECEIVE_BATCH, DatagramIO
 from netbridge.frames import encode_datagram, pad_frame
 from netbridge.receiver import NetworkReceiver
-from netbridge.sender import DataBatch
+from netbridge.shared_log import DataBatch, sent
+from shmbus import BACK_PRESSURED
 from shmbus.shm import _native
 from tests.conftest import io_uring_futex_waits
+from tests.netbridge.shared_logs import ImageHost, PublicationLog, make_sender
 from tests.netbridge.test_receiver import (
     SESSION,
     STREAM,
     TERM,
-    ImageHost,
     beat,
     data,
     make_receiver,
@@ -35,7 +36,7 @@ from tests.netbridge.test_receiver import (
     setup,
     term_id_at,
 )
-from tests.netbridge.test_sender import PublicationLog, connect, make_sender
+from tests.netbridge.test_sender import connect
 
 MS = 1_000_000
 
@@ -80,8 +81,7 @@ def state(receiver: NetworkReceiver) -> dict[str, object]:
             image.duplicates, image.overruns, image.invalid_datagrams, image.last_heard_ns,
             image.control_address, [(g.start, g.end, g.nak_at_ns) for g in image.loss.gaps],
             image.gaps_detected, image.bytes_lost, image.end_of_stream_position,
-            bytes(memoryview(image.log.term_view(0))) + bytes(image.log.term_view(1))
-            + bytes(image.log.term_view(2)))
+            b"".join(bytes(image.log.log.term_view(i)) for i in range(3)))
     return out
 
 
@@ -381,7 +381,7 @@ def test_the_watcher_wakes_when_a_subscriber_reads_up_to_the_threshold(
             receiver.on_datagram(MS, frame(i * 1024, 8), ("127.0.0.1", 1))
         subscriber = host.image()
         counter = (host._positions, 64 * len(host.requests))  # where ImageHost keeps it
-        watcher.arm((), ((image.log.buffer, TERM, *counter, 4096),))
+        watcher.arm((), ((image.log.log.buffer, TERM, *counter, 4096),))
         assert not readable(watcher.fileno(), 0.1)
         fragments: list[bytes] = []
         reader = threading.Timer(0.1, lambda: subscriber.poll(
@@ -391,7 +391,7 @@ def test_the_watcher_wakes_when_a_subscriber_reads_up_to_the_threshold(
         reader.join()
         assert len(fragments) == 40 and watcher.clear()
         # at the threshold already: nothing to wait for
-        watcher.arm((), ((image.log.buffer, TERM, *counter, 4096),))
+        watcher.arm((), ((image.log.log.buffer, TERM, *counter, 4096),))
         assert not readable(watcher.fileno(), 0.1)
     finally:
         watcher.close()
@@ -466,11 +466,12 @@ def test_the_spin_sends_a_publishers_frame_itself_as_a_poll_would(
         messages = [bytes([n]) * 600 for n in range(5)]  # three datagrams at mtu 1408
         for m in messages:
             logs[0].offer(m)
-        found, sent = _io.busy_poll((), (), (), time.monotonic_ns() + 10_000 * MS, (send,))
+        found, spun_sent = _io.busy_poll((), (), (), time.monotonic_ns() + 10_000 * MS,
+                                             (send,))
         assert found is None
-        index, position, datagrams, length, back_pressured, more = sent
+        index, position, datagrams, length, back_pressured, more = spun_sent
         assert index == 0 and not back_pressured and not more
-        spun.on_data_sent(5 * MS, position, datagrams, length, back_pressured)
+        spun.on_data_sent(5 * MS, sent(spun_sent[1:]))
         for m in messages:
             logs[1].offer(m)
         expected, _ = polled.poll(5 * MS)
@@ -486,6 +487,20 @@ def test_the_spin_sends_a_publishers_frame_itself_as_a_poll_would(
     finally:
         for log in logs:
             log.close()
+
+
+def test_offer_is_back_pressured_at_the_limit_set_from_the_sender_position(
+        tmp_path: Path) -> None:
+    """The test publication's limit follows the sender position as a driver's does."""
+    pub = PublicationLog(tmp_path)
+    try:
+        pub.follow(0)
+        while (result := pub.offer(b"b" * 1000)) > 0:
+            pass
+        assert result == BACK_PRESSURED
+        assert TERM // 2 <= pub.publication.position <= TERM // 2 + 1056  # at most one past
+    finally:
+        pub.close()
 
 
 def test_send_now_sends_what_is_committed_at_once(

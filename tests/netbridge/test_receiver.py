@@ -1,18 +1,12 @@
 """The sans-IO receiver (netbridge.receiver), driven by a fake clock and hand-made datagrams;
-what it rebuilds is read back with shmbus.Image, as a subscriber would.
-
-Also home of :class:`ImageHost`, the image factory the other netbridge tests share.
+what it rebuilds in in-memory image logs (tests/netbridge/fake_log_port.py) is read back as a
+subscriber would. No shared memory.
 """
 
 from __future__ import annotations
 
 import math
-import mmap
-import shutil
 import struct
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -33,15 +27,11 @@ from netbridge.frames import (
 from netbridge.receiver import (
     EndOfStream,
     ImageAvailable,
-    ImageRequest,
-    ImageResources,
     ImageUnavailable,
     LossDetected,
     NetworkReceiver,
 )
-from shmbus import AtomicBuffer, Image
-from shmbus.shm.log_buffer import LogBuffer
-from shmbus.shm.position import Position
+from tests.netbridge.fake_log_port import FakeImageHost, FakeImageLog
 
 TERM = 64 * 1024
 INITIAL = 0x7FFF_FFFE  # term ids wrap to negative after two terms
@@ -54,71 +44,21 @@ RECEIVER_ID = 0x5EED
 WINDOW = TERM // 2  # the default window, capped at half the term
 
 
-class ImageHost:
-    """The image factory of the tests: creates each image's log in ``directory`` and a
-    shmbus Image over it that stands for the one subscriber; its position feeds the SMs."""
+class ImageHost(FakeImageHost):
+    """The image factory of the tests (in-memory image logs, one subscriber each); its
+    subscribers' positions feed the SMs."""
 
-    def __init__(self, directory: Path, *, receiver_window: int | None = None,
-                 decline: bool = False) -> None:
-        self.directory = directory
-        self.receiver_window = receiver_window
-        self.decline = decline
-        self._mmap = mmap.mmap(-1, 64 * 64)
-        self._positions = AtomicBuffer(self._mmap)
-        self.requests: list[ImageRequest] = []
-        self.images: dict[tuple[int, int], Image] = {}
-        self.logs: list[LogBuffer] = []
-
-    def __call__(self, request: ImageRequest) -> ImageResources | None:
-        self.requests.append(request)
-        if self.decline:
-            return None
-        n = len(self.requests)
-        log = LogBuffer.create(
-            self.directory / f"image-{n}.log", term_length=request.term_length,
-            initial_term_id=request.initial_term_id, mtu=request.mtu,
-            session_id=request.session_id, stream_id=request.stream_id,
-        )
-        self.logs.append(log)
-        image = Image(log, Position(self._positions, 64 * n), join_position=request.join_position)
-        self.images[(request.session_id, request.stream_id)] = image
-        return ImageResources(log, lambda: image.position, self.receiver_window)
-
-    def image(self, session_id: int = SESSION, stream_id: int = STREAM) -> Image:
-        return self.images[(session_id, stream_id)]
+    def image(self, session_id: int = SESSION, stream_id: int = STREAM) -> FakeImageLog:
+        return super().image(session_id, stream_id)
 
     def read(self, session_id: int = SESSION, stream_id: int = STREAM) -> list[bytes]:
         """Every fragment the subscriber can read now, as bytes."""
-        got: list[bytes] = []
-        image = self.image(session_id, stream_id)
-        while image.poll(lambda buffer, header: got.append(bytes(buffer)), 1000):
-            pass
-        return got
-
-    def close(self) -> None:
-        self.images.clear()
-        for log in self.logs:
-            log.close()
-        self._positions.release()
-        self._mmap.close()
+        return self.image(session_id, stream_id).poll()
 
 
 @pytest.fixture
-def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="netbridge-test-", dir="/dev/shm"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def host(workdir: Path) -> Iterator[ImageHost]:
-    image_host = ImageHost(workdir)
-    try:
-        yield image_host
-    finally:
-        image_host.close()
+def host() -> ImageHost:
+    return ImageHost()
 
 
 def term_id_at(position: int) -> int:
@@ -224,23 +164,19 @@ def test_setup_for_an_unsubscribed_stream_or_a_bad_geometry_is_ignored(host: Ima
     assert receiver.poll(0) == ([], [], None)
 
 
-def test_a_declining_factory_creates_no_image(workdir: Path) -> None:
-    host = ImageHost(workdir, decline=True)
+def test_a_declining_factory_creates_no_image() -> None:
+    host = ImageHost(decline=True)
     receiver = make_receiver(host)
     receiver.on_datagram(0, setup(0), SENDER)
     assert len(host.requests) == 1 and receiver.images == {}
-    host.close()
 
 
-def test_receiver_window_comes_from_the_factory_and_group_tag_goes_into_sms(
-    workdir: Path,
-) -> None:
-    host = ImageHost(workdir, receiver_window=4096)
+def test_receiver_window_comes_from_the_factory_and_group_tag_goes_into_sms() -> None:
+    host = ImageHost(receiver_window=4096)
     receiver = make_receiver(host, group_tag=99)
     receiver.on_datagram(0, setup(0), SENDER)
     (sm,) = sms(receiver.poll(0))
     assert sm.receiver_window == 4096 and sm.group_tag == 99
-    host.close()
 
 
 # --- data --------------------------------------------------------------------------------------
@@ -582,8 +518,8 @@ def test_status_message_cadence(host: ImageHost) -> None:
     assert image.sms_sent == 4
 
 
-def test_status_message_when_consumption_enters_a_new_term(workdir: Path) -> None:
-    host = ImageHost(workdir, receiver_window=TERM // 2)
+def test_status_message_when_consumption_enters_a_new_term() -> None:
+    host = ImageHost(receiver_window=TERM // 2)
     start = TERM - 1024
     receiver = joined(host, start)
     receiver.on_datagram(1 * MS, data(start, payload(1, 992)), SENDER)
@@ -591,13 +527,10 @@ def test_status_message_when_consumption_enters_a_new_term(workdir: Path) -> Non
     host.read()
     (sm,) = sms(receiver.poll(1 * MS))  # only 1152 bytes consumed (< 8 KiB), but a new term
     assert (sm.consumption_term_id, sm.consumption_term_offset) == (term_id_at(TERM), 128)
-    host.close()
 
 
-def test_a_small_window_is_at_least_an_mtu_and_is_advertised_before_a_frame_cannot_fit(
-    workdir: Path,
-) -> None:
-    host = ImageHost(workdir, receiver_window=1024)
+def test_a_small_window_is_at_least_an_mtu_and_is_advertised_before_a_frame_cannot_fit() -> None:
+    host = ImageHost(receiver_window=1024)
     receiver = joined(host)
     image = receiver.images[(SESSION, STREAM)]
     assert image.window == MTU  # a smaller window could never carry a full frame
@@ -607,7 +540,11 @@ def test_a_small_window_is_at_least_an_mtu_and_is_advertised_before_a_frame_cann
     # are left: less than a frame, so the sender may be blocked; advertise at once
     (sm,) = sms(receiver.poll(1 * MS))
     assert sm.consumption_term_offset == 320 and sm.receiver_window == MTU
-    host.close()
+
+
+def int32_at(log: FakeImageLog, offset: int) -> int:
+    """The int32 at ``offset`` of the log's partitions (term 0's first)."""
+    return int(struct.unpack_from("<i", log.memory, offset)[0])
 
 
 def test_consumption_moves_the_window_and_the_log_is_cleaned_a_term_behind(
@@ -615,7 +552,7 @@ def test_consumption_moves_the_window_and_the_log_is_cleaned_a_term_behind(
 ) -> None:
     receiver = joined(host)
     image = receiver.images[(SESSION, STREAM)]
-    log = host.logs[0]
+    log = host.image()
     frames_per_term = TERM // 1024
     for k in range(4 * frames_per_term + 10):  # through every partition and on
         receiver.on_datagram(k * MS, data(k * 1024, payload(k, 992)), SENDER)
@@ -624,14 +561,14 @@ def test_consumption_moves_the_window_and_the_log_is_cleaned_a_term_behind(
         assert image.overruns == 0
         if k == 2 * frames_per_term + 20:
             # term 0's partition is clean once consumption is a term past its end
-            assert log.buffer.get_bytes(0, TERM) == bytes(TERM)
+            assert log.memory[:TERM] == bytes(TERM)
             # term 1's only up to a term behind consumption (149 KiB - 64 KiB)
-            assert log.buffer.get_int32(TERM + 20 * 1024) == 0
-            assert log.buffer.get_int32(TERM + 21 * 1024) == 1024 - 32 + 32
+            assert int32_at(log, TERM + 20 * 1024) == 0
+            assert int32_at(log, TERM + 21 * 1024) == 1024 - 32 + 32
     assert image.consumption_position == (4 * frames_per_term + 10) * 1024
     # term 3 reused partition 0; it is cleaned up to a term behind consumption
-    assert log.buffer.get_bytes(0, 9 * 1024) == bytes(9 * 1024)
-    assert log.buffer.get_int32(10 * 1024) != 0
+    assert log.memory[:9 * 1024] == bytes(9 * 1024)
+    assert int32_at(log, 10 * 1024) != 0
     assert image.sms_sent > 4 * TERM // (WINDOW // 4)
 
 
@@ -797,9 +734,9 @@ def test_sm_due_position_is_where_the_subscribers_progress_makes_a_status_messag
     receiver.poll(MS)
     due = image.sm_due_position
     assert due == WINDOW // 4 + 1  # a quarter window past the last status message
-    counter = Position(host._positions, 64)
-    counter.set(due - 1 & ~31)  # just short of it: nothing
+    subscriber = host.image()
+    subscriber.position = due - 1 & ~31  # just short of it: nothing
     assert sms(receiver.poll(2 * MS)) == []
-    counter.set(due + 31 & ~31)  # reached: a status message at once
+    subscriber.position = due + 31 & ~31  # reached: a status message at once
     (sm,) = sms(receiver.poll(3 * MS))
     assert sm.consumption_term_offset == due + 31 & ~31

@@ -1,16 +1,10 @@
-"""The sans-IO sender (netbridge.sender), driven by a fake clock over a real publication log.
-
-Also home of :class:`PublicationLog`, the publication side the other netbridge tests share.
+"""The sans-IO sender (netbridge.sender), driven by a fake clock over an in-memory publication
+log (tests/netbridge/fake_log_port.py): no shared memory.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -27,11 +21,9 @@ from netbridge.frames import (
     StatusMessage,
     decode_frames,
 )
+from netbridge.log_port import PublicationPort
 from netbridge.sender import NetworkSender
-from shmbus import BACK_PRESSURED, AtomicBuffer, ExclusivePublication
-from shmbus.driver.ipc_flow_control import IpcFlowControl
-from shmbus.shm.log_buffer import LogBuffer
-from shmbus.shm.position import Position
+from tests.netbridge.fake_log_port import FakePublicationLog
 
 TERM = 64 * 1024
 INITIAL = 0x7FFF_FFFE  # term ids wrap to negative after two terms
@@ -47,69 +39,18 @@ def term_id_at(position: int, initial: int = INITIAL, term_length: int = TERM) -
     return ((initial + position // term_length + 2**31) % 2**32) - 2**31
 
 
-class PublicationLog:
-    """A publication log with an exclusive publication whose limit the test sets, standing in
-    for the driver: ``follow(sender_position)`` sets pub-lmt = snd-pos + term/2 and cleans the
-    log one term behind the sender position (as a network publication's owner must)."""
-
-    def __init__(self, directory: Path, *, term_length: int = TERM,
-                 initial_term_id: int = INITIAL, session_id: int = SESSION,
-                 stream_id: int = STREAM, mtu: int = MTU, name: str = "pub.log") -> None:
-        self.log = LogBuffer.create(
-            directory / name, term_length=term_length, initial_term_id=initial_term_id,
-            mtu=mtu, session_id=session_id, stream_id=stream_id,
-        )
-        self._mmap = mmap.mmap(-1, 4096)
-        self._positions = AtomicBuffer(self._mmap)
-        self.limit = Position(self._positions, 0)
-        self.limit.set(term_length // 2)
-        self.log.is_connected = True
-        self.publication = ExclusivePublication(self.log, self.limit)
-        self._cleaner = IpcFlowControl(self.log, self.limit)
-        self.term_length = term_length
-
-    def follow(self, sender_position: int) -> None:
-        self._cleaner.clean_to(sender_position - self.term_length)
-        self.limit.set(sender_position + self.term_length // 2)
-
-    def offer(self, payload: bytes) -> int:
-        result = self.publication.offer(payload)
-        if result < 0:  # an admin action (term rotation) is retried once
-            result = self.publication.offer(payload)
-        return result
-
-    def bytes_at(self, position: int, length: int) -> bytes:
-        index = (position // self.term_length) % 3
-        start = index * self.term_length + position % self.term_length
-        return self.log.buffer.get_bytes(start, length)
-
-    def close(self) -> None:
-        self.publication.close()
-        self._positions.release()
-        self._mmap.close()
-        self.log.close()
+def publication_log(*, initial_term_id: int = INITIAL) -> FakePublicationLog:
+    return FakePublicationLog(term_length=TERM, initial_term_id=initial_term_id,
+                              session_id=SESSION, stream_id=STREAM, mtu=MTU)
 
 
 @pytest.fixture
-def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="netbridge-test-", dir="/dev/shm"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def pub() -> Iterator[FakePublicationLog]:
+    yield publication_log()
 
 
-@pytest.fixture
-def pub(workdir: Path) -> Iterator[PublicationLog]:
-    stream = PublicationLog(workdir)
-    try:
-        yield stream
-    finally:
-        stream.close()
-
-
-def make_sender(pub: PublicationLog, **kwargs: object) -> NetworkSender:
-    return NetworkSender(pub.log, destination=DEST, **kwargs)  # type: ignore[arg-type]
+def make_sender(log: PublicationPort, **kwargs: object) -> NetworkSender:
+    return NetworkSender(log, destination=DEST, **kwargs)  # type: ignore[arg-type]
 
 
 def sm(position: int, window: int = 32 * 1024, *, flags: int = 0,
@@ -150,7 +91,7 @@ def connect(sender: NetworkSender, now: int = 0, window: int = 32 * 1024) -> Non
 # --- handshake ---------------------------------------------------------------------------------
 
 
-def test_setup_every_100ms_until_the_first_status_message(pub: PublicationLog) -> None:
+def test_setup_every_100ms_until_the_first_status_message(pub: FakePublicationLog) -> None:
     sender = make_sender(pub)
     pub.offer(b"x" * 100)  # published, but nothing may go out before an SM
     out, deadline = sender.poll(0)
@@ -177,7 +118,7 @@ def test_setup_every_100ms_until_the_first_status_message(pub: PublicationLog) -
     assert sender.setups_sent == 2
 
 
-def test_sm_with_setup_flag_elicits_a_setup_at_once(pub: PublicationLog) -> None:
+def test_sm_with_setup_flag_elicits_a_setup_at_once(pub: FakePublicationLog) -> None:
     sender = make_sender(pub)
     connect(sender)
     pub.offer(b"y" * 64)
@@ -196,13 +137,13 @@ def test_sm_with_setup_flag_elicits_a_setup_at_once(pub: PublicationLog) -> None
 # --- data -------------------------------------------------------------------------------------
 
 
-def test_data_is_sent_straight_from_the_log_packed_up_to_the_mtu(pub: PublicationLog) -> None:
+def test_data_is_sent_straight_from_the_log_packed_up_to_the_mtu(pub: FakePublicationLog) -> None:
     sender = make_sender(pub)
     connect(sender)
     sizes = [10, 200, 1376, 3000, 50] + [20] * 60
     for i, size in enumerate(sizes):
         assert pub.offer(bytes([i % 256]) * size) > 0
-    end = pub.publication.position
+    end = pub.position
     out, deadline = sender.poll(1 * MS)
     assert deadline == 1 * MS + 100 * MS
     assert sender.sender_position == end
@@ -223,7 +164,8 @@ def test_data_is_sent_straight_from_the_log_packed_up_to_the_mtu(pub: Publicatio
     assert max(len(decode(d)) for d, _ in out) == 22
 
 
-def test_flow_control_limit_holds_data_back_and_counts_back_pressure(pub: PublicationLog) -> None:
+def test_flow_control_limit_holds_data_back_and_counts_back_pressure(
+        pub: FakePublicationLog) -> None:
     sender = make_sender(pub)
     connect(sender, window=1000)
     for _ in range(40):
@@ -242,7 +184,7 @@ def test_flow_control_limit_holds_data_back_and_counts_back_pressure(pub: Public
     assert sender.sender_limit == 1960
 
 
-def test_budget_per_poll_asks_to_be_called_again_at_once(pub: PublicationLog) -> None:
+def test_budget_per_poll_asks_to_be_called_again_at_once(pub: FakePublicationLog) -> None:
     sender = make_sender(pub, max_datagrams_per_poll=2)
     connect(sender)
     for _ in range(5):
@@ -256,7 +198,7 @@ def test_budget_per_poll_asks_to_be_called_again_at_once(pub: PublicationLog) ->
 
 
 def test_pad_frame_goes_out_as_its_header_and_the_position_jumps_terms(
-    pub: PublicationLog,
+    pub: FakePublicationLog,
 ) -> None:
     sender = make_sender(pub)
     connect(sender)
@@ -284,7 +226,7 @@ def test_pad_frame_goes_out_as_its_header_and_the_position_jumps_terms(
     assert sender.sender_position == TERM + 2 * 1056
 
 
-def test_heartbeat_after_100ms_idle_at_the_sender_position(pub: PublicationLog) -> None:
+def test_heartbeat_after_100ms_idle_at_the_sender_position(pub: FakePublicationLog) -> None:
     sender = make_sender(pub)
     connect(sender)
     out, deadline = sender.poll(0)
@@ -307,7 +249,7 @@ def test_heartbeat_after_100ms_idle_at_the_sender_position(pub: PublicationLog) 
     assert sender.heartbeats_sent == 2
 
 
-def test_no_heartbeat_before_the_first_status_message(pub: PublicationLog) -> None:
+def test_no_heartbeat_before_the_first_status_message(pub: FakePublicationLog) -> None:
     sender = make_sender(pub)
     for now in range(0, 1000 * MS, 50 * MS):
         out, _ = sender.poll(now)
@@ -319,7 +261,7 @@ def test_no_heartbeat_before_the_first_status_message(pub: PublicationLog) -> No
 
 
 def test_nak_resends_the_range_and_repeats_are_ignored_while_lingering(
-    pub: PublicationLog,
+    pub: FakePublicationLog,
 ) -> None:
     sender = make_sender(pub)
     connect(sender)
@@ -348,7 +290,7 @@ def test_nak_resends_the_range_and_repeats_are_ignored_while_lingering(
 
 
 def test_nak_length_inside_a_frame_resends_the_whole_frame_packed_to_the_mtu(
-    pub: PublicationLog,
+    pub: FakePublicationLog,
 ) -> None:
     sender = make_sender(pub)
     connect(sender)
@@ -363,7 +305,7 @@ def test_nak_length_inside_a_frame_resends_the_whole_frame_packed_to_the_mtu(
     assert [len(d) for d, _ in out] == [3 * 448, 3 * 448, 448]
 
 
-def test_naks_that_make_no_sense_are_ignored(pub: PublicationLog) -> None:
+def test_naks_that_make_no_sense_are_ignored(pub: FakePublicationLog) -> None:
     sender = make_sender(pub)
     connect(sender)
     for i in range(10):
@@ -389,7 +331,7 @@ def test_naks_that_make_no_sense_are_ignored(pub: PublicationLog) -> None:
     assert sender.naks_received == 6 and sender.naks_ignored == 6 and sender.ignored_frames == 1
 
 
-def test_retransmits_in_flight_are_capped(pub: PublicationLog) -> None:
+def test_retransmits_in_flight_are_capped(pub: FakePublicationLog) -> None:
     sender = make_sender(pub, max_retransmits=2)
     connect(sender)
     for i in range(10):
@@ -402,7 +344,7 @@ def test_retransmits_in_flight_are_capped(pub: PublicationLog) -> None:
     assert sender.retransmits == 3
 
 
-def test_delayed_retransmit_is_sent_when_due(pub: PublicationLog) -> None:
+def test_delayed_retransmit_is_sent_when_due(pub: FakePublicationLog) -> None:
     sender = make_sender(pub, retransmit_delay_ns=5 * MS)
     connect(sender)
     for i in range(10):
@@ -420,7 +362,7 @@ def test_delayed_retransmit_is_sent_when_due(pub: PublicationLog) -> None:
 # --- RTT, errors, bad input ---------------------------------------------------------------------
 
 
-def test_rttm_request_is_echoed_to_its_source(pub: PublicationLog) -> None:
+def test_rttm_request_is_echoed_to_its_source(pub: FakePublicationLog) -> None:
     sender = make_sender(pub)
     request = RttMeasurement(flags=0x80, session_id=SESSION, stream_id=STREAM,
                              echo_timestamp=123456789, reception_delta=0, receiver_id=42)
@@ -439,7 +381,7 @@ def test_rttm_request_is_echoed_to_its_source(pub: PublicationLog) -> None:
     assert sender.rttm_replies == 1
 
 
-def test_bad_datagrams_are_counted_and_ignored(pub: PublicationLog) -> None:
+def test_bad_datagrams_are_counted_and_ignored(pub: FakePublicationLog) -> None:
     sender = make_sender(pub)
     connect(sender)
     for garbage in (b"", b"\x01\x02", b"\xff" * 40, sm(0)[:20]):
@@ -459,7 +401,7 @@ def test_bad_datagrams_are_counted_and_ignored(pub: PublicationLog) -> None:
     assert sender.sender_limit == 64 + 64 * 1024
 
 
-def test_constructor_checks(pub: PublicationLog) -> None:
+def test_constructor_checks(pub: FakePublicationLog) -> None:
     with pytest.raises(ValueError):
         make_sender(pub, mtu=1024)  # below the log's mtu: frames would not fit
     with pytest.raises(ValueError):
@@ -469,7 +411,7 @@ def test_constructor_checks(pub: PublicationLog) -> None:
 # --- connection and end of stream ---------------------------------------------------------------
 
 
-def test_connection_is_lost_without_status_messages(pub: PublicationLog) -> None:
+def test_connection_is_lost_without_status_messages(pub: FakePublicationLog) -> None:
     sender = make_sender(pub)
     connect(sender)
     _, deadline = sender.poll(1 * MS)
@@ -483,7 +425,7 @@ def test_connection_is_lost_without_status_messages(pub: PublicationLog) -> None
 
 
 def test_close_sends_end_of_stream_heartbeats_once_everything_is_sent(
-    pub: PublicationLog,
+    pub: FakePublicationLog,
 ) -> None:
     sender = make_sender(pub)
     connect(sender, window=200)
@@ -511,28 +453,18 @@ def test_close_sends_end_of_stream_heartbeats_once_everything_is_sent(
                 if isinstance(f, SetupFrame)]
 
 
-def test_a_publication_that_did_not_start_at_zero(workdir: Path) -> None:
-    stream = PublicationLog(workdir, initial_term_id=5, name="other.log")
-    try:
-        sender = NetworkSender(stream.log, destination=DEST, position=0)
-        assert sender.poll(0)[0]
-        # positions are relative to the initial term; files on /dev/shm hold the log
-        assert os.path.exists(workdir / "other.log")
-    finally:
-        stream.close()
+def test_a_publication_that_did_not_start_at_zero() -> None:
+    stream = publication_log(initial_term_id=5)
+    sender = NetworkSender(stream, destination=DEST, position=0)
+    assert sender.poll(0)[0]
+    # positions are relative to the initial term
+    connect(sender)
+    stream.offer(b"i" * 10)
+    (frame,) = data_headers(sender.poll(1 * MS)[0])
+    assert (frame.term_id, frame.term_offset) == (5, 0)
 
 
-def test_offer_is_back_pressured_at_the_limit_set_from_the_sender_position(
-    pub: PublicationLog,
-) -> None:
-    pub.follow(0)
-    while (result := pub.offer(b"b" * 1000)) > 0:
-        pass
-    assert result == BACK_PRESSURED
-    assert TERM // 2 <= pub.publication.position <= TERM // 2 + 1056  # at most one past
-
-
-def test_destinations_can_be_added_and_removed(pub: PublicationLog) -> None:
+def test_destinations_can_be_added_and_removed(pub: FakePublicationLog) -> None:
     sender = make_sender(pub)
     connect(sender)
     other = ("10.0.0.3", 40123)
@@ -548,8 +480,30 @@ def test_destinations_can_be_added_and_removed(pub: PublicationLog) -> None:
     assert [dest for _, dest in out] == [other]
 
 
+def test_a_scan_the_process_layer_sent_is_accounted_as_a_polls(pub: FakePublicationLog) -> None:
+    """What the bridge's native spin does (the scan spin_send allows, sent to every destination
+    by the process layer, then on_data_sent) leaves a sender as its own poll does."""
+    other = publication_log()
+    spun, polled = make_sender(pub, data_batches=True), make_sender(other, data_batches=True)
+    for sender in (spun, polled):
+        sender.add_destination(("10.0.0.3", 40123))
+        connect(sender, window=1 << 20)
+        sender.poll(0)  # the SETUP phase is over: nothing queued
+    for log in (pub, other):
+        for i in range(40):
+            log.offer(bytes([i]) * 300)
+    position, limit, mtu, most = spun.spin_send()  # type: ignore[misc]
+    scan = pub.scan(position, limit, mtu, most)
+    spun.on_data_sent(5 * MS, scan)
+    (batch, _), _ = polled.poll(5 * MS)[0]
+    assert scan.datagrams == batch.count > 1 and scan.length == batch.length
+    for name in ("sender_position", "datagrams_sent", "bytes_sent", "back_pressure_events"):
+        assert getattr(spun, name) == getattr(polled, name), name
+    assert spun.poll(5 * MS)[0] == []  # nothing left that the spin should have sent
+
+
 def test_a_sender_whose_committed_frame_does_not_fit_waits_for_a_status_message(
-        pub: PublicationLog) -> None:
+        pub: FakePublicationLog) -> None:
     """At the end of the receiver's window, with the next frame committed but too long for
     what is left, the sender does not wait for data (a process layer watching for a frame
     there would find it ready forever) but for a status message that moves its limit."""

@@ -1,22 +1,19 @@
 """A sender and a receiver joined by a simulated network (no sockets, a fake clock).
 
-Messages published to the sender's log through shmbus.ExclusivePublication must come out of
-the receiver's image log, read with shmbus.Image.poll and FragmentAssembler, exactly once, in
-order and intact, whatever the link does: loss, duplication and reordering in both directions
-(seeded, so every failure replays).
+Messages published to the sender's log must come out of the receiver's image log, read and
+reassembled as a subscriber would, exactly once, in order and intact, whatever the link does:
+loss, duplication and reordering in both directions (seeded, so every failure replays). Both
+logs are in memory (tests/netbridge/fake_log_port.py).
 """
 
 from __future__ import annotations
 
 import heapq
 import random
-import shutil
 import struct
-import tempfile
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -30,9 +27,8 @@ from netbridge.receiver import (
     ReceiverEvent,
 )
 from netbridge.sender import NetworkSender
-from shmbus import ADMIN_ACTION, FragmentAssembler
-from tests.netbridge.test_receiver import ImageHost
-from tests.netbridge.test_sender import INITIAL, SESSION, STREAM, TERM, PublicationLog
+from tests.netbridge.fake_log_port import FakeImageHost
+from tests.netbridge.test_sender import INITIAL, SESSION, STREAM, TERM, publication_log
 
 MS = 1_000_000
 US = 1_000
@@ -101,27 +97,26 @@ def make_messages(rng: random.Random, count: int) -> list[bytes]:
 class Loopback:
     """A publication, a sender, a receiver with one subscriber, and two links, run in steps."""
 
-    directory: Path
     forward: LossyLink
     backward: LossyLink
     receiver_window: int | None = None
     initial_term_id: int = INITIAL
 
     def __post_init__(self) -> None:
-        self.pub = PublicationLog(self.directory, initial_term_id=self.initial_term_id)
-        self.host = ImageHost(self.directory, receiver_window=self.receiver_window)
-        self.sender = NetworkSender(self.pub.log, destination="receiver")
+        self.pub = publication_log(initial_term_id=self.initial_term_id)
+        self.host = FakeImageHost(receiver_window=self.receiver_window)
+        self.sender = NetworkSender(self.pub, destination="receiver")
         self.receiver = NetworkReceiver(self.host, receiver_id=0xABCDEF)
         self.receiver.add_subscription(STREAM)
         self.received: list[bytes] = []
-        self.assembler = FragmentAssembler(lambda buffer, header: self.received.append(
-            bytes(buffer)))
         self.events: list[ReceiverEvent] = []
         self.now = 0
 
-    def close(self) -> None:
-        self.host.close()
-        self.pub.close()
+    def read(self) -> None:
+        """The subscriber reads what it can."""
+        image = self.host.logs.get((SESSION, STREAM))
+        if image is not None:
+            self.received += image.messages()
 
     def step(self, pending: list[bytes]) -> int:
         """One round at ``self.now``; offers from ``pending`` (consumed in place). Returns the
@@ -131,17 +126,10 @@ class Loopback:
             self.receiver.on_datagram(now, datagram, "sender")
         for datagram in self.backward.due(now):
             self.sender.on_datagram(now, datagram, "receiver")
-        image = self.host.images.get((SESSION, STREAM))
-        if image is not None:
-            while image.poll(self.assembler, 64):
-                pass
+        self.read()
         self.pub.follow(self.sender.sender_position)
-        while pending:
-            result = self.pub.publication.offer(pending[0])
-            if result > 0:
-                pending.pop(0)
-            elif result != ADMIN_ACTION:
-                break
+        while pending and self.pub.offer(pending[0]) > 0:
+            pending.pop(0)
         before = self.sender.sender_position
         out, sender_deadline = self.sender.poll(now)
         for datagram, destination in out:
@@ -169,9 +157,7 @@ class Loopback:
             next_time = self.step(pending)
             done = any(isinstance(e, EndOfStream) for e in self.events)
             if done and len(self.received) >= len(messages):
-                image = self.host.images[(SESSION, STREAM)]
-                while image.poll(self.assembler, 64):
-                    pass
+                self.read()
                 return
             assert next_time < until_ns, (
                 f"stuck at {self.now} ns: {len(self.received)}/{len(messages)} received, "
@@ -195,44 +181,33 @@ def check_delivery(received: list[bytes], messages: list[bytes]) -> None:
         assert got == sent
 
 
-def with_directory(body: Callable[[Path], None]) -> None:
-    path = Path(tempfile.mkdtemp(prefix="netbridge-loop-", dir="/dev/shm"))
-    try:
-        body(path)
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 # --- end to end ------------------------------------------------------------------------------
 
 
 def test_handshake_then_data_then_end_of_stream_on_a_perfect_link() -> None:
-    def body(directory: Path) -> None:
+    def body() -> None:
         rng = random.Random(1)
-        loop = Loopback(directory, LossyLink(rng), LossyLink(rng))
-        try:
-            first, _ = loop.sender.poll(0)
-            (setup,) = [f for d, _ in first for f in decode_frames(bytes(d))]
-            assert isinstance(setup, SetupFrame)
-            loop.receiver.on_datagram(50 * US, bytes(first[0][0]), "sender")
-            result = loop.receiver.poll(50 * US)
-            assert [type(e) for e in result.events] == [ImageAvailable]
-            (sm,) = [f for d, _ in result.datagrams for f in decode_frames(d)]
-            assert isinstance(sm, StatusMessage) and sm.receiver_window == TERM // 2
-            loop.sender.on_datagram(100 * US, result.datagrams[0][0], "receiver")
-            assert loop.sender.is_connected and loop.sender.sender_limit == TERM // 2
-            loop.now = 100 * US
-            messages = make_messages(rng, 300)
-            loop.run(messages, until_ns=5_000 * MS)
-            check_delivery(loop.received, messages)
-            assert loop.sender.retransmits == 0 and loop.receiver.naks_sent == 0
-            image = loop.receiver.images[(SESSION, STREAM)]
-            assert image.rcv_pos == image.rcv_hwm == loop.sender.sender_position
-            assert loop.host.image().is_end_of_stream
-        finally:
-            loop.close()
+        loop = Loopback(LossyLink(rng), LossyLink(rng))
+        first, _ = loop.sender.poll(0)
+        (setup,) = [f for d, _ in first for f in decode_frames(bytes(d))]
+        assert isinstance(setup, SetupFrame)
+        loop.receiver.on_datagram(50 * US, bytes(first[0][0]), "sender")
+        result = loop.receiver.poll(50 * US)
+        assert [type(e) for e in result.events] == [ImageAvailable]
+        (sm,) = [f for d, _ in result.datagrams for f in decode_frames(d)]
+        assert isinstance(sm, StatusMessage) and sm.receiver_window == TERM // 2
+        loop.sender.on_datagram(100 * US, result.datagrams[0][0], "receiver")
+        assert loop.sender.is_connected and loop.sender.sender_limit == TERM // 2
+        loop.now = 100 * US
+        messages = make_messages(rng, 300)
+        loop.run(messages, until_ns=5_000 * MS)
+        check_delivery(loop.received, messages)
+        assert loop.sender.retransmits == 0 and loop.receiver.naks_sent == 0
+        image = loop.receiver.images[(SESSION, STREAM)]
+        assert image.rcv_pos == image.rcv_hwm == loop.sender.sender_position
+        assert loop.host.image(SESSION, STREAM).is_end_of_stream
 
-    with_directory(body)
+    body()
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -247,28 +222,25 @@ def test_handshake_then_data_then_end_of_stream_on_a_perfect_link() -> None:
 def test_every_message_arrives_once_in_order_over_a_lossy_link(
     seed: int, loss: float, duplicate: float, reorder: float
 ) -> None:
-    def body(directory: Path) -> None:
+    def body() -> None:
         rng = random.Random(seed)
         forward = LossyLink(rng, loss=loss, duplicate=duplicate, reorder=reorder)
         backward = LossyLink(rng, loss=loss, duplicate=duplicate, reorder=reorder)
-        loop = Loopback(directory, forward, backward)
-        try:
-            messages = make_messages(rng, 3000)  # about 23 terms: every partition, term ids wrap
-            loop.run(messages, until_ns=60_000 * MS)
-            check_delivery(loop.received, messages)
-            image = loop.receiver.images[(SESSION, STREAM)]
-            assert image.rcv_pos == image.rcv_hwm == loop.sender.sender_position
-            assert loop.sender.sender_position > 12 * TERM
-            if forward.dropped:
-                assert loop.receiver.naks_sent > 0 and loop.sender.retransmits > 0
-                assert loop.receiver.gaps_detected > 0
-            if duplicate:
-                assert image.duplicates > 0
-            assert loop.receiver.invalid_datagrams == 0
-        finally:
-            loop.close()
+        loop = Loopback(forward, backward)
+        messages = make_messages(rng, 3000)  # about 23 terms: every partition, term ids wrap
+        loop.run(messages, until_ns=60_000 * MS)
+        check_delivery(loop.received, messages)
+        image = loop.receiver.images[(SESSION, STREAM)]
+        assert image.rcv_pos == image.rcv_hwm == loop.sender.sender_position
+        assert loop.sender.sender_position > 12 * TERM
+        if forward.dropped:
+            assert loop.receiver.naks_sent > 0 and loop.sender.retransmits > 0
+            assert loop.receiver.gaps_detected > 0
+        if duplicate:
+            assert image.duplicates > 0
+        assert loop.receiver.invalid_datagrams == 0
 
-    with_directory(body)
+    body()
 
 
 def test_a_lost_pad_is_recovered_when_its_padding_exceeds_the_window() -> None:
@@ -276,7 +248,7 @@ def test_a_lost_pad_is_recovered_when_its_padding_exceeds_the_window() -> None:
     the padding; if the PAD is lost, the receiver must still learn of the gap (from a heartbeat
     past the window) and get it back."""
 
-    def body(directory: Path) -> None:
+    def body() -> None:
         rng = random.Random(3)
         dropped: list[bytes] = []
 
@@ -287,43 +259,37 @@ def test_a_lost_pad_is_recovered_when_its_padding_exceeds_the_window() -> None:
                 return True
             return False
 
-        loop = Loopback(directory, LossyLink(rng, drop_if=drop_first_pad), LossyLink(rng),
+        loop = Loopback(LossyLink(rng, drop_if=drop_first_pad), LossyLink(rng),
                         receiver_window=4096)
-        try:
-            # 4900-byte bodies take 5056 bytes of log: twelve fill a term but for 4864 bytes
-            messages = [struct.pack("<II", i, zlib.crc32(b"\x55" * 4900)) + b"\x55" * 4900
-                        for i in range(40)]
-            loop.run(messages, until_ns=10_000 * MS)
-            assert dropped, "the scenario needs a PAD longer than the window"
-            check_delivery(loop.received, messages)
-            assert loop.sender.retransmits >= 1
-        finally:
-            loop.close()
+        # 4900-byte bodies take 5056 bytes of log: twelve fill a term but for 4864 bytes
+        messages = [struct.pack("<II", i, zlib.crc32(b"\x55" * 4900)) + b"\x55" * 4900
+                    for i in range(40)]
+        loop.run(messages, until_ns=10_000 * MS)
+        assert dropped, "the scenario needs a PAD longer than the window"
+        check_delivery(loop.received, messages)
+        assert loop.sender.retransmits >= 1
 
-    with_directory(body)
+    body()
 
 
 def test_receiver_reports_the_image_unavailable_when_the_sender_goes_silent() -> None:
-    def body(directory: Path) -> None:
+    def body() -> None:
         rng = random.Random(4)
-        loop = Loopback(directory, LossyLink(rng), LossyLink(rng))
-        try:
-            pending = make_messages(rng, 50)
-            while pending or loop.host.images.get((SESSION, STREAM)) is None:
-                loop.now = max(loop.now + 1, loop.step(pending))
-            # the sender process dies: only the receiver is polled from now on
-            heard = loop.receiver.images[(SESSION, STREAM)].last_heard_ns
-            gone: list[ImageUnavailable] = []
-            at = loop.now
-            while not gone and at < heard + 12_000 * MS:
-                result = loop.receiver.poll(at)
-                gone = [e for e in result.events if isinstance(e, ImageUnavailable)]
-                if not gone:
-                    assert result.next_deadline_ns is not None
-                    at = result.next_deadline_ns
-            assert gone and gone[0].reason == "timeout"
-            assert at == heard + 10_000 * MS + 1  # woken by the liveness deadline itself
-        finally:
-            loop.close()
+        loop = Loopback(LossyLink(rng), LossyLink(rng))
+        pending = make_messages(rng, 50)
+        while pending or loop.host.logs.get((SESSION, STREAM)) is None:
+            loop.now = max(loop.now + 1, loop.step(pending))
+        # the sender process dies: only the receiver is polled from now on
+        heard = loop.receiver.images[(SESSION, STREAM)].last_heard_ns
+        gone: list[ImageUnavailable] = []
+        at = loop.now
+        while not gone and at < heard + 12_000 * MS:
+            result = loop.receiver.poll(at)
+            gone = [e for e in result.events if isinstance(e, ImageUnavailable)]
+            if not gone:
+                assert result.next_deadline_ns is not None
+                at = result.next_deadline_ns
+        assert gone and gone[0].reason == "timeout"
+        assert at == heard + 10_000 * MS + 1  # woken by the liveness deadline itself
 
-    with_directory(body)
+    body()
