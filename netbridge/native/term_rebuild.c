@@ -2,7 +2,9 @@
  * The netbridge receiver's writing of an image log (Aeron's TermRebuilder): validate_frames
  * checks every frame header of a DATA/PAD datagram against its place in the term,
  * insert_frames copies validated frames in, the first frame's length last with a release store,
- * and insert_in_order does both for receive_batch when a datagram continues an image exactly.
+ * and insert_in_order does both for receive_batch when a datagram continues an image exactly
+ * (the condition netbridge/placement.py calls in_order; tests/netbridge/test_placement.py
+ * checks the two agree; frames: docs/protocol.md, Frames on the wire).
  *
  * Frames are read as shmbus_native.h lays them out; everything is bounds-checked against the
  * buffers given: bad arguments raise IndexError/ValueError and a bad datagram is an error code,

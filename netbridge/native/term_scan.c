@@ -3,6 +3,7 @@
  * that make one datagram; term_scan (one datagram's worth from a term offset, for the Python
  * sender) and scan_datagrams/scan_spans (the sender's DATA loop: datagrams from its position up
  * to its limit, as spans of the log that send_batch sends).
+ * (What a datagram may hold: docs/protocol.md, Frames on the wire)
  *
  * Runs in the netbridge process, on its duty-cycle thread: term_scan and scan_datagrams with
  * the GIL held; scan_spans also without it (busy_poll's spin, send_now).

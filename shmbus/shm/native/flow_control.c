@@ -1,5 +1,6 @@
 /*
- * IPC flow control: pub-lmt follows the slowest counted position, raised by the publisher.
+ * IPC flow control: pub-lmt follows the slowest counted position, raised by the publisher
+ * (docs/protocol.md, IPC flow control).
  *
  * fc_raise: PublicationCore (publication.c), in a client process on the thread that offers
  * (GIL held), when an offer reaches its limit. flow_control_set and flow_control_advance: the

@@ -6,13 +6,15 @@
  * Log buffer layout (shmbus/shm/log_buffer.py names the same offsets in Python; _native.LAYOUT
  * exports these, and tests/shmbus/shm/test_log_buffer.py compares the two):
  *   term 0 | term 1 | term 2 | metadata (4096 bytes)
- * Frame header (little-endian, the wire DATA header of Aeron):
+ *   (docs/protocol.md, Log buffer layout and Log buffer metadata)
+ * Frame header (little-endian, the wire DATA header of Aeron; docs/protocol.md, Frame header):
  *   0 frame_length i32 | 4 version u8 | 5 flags u8 | 6 type u16 | 8 term_offset i32 |
  *   12 session_id i32 | 16 stream_id i32 | 20 term_id i32 | 24 reserved_value i64
  *
  * Memory ordering: a frame is published by a release store of its positive length; readers load
  * the length with acquire and never look past a length <= 0. Concurrent appenders reserve space
- * with fetch-add on the active term's tail counter and rotate terms with compare-and-set.
+ * with fetch-add on the active term's tail counter and rotate terms with compare-and-set
+ * (docs/protocol.md, Appending, fragments and padding).
  */
 #ifndef SHMBUS_NATIVE_H
 #define SHMBUS_NATIVE_H

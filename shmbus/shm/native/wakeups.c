@@ -1,7 +1,7 @@
 /*
  * Sleeping on futex words in shared memory, and waking the sleepers (the protocol is described
- * at wake_word in shmbus_native.h): wait_words, the one place a thread sleeps on words;
- * wait_images, a subscriber's sleep until one of its images has a frame; and the module
+ * at wake_word in shmbus_native.h; docs/protocol.md, Wake-ups): wait_words, the one place a
+ * thread sleeps on words; wait_images, a subscriber's sleep until one of its images has a frame; and the module
  * functions signal_word/wait_word (the driver's and clients' doorbells, shmbus/shm/doorbell.py),
  * wait_for_data, and wake_log_readers/wake_log_writers (the driver's group reassignments and the
  * netbridge, for logs written or read without a PublicationCore or ImageCore).
