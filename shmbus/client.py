@@ -199,6 +199,7 @@ class Client:
                                on_close=self._on_publication_close,
                                on_destination=self._on_destination,
                                counters=self.counters.values)
+            publication._wait_spin_ns = round(self.context.wait_spin * 1e9)
             self._publications[ready.registration_id] = publication
         return publication
 
@@ -232,6 +233,7 @@ class Client:
             on_available_image=on_available_image, on_unavailable_image=on_unavailable_image,
             on_close=self._on_subscription_close,
             wake=(self._images_bell.buffer, self._images_bell.offset))
+        subscription._wait_spin_ns = round(self.context.wait_spin * 1e9)
         self._lease(subscription)
         # registered before the request: image events follow the ready response at once
         with self._lock:

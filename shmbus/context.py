@@ -31,7 +31,7 @@ def default_directory() -> str:
 
 
 #: settings that may be 0 seconds (every other time must be positive)
-_MAY_BE_ZERO = frozenset({"netbridge_busy_window"})
+_MAY_BE_ZERO = frozenset({"netbridge_busy_window", "wait_spin"})
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,13 @@ class Context:
     #: the two bridges' CPU 1.5 cores instead of 1.3; an idle bridge is not affected);
     #: 0: sleep at once
     netbridge_busy_window: float = 100e-6
+    #: a reader waiting in poll(timeout=), wait(), messages() or messages_async(), and a
+    #: back-pressured publish(), look again this long (yielding the CPU at every turn) before
+    #: they sleep on the log's futex word, as Aeron's back-off idle strategy spins, yields and
+    #: then parks: a stream that keeps coming never puts its reader to sleep, so the writer
+    #: pays no wake-up, and a reply within it pays none either. It costs a waiter at 1,000
+    #: msg/s about this much CPU a message; an idle bus none. 0: sleep at once
+    wait_spin: float = 20e-6
 
     def __post_init__(self) -> None:
         for term_length in (self.ipc_term_length, self.udp_term_length):

@@ -22,6 +22,9 @@ from shmbus.shm._native import AtomicBuffer, PublicationCore
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 
+#: seconds publish(), publish_async() and publish_many() keep trying by default
+DEFAULT_PUBLISH_TIMEOUT = 1.0
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -168,48 +171,47 @@ class Publication(PublicationCore):
             self._claims.add(claim)
         return claim
 
-    def publish(self, *buffers: Buffer, timeout: float = 1.0, reserved_value: int = 0) -> int:
-        """Offer until it succeeds, sleeping while back-pressured; returns the new position.
+    # publish(*buffers, timeout=1.0, reserved_value=0) is PublicationCore's: one native offer,
+    # and only a refused one comes to _publish_refused.
 
-        A back-pressured publisher sleeps (no CPU) until a subscriber moves, woken by it.
-        Raises :class:`PublicationError` with the last code after ``timeout`` seconds, or at
-        once when the publication is closed or its position space is exhausted.
-        """
+    def _publish_refused(self, buffers: tuple[Buffer, ...], result: int, timeout: float | None,
+                         reserved_value: int) -> int:
+        """publish's retries after its first offer was refused with ``result``: offer again,
+        sleeping while back-pressured, until accepted or ``timeout`` (None: 1 s) has passed."""
+        timeout = DEFAULT_PUBLISH_TIMEOUT if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while True:
-            position, sleep_s = self._attempt(buffers, reserved_value, deadline, timeout)
-            if position:
-                return position
+            sleep_s = self._sleep_or_raise(result, deadline, timeout)
             if sleep_s:
                 self._await_progress(sleep_s)
+            result = self.offer(*buffers, reserved_value=reserved_value)
+            if result > 0:
+                return result
 
-    async def publish_async(self, *buffers: Buffer, timeout: float = 1.0,
+    async def publish_async(self, *buffers: Buffer, timeout: float = DEFAULT_PUBLISH_TIMEOUT,
                             reserved_value: int = 0) -> int:
         """:meth:`publish`, awaiting back-pressure without blocking the event loop.
 
         Returns the new position; raises :class:`PublicationError` as ``publish`` does. A
         cancelled await has appended nothing.
         """
+        result = self.offer(*buffers, reserved_value=reserved_value)
         deadline = time.monotonic() + timeout
-        while True:
-            position, sleep_s = self._attempt(buffers, reserved_value, deadline, timeout)
-            if position:
-                return position
+        while result <= 0:
+            sleep_s = self._sleep_or_raise(result, deadline, timeout)
             if sleep_s:
                 await sleep_on(self._await_progress, sleep_s)
+            result = self.offer(*buffers, reserved_value=reserved_value)
+        return result
 
-    def _attempt(self, buffers: tuple[Buffer, ...], reserved_value: int, deadline: float,
-                 timeout: float) -> tuple[int, float]:
-        """One offer of publish: (new position, 0) when accepted, else (0, seconds to sleep
-        before the next; 0 to retry at once). Raises as publish does."""
-        result = self.offer(*buffers, reserved_value=reserved_value)
-        if result > 0:
-            return result, 0.0
+    def _sleep_or_raise(self, result: int, deadline: float, timeout: float) -> float:
+        """Seconds to sleep after an offer refused with ``result`` (0: retry at once); raises
+        :class:`PublicationError` once ``deadline`` (monotonic seconds) has passed."""
         sleep_s = self._sleep_time(result, deadline)
         if sleep_s < 0:
             raise PublicationError(result, f"offer not accepted within {timeout} s: "
                                    f"{codes.result_name(result)}")
-        return 0, sleep_s
+        return sleep_s
 
     def _sleep_time(self, result: int, deadline: float) -> float:
         """How long to sleep after a refused offer: -1 when the deadline passed. Readers (and a
@@ -226,13 +228,16 @@ class Publication(PublicationCore):
         return min(remaining, slice_s)
 
     def publish_many(self, messages: Sequence[Buffer] | np.ndarray[Any, Any],
-                     timeout: float = 1.0) -> int:
+                     timeout: float = DEFAULT_PUBLISH_TIMEOUT) -> int:
         """``offer_many`` until every message is appended; returns the count.
 
         Raises :class:`PublicationError` after ``timeout`` seconds without progress.
         """
         total = len(messages)
-        done = 0
+        first = self.offer_many(messages) if total else 0
+        if first == total:  # accepted at once: one native call
+            return total
+        done = max(first, 0)
         deadline = time.monotonic() + timeout
         while done < total:
             result = self.offer_many(messages[done:] if done else messages)

@@ -154,6 +154,10 @@ class Subscription(SubscriptionCore):
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
             return False
+        # the spin of a blocking wait first (Context.wait_spin, microseconds: the event loop can
+        # spare them), so a stream that keeps coming never arms a watcher
+        if self._wait_spin_ns and self.wait(self._wait_spin_ns * 1e-9):
+            return True
         slice_s = self._wait_slice_s
         if slice_s is not None and (remaining is None or remaining > slice_s):
             remaining = slice_s

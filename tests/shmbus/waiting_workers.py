@@ -153,3 +153,19 @@ def async_publisher(context: shmbus.Context, stream_id: int, count: int, results
                          "elapsed": time.monotonic() - began})
 
     _report_errors(results, "pub", name, lambda: _run_loop(main(), loop_kind))
+
+
+def waiting_reader(context: shmbus.Context, stream_id: int, results: Any,
+                   timeout: float) -> None:
+    """Subscribes, says "sub-ready", then waits in ``messages()`` for one message and reports
+    it (as ``got``)."""
+    name = "waiting-reader"
+
+    def run() -> None:
+        with shmbus.connect(context) as bus:
+            sub = bus.add_subscription("aeron:ipc", stream_id)
+            results.put({"kind": "sub-ready", "name": name})
+            got = next(iter(sub.messages(timeout=timeout)), None)
+            results.put({"kind": "got", "name": name, "message": got})
+
+    _report_errors(results, "got", name, run)

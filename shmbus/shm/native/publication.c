@@ -10,6 +10,8 @@
  */
 #include "types.h"
 
+#include <sched.h>
+
 typedef struct {
     PyObject_HEAD
     PyObject *log_buffer;     /* AtomicBuffer over the whole log file */
@@ -37,6 +39,7 @@ typedef struct {
     int32_t x_term_id;
     int32_t x_term_count;
     int64_t x_term_begin_position;
+    int64_t wait_spin_ns;     /* `_wait_spin_ns`: how long _await_progress looks before it sleeps */
 } PublicationCore;
 
 typedef struct {
@@ -326,13 +329,11 @@ static int parse_reserved(PyObject *kwnames, PyObject *const *args, Py_ssize_t n
 
 #define MAX_GATHER 16
 
-/* offer(*buffers, reserved_value=0) -> int: one message made of the buffers, concatenated. */
-static PyObject *pub_offer(PublicationCore *self, PyObject *const *args, Py_ssize_t nargs,
-                           PyObject *kwnames)
+/* One message made of the buffers, concatenated: the new position or a negative code, as an
+ * int; NULL with the exception set for a bad buffer or length. */
+static PyObject *offer_buffers(PublicationCore *self, PyObject *const *args, Py_ssize_t nargs,
+                               int64_t reserved)
 {
-    int64_t reserved;
-    if (parse_reserved(kwnames, args, nargs, &reserved) < 0)
-        return NULL;
     if (nargs == 1) {
         Py_buffer view;
         if (get_message_buffer(args[0], &view) < 0)
@@ -365,6 +366,58 @@ done:
     for (Py_ssize_t i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
     return result;
+}
+
+/* offer(*buffers, reserved_value=0) -> int */
+static PyObject *pub_offer(PublicationCore *self, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames)
+{
+    int64_t reserved;
+    if (parse_reserved(kwnames, args, nargs, &reserved) < 0)
+        return NULL;
+    return offer_buffers(self, args, nargs, reserved);
+}
+
+/* publish(*buffers, timeout=1.0, reserved_value=0) -> int: one offer here; only a refused one
+ * goes on in Python (Publication._publish_refused: the deadline, the retries and the sleeps),
+ * so a publish accepted at once costs what an offer does. */
+static PyObject *pub_publish(PublicationCore *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames)
+{
+    PyObject *timeout = NULL, *reserved_obj = NULL;
+    Py_ssize_t nk = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        if (PyUnicode_CompareWithASCIIString(name, "timeout") == 0) {
+            timeout = args[nargs + i];
+        } else if (PyUnicode_CompareWithASCIIString(name, "reserved_value") == 0) {
+            reserved_obj = args[nargs + i];
+        } else {
+            PyErr_Format(PyExc_TypeError, "publish() got an unexpected keyword argument '%U' "
+                         "(it takes timeout and reserved_value)", name);
+            return NULL;
+        }
+    }
+    int64_t reserved = 0;
+    if (reserved_obj != NULL) {
+        reserved = PyLong_AsLongLong(reserved_obj);
+        if (reserved == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    PyObject *result = offer_buffers(self, args, nargs, reserved);
+    if (result == NULL || PyLong_AsLongLong(result) > 0)
+        return result;
+    PyObject *buffers = PyTuple_New(nargs);
+    if (buffers == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        PyTuple_SET_ITEM(buffers, i, Py_NewRef(args[i]));
+    PyObject *retry = PyObject_CallMethod(
+        (PyObject *)self, "_publish_refused", "NNOL", buffers, result,
+        timeout != NULL ? timeout : Py_None, (long long)reserved);
+    return retry;
 }
 
 /*
@@ -651,7 +704,30 @@ static PyObject *pub_detach_core(PublicationCore *self, PyObject *Py_UNUSED(igno
     Py_RETURN_NONE;
 }
 
-/* _await_progress(timeout_s): sleep until a reader moves, the limit moves, or the timeout. */
+/* A back-pressured writer's look before it sleeps (see spin_for_images in wakeups.c): for up to
+ * spin_ns, yielding the CPU and the GIL between looks, whether the limit is above the position
+ * now. A reader that keeps up frees room within the spin: the writer does not sleep and its
+ * readers pay no wake-up. 1 when there is room or the core changed (closed, detached, given
+ * another log: the caller offers again and learns which); 0 after spin_ns. */
+static int pub_spin_for_room(PublicationCore *self, int64_t spin_ns)
+{
+    uint32_t generation = self->generation;
+    int64_t until = monotonic_ns() + spin_ns;
+    do {
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+        if (self->closed || self->generation != generation)
+            return 1;
+        AppendState s;
+        if (read_state(self, &s) < 0 || current_limit(self, s.position, s.limit) > s.position)
+            return 1;
+    } while (monotonic_ns() < until);
+    return 0;
+}
+
+/* _await_progress(timeout_s): sleep until a reader moves, the limit moves, or the timeout;
+ * looks for _wait_spin_ns first (pub_spin_for_room). */
 static PyObject *pub_await_progress(PublicationCore *self, PyObject *arg)
 {
     double timeout = PyFloat_AsDouble(arg);
@@ -668,6 +744,11 @@ static PyObject *pub_await_progress(PublicationCore *self, PyObject *arg)
         }
         Py_RETURN_NONE;
     }
+    int64_t spin_ns = timeout_to_ns(timeout);
+    if (spin_ns > self->wait_spin_ns)
+        spin_ns = self->wait_spin_ns;
+    if (spin_ns > 0 && pub_spin_for_room(self, spin_ns))
+        Py_RETURN_NONE;
     /* the log of this sleep: the core may be closed, detached or given another log meanwhile */
     int32_t *waiters = meta_i32(&self->g, META_PROGRESS_WAITERS);
     int32_t *word = meta_i32(&self->g, META_PROGRESS_WAKE);
@@ -809,6 +890,13 @@ static PyObject *pub_get_is_connected(PublicationCore *self, void *c)
                            LOAD_ACQUIRE((int32_t *)(self->g.meta + META_IS_CONNECTED)) == 1);
 }
 
+static PyMemberDef pub_members[] = {
+    {"_wait_spin_ns", T_LONGLONG, offsetof(PublicationCore, wait_spin_ns), 0,
+     "ns a back-pressured publish() looks for room, yielding, before it sleeps (set by the "
+     "client from Context.wait_spin_us; 0: sleep at once)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyGetSetDef pub_getset[] = {
     {"max_payload_length", (getter)pub_get_max_payload, NULL,
      "largest payload of one frame (mtu - 32); larger messages are fragmented", NULL},
@@ -833,6 +921,13 @@ static PyGetSetDef pub_getset[] = {
 };
 
 static PyMethodDef pub_methods[] = {
+    {"publish", (PyCFunction)(void (*)(void))pub_publish, METH_FASTCALL | METH_KEYWORDS,
+     "publish(*buffers, timeout=1.0, reserved_value=0) -> int\n\nOffer until it succeeds, "
+     "sleeping while back-pressured (after a short spin, Context.wait_spin); returns the new "
+     "position. A back-pressured publisher sleeps (no CPU) until a subscriber moves, woken by "
+     "it. Raises PublicationError with the last code after timeout seconds (None: 1 s), or at "
+     "once when the publication is closed or its position space is exhausted. Accepted at once, "
+     "it costs one offer."},
     {"offer", (PyCFunction)(void (*)(void))pub_offer, METH_FASTCALL | METH_KEYWORDS,
      "offer(*buffers, reserved_value=0) -> int\n\nAppend one message made of the given buffers "
      "(a gather of up to 16). Returns the new stream position (> 0) or a negative code: "
@@ -868,4 +963,5 @@ PyTypeObject PublicationCoreType = {
     .tp_clear = (inquiry)pub_clear,
     .tp_methods = pub_methods,
     .tp_getset = pub_getset,
+    .tp_members = pub_members,
 };

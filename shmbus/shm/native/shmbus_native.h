@@ -99,6 +99,13 @@
 #define ALIGN(v, a) (((v) + ((a) - 1)) & ~((a) - 1))
 
 static inline int32_t rd_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+static inline int64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static inline int64_t rd_i64(const uint8_t *p) { int64_t v; memcpy(&v, p, 8); return v; }
 static inline void wr_i32(uint8_t *p, int32_t v) { memcpy(p, &v, 4); }
 static inline void wr_i64(uint8_t *p, int64_t v) { memcpy(p, &v, 8); }

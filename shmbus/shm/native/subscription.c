@@ -111,7 +111,8 @@ static long sub_read_waiting(SubscriptionCore *self, image_reader read, PyObject
         if (remaining <= 0)
             return 0;
         PyObject *images = Py_NewRef(self->images);
-        int ready = wait_images(images, self->wake, seen, timeout_to_ns(remaining));
+        int ready = wait_images(images, self->wake, seen, timeout_to_ns(remaining),
+                                self->wait_spin_ns);
         Py_DECREF(images);
         if (ready < 0)
             return -1;
@@ -221,8 +222,8 @@ static PyObject *sub_wait(SubscriptionCore *self, PyObject *const *args, Py_ssiz
         }
         double remaining = timeout >= 0 ? deadline - monotonic_s() : -1;
         if (!ready && (timeout < 0 || remaining > 0))
-            ready = wait_images(images, self->wake, seen, timeout < 0 ? -1
-                                : timeout_to_ns(remaining));
+            ready = wait_images(images, self->wake, seen,
+                                timeout < 0 ? -1 : timeout_to_ns(remaining), self->wait_spin_ns);
         Py_DECREF(images);
         if (ready < 0)
             return NULL;
@@ -296,7 +297,8 @@ static PyObject *messages_next(MessageIterator *self)
         if (self->ended)
             return NULL;
         PyObject *images = Py_NewRef(sub->images);
-        int ready = wait_images(images, sub->wake, seen, timeout_to_ns(slice));
+        int ready = wait_images(images, sub->wake, seen, timeout_to_ns(slice),
+                                sub->wait_spin_ns);
         Py_DECREF(images);
         if (ready < 0 || PyErr_CheckSignals() < 0)
             return NULL;
@@ -468,6 +470,9 @@ static void sub_dealloc(SubscriptionCore *self)
 static PyMemberDef sub_members[] = {
     {"_closed", T_BOOL, offsetof(SubscriptionCore, closed), 0,
      "True once Subscription.close ran (set by it)"},
+    {"_wait_spin_ns", T_LONGLONG, offsetof(SubscriptionCore, wait_spin_ns), 0,
+     "ns a waiting poll, wait() or messages() looks for a frame, yielding, before it sleeps "
+     "(set by the client from Context.wait_spin_us; 0: sleep at once)"},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -56,7 +56,7 @@ INTERNAL void wait_words(int32_t **words, const int32_t *expected, int count,
 INTERNAL int64_t timeout_to_ns(double timeout_s);
 INTERNAL int word_at(PyObject *buffer, Py_ssize_t offset, int32_t **word);
 INTERNAL int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected,
-                         int64_t timeout_ns);
+                         int64_t timeout_ns, int64_t spin_ns);
 
 /* ---- flow_control.c -------------------------------------------------------------------- */
 
@@ -166,6 +166,7 @@ typedef struct {
     int64_t lease_owner;      /* the client id it must hold */
     PyObject *on_lease_lost;  /* callable, or NULL */
     char closed;              /* `_closed`: set by Subscription.close */
+    int64_t wait_spin_ns;     /* `_wait_spin_ns`: how long a wait looks before it sleeps */
 } SubscriptionCore;
 
 /* ---- log_watcher.c ------------------------------------------------------------------------- */

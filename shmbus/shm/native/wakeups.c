@@ -11,6 +11,8 @@
  */
 #include "types.h"
 
+#include <sched.h>
+
 #ifndef SYS_futex_waitv
 #define SYS_futex_waitv 449
 #endif
@@ -103,8 +105,43 @@ static PyObject *native_wait_word(PyObject *m, PyObject *args)
  * forever). Returns 1 when an image has a frame (or was closed) after the sleep, 0 when none
  * has, -1 with TypeError for an item that is not an image. Writers signal only while someone
  * sleeps (see wake_word). The caller holds the GIL; it is released while asleep. */
-int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected, int64_t timeout_ns)
+/* A waiter's look before it sleeps, as Aeron's back-off idle strategy spins and yields before
+ * it parks: for up to spin_ns, looks for a frame on the images, yielding the CPU and the GIL
+ * between looks (with the GIL held while it looks: the conductor may close an image). A stream
+ * that keeps coming never puts its reader to sleep, so its writer pays no wake-up. 1 when an
+ * image has a frame or closed; 0 after spin_ns, or at once when the wake word moved (the
+ * images changed: the caller looks at the new ones). */
+static int spin_for_images(PyObject *images, int32_t *wake, int32_t wake_expected,
+                           int64_t spin_ns)
 {
+    int64_t until = monotonic_ns() + spin_ns;
+    do {
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+        if (wake != NULL && LOAD_ACQUIRE(wake) != wake_expected)
+            return 0;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images); i++) {
+            PyObject *item = PyTuple_GET_ITEM(images, i);
+            if (PyObject_TypeCheck(item, &ImageCoreType) &&
+                (((ImageCore *)item)->closed || image_ready((ImageCore *)item)))
+                return 1;
+        }
+    } while (monotonic_ns() < until);
+    return 0;
+}
+
+int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected, int64_t timeout_ns,
+                int64_t spin_ns)
+{
+    if (timeout_ns >= 0 && timeout_ns < spin_ns)
+        spin_ns = timeout_ns;
+    if (spin_ns > 0) {
+        if (spin_for_images(images, wake, wake_expected, spin_ns))
+            return 1;
+        if (timeout_ns > 0)
+            timeout_ns -= spin_ns;  /* the spin took its part of the timeout */
+    }
     Py_ssize_t n = PyTuple_GET_SIZE(images);
     if (n > 127) n = 127;
     int32_t *words[128];
@@ -176,7 +213,7 @@ static PyObject *native_wait_for_data(PyObject *m, PyObject *args)
             word_at(buffer, offset, &word) < 0)
             return NULL;
     }
-    int ready = wait_images(images, word, value, timeout_to_ns(timeout));
+    int ready = wait_images(images, word, value, timeout_to_ns(timeout), 0);
     return ready < 0 ? NULL : PyBool_FromLong(ready);
 }
 

@@ -1,0 +1,129 @@
+"""A wait looks before it sleeps (Context.wait_spin), and publish() accepted at once is one
+native offer.
+
+The spin is seen from outside, in the log's metadata: a reader waiting in ``messages()``
+counts itself among the log's sleepers (the word its writer checks before paying a wake-up)
+only once its spin is over. Real processes on a real bus with its driver process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+import shmbus
+from shmbus.shm.log_buffer import DATA_WAITERS_OFFSET, PARTITION_COUNT
+from tests.shmbus.driver.test_driver_processes import Processes
+from tests.shmbus.waiting_workers import waiting_reader
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def procs():
+    processes = Processes()
+    try:
+        yield processes
+    finally:
+        processes.close()
+
+
+def _data_waiters(publication: shmbus.Publication) -> int:
+    """Readers of ``publication``'s log now counted as asleep on its data word."""
+    meta = publication.term_length * PARTITION_COUNT
+    return publication.log.buffer.get_int32_acquire(meta + DATA_WAITERS_OFFSET)
+
+
+def _sleeping_within(publication: shmbus.Publication, seconds: float) -> float | None:
+    """Seconds until a reader of ``publication`` counts as asleep, or None within ``seconds``."""
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        if _data_waiters(publication):
+            return time.monotonic() - start
+        time.sleep(0.005)
+    return None
+
+
+@pytest.mark.parametrize("wait_spin", [0.0, 0.6], ids=["no-spin", "spin-0.6s"])
+def test_a_waiting_reader_spins_for_wait_spin_then_sleeps(bus_context, driver, procs,
+                                                          wait_spin):
+    stream = 71
+    reader_context = dataclasses.replace(bus_context, wait_spin=wait_spin)
+    with shmbus.connect(bus_context) as bus:
+        publication = bus.add_exclusive_publication("aeron:ipc", stream)
+        procs.start(waiting_reader, reader_context, stream, procs.queue, 30.0)
+        procs.wait("sub-ready")
+        deadline = time.monotonic() + 10
+        while not publication.is_connected and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert publication.is_connected
+        asleep_after = _sleeping_within(publication, 10.0)
+        assert asleep_after is not None, "the reader never went to sleep"
+        if wait_spin:
+            # it looked (not counted as a sleeper, so a writer would pay no wake-up) for about
+            # its spin before it slept; the lower bound leaves the reader's start-up out
+            assert asleep_after >= 0.5 * wait_spin
+        else:
+            assert asleep_after < wait_spin + 1.0
+        publication.publish(b"wake up")
+        (got,) = procs.wait("got", timeout=30)
+    assert got["message"] == b"wake up"
+
+
+def test_a_message_within_the_spin_is_taken_without_a_sleep(bus_context, driver, procs):
+    stream = 72
+    reader_context = dataclasses.replace(bus_context, wait_spin=5.0)
+    with shmbus.connect(bus_context) as bus:
+        publication = bus.add_exclusive_publication("aeron:ipc", stream)
+        procs.start(waiting_reader, reader_context, stream, procs.queue, 30.0)
+        procs.wait("sub-ready")
+        deadline = time.monotonic() + 10
+        while not publication.is_connected and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.2)  # the reader is in messages(), spinning
+        assert _data_waiters(publication) == 0
+        publication.publish(b"in the spin")
+        (got,) = procs.wait("got", timeout=30)
+        assert _data_waiters(publication) == 0
+    assert got["message"] == b"in the spin"
+
+
+def test_publish_accepted_at_once_never_enters_the_python_retry(bus_context, driver):
+    with shmbus.connect(bus_context) as bus:
+        publication = bus.add_exclusive_publication("aeron:ipc", 73)
+        subscription = bus.add_subscription("aeron:ipc", 73)
+        deadline = time.monotonic() + 10
+        while not publication.is_connected and time.monotonic() < deadline:
+            time.sleep(0.005)
+        refused: list[tuple[object, ...]] = []
+        retry = publication._publish_refused
+
+        def recording(*args: object) -> int:
+            refused.append(args)
+            return retry(*args)  # type: ignore[arg-type]
+
+        publication._publish_refused = recording  # type: ignore[method-assign]
+        positions = [publication.publish(b"%d" % i, b"-tail", reserved_value=i)
+                     for i in range(100)]
+        assert positions == sorted(positions) and refused == []
+        assert list(subscription.messages(timeout=0)) == [b"%d-tail" % i for i in range(100)]
+
+        # a full window: the first offer is refused, the retry sleeps and then gives up
+        with pytest.raises(shmbus.PublicationError, match="not accepted within 0.2 s"):
+            for _ in range(publication.term_length // 64):  # a window is at most half a term
+                publication.publish(bytes(32), timeout=0.2)
+        assert len(refused) == 1
+        buffers, result, timeout, reserved = refused[0]
+        assert buffers == (bytes(32),) and result == shmbus.BACK_PRESSURED
+        assert (timeout, reserved) == (0.2, 0)
+
+
+def test_publish_names_a_keyword_it_does_not_take(bus_context, driver):
+    with shmbus.connect(bus_context) as bus:
+        publication = bus.add_exclusive_publication("aeron:ipc", 74)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'timout'"):
+            publication.publish(b"x", timout=1.0)
+        with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
+            publication.publish(b"x", reserved_value="seven")
