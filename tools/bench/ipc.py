@@ -23,8 +23,10 @@ data followed by its own little-endian CRC is always the same residue).
 
 * copied and checked (every transport): the reader copies each message out as bytes and checks
   its sequence number and its checksum (every byte of the message); errors are counted. shmbus
-  twice: ``for message in sub.messages()`` (whole messages as bytes, natively), and
-  ``poll(handler)`` with ``bytes(buffer)`` in a Python handler.
+  first as the README teaches: ``pub.publish(message)`` for each message and ``for message in
+  sub.messages()``; then with the lower-level API: ``offer()`` (``publish()`` only once
+  refused) read by ``messages()``, and by ``poll(handler)`` with ``bytes(buffer)`` in a Python
+  handler.
 * shmbus no-copy: the handler reads the sequence number from the memoryview in place.
 * shmbus batch: ``offer_many`` of a (1024, size) uint8 numpy array, ``Subscription.poll_batch``;
   the reader checks, with numpy over each batch, the sequence number at the head and at the tail
@@ -40,10 +42,13 @@ iceoryx2 polls).
 
 Round trip (32 B ping-pong; p50/p90/p99 of the round trips, the first 10% dropped):
 
-* back-to-back: the next ping goes as soon as the pong is back. shmbus busy-spins
-  (BusySpinIdleStrategy on both sides); peers block in their receive calls, iceoryx2 polls.
+* back-to-back: the next ping goes as soon as the pong is back. shmbus as the README teaches
+  (``publish()`` and a blocking ``messages()`` on both sides: their waits spin for
+  Context.wait_spin, then sleep), and with offer()/poll() busy-spinning (BusySpinIdleStrategy on
+  both sides); peers block in their receive calls, iceoryx2 polls.
 * 1,000 msg/s: one ping per millisecond. shmbus waits blocking in ``Subscription.messages()``
-  (woken by the writer; no spinning), awaiting ``messages_async()`` on an asyncio loop, and
+  (publish() and messages(): woken by the writer), awaiting ``messages_async()`` on an asyncio
+  loop, and
   with the default BackoffIdleStrategy between empty polls; peers as above. The summary shows the
   blocking-wait p50 with the ponger's CPU (a subscriber that waits all the time but for one
   echo per millisecond) in % of a core.
@@ -124,12 +129,13 @@ POLL_LIMIT = 256  # fragment limit of Subscription.poll in throughput runs
 CHANNEL = "aeron:ipc"
 RESULTS = Path(__file__).resolve().parents[1] / "results"  # tools/results/, not in git
 
-SHM = "shmbus"
+SHM_PUBLISH = "shmbus publish()"
+SHM = "shmbus offer()"
 SHM_HANDLER = "shmbus poll(handler)"
 SHM_NOCOPY = "shmbus no-copy"
 SHM_BATCH = "shmbus batch"
 PEERS = (QUEUE, PIPE, POSIX, ZMQ, ICEORYX)
-THROUGHPUT = (SHM, SHM_HANDLER, SHM_NOCOPY, SHM_BATCH, *PEERS)
+THROUGHPUT = (SHM_PUBLISH, SHM, SHM_HANDLER, SHM_NOCOPY, SHM_BATCH, *PEERS)
 
 BACK_TO_BACK = "back-to-back"
 PACED = f"{RTT_RATE:,} msg/s"
@@ -174,10 +180,12 @@ def _subscription(bus: Any, stream_id: int, deadline_ns: int) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, batch: bool,
+def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
                duration_s: float, timeout_s: float, done: Any) -> dict[str, Any]:
-    """Offer (batch: offer_many) checked messages for duration_s, then STOP; back-pressured,
-    it sleeps in publish()/publish_many() until the reader moves."""
+    """Checked messages for duration_s, then STOP: each by publish() (how=SHM_PUBLISH, what
+    the README teaches), or offer() and, back-pressured, publish() (the lower-level API), or
+    offer_many of a batch then publish_many() (SHM_BATCH). Back-pressured, it sleeps in
+    publish()/publish_many() until the reader moves."""
     with bus_spec.connect() as bus:
         publication = _publication(bus, stream_id, deadline_after(timeout_s))
         offer = publication.offer
@@ -188,7 +196,7 @@ def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, batch: bool
         t0 = time.monotonic_ns()
         end_ns = t0 + int(duration_s * 1e9)
         seq = 0
-        if batch:
+        if how == SHM_BATCH:
             block = np.zeros((BATCH_ROWS, size), np.uint8)
             words = block.view("<i8")  # sequence numbers in the first and the last word
             ramp = np.arange(BATCH_ROWS, dtype=np.int64)
@@ -202,6 +210,16 @@ def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, batch: bool
                 seq += BATCH_ROWS
             words[:1, 0] = words[:1, -1] = STOP
             publication.publish_many(block[:1], timeout=timeout_s)
+        elif how == SHM_PUBLISH:
+            publish = publication.publish
+            while True:
+                write(message, seq)
+                publish(message, timeout=timeout_s)
+                seq += 1
+                if not seq & 127 and time.monotonic_ns() >= end_ns:
+                    break
+            write(message, STOP)
+            publish(message, timeout=timeout_s)
         else:
             while True:
                 write(message, seq)
@@ -218,7 +236,8 @@ def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, batch: bool
 
 def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
                timeout_s: float, done: Any) -> dict[str, Any]:
-    """Read until STOP: every message as bytes from ``messages()``, checked (how=SHM); by
+    """Read until STOP: every message as bytes from ``messages()``, checked (how=SHM or
+    SHM_PUBLISH); by
     poll(handler), copied and checked (SHM_HANDLER), or its sequence number read in place
     (SHM_NOCOPY)."""
     import shmbus
@@ -227,7 +246,7 @@ def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
     checked = Checked(size)
     check = checked.check
     unpack_from, seq_offset = SEQUENCE.unpack_from, checked.seq_offset
-    if how == SHM:
+    if how in (SHM, SHM_PUBLISH):
         return _shm_messages_reader(start, bus_spec, stream_id, check, timeout_s, done)
 
     def copied(buffer: memoryview, header: Any) -> None:
@@ -368,8 +387,18 @@ def _shm_async_recv(subscription: Any, timeout_s: float) -> Callable[[], Awaitab
     return recv
 
 
-def _shm_send(publication: Any, timeout_s: float) -> Callable[[Any], None]:
+def _shm_send(publication: Any, wait: str, timeout_s: float) -> Callable[[Any], None]:
+    """send(message): publish() when blocking (what the README teaches), else offer() with the
+    idle strategy while back-pressured."""
     import shmbus
+
+    if wait == BLOCKING:
+        publish = publication.publish
+
+        def publish_one(message: Any) -> None:
+            publish(message, timeout=timeout_s + 60)
+
+        return publish_one
 
     offer = publication.offer
     idle = shmbus.BackoffIdleStrategy()
@@ -391,7 +420,7 @@ def shm_rtt(start: Any, bus_spec: Bus, pinger: bool, wait: str, rate: int | None
         subscription = bus.add_subscription(CHANNEL, rx)
         publication = _publication(bus, tx, deadline)
         await_image(subscription, deadline)
-        send = _shm_send(publication, timeout_s)
+        send = _shm_send(publication, wait, timeout_s)
         start.ready(bus.driver_pid)
         if wait == ASYNCIO:
             recv_async = _shm_async_recv(subscription, timeout_s)
@@ -521,8 +550,8 @@ def throughput(ctx: Any, transport: str, size: int, s: Settings) -> dict[str, An
             reader = Member("reader", peer_reader, (b, size, s.timeout_s, done))
         else:
             bus = scope.bus()
-            writer = Member("writer", shm_writer, (bus, 1, size, transport == SHM_BATCH,
-                                                   s.duration_s, s.timeout_s, done))
+            writer = Member("writer", shm_writer, (bus, 1, size, transport, s.duration_s,
+                                                   s.timeout_s, done))
             reader = (Member("reader", shm_batch_reader, (bus, 1, size, s.timeout_s, done))
                       if transport == SHM_BATCH else
                       Member("reader", shm_reader, (bus, 1, size, transport, s.timeout_s,
@@ -589,7 +618,8 @@ def plan(ctx: Any, sizes: tuple[int, ...], wanted: Callable[[str], bool], s: Set
             if wanted(t):
                 out.append(({"test": "throughput", "transport": t, "size": size},
                             lambda t=t, size=size: throughput(ctx, t, size, s)))
-    rtt = [(SHM, SPIN, None), (SHM, BLOCKING, RTT_RATE), (SHM, ASYNCIO, RTT_RATE),
+    rtt = [(SHM_PUBLISH, BLOCKING, None), (SHM_PUBLISH, BLOCKING, RTT_RATE), (SHM, SPIN, None),
+           (SHM, ASYNCIO, RTT_RATE),
            (SHM, BACKOFF, RTT_RATE), (ZMQ, ASYNCIO, RTT_RATE),
            *((p, PEER_WAIT[p], rate) for rate in (None, RTT_RATE) for p in PEERS)]
     for t, wait, rate in rtt:
@@ -656,9 +686,10 @@ def _rate_cell(row: dict[str, Any], size: int) -> str:
 
 
 def _label(transport: str) -> str:
-    return {SHM: "shmbus offer/messages(), copied + checked",
-            SHM_HANDLER: "shmbus offer/poll(handler), copied + checked",
-            SHM_NOCOPY: "shmbus offer/poll, no copy",
+    return {SHM_PUBLISH: "shmbus publish()/messages(), copied + checked",
+            SHM: "shmbus offer()/messages() (lower-level API), copied + checked",
+            SHM_HANDLER: "shmbus offer()/poll(handler) (lower-level API), copied + checked",
+            SHM_NOCOPY: "shmbus offer()/poll (lower-level API), no copy",
             SHM_BATCH: "shmbus offer_many/poll_batch (numpy)",
             ICEORYX: "iceoryx2 (busy-poll)"}.get(transport, transport)
 
