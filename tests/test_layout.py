@@ -213,6 +213,11 @@ def test_the_rules_refuse_what_they_must(tmp_path: Path) -> None:
         "netbridge/receiver.py": (
             "from shmbus.shm.log_buffer import LogBuffer\n"
             "def f():\n    from .shared_log import SharedImageLog\n"),
+        "netbridge/bad.py": (
+            "import socket\nfrom shmbus import Client\nfrom shmbus.client import Client\n"
+            "from shmbus.shm import control_protocol\nfrom shmbus.context import Context\n"
+            "from shmbus.driver.conductor import X\nfrom shmbus.image import Image\n"
+            "from netbridge.frames import Nak\n"),
         "examples/bad.py": (
             "import shmbus\nfrom shmbus import Publication, LogBufferReader\n"
             "from shmbus.shm.counters import SUB_POS\nimport tests.conftest\n"
