@@ -22,7 +22,6 @@ from tests.conftest import io_uring_futex_waits
 from tests.shmbus.driver import driver_workers as dw
 from tests.shmbus.driver.test_driver_processes import (
     CTX,
-    Processes,
     assert_clean,
     wait_until,
 )
@@ -30,15 +29,6 @@ from tests.shmbus.waiting_workers import async_publisher, async_reader
 
 pytestmark = pytest.mark.timeout(120)
 LOOPS = ["asyncio", "uvloop"]
-
-
-@pytest.fixture
-def procs():
-    processes = Processes()
-    try:
-        yield processes
-    finally:
-        processes.close()
 
 
 # the io_uring waker where the kernel has it (else its fallback), and the fallback thread

@@ -25,7 +25,6 @@ from tests.shmbus import reconnect_workers as rw
 from tests.shmbus.driver import driver_workers as dw
 from tests.shmbus.driver.test_driver_processes import (
     CTX,
-    Processes,
     assert_clean,
     wait_until,
 )
@@ -33,15 +32,6 @@ from tests.shmbus.driver.test_driver_processes import (
 pytestmark = pytest.mark.timeout(120)
 
 WRITER = 3
-
-
-@pytest.fixture
-def procs():
-    processes = Processes()
-    try:
-        yield processes
-    finally:
-        processes.close()
 
 
 def log_positions(count: int, term_length: int) -> list[tuple[int, int]]:

@@ -15,19 +15,10 @@ import pytest
 
 import shmbus
 from shmbus.shm.log_buffer import DATA_WAITERS_OFFSET, PARTITION_COUNT
-from tests.shmbus.driver.test_driver_processes import Processes
+from tests.shmbus.driver.test_driver_processes import Processes, wait_until
 from tests.shmbus.waiting_workers import waiting_reader
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def procs():
-    processes = Processes()
-    try:
-        yield processes
-    finally:
-        processes.close()
 
 
 def _data_waiters(publication: shmbus.Publication) -> int:
@@ -46,19 +37,24 @@ def _sleeping_within(publication: shmbus.Publication, seconds: float) -> float |
     return None
 
 
+def _start_waiting_reader(bus: shmbus.Client, procs: Processes, context: shmbus.Context,
+                          stream: int) -> shmbus.Publication:
+    """A publication on ``stream`` once a reader process (waiting_reader) subscribed with
+    ``context`` is connected to it."""
+    publication = bus.add_exclusive_publication("aeron:ipc", stream)
+    procs.start(waiting_reader, context, stream, procs.queue, 30.0)
+    procs.wait("sub-ready")
+    wait_until(lambda: publication.is_connected, 10, "the reader's image")
+    return publication
+
+
 @pytest.mark.parametrize("wait_spin", [0.0, 0.6], ids=["no-spin", "spin-0.6s"])
 def test_a_waiting_reader_spins_for_wait_spin_then_sleeps(bus_context, driver, procs,
                                                           wait_spin):
     stream = 71
     reader_context = dataclasses.replace(bus_context, wait_spin=wait_spin)
     with shmbus.connect(bus_context) as bus:
-        publication = bus.add_exclusive_publication("aeron:ipc", stream)
-        procs.start(waiting_reader, reader_context, stream, procs.queue, 30.0)
-        procs.wait("sub-ready")
-        deadline = time.monotonic() + 10
-        while not publication.is_connected and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert publication.is_connected
+        publication = _start_waiting_reader(bus, procs, reader_context, stream)
         asleep_after = _sleeping_within(publication, 10.0)
         assert asleep_after is not None, "the reader never went to sleep"
         if wait_spin:
@@ -76,12 +72,7 @@ def test_a_message_within_the_spin_is_taken_without_a_sleep(bus_context, driver,
     stream = 72
     reader_context = dataclasses.replace(bus_context, wait_spin=5.0)
     with shmbus.connect(bus_context) as bus:
-        publication = bus.add_exclusive_publication("aeron:ipc", stream)
-        procs.start(waiting_reader, reader_context, stream, procs.queue, 30.0)
-        procs.wait("sub-ready")
-        deadline = time.monotonic() + 10
-        while not publication.is_connected and time.monotonic() < deadline:
-            time.sleep(0.005)
+        publication = _start_waiting_reader(bus, procs, reader_context, stream)
         time.sleep(0.2)  # the reader is in messages(), spinning
         assert _data_waiters(publication) == 0
         publication.publish(b"in the spin")
@@ -94,9 +85,7 @@ def test_publish_accepted_at_once_never_enters_the_python_retry(bus_context, dri
     with shmbus.connect(bus_context) as bus:
         publication = bus.add_exclusive_publication("aeron:ipc", 73)
         subscription = bus.add_subscription("aeron:ipc", 73)
-        deadline = time.monotonic() + 10
-        while not publication.is_connected and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: publication.is_connected, 10, "the image")
         refused: list[tuple[object, ...]] = []
         retry = publication._publish_refused
 

@@ -23,22 +23,12 @@ from shmbus.shm.log_buffer import FC_LOCK_OFFSET
 from tests.shmbus.driver import driver_workers as dw
 from tests.shmbus.driver.test_driver_processes import (
     CTX,
-    Processes,
     assert_clean,
     wait_until,
 )
 from tests.shmbus.waiting_workers import blocking_reader, hands_off_subscriber
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def procs():
-    processes = Processes()
-    try:
-        yield processes
-    finally:
-        processes.close()
 
 
 @pytest.mark.parametrize("use_messages", [False, True], ids=["poll-timeout", "messages"])

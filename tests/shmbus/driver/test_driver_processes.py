@@ -17,7 +17,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,15 +120,6 @@ class Processes(Reports):
             if process.is_alive():
                 process.kill()
             process.join(10)
-
-
-@pytest.fixture
-def procs() -> Iterator[Processes]:
-    processes = Processes()
-    try:
-        yield processes
-    finally:
-        processes.close()
 
 
 def wait_until(condition: Callable[[], Any], timeout: float, what: str,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,7 +19,6 @@ from tests.shmbus.driver import driver_workers as dw
 from tests.shmbus.driver import fuzz_workers as fw
 from tests.shmbus.driver.test_driver_processes import (
     CTX,
-    Processes,
     assert_clean,
     system_counter,
     wait_until,
@@ -30,15 +28,6 @@ from tests.shmbus.driver.test_driver_processes import (
 FUZZ_COMMANDS = int(os.environ.get("SHMBUS_FUZZ_COMMANDS", 20_000))
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def procs() -> Iterator[Processes]:
-    processes = Processes()
-    try:
-        yield processes
-    finally:
-        processes.close()
 
 
 def test_driver_survives_a_client_writing_garbage_commands(bus_context, driver, procs):
