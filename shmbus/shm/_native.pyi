@@ -99,8 +99,12 @@ class PublicationCore:
         """offer until accepted (sleeping while back-pressured, after a spin of
         _wait_spin_ns): the new position. Accepted at once, one offer; a refusal goes on in
         Publication._publish_refused, which raises PublicationError after timeout s."""
-    #: ns a back-pressured publish looks for room, yielding, before it sleeps (0: at once)
-    _wait_spin_ns: int
+    @property
+    def _wait_spin_ns(self) -> int:
+        """ns a back-pressured publish looks for room, yielding, before it sleeps (0: at once;
+        set by the client from Context.wait_spin)."""
+    @_wait_spin_ns.setter
+    def _wait_spin_ns(self, value: int) -> None: ...
     def offer_many(self, messages: Sequence[Buffer] | Buffer, /) -> int:
         """How many messages were appended from the front (>= 1), a negative code when none
         was, 0 for an empty batch."""
@@ -187,8 +191,12 @@ class SubscriptionCore:
 
     def __init__(self, wake_buffer: AtomicBuffer | None = None, wake_offset: int = 0) -> None:
         """wake_buffer/wake_offset: a word rung (by setting images, or _fail) to wake waiters."""
-    #: ns a waiting poll, wait() or messages() looks for a frame, yielding, before it sleeps
-    _wait_spin_ns: int
+    @property
+    def _wait_spin_ns(self) -> int:
+        """ns a waiting poll, wait() or messages() looks for a frame, yielding, before it
+        sleeps (0: at once; set by the client from Context.wait_spin)."""
+    @_wait_spin_ns.setter
+    def _wait_spin_ns(self, value: int) -> None: ...
     @property
     def images(self) -> tuple[Any, ...]:
         """The current images (Image instances), a snapshot: replaced, never changed."""

@@ -893,7 +893,7 @@ static PyObject *pub_get_is_connected(PublicationCore *self, void *c)
 static PyMemberDef pub_members[] = {
     {"_wait_spin_ns", T_LONGLONG, offsetof(PublicationCore, wait_spin_ns), 0,
      "ns a back-pressured publish() looks for room, yielding, before it sleeps (set by the "
-     "client from Context.wait_spin_us; 0: sleep at once)"},
+     "client from Context.wait_spin; 0: sleep at once)"},
     {NULL, 0, 0, 0, NULL},
 };
 

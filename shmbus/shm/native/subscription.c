@@ -472,7 +472,7 @@ static PyMemberDef sub_members[] = {
      "True once Subscription.close ran (set by it)"},
     {"_wait_spin_ns", T_LONGLONG, offsetof(SubscriptionCore, wait_spin_ns), 0,
      "ns a waiting poll, wait() or messages() looks for a frame, yielding, before it sleeps "
-     "(set by the client from Context.wait_spin_us; 0: sleep at once)"},
+     "(set by the client from Context.wait_spin; 0: sleep at once)"},
     {NULL, 0, 0, 0, NULL},
 };
 
