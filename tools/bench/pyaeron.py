@@ -1,0 +1,623 @@
+"""shmbus beside Aeron's own C client from Python (pyaeron), each at its defaults, in one run.
+
+    python -m tools.bench.pyaeron [--quick] [--runs N]   # from the repo root
+
+pyaeron needs CPython >= 3.12: run this in a venv that has it (``../shared/tools/
+pyaeron-venv.sh`` builds one; install shmbus into it with ``pip install -e .``). Elsewhere
+pyaeron is reported n/a and shmbus alone is measured (exit status 0).
+
+Both buses move the same checked messages between two spawned processes (1 writer -> 1 reader,
+tools/bench/harness.py), on ``aeron:ipc``, one exclusive publication, fresh directory per
+measurement:
+
+* shmbus as the README teaches: ``shmbus.connect(dir=...)`` with default settings (the first
+  client launches the embedded driver), ``pub.publish(message)`` for each message, ``for
+  message in sub.messages()`` (each message bytes).
+* pyaeron at Aeron's defaults: Aeron's C media driver in a process of its own
+  (``pyaeron.MediaDriver(dir=..., threading="dedicated")``, every other setting Aeron's
+  default: 64 MiB IPC terms, back-off idle strategies), ``pyaeron.Aeron.connect(dir=...)`` in
+  each member, ``offer(message)`` retried with Aeron's back-off idle strategy while refused,
+  ``sub.poll(handler, 256)`` (pyaeron reassembles fragmented messages with Aeron's C fragment
+  assembler, ``assemble=True``, its default) with a handler that copies ``bytes(buffer)``; an
+  empty poll idles with the back-off strategy.
+
+Throughput at 32 B, 256 B and 4 KiB: the writer sends for --duration seconds, then a STOP
+message; rate = messages / (time the reader saw STOP - time the writer started). Every message
+is a fixed body, its sequence number and a CRC-32 (harness.Checked); the reader checks each in
+order, so a lost, reordered or corrupt message fails the run. CPU per message: the CPU seconds
+of every process (writer, reader and the bus's driver) from the start to the last result, over
+the messages sent.
+
+Round trip: 32 B ping-pong back to back (the next ping as soon as the pong is back), p50/p99 of
+the round trips (first 10% dropped). shmbus: ``publish()`` and a blocking ``messages()`` on
+both sides (waits spin for Context.wait_spin, then sleep); pyaeron: ``offer()`` and ``poll()``
+with Aeron's back-off idle strategy between empty polls (spins, yields, then parks 1 us to
+1 ms).
+
+Each measurement runs --runs times, interleaved; the table shows medians. Output: a markdown
+report on stdout. Exit status 1 if a measurement failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from tools.bench.harness import (
+    STOP,
+    BenchError,
+    Checked,
+    Counter,
+    Member,
+    Outcome,
+    Unavailable,
+    attempt,
+    deadline_after,
+    median_row,
+    percentiles_us,
+    ping_loop,
+    pong_loop,
+    run_processes,
+)
+from tools.bench.members import await_image, connect_publication
+from tools.bench.report import add_ratios, fmt_rate, machine, markdown_table, size_name
+
+SIZES = (32, 256, 4096)
+CHANNEL = "aeron:ipc"
+POLL_LIMIT = 256  # fragments per pyaeron poll() in throughput runs
+SHMBUS = "shmbus publish()/messages()"
+PYAERON = "pyaeron offer()/poll()"
+BUSES = (SHMBUS, PYAERON)
+DRIVER_START_S = 20.0  # for Aeron's media driver process to come up
+
+
+@dataclass(frozen=True)
+class Settings:
+    duration_s: float  # each throughput and round-trip run
+    timeout_s: float  # deadline of a run beyond its duration
+    root: Path  # one fresh directory per measurement under it
+
+
+def pyaeron_missing() -> str | None:
+    """Why pyaeron cannot be measured here, or None if it can."""
+    if sys.version_info < (3, 12):
+        return f"Python {platform.python_version()} (pyaeron needs >= 3.12)"
+    if importlib.util.find_spec("pyaeron") is None:
+        return "pyaeron is not installed"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# shmbus members: publish() / messages()
+# ---------------------------------------------------------------------------------------------
+
+
+def shm_writer(start: Any, bus_dir: str, size: int, duration_s: float, timeout_s: float,
+               done: Any) -> dict[str, Any]:
+    """publish() each checked message for duration_s, then STOP; keep the publication until
+    the reader has everything."""
+    import shmbus
+
+    with shmbus.connect(dir=bus_dir) as bus:
+        publication = connect_publication(bus, CHANNEL, 1, deadline_after(timeout_s))
+        publish = publication.publish
+        checked = Checked(size)
+        message, write = checked.message(), checked.write
+        start.ready(bus.driver_pid)
+        t0 = time.monotonic_ns()
+        end_ns = t0 + int(duration_s * 1e9)
+        seq = 0
+        while True:
+            write(message, seq)
+            publish(message, timeout=timeout_s)
+            seq += 1
+            if not seq & 127 and time.monotonic_ns() >= end_ns:
+                break
+        write(message, STOP)
+        publish(message, timeout=timeout_s)
+        done.wait(timeout_s)
+    return {"sent": seq, "t0": t0}
+
+
+def shm_reader(start: Any, bus_dir: str, size: int, timeout_s: float,
+               done: Any) -> dict[str, Any]:
+    """``for message in sub.messages()`` until STOP, checking each message."""
+    import shmbus
+
+    tally = Counter()
+    check = Checked(size).check
+    with shmbus.connect(dir=bus_dir) as bus:
+        subscription = bus.add_subscription(CHANNEL, 1)
+        await_image(subscription, deadline_after(timeout_s))
+        start.ready(bus.driver_pid)
+        expected = 0
+        for message in subscription.messages(timeout=timeout_s):
+            seq, ok = check(message)
+            if seq == expected and ok:
+                expected += 1
+            elif seq == STOP:
+                tally.stopped = True
+                break
+            else:
+                tally.expected = expected
+                tally.bad(seq, "bad checksum" if seq == expected else "out of order")
+                expected = tally.expected
+        t1 = time.monotonic_ns()
+        done.set()
+    tally.expected = expected
+    if not tally.stopped:
+        raise BenchError(f"reader timed out after {expected} messages")
+    return tally.result(t1)
+
+
+def shm_rtt(start: Any, bus_dir: str, pinger: bool, duration_s: float, timeout_s: float,
+            done: Any) -> dict[str, Any]:
+    """A pinger (publishes on stream 1, reads stream 2) or a ponger: publish() and a blocking
+    messages() on both sides."""
+    import shmbus
+
+    tx, rx = (1, 2) if pinger else (2, 1)
+    with shmbus.connect(dir=bus_dir) as bus:
+        deadline = deadline_after(timeout_s)
+        subscription = bus.add_subscription(CHANNEL, rx)
+        publication = connect_publication(bus, CHANNEL, tx, deadline)
+        await_image(subscription, deadline)
+        messages = subscription.messages(timeout=timeout_s + 60)
+        publish = publication.publish
+
+        def send(message: Any) -> None:
+            publish(message, timeout=timeout_s + 60)
+
+        def recv() -> bytes:
+            for message in messages:
+                return message
+            raise BenchError("no message before the deadline")
+
+        start.ready(bus.driver_pid)
+        out = ping_loop(send, recv, duration_s, None) if pinger else pong_loop(send, recv)
+        if not pinger:
+            done.set()
+        done.wait(timeout_s)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# pyaeron members: offer() / poll(handler), Aeron's media driver in its own process
+# ---------------------------------------------------------------------------------------------
+
+
+def aeron_driver(aeron_dir: str, up: Any, stop: Any) -> None:
+    """Aeron's C media driver (dedicated threads, Aeron's defaults otherwise) until stop."""
+    import pyaeron
+
+    with pyaeron.MediaDriver(dir=aeron_dir, threading="dedicated"):
+        up.set()
+        stop.wait()
+
+
+@contextmanager
+def aeron_driver_process(ctx: Any, aeron_dir: str, timeout_s: float) -> Iterator[int]:
+    """A spawned process running aeron_driver for the measurement; yields its pid."""
+    up, stop = ctx.Event(), ctx.Event()
+    process = ctx.Process(target=aeron_driver, args=(aeron_dir, up, stop), daemon=True)
+    process.start()
+    try:
+        if not up.wait(timeout_s):
+            raise BenchError(f"Aeron's media driver did not start (exit code "
+                             f"{process.exitcode})")
+        yield process.pid
+    finally:
+        stop.set()
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join(2)
+
+
+def _aeron_offer(publication: Any, deadline_ns: int) -> Callable[[Any], None]:
+    """send(message): offer(), retried with Aeron's back-off idle strategy while refused
+    (back-pressured, not connected, admin action); BenchError at deadline_ns."""
+    import pyaeron
+
+    offer = publication.offer
+    idle = pyaeron.IdleStrategy.backoff()
+
+    def send(message: Any) -> None:
+        if offer(message):
+            return
+        while not offer(message):
+            idle.idle(0)
+            if time.monotonic_ns() > deadline_ns:
+                raise BenchError("offer not accepted before the deadline")
+        idle.reset()
+
+    return send
+
+
+def _aeron_connect(aeron_dir: str, subscribe: int | None, publish: int | None,
+                   timeout_s: float) -> tuple[Any, Any, Any]:
+    """(client, subscription on stream ``subscribe`` once it has an image, exclusive
+    publication on stream ``publish`` once connected); None where not asked."""
+    import pyaeron
+
+    client = pyaeron.Aeron.connect(dir=aeron_dir)
+    subscription = None if subscribe is None else client.add_subscription(CHANNEL, subscribe)
+    publication = (None if publish is None
+                   else client.add_exclusive_publication(CHANNEL, publish))
+    if publication is not None:
+        publication.await_connected(timeout_s)
+    deadline = deadline_after(timeout_s)
+    while subscription is not None and not subscription.image_count:
+        if time.monotonic_ns() > deadline:
+            raise BenchError(f"subscription on stream {subscribe} never got an image")
+        time.sleep(0.002)
+    return client, subscription, publication
+
+
+def aeron_writer(start: Any, aeron_dir: str, size: int, duration_s: float, timeout_s: float,
+                 done: Any) -> dict[str, Any]:
+    """offer() each checked message for duration_s (retried while refused), then STOP."""
+    client, _, publication = _aeron_connect(aeron_dir, None, 1, timeout_s)
+    with client:
+        send = _aeron_offer(publication, deadline_after(duration_s + timeout_s))
+        checked = Checked(size)
+        message, write = checked.message(), checked.write
+        start.ready()
+        t0 = time.monotonic_ns()
+        end_ns = t0 + int(duration_s * 1e9)
+        seq = 0
+        while True:
+            write(message, seq)
+            send(message)
+            seq += 1
+            if not seq & 127 and time.monotonic_ns() >= end_ns:
+                break
+        write(message, STOP)
+        send(message)
+        done.wait(timeout_s)
+    return {"sent": seq, "t0": t0}
+
+
+def aeron_reader(start: Any, aeron_dir: str, size: int, timeout_s: float,
+                 done: Any) -> dict[str, Any]:
+    """poll(handler) until STOP, the handler copying each message as bytes and checking it;
+    Aeron's back-off idle strategy after an empty poll."""
+    import pyaeron
+
+    tally = Counter()
+    check = Checked(size).check
+
+    def handler(buffer: Any, header: Any) -> None:
+        seq, ok = check(bytes(buffer))
+        if seq == tally.expected and ok:
+            tally.expected += 1
+        elif seq == STOP:
+            tally.stopped = True
+        else:
+            tally.bad(seq, "bad checksum" if seq == tally.expected else "out of order")
+
+    client, subscription, _ = _aeron_connect(aeron_dir, 1, None, timeout_s)
+    with client:
+        poll = subscription.poll
+        idle = pyaeron.IdleStrategy.backoff()
+        start.ready()
+        deadline = deadline_after(timeout_s)
+        while not tally.stopped:
+            if poll(handler, POLL_LIMIT):
+                idle.reset()
+            else:
+                idle.idle(0)
+                if time.monotonic_ns() > deadline:
+                    raise BenchError(f"reader timed out after {tally.expected} messages")
+        t1 = time.monotonic_ns()
+        done.set()
+    return tally.result(t1)
+
+
+def aeron_rtt(start: Any, aeron_dir: str, pinger: bool, duration_s: float, timeout_s: float,
+              done: Any) -> dict[str, Any]:
+    """A pinger (offers on stream 1, polls stream 2) or a ponger: offer() retried while
+    refused, poll() with Aeron's back-off idle strategy between empty polls."""
+    import pyaeron
+
+    tx, rx = (1, 2) if pinger else (2, 1)
+    client, subscription, publication = _aeron_connect(aeron_dir, rx, tx, timeout_s)
+    with client:
+        deadline = deadline_after(duration_s + timeout_s)
+        send = _aeron_offer(publication, deadline)
+        poll = subscription.poll
+        idle = pyaeron.IdleStrategy.backoff()
+        got: list[bytes] = []
+
+        def handler(buffer: Any, header: Any) -> None:
+            got.append(bytes(buffer))
+
+        def recv() -> bytes:
+            spins = 0
+            while not poll(handler, 1):
+                idle.idle(0)
+                spins += 1
+                if not spins & 1023 and time.monotonic_ns() > deadline:
+                    raise BenchError("no message before the deadline")
+            idle.reset()
+            return got.pop()
+
+        start.ready()
+        out = ping_loop(send, recv, duration_s, None) if pinger else pong_loop(send, recv)
+        if not pinger:
+            done.set()
+        done.wait(timeout_s)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent: one measurement each
+# ---------------------------------------------------------------------------------------------
+
+
+_run_ids = itertools.count(1)
+
+
+def _stop_drivers(out: Outcome) -> None:
+    """SIGTERM the shmbus drivers that served a run (an embedded driver outlives its clients
+    by its idle timeout), SIGKILL one still there after 10 s."""
+    for pid in out.pids.get("driver", ()):
+        try:
+            process = psutil.Process(pid)
+            process.terminate()
+            process.wait(10)
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.TimeoutExpired:
+            process.kill()
+
+
+def run_bus(ctx: Any, bus: str, members: Callable[[str], list[Member]], timeout_s: float,
+            s: Settings) -> Outcome:
+    """Run the members of one measurement on a fresh directory of ``bus``; pyaeron's with
+    Aeron's media driver in a process of its own, accounted as "driver"."""
+    bus_dir = s.root / f"run{next(_run_ids)}"
+    try:
+        if bus == SHMBUS:
+            out = run_processes(ctx, members(str(bus_dir)), timeout_s)
+            _stop_drivers(out)
+            return out
+        missing = pyaeron_missing()
+        if missing:
+            raise Unavailable(missing)
+        with aeron_driver_process(ctx, str(bus_dir), DRIVER_START_S) as pid:
+            return run_processes(ctx, members(str(bus_dir)), timeout_s,
+                                 watch=lambda: {"driver": [pid]})
+    finally:
+        shutil.rmtree(bus_dir, ignore_errors=True)
+
+
+def throughput(ctx: Any, bus: str, size: int, s: Settings) -> dict[str, Any]:
+    """One throughput run: msg/s, GB/s, CPU us per message; BenchError if a message was lost,
+    reordered or corrupted."""
+    done = ctx.Event()
+    writer, reader = (shm_writer, shm_reader) if bus == SHMBUS else (aeron_writer, aeron_reader)
+
+    def members(bus_dir: str) -> list[Member]:
+        return [Member("reader", reader, (bus_dir, size, s.timeout_s, done)),
+                Member("writer", writer, (bus_dir, size, s.duration_s, s.timeout_s, done))]
+
+    out = run_bus(ctx, bus, members, s.duration_s + s.timeout_s, s)
+    w, r = out.results["writer"], out.results["reader"]
+    if r["errors"] or w["sent"] != r["received"]:
+        raise BenchError(f"sent {w['sent']}, received {r['received']} in order, {r['errors']} "
+                         f"bad; first: {r['first_bad']}")
+    seconds = (r["t1"] - w["t0"]) / 1e9
+    return {"msgs_per_s": w["sent"] / seconds, "gb_per_s": w["sent"] * size / seconds / 1e9,
+            "messages": w["sent"], "errors": 0, "cores": out.cores,
+            "cpu_us_per_msg": _cpu_us(out, w["sent"])}
+
+
+def round_trip(ctx: Any, bus: str, s: Settings) -> dict[str, Any]:
+    """One back-to-back ping-pong run: round-trip percentiles, cores by process."""
+    done = ctx.Event()
+    run = shm_rtt if bus == SHMBUS else aeron_rtt
+
+    def members(bus_dir: str) -> list[Member]:
+        return [Member(role, run, (bus_dir, role == "pinger", s.duration_s, s.timeout_s, done))
+                for role in ("ponger", "pinger")]
+
+    out = run_bus(ctx, bus, members, s.duration_s + s.timeout_s, s)
+    ping, pong = out.results["pinger"], out.results["ponger"]
+    samples = np.frombuffer(ping["samples"], np.int64)
+    errors = ping["errors"] + pong["errors"]
+    if errors or pong["received"] != len(samples):
+        raise BenchError(f"{len(samples)} pings, {pong['received']} echoed, {errors} bad")
+    return {**percentiles_us(samples), "errors": 0, "cores": out.cores}
+
+
+def _cpu_us(out: Outcome, messages: int) -> float | None:
+    """Microseconds of CPU of every process of the run per message (None if one was not
+    read)."""
+    if any(c is None for c in out.cores.values()):
+        return None
+    return sum(c for c in out.cores.values() if c is not None) * out.wall_s / messages * 1e6
+
+
+def plan(ctx: Any, sizes: tuple[int, ...], s: Settings
+         ) -> list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]]:
+    """Every measurement as (its key fields, a thunk that runs it once)."""
+    out: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
+    for size in sizes:
+        for bus in BUSES:
+            out.append(({"test": "throughput", "bus": bus, "size": size},
+                        lambda bus=bus, size=size: throughput(ctx, bus, size, s)))
+    for bus in BUSES:
+        out.append(({"test": "rtt", "bus": bus}, lambda bus=bus: round_trip(ctx, bus, s)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------
+
+
+def _status(row: dict[str, Any]) -> str | None:
+    """"n/a" (the report's head says why) / "FAILED: reason" for a row that did not measure,
+    else None."""
+    if row["status"] == "ok":
+        return None
+    return "n/a" if row["status"] == "n/a" else f"FAILED: {_reason(row)}"
+
+
+def _reason(row: dict[str, Any]) -> str:
+    return str(row["error"]).strip().splitlines()[0]
+
+
+RATIOS = {"x_msgs": "msgs_per_s", "x_cpu": "cpu_us_per_msg", "x_p50": "p50_us"}
+
+
+def add_pyaeron_ratios(rows: list[dict[str, Any]]) -> None:
+    """On each shmbus row, shmbus over pyaeron of msg/s (x_msgs), CPU per message (x_cpu)
+    and round-trip p50 (x_p50), where both measured."""
+    for ratio, figure in RATIOS.items():
+        add_ratios([r for r in rows if r.get(figure) is not None], ratio,
+                   lambda r: r["bus"] == PYAERON, lambda r: (r["test"], r.get("size")),
+                   lambda r, base, figure=figure: r[figure] / base[figure])
+
+
+def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...]) -> str:
+    """One line per figure, one column per bus and the ratio shmbus / pyaeron."""
+    by_key = {(r["test"], r["bus"], r.get("size")): r for r in rows}
+    headers = ["figure", *BUSES, "shmbus / pyaeron"]
+    lines = []
+
+    def line(name: str, test: str, size: int | None,
+             cell: Callable[[dict[str, Any]], str], ratio: str) -> None:
+        cells = []
+        for bus in BUSES:
+            r = by_key[(test, bus, size)]
+            cells.append(_status(r) or cell(r))
+        value = by_key[(test, SHMBUS, size)].get(ratio)
+        lines.append([name, *cells, "-" if value is None else f"{value:.2f}"])
+
+    for z in sizes:
+        line(f"{size_name(z)} msg/s" + (" (GB/s)" if z >= 4096 else ""), "throughput", z,
+             lambda r, z=z: fmt_rate(r["msgs_per_s"])
+             + (f" ({r['gb_per_s']:.2f} GB/s)" if z >= 4096 else ""), "x_msgs")
+    for z in sizes:
+        line(f"{size_name(z)} CPU us per message, all processes", "throughput", z,
+             lambda r: "-" if r["cpu_us_per_msg"] is None else f"{r['cpu_us_per_msg']:.2f}",
+             "x_cpu")
+    line("RTT p50 / p99 us (32 B, back to back)", "rtt", None,
+         lambda r: f"{r['p50_us']:.1f} / {r['p99_us']:.1f}", "x_p50")
+    return markdown_table(headers, lines, range(1, len(headers)))
+
+
+def cores_table(rows: list[dict[str, Any]]) -> str:
+    """Cores of each process in each measurement."""
+    headers = ["measurement", "bus", "cores: writer or pinger / reader or ponger / driver"]
+    lines = []
+    for r in rows:
+        cores = r.get("cores") or {}
+        roles = ("writer", "reader") if r["test"] == "throughput" else ("pinger", "ponger")
+        cell = _status(r) or " / ".join("-" if cores.get(k) is None else f"{cores[k]:.2f}"
+                                        for k in (*roles, "driver"))
+        what = size_name(r["size"]) if r["test"] == "throughput" else "RTT 32 B"
+        lines.append([what, r["bus"], cell])
+    return markdown_table(headers, lines)
+
+
+NOTES = f"""\
+Notes: each bus at its own defaults on `{CHANNEL}`, one exclusive publication, every message
+copied out as bytes and its sequence number and CRC-32 checked. shmbus: `shmbus.connect(dir=)`
+(embedded driver, term 1 MiB, mtu 1408), `publish()` per message, `for m in sub.messages()`.
+pyaeron: Aeron's C media driver in its own process (`MediaDriver(threading="dedicated")`,
+Aeron's defaults: IPC term 64 MiB, mtu 1408, back-off idle strategies), `offer()` retried with
+`IdleStrategy.backoff()` while refused, `poll(handler, {POLL_LIMIT})` with Aeron's C fragment
+assembler, `bytes(buffer)` in the handler, back-off after an empty poll. CPU per message:
+CPU seconds of writer, reader and driver over the messages sent. RTT: shmbus `publish()` and a
+blocking `messages()` on both sides; pyaeron `offer()` and `poll()` with the back-off idle
+strategy (it spins and yields before it parks); first 10% of round trips dropped. Ratio: shmbus
+over pyaeron (msg/s: > 1 is shmbus faster; CPU and RTT p50: < 1 is shmbus cheaper /
+quicker)."""
+
+
+def report_markdown(rows: list[dict[str, Any]], sizes: tuple[int, ...], runs: int,
+                    s: Settings, began: datetime) -> str:
+    m = machine()
+    head = (f"shmbus vs pyaeron, {began:%Y-%m-%d %H:%M} UTC: median of {runs} runs, "
+            f"{s.duration_s} s per run; python {m['python']}, {m['cpus']} CPUs, load "
+            f"{m['load']:.2f}.")
+    parts = [head]
+    for bus in BUSES:
+        reasons = sorted({_reason(r) for r in rows if r["bus"] == bus and r["status"] == "n/a"})
+        if reasons:
+            parts += ["", f"{bus.split()[0]}: n/a ({'; '.join(reasons)})"]
+    return "\n".join([*parts, "", summary_table(rows, sizes), "", cores_table(rows), "", NOTES])
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke pass: 0.2 s per run, 1 run")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="runs of each measurement, interleaved; medians reported "
+                             "(default 3)")
+    parser.add_argument("--duration", type=float, default=1.0,
+                        help="seconds per throughput and round-trip run (default 1)")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="deadline of each run beyond its duration, seconds (default 30)")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs {args.runs}: at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    runs = 1 if args.quick else args.runs
+    began = datetime.now(UTC)
+    root = Path(tempfile.mkdtemp(prefix="shmbus-bench-pyaeron-",
+                                 dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    s = Settings(duration_s=0.2 if args.quick else args.duration, timeout_s=args.timeout,
+                 root=root)
+    measurements = plan(mp.get_context("spawn"), SIZES, s)
+    print(f"shmbus vs pyaeron: {len(measurements)} measurements x {runs} runs; progress on "
+          f"stderr", file=sys.stderr, flush=True)
+    results: list[list[dict[str, Any]]] = [[] for _ in measurements]
+    try:
+        for _ in range(runs):
+            for (key, thunk), done in zip(measurements, results, strict=True):
+                row = {**key, **attempt(thunk)}
+                done.append(row)
+                print(f"  {row['test']} {row['bus']} {row.get('size', '')}: "
+                      f"{'ok' if row['status'] == 'ok' else _reason(row)}", file=sys.stderr,
+                      flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    rows = [median_row(r) for r in results]
+    add_pyaeron_ratios(rows)
+    print(report_markdown(rows, SIZES, runs, s, began))
+    return 1 if any(r["status"] == "failed" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
