@@ -99,7 +99,9 @@ from tools.bench.harness import (
     percentiles_us,
     ping_loop,
     pong_loop,
+    read_checked,
     run_processes,
+    send_checked,
 )
 from tools.bench.members import (
     BATCH_ROWS,
@@ -210,16 +212,8 @@ def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
                 seq += BATCH_ROWS
             words[:1, 0] = words[:1, -1] = STOP
             publication.publish_many(block[:1], timeout=timeout_s)
-        elif how == SHM_PUBLISH:
-            publish = publication.publish
-            while True:
-                write(message, seq)
-                publish(message, timeout=timeout_s)
-                seq += 1
-                if not seq & 127 and time.monotonic_ns() >= end_ns:
-                    break
-            write(message, STOP)
-            publish(message, timeout=timeout_s)
+        elif how == SHM_PUBLISH:  # as users write it: publish(message), its default timeout
+            seq, t0 = send_checked(publication.publish, checked, duration_s)
         else:
             while True:
                 write(message, seq)
@@ -289,27 +283,14 @@ def _shm_messages_reader(start: Any, bus_spec: Bus, stream_id: int,
                          check: Callable[[bytes], tuple[int, bool]], timeout_s: float,
                          done: Any) -> dict[str, Any]:
     """shm_reader's messages() loop: the iterator sleeps while there is nothing to read."""
-    tally = Counter()
     with bus_spec.connect() as bus:
         subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
         start.ready(bus.driver_pid)
-        expected = 0
-        for message in subscription.messages(timeout=timeout_s):
-            seq, ok = check(message)
-            if seq == expected and ok:
-                expected += 1
-            elif seq == STOP:
-                tally.stopped = True
-                break
-            else:
-                tally.expected = expected
-                tally.bad(seq, "bad checksum" if seq == expected else "out of order")
-                expected = tally.expected
+        tally = read_checked(subscription.messages(timeout=timeout_s), check)
         t1 = time.monotonic_ns()
         done.set()
-    tally.expected = expected
     if not tally.stopped:
-        raise BenchError(f"reader timed out after {expected} messages")
+        raise BenchError(f"reader timed out after {tally.expected} messages")
     return tally.result(t1)
 
 

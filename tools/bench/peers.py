@@ -11,6 +11,7 @@ TCP (netbridge.py) messages carry their sequence number at head and tail (harnes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import time
@@ -30,6 +31,7 @@ from tools.bench.harness import (
     deadline_after,
     ping_loop,
     pong_loop,
+    send_checked,
 )
 
 QUEUE = "mp.Queue"
@@ -75,10 +77,8 @@ def make_peer_link(ctx: Any, kind: str, root: Path, name: str,
 
         def cleanup() -> None:
             for n in names:
-                try:
+                with contextlib.suppress(posix_ipc.ExistentialError):
                     posix_ipc.unlink_message_queue(n)
-                except posix_ipc.ExistentialError:
-                    pass
 
         back = names[1] if two_way else None
         return PeerEnd(kind, names[0], back), PeerEnd(kind, back, names[0]), cleanup
@@ -233,23 +233,11 @@ def peer_writer(start: Any, end: PeerEnd, size: int, duration_s: float, timeout_
     """Send checked messages for duration_s, then STOP."""
     send, _, close = open_peer(end, size, timeout_s)
     checked = Checked(size)
-    message = checked.message()
-    write = checked.write
     start.ready()
-    t0 = time.monotonic_ns()
-    end_ns = t0 + int(duration_s * 1e9)
-    seq = 0
     try:
-        while True:
-            write(message, seq)
-            send(message)
-            seq += 1
-            if not seq & 127 and time.monotonic_ns() >= end_ns:
-                break
-        write(message, STOP)
-        send(message)
+        seq, t0 = send_checked(send, checked, duration_s)
     except Exception as e:
-        raise BenchError(f"send failed after {seq} messages: {e!r}") from e
+        raise BenchError(f"send failed: {e!r}") from e
     done.wait(timeout_s)  # zmq and iceoryx2 may drop what is unread when an end closes
     close()
     return {"sent": seq, "t0": t0}

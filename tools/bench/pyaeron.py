@@ -74,7 +74,9 @@ from tools.bench.harness import (
     percentiles_us,
     ping_loop,
     pong_loop,
+    read_checked,
     run_processes,
+    send_checked,
 )
 from tools.bench.members import await_image, connect_publication
 from tools.bench.report import add_ratios, fmt_rate, machine, markdown_table, size_name
@@ -117,21 +119,9 @@ def shm_writer(start: Any, bus_dir: str, size: int, duration_s: float, timeout_s
 
     with shmbus.connect(dir=bus_dir) as bus:
         publication = connect_publication(bus, CHANNEL, 1, deadline_after(timeout_s))
-        publish = publication.publish
         checked = Checked(size)
-        message, write = checked.message(), checked.write
         start.ready(bus.driver_pid)
-        t0 = time.monotonic_ns()
-        end_ns = t0 + int(duration_s * 1e9)
-        seq = 0
-        while True:
-            write(message, seq)
-            publish(message, timeout=timeout_s)
-            seq += 1
-            if not seq & 127 and time.monotonic_ns() >= end_ns:
-                break
-        write(message, STOP)
-        publish(message, timeout=timeout_s)
+        seq, t0 = send_checked(publication.publish, checked, duration_s)
         done.wait(timeout_s)
     return {"sent": seq, "t0": t0}
 
@@ -141,29 +131,16 @@ def shm_reader(start: Any, bus_dir: str, size: int, timeout_s: float,
     """``for message in sub.messages()`` until STOP, checking each message."""
     import shmbus
 
-    tally = Counter()
     check = Checked(size).check
     with shmbus.connect(dir=bus_dir) as bus:
         subscription = bus.add_subscription(CHANNEL, 1)
         await_image(subscription, deadline_after(timeout_s))
         start.ready(bus.driver_pid)
-        expected = 0
-        for message in subscription.messages(timeout=timeout_s):
-            seq, ok = check(message)
-            if seq == expected and ok:
-                expected += 1
-            elif seq == STOP:
-                tally.stopped = True
-                break
-            else:
-                tally.expected = expected
-                tally.bad(seq, "bad checksum" if seq == expected else "out of order")
-                expected = tally.expected
+        tally = read_checked(subscription.messages(timeout=timeout_s), check)
         t1 = time.monotonic_ns()
         done.set()
-    tally.expected = expected
     if not tally.stopped:
-        raise BenchError(f"reader timed out after {expected} messages")
+        raise BenchError(f"reader timed out after {tally.expected} messages")
     return tally.result(t1)
 
 
@@ -278,19 +255,8 @@ def aeron_writer(start: Any, aeron_dir: str, size: int, duration_s: float, timeo
     with client:
         send = _aeron_offer(publication, deadline_after(duration_s + timeout_s))
         checked = Checked(size)
-        message, write = checked.message(), checked.write
         start.ready()
-        t0 = time.monotonic_ns()
-        end_ns = t0 + int(duration_s * 1e9)
-        seq = 0
-        while True:
-            write(message, seq)
-            send(message)
-            seq += 1
-            if not seq & 127 and time.monotonic_ns() >= end_ns:
-                break
-        write(message, STOP)
-        send(message)
+        seq, t0 = send_checked(send, checked, duration_s)
         done.wait(timeout_s)
     return {"sent": seq, "t0": t0}
 

@@ -10,6 +10,7 @@ reader moves (``publish``), and a subscriber with nothing to read sleeps 0.2 ms.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -28,10 +29,9 @@ def saturate(context: shmbus.Context, channel: str, stream_id: int, length: int,
         publication = bus.add_exclusive_publication(channel, stream_id)
         reports.put(("ready", name, os.getpid()))
         while not stop.value and time.monotonic() < deadline:
-            try:
+            # held for 0.2 s (a stopped subscriber) or not connected yet: look again
+            with contextlib.suppress(shmbus.PublicationError):
                 publication.publish(message, timeout=0.2)
-            except shmbus.PublicationError:
-                pass  # held for 0.2 s (a stopped subscriber) or not connected yet: look again
 
 
 def subscribe(context: shmbus.Context, channel: str, stream_id: int, reports: Any, stop: Any,

@@ -43,6 +43,7 @@ from shmbus.cli.app import app
 from shmbus.cli.snapshot import BusSnapshot, read_snapshot
 from tests.conftest import start_driver, stop_driver
 from tests.shmbus.cli import load_workers
+from tests.shmbus.driver.test_driver_processes import wait_until
 
 CTX = mp.get_context("spawn")
 STREAM = 7
@@ -62,19 +63,6 @@ def bus_context(bus_context):
     """The shared test context, with a client liveness timeout well above the seconds a
     subscriber stays stopped here."""
     return bus_context.with_(client_liveness_timeout=10.0)
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
 
 
 class Workers:
@@ -182,7 +170,7 @@ def test_a_saturated_stream_with_a_slow_then_a_stopped_subscriber(bus_context, d
         w.start(load_workers.saturate, bus_context, "aeron:ipc", STREAM, MESSAGE, w.reports,
                 w.stop, WORKER_TIMEOUT)
         w.ready(1)
-        wait_for(lambda: running(d, 4 * WINDOW), 30, "the stream to run")
+        wait_until(lambda: running(d, 4 * WINDOW), 30, "the stream to run")
 
         held: collections.Counter[tuple[int | None, ...]] = collections.Counter()
         for snapshot in take(d, SNAPSHOTS):
@@ -213,7 +201,7 @@ def test_a_saturated_stream_with_a_slow_then_a_stopped_subscriber(bus_context, d
                 second = publication(d)
                 return (first is not None and second is not None and first.state == "held"
                         and first.pub_pos == second.pub_pos)
-            wait_for(steady, 10, "the stopped subscriber to hold the publisher")
+            wait_until(steady, 10, "the stopped subscriber to hold the publisher")
             stopped_at = None
             for snapshot in take(d, SNAPSHOTS // 3):
                 (view,) = check(snapshot)
@@ -254,7 +242,7 @@ def test_a_saturated_network_publication(shm_dir) -> None:
             w.start(load_workers.saturate, contexts[0], channel, STREAM, MESSAGE, w.reports,
                     w.stop, WORKER_TIMEOUT, "net-pub")
             w.ready(1)
-            wait_for(lambda: running(contexts[0].dir, 1 << 20), 30, "the stream to cross")
+            wait_until(lambda: running(contexts[0].dir, 1 << 20), 30, "the stream to cross")
             states: collections.Counter[str] = collections.Counter()
             for snapshot in take(contexts[0].dir, SNAPSHOTS):
                 (view,) = check(snapshot)
@@ -325,7 +313,7 @@ def test_export_serves_every_counter_under_load(bus_context, driver) -> None:
         publisher = w.start(load_workers.saturate, bus_context, "aeron:ipc", STREAM, MESSAGE,
                             w.reports, w.stop, WORKER_TIMEOUT)
         w.ready(1)
-        wait_for(lambda: running(d, 4 * WINDOW), 30, "the stream to run")
+        wait_until(lambda: running(d, 4 * WINDOW), 30, "the stream to run")
         exporter, said = start_exporter(d)
         try:
             match = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", said)
