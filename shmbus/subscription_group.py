@@ -18,12 +18,10 @@ anew starts at the end of the stream, as any new subscriber does.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from shmbus.channel_uri import CONSUMER_GROUP, check_group_name
-from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.image import FragmentBatch, FragmentHandler, Image
 from shmbus.shm._native import GroupMemberCore, Header
 from shmbus.shm.counters import GROUP_CLAIM_KEY, CountersReader
@@ -131,9 +129,6 @@ class GroupSubscription(Subscription):
     def __init__(self, channel: str, stream_id: int, group: str, **kwargs: Any) -> None:
         super().__init__(channel, stream_id, **kwargs)
         self.group = group
-        self._assembled: deque[bytes] = deque()
-        self._assembler = FragmentAssembler(
-            lambda buffer, header: self._assembled.append(bytes(buffer)))
 
     def poll(self, handler: FragmentHandler, fragment_limit: int = 10,
              timeout: float | None = None) -> int:
@@ -164,19 +159,34 @@ class GroupSubscription(Subscription):
         seconds (None: until closed). Sleeps while there is nothing to claim. A message counts
         as done when it is taken from its claim, just before it is yielded (see the module
         docs)."""
-        slice_s = 1.0 if timeout is None else timeout
+        take, idle_since = self._take, None
         while not self._closed:
-            message = self._take()
+            message = take()
             if message is not None:
+                idle_since = None
                 yield message
-            elif not self.poll(self._assembler, 1, timeout=slice_s) and timeout is not None:
+                continue
+            now = time.monotonic()
+            idle_since = now if idle_since is None else idle_since
+            remaining = None if timeout is None else idle_since + timeout - now
+            if remaining is not None and remaining <= 0:
                 return
+            self.wait(_HANDED_ON_CHECK_S if remaining is None
+                      else min(remaining, _HANDED_ON_CHECK_S))
 
     def _take(self) -> bytes | None:
-        """The next whole message this member claims, or None: claims one message at most."""
-        if not self._assembled and not self.poll(self._assembler, 1):
+        """The next whole message this member claims, or None: claims one message at most,
+        from the images round-robin (natively: one call per image)."""
+        images = self.images
+        n = len(images)
+        if not n:
             return None
-        return self._assembled.popleft() if self._assembled else None
+        start = self._round_robin = (self._round_robin + 1) % n
+        for i in range(n):
+            message = images[(start + i) % n]._member.take()
+            if message is not None:
+                return message
+        return None
 
     def controlled_poll(self, handler: Callable[[memoryview, Header], Any],
                         fragment_limit: int = 10, timeout: float | None = None) -> int:

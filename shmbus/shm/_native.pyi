@@ -261,6 +261,9 @@ class GroupMemberCore(ImageCore):
     def poll(self, handler: Callable[[memoryview, Header], object], fragment_limit: int, /) -> int:
         """Delivers this member's claim: the rest of an unfinished one, else the group's
         orphan, else a new run of whole messages of up to fragment_limit fragments."""
+    def take(self) -> bytes | None:
+        """The next whole message of this member's claim, copied out and done (claiming one
+        message when it holds no claim); None when there is nothing to claim."""
     def controlled_poll(self, *args: object) -> int:
         """Raises TypeError: a member delivers whole claims with poll() only."""
     def _scan(self, *args: object) -> tuple[int, int, int]:

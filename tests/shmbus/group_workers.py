@@ -70,8 +70,9 @@ def publish(context: shmbus.Context, stream_id: int, publisher: int, count: int,
 def work(context: shmbus.Context, stream_id: int, group: str, record_path: str, stop: Any,
          lengths: tuple[int, int], results: Any, *, fragment_limit: int = 16,
          hold_at: int | None = None, holding: Any = None, release: Any = None,
-         leave_after: int | None = None, joined: Any = None) -> None:
+         leave_after: int | None = None, joined: Any = None, messages: bool = False) -> None:
     """Be a member of ``group`` until ``stop`` is set (or 120 s pass), recording each task.
+    Reads with ``poll`` (a FragmentAssembler), or with ``messages()`` when ``messages``.
 
     ``hold_at=n``: at the n-th task, after recording it, set ``holding`` and wait for
     ``release`` (without one, sleep: the test kills this process there; a process killed
@@ -83,7 +84,7 @@ def work(context: shmbus.Context, stream_id: int, group: str, record_path: str, 
     errors: list[str] = []
     tasks = 0
 
-    def on_task(buffer: memoryview, header: shmbus.Header) -> None:
+    def on_task(buffer: memoryview, header: shmbus.Header | None) -> None:
         nonlocal tasks
         publisher, seq, problem = check_task(buffer, lengths)
         os.write(fd, RECORD.pack(publisher, seq))
@@ -102,12 +103,24 @@ def work(context: shmbus.Context, stream_id: int, group: str, record_path: str, 
         if joined is not None:
             joined.set()
         assembler = shmbus.FragmentAssembler(on_task)
+
+        def read_some() -> int:
+            if not messages:
+                return subscription.poll(assembler, fragment_limit)
+            taken = 0
+            for message in subscription.messages(timeout=0):
+                on_task(memoryview(message), None)
+                taken += 1
+                if taken >= fragment_limit:
+                    break
+            return taken
+
         idle = shmbus.BackoffIdleStrategy()
         deadline = time.monotonic() + 120
         while not stop.is_set() and time.monotonic() < deadline:
             if leave_after is not None and tasks >= leave_after and not subscription.is_closed:
                 subscription.close()
-            if subscription.is_closed or subscription.poll(assembler, fragment_limit) == 0:
+            if subscription.is_closed or read_some() == 0:
                 idle.idle(0)
             else:
                 idle.reset()

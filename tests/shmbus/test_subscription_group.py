@@ -124,17 +124,19 @@ def finish(stop: Any, results: Any, processes: list[Any], reports_expected: int)
     return reports
 
 
-@pytest.mark.parametrize("lengths, fragment_limit", [((gw.HEAD.size, 200), 16),
-                                                     ((900, 6000), 2)],
-                         ids=["small", "fragmented"])
+@pytest.mark.parametrize("lengths, fragment_limit, messages",
+                         [((gw.HEAD.size, 200), 16, False), ((900, 6000), 2, False),
+                          ((900, 6000), 8, True)],
+                         ids=["small", "fragmented", "fragmented-messages"])
 def test_four_members_get_each_task_of_each_publisher_exactly_once(
         driver: Any, bus_context: shmbus.Context, tmp_path: Path,
         start_process: Callable[..., Any], lengths: tuple[int, int],
-        fragment_limit: int) -> None:
+        fragment_limit: int, messages: bool) -> None:
     publishers, tasks = 2, 3000 if lengths[1] < 1000 else 400
     stop, results, paths, members, pubs = run_group(
         start_process, bus_context, tmp_path, members=4, publishers=publishers, tasks=tasks,
-        lengths=lengths, fragment_limit=fragment_limit)
+        lengths=lengths, fragment_limit=fragment_limit,
+        options={i: {"messages": messages} for i in range(4)})
     records = wait_for_tasks(paths, all_tasks(publishers, tasks), 120, members + pubs)
     with shmbus.connect(bus_context) as bus:
         assert counter_values(bus, GROUP_MEMBERS) == [4]

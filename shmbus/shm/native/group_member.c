@@ -215,6 +215,78 @@ static long group_deliver(GroupMemberCore *self, PyObject *handler)
     return failed ? -1 : fragments;
 }
 
+/* Makes sure this member holds a claim: the rest of its own, else the orphan, else a new run
+ * of up to `limit` fragments. 1 when it holds one, 0 when there is nothing to claim, -1 with
+ * an exception for a corrupt log. */
+static int group_hold_claim(GroupMemberCore *self, long limit)
+{
+    int64_t start = LOAD_ACQUIRE(self->start);
+    if (start != GROUP_IDLE && start < LOAD_ACQUIRE(self->end))
+        return 1;
+    int claimed = group_take_orphan(self);
+    return claimed ? claimed : group_claim(self, limit);
+}
+
+/* take() -> bytes | None: the next whole message of this member's claim, copied out and done
+ * (claiming one message when the member holds no claim); None when there is nothing to claim.
+ * A claim starts and ends at message boundaries, in one term, so a fragmented message's
+ * fragments lie one after another in it; a fragment without its first is skipped, as
+ * FragmentAssembler skips it. */
+static PyObject *group_take(GroupMemberCore *self, PyObject *Py_UNUSED(ignored))
+{
+    ImageCore *image = &self->image;
+    if (image->closed)
+        Py_RETURN_NONE;
+    int held = group_hold_claim(self, 1);
+    if (held <= 0)
+        return held < 0 ? NULL : Py_NewRef(Py_None);
+    const LogGeometry *g = &image->g;
+    int64_t position = LOAD_ACQUIRE(self->start);
+    int64_t end = LOAD_ACQUIRE(self->end);
+    uint8_t *term = term_at(g, (int)((position >> g->position_bits) % PARTITION_COUNT));
+    int32_t first = -1;       /* term offset of the message's first fragment */
+    Py_ssize_t total = 0;     /* its payload bytes so far */
+    PyObject *message = NULL;
+    while (position < end && message == NULL) {
+        int32_t offset = (int32_t)(position & (g->term_length - 1));
+        uint8_t *frame = term + offset;
+        int32_t length = LOAD_ACQUIRE((int32_t *)frame);
+        if (!frame_ok(image, frame, offset, length, position)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "a claimed message was overwritten: the "
+                                "writer lapped this member (it was dropped as dead)");
+            return NULL;
+        }
+        position += ALIGN(length, FRAME_ALIGNMENT);
+        if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
+            continue;
+        uint8_t flags = frame[FLAGS_OFFSET];
+        if (flags & BEGIN_FLAG) {
+            first = offset;
+            total = 0;
+        }
+        if (first < 0)
+            continue;
+        total += length - HEADER_LENGTH;
+        if (!(flags & END_FLAG))
+            continue;
+        message = PyBytes_FromStringAndSize(NULL, total);
+        if (message == NULL)
+            return NULL;
+        char *out = PyBytes_AS_STRING(message);
+        for (int32_t at = first; at <= offset;) {
+            int32_t frame_length = rd_i32(term + at);
+            memcpy(out, term + at + HEADER_LENGTH, (size_t)(frame_length - HEADER_LENGTH));
+            out += frame_length - HEADER_LENGTH;
+            at += (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
+        }
+    }
+    STORE_RELEASE(self->start, position >= end ? (int64_t)GROUP_IDLE : position);
+    if (position >= end)
+        group_go_idle(self);
+    return message != NULL ? message : Py_NewRef(Py_None);
+}
+
 /* poll(handler, fragment_limit) -> fragments: finish this member's claim, else take the
  * orphan, else claim up to fragment_limit fragments (whole messages) at the group position. */
 static PyObject *group_poll(GroupMemberCore *self, PyObject *const *args, Py_ssize_t nargs)
@@ -228,14 +300,9 @@ static PyObject *group_poll(GroupMemberCore *self, PyObject *const *args, Py_ssi
         return NULL;
     if (self->image.closed || limit <= 0)
         return PyLong_FromLong(0);
-    int64_t start = LOAD_ACQUIRE(self->start);
-    if (start == GROUP_IDLE || start >= LOAD_ACQUIRE(self->end)) {
-        int claimed = group_take_orphan(self);
-        if (!claimed)
-            claimed = group_claim(self, limit);
-        if (claimed <= 0)
-            return claimed < 0 ? NULL : PyLong_FromLong(0);
-    }
+    int held = group_hold_claim(self, limit);
+    if (held <= 0)
+        return held < 0 ? NULL : PyLong_FromLong(0);
     long fragments = group_deliver(self, args[0]);
     return fragments < 0 ? NULL : PyLong_FromLong(fragments);
 }
@@ -306,6 +373,10 @@ static PyMethodDef group_methods[] = {
      "messages (up to fragment_limit fragments, more to finish a fragmented message). Each "
      "message is done once its last fragment's handler returns (or raises: the exception "
      "propagates, the rest of the claim stays this member's). Returns the fragments."},
+    {"take", (PyCFunction)group_take, METH_NOARGS,
+     "take() -> bytes | None\n\nThe next whole message of this member's claim, copied out and "
+     "done (claiming one message when it holds no claim); None when there is nothing to "
+     "claim."},
     {"controlled_poll", (PyCFunction)group_refuse, METH_VARARGS, NULL},
     {"_scan", (PyCFunction)group_refuse, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
