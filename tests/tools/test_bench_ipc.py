@@ -60,3 +60,18 @@ def test_quick_bench_measures_shmbus_and_a_peer_without_errors(tmp_path: Path) -
     assert f"| {blocking['p50_us']:.1f} / {blocking['cores']['ponger']:.1%} |" in summary
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert json.loads((tmp_path / "bench.json").read_text())["rows"] == rows
+
+
+def test_the_zenoh_peer_carries_every_message_checked_both_ways(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.bench.ipc", "--quick", "--only", "zenoh",
+         "--sizes", "256", "--json", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [r for r in json.loads(done.stdout)["rows"] if r["test"] != "idle"]
+    assert {(r["test"], r.get("rate")) for r in rows} == {
+        ("throughput", None), ("rtt", "back-to-back"), ("rtt", "1,000 msg/s")}
+    for r in rows:
+        assert r["transport"] == "zenoh pub/sub tcp loopback"
+        assert r["status"] == "ok" and r["errors"] == 0, r
+        assert r.get("messages", r.get("round_trips", 0)) > 0

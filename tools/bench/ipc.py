@@ -116,6 +116,7 @@ from tools.bench.peers import (
     POSIX,
     QUEUE,
     QUEUE_DEPTH,
+    ZENOH,
     ZMQ,
     make_peer_link,
     peer_reader,
@@ -136,7 +137,7 @@ SHM = "shmbus offer()"
 SHM_HANDLER = "shmbus poll(handler)"
 SHM_NOCOPY = "shmbus no-copy"
 SHM_BATCH = "shmbus batch"
-PEERS = (QUEUE, PIPE, POSIX, ZMQ, ICEORYX)
+PEERS = (QUEUE, PIPE, POSIX, ZMQ, ICEORYX, ZENOH)
 THROUGHPUT = (SHM_PUBLISH, SHM, SHM_HANDLER, SHM_NOCOPY, SHM_BATCH, *PEERS)
 
 BACK_TO_BACK = "back-to-back"
@@ -146,7 +147,7 @@ BLOCKING = "blocking wait"
 ASYNCIO = "asyncio await"
 BACKOFF = "back-off (default)"
 PEER_WAIT = {QUEUE: "blocking", PIPE: "blocking", POSIX: "blocking", ZMQ: "blocking",
-             ICEORYX: "busy-poll"}
+             ICEORYX: "busy-poll", ZENOH: "blocking"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -746,7 +747,9 @@ the sequence number read from the memoryview in place; batch: offer_many of ({BA
 numpy arrays, poll_batch, sequence numbers at head and tail checked with numpy. Peers:
 mp.Queue(maxsize={QUEUE_DEPTH}) put/get, mp.Pipe send_bytes/recv_bytes, posix_ipc (default
 depth) send/receive, zmq PAIR send/recv, iceoryx2 Slice[uint8] loan/send and receive (subscriber
-buffer {QUEUE_DEPTH}, publisher retries when it is full), all copied + checked like shmbus. cores
+buffer {QUEUE_DEPTH}, publisher retries when it is full), eclipse-zenoh put and a
+FifoChannel({QUEUE_DEPTH}) subscriber's recv between two peer sessions over tcp loopback (reliable,
+congestion control BLOCK), all copied + checked like shmbus. cores
 = CPU seconds / wall seconds of each process from the start of the measurement to its last
 result (1.00 = one core). MB = 10^6 payload bytes. x best peer: msg/s over the fastest peer's
 at that size. RTT: microseconds, first 10% of round trips dropped; "waiting / subscriber

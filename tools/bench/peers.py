@@ -1,7 +1,8 @@
 """The peers the benchmarks measure shmbus beside, as member functions (each runs in a spawned
 member process, see harness.run_processes): multiprocessing.Queue and Pipe, posix_ipc message
-queues, pyzmq (PAIR over ipc:// and its asyncio API; PUSH/PULL and PAIR over tcp://) and
-iceoryx2. A missing package raises ImportError in the member: the row reads "n/a".
+queues, pyzmq (PAIR over ipc:// and its asyncio API; PUSH/PULL and PAIR over tcp://),
+iceoryx2 and eclipse-zenoh (pub/sub between two peer sessions over tcp loopback, reliable,
+congestion control BLOCK). A missing package raises ImportError in the member: the row reads "n/a".
 
 On one host (ipc.py) a link is made in the parent (make_peer_link) and each member opens its
 end (open_peer) as send / recv / close; messages are harness.Checked (every byte checked). Over
@@ -13,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ PIPE = "mp.Pipe"
 POSIX = "posix_ipc MessageQueue"
 ZMQ = "zmq PAIR ipc://"
 ICEORYX = "iceoryx2"
+ZENOH = "zenoh pub/sub tcp loopback"
 QUEUE_DEPTH = 1024  # mp.Queue maxsize, iceoryx2 subscriber buffer: bounded like a log window
 
 
@@ -54,7 +58,8 @@ class PeerEnd:
     kind: str
     tx: Any = None
     rx: Any = None
-    bind: bool = False  # zmq: this end binds
+    bind: bool = False  # zmq: this end binds; zenoh: this end's session listens
+    endpoint: str = ""  # zenoh: the listening session's locator
 
 
 def make_peer_link(ctx: Any, kind: str, root: Path, name: str,
@@ -90,6 +95,14 @@ def make_peer_link(ctx: Any, kind: str, root: Path, name: str,
         fwd, back = f"shmbus-bench/{os.getpid()}/{name}/f", f"shmbus-bench/{os.getpid()}/{name}/b"
         back_name = back if two_way else None
         return PeerEnd(kind, fwd, back_name), PeerEnd(kind, back_name, fwd), lambda: None
+    if kind == ZENOH:
+        with socket.socket() as probe:  # a free port for the reader's session to listen on
+            probe.bind(("127.0.0.1", 0))
+            endpoint = f"tcp/127.0.0.1:{probe.getsockname()[1]}"
+        fwd, back = f"shmbus-bench/{os.getpid()}/{name}/f", f"shmbus-bench/{os.getpid()}/{name}/b"
+        back_key = back if two_way else None
+        return (PeerEnd(kind, fwd, back_key, endpoint=endpoint),
+                PeerEnd(kind, back_key, fwd, bind=True, endpoint=endpoint), lambda: None)
     raise ValueError(f"unknown peer {kind!r}")
 
 
@@ -112,6 +125,8 @@ def open_peer(end: PeerEnd, size: int, timeout_s: float
         return _open_zmq(end, timeout_s)
     if end.kind == ICEORYX:
         return _open_iceoryx(end, size, timeout_s)
+    if end.kind == ZENOH:
+        return _open_zenoh(end, timeout_s)
     raise ValueError(f"unknown peer {end.kind!r}")
 
 
@@ -226,6 +241,48 @@ def _open_iceoryx(end: PeerEnd, size: int, timeout_s: float) -> Any:
             port.delete()
 
     return send, recv, close
+
+
+def _open_zenoh(end: PeerEnd, timeout_s: float) -> Any:
+    import zenoh
+
+    config = zenoh.Config()
+    config.insert_json5("mode", '"peer"')
+    config.insert_json5("scouting/multicast/enabled", "false")
+    config.insert_json5("listen/endpoints" if end.bind else "connect/endpoints",
+                        json.dumps([end.endpoint]))
+    deadline = deadline_after(timeout_s)
+    while True:  # the connecting end may start before the listening one
+        try:
+            session = zenoh.open(config)
+            break
+        except zenoh.ZError:
+            if time.monotonic_ns() > deadline:
+                raise
+            time.sleep(0.01)
+    recv: Any = _no_recv
+    if end.rx:  # subscribers first: each side's publisher then waits for the other's
+        receive = session.declare_subscriber(end.rx, zenoh.handlers.FifoChannel(QUEUE_DEPTH)).recv
+
+        def recv() -> bytes:
+            return bytes(receive().payload.to_bytes())
+
+    send: Any = None
+    if end.tx:
+        publisher = session.declare_publisher(
+            end.tx, congestion_control=zenoh.CongestionControl.BLOCK,
+            reliability=zenoh.Reliability.RELIABLE)
+        # a sample put before the subscriber is known would be dropped: wait for it
+        while not publisher.matching_status.matching:
+            if time.monotonic_ns() > deadline:
+                raise BenchError("zenoh: no subscriber")
+            time.sleep(0.002)
+        put = publisher.put
+
+        def send(message: Any) -> None:
+            put(bytes(message))
+
+    return send, recv, session.close
 
 
 def peer_writer(start: Any, end: PeerEnd, size: int, duration_s: float, timeout_s: float,
