@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shmbus import codes
 from shmbus.async_waits import sleep_on
 from shmbus.errors import PublicationError
+from shmbus.large_messages import LargeClaim, offer_large, open_ring
 from shmbus.shm._native import AtomicBuffer, PublicationCore
+from shmbus.shm.block_ring import BlockRing
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 
@@ -137,6 +139,10 @@ class Publication(PublicationCore):
         self._on_close = on_close
         self._on_destination = on_destination
         self._claims: weakref.WeakSet[BufferClaim] = weakref.WeakSet()
+        self._blocks: BlockRing | None = None
+        #: rings the driver's doorbell (the client sets it): a writer waiting for room in the
+        #: block ring has the driver free blocks now rather than at its next timer
+        self._wake_driver: Callable[[], None] = _nothing
 
     def _bind(self, log: LogBuffer, limit: Position, counters: AtomicBuffer | None) -> None:
         d = log.descriptor
@@ -159,12 +165,17 @@ class Publication(PublicationCore):
         self._bind(log, limit, counters)
         self.registration_id = registration_id
 
-    def try_claim(self, length: int, reserved_value: int = 0) -> BufferClaim:
-        """Claim ``length`` bytes (at most ``max_payload_length``) to fill in place.
+    def try_claim(self, length: int, reserved_value: int = 0) -> BufferClaim | LargeClaim:
+        """Claim ``length`` bytes to fill in place.
 
-        Returns a :class:`BufferClaim`, falsy with ``result`` set to the code when the claim
-        failed (back-pressure, rotation, not connected, closed).
+        Up to ``max_payload_length`` the claim is a frame in the log (a :class:`BufferClaim`);
+        past it, on an IPC channel, a shared-memory block (a :class:`LargeClaim`, up to
+        ``Context.max_large_message_length``) that the log refers to once committed. Either
+        is falsy with ``result`` set to the code when the claim failed (back-pressure,
+        rotation, not connected, closed).
         """
+        if length > self.max_payload_length:
+            return LargeClaim(self, length, reserved_value)
         result, frame_offset = self._claim(length, reserved_value)
         claim = BufferClaim(self, result, frame_offset, length)
         if claim:
@@ -173,6 +184,20 @@ class Publication(PublicationCore):
 
     # publish(*buffers, timeout=1.0, reserved_value=0) is PublicationCore's: one native offer,
     # and only a refused one comes to _publish_refused.
+
+    _default_timeout = DEFAULT_PUBLISH_TIMEOUT
+
+    def _offer_large(self, buffers: tuple[Buffer, ...], reserved_value: int, publish: bool,
+                     timeout: float | None) -> int:
+        """offer() or publish() of a message longer than ``max_message_length`` (the native
+        core calls it): see shmbus/large_messages.py."""
+        return offer_large(self, buffers, reserved_value, publish, timeout)
+
+    def _block_ring(self, length: int) -> BlockRing:
+        if self._blocks is None:
+            self._blocks = open_ring(self.log.path, self.channel, self.max_message_length,
+                                     length)
+        return self._blocks
 
     def _publish_refused(self, buffers: tuple[Buffer, ...], result: int, timeout: float | None,
                          reserved_value: int) -> int:
@@ -283,6 +308,9 @@ class Publication(PublicationCore):
             return
         self._abort_claims()
         self._close_core()
+        blocks, self._blocks = self._blocks, None
+        if blocks is not None:
+            blocks.close()
         on_close, self._on_close, self._on_destination = self._on_close, None, None
         if on_close is not None:  # (the client's methods: dropped, so no cycle keeps it alive)
             on_close(self)
@@ -301,6 +329,10 @@ class Publication(PublicationCore):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(channel={self.channel!r}, stream_id={self.stream_id}, "
                 f"session_id={self.session_id}, position={self.position})")
+
+
+def _nothing() -> None:
+    pass
 
 
 class ExclusivePublication(Publication):

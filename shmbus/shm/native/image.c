@@ -132,10 +132,28 @@ static Header *next_header(ImageCore *self, const uint8_t *frame)
 }
 
 /* Calls handler(memoryview, header) for one fragment; returns its result (new ref) or NULL. */
+static PyObject *large_payload_str, *large_bytes_str;
+
+/* The payload of a large message's reference frame, resolved by the Python side of the image
+ * (Image._large_payload / _large_bytes: the shared-memory block it refers to). */
+static PyObject *resolve_large(ImageCore *self, PyObject *method, const uint8_t *frame,
+                               int32_t length)
+{
+    PyObject *ref = PyBytes_FromStringAndSize((const char *)frame + HEADER_LENGTH,
+                                              length - HEADER_LENGTH);
+    if (ref == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, method, ref);
+    Py_DECREF(ref);
+    return r;
+}
+
 PyObject *deliver(ImageCore *self, PyObject *handler, uint8_t *frame, int32_t length)
 {
-    PyObject *view = PyMemoryView_FromMemory((char *)frame + HEADER_LENGTH,
-                                             length - HEADER_LENGTH, PyBUF_READ);
+    PyObject *view = (frame[FLAGS_OFFSET] & LARGE_FLAG)
+        ? resolve_large(self, large_payload_str, frame, length)
+        : PyMemoryView_FromMemory((char *)frame + HEADER_LENGTH, length - HEADER_LENGTH,
+                                  PyBUF_READ);
     if (view == NULL)
         return NULL;
     Header *h = next_header(self, frame);
@@ -387,8 +405,10 @@ PyObject *image_take(ImageCore *self)
             continue;
         }
         if (flags & END_FLAG) {
-            PyObject *message = PyBytes_FromStringAndSize((char *)frame + HEADER_LENGTH,
-                                                          length - HEADER_LENGTH);
+            PyObject *message = (flags & LARGE_FLAG)
+                ? resolve_large(self, large_bytes_str, frame, length)
+                : PyBytes_FromStringAndSize((char *)frame + HEADER_LENGTH,
+                                            length - HEADER_LENGTH);
             if (message != NULL) {
                 prefetch_message(self, term, offset + aligned);
                 consume(self, position + aligned);
@@ -660,5 +680,7 @@ PyTypeObject ImageCoreType = {
 int image_module_init(void)
 {
     release_str = PyUnicode_InternFromString("release");
-    return release_str == NULL ? -1 : 0;
+    large_payload_str = PyUnicode_InternFromString("_large_payload");
+    large_bytes_str = PyUnicode_InternFromString("_large_bytes");
+    return release_str == NULL || large_payload_str == NULL || large_bytes_str == NULL ? -1 : 0;
 }
