@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from shmbus import codes
@@ -232,10 +232,12 @@ class MessageView:
         self._image = image
 
     def release(self) -> None:
-        """Done with the message: its image's position moves past it. Idempotent. Raises
-        BufferError while something (a numpy array) still exports the buffer."""
+        """Done with the message: its image's position moves past it. Idempotent."""
         image, self._image = self._image, None
-        self.buffer.release()
+        try:
+            self.buffer.release()
+        except BufferError:
+            pass  # an array over it lives on: it may see the block reused from now on
         if image is not None:
             image._held = False
             if not image.is_closed and image.position < self.position:
@@ -317,6 +319,30 @@ def views(sub: Subscription, timeout: float | None) -> Iterator[MessageView]:
             if remaining is not None and remaining <= 0:
                 return
             sub.wait(0.05 if remaining is None else min(remaining, 0.05))
+    finally:
+        if held is not None:
+            held.release()
+
+
+async def views_async(sub: Subscription, timeout: float | None) -> AsyncIterator[MessageView]:
+    """:func:`views`, awaiting new messages without blocking the event loop."""
+    held: MessageView | None = None
+    deadline = None
+    try:
+        while not sub.is_closed:
+            if held is not None:
+                held.release()
+                held = None
+            view = take_view(sub)
+            if view is not None:
+                deadline = None
+                held = view
+                yield view
+                continue
+            if deadline is None and timeout is not None:
+                deadline = time.monotonic() + timeout
+            if not await sub._readable(deadline):
+                return
     finally:
         if held is not None:
             held.release()
