@@ -220,7 +220,14 @@ class MessageView:
     (``zero_copy`` False) and holds nothing.
     """
 
-    __slots__ = ("buffer", "session_id", "position", "reserved_value", "zero_copy", "_image")
+    __slots__ = {
+        "buffer": "the message, a read-only memoryview",
+        "session_id": "the publishing session",
+        "position": "the stream position just after the message",
+        "reserved_value": "the reserved value of its (last) frame",
+        "zero_copy": "True for a view of shared memory that holds the position",
+        "_image": None,
+    }
 
     def __init__(self, buffer: memoryview, session_id: int, position: int, reserved_value: int,
                  image: Image | None) -> None:
