@@ -26,7 +26,7 @@ def array_header(shape: tuple[int, ...], dtype: np.dtype[Any], fortran_order: bo
         raise ValueError(f"an array of dtype {dtype} holds Python objects: publish it with "
                          f"publish_object")
     text = repr({"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": fortran_order,
-                 "shape": tuple(int(n) for n in shape)}).encode("ascii")
+                 "shape": tuple(int(n) for n in shape)}).encode("utf-8")
     length = -(-(_PREFIX.size + len(text)) // _ALIGN) * _ALIGN
     return _PREFIX.pack(_MAGIC, 1, 0, length) + text.ljust(length - _PREFIX.size)
 
@@ -64,20 +64,21 @@ def decode_array(buffer: Any, copy: bool) -> np.ndarray[Any, Any]:
     valid as long as the buffer's memory is) or a writable copy with the same order."""
     length = header_length(buffer)
     try:
-        fields = ast.literal_eval(bytes(buffer[_PREFIX.size:length]).decode("ascii").strip())
+        fields = ast.literal_eval(bytes(buffer[_PREFIX.size:length]).decode("utf-8").strip())
         dtype = np.lib.format.descr_to_dtype(fields["descr"])
         shape = tuple(fields["shape"])
         fortran = bool(fields["fortran_order"])
-    except (ValueError, SyntaxError, KeyError, TypeError) as e:
+    except (ValueError, SyntaxError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(f"corrupt array message header: {e}") from None
     count = int(np.prod(shape, dtype=np.int64))
     nbytes = count * dtype.itemsize
     if len(buffer) - length != nbytes:
         raise ValueError(f"array message of {len(buffer) - length} data bytes, header says "
                          f"{shape} of {dtype} ({nbytes} bytes)")
-    order = "F" if fortran else "C"
     if nbytes == 0:
-        return np.empty(shape, dtype, order=order)
+        empty: np.ndarray[Any, Any] = np.empty(shape, dtype, order="F" if fortran else "C")
+        empty.flags.writeable = copy  # as a view would be
+        return empty
     flat = np.frombuffer(buffer, dtype, count=count, offset=length)
     array = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
     return array.copy(order="K") if copy else array

@@ -11,9 +11,10 @@ holding it holds that image's position before the message, so the block is not r
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from shmbus import codes
@@ -257,6 +258,10 @@ class MessageView:
         self.release()
 
 
+def _same(view: MessageView) -> MessageView:
+    return view
+
+
 def take_view(sub: Subscription) -> MessageView | None:
     """The next whole message of any image not holding a view, or None: large ones as views of
     their block (held), small ones copied. Images are visited round-robin."""
@@ -304,9 +309,11 @@ def _take_from(image: Image) -> MessageView | None:
     return MessageView(view, session_id, position, reserved, image)
 
 
-def views(sub: Subscription, timeout: float | None) -> Iterator[MessageView]:
-    """Messages as :class:`MessageView`; each is released when the next is asked for (or when
-    the loop ends). Ends after ``timeout`` seconds with none (None: when closed)."""
+def views(sub: Subscription, timeout: float | None,
+          transform: Callable[[MessageView], Any] = _same) -> Iterator[Any]:
+    """Messages as :class:`MessageView` (or what ``transform`` makes of each); each is released
+    when the next is asked for (or when the loop ends). Ends after ``timeout`` seconds with
+    none (None: when closed)."""
     held: MessageView | None = None
     deadline = None
     try:
@@ -318,20 +325,24 @@ def views(sub: Subscription, timeout: float | None) -> Iterator[MessageView]:
             if view is not None:
                 deadline = None
                 held = view
-                yield view
+                yield transform(view)
                 continue
             if deadline is None and timeout is not None:
                 deadline = time.monotonic() + timeout
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+            remaining = 0.05 if deadline is None else min(deadline - time.monotonic(), 0.05)
+            if remaining <= 0:
                 return
-            sub.wait(0.05 if remaining is None else min(remaining, 0.05))
+            if _any_held(sub):  # data waits behind a held view: wait() would not sleep
+                time.sleep(min(remaining, _HELD_WAIT_S))
+            else:
+                sub.wait(remaining)
     finally:
         if held is not None:
             held.release()
 
 
-async def views_async(sub: Subscription, timeout: float | None) -> AsyncIterator[MessageView]:
+async def views_async(sub: Subscription, timeout: float | None,
+                      transform: Callable[[MessageView], Any] = _same) -> AsyncIterator[Any]:
     """:func:`views`, awaiting new messages without blocking the event loop."""
     held: MessageView | None = None
     deadline = None
@@ -344,12 +355,24 @@ async def views_async(sub: Subscription, timeout: float | None) -> AsyncIterator
             if view is not None:
                 deadline = None
                 held = view
-                yield view
+                yield transform(view)
                 continue
             if deadline is None and timeout is not None:
                 deadline = time.monotonic() + timeout
-            if not await sub._readable(deadline):
+            if _any_held(sub):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                await asyncio.sleep(_HELD_WAIT_S)
+            elif not await sub._readable(deadline):
                 return
     finally:
         if held is not None:
             held.release()
+
+
+#: how long a reader sleeps between looks while every message waits behind a held view
+_HELD_WAIT_S = 0.001
+
+
+def _any_held(sub: Subscription) -> bool:
+    return any(image._held for image in sub.images)

@@ -34,9 +34,9 @@ def object_parts(obj: Any) -> list[Any]:
     lengths = [len(data), *(raw.nbytes for raw in raws)]
     header = _PREFIX.pack(_MAGIC, 1, 0, len(raws)) + struct.pack(f"<{len(lengths)}q", *lengths)
     parts: list[Any] = [header, _ZEROS[:_pad(len(header))]]
-    for piece in (data, *raws):
+    for piece in (memoryview(data), *raws):
         parts.append(piece)
-        parts.append(_ZEROS[:_pad(len(piece) if isinstance(piece, bytes) else piece.nbytes)])
+        parts.append(_ZEROS[:_pad(piece.nbytes)])
     return [part for part in parts if len(part)]
 
 

@@ -415,7 +415,7 @@ class ArrayClaim:
             assert room is not None
             room[:len(header)] = header
             self.array = np.ndarray(shape, dtype, buffer=_second_view(self._claim),
-                                    offset=len(header), order=order)
+                                    offset=len(header), order="F" if order == "F" else "C")
 
     def __bool__(self) -> bool:
         return bool(self._claim)

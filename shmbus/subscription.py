@@ -145,28 +145,28 @@ class Subscription(SubscriptionCore):
         Ends after ``timeout`` seconds without one (None: when closed). ValueError for a
         message that is not an array message.
         """
-        for view in views(self, timeout):
-            yield decode_array(view.buffer, copy or not view.zero_copy)
+        return views(self, timeout, lambda view: decode_array(view.buffer,
+                                                              copy or not view.zero_copy))
 
     def objects(self, timeout: float | None = 1.0, copy: bool = False) -> Iterator[Any]:
         """Python objects sent with ``publish_object`` (pickle protocol 5). Unpickling runs
         code of the writer's choosing: read only from writers you trust. Out-of-band buffers
         of a large object (numpy arrays inside it) are read-only views valid until the next
         object is asked for, as in :meth:`arrays`; ``copy=True`` to keep them."""
-        for view in views(self, timeout):
-            yield decode_object(view.buffer, copy or not view.zero_copy)
+        return views(self, timeout, lambda view: decode_object(view.buffer,
+                                                               copy or not view.zero_copy))
 
-    async def arrays_async(self, timeout: float | None = None,
-                           copy: bool = False) -> AsyncIterator[np.ndarray]:
+    def arrays_async(self, timeout: float | None = None,
+                     copy: bool = False) -> AsyncIterator[np.ndarray]:
         """:meth:`arrays`, awaited (``timeout`` None: until the subscription is closed)."""
-        async for view in views_async(self, timeout):
-            yield decode_array(view.buffer, copy or not view.zero_copy)
+        return views_async(self, timeout, lambda view: decode_array(view.buffer,
+                                                                    copy or not view.zero_copy))
 
-    async def objects_async(self, timeout: float | None = None,
-                            copy: bool = False) -> AsyncIterator[Any]:
+    def objects_async(self, timeout: float | None = None,
+                      copy: bool = False) -> AsyncIterator[Any]:
         """:meth:`objects`, awaited (``timeout`` None: until the subscription is closed)."""
-        async for view in views_async(self, timeout):
-            yield decode_object(view.buffer, copy or not view.zero_copy)
+        return views_async(self, timeout, lambda view: decode_object(view.buffer,
+                                                                     copy or not view.zero_copy))
 
     # -- asyncio ----------------------------------------------------------------------------
 

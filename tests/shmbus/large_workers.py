@@ -127,3 +127,32 @@ def holder(context: shmbus.Context, stream: int, results: Any) -> None:
                      "seq": seq, "position": sub.images[0].position})
         time.sleep(600)
     _guard(results, "holding", "holder", body)
+
+
+def array_for(i: int) -> np.ndarray:
+    """The i-th array of array_writer: sizes from 8 B to 12 MiB, several dtypes and orders."""
+    rng = np.random.default_rng(i)
+    side = [1, 7, 100, 600, 1200][i % 5]
+    kind = i % 4
+    if kind == 0:
+        return rng.random((side, side))
+    if kind == 1:
+        return np.asfortranarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8))
+    if kind == 2:
+        out = np.zeros(side * 4, dtype=[("t", "M8[us]"), ("v", "<f4", (2,)), ("k", "i2")])
+        out["t"] = rng.integers(0, 2**50, side * 4).astype("M8[us]")
+        out["v"] = rng.random((side * 4, 2))
+        return out
+    return np.array(float(i))
+
+
+def array_writer(context: shmbus.Context, stream: int, count: int, results: Any) -> None:
+    """Publish array_for(0 .. count - 1) with publish_array."""
+    def body() -> None:
+        with shmbus.connect(context) as bus:
+            pub = bus.add_exclusive_publication("aeron:ipc", stream)
+            _connected(pub)
+            for i in range(count):
+                pub.publish_array(array_for(i), timeout=30.0)
+            results.put({"kind": "sent", "name": "array writer", "count": count})
+    _guard(results, "sent", "array writer", body)
