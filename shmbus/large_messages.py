@@ -42,17 +42,19 @@ _FLAGS_OFFSET = 5
 _ROOM_WAIT_S = 0.0005
 
 
-def open_ring(log_path: Any, channel: str, max_message_length: int, length: int) -> BlockRing:
-    """The block ring beside a publication's log; ValueError for a channel without one (UDP:
-    its max message length is its own)."""
+def open_ring(log_path: Any, channel: str, limit: int, length: int, what: str,
+              limit_name: str) -> BlockRing:
+    """The block ring beside a publication's log; ValueError for a log without one (a UDP
+    channel: its max message length is its own; a log no driver made)."""
     try:
         return BlockRing.open(ring_path(log_path))
     except FileNotFoundError:
         raise ValueError(
-            f"message of {length} bytes exceeds the max message length of {max_message_length} "
-            f"bytes of channel {channel!r} (term length / 8, at most 16 MiB: raise the "
-            f"channel's term-length or Context.udp_term_length; larger messages cross hosts in "
-            f"pieces, see the README's Large messages)") from None
+            f"{what} of {length} bytes exceeds the {limit_name} of {limit} bytes of "
+            f"{channel!r}, which has no block ring for larger ones (max message length: term length / 8, at most "
+            f"16 MiB, for a UDP channel: raise the channel's term-length or "
+            f"Context.udp_term_length; larger messages cross hosts in pieces, see the README's "
+            f"Large messages)") from None
 
 
 def _buffers_length(buffers: tuple[Any, ...]) -> tuple[list[memoryview], int]:
@@ -161,7 +163,7 @@ class LargeClaim:
         self._length = length
         self._reserved_value = reserved_value
         self.buffer: memoryview | None = None
-        self._ring = publication._block_ring(length)
+        self._ring = publication._block_ring(length, claim=True)
         self._start = reserve(publication, self._ring, length, None)
         self.result = self._start if self._start < 0 else 1
         if self._start >= 0:

@@ -195,10 +195,14 @@ class Publication(PublicationCore):
         core calls it): see shmbus/large_messages.py."""
         return offer_large(self, buffers, reserved_value, publish, timeout)
 
-    def _block_ring(self, length: int) -> BlockRing:
+    def _block_ring(self, length: int, claim: bool = False) -> BlockRing:
         if self._blocks is None:
-            self._blocks = open_ring(self.log.path, self.channel, self.max_message_length,
-                                     length)
+            if claim:
+                self._blocks = open_ring(self.log.path, self.channel, self.max_payload_length,
+                                         length, "claim", "max payload (mtu - 32)")
+            else:
+                self._blocks = open_ring(self.log.path, self.channel, self.max_message_length,
+                                         length, "message", "max message length")
         return self._blocks
 
     def _publish_refused(self, buffers: tuple[Buffer, ...], result: int, timeout: float | None,
