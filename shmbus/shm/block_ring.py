@@ -4,7 +4,8 @@ A message longer than the log's max message length (min(term length / 8, 16 MiB)
 into a block of this ring, and the log carries a small reference frame to it, in stream order
 with the other messages (flag ``LARGE_FLAG`` on a whole-message frame; see
 :func:`encode_reference`). The driver creates the file beside the log (``logs/<id>.blocks``,
-sparse: it takes memory only for blocks in use) and deletes it with the log.
+sparse: a stream that never sends a large message pays no memory for it; the first writer
+initialises the header page) and deletes it with the log.
 
 Layout: a header page, then ``capacity`` bytes of ring. Positions in the ring are monotonic
 byte counts (``% capacity`` gives the place); every block starts on a page and spans whole
@@ -33,6 +34,7 @@ import errno
 import mmap
 import os
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,26 +104,21 @@ class BlockRing:
         self._mmap = mapping
         self._memory = memoryview(mapping)
         self.buffer = AtomicBuffer(mapping)
-        if self.buffer.get_int64(_MAGIC) != MAGIC:
-            raise ValueError(f"{path} is not a block ring")
-        self.capacity = self.buffer.get_int64(_CAPACITY)
-        self.max_message_length = self.buffer.get_int64(_MAX_MESSAGE)
+        self.capacity = len(mapping) - HEADER_PAGE
+        #: the longest payload a block takes (at least Context.max_large_message_length)
+        self.max_message_length = self.capacity // 2 - BLOCK_HEADER
+        self._ready = False
+        self._next_look = 0.0
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], max_message_length: int) -> BlockRing:
-        """Create the (sparse) ring file for messages up to ``max_message_length`` bytes."""
+        """Create the ring file for messages up to ``max_message_length`` bytes: sparse, it
+        takes no memory until a writer first uses it (and initialises its header)."""
         path = Path(path)
-        capacity = ring_capacity(max_message_length)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, HEADER_PAGE + capacity)
-            os.posix_fallocate(fd, 0, HEADER_PAGE)
-            mapping = mmap.mmap(fd, HEADER_PAGE + capacity)
-            header = AtomicBuffer(mapping)
-            header.put_int64(_CAPACITY, capacity)
-            header.put_int64(_MAX_MESSAGE, max_message_length)
-            header.put_int64_release(_MAGIC, MAGIC)
-            del header
+            os.ftruncate(fd, HEADER_PAGE + ring_capacity(max_message_length))
+            mapping = mmap.mmap(fd, HEADER_PAGE + ring_capacity(max_message_length))
         except BaseException:
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -140,6 +137,29 @@ class BlockRing:
             raise
         return cls(path, fd, mapping)
 
+    def _is_ready(self) -> bool:
+        """Whether a writer initialised the header. Until then its page is a hole, and looking
+        (through the mapping) would allocate it: the file's blocks are asked first, at most
+        every 10 ms."""
+        if not self._ready:
+            now = time.monotonic()
+            if now < self._next_look:
+                return False
+            self._next_look = now + 0.01
+            self._ready = (os.fstat(self._fd).st_blocks > 0
+                           and self.buffer.get_int64_acquire(_MAGIC) == MAGIC)
+        return self._ready
+
+    def _initialise(self) -> None:
+        """A writer's first use: allocate the header page (OSError when /dev/shm is full)."""
+        # allocated before it is touched: a fault on a hole of a full tmpfs is a SIGBUS
+        self._allocate_at(0, HEADER_PAGE)
+        if self.buffer.get_int64_acquire(_MAGIC) != MAGIC:
+            self.buffer.put_int64(_CAPACITY, self.capacity)
+            self.buffer.put_int64(_MAX_MESSAGE, self.max_message_length)
+            self.buffer.compare_and_set_int64(_MAGIC, 0, MAGIC)
+        self._ready = True
+
     # -- writers --------------------------------------------------------------------------------
 
     def reserve(self, length: int, pid: int) -> int:
@@ -153,6 +173,8 @@ class BlockRing:
             raise ValueError(f"message of {length} bytes exceeds the max large message length "
                              f"of {self.max_message_length} bytes "
                              f"(Context.max_large_message_length)")
+        if not self._ready:
+            self._initialise()
         need = _span(length)
         b = self.buffer
         if not self._try_lock(pid):
@@ -188,11 +210,14 @@ class BlockRing:
         return False
 
     def _allocate(self, at: int, length: int) -> None:
+        self._allocate_at(HEADER_PAGE + at, length)
+
+    def _allocate_at(self, offset: int, length: int) -> None:
         try:
-            os.posix_fallocate(self._fd, HEADER_PAGE + at, length)
+            os.posix_fallocate(self._fd, offset, length)
         except OSError as e:
             if e.errno == errno.ENOSPC:
-                self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + at, length)  # undo: free
+                self._mmap.madvise(mmap.MADV_REMOVE, offset, length)  # undo: free what it got
                 st = os.statvfs(self.path.parent)
                 raise OSError(e.errno, f"cannot hold a large message in {self.path}: {length} "
                               f"bytes needed, {st.f_bavail * st.f_frsize} bytes free on "
@@ -242,6 +267,8 @@ class BlockRing:
 
     def in_use(self) -> int:
         """Ring bytes held by blocks not yet freed."""
+        if not self._is_ready():
+            return 0
         return self.buffer.get_int64_acquire(_TAIL) - self.buffer.get_int64_acquire(_HEAD)
 
     def reclaim(self, consumer_position: int, producer_position: int,
@@ -250,6 +277,8 @@ class BlockRing:
         counted position, or the producer position when nobody counts); with ``is_alive``, a
         dead writer's FILLING block is committed at ``producer_position``. Returns the bytes
         freed. The driver only."""
+        if not self._is_ready():
+            return 0
         b = self.buffer
         start = head = b.get_int64(_HEAD)
         tail = b.get_int64_acquire(_TAIL)
