@@ -51,10 +51,10 @@ def open_ring(log_path: Any, channel: str, limit: int, length: int, what: str,
     except FileNotFoundError:
         raise ValueError(
             f"{what} of {length} bytes exceeds the {limit_name} of {limit} bytes of "
-            f"{channel!r}, which has no block ring for larger ones (max message length: term length / 8, at most "
-            f"16 MiB, for a UDP channel: raise the channel's term-length or "
-            f"Context.udp_term_length; larger messages cross hosts in pieces, see the README's "
-            f"Large messages)") from None
+            f"{channel!r}, which has no block ring for larger ones (max message length: term "
+            f"length / 8, at most 16 MiB, for a UDP channel: raise the channel's term-length "
+            f"or Context.udp_term_length; larger messages cross hosts in pieces, see the "
+            f"README's Large messages)") from None
 
 
 def _buffers_length(buffers: tuple[Any, ...]) -> tuple[list[memoryview], int]:

@@ -142,6 +142,8 @@ class LogInfo:
     window: int
     initial_term_id: int = 0
     path: str | None = None  # the file, to read its tail live
+    #: shared memory its block ring holds for large messages (the file's allocated bytes)
+    large_message_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -491,6 +493,8 @@ def read_log_infos(logs_dir: Path) -> dict[int, LogInfo]:
     except OSError:
         return infos
     for name in names:
+        if not name.endswith(".log"):
+            continue  # a block ring (<id>.blocks): read beside its log
         try:
             fd = os.open(logs_dir / name, os.O_RDONLY)
         except OSError:
@@ -517,8 +521,17 @@ def read_log_infos(logs_dir: Path) -> dict[int, LogInfo]:
             infos[registration_id] = LogInfo(registration_id, session_id, stream_id,
                                              term_length, mtu, connected == 1,
                                              fc_window or window or ipc_window(term_length),
-                                             initial_term_id, str(logs_dir / name))
+                                             initial_term_id, str(logs_dir / name),
+                                             _allocated(logs_dir / (name[:-4] + ".blocks")))
     return infos
+
+
+def _allocated(path: Path) -> int:
+    """Bytes of memory a (sparse) file holds; 0 when it is not there."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except OSError:
+        return 0
 
 
 def samples(directory: str | os.PathLike[str], interval: float, count: int = 0,
