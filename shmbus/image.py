@@ -125,18 +125,22 @@ class Image(ImageCore):
             self._blocks = BlockRing.open(ring_path(self.log.path))
         return self._blocks
 
-    def _large_payload(self, reference: bytes) -> memoryview:
+    def _large_payload(self, reference: bytes) -> memoryview | None:
         """What a handler gets for a large message: a read-only view of its block (the native
-        reader calls this for a reference frame)."""
+        reader calls this for a reference frame). None when the block is gone: the reader
+        stops there, as at a lapped frame, until it hears its image is gone."""
         self._last_reference = reference
         return self._ring().view(reference)
 
-    def _large_view(self, reference: bytes) -> memoryview:
+    def _large_view(self, reference: bytes) -> memoryview | None:
         return self._ring().view(reference)
 
-    def _large_bytes(self, reference: bytes) -> bytes:
-        """What ``messages()`` yields for a large message: a copy of its block."""
+    def _large_bytes(self, reference: bytes) -> bytes | None:
+        """What ``messages()`` yields for a large message: a copy of its block (None: gone,
+        see _large_payload)."""
         block = self._ring().view(reference)
+        if block is None:
+            return None
         try:
             return bytes(block)
         finally:

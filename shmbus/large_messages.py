@@ -307,6 +307,8 @@ def _take_from(image: Image) -> MessageView | None:
     if data is not None:
         return MessageView(memoryview(data), session_id, position, reserved, None)
     view = image._large_view(image._last_reference)
+    if view is None:  # freed since the peek: this reader was dropped (see Image._large_payload)
+        return None
     image._held = True
     return MessageView(view, session_id, position, reserved, image)
 

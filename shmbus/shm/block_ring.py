@@ -251,15 +251,17 @@ class BlockRing:
 
     # -- readers --------------------------------------------------------------------------------
 
-    def view(self, reference: bytes | memoryview) -> memoryview:
-        """The read-only payload a reference frame refers to; RuntimeError when the block does
-        not match the reference (corruption, or a reader that was not counted and fell behind)."""
+    def view(self, reference: bytes | memoryview) -> memoryview | None:
+        """The read-only payload a reference frame refers to; None when the block is gone (the
+        driver freed it: its reader was no longer counted, dropped as dead or resting)."""
         ring_position, length = decode_reference(reference)
+        if (self.buffer.get_int64_acquire(_HEAD) > ring_position
+                or ring_position + length > self.buffer.get_int64_acquire(_TAIL)):
+            return None
         at = HEADER_PAGE + ring_position % self.capacity
         if (self.buffer.get_int64_acquire(at + _STATE) == FREE
                 or self.buffer.get_int64(at + _LENGTH) != length):
-            raise RuntimeError(f"large message at ring position {ring_position} of {self.path} "
-                               f"is gone (its reader was not counted for flow control)")
+            return None
         start = at + BLOCK_HEADER
         return self._memory[start:start + length].toreadonly()
 
