@@ -342,6 +342,7 @@ class Client:
             image = Image(log, position, owned=True, correlation_id=event.correlation_id,
                           subscription_registration_id=event.subscription_registration_id,
                           source_identity=event.source_identity)
+        image._wake_driver = self._ring_driver
         subscription._add_image(image)
 
     # -- requests ------------------------------------------------------------------------------

@@ -88,6 +88,10 @@ class FragmentBatch:
         return self.term[index].view(dtype).reshape(n)
 
 
+def _nothing() -> None:
+    pass
+
+
 class Image(ImageCore):
     """One publishing session as seen by one subscription.
 
@@ -119,6 +123,9 @@ class Image(ImageCore):
         self._held = False
         self._view_found: list[Any] = []
         self._view_assembler: Any = None
+        #: rings the driver's doorbell (the client sets it): a reader done with a large
+        #: message's block has the driver free it now, so the writer reuses warm memory
+        self._wake_driver: Callable[[], None] = _nothing
 
     def _ring(self) -> BlockRing:
         if self._blocks is None:

@@ -252,6 +252,7 @@ class MessageView:
             image._held = False
             if not image.is_closed and image.position < self.position:
                 image.position = self.position
+                image._wake_driver()
 
     def __enter__(self) -> MessageView:
         return self

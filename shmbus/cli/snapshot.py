@@ -44,6 +44,7 @@ from pathlib import Path
 from shmbus.driver.ipc_flow_control import ipc_window
 from shmbus.errors import ShmbusError
 from shmbus.shm._native import AtomicBuffer, epoch_ms
+from shmbus.shm.block_ring import bytes_in_use
 from shmbus.shm.cnc import (
     CNC_FILE,
     COUNTERS_METADATA,
@@ -144,6 +145,8 @@ class LogInfo:
     path: str | None = None  # the file, to read its tail live
     #: shared memory its block ring holds for large messages (the file's allocated bytes)
     large_message_bytes: int = 0
+    #: of which blocks not yet freed (not yet read by every counted subscriber)
+    large_message_in_use: int = 0
 
 
 @dataclass(frozen=True)
@@ -522,7 +525,8 @@ def read_log_infos(logs_dir: Path) -> dict[int, LogInfo]:
                                              term_length, mtu, connected == 1,
                                              fc_window or window or ipc_window(term_length),
                                              initial_term_id, str(logs_dir / name),
-                                             _allocated(logs_dir / (name[:-4] + ".blocks")))
+                                             _allocated(logs_dir / (name[:-4] + ".blocks")),
+                                             bytes_in_use(logs_dir / (name[:-4] + ".blocks")))
     return infos
 
 

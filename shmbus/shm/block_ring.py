@@ -20,10 +20,11 @@ end of the ring is preceded by a free padding block up to the end.
 * A block is FILLING until its reference frame is in the log; then COMMITTED with the stream
   position after that frame. The driver (the only one that frees) walks from the free head:
   a COMMITTED block whose position every counted reader has reached, or a FREE one (padding,
-  abandoned), is released: its pages go back to /dev/shm (MADV_REMOVE), then the free head is
-  release-stored. A FILLING block of a dead writer is committed at the producer position (its
-  reference, if any, lies before it). Readers holding a block hold their position before its
-  reference frame, so they hold the block.
+  abandoned), is released: its pages go back to /dev/shm (MADV_REMOVE; but the first
+  ``WARM_BYTES`` of the ring, where a writer starts again once it is free, keep theirs),
+  then the free head is release-stored. A FILLING block of a dead writer is committed at
+  the producer position (its reference, if any, lies before it). Readers holding a block
+  hold their position before its reference frame, so they hold the block.
 
 Every field another process writes is read and written through :class:`AtomicBuffer`.
 """
@@ -43,6 +44,9 @@ from shmbus.shm._native import AtomicBuffer
 PAGE = mmap.PAGESIZE
 HEADER_PAGE = 4096
 BLOCK_HEADER = 64
+#: the beginning of a ring whose memory is kept once used (freed blocks there are reused as
+#: they are: no allocation, no zeroing, no page faults); the rest is given back when freed
+WARM_BYTES = 64 << 20
 MAGIC = 0x314B4C4253424D53  # "SMBSBLK1"
 
 # ring header fields (each on its own cache line)
@@ -87,6 +91,32 @@ def ring_capacity(max_message_length: int) -> int:
 
 def _span(length: int) -> int:
     return -(-(BLOCK_HEADER + length) // PAGE) * PAGE
+
+
+def bytes_in_use(path: str | os.PathLike[str]) -> int:
+    """Ring bytes held by blocks not yet freed, read through a private read-only map of the
+    header (monitoring: ``shmbus streams``); 0 for a ring never used or gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        if os.fstat(fd).st_blocks == 0:
+            return 0  # never used: its header is a hole (looking would allocate it)
+        mapping = mmap.mmap(fd, HEADER_PAGE, access=mmap.ACCESS_COPY)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    header = AtomicBuffer(mapping)
+    try:
+        if header.get_int64_acquire(_MAGIC) != MAGIC:
+            return 0
+        head = header.get_int64_acquire(_HEAD)
+        return max(0, header.get_int64_acquire(_TAIL) - head)
+    finally:
+        header.release()
+        mapping.close()
 
 
 def ring_path(log_path: str | os.PathLike[str]) -> Path:
@@ -183,7 +213,12 @@ class BlockRing:
             tail = b.get_int64(_TAIL)
             head = b.get_int64_acquire(_HEAD)
             at = tail % self.capacity
-            pad = self.capacity - at if at + need > self.capacity else 0
+            # past the end, or past the warm beginning (WARM_BYTES, whose pages are kept) while
+            # the beginning is free again: start again there (no allocation, no page faults)
+            warm_free = head == tail or (head % self.capacity >= need and head // self.capacity
+                                         == tail // self.capacity)
+            pad = self.capacity - at if at and (
+                at + need > self.capacity or (at + need > WARM_BYTES and warm_free)) else 0
             if tail + pad + need - head > self.capacity:
                 raise BlockRingFullError
             start = tail + pad
@@ -301,12 +336,19 @@ class BlockRing:
         first = start % self.capacity
         freed = head - start
         if first + freed <= self.capacity:
-            self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + first, freed)
+            self._give_back(first, first + freed)
         else:
-            self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + first, self.capacity - first)
-            self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE, first + freed - self.capacity)
+            self._give_back(first, self.capacity)
+            self._give_back(0, first + freed - self.capacity)
         b.put_int64_release(_HEAD, head)
         return freed
+
+    def _give_back(self, start: int, end: int) -> None:
+        """Return the pages of ring offsets [start, end) to /dev/shm, but for the first
+        WARM_BYTES of the ring, which writers reuse whenever the ring empties."""
+        start = max(start, WARM_BYTES)
+        if start < end:
+            self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + start, end - start)
 
     def close(self) -> None:
         """Unmap (when no view of it is held any more) and close the file."""

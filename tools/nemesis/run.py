@@ -471,15 +471,15 @@ def collect_sent(ledger: Ledger, writers: int) -> dict[Key, Sent]:
 
 
 def large_memory_held(context: shmbus.Context) -> list[tuple[int, int, int]]:
-    """(stream, session, bytes) of publications whose block rings hold more than their header
-    page (``shmbus streams --json``): after the drain, every block must have been freed."""
+    """(stream, session, bytes) of publications whose block rings still hold blocks not freed
+    (``shmbus streams --json``): after the drain, every block must have been freed."""
     result = subprocess.run([sys.executable, "-m", "shmbus", "streams", "--json",
                              "--dir", context.dir], capture_output=True, text=True, timeout=60)
     if result.returncode:
         return [(0, 0, -1)]
-    return [(s["stream_id"], s["session_id"], s["large_message_bytes"])
+    return [(s["stream_id"], s["session_id"], s["large_message_in_use"])
             for s in json.loads(result.stdout)["streams"]
-            if s["kind"] == "publication" and s["large_message_bytes"] > 4096]
+            if s["kind"] == "publication" and s["large_message_in_use"] > 0]
 
 
 def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[WriterSpec],
