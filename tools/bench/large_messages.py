@@ -176,15 +176,16 @@ def _ack(acks: Any, live: dict[int, tuple[Any, int]]) -> None:
 
 def shm_reader(q: Any, acks: Any, n: int, count: int, copy: bool, ready: Any,
                out: Any) -> None:
-    from multiprocessing import resource_tracker, shared_memory
+    from multiprocessing import shared_memory
 
     ready.put(1)
     cpu0 = time.process_time()
     received = []
     for _ in range(count):
         name, seq = q.get(timeout=120)
+        # (on Python < 3.13 attaching registers the name with the resource tracker the writer
+        # shares: a set, so the writer's unlink unregisters it once)
         block = shared_memory.SharedMemory(name=name)
-        resource_tracker.unregister(block._name, "shared_memory")  # the writer unlinks it
         array = np.ndarray((n,), np.float64, buffer=block.buf)
         if copy:
             array = array.copy()
@@ -200,14 +201,14 @@ def zmq_writer(address: str, n: int, count: int, go: Any, out: Any) -> None:
     import zmq
 
     socket = zmq.Context.instance().socket(zmq.PUB)
-    socket.setsockopt(zmq.SNDHWM, 4)
+    socket.setsockopt(zmq.SNDHWM, 0)  # PUB drops past its high-water mark: none here
     socket.bind(address)
-    source = np.zeros(n)
     go.wait()
     cpu0 = time.process_time()
     time.sleep(0.5)  # the subscribers' subscriptions reach the publisher
     returned = []
     for seq in range(count):
+        source = np.empty(n)  # a new array each time: send(copy=False) keeps a reference
         fill(source, seq)
         socket.send_json({"dtype": str(source.dtype), "shape": source.shape, "seq": seq},
                          zmq.SNDMORE)
@@ -222,7 +223,7 @@ def zmq_reader(address: str, count: int, copy: bool, ready: Any, out: Any) -> No
     import zmq
 
     socket = zmq.Context.instance().socket(zmq.SUB)
-    socket.setsockopt(zmq.RCVHWM, 4)
+    socket.setsockopt(zmq.RCVHWM, 0)
     socket.connect(address)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
     ready.put(1)
@@ -371,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{psutil.cpu_count()} cores", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="large-bench-", dir="/dev/shm") as tmp:
-        context = shmbus.Context(dir=str(Path(tmp) / "bus"), embedded_driver=False)
+        context = shmbus.Context(dir=str(Path(tmp) / "bus"), embedded_driver=False,
+                                 driver_idle_timeout=3600.0)  # the peers run without a client
         driver = start_driver(context)
         try:
             for mib in sizes:
