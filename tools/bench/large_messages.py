@@ -390,8 +390,17 @@ def main(argv: list[str] | None = None) -> int:
                                      else (True,)):
                             if method == "shmbus views" and copy:
                                 continue  # "shmbus copy" is that row
-                            row = measure(method, copy, n, count, readers, context,
-                                          driver.pid)
+                            try:
+                                row = measure(method, copy, n, count, readers, context,
+                                              driver.pid)
+                            except BenchError as e:  # a peer that failed: n/a, the run goes on
+                                print(f"  {readers} reader(s) {method:<22} "
+                                      f"{'copy' if copy else 'view':<5} n/a: {e}", flush=True)
+                                rows.append({"method": method, "copy": copy, "mib": mib,
+                                             "readers": readers, "error": str(e)})
+                                if method.startswith("shmbus"):
+                                    raise  # shmbus itself must not fail
+                                continue
                             row["memcpy_gb_s"] = memcpy
                             rows.append(row)
                             print(f"  {readers} reader(s) {method:<22} "
