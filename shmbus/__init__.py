@@ -55,7 +55,9 @@ from shmbus.idle_strategy import (
     YieldingIdleStrategy,
 )
 from shmbus.image import FragmentBatch, Image
+from shmbus.large_messages import LargeClaim, MessageView
 from shmbus.publication import (
+    ArrayClaim,
     BufferClaim,
     ConcurrentPublication,
     ExclusivePublication,
@@ -74,6 +76,7 @@ __all__ = [
     "MAX_POSITION_EXCEEDED",
     "NOT_CONNECTED",
     "Action",
+    "ArrayClaim",
     "AtomicBuffer",
     "BackoffIdleStrategy",
     "BufferClaim",
@@ -94,9 +97,11 @@ __all__ = [
     "GroupSubscription",
     "Header",
     "Image",
+    "LargeClaim",
     "LogBuffer",
     "LogBufferError",
     "LostImage",
+    "MessageView",
     "NoOpIdleStrategy",
     "Publication",
     "PublicationError",

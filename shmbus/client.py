@@ -200,6 +200,7 @@ class Client:
                                on_destination=self._on_destination,
                                counters=self.counters.values)
             publication._wait_spin_ns = round(self.context.wait_spin * 1e9)
+            publication._wake_driver = self._ring_driver
             self._publications[ready.registration_id] = publication
         return publication
 
@@ -341,6 +342,7 @@ class Client:
             image = Image(log, position, owned=True, correlation_id=event.correlation_id,
                           subscription_registration_id=event.subscription_registration_id,
                           source_identity=event.source_identity)
+        image._wake_driver = self._ring_driver
         subscription._add_image(image)
 
     # -- requests ------------------------------------------------------------------------------
@@ -410,6 +412,10 @@ class Client:
         """Send without waiting for the answer (removals)."""
         if not self._to_driver.write(command.TYPE_ID, command.encode()):
             raise DriverTimeoutError(f"the driver in {self.directory} is not reading commands")
+        self._driver_bell.ring()
+
+    def _ring_driver(self) -> None:
+        """Wake the driver for a duty cycle (a writer waiting for it to free blocks)."""
         self._driver_bell.ring()
 
     # -- logs ----------------------------------------------------------------------------------

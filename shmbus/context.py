@@ -101,8 +101,18 @@ class Context:
     #: pays no wake-up, and a reply within it pays none either. It costs a waiter at 1,000
     #: msg/s about this much CPU a message; an idle bus none. 0: sleep at once
     wait_spin: float = 20e-6
+    #: the longest message an IPC publication takes (offer, publish, try_claim, publish_array,
+    #: publish_object). A message longer than its log's max message length (min(term length /
+    #: 8, 16 MiB)) goes into a shared-memory block the driver hands out and reclaims, and the
+    #: log carries a reference to it; each IPC publication's block ring reserves (sparse, no
+    #: memory until used) twice this in address space. UDP channels are limited by their term
+    #: length (term length / 8, at most 16 MiB)
+    max_large_message_length: int = 1 << 30
 
     def __post_init__(self) -> None:
+        if not 0 < self.max_large_message_length <= 1 << 40:
+            raise ValueError(f"max_large_message_length must be 1 byte to 1 TiB, not "
+                             f"{self.max_large_message_length!r}")
         for term_length in (self.ipc_term_length, self.udp_term_length):
             check_term_length(term_length)
             check_mtu(self.mtu, term_length)

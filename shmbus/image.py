@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from shmbus.shm._native import Header, ImageCore
+from shmbus.shm.block_ring import BlockRing, ring_path
 from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG, LogBuffer
 from shmbus.shm.position import Position
 
@@ -87,6 +88,10 @@ class FragmentBatch:
         return self.term[index].view(dtype).reshape(n)
 
 
+def _nothing() -> None:
+    pass
+
+
 class Image(ImageCore):
     """One publishing session as seen by one subscription.
 
@@ -111,6 +116,42 @@ class Image(ImageCore):
         self.join_position = self.position
         self._batch_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._terms: list[np.ndarray] | None = None
+        # large messages (shmbus/large_messages.py): the block ring, opened on first use; the
+        # reference last resolved; whether a MessageView holds this image's position
+        self._blocks: BlockRing | None = None
+        self._last_reference = b""
+        self._held = False
+        self._view_found: list[Any] = []
+        self._view_assembler: Any = None
+        #: rings the driver's doorbell (the client sets it): a reader done with a large
+        #: message's block has the driver free it now, so the writer reuses warm memory
+        self._wake_driver: Callable[[], None] = _nothing
+
+    def _ring(self) -> BlockRing:
+        if self._blocks is None:
+            self._blocks = BlockRing.open(ring_path(self.log.path))
+        return self._blocks
+
+    def _large_payload(self, reference: bytes) -> memoryview | None:
+        """What a handler gets for a large message: a read-only view of its block (the native
+        reader calls this for a reference frame). None when the block is gone: the reader
+        stops there, as at a lapped frame, until it hears its image is gone."""
+        self._last_reference = reference
+        return self._ring().view(reference)
+
+    def _large_view(self, reference: bytes) -> memoryview | None:
+        return self._ring().view(reference)
+
+    def _large_bytes(self, reference: bytes) -> bytes | None:
+        """What ``messages()`` yields for a large message: a copy of its block (None: gone,
+        see _large_payload)."""
+        block = self._ring().view(reference)
+        if block is None:
+            return None
+        try:
+            return bytes(block)
+        finally:
+            block.release()
 
     def poll_batch(self, handler: Callable[[FragmentBatch], Any], fragment_limit: int) -> int:
         """Hand up to ``fragment_limit`` fragments of the current term to ``handler`` at once.
@@ -148,6 +189,9 @@ class Image(ImageCore):
         """Stop reading: later polls return 0 and the log may be unmapped. Idempotent."""
         self._close_core()
         self._terms = None
+        blocks, self._blocks = self._blocks, None
+        if blocks is not None:
+            blocks.close()
 
     def __repr__(self) -> str:
         return (f"Image(session_id={self.session_id}, stream_id={self.stream_id}, "

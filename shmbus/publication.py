@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shmbus import codes
+from shmbus.array_messages import array_header, array_parts
 from shmbus.async_waits import sleep_on
 from shmbus.errors import PublicationError
+from shmbus.large_messages import LargeClaim, offer_large, open_ring
+from shmbus.object_messages import object_parts
 from shmbus.shm._native import AtomicBuffer, PublicationCore
+from shmbus.shm.block_ring import BlockRing
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 
@@ -137,6 +141,10 @@ class Publication(PublicationCore):
         self._on_close = on_close
         self._on_destination = on_destination
         self._claims: weakref.WeakSet[BufferClaim] = weakref.WeakSet()
+        self._blocks: BlockRing | None = None
+        #: rings the driver's doorbell (the client sets it): a writer waiting for room in the
+        #: block ring has the driver free blocks now rather than at its next timer
+        self._wake_driver: Callable[[], None] = _nothing
 
     def _bind(self, log: LogBuffer, limit: Position, counters: AtomicBuffer | None) -> None:
         d = log.descriptor
@@ -159,12 +167,17 @@ class Publication(PublicationCore):
         self._bind(log, limit, counters)
         self.registration_id = registration_id
 
-    def try_claim(self, length: int, reserved_value: int = 0) -> BufferClaim:
-        """Claim ``length`` bytes (at most ``max_payload_length``) to fill in place.
+    def try_claim(self, length: int, reserved_value: int = 0) -> BufferClaim | LargeClaim:
+        """Claim ``length`` bytes to fill in place.
 
-        Returns a :class:`BufferClaim`, falsy with ``result`` set to the code when the claim
-        failed (back-pressure, rotation, not connected, closed).
+        Up to ``max_payload_length`` the claim is a frame in the log (a :class:`BufferClaim`);
+        past it, on an IPC channel, a shared-memory block (a :class:`LargeClaim`, up to
+        ``Context.max_large_message_length``) that the log refers to once committed. Either
+        is falsy with ``result`` set to the code when the claim failed (back-pressure,
+        rotation, not connected, closed).
         """
+        if length > self.max_payload_length:
+            return LargeClaim(self, length, reserved_value)
         result, frame_offset = self._claim(length, reserved_value)
         claim = BufferClaim(self, result, frame_offset, length)
         if claim:
@@ -173,6 +186,24 @@ class Publication(PublicationCore):
 
     # publish(*buffers, timeout=1.0, reserved_value=0) is PublicationCore's: one native offer,
     # and only a refused one comes to _publish_refused.
+
+    _default_timeout = DEFAULT_PUBLISH_TIMEOUT
+
+    def _offer_large(self, buffers: tuple[Buffer, ...], reserved_value: int, publish: bool,
+                     timeout: float | None) -> int:
+        """offer() or publish() of a message longer than ``max_message_length`` (the native
+        core calls it): see shmbus/large_messages.py."""
+        return offer_large(self, buffers, reserved_value, publish, timeout)
+
+    def _block_ring(self, length: int, claim: bool = False) -> BlockRing:
+        if self._blocks is None:
+            if claim:
+                self._blocks = open_ring(self.log.path, self.channel, self.max_payload_length,
+                                         length, "claim", "max payload (mtu - 32)")
+            else:
+                self._blocks = open_ring(self.log.path, self.channel, self.max_message_length,
+                                         length, "message", "max message length")
+        return self._blocks
 
     def _publish_refused(self, buffers: tuple[Buffer, ...], result: int, timeout: float | None,
                          reserved_value: int) -> int:
@@ -226,6 +257,53 @@ class Publication(PublicationCore):
             return -1.0
         slice_s = 0.001 if result == codes.NOT_CONNECTED else 0.1
         return min(remaining, slice_s)
+
+    # -- typed messages (shmbus/array_messages.py, shmbus/object_messages.py) -----------------
+
+    def publish_array(self, array: np.ndarray[Any, Any], timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+                      reserved_value: int = 0) -> int:
+        """Publish a numpy array with its dtype (structured and datetime too), shape and order
+        (C or Fortran; any other layout is sent C-ordered); read it with
+        ``Subscription.arrays()``. Any size up to ``Context.max_large_message_length`` on IPC;
+        past the log's max message it goes through shared memory with one copy. Returns the
+        new position; raises as :meth:`publish` does, ValueError for an object dtype."""
+        header, data = array_parts(array)
+        return self.publish(header, data, timeout=timeout, reserved_value=reserved_value)
+
+    async def publish_array_async(self, array: np.ndarray[Any, Any],
+                                  timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+                                  reserved_value: int = 0) -> int:
+        """:meth:`publish_array`, awaiting back-pressure without blocking the event loop."""
+        header, data = array_parts(array)
+        return await self.publish_async(header, data, timeout=timeout,
+                                        reserved_value=reserved_value)
+
+    def claim_array(self, shape: int | tuple[int, ...], dtype: Any,
+                    order: str = "C") -> ArrayClaim:
+        """Claim room for an array to fill in place (no copy on publish): ``with
+        pub.claim_array((1080, 1920, 3), np.uint8) as claim: render(claim.array)`` publishes it
+        on exit (``Subscription.arrays()`` reads it). Falsy, with ``result`` the code, when the
+        claim failed (see :meth:`try_claim`); entering a failed claim raises."""
+        return ArrayClaim(self, shape, dtype, order)
+
+    def publish_object(self, obj: Any, timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+                       reserved_value: int = 0) -> int:
+        """Publish a Python object with pickle protocol 5, its large buffers (numpy arrays
+        inside it) out of band, written once; read it with ``Subscription.objects()``, which
+        unpickles it: that runs code of the writer's choosing, so read only from writers you
+        trust. Returns the new position; raises as :meth:`publish` does."""
+        parts = object_parts(obj)
+        if len(parts) <= _MAX_GATHER and not _longer_than(parts, self.max_message_length):
+            return self.publish(*parts, timeout=timeout, reserved_value=reserved_value)
+        return offer_large(self, tuple(parts), reserved_value, True, timeout)
+
+    async def publish_object_async(self, obj: Any, timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+                                   reserved_value: int = 0) -> int:
+        """:meth:`publish_object`, awaiting back-pressure without blocking the event loop."""
+        parts = object_parts(obj)
+        if len(parts) > _MAX_GATHER:
+            parts = [b"".join(parts)]
+        return await self.publish_async(*parts, timeout=timeout, reserved_value=reserved_value)
 
     def publish_many(self, messages: Sequence[Buffer] | np.ndarray[Any, Any],
                      timeout: float = DEFAULT_PUBLISH_TIMEOUT) -> int:
@@ -283,6 +361,9 @@ class Publication(PublicationCore):
             return
         self._abort_claims()
         self._close_core()
+        blocks, self._blocks = self._blocks, None
+        if blocks is not None:
+            blocks.close()
         on_close, self._on_close, self._on_destination = self._on_close, None, None
         if on_close is not None:  # (the client's methods: dropped, so no cycle keeps it alive)
             on_close(self)
@@ -301,6 +382,78 @@ class Publication(PublicationCore):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(channel={self.channel!r}, stream_id={self.stream_id}, "
                 f"session_id={self.session_id}, position={self.position})")
+
+
+def _nothing() -> None:
+    pass
+
+
+#: the most buffers one offer gathers (the native core's limit)
+_MAX_GATHER = 16
+
+
+def _longer_than(parts: list[Any], limit: int) -> bool:
+    return sum(memoryview(part).nbytes for part in parts) > limit
+
+
+class ArrayClaim:
+    """Room for one array claimed with :meth:`Publication.claim_array`: fill ``array`` in
+    place, then ``commit()`` (or leave the ``with``); ``abort()`` gives it up. ``array`` must
+    not be used after either."""
+
+    def __init__(self, publication: Publication, shape: int | tuple[int, ...], dtype: Any,
+                 order: str) -> None:
+        import numpy as np
+
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if order not in ("C", "F"):
+            raise ValueError(f"order must be 'C' or 'F', not {order!r}")
+        header = array_header(shape, dtype, order == "F" and len(shape) > 1)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self._claim = publication.try_claim(len(header) + nbytes)
+        self.result = self._claim.result
+        self.array: np.ndarray[Any, Any] | None = None
+        if self._claim:
+            room = self._claim.buffer
+            assert room is not None
+            room[:len(header)] = header
+            self.array = np.ndarray(shape, dtype, buffer=_second_view(self._claim),
+                                    offset=len(header), order="F" if order == "F" else "C")
+
+    def __bool__(self) -> bool:
+        return bool(self._claim)
+
+    def commit(self) -> None:
+        """Publish the array (see :meth:`BufferClaim.commit`, :class:`LargeClaim`)."""
+        self.array = None
+        self._claim.commit()
+        self.result = self._claim.result
+
+    def abort(self) -> None:
+        """Give the claim up."""
+        self.array = None
+        self._claim.abort()
+
+    def __enter__(self) -> ArrayClaim:
+        self._claim.__enter__()
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self._claim.buffer is None:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def _second_view(claim: BufferClaim | LargeClaim) -> memoryview:
+    """A writable view of the claim's room that is not ``claim.buffer`` (which commit
+    releases: an array over it would keep it exported)."""
+    if isinstance(claim, LargeClaim):
+        return claim._ring.payload(claim._start, claim._length)
+    return claim._publication._claim_view(claim._frame_offset, len(claim.buffer or b""))
 
 
 class ExclusivePublication(Publication):

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import numpy as np
+
+from shmbus.array_messages import decode_array
 from shmbus.async_waits import ReadinessWatcher
 from shmbus.image import FragmentBatch, Image
+from shmbus.large_messages import MessageView, take_view, views, views_async
+from shmbus.object_messages import decode_object
 from shmbus.shm._native import AtomicBuffer, SubscriptionCore
 
 ImageHandler = Callable[[Image], Any]
@@ -112,6 +117,56 @@ class Subscription(SubscriptionCore):
                 break
             fragments += read(images[(start + i) % n], handler, fragment_limit - fragments)
         return fragments
+
+    # -- holding messages, typed messages ----------------------------------------------------
+
+    def take_view(self) -> MessageView | None:
+        """The next whole message as a :class:`MessageView`, or None when none is there.
+
+        A large message (one that went through shared memory) is a read-only view of its
+        block, zero copy; until the view is released (``release()`` or leaving its ``with``)
+        its image's position stays before it, so the writer cannot reuse the block, and that
+        image's later messages wait (other images go on). A small one is a copy. Do not mix
+        with ``poll``/``messages()`` while a view is held: they would read it again.
+        """
+        return take_view(self)
+
+    def views(self, timeout: float | None = 1.0) -> Iterator[MessageView]:
+        """Whole messages as :class:`MessageView`, each released when the next is asked for
+        (or the loop ends). Ends after ``timeout`` seconds without one (None: when closed)."""
+        return views(self, timeout)
+
+    def arrays(self, timeout: float | None = 1.0, copy: bool = False) -> Iterator[np.ndarray]:
+        """numpy arrays sent with ``publish_array``, with their dtype, shape and order.
+
+        A large array is a read-only view of shared memory (zero copy), valid until the next
+        array is asked for: its position is held until then, and the memory may be reused
+        after; ``copy=True`` (or ``a.copy()``) for arrays to keep. A small one is a copy.
+        Ends after ``timeout`` seconds without one (None: when closed). ValueError for a
+        message that is not an array message.
+        """
+        return views(self, timeout, lambda view: decode_array(view.buffer,
+                                                              copy or not view.zero_copy))
+
+    def objects(self, timeout: float | None = 1.0, copy: bool = False) -> Iterator[Any]:
+        """Python objects sent with ``publish_object`` (pickle protocol 5). Unpickling runs
+        code of the writer's choosing: read only from writers you trust. Out-of-band buffers
+        of a large object (numpy arrays inside it) are read-only views valid until the next
+        object is asked for, as in :meth:`arrays`; ``copy=True`` to keep them."""
+        return views(self, timeout, lambda view: decode_object(view.buffer,
+                                                               copy or not view.zero_copy))
+
+    def arrays_async(self, timeout: float | None = None,
+                     copy: bool = False) -> AsyncIterator[np.ndarray]:
+        """:meth:`arrays`, awaited (``timeout`` None: until the subscription is closed)."""
+        return views_async(self, timeout, lambda view: decode_array(view.buffer,
+                                                                    copy or not view.zero_copy))
+
+    def objects_async(self, timeout: float | None = None,
+                      copy: bool = False) -> AsyncIterator[Any]:
+        """:meth:`objects`, awaited (``timeout`` None: until the subscription is closed)."""
+        return views_async(self, timeout, lambda view: decode_object(view.buffer,
+                                                                     copy or not view.zero_copy))
 
     # -- asyncio ----------------------------------------------------------------------------
 

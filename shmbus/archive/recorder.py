@@ -59,6 +59,7 @@ from shmbus.client import Client, connect
 from shmbus.context import Context
 from shmbus.idle_strategy import BackoffIdleStrategy
 from shmbus.image import FragmentBatch, Image
+from shmbus.large_messages import LARGE_FLAG
 from shmbus.shm.log_buffer import (
     END_FLAG,
     HDR_TYPE_PAD,
@@ -488,6 +489,19 @@ class Recorder:
             self._error = e
 
     def _on_batch(self, batch: FragmentBatch) -> None:
+        large = np.flatnonzero(batch.flags & LARGE_FLAG)
+        if large.size:
+            # the frame refers to a shared-memory block that is gone once read: recording the
+            # reference would replay wrong bytes, so the recorder stops just before it
+            self._error = RecordingError(
+                f"session {batch.session_id} carries a large message (past the log's max "
+                f"message length, kept in shared memory): recordings do not keep large "
+                f"messages yet; this recorder stopped before it")
+            k = int(large[0])
+            if k == 0:
+                return
+            batch = FragmentBatch(batch.term, batch.offsets[:k], batch.lengths[:k],
+                                  batch.flags[:k], batch.position, batch.session_id)
         writer = self._writers.get(batch.session_id)
         image = self._subscription.image_by_session_id(batch.session_id)
         if writer is not None and image is not None:

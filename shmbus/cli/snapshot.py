@@ -44,6 +44,7 @@ from pathlib import Path
 from shmbus.driver.ipc_flow_control import ipc_window
 from shmbus.errors import ShmbusError
 from shmbus.shm._native import AtomicBuffer, epoch_ms
+from shmbus.shm.block_ring import bytes_in_use
 from shmbus.shm.cnc import (
     CNC_FILE,
     COUNTERS_METADATA,
@@ -142,6 +143,10 @@ class LogInfo:
     window: int
     initial_term_id: int = 0
     path: str | None = None  # the file, to read its tail live
+    #: shared memory its block ring holds for large messages (the file's allocated bytes)
+    large_message_bytes: int = 0
+    #: of which blocks not yet freed (not yet read by every counted subscriber)
+    large_message_in_use: int = 0
 
 
 @dataclass(frozen=True)
@@ -491,6 +496,8 @@ def read_log_infos(logs_dir: Path) -> dict[int, LogInfo]:
     except OSError:
         return infos
     for name in names:
+        if not name.endswith(".log"):
+            continue  # a block ring (<id>.blocks): read beside its log
         try:
             fd = os.open(logs_dir / name, os.O_RDONLY)
         except OSError:
@@ -517,8 +524,18 @@ def read_log_infos(logs_dir: Path) -> dict[int, LogInfo]:
             infos[registration_id] = LogInfo(registration_id, session_id, stream_id,
                                              term_length, mtu, connected == 1,
                                              fc_window or window or ipc_window(term_length),
-                                             initial_term_id, str(logs_dir / name))
+                                             initial_term_id, str(logs_dir / name),
+                                             _allocated(logs_dir / (name[:-4] + ".blocks")),
+                                             bytes_in_use(logs_dir / (name[:-4] + ".blocks")))
     return infos
+
+
+def _allocated(path: Path) -> int:
+    """Bytes of memory a (sparse) file holds; 0 when it is not there."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except OSError:
+        return 0
 
 
 def samples(directory: str | os.PathLike[str], interval: float, count: int = 0,

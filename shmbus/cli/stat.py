@@ -717,6 +717,11 @@ class StreamView:
     #: "log": pub-pos (an image: rcv-pos) was read live from the log (the tail; the
     #: contiguous data); "counter": the counter's value (the log could not be read)
     position_source: str = "counter"
+    #: shared memory the stream's large messages hold (their blocks, and the warm beginning
+    #: of the block ring kept for reuse)
+    large_message_bytes: int = 0
+    #: bytes of blocks not yet read by every counted subscriber
+    large_message_in_use: int = 0
 
     @property
     def state(self) -> str:
@@ -735,7 +740,9 @@ class StreamView:
                 "state": v.state, "held_by": [s.pid for s in v.held_by],
                 "held_by_sender": v.held_by_sender, "verdict": v.sentence,
                 "subscribers": [s.to_json() for s in self.subscribers],
-                "groups": [g.to_json() for g in self.groups]}
+                "groups": [g.to_json() for g in self.groups],
+                "large_message_bytes": self.large_message_bytes,
+                "large_message_in_use": self.large_message_in_use}
 
     def line(self) -> str:
         """The one-line text form ``shmbus streams`` prints."""
@@ -759,6 +766,12 @@ class StreamView:
                     for r in self.sender.receivers)
                 if receivers:
                     head += f", receivers: {receivers}"
+        if self.large_message_bytes:
+            slowest = next((s for s in self.subscribers if s.counted), None)
+            held = (f", held by {slowest.who}" if slowest and self.large_message_in_use
+                    else "")
+            head += (f", large messages {format_bytes(self.large_message_in_use)} in use"
+                     f"{held} ({format_bytes(self.large_message_bytes)} of shared memory)")
         groups = "".join(f"; {g.line()}" for g in self.groups)
         return f"{head}; subscribers: {subs}{groups} => {self.verdict.sentence}"
 
@@ -981,7 +994,9 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
                 info.term_length if info else None, sender, receiver, tuple(subscribers),
                 result, groups,
                 "log" if registration_id in snapshot.live or registration_id in
-                snapshot.live_images else "counter"))
+                snapshot.live_images else "counter",
+                info.large_message_bytes if info else 0,
+                info.large_message_in_use if info else 0))
     return views
 
 

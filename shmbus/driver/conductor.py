@@ -35,6 +35,7 @@ from shmbus.driver.ipc_publication import (
 from shmbus.driver.network_image import NetworkImage
 from shmbus.driver.system_counters import SystemCounter
 from shmbus.shm import control_protocol as cp
+from shmbus.shm.block_ring import BlockRing, ring_path
 from shmbus.shm.broadcast import BroadcastTransmitter
 from shmbus.shm.counters import (
     CLIENT_HEARTBEAT,
@@ -581,8 +582,18 @@ class DriverConductor:
             pub_pos_counter_id=counter_ids[1], pub_pos=self._position(counter_ids[1]),
             endpoint_key=uri.endpoint_key())
         if uri.is_ipc:
+            try:
+                blocks = BlockRing.create(ring_path(self.directory / log_file),
+                                          self.context.max_large_message_length)
+            except OSError:
+                for counter_id in counter_ids:
+                    self.counters.free(counter_id)
+                log.close()
+                os.unlink(self.directory / log_file)
+                raise
             publication = IpcPublication(
-                **fields, flow=IpcFlowControl(log, limit, self.context.ipc_window or None))
+                **fields, flow=IpcFlowControl(log, limit, self.context.ipc_window or None),
+                blocks=blocks)
         else:
             snd = [self.counters.allocate(f"{name}: {label}", type_id,
                                           registration_id=registration_id,
@@ -794,10 +805,15 @@ class DriverConductor:
                                publication.snd_bpe_counter_id):
                 self.counters.free(counter_id)
         publication.log.close()
-        try:
-            os.unlink(self.directory / publication.log_file)
-        except FileNotFoundError:
-            pass
+        paths = [self.directory / publication.log_file]
+        if publication.blocks is not None:
+            publication.blocks.close()
+            paths.append(publication.blocks.path)
+        for path in paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     def _delete_image(self, image: NetworkImage) -> None:
         del self.images[image.image_id]

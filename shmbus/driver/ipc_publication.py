@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from shmbus.driver.group_claims import IDLE, SubscriptionGroup
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.driver.log_unblocker import unblock
+from shmbus.shm.block_ring import BlockRing
 from shmbus.shm.log_buffer import PARTITION_COUNT, LogBuffer
 from shmbus.shm.position import Position
 
@@ -97,6 +98,8 @@ class IpcPublication:
     groups: dict[str, SubscriptionGroup] = field(default_factory=dict)
     state: PublicationState = PublicationState.ACTIVE
     time_of_state_change_ms: int = 0
+    #: where messages too long for the log go (IPC publications only)
+    blocks: BlockRing | None = None
     #: what pub-pos was last set to (the counter itself is shared memory anyone can scribble on)
     _published_position: int = 0
     _last_consumer_position: int = 0
@@ -166,7 +169,17 @@ class IpcPublication:
         else:
             self.flow.set_counted(())
         self._update_connected(positions)
+        self.reclaim_blocks(positions)
         return published
+
+    def reclaim_blocks(self, positions: list[int], *, check_writers: bool = False) -> int:
+        """Free the large-message blocks every counted reader has passed (with
+        ``check_writers``, also those a dead writer left half-made). Returns bytes freed."""
+        if self.blocks is None:
+            return 0
+        producer = self.producer_position()
+        consumer = min(positions) if positions else producer
+        return self.blocks.reclaim(consumer, producer, _pid_alive if check_writers else None)
 
     # -- timers -------------------------------------------------------------------------------
 
@@ -175,6 +188,7 @@ class IpcPublication:
         events = self._check_untethered(now_ms, timeouts)
         unblocked = self._check_blocked(now_ms, timeouts)
         self.flow.release_dead_lock(_pid_alive)
+        self.reclaim_blocks(self._flow_positions(), check_writers=True)
         if self.state is PublicationState.DRAINING:
             lingered = now_ms - self.time_of_state_change_ms > timeouts.linger_ms
             if self._is_drained(self.log.end_of_stream_position) or lingered:

@@ -134,13 +134,13 @@ def test_a_minute_of_faults_breaches_nothing() -> None:
     assert sorted(fired) == sorted(run.FAULTS)
     assert all(int(n) >= 1 for n in fired.values()), fired
     rows = re.findall(r"^ ?(\d+) (\S+) +(\d+) +(\d+) +(\d+) ", out, re.M)
-    sent = {int(w): 0 for w in range(6)}
+    sent = {int(w): 0 for w in range(7)}
     received = dict(sent)
     for writer, _, _, s, r in rows:
         sent[int(writer)] += int(s)
         received[int(writer)] += int(r)
     assert all(n > 0 for n in sent.values()), sent
     assert all(n > 0 for n in received.values()), received
-    readers = re.findall(r"^(tethered|untethered|udp|spy|recorder|tethered-5) +\S+ +(\d+)", out,
-                         re.M)
-    assert len(readers) == 6 and all(int(n) > 0 for _, n in readers), readers
+    readers = re.findall(r"^(tethered|untethered|udp|spy|recorder|large|tethered-6) +\S+ +(\d+)",
+                         out, re.M)
+    assert len(readers) == 7 and all(int(n) > 0 for _, n in readers), readers

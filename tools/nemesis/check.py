@@ -31,10 +31,14 @@ def payload_block(seed: int) -> bytes:
 
 
 def encode(block: bytes, writer: int, incarnation: int, sequence: int, length: int) -> bytes:
-    """One message of ``length`` bytes (at least ``HEAD.size``, at most half the block)."""
+    """One message of ``length`` bytes (at least ``HEAD.size``)."""
     body_length = length - HEAD.size
-    offset = sequence * 7919 % (BLOCK_LENGTH - body_length)
-    body = block[offset:offset + body_length]
+    if body_length > BLOCK_LENGTH // 2:  # a large message: the block over and over
+        offset = sequence * 7919 % BLOCK_LENGTH
+        body = (block * (body_length // BLOCK_LENGTH + 2))[offset:offset + body_length]
+    else:
+        offset = sequence * 7919 % (BLOCK_LENGTH - body_length)
+        body = block[offset:offset + body_length]
     head = HEAD.pack(writer, incarnation, sequence, 0)[:12]
     return head + struct.pack("<I", zlib.crc32(body, zlib.crc32(head))) + body
 

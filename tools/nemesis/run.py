@@ -97,15 +97,18 @@ from tools.nemesis.workers import (
     ReaderSpec,
     WriterSpec,
     run_reader,
+    run_view_holder,
     run_writer,
 )
 
 SCHEDULED = ("kill-writer-mid-offer", "kill-writer-mid-claim", "stop-subscriber", "kill-driver",
-             "kill-netbridge", "fill-disk")
+             "kill-netbridge", "fill-disk", "kill-view-holder")
 #: udp-loss is standing; it fired when the netbridge's receivers counted gaps
 FAULTS = (*SCHEDULED, "udp-loss")
 UDP_STATS = ("retransmits", "gaps", "naks sent")
 IPC_STREAM, UDP_STREAM = 1001, 2001
+#: large messages (past the log's max message: shared-memory blocks) on a stream of their own
+LARGE_STREAM = 1003
 TERM_LENGTH = 256 * 1024
 MIN_FRAME = 64  # the smallest message (24 bytes) takes a 64-byte frame
 TMPFS_MB = 96
@@ -127,6 +130,8 @@ def writer_specs(count: int, port: int) -> list[WriterSpec]:
                    False),
         WriterSpec("ipc-concurrent-batch", "aeron:ipc", IPC_STREAM, False, 24, 400, True),
         WriterSpec("udp-concurrent-fragmented", udp, UDP_STREAM, False, 1500, 6000, False),
+        WriterSpec("ipc-exclusive-large", "aeron:ipc", LARGE_STREAM, True, 40_000, 600_000,
+                   False),
     ]
     return [kinds[i % len(kinds)] for i in range(count)]
 
@@ -139,6 +144,7 @@ def reader_specs(count: int, port: int, recordings: Path) -> list[ReaderSpec]:
         ReaderSpec("udp", "network", udp, UDP_STREAM),
         ReaderSpec("spy", "spy", f"aeron-spy:{udp}", UDP_STREAM),
         ReaderSpec("recorder", "recorder", "aeron:ipc", IPC_STREAM, str(recordings)),
+        ReaderSpec("large", "tethered", "aeron:ipc", LARGE_STREAM),
     ]
     return [kinds[i] if i < len(kinds) else
             ReaderSpec(f"tethered-{i}", "tethered", "aeron:ipc", IPC_STREAM)
@@ -420,6 +426,24 @@ class Nemesis:
             time.sleep(0.1)
         self.notes.append("kill-netbridge: the driver did not start another within 20 s")
 
+    def kill_view_holder(self) -> None:
+        """A reader takes a zero-copy view of a large message (holding its block and its
+        position) and is SIGKILLed holding it: the driver drops it, its block is freed and the
+        large writer goes on (the large-memory rule checks the end)."""
+        if not any(s.stream_id == LARGE_STREAM for s in self.workers.writers):
+            return
+        holding = self.workers.mp.Event()
+        process = self.workers.mp.Process(
+            target=run_view_holder, name="view-holder",
+            args=(self.bus.context, LARGE_STREAM, holding, self.workers.errors), daemon=True)
+        process.start()
+        if holding.wait(15):
+            self.fired["kill-view-holder"] += 1
+        else:
+            self.notes.append("kill-view-holder: no large message to hold within 15 s")
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+
     def fill_disk(self) -> None:
         """Fill the bus tmpfs with a ballast file, hold it full for 2 s, free it."""
         ballast = self.disk / "ballast"
@@ -444,6 +468,18 @@ def collect_sent(ledger: Ledger, writers: int) -> dict[Key, Sent]:
         for i in range(ledger.incarnations(w)):
             sent[(w, i)] = Sent(*ledger.counts(w, i))
     return sent
+
+
+def large_memory_held(context: shmbus.Context) -> list[tuple[int, int, int]]:
+    """(stream, session, bytes) of publications whose block rings still hold blocks not freed
+    (``shmbus streams --json``): after the drain, every block must have been freed."""
+    result = subprocess.run([sys.executable, "-m", "shmbus", "streams", "--json",
+                             "--dir", context.dir], capture_output=True, text=True, timeout=60)
+    if result.returncode:
+        return [(0, 0, -1)]
+    return [(s["stream_id"], s["session_id"], s["large_message_in_use"])
+            for s in json.loads(result.stdout)["streams"]
+            if s["kind"] == "publication" and s["large_message_in_use"] > 0]
 
 
 def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[WriterSpec],
@@ -520,6 +556,7 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
             deaths += workers.restart_the_dead()
             checks = workers.finish(drain_s=3)
             sent = collect_sent(ledger, len(specs))
+            held = large_memory_held(context)
         finally:
             bus.stop()
             ledger.close()
@@ -532,6 +569,9 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
                                               if w.stream_id == r.stream_id), checks[r.name])
                    for r in readers if r.name in checks]
         found += breaches(sent, reports, driver_loss_bound=TERM_LENGTH // MIN_FRAME)
+        found += [f"stream {stream} session {session}: {held_bytes} bytes of large-message "
+                  f"memory still held after every reader drained (a block never freed)"
+                  for stream, session, held_bytes in held]
         print(summary(sent, reports, specs, nemesis))
         for note in nemesis.notes:
             print(f"note: {note}")
@@ -554,8 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     length.add_argument("--minutes", type=float)
     length.add_argument("--seconds", type=float)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--publishers", type=int, default=6)
-    parser.add_argument("--subscribers", type=int, default=6)
+    parser.add_argument("--publishers", type=int, default=7)
+    parser.add_argument("--subscribers", type=int, default=7)
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else 60 * (args.minutes or 10)
     if seconds < 20:

@@ -16,6 +16,7 @@ driver's heartbeat; ``offer`` alone does not).
 
 from __future__ import annotations
 
+import errno
 import itertools
 import mmap
 import os
@@ -192,7 +193,12 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
         elif spec.max_length <= publication.max_payload_length:
             accepted = _claim_and_commit(publication, messages[0])
         else:
-            accepted = 1 if publication.offer(messages[0]) > 0 else 0
+            try:
+                accepted = 1 if publication.offer(messages[0]) > 0 else 0
+            except OSError as e:  # a large message, the disk full: refused, nothing sent
+                if e.errno != errno.ENOSPC:
+                    raise
+                accepted = 0
         ledger.set_phase(writer, IDLE)
         if accepted:
             sequence += accepted
@@ -356,3 +362,28 @@ def _check_recordings(check: SubscriberCheck, directory: Path) -> None:
         for message in reader.messages():  # RecordingError on a damaged recording: a breach
             check.on_message(session_id, message.payload)
         check.on_poll_done()
+
+
+# -- a reader that holds a large message and dies -------------------------------------------------
+
+def run_view_holder(context: shmbus.Context, stream_id: int, holding: Any, errors: Any) -> None:
+    """Subscribe, take a zero-copy view of the first large message and hold it (holding its
+    block and its position) until killed; ``holding`` is set once it does."""
+    try:
+        client = shmbus.connect(context)
+        subscription = client.add_subscription("aeron:ipc", stream_id)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            view = subscription.take_view()
+            if view is None:
+                subscription.wait(0.05)
+            elif view.zero_copy:
+                holding.set()
+                time.sleep(600)
+            else:
+                view.release()
+    except REBUILD:
+        pass  # the bus failed under it (another fault): it held nothing
+    except BaseException as e:
+        errors.put(f"view holder: {type(e).__name__}: {e}")
+        raise

@@ -199,6 +199,12 @@ static long group_deliver(GroupMemberCore *self, PyObject *handler)
         if (!failed) {
             fragments++;
             PyObject *r = deliver(image, handler, frame, length);
+            if (r == large_gone) {
+                Py_DECREF(r);
+                r = NULL;
+                PyErr_SetString(PyExc_RuntimeError, "a claimed large message's block was "
+                                "freed: this member was dropped as dead");
+            }
             if (r == NULL)
                 failed = 1;  /* the message counts as done: skip its other fragments */
             else

@@ -132,12 +132,38 @@ static Header *next_header(ImageCore *self, const uint8_t *frame)
 }
 
 /* Calls handler(memoryview, header) for one fragment; returns its result (new ref) or NULL. */
+static PyObject *large_payload_str, *large_bytes_str;
+/* What deliver returns for a large message whose block is gone: the driver stopped counting
+ * this reader (timed out, resting) and freed it. Like a lapped frame, it is not delivered and
+ * not consumed: the reader stops there until the client hears that the image is gone. */
+PyObject *large_gone;
+
+/* The payload of a large message's reference frame, resolved by the Python side of the image
+ * (Image._large_payload / _large_bytes: the shared-memory block it refers to). */
+static PyObject *resolve_large(ImageCore *self, PyObject *method, const uint8_t *frame,
+                               int32_t length)
+{
+    PyObject *ref = PyBytes_FromStringAndSize((const char *)frame + HEADER_LENGTH,
+                                              length - HEADER_LENGTH);
+    if (ref == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, method, ref);
+    Py_DECREF(ref);
+    return r;
+}
+
 PyObject *deliver(ImageCore *self, PyObject *handler, uint8_t *frame, int32_t length)
 {
-    PyObject *view = PyMemoryView_FromMemory((char *)frame + HEADER_LENGTH,
-                                             length - HEADER_LENGTH, PyBUF_READ);
+    PyObject *view = (frame[FLAGS_OFFSET] & LARGE_FLAG)
+        ? resolve_large(self, large_payload_str, frame, length)
+        : PyMemoryView_FromMemory((char *)frame + HEADER_LENGTH, length - HEADER_LENGTH,
+                                  PyBUF_READ);
     if (view == NULL)
         return NULL;
+    if (view == Py_None) {
+        Py_DECREF(view);
+        return Py_NewRef(large_gone);
+    }
     Header *h = next_header(self, frame);
     if (h == NULL) { Py_DECREF(view); return NULL; }
     PyObject *args[2] = {view, (PyObject *)h};
@@ -241,6 +267,11 @@ long image_poll(ImageCore *self, PyObject *handler, long limit)
         PyObject *r = deliver(self, handler, frame, length);
         if (r == NULL) { failed = 1; break; }
         Py_DECREF(r);
+        if (r == large_gone) {
+            fragments--;
+            offset -= (int32_t)ALIGN(length, FRAME_ALIGNMENT);
+            break;
+        }
         if (self->closed)
             break;  /* the handler closed the image: its log may be gone */
     }
@@ -275,7 +306,8 @@ long image_controlled_poll(ImageCore *self, PyObject *handler, long limit)
         fragments++;
         PyObject *r = deliver(self, handler, frame, length);
         if (r == NULL) { failed = 1; break; }
-        long action = r == Py_None ? ACTION_CONTINUE : PyLong_AsLong(r);
+        long action = r == Py_None ? ACTION_CONTINUE
+                    : r == large_gone ? ACTION_ABORT : PyLong_AsLong(r);
         Py_DECREF(r);
         if (action == -1 && PyErr_Occurred()) { failed = 1; break; }
         if (action == ACTION_ABORT) {
@@ -387,8 +419,14 @@ PyObject *image_take(ImageCore *self)
             continue;
         }
         if (flags & END_FLAG) {
-            PyObject *message = PyBytes_FromStringAndSize((char *)frame + HEADER_LENGTH,
-                                                          length - HEADER_LENGTH);
+            PyObject *message = (flags & LARGE_FLAG)
+                ? resolve_large(self, large_bytes_str, frame, length)
+                : PyBytes_FromStringAndSize((char *)frame + HEADER_LENGTH,
+                                            length - HEADER_LENGTH);
+            if (message == Py_None) {  /* its block is gone: stop here (see large_gone) */
+                Py_DECREF(message);
+                return NULL;
+            }
             if (message != NULL) {
                 prefetch_message(self, term, offset + aligned);
                 consume(self, position + aligned);
@@ -660,5 +698,10 @@ PyTypeObject ImageCoreType = {
 int image_module_init(void)
 {
     release_str = PyUnicode_InternFromString("release");
-    return release_str == NULL ? -1 : 0;
+    large_payload_str = PyUnicode_InternFromString("_large_payload");
+    large_bytes_str = PyUnicode_InternFromString("_large_bytes");
+    large_gone = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
+    if (large_gone == NULL)
+        return -1;
+    return release_str == NULL || large_payload_str == NULL || large_bytes_str == NULL ? -1 : 0;
 }

@@ -283,11 +283,29 @@ static int check_length(PublicationCore *self, Py_ssize_t length)
     if (length > self->max_message) {
         PyErr_Format(PyExc_ValueError,
                      "message of %zd bytes exceeds the max message length of %d bytes "
-                     "(min(term length / 8, 16 MiB))",
+                     "(min(term length / 8, 16 MiB)) of offer_many; offer() and publish() "
+                     "take it on the large-message path",
                      length, self->max_message);
         return -1;
     }
     return 0;
+}
+
+/* A message longer than max_message does not go into the log: Publication._offer_large puts
+ * it in a shared-memory block and offers a reference frame (shmbus/large_messages.py). Only
+ * such a message pays the Python call; the log's own path is unchanged. `publish_timeout` is
+ * NULL for offer(), the timeout (or None) for publish(). */
+static PyObject *offer_large(PublicationCore *self, PyObject *const *args, Py_ssize_t nargs,
+                             int64_t reserved, PyObject *publish_timeout)
+{
+    PyObject *buffers = PyTuple_New(nargs);
+    if (buffers == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        PyTuple_SET_ITEM(buffers, i, Py_NewRef(args[i]));
+    return PyObject_CallMethod((PyObject *)self, "_offer_large", "NLOO", buffers,
+                               (long long)reserved, publish_timeout != NULL ? Py_True : Py_False,
+                               publish_timeout != NULL ? publish_timeout : Py_None);
 }
 
 static int get_message_buffer(PyObject *obj, Py_buffer *view)
@@ -332,13 +350,16 @@ static int parse_reserved(PyObject *kwnames, PyObject *const *args, Py_ssize_t n
 /* One message made of the buffers, concatenated: the new position or a negative code, as an
  * int; NULL with the exception set for a bad buffer or length. */
 static PyObject *offer_buffers(PublicationCore *self, PyObject *const *args, Py_ssize_t nargs,
-                               int64_t reserved)
+                               int64_t reserved, PyObject *publish_timeout)
 {
     if (nargs == 1) {
         Py_buffer view;
         if (get_message_buffer(args[0], &view) < 0)
             return NULL;
-        if (check_length(self, view.len) < 0) { PyBuffer_Release(&view); return NULL; }
+        if (view.len > self->max_message) {
+            PyBuffer_Release(&view);
+            return offer_large(self, args, nargs, reserved, publish_timeout);
+        }
         Piece piece = {(const uint8_t *)view.buf, view.len};
         int64_t result = append_pieces(self, &piece, view.len, reserved);
         PyBuffer_Release(&view);
@@ -359,9 +380,10 @@ static PyObject *offer_buffers(PublicationCore *self, PyObject *const *args, Py_
         pieces[got].len = views[got].len;
         total += views[got].len;
     }
-    if (check_length(self, total) < 0)
-        goto done;
-    result = PyLong_FromLongLong(append_pieces(self, pieces, total, reserved));
+    if (total > self->max_message)
+        result = offer_large(self, args, nargs, reserved, publish_timeout);
+    else
+        result = PyLong_FromLongLong(append_pieces(self, pieces, total, reserved));
 done:
     for (Py_ssize_t i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
@@ -375,7 +397,7 @@ static PyObject *pub_offer(PublicationCore *self, PyObject *const *args, Py_ssiz
     int64_t reserved;
     if (parse_reserved(kwnames, args, nargs, &reserved) < 0)
         return NULL;
-    return offer_buffers(self, args, nargs, reserved);
+    return offer_buffers(self, args, nargs, reserved, NULL);
 }
 
 /* publish(*buffers, timeout=1.0, reserved_value=0) -> int: one offer here; only a refused one
@@ -404,7 +426,8 @@ static PyObject *pub_publish(PublicationCore *self, PyObject *const *args, Py_ss
         if (reserved == -1 && PyErr_Occurred())
             return NULL;
     }
-    PyObject *result = offer_buffers(self, args, nargs, reserved);
+    PyObject *result = offer_buffers(self, args, nargs, reserved,
+                                     timeout != NULL ? timeout : Py_None);
     if (result == NULL || PyLong_AsLongLong(result) > 0)
         return result;
     PyObject *buffers = PyTuple_New(nargs);

@@ -60,6 +60,9 @@
 #define HDR_TYPE_DATA 1
 #define BEGIN_FLAG 0x80
 #define END_FLAG 0x40
+/* a whole message whose payload is a reference to a shared-memory block (large messages,
+ * shmbus/shm/block_ring.py): the reader resolves it through Image._large_payload */
+#define LARGE_FLAG 0x01
 #define UNFRAGMENTED 0xC0
 
 /* metadata offsets, relative to the start of the metadata section */

@@ -1,0 +1,373 @@
+"""The block ring of one IPC publication: where messages too long for its log are kept.
+
+A message longer than the log's max message length (min(term length / 8, 16 MiB)) is written
+into a block of this ring, and the log carries a small reference frame to it, in stream order
+with the other messages (flag ``LARGE_FLAG`` on a whole-message frame; see
+:func:`encode_reference`). The driver creates the file beside the log (``logs/<id>.blocks``,
+sparse: a stream that never sends a large message pays no memory for it; the first writer
+initialises the header page) and deletes it with the log.
+
+Layout: a header page, then ``capacity`` bytes of ring. Positions in the ring are monotonic
+byte counts (``% capacity`` gives the place); every block starts on a page and spans whole
+pages: a 64-byte block header (its span, state, the stream position after its reference frame,
+the payload length, the writer's pid) then the payload. A block that would not fit before the
+end of the ring is preceded by a free padding block up to the end.
+
+* Writers reserve under a lock word (CAS of their pid; a dead holder's lock is taken over):
+  the pages are allocated first (``posix_fallocate``: a full /dev/shm is an OSError that says
+  how much was needed and what is free, and nothing is reserved), then the headers are written
+  and the reserve tail is release-stored. Filling and committing happen outside the lock.
+* A block is FILLING until its reference frame is in the log; then COMMITTED with the stream
+  position after that frame. The driver (the only one that frees) walks from the free head:
+  a COMMITTED block whose position every counted reader has reached, or a FREE one (padding,
+  abandoned), is released: its pages go back to /dev/shm (MADV_REMOVE; but the first
+  ``WARM_BYTES`` of the ring, where a writer starts again once it is free, keep theirs),
+  then the free head is release-stored. A FILLING block of a dead writer is committed at
+  the producer position (its reference, if any, lies before it). Readers holding a block
+  hold their position before its reference frame, so they hold the block.
+
+Every field another process writes is read and written through :class:`AtomicBuffer`.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from shmbus.shm._native import AtomicBuffer
+
+PAGE = mmap.PAGESIZE
+HEADER_PAGE = 4096
+BLOCK_HEADER = 64
+#: the beginning of a ring whose memory is kept once used (freed blocks there are reused as
+#: they are: no allocation, no zeroing, no page faults); the rest is given back when freed
+WARM_BYTES = 64 << 20
+MAGIC = 0x314B4C4253424D53  # "SMBSBLK1"
+
+# ring header fields (each on its own cache line)
+_MAGIC, _CAPACITY, _MAX_MESSAGE = 0, 8, 16
+_LOCK, _TAIL, _HEAD = 64, 128, 192
+
+# block header fields
+_SPAN, _STATE, _RELEASE_POSITION, _LENGTH, _PID = 0, 8, 16, 24, 32
+FILLING, COMMITTED, FREE = 1, 2, 3
+
+#: the reference frame's payload: magic, version, ring position of the block, payload length
+_REFERENCE = struct.Struct("<4sHHqq")
+REFERENCE_LENGTH = _REFERENCE.size
+_REFERENCE_MAGIC = b"SHBL"
+
+
+class BlockRingFullError(Exception):
+    """No room in the ring until readers move on (back-pressure)."""
+
+
+def encode_reference(ring_position: int, length: int) -> bytes:
+    """The payload of the log frame that refers to a block."""
+    return _REFERENCE.pack(_REFERENCE_MAGIC, 1, 0, ring_position, length)
+
+
+def decode_reference(payload: bytes | memoryview) -> tuple[int, int]:
+    """(ring position, payload length) of a reference frame's payload; ValueError if it is
+    not one."""
+    if len(payload) != REFERENCE_LENGTH:
+        raise ValueError(f"a large-message reference has {REFERENCE_LENGTH} bytes, "
+                         f"not {len(payload)}")
+    magic, version, _, ring_position, length = _REFERENCE.unpack(payload)
+    if magic != _REFERENCE_MAGIC or version != 1 or ring_position < 0 or length < 0:
+        raise ValueError(f"not a large-message reference: {bytes(payload)!r}")
+    return ring_position, length
+
+
+def ring_capacity(max_message_length: int) -> int:
+    """Ring bytes for messages up to ``max_message_length``: room for two of the longest."""
+    return 2 * _span(max_message_length)
+
+
+def _span(length: int) -> int:
+    return -(-(BLOCK_HEADER + length) // PAGE) * PAGE
+
+
+def bytes_in_use(path: str | os.PathLike[str]) -> int:
+    """Ring bytes held by blocks not yet freed, read through a private read-only map of the
+    header (monitoring: ``shmbus streams``); 0 for a ring never used or gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        if os.fstat(fd).st_blocks == 0:
+            return 0  # never used: its header is a hole (looking would allocate it)
+        mapping = mmap.mmap(fd, HEADER_PAGE, access=mmap.ACCESS_COPY)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    header = AtomicBuffer(mapping)
+    try:
+        if header.get_int64_acquire(_MAGIC) != MAGIC:
+            return 0
+        head = header.get_int64_acquire(_HEAD)
+        return max(0, header.get_int64_acquire(_TAIL) - head)
+    finally:
+        header.release()
+        mapping.close()
+
+
+def ring_path(log_path: str | os.PathLike[str]) -> Path:
+    """The block ring file beside a publication's log file."""
+    return Path(log_path).with_suffix(".blocks")
+
+
+class BlockRing:
+    """One mapped block ring. The driver :meth:`create` s and :meth:`reclaim` s; writers
+    :meth:`reserve`, fill and :meth:`commit` (or :meth:`abandon`); readers :meth:`view`."""
+
+    def __init__(self, path: Path, fd: int, mapping: mmap.mmap) -> None:
+        self.path = path
+        self._fd = fd
+        self._mmap = mapping
+        self._memory = memoryview(mapping)
+        self.buffer = AtomicBuffer(mapping)
+        self.capacity = len(mapping) - HEADER_PAGE
+        #: the longest payload a block takes (at least Context.max_large_message_length)
+        self.max_message_length = self.capacity // 2 - BLOCK_HEADER
+        self._ready = False
+        self._next_look = 0.0
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], max_message_length: int) -> BlockRing:
+        """Create the ring file for messages up to ``max_message_length`` bytes: sparse, it
+        takes no memory until a writer first uses it (and initialises its header)."""
+        path = Path(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, HEADER_PAGE + ring_capacity(max_message_length))
+            mapping = mmap.mmap(fd, HEADER_PAGE + ring_capacity(max_message_length))
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        return cls(path, fd, mapping)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> BlockRing:
+        """Map an existing ring (FileNotFoundError when its publication has none)."""
+        path = Path(path)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mapping = mmap.mmap(fd, os.fstat(fd).st_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, mapping)
+
+    def _is_ready(self) -> bool:
+        """Whether a writer initialised the header. Until then its page is a hole, and looking
+        (through the mapping) would allocate it: the file's blocks are asked first, at most
+        every 10 ms."""
+        if not self._ready:
+            now = time.monotonic()
+            if now < self._next_look:
+                return False
+            self._next_look = now + 0.01
+            self._ready = (os.fstat(self._fd).st_blocks > 0
+                           and self.buffer.get_int64_acquire(_MAGIC) == MAGIC)
+        return self._ready
+
+    def _initialise(self) -> None:
+        """A writer's first use: allocate the header page (OSError when /dev/shm is full)."""
+        # allocated before it is touched: a fault on a hole of a full tmpfs is a SIGBUS
+        self._allocate_at(0, HEADER_PAGE)
+        if self.buffer.get_int64_acquire(_MAGIC) != MAGIC:
+            self.buffer.put_int64(_CAPACITY, self.capacity)
+            self.buffer.put_int64(_MAX_MESSAGE, self.max_message_length)
+            self.buffer.compare_and_set_int64(_MAGIC, 0, MAGIC)
+        self._ready = True
+
+    # -- writers --------------------------------------------------------------------------------
+
+    def reserve(self, length: int, pid: int) -> int:
+        """Reserve a block for ``length`` payload bytes; returns its ring position.
+
+        Raises :class:`BlockRingFullError` when it does not fit until readers move on, OSError
+        (ENOSPC, with the sizes) when /dev/shm cannot hold it (nothing reserved then), and
+        ValueError past the ring's max message length.
+        """
+        if length > self.max_message_length:
+            raise ValueError(f"message of {length} bytes exceeds the max large message length "
+                             f"of {self.max_message_length} bytes "
+                             f"(Context.max_large_message_length)")
+        if not self._ready:
+            self._initialise()
+        need = _span(length)
+        b = self.buffer
+        if not self._try_lock(pid):
+            raise BlockRingFullError  # another writer is reserving: try again
+        try:
+            tail = b.get_int64(_TAIL)
+            head = b.get_int64_acquire(_HEAD)
+            at = tail % self.capacity
+            # past the end, or past the warm beginning (WARM_BYTES, whose pages are kept) while
+            # the beginning is free again: start again there (no allocation, no page faults)
+            warm_free = head == tail or (head % self.capacity >= need and head // self.capacity
+                                         == tail // self.capacity)
+            pad = self.capacity - at if at and (
+                at + need > self.capacity or (at + need > WARM_BYTES and warm_free)) else 0
+            if tail + pad + need - head > self.capacity:
+                raise BlockRingFullError
+            start = tail + pad
+            self._allocate(start % self.capacity, need)
+            self._write_header(start, need, FILLING, length, pid)
+            if pad:  # the padding block's header page is free space too: allocate it
+                self._allocate(at, PAGE)
+                self._write_header(tail, pad, FREE, 0, pid)
+            b.put_int64_release(_TAIL, start + need)
+            return start
+        finally:
+            b.put_int64_release(_LOCK, 0)
+
+    def _try_lock(self, pid: int) -> bool:
+        b = self.buffer
+        for _ in range(1000):
+            holder = b.get_int64_acquire(_LOCK)
+            if holder == 0:
+                if b.compare_and_set_int64(_LOCK, 0, pid):
+                    return True
+            elif not _pid_alive(holder) and b.compare_and_set_int64(_LOCK, holder, pid):
+                return True  # its holder died mid-reserve: nothing it did was published
+            os.sched_yield()
+        return False
+
+    def _allocate(self, at: int, length: int) -> None:
+        self._allocate_at(HEADER_PAGE + at, length)
+
+    def _allocate_at(self, offset: int, length: int) -> None:
+        try:
+            os.posix_fallocate(self._fd, offset, length)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                self._mmap.madvise(mmap.MADV_REMOVE, offset, length)  # undo: free what it got
+                st = os.statvfs(self.path.parent)
+                raise OSError(e.errno, f"cannot hold a large message in {self.path}: {length} "
+                              f"bytes needed, {st.f_bavail * st.f_frsize} bytes free on "
+                              f"{self.path.parent} ({e.strerror})") from e
+            raise
+
+    def _write_header(self, ring_position: int, span: int, state: int, length: int,
+                      pid: int) -> None:
+        b, at = self.buffer, HEADER_PAGE + ring_position % self.capacity
+        b.put_int64(at + _SPAN, span)
+        b.put_int64(at + _LENGTH, length)
+        b.put_int64(at + _PID, pid)
+        b.put_int64(at + _RELEASE_POSITION, 0)
+        b.put_int64_release(at + _STATE, state)
+
+    def payload(self, ring_position: int, length: int) -> memoryview:
+        """The writable payload of a block (valid until it is committed and read)."""
+        at = HEADER_PAGE + ring_position % self.capacity + BLOCK_HEADER
+        return self._memory[at:at + length]
+
+    def commit(self, ring_position: int, release_position: int) -> None:
+        """The block's reference frame is in the log, ending at ``release_position``: the block
+        is freed once every counted reader has reached it."""
+        at = HEADER_PAGE + ring_position % self.capacity
+        self.buffer.put_int64(at + _RELEASE_POSITION, release_position)
+        self.buffer.put_int64_release(at + _STATE, COMMITTED)
+
+    def abandon(self, ring_position: int) -> None:
+        """The block will not be referred to (its offer failed): free it."""
+        self.buffer.put_int64_release(HEADER_PAGE + ring_position % self.capacity + _STATE, FREE)
+
+    # -- readers --------------------------------------------------------------------------------
+
+    def view(self, reference: bytes | memoryview) -> memoryview | None:
+        """The read-only payload a reference frame refers to; None when the block is gone (the
+        driver freed it: its reader was no longer counted, dropped as dead or resting)."""
+        ring_position, length = decode_reference(reference)
+        if (self.buffer.get_int64_acquire(_HEAD) > ring_position
+                or ring_position + length > self.buffer.get_int64_acquire(_TAIL)):
+            return None
+        at = HEADER_PAGE + ring_position % self.capacity
+        if (self.buffer.get_int64_acquire(at + _STATE) == FREE
+                or self.buffer.get_int64(at + _LENGTH) != length):
+            return None
+        start = at + BLOCK_HEADER
+        return self._memory[start:start + length].toreadonly()
+
+    # -- the driver -----------------------------------------------------------------------------
+
+    def in_use(self) -> int:
+        """Ring bytes held by blocks not yet freed."""
+        if not self._is_ready():
+            return 0
+        return self.buffer.get_int64_acquire(_TAIL) - self.buffer.get_int64_acquire(_HEAD)
+
+    def reclaim(self, consumer_position: int, producer_position: int,
+                is_alive: Callable[[int], bool] | None = None) -> int:
+        """Free the blocks every counted reader is past (``consumer_position``: the lowest
+        counted position, or the producer position when nobody counts); with ``is_alive``, a
+        dead writer's FILLING block is committed at ``producer_position``. Returns the bytes
+        freed. The driver only."""
+        if not self._is_ready():
+            return 0
+        b = self.buffer
+        start = head = b.get_int64(_HEAD)
+        tail = b.get_int64_acquire(_TAIL)
+        while head < tail:
+            at = HEADER_PAGE + head % self.capacity
+            state = b.get_int64_acquire(at + _STATE)
+            if state == FILLING and is_alive is not None and not is_alive(b.get_int64(at + _PID)):
+                self.commit(head, producer_position)
+                state = COMMITTED
+            if state == COMMITTED:
+                if b.get_int64(at + _RELEASE_POSITION) > consumer_position:
+                    break
+            elif state != FREE:
+                break
+            head += b.get_int64(at + _SPAN)
+        if head == start:
+            return 0
+        first = start % self.capacity
+        freed = head - start
+        if first + freed <= self.capacity:
+            self._give_back(first, first + freed)
+        else:
+            self._give_back(first, self.capacity)
+            self._give_back(0, first + freed - self.capacity)
+        b.put_int64_release(_HEAD, head)
+        return freed
+
+    def _give_back(self, start: int, end: int) -> None:
+        """Return the pages of ring offsets [start, end) to /dev/shm, but for the first
+        WARM_BYTES of the ring, which writers reuse whenever the ring empties."""
+        start = max(start, WARM_BYTES)
+        if start < end:
+            self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + start, end - start)
+
+    def close(self) -> None:
+        """Unmap (when no view of it is held any more) and close the file."""
+        self.buffer.release()
+        try:
+            self._memory.release()
+            self._mmap.close()
+        except BufferError:
+            pass  # a reader still holds a view: the mapping goes when the last one does
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,158 @@
+"""Spawn targets of test_large_messages.py: writers and readers of large messages.
+
+Every message is ``head`` (writer id, sequence number, length, crc32 of the body) + body; the
+body is pseudo-random from (writer, seq), so a reader checks every byte.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import traceback
+import zlib
+from typing import Any
+
+import numpy as np
+
+import shmbus
+
+HEAD = struct.Struct("<iiqI")
+
+
+def message(writer: int, seq: int, length: int) -> bytes:
+    """The message ``seq`` of ``writer``: ``length`` bytes in all (at least HEAD.size)."""
+    body = np.random.default_rng([writer, seq]).bytes(max(0, length - HEAD.size))
+    return HEAD.pack(writer, seq, length, zlib.crc32(body)) + body
+
+
+def check(buffer: Any) -> tuple[int, int]:
+    """(writer, seq) of a message; AssertionError when a byte is wrong."""
+    data = memoryview(buffer)
+    writer, seq, length, crc = HEAD.unpack(bytes(data[:HEAD.size]))
+    assert len(data) == length, f"writer {writer} seq {seq}: {len(data)} bytes, not {length}"
+    assert zlib.crc32(data[HEAD.size:]) == crc, f"writer {writer} seq {seq}: bad checksum"
+    return writer, seq
+
+
+def _connected(publication: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not publication.is_connected:
+        assert time.monotonic() < deadline, "no subscriber connected"
+        time.sleep(0.005)
+
+
+def _guard(results: Any, kind: str, name: str, body: Any) -> None:
+    try:
+        body()
+    except BaseException as e:  # reported, so the test fails with the cause
+        results.put({"kind": kind, "name": name,
+                     "exception": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"})
+
+
+def writer(context: shmbus.Context, stream: int, writer_id: int, sizes: list[int],
+           readers: int, results: Any) -> None:
+    """Publish one message per size on a concurrent publication once ``readers`` images are
+    connected (the subscriptions report before the writers start)."""
+    def body() -> None:
+        with shmbus.connect(context) as bus:
+            pub = bus.add_publication("aeron:ipc", stream)
+            _connected(pub)
+            for seq, size in enumerate(sizes):
+                pub.publish(message(writer_id, seq, size), timeout=30.0)
+            results.put({"kind": "sent", "name": f"writer {writer_id}", "count": len(sizes)})
+    _guard(results, "sent", f"writer {writer_id}", body)
+
+
+def reader(context: shmbus.Context, stream: int, expected: dict[int, int], mode: str,
+           results: Any) -> None:
+    """Read until every writer's ``expected[writer]`` messages came, each checked, in order per
+    writer. ``mode``: "messages" (bytes), "views" (MessageView), "poll" (handler views)."""
+    name = f"reader {mode}"
+
+    def body() -> None:
+        with shmbus.connect(context) as bus:
+            sub = bus.add_subscription("aeron:ipc", stream)
+            results.put({"kind": "ready", "name": name, "pid": os.getpid()})
+            next_seq = dict.fromkeys(expected, 0)
+            total = sum(expected.values())
+            got = 0
+            deadline = time.monotonic() + 90
+
+            def take(buffer: Any, *_: Any) -> None:
+                nonlocal got
+                writer_id, seq = check(buffer)
+                assert seq == next_seq[writer_id], f"writer {writer_id}: {seq} after " \
+                                                   f"{next_seq[writer_id] - 1}"
+                next_seq[writer_id] += 1
+                got += 1
+
+            assembler = shmbus.FragmentAssembler(take)
+            while got < total:
+                assert time.monotonic() < deadline, f"{got} of {total} messages"
+                if mode == "messages":
+                    for m in sub.messages(timeout=0.5):
+                        take(m)
+                        if got == total:
+                            break
+                elif mode == "views":
+                    view = sub.take_view()
+                    if view is None:
+                        sub.wait(0.05)
+                        continue
+                    with view:
+                        take(view.buffer)
+                else:
+                    if not sub.poll(assembler, 10):
+                        sub.wait(0.05)
+            results.put({"kind": "read", "name": name, "count": got, "next": next_seq})
+    _guard(results, "read", name, body)
+
+
+def holder(context: shmbus.Context, stream: int, results: Any) -> None:
+    """Take a view of the first message and hold it until killed."""
+    def body() -> None:
+        bus = shmbus.connect(context)
+        sub = bus.add_subscription("aeron:ipc", stream)
+        results.put({"kind": "ready", "name": "holder", "pid": os.getpid()})
+        deadline = time.monotonic() + 30
+        view = None
+        while view is None:
+            assert time.monotonic() < deadline, "no message to hold"
+            view = sub.take_view()
+            if view is None:
+                sub.wait(0.05)
+        writer_id, seq = check(view.buffer)
+        results.put({"kind": "holding", "name": "holder", "zero_copy": view.zero_copy,
+                     "seq": seq, "position": sub.images[0].position})
+        time.sleep(600)
+    _guard(results, "holding", "holder", body)
+
+
+def array_for(i: int) -> np.ndarray:
+    """The i-th array of array_writer: sizes from 8 B to 12 MiB, several dtypes and orders."""
+    rng = np.random.default_rng(i)
+    side = [1, 7, 100, 600, 1200][i % 5]
+    kind = i % 4
+    if kind == 0:
+        return rng.random((side, side))
+    if kind == 1:
+        return np.asfortranarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8))
+    if kind == 2:
+        out = np.zeros(side * 4, dtype=[("t", "M8[us]"), ("v", "<f4", (2,)), ("k", "i2")])
+        out["t"] = rng.integers(0, 2**50, side * 4).astype("M8[us]")
+        out["v"] = rng.random((side * 4, 2))
+        return out
+    return np.array(float(i))
+
+
+def array_writer(context: shmbus.Context, stream: int, count: int, results: Any) -> None:
+    """Publish array_for(0 .. count - 1) with publish_array."""
+    def body() -> None:
+        with shmbus.connect(context) as bus:
+            pub = bus.add_exclusive_publication("aeron:ipc", stream)
+            _connected(pub)
+            for i in range(count):
+                pub.publish_array(array_for(i), timeout=30.0)
+            results.put({"kind": "sent", "name": "array writer", "count": count})
+    _guard(results, "sent", "array writer", body)

@@ -1,0 +1,230 @@
+"""numpy arrays and Python objects as messages: exact round trips, property-tested.
+
+The codec (shmbus/array_messages.py, shmbus/object_messages.py) against numpy's own idea of
+equality, byte for byte; then through a bus (``publish_array``/``arrays``,
+``publish_object``/``objects``) in one process and across processes, small messages in the log
+and large ones through shared memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import shmbus
+from shmbus.array_messages import array_parts, decode_array
+from shmbus.object_messages import decode_object, object_parts
+from tests.shmbus import large_workers as lw
+from tests.shmbus.driver.test_driver_processes import wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+DTYPES = st.one_of(
+    hnp.scalar_dtypes(),
+    hnp.datetime64_dtypes(),
+    hnp.timedelta64_dtypes(),
+    hnp.array_dtypes(subtype_strategy=st.one_of(hnp.scalar_dtypes(), hnp.datetime64_dtypes()),
+                     min_size=1, max_size=4),
+    hnp.array_dtypes(subtype_strategy=hnp.scalar_dtypes(), min_size=1, max_size=3).map(
+        lambda d: np.dtype(d.descr, align=True)),
+)
+
+
+@st.composite
+def arrays(draw: Any, max_side: int = 12, max_dims: int = 4) -> np.ndarray:
+    """Arrays of any of DTYPES, 0-d to 4-d, then C-ordered, Fortran-ordered, strided or
+    transposed."""
+    dtype = draw(DTYPES)
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=0, max_side=max_side))
+    array = draw(hnp.arrays(dtype, shape))
+    layout = draw(st.sampled_from(["C", "F", "strided", "transposed"]))
+    if layout == "F":
+        array = np.asfortranarray(array)
+    elif layout == "strided" and array.ndim:
+        array = array[(slice(None, None, 2),) * array.ndim]
+    elif layout == "transposed":
+        array = array.T
+    return array
+
+
+def same(a: np.ndarray, b: np.ndarray) -> None:
+    """Equal bit for bit, with the same dtype and shape (a structured array field by field:
+    the padding between fields is not data); Fortran order kept."""
+    assert b.dtype == a.dtype and b.shape == a.shape
+    if a.dtype.names:
+        for name in a.dtype.names:
+            same(a[name], b[name])
+    else:
+        assert np.ascontiguousarray(b).tobytes() == np.ascontiguousarray(a).tobytes()
+    if a.flags.f_contiguous and not a.flags.c_contiguous:
+        assert b.flags.f_contiguous
+
+
+def message(array: np.ndarray) -> bytes:
+    header, data = array_parts(array)
+    return header + data.tobytes()
+
+
+@given(arrays(), st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_the_array_codec_round_trips_exactly(array: np.ndarray, copy: bool) -> None:
+    got = decode_array(message(array), copy)
+    same(array, got)
+    assert got.flags.writeable == copy
+
+
+def test_the_array_codec_refuses_objects_and_foreign_messages() -> None:
+    with pytest.raises(ValueError, match="publish_object"):
+        array_parts(np.array([object()]))
+    with pytest.raises(ValueError, match="publish_array"):
+        decode_array(b"not an array message at all", False)
+    good = message(np.arange(10))
+    with pytest.raises(ValueError, match="header says"):
+        decode_array(good[:-8], False)
+
+
+OBJECTS = st.recursive(
+    st.one_of(st.none(), st.integers(), st.text(), st.binary(),
+              arrays(max_side=40, max_dims=2).filter(lambda a: a.dtype.kind not in "mM" or a.size)),
+    lambda children: st.one_of(st.lists(children, max_size=4),
+                               st.dictionaries(st.text(max_size=5), children, max_size=4)),
+    max_leaves=8,
+)
+
+
+def same_object(a: Any, b: Any) -> None:
+    if isinstance(a, np.ndarray):
+        same(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            same_object(a[key], b[key])
+    elif isinstance(a, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            same_object(x, y)
+    else:
+        assert a == b
+
+
+@given(OBJECTS, st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_the_object_codec_round_trips_with_out_of_band_buffers(obj: Any, copy: bool) -> None:
+    parts = object_parts(obj)
+    got = decode_object(memoryview(b"".join(parts)), copy)
+    # what pickle itself gives back (numpy's pickling has its own quirks: a 0-d big-endian
+    # datetime comes back native-endian)
+    same_object(pickle.loads(pickle.dumps(obj, protocol=5)), got)
+
+
+def test_object_buffers_travel_out_of_band_aligned() -> None:
+    array = np.arange(100_000, dtype=np.float64)
+    parts = object_parts({"a": array})
+    assert any(isinstance(p, memoryview) and p.nbytes == array.nbytes for p in parts)
+    whole = memoryview(b"".join(parts))
+    got = decode_object(whole, False)["a"]
+    assert not got.flags.writeable  # a view of the message, not a copy
+    offset = np.frombuffer(whole, np.uint8).ctypes.data
+    assert (got.ctypes.data - offset) % 64 == 0
+
+
+# -- through a bus ------------------------------------------------------------------------------
+
+@pytest.fixture
+def stream(bus_context, driver):
+    with shmbus.connect(bus_context) as bus:
+        pub = bus.add_exclusive_publication("aeron:ipc", 21)
+        sub = bus.add_subscription("aeron:ipc", 21)
+        wait_until(lambda: pub.is_connected, 10, "the subscriber")
+        yield pub, sub
+
+
+@given(st.lists(arrays(max_side=700, max_dims=2), min_size=1, max_size=4))
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+def test_arrays_of_every_size_round_trip_through_the_bus(stream, batch) -> None:
+    pub, sub = stream
+    for array in batch:
+        pub.publish_array(array, timeout=5)
+    got = sub.arrays(timeout=1.0)
+    for array in batch:
+        received = next(got)
+        large = len(message(array)) > pub.max_message_length
+        assert received.flags.writeable == (not large), "large: a view; small: a copy"
+        same(array, received)
+    got.close()
+
+
+def test_a_256_mib_array_arrives_as_a_read_only_view_of_the_block(stream) -> None:
+    pub, sub = stream
+    array = np.random.default_rng(1).integers(0, 2**63, (4096, 8192), dtype=np.int64)
+    assert array.nbytes == 256 << 20
+    pub.publish_array(array, timeout=10)
+    for received in sub.arrays(timeout=2):
+        assert not received.flags.writeable and not received.flags.owndata
+        assert np.array_equal(received, array)
+        break
+    with pub.claim_array((1000, 3000), np.float32, order="F") as claim:
+        claim.array[:] = np.arange(3000, dtype=np.float32)
+    [filled] = [a.copy(order="K") for a in sub.arrays(timeout=0.5)]
+    assert filled.flags.f_contiguous and filled[999, 2999] == 2999
+
+
+@given(st.lists(OBJECTS, min_size=1, max_size=3), st.booleans())
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_objects_round_trip_through_the_bus(stream, batch, copy) -> None:
+    pub, sub = stream
+    big = {"frame": np.ones((700, 700)), "batch": batch}  # 3.9 MB: the large path
+    for obj in [*batch, big]:
+        pub.publish_object(obj, timeout=5)
+    got = sub.objects(timeout=1.0, copy=copy)
+    for obj in batch:
+        same_object(pickle.loads(pickle.dumps(obj, protocol=5)), next(got))
+    received = next(got)
+    same_object(pickle.loads(pickle.dumps(big, protocol=5)), received)
+    assert received["frame"].flags.writeable == copy
+    got.close()
+
+
+def test_asyncio_arrays_and_objects(stream) -> None:
+    pub, sub = stream
+
+    async def main() -> list[Any]:
+        await pub.publish_array_async(np.arange(1_000_000))
+        await pub.publish_object_async({"x": np.arange(10)})
+        out: list[Any] = []
+        async for array in sub.arrays_async(timeout=1.0, copy=True):
+            out.append(array)
+            break
+        async for obj in sub.objects_async(timeout=1.0):
+            out.append(obj)
+            break
+        return out
+
+    array, obj = asyncio.run(main())
+    assert np.array_equal(array, np.arange(1_000_000))
+    assert np.array_equal(obj["x"], np.arange(10))
+
+
+def test_arrays_cross_processes(bus_context, driver, procs) -> None:
+    procs.start(lw.array_writer, bus_context, 22, 40, procs.queue)
+    with shmbus.connect(bus_context) as bus:
+        sub = bus.add_subscription("aeron:ipc", 22)
+        got = 0
+        for array in sub.arrays(timeout=20):
+            same(lw.array_for(got), array)
+            got += 1
+            if got == 40:
+                break
+        assert got == 40
+    procs.wait("sent")
+

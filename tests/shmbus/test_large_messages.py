@@ -1,0 +1,248 @@
+"""Messages longer than the log takes, across real processes on a real bus directory.
+
+The test bus has 64 KiB terms (a max message of 8 KiB in the log), so most messages here take
+the large-message path: a block in the publication's block ring, a reference in the log. Every
+message is checked byte for byte (crc32) and in order per writer by the reading process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shmbus
+from shmbus.shm.block_ring import BlockRing
+from tests.conftest import start_driver, stop_driver
+from tests.shmbus import large_workers as lw
+from tests.shmbus.driver import driver_workers as dw
+from tests.shmbus.driver.test_driver_processes import TINY_LENGTHS, free_bytes, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+SIZES = [100, 8_000, 9_000, 70_000, 300_000, 2_000_000, 40, 1_500, 65_536, 5_000_000]
+
+
+@pytest.fixture
+def small_ring_context(bus_context):
+    """A driver whose block rings take messages up to 1 MiB (rings of about 2 MiB)."""
+    context = bus_context.with_(max_large_message_length=1 << 20)
+    process = start_driver(context)
+    try:
+        yield context
+    finally:
+        stop_driver(process)
+
+
+def rings(context: shmbus.Context) -> list[Path]:
+    return sorted((Path(context.dir) / "logs").glob("*.blocks"))
+
+
+def ring_in_use(context: shmbus.Context) -> int:
+    total = 0
+    for path in rings(context):
+        ring = BlockRing.open(path)
+        total += ring.in_use()
+        ring.close()
+    return total
+
+
+def connected(pub: shmbus.Publication, subs: int = 1) -> None:
+    wait_until(lambda: pub.is_connected, 10, "a subscriber")
+
+
+def test_two_writer_processes_to_three_reader_processes_every_byte_in_order(
+        bus_context, driver, procs):
+    context = bus_context
+    sizes = SIZES * 3
+    expected = {1: len(sizes), 2: len(sizes)}
+    for mode in ("messages", "views", "poll"):
+        procs.start(lw.reader, context, 11, expected, mode, procs.queue)
+    procs.wait("ready", 3)
+    for writer_id in expected:
+        procs.start(lw.writer, context, 11, writer_id, sizes, 3, procs.queue)
+    procs.wait("sent", 2, timeout=120)
+    reports = procs.wait("read", 3, timeout=120)
+    for report in reports:
+        assert report["count"] == 2 * len(sizes), report
+        assert report["next"] == {1: len(sizes), 2: len(sizes)}, report
+    wait_until(lambda: ring_in_use(context) == 0, 10, "every block freed")
+
+
+def test_default_settings_take_the_issue_s_256_kib_array(shm_dir):
+    context = shmbus.Context(dir=str(shm_dir / "bus"), driver_idle_timeout=1.0)
+    with shmbus.connect(context) as bus:
+        pub = bus.add_publication("aeron:ipc", 5)
+        sub = bus.add_subscription("aeron:ipc", 5)
+        connected(pub)
+        array = np.random.rand(32_768)
+        assert pub.max_message_length < array.nbytes
+        assert pub.publish(array) > 0
+        [got] = list(sub.messages(timeout=0.5))
+        assert got == array.tobytes()
+
+
+def test_a_view_holds_its_block_until_released(bus_context, driver):
+    with shmbus.connect(bus_context) as bus:
+        pub = bus.add_exclusive_publication("aeron:ipc", 6)
+        sub = bus.add_subscription("aeron:ipc", 6)
+        connected(pub)
+        first, second = lw.message(1, 0, 300_000), lw.message(1, 1, 20)
+        pub.publish(first)
+        pub.publish(second)
+        view = sub.take_view()
+        assert view is not None and view.zero_copy
+        assert view.buffer.readonly and view.buffer == first
+        image = sub.images[0]
+        held_at = image.position
+        assert held_at < view.position
+        assert sub.take_view() is None, "the image is held: its next message waits"
+        time.sleep(10 * bus_context.timer_interval)  # driver timers pass: the block stays
+        assert ring_in_use(bus_context) > 0
+        assert image.position == held_at
+        with pytest.raises(TypeError):
+            view.buffer[0] = 1  # read-only
+        view.release()
+        assert image.position == view.position
+        nxt = sub.take_view()
+        assert nxt is not None and not nxt.zero_copy and bytes(nxt.buffer) == second
+        nxt.release()
+        wait_until(lambda: ring_in_use(bus_context) == 0, 5, "the block freed")
+
+
+def test_try_claim_past_the_log_fills_a_block_in_place(bus_context, driver):
+    with shmbus.connect(bus_context) as bus:
+        pub = bus.add_publication("aeron:ipc", 7)
+        sub = bus.add_subscription("aeron:ipc", 7)
+        connected(pub)
+        data = lw.message(3, 0, 1 << 20)
+        with pub.try_claim(len(data), reserved_value=42) as claim:
+            assert isinstance(claim, shmbus.LargeClaim)
+            claim.buffer[:] = data
+        assert claim.result > 0
+        aborted = pub.try_claim(100_000)
+        aborted.abort()
+        got: list[tuple[bytes, int]] = []
+        wait_until(lambda: sub.poll(lambda b, h: got.append((bytes(b), h.reserved_value)), 10)
+                   or bool(got), 5, "the claimed message")
+        assert got == [(data, 42)]
+        assert list(sub.messages(timeout=0.2)) == []  # the aborted one never appears
+        wait_until(lambda: ring_in_use(bus_context) == 0, 5, "both blocks freed")
+
+
+def test_past_the_context_limit_the_error_names_the_setting(small_ring_context):
+    context = small_ring_context
+    with shmbus.connect(context) as bus:
+        pub = bus.add_publication("aeron:ipc", 8)
+        bus.add_subscription("aeron:ipc", 8)
+        connected(pub)
+        limit = BlockRing.open(rings(context)[0]).max_message_length
+        with pytest.raises(ValueError, match=r"Context\.max_large_message_length"):
+            pub.offer(bytes(limit + 1))
+        assert pub.offer(bytes(limit)) > 0
+
+
+def test_a_udp_channel_refuses_past_its_own_max_naming_the_setting(bus_context, driver):
+    with shmbus.connect(bus_context) as bus:
+        pub = bus.add_publication("aeron:udp?endpoint=127.0.0.1:40931", 9)
+        with pytest.raises(ValueError, match=r"term-length.*Context\.udp_term_length"):
+            pub.offer(bytes(pub.max_message_length + 1))
+
+
+def test_a_reader_killed_holding_a_view_is_dropped_and_its_block_freed(small_ring_context,
+                                                                      procs):
+    context = small_ring_context
+    holder_reports = procs.private()
+    holder = procs.start(lw.holder, context, 12, holder_reports.queue)
+    holder_reports.wait("ready")
+    with shmbus.connect(context) as bus:
+        pub = bus.add_exclusive_publication("aeron:ipc", 12)
+        sub = bus.add_subscription("aeron:ipc", 12)
+        connected(pub)
+        size = 700_000
+        seq = 0
+        pub.publish(lw.message(1, seq, size), timeout=5)
+        holding = holder_reports.wait("holding")[0]
+        assert holding["zero_copy"] and holding["seq"] == 0
+        # the live reader reads on, the holder holds block 0: the ring (two 1 MiB messages)
+        # fills and the writer is back-pressured
+        read = 0
+        refused = None
+        deadline = time.monotonic() + 20
+        while refused is None:
+            assert time.monotonic() < deadline, "the writer was never held back"
+            for m in sub.messages(timeout=0):
+                assert lw.check(m) == (1, read)
+                read += 1
+            result = pub.offer(lw.message(1, seq + 1, size))
+            if result > 0:
+                seq += 1
+            else:
+                refused = result
+        assert refused == shmbus.BACK_PRESSURED
+        assert ring_in_use(context) > 0
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(5)
+        # the driver drops the dead client (client_liveness_timeout), its block is freed and
+        # the writer goes on
+        killed_at = time.monotonic()
+        for _ in range(6):
+            seq += 1
+            pub.publish(lw.message(1, seq, size), timeout=20)
+            for m in sub.messages(timeout=0.2):
+                assert lw.check(m) == (1, read)
+                read += 1
+        assert time.monotonic() - killed_at < 20
+        for m in sub.messages(timeout=0.5):
+            assert lw.check(m) == (1, read)
+            read += 1
+        assert read == seq + 1, "nothing lost"
+        wait_until(lambda: ring_in_use(context) == 0, 5, "every block freed")
+        pub.close()
+        sub.close()
+        logs = Path(context.dir) / "logs"
+        wait_until(lambda: not any(logs.iterdir()), 10, "the log and its block ring deleted")
+
+
+def test_full_dev_shm_refuses_a_large_message_with_sizes_and_loses_nothing(bus_context,
+                                                                          procs, tmp_path):
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], check=True)
+    try:
+        context = bus_context.with_(dir=str(mount / "bus"))
+        driver = procs.start(dw.run_driver, context, TINY_LENGTHS)
+        wait_until(lambda: (Path(context.dir) / "logs").is_dir() or not driver.is_alive(), 20,
+                   "the driver on the small tmpfs")
+        time.sleep(0.2)
+        with shmbus.connect(context) as bus:
+            pub = bus.add_exclusive_publication("aeron:ipc", 13)
+            sub = bus.add_subscription("aeron:ipc", 13)
+            connected(pub)
+            before = lw.message(1, 0, 4 << 20)
+            pub.publish(before)
+            assert [lw.check(m) for m in sub.messages(timeout=0.3)] == [(1, 0)]
+            wait_until(lambda: ring_in_use(context) == 0, 5, "the first block freed")
+            free = free_bytes(mount)
+            too_big = lw.message(1, 1, 32 << 20)
+            with pytest.raises(OSError) as info:
+                pub.publish(too_big)
+            match = re.search(r"(\d+) bytes needed, (\d+) bytes free", str(info.value))
+            assert match, str(info.value)
+            assert int(match[2]) <= free
+            assert free_bytes(mount) == free, "nothing half-made"
+            assert ring_in_use(context) == 0
+            after = lw.message(1, 1, 3 << 20)
+            pub.publish(after)
+            assert [lw.check(m) for m in sub.messages(timeout=0.3)] == [(1, 1)]
+        driver.terminate()
+        driver.join(10)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -1,0 +1,422 @@
+"""Large numpy arrays from one writer process to 1 and 4 reader processes, in one run.
+
+For each array size (1, 16, 64 and 256 MiB of float64 by default: ``--sizes``) and reader
+count (``--readers``), each way of moving the array sends ``--count`` arrays (default: about
+256 MiB per size, at least 4), each filled with its sequence number; every reader checks every
+array it gets (sequence at both ends) and, where the row says so, copies it out first:
+
+* shmbus views: ``pub.claim_array`` filled in place (no copy on the writer) and
+  ``sub.arrays()`` (read-only views of the shared memory, no copy on the readers);
+* shmbus copy: ``pub.publish_array(a)`` (one copy in) and ``sub.arrays(copy=True)``;
+* mp.Queue: ``queue.put(a)`` to one queue per reader (pickled), ``queue.get()``;
+* shared_memory by hand: a ``multiprocessing.shared_memory.SharedMemory`` per array, its name
+  sent on a queue per reader, readers attach and view it, ack, the writer unlinks it;
+* zmq send_array: pyzmq's recipe (dtype and shape as JSON, then ``send(a, copy=False)``) on a
+  PUB socket over ipc://, a SUB socket per reader (``recv(copy=False)``, ``np.frombuffer``).
+
+Hand-over latency: from the writer's publish/put/send returning to the reader holding the
+array (CLOCK_MONOTONIC is one clock for every process on the host); median and max over the
+arrays and readers. GB/s: payload bytes delivered (10^9, summed over readers) over the time
+from the first send to the last array read. CPU: user+system seconds of every process (the
+shmbus driver included) per GB delivered. Peak /dev/shm: the most it held above the run's
+start (sampled every 2 ms). Also memcpy bandwidth in one process, measured in the same run.
+
+Run from the repository root: ``python -m tools.bench.large_messages [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue as queue_module
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+import shmbus
+from tools.bench.harness import BenchError, cpu_seconds, start_driver, stop_driver
+
+CTX = mp.get_context("spawn")
+STREAM = 4242
+METHODS = ("shmbus views", "shmbus copy", "mp.Queue", "shared_memory by hand", "zmq send_array")
+
+
+def fill(array: np.ndarray, seq: int) -> None:
+    array[0] = seq
+    array[-1] = seq
+
+
+def check(array: np.ndarray, seq: int) -> None:
+    if array[0] != seq or array[-1] != seq:
+        raise BenchError(f"array {seq}: ends {array[0]}, {array[-1]}")
+
+
+# -- shmbus ---------------------------------------------------------------------------------------
+
+def shmbus_writer(context: shmbus.Context, n: int, count: int, readers: int, zero_copy: bool,
+                  go: Any, out: Any) -> None:
+    with shmbus.connect(context) as bus:
+        pub = bus.add_exclusive_publication("aeron:ipc", STREAM)
+        deadline = time.monotonic() + 30
+        while not pub.is_connected:
+            if time.monotonic() > deadline:
+                raise BenchError("no subscriber connected within 30 s")
+            time.sleep(0.001)
+        go.wait()
+        cpu0 = time.process_time()
+        source = np.zeros(n)
+        returned = []
+        for seq in range(count):
+            if zero_copy:
+                deadline = time.monotonic() + 30
+                while True:
+                    claim = pub.claim_array((n,), np.float64)
+                    if claim:
+                        break
+                    if time.monotonic() > deadline:
+                        raise BenchError(f"claim refused: {claim.result}")
+                    time.sleep(0.0001)
+                with claim:
+                    assert claim.array is not None
+                    fill(claim.array, seq)
+            else:
+                fill(source, seq)
+                pub.publish_array(source, timeout=30)
+            returned.append(time.monotonic_ns())
+        out.put({"role": "writer", "returned": returned, "cpu": time.process_time() - cpu0})
+        time.sleep(0.5)
+
+
+def shmbus_reader(context: shmbus.Context, count: int, copy: bool, ready: Any,
+                  out: Any) -> None:
+    with shmbus.connect(context) as bus:
+        sub = bus.add_subscription("aeron:ipc", STREAM)
+        ready.put(1)
+        cpu0 = time.process_time()
+        received = []
+        for seq, array in enumerate(sub.arrays(timeout=60, copy=copy)):
+            received.append(time.monotonic_ns())
+            check(array, seq)
+            if seq == count - 1:
+                break
+        out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
+
+
+# -- peers ----------------------------------------------------------------------------------------
+
+def queue_writer(queues: list[Any], n: int, count: int, go: Any, out: Any) -> None:
+    go.wait()
+    cpu0 = time.process_time()
+    returned = []
+    for seq in range(count):
+        source = np.empty(n)  # a new array each time: put() pickles it later, in a thread
+        fill(source, seq)
+        for q in queues:
+            q.put(source)
+        returned.append(time.monotonic_ns())
+    out.put({"role": "writer", "returned": returned, "cpu": time.process_time() - cpu0})
+
+
+def queue_reader(q: Any, count: int, ready: Any, out: Any) -> None:
+    ready.put(1)
+    cpu0 = time.process_time()
+    received = []
+    for seq in range(count):
+        array = q.get(timeout=120)
+        received.append(time.monotonic_ns())
+        check(array, seq)
+    out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
+
+
+def shm_writer(queues: list[Any], acks: Any, n: int, count: int, go: Any, out: Any) -> None:
+    from multiprocessing import shared_memory
+
+    source = np.zeros(n)
+    go.wait()
+    cpu0 = time.process_time()
+    returned = []
+    live: dict[int, tuple[Any, int]] = {}
+    for seq in range(count):
+        block = shared_memory.SharedMemory(create=True, size=source.nbytes)
+        target = np.ndarray(source.shape, source.dtype, buffer=block.buf)
+        fill(source, seq)
+        target[:] = source
+        del target
+        live[seq] = (block, len(queues))
+        for q in queues:
+            q.put((block.name, seq))
+        returned.append(time.monotonic_ns())
+        while len(live) > 2:  # at most 3 arrays in flight: the same as readers keep up
+            _ack(acks, live)
+    while live:
+        _ack(acks, live)
+    out.put({"role": "writer", "returned": returned, "cpu": time.process_time() - cpu0})
+
+
+def _ack(acks: Any, live: dict[int, tuple[Any, int]]) -> None:
+    seq = acks.get(timeout=120)
+    block, left = live[seq]
+    if left == 1:
+        del live[seq]
+        block.close()
+        block.unlink()
+    else:
+        live[seq] = (block, left - 1)
+
+
+def shm_reader(q: Any, acks: Any, n: int, count: int, copy: bool, ready: Any,
+               out: Any) -> None:
+    from multiprocessing import shared_memory
+
+    ready.put(1)
+    cpu0 = time.process_time()
+    received = []
+    for _ in range(count):
+        name, seq = q.get(timeout=120)
+        # (on Python < 3.13 attaching registers the name with the resource tracker the writer
+        # shares: a set, so the writer's unlink unregisters it once)
+        block = shared_memory.SharedMemory(name=name)
+        array = np.ndarray((n,), np.float64, buffer=block.buf)
+        if copy:
+            array = array.copy()
+        received.append(time.monotonic_ns())
+        check(array, seq)
+        del array
+        block.close()
+        acks.put(seq)
+    out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
+
+
+def zmq_writer(address: str, n: int, count: int, go: Any, out: Any) -> None:
+    import zmq
+
+    socket = zmq.Context.instance().socket(zmq.PUB)
+    socket.setsockopt(zmq.SNDHWM, 0)  # PUB drops past its high-water mark: none here
+    socket.bind(address)
+    go.wait()
+    cpu0 = time.process_time()
+    time.sleep(0.5)  # the subscribers' subscriptions reach the publisher
+    returned = []
+    for seq in range(count):
+        source = np.empty(n)  # a new array each time: send(copy=False) keeps a reference
+        fill(source, seq)
+        socket.send_json({"dtype": str(source.dtype), "shape": source.shape, "seq": seq},
+                         zmq.SNDMORE)
+        socket.send(source, copy=False)
+        returned.append(time.monotonic_ns())
+    out.put({"role": "writer", "returned": returned, "cpu": time.process_time() - cpu0})
+    time.sleep(2)
+    socket.close(linger=10_000)
+
+
+def zmq_reader(address: str, count: int, copy: bool, ready: Any, out: Any) -> None:
+    import zmq
+
+    socket = zmq.Context.instance().socket(zmq.SUB)
+    socket.setsockopt(zmq.RCVHWM, 0)
+    socket.connect(address)
+    socket.setsockopt(zmq.SUBSCRIBE, b"")
+    ready.put(1)
+    cpu0 = time.process_time()
+    received = []
+    for _ in range(count):
+        if not socket.poll(120_000):
+            raise BenchError("zmq: nothing within 120 s")
+        md = socket.recv_json()
+        frame = socket.recv(copy=False)
+        array = np.frombuffer(frame.buffer, dtype=md["dtype"]).reshape(md["shape"])
+        if copy:
+            array = array.copy()
+        received.append(time.monotonic_ns())
+        check(array, md["seq"])
+    out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
+
+
+# -- one measurement ------------------------------------------------------------------------------
+
+class ShmSampler:
+    """Peak bytes used on /dev/shm above the start, sampled every 2 ms in a thread."""
+
+    def __init__(self) -> None:
+        self.base = self._used()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _used() -> int:
+        st = os.statvfs("/dev/shm")
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, self._used() - self.base)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def measure(method: str, copy: bool, n: int, count: int, readers: int,
+            context: shmbus.Context, driver_pid: int) -> dict[str, Any]:
+    out, ready, go = CTX.Queue(), CTX.Queue(), CTX.Event()
+    procs: list[Any] = []
+
+    def start(target: Callable[..., Any], *args: Any) -> None:
+        p = CTX.Process(target=target, args=args, daemon=True)
+        p.start()
+        procs.append(p)
+
+    extra: list[int] = []
+    if method.startswith("shmbus"):
+        for _ in range(readers):
+            start(shmbus_reader, context, count, copy, ready, out)
+        _ready(ready, readers)
+        start(shmbus_writer, context, n, count, readers, method == "shmbus views", go, out)
+        extra.append(driver_pid)
+    elif method == "mp.Queue":
+        queues = [CTX.Queue(maxsize=2) for _ in range(readers)]
+        for q in queues:
+            start(queue_reader, q, count, ready, out)
+        _ready(ready, readers)
+        start(queue_writer, queues, n, count, go, out)
+    elif method == "shared_memory by hand":
+        queues = [CTX.Queue() for _ in range(readers)]
+        acks = CTX.Queue()
+        for q in queues:
+            start(shm_reader, q, acks, n, count, copy, ready, out)
+        _ready(ready, readers)
+        start(shm_writer, queues, acks, n, count, go, out)
+    else:
+        address = f"ipc://{tempfile.gettempdir()}/large-bench-{os.getpid()}"
+        start(zmq_writer, address, n, count, go, out)
+        for _ in range(readers):
+            start(zmq_reader, address, count, copy, ready, out)
+        _ready(ready, readers)
+    time.sleep(0.2)
+    extra_cpu = {pid: cpu_seconds(pid) or 0.0 for pid in extra}
+    sampler = ShmSampler()
+    go.set()
+    results = []
+    deadline = time.monotonic() + 600
+    while len(results) < readers + 1:
+        try:
+            results.append(out.get(timeout=0.5))
+        except queue_module.Empty:
+            if time.monotonic() > deadline or any(p.exitcode for p in procs):
+                raise BenchError(f"{method}: results missing; exit codes "
+                                 f"{[p.exitcode for p in procs]}") from None
+    peak = sampler.stop()
+    extra_used = sum((cpu_seconds(pid) or 0.0) - before for pid, before in extra_cpu.items())
+    for p in procs:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    writer = next(r for r in results if r["role"] == "writer")
+    reads = [r for r in results if r["role"] == "reader"]
+    latencies = [(rcv - ret) / 1e3 for r in reads
+                 for rcv, ret in zip(r["received"], writer["returned"], strict=True)]
+    start_ns = writer["returned"][0] - 1  # the first send's return stands in for its start
+    end_ns = max(r["received"][-1] for r in reads)
+    gb = n * 8 * count * readers / 1e9
+    cpu = writer["cpu"] + sum(r["cpu"] for r in reads) + extra_used
+    return {"method": method, "copy": copy, "mib": n * 8 / 2**20, "readers": readers,
+            "count": count, "p50_us": statistics.median(latencies), "max_us": max(latencies),
+            "gb_s": gb / ((end_ns - start_ns) / 1e9), "cpu_s_per_gb": cpu / gb,
+            "peak_shm_mib": peak / 2**20}
+
+
+def _ready(ready: Any, n: int) -> None:
+    for _ in range(n):
+        ready.get(timeout=60)
+
+
+def memcpy_gb_s(n: int) -> float:
+    a, b = np.ones(n), np.empty(n)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t)
+    return n * 8 / best / 1e9
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=float, nargs="+", default=[1, 16, 64, 256],
+                        help="array sizes in MiB")
+    parser.add_argument("--readers", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--count", type=int, default=0, help="arrays per measurement "
+                        "(0: about 256 MiB per size, at least 4, at most 64)")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--quick", action="store_true", help="1 and 16 MiB, 4 arrays")
+    parser.add_argument("--out", default="tools/results/large_messages.json")
+    args = parser.parse_args(argv)
+    sizes = [1, 16] if args.quick else args.sizes
+    free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+    print(f"/dev/shm free: {free / 2**30:.1f} GiB; load {os.getloadavg()[0]:.1f}; "
+          f"{psutil.cpu_count()} cores", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="large-bench-", dir="/dev/shm") as tmp:
+        context = shmbus.Context(dir=str(Path(tmp) / "bus"), embedded_driver=False,
+                                 driver_idle_timeout=3600.0)  # the peers run without a client
+        driver = start_driver(context)
+        try:
+            for mib in sizes:
+                n = int(mib * 2**20) // 8
+                count = args.count or (4 if args.quick else max(4, min(64, int(256 / mib))))
+                memcpy = memcpy_gb_s(n)
+                print(f"\n{mib:g} MiB x {count}: memcpy {memcpy:.2f} GB/s (one process)",
+                      flush=True)
+                for readers in args.readers:
+                    for method in args.methods:
+                        for copy in ((False, True) if method in ("shmbus views",
+                                                                 "shared_memory by hand",
+                                                                 "zmq send_array")
+                                     else (True,)):
+                            if method == "shmbus views" and copy:
+                                continue  # "shmbus copy" is that row
+                            try:
+                                row = measure(method, copy, n, count, readers, context,
+                                              driver.pid)
+                            except BenchError as e:  # a peer that failed: n/a, the run goes on
+                                print(f"  {readers} reader(s) {method:<22} "
+                                      f"{'copy' if copy else 'view':<5} n/a: {e}", flush=True)
+                                rows.append({"method": method, "copy": copy, "mib": mib,
+                                             "readers": readers, "error": str(e)})
+                                if method.startswith("shmbus"):
+                                    raise  # shmbus itself must not fail
+                                continue
+                            row["memcpy_gb_s"] = memcpy
+                            rows.append(row)
+                            print(f"  {readers} reader(s) {method:<22} "
+                                  f"{'copy' if copy else 'view':<5} p50 "
+                                  f"{row['p50_us']:>9.0f} us  max {row['max_us']:>9.0f} us  "
+                                  f"{row['gb_s']:>6.2f} GB/s ({row['gb_s'] / memcpy:.2f}x "
+                                  f"memcpy)  {row['cpu_s_per_gb']:.2f} cpu-s/GB  peak "
+                                  f"/dev/shm {row['peak_shm_mib']:.0f} MiB", flush=True)
+        finally:
+            stop_driver(driver)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
