@@ -18,6 +18,7 @@ anew starts at the end of the stream, as any new subscriber does.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -54,6 +55,19 @@ _WHOLE_CLAIMS = ("a group member delivers with poll(); controlled and batch poll
                  "claim be split across members")
 
 
+class _Member(GroupMemberCore):
+    """The native member, with its image's large-message callbacks: the native reader calls
+    ``_large_payload`` and ``_large_bytes`` on the object it reads with (see image.py)."""
+
+    _image: Any  # a weak proxy of the GroupImage: no cycle keeps either alive
+
+    def _large_payload(self, reference: bytes) -> memoryview | None:
+        return self._image._large_payload(reference)
+
+    def _large_bytes(self, reference: bytes) -> bytes | None:
+        return self._image._large_bytes(reference)
+
+
 class GroupImage(Image):
     """One publishing session as seen by one member of a subscription group.
 
@@ -68,7 +82,7 @@ class GroupImage(Image):
         group_id, orphan_id, token = GROUP_CLAIM_KEY.unpack_from(
             counters.get_key(claim_counter_id))
         d = log.descriptor
-        self._member = GroupMemberCore(
+        self._member = _Member(
             log.buffer, d.term_length, d.initial_term_id, counters.values,
             counters.counter_offset(group_id), counters.counter_offset(claim_counter_id),
             counters.counter_offset(orphan_id), token)
@@ -79,6 +93,7 @@ class GroupImage(Image):
                          correlation_id=correlation_id,
                          subscription_registration_id=subscription_registration_id,
                          source_identity=source_identity)
+        self._member._image = weakref.proxy(self)
 
     @property
     def position(self) -> int:

@@ -115,6 +115,33 @@ def test_a_view_holds_its_block_until_released(bus_context, driver):
         wait_until(lambda: ring_in_use(bus_context) == 0, 5, "the block freed")
 
 
+def test_group_members_take_large_and_small_messages_each_once_in_order(bus_context, driver):
+    sizes = [40, 300_000, 9_000, 2_000_000, 100, 70_000] * 4
+    with shmbus.connect(bus_context) as bus:
+        members = [bus.add_subscription("aeron:ipc", 9, group="big") for _ in range(2)]
+        pub = bus.add_exclusive_publication("aeron:ipc", 9)
+        connected(pub)
+        wait_until(lambda: all(m.images for m in members), 10, "both members' images")
+        got: list[list[int]] = [[], []]
+        assembler = shmbus.FragmentAssembler(lambda b, h: got[1].append(lw.check(b)[1]))
+
+        def read(member: int) -> bool:
+            """Member 0 reads with messages() (copies), member 1 with poll (views)."""
+            if member == 0:
+                got[0].extend(lw.check(m)[1] for m in members[0].messages(timeout=0))
+            else:
+                members[1].poll(assembler, 10)
+            return sum(map(len, got)) == len(sizes)
+
+        for seq, size in enumerate(sizes):
+            pub.publish(lw.message(1, seq, size), timeout=10)
+            read(seq % 2)
+        wait_until(lambda: read(0) or read(1), 10, "every message")
+        assert sorted(got[0] + got[1]) == list(range(len(sizes)))
+        assert all(seqs == sorted(seqs) for seqs in got) and all(got)
+        wait_until(lambda: ring_in_use(bus_context) == 0, 5, "the blocks freed")
+
+
 def test_try_claim_past_the_log_fills_a_block_in_place(bus_context, driver):
     with shmbus.connect(bus_context) as bus:
         pub = bus.add_publication("aeron:ipc", 7)

@@ -276,6 +276,17 @@ static PyObject *group_take(GroupMemberCore *self, PyObject *Py_UNUSED(ignored))
         total += length - HEADER_LENGTH;
         if (!(flags & END_FLAG))
             continue;
+        if (flags & LARGE_FLAG) {  /* one reference frame: the message is in its block */
+            message = large_bytes(image, frame, length);
+            if (message == Py_None) {
+                Py_CLEAR(message);
+                PyErr_SetString(PyExc_RuntimeError, "a claimed large message's block was "
+                                "freed: this member was dropped as dead");
+            }
+            if (message == NULL)
+                return NULL;
+            break;
+        }
         message = PyBytes_FromStringAndSize(NULL, total);
         if (message == NULL)
             return NULL;

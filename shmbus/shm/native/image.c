@@ -131,7 +131,6 @@ static Header *next_header(ImageCore *self, const uint8_t *frame)
     return h;
 }
 
-/* Calls handler(memoryview, header) for one fragment; returns its result (new ref) or NULL. */
 static PyObject *large_payload_str, *large_bytes_str;
 /* What deliver returns for a large message whose block is gone: the driver stopped counting
  * this reader (timed out, resting) and freed it. Like a lapped frame, it is not delivered and
@@ -152,6 +151,14 @@ static PyObject *resolve_large(ImageCore *self, PyObject *method, const uint8_t 
     return r;
 }
 
+/* A copy of a large message's block as bytes (what messages() yields), from its reference
+ * frame; Py_None when the block is gone (see large_gone), NULL with an exception on error. */
+PyObject *large_bytes(ImageCore *self, const uint8_t *frame, int32_t length)
+{
+    return resolve_large(self, large_bytes_str, frame, length);
+}
+
+/* Calls handler(memoryview, header) for one fragment; returns its result (new ref) or NULL. */
 PyObject *deliver(ImageCore *self, PyObject *handler, uint8_t *frame, int32_t length)
 {
     PyObject *view = (frame[FLAGS_OFFSET] & LARGE_FLAG)
@@ -420,7 +427,7 @@ PyObject *image_take(ImageCore *self)
         }
         if (flags & END_FLAG) {
             PyObject *message = (flags & LARGE_FLAG)
-                ? resolve_large(self, large_bytes_str, frame, length)
+                ? large_bytes(self, frame, length)
                 : PyBytes_FromStringAndSize((char *)frame + HEADER_LENGTH,
                                             length - HEADER_LENGTH);
             if (message == Py_None) {  /* its block is gone: stop here (see large_gone) */

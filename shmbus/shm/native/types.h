@@ -136,6 +136,7 @@ INTERNAL int image_ready(ImageCore *self);
 INTERNAL int frame_ok(ImageCore *self, const uint8_t *frame, int32_t offset, int32_t length,
                       int64_t position);
 INTERNAL extern PyObject *large_gone;
+INTERNAL PyObject *large_bytes(ImageCore *self, const uint8_t *frame, int32_t length);
 INTERNAL PyObject *deliver(ImageCore *self, PyObject *handler, uint8_t *frame,
                            int32_t length);
 INTERNAL int image_module_init(void);
