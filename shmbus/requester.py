@@ -30,6 +30,7 @@ from shmbus.errors import (
     PublicationError,
     RequestTimeoutError,
     ResponderLostError,
+    ShmbusError,
 )
 from shmbus.pending_calls import PendingCall, PendingCalls
 from shmbus.shm import call_header
@@ -42,16 +43,17 @@ from shmbus.shm.counters import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Buffer
-
     from shmbus.call_counters import CallCounters
     from shmbus.publication import Publication
+    from shmbus.shm._native import Buffer  # a type of the stub only
     from shmbus.subscription import Subscription
 
 #: The default deadline of a call, seconds.
 DEFAULT_CALL_TIMEOUT = 5.0
 #: The longest a waiting caller goes without checking that a responder is still connected.
 _LIVENESS_CHECK_S = 0.05
+#: The longest a back-pressured request waits for room before it reads replies and retries.
+_SEND_RETRY_S = 0.005
 
 
 class Call:
@@ -177,9 +179,13 @@ class Requester:
         """Sleep until ``pending`` settles, the async reader's turn is free, or a slice."""
         waiter = loop.create_future()
 
+        def wake() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
         def fire(_: PendingCall) -> None:
             self._count(pending)
-            loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(None))
+            loop.call_soon_threadsafe(wake)
 
         pending.on_settled = fire
         self._async_waiters.add(waiter)
@@ -274,26 +280,35 @@ class Requester:
 
     def _send_refused(self, pending: PendingCall, header: bytes, data: Buffer,
                       result: int) -> None:
-        """The offer of a request was refused with ``result``: retry back-pressure until the
-        call's deadline, else fail the call with the reason."""
-        failure = PublicationError(result)
-        if result in (BACK_PRESSURED, ADMIN_ACTION):
+        """The offer of a request was refused with ``result``. Back-pressure: offer again
+        until the call's deadline, reading replies meanwhile (the responders may be waiting
+        for this requester to read before they take more requests); else fail the call with
+        the reason."""
+        publication = self._publication
+        while result in (BACK_PRESSURED, ADMIN_ACTION):
             remaining = pending.deadline - time.monotonic()
-            try:
-                self._publication.publish(header, data,
-                                          timeout=min(max(remaining, 0.0), 3600.0))
+            if remaining <= 0:
+                with self._lock:
+                    self._table.expire(pending.deadline)
                 return
-            except PublicationError as error:
-                result = error.code
-                failure = error
+            if self._reader.acquire(blocking=False):
+                try:
+                    self._read_replies()
+                finally:
+                    self._reader.release()
+            if result == BACK_PRESSURED:
+                publication._await_progress(min(remaining, _SEND_RETRY_S))
+            result = publication.offer(header, data)
+        if result > 0:
+            return
         with self._lock:
             if result == NOT_CONNECTED:
-                self._table.fail(pending.correlation_id, self._table.no_responder())
+                error: ShmbusError = self._table.no_responder()
             elif result == CLOSED:
-                self._table.fail(pending.correlation_id, ClientClosedError(
-                    f"the requester of {self._table.service} is closed"))
+                error = ClientClosedError(f"the requester of {self._table.service} is closed")
             else:
-                self._table.fail(pending.correlation_id, failure)
+                error = PublicationError(result)
+            self._table.fail(pending.correlation_id, error)
 
     def _count(self, call: PendingCall) -> None:
         """Counters for a call just settled (called by the table, under the lock)."""
