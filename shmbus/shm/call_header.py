@@ -1,4 +1,4 @@
-"""The fixed header of request/reply messages (docs/protocol.md, "Request/reply").
+"""The fixed header of request/reply messages (docs/protocol.md, Request/reply).
 
 Every request and every reply a requester and a responder exchange starts with these 16 bytes,
 little-endian, before the caller's data:
