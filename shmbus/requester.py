@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 DEFAULT_CALL_TIMEOUT = 5.0
 #: The longest a waiting caller goes without checking that a responder is still connected.
 _LIVENESS_CHECK_S = 0.05
+_pack_header = call_header.HEADER.pack
 #: The longest a back-pressured request waits for room before it reads replies and retries.
 _SEND_RETRY_S = 0.005
 
@@ -136,8 +137,8 @@ class Requester:
             pending = self._table.open(correlation_id, deadline, idempotent=idempotent)
         pending.on_settled = self._count
         self._counters.add(RR_IN_FLIGHT)
-        header = call_header.encode_request(correlation_id, self.response_stream_id,
-                                            idempotent=idempotent)
+        header = _pack_header(call_header.REQUEST, call_header.IDEMPOTENT if idempotent else 0,
+                              call_header.VERSION, self.response_stream_id, correlation_id)
         result = self._publication.offer(header, data)
         if result < 0:
             self._send_refused(pending, header, data, result)
@@ -260,15 +261,18 @@ class Requester:
             f"any more (they closed, or died and were timed out) and none answered it")
 
     def _read_replies(self) -> None:
-        take = self._replies._take
+        take, unpack = self._replies._take, call_header.unpack
         while (message := take()) is not None:
             try:
-                header = call_header.decode(message)
+                kind, _, _, correlation_id = unpack(message)
             except call_header.MalformedCall:
                 self._counters.add(RR_LATE)
                 continue
+            if kind == call_header.REQUEST:
+                self._counters.add(RR_LATE)
+                continue
             with self._lock:
-                if self._table.on_reply(header.kind, header.correlation_id,
+                if self._table.on_reply(kind, correlation_id,
                                         message[call_header.HEADER_LENGTH:]) is None:
                     self._counters.add(RR_LATE)
                 else:

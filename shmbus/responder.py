@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 RequestHandler = Callable[[bytes], Any]
 #: How long a reply may wait for a requester that does not read, seconds, before it is dropped.
 REPLY_TIMEOUT = 1.0
+_pack_header = call_header.HEADER.pack
 #: A waiting responder looks for requests handed on from a departed responder this often.
 _HANDED_ON_CHECK_S = 0.1
 
@@ -69,7 +70,9 @@ class Responder:
         self._image: GroupImage | None = None
         self._assembler = FragmentAssembler(self._on_request)
         self._closed = False
+        #: requests answered (replies published); the rr-served counter follows per poll
         self.served = 0
+        self._counted = 0
 
     # -- serving --------------------------------------------------------------------------------
 
@@ -83,6 +86,9 @@ class Responder:
             if fragments >= limit:
                 break
         self._image = None
+        if self.served != self._counted:
+            self._counters.add(RR_SERVED, self.served - self._counted)
+            self._counted = self.served
         return fragments
 
     def serve(self, timeout: float | None = None) -> int:
@@ -116,28 +122,27 @@ class Responder:
 
     def _on_request(self, buffer: memoryview, header: Header) -> None:
         try:
-            call = call_header.decode(buffer)
+            kind, flags, stream_id, correlation_id = call_header.unpack(buffer)
         except call_header.MalformedCall:
-            self._counters.add(RR_HANDLER_ERRORS)
-            return
-        if call.kind != call_header.REQUEST:
+            kind = 0
+        if kind != call_header.REQUEST:
             self._counters.add(RR_HANDLER_ERRORS)
             return
         image = self._image
-        if image is not None and image.handed_on and not call.idempotent:
-            self._reply(call, call_header.LOST, b"")
+        if image is not None and image.handed_on and not flags & call_header.IDEMPOTENT:
+            self._reply(stream_id, call_header.LOST, correlation_id, b"")
             return
         try:
             reply = self.handler(bytes(buffer[call_header.HEADER_LENGTH:]))
-            kind = call_header.REPLY
             memoryview(reply)  # a reply is anything with the buffer protocol
         except Exception as error:  # the caller gets it as RemoteError
             self._counters.add(RR_HANDLER_ERRORS)
-            reply, kind = f"{type(error).__qualname__}: {error}".encode(), call_header.ERROR
-        self._reply(call, kind, reply)
+            self._reply(stream_id, call_header.ERROR, correlation_id,
+                        f"{type(error).__qualname__}: {error}".encode())
+            return
+        self._reply(stream_id, call_header.REPLY, correlation_id, reply)
 
-    def _reply(self, call: call_header.CallHeader, kind: int, body: Any) -> None:
-        stream_id = call.response_stream_id
+    def _reply(self, stream_id: int, kind: int, correlation_id: int, body: Any) -> None:
         publication = self._replies.get(stream_id)
         if publication is None:
             try:
@@ -145,7 +150,7 @@ class Responder:
             except RegistrationError:
                 self._counters.add(RR_REPLIES_DROPPED)
                 return
-        head = call_header.encode_reply(kind, call.correlation_id)
+        head = _pack_header(kind, 0, call_header.VERSION, 0, correlation_id)
         result = publication.offer(head, body)
         if result == NOT_CONNECTED:  # the requester is gone
             self._drop_reply(stream_id)
@@ -157,7 +162,6 @@ class Responder:
                 self._drop_reply(stream_id)
                 return
         self.served += 1
-        self._counters.add(RR_SERVED)
 
     def _drop_reply(self, stream_id: int) -> None:
         self._counters.add(RR_REPLIES_DROPPED)
