@@ -53,7 +53,7 @@ class ResponderLostError(RequestError):
     """The responder(s) left (died, closed, or were timed out) before answering the call."""
 
 
-class RequestTimeoutError(RequestError, TimeoutError):
+class RequestTimeoutError(RequestError):
     """No reply came before the call's deadline (a later reply is dropped)."""
 
 
