@@ -17,8 +17,9 @@ pyzmq DEALER/ROUTER and a multiprocessing Pipe RPC, in one run.
 Every request carries its sequence number and a CRC (tools/bench/harness.py, Checked), the
 responders echo it, and the requester checks every byte of every reply against the request
 it sent: a wrong or missing reply fails the run. CPU of every process (members and the
-driver) is counted: ``cpu/call`` is their CPU seconds over the calls. iceoryx2 is not
-measured: its Python package (``iceoryx2`` on PyPI) is not in the project's environment.
+driver) is counted: ``cpu/call`` is their CPU seconds over the calls. iceoryx2's
+request-response (1->1 only: one server busy-polling, as its Python API has no blocking
+receive) runs where the ``iceoryx2`` package is installed (``.[bench]``), else reads n/a.
 """
 
 from __future__ import annotations
@@ -172,6 +173,82 @@ def zmq_requester(start: Any, endpoints: list[str], kind: str, size: int, durati
         context.term()
 
 
+def _iceoryx_service(name: str, size: int) -> tuple[Any, Any, Any]:
+    """(module, node, request-response service ``name`` of byte slices)."""
+    try:
+        import ctypes
+
+        import iceoryx2 as iox2
+    except ImportError as e:
+        raise Unavailable(f"iceoryx2: {e}") from None
+    iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
+    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    service = (node.service_builder(iox2.ServiceName.new(name))
+               .request_response(iox2.Slice[ctypes.c_uint8], iox2.Slice[ctypes.c_uint8])
+               .open_or_create())
+    return iox2, node, service
+
+
+def iceoryx_responder(start: Any, name: str, size: int, requesters: int, done: Any
+                      ) -> dict[str, Any]:
+    """An iceoryx2 server echoing every request, busy-polling (iceoryx2's Python API has no
+    blocking receive for servers)."""
+    import ctypes
+
+    _, node, service = _iceoryx_service(name, size)
+    server = service.server_builder().initial_max_slice_len(size).create()
+    receive, memmove = server.receive, ctypes.memmove
+    start.ready()
+    served = spins = 0
+    while True:
+        active = receive()
+        if active is None:
+            spins += 1
+            if not spins & 1023 and done.value >= requesters:
+                break
+            continue
+        data = bytes(active.payload().as_memory_view())
+        response = active.loan_slice_uninit(len(data))
+        memmove(response.payload_ptr, data, len(data))
+        response.assume_init().send()
+        active.delete()
+        served += 1
+    server.delete()
+    return {"served": served}
+
+
+def iceoryx_requester(start: Any, name: str, size: int, duration_s: float, done: Any
+                      ) -> dict[str, Any]:
+    import ctypes
+
+    _, node, service = _iceoryx_service(name, size)
+    client = service.client_builder().initial_max_slice_len(size).create()
+    deadline = time.monotonic() + 30
+    while service.dynamic_config.number_of_servers == 0:
+        if time.monotonic() > deadline:
+            raise BenchError("iceoryx2: no server within 30 s")
+        time.sleep(0.002)
+    loan, memmove = client.loan_slice_uninit, ctypes.memmove
+    start.ready()
+
+    def call(message: bytearray) -> bytes:
+        request = loan(len(message))
+        memmove(request.payload_ptr, bytes(message), len(message))
+        pending = request.assume_init().send()
+        while (response := pending.receive()) is None:
+            pass
+        reply = bytes(response.payload().as_memory_view())
+        response.delete()
+        pending.delete()
+        return reply
+
+    try:
+        return call_loop(call, size, duration_s)
+    finally:
+        finished(done)
+        client.delete()
+
+
 def pipe_responder(start: Any, connection: Any, requesters: int, done: Any) -> dict[str, Any]:
     start.ready()
     served = 0
@@ -224,6 +301,10 @@ def measure(ctx: Any, root: Path, case: str, transport: str, pool: int, size: in
                         for i, e in enumerate(endpoints)]
             members += [Member(f"requester-{i}", zmq_requester,
                                (endpoints, kind, size, duration_s, done)) for i in range(pool)]
+        elif transport == "iceoryx2":
+            name = f"shmbus-bench-rr/{run_dir.name}"
+            members += [Member("responder-0", iceoryx_responder, (name, size, pool, done)),
+                        Member("requester-0", iceoryx_requester, (name, size, duration_s, done))]
         else:
             for i in range(pool):
                 a, b = ctx.Pipe()
@@ -253,7 +334,8 @@ def measure(ctx: Any, root: Path, case: str, transport: str, pool: int, size: in
 def plan(sizes: tuple[int, ...]) -> list[tuple[str, str, int, int]]:
     """(case, transport, pool, size) of every measurement."""
     rows = [("1->1", f"shmbus {wait}", 1, 32) for wait in WAITS]
-    rows += [("1->1", peer, 1, 32) for peer in ("zmq REQ/REP", "zmq DEALER/ROUTER", "Pipe")]
+    rows += [("1->1", peer, 1, 32) for peer in ("zmq REQ/REP", "zmq DEALER/ROUTER", "Pipe",
+                                                 "iceoryx2")]
     for size in sizes:
         rows += [("4->4", t, POOL, size) for t in ("shmbus default", "shmbus busy",
                                                    "zmq REQ/REP", "zmq DEALER/ROUTER", "Pipe")]
