@@ -42,8 +42,13 @@ from shmbus.errors import (
     ClientTimeoutError,
     DriverTimeoutError,
     DriverUnavailableError,
+    NoResponderError,
     PublicationError,
     RegistrationError,
+    RemoteError,
+    RequestError,
+    RequestTimeoutError,
+    ResponderLostError,
     ShmbusError,
 )
 from shmbus.fragment_assembler import FragmentAssembler
@@ -64,6 +69,8 @@ from shmbus.publication import (
     Publication,
 )
 from shmbus.reconnection import LostImage, Reconnected, RenewedPublication, RenewedSubscription
+from shmbus.requester import Call, Requester
+from shmbus.responder import Responder
 from shmbus.shm._native import AtomicBuffer, Header
 from shmbus.shm.log_buffer import LogBuffer, LogBufferError
 from shmbus.subscription import Subscription
@@ -116,6 +123,14 @@ __all__ = [
     "SleepingIdleStrategy",
     "Subscription",
     "YieldingIdleStrategy",
+    "ResponderLostError",
+    "Responder",
+    "Requester",
+    "RequestTimeoutError",
+    "RequestError",
+    "RemoteError",
+    "NoResponderError",
+    "Call",
     "connect",
     "result_name",
 ]

@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 
 import psutil
 
+from shmbus.call_counters import CallCounters
+from shmbus.call_counters import label as call_label
 from shmbus.context import Context
 from shmbus.errors import (
     ClientClosedError,
@@ -42,10 +44,14 @@ from shmbus.errors import (
 from shmbus.image import Image
 from shmbus.publication import ConcurrentPublication, ExclusivePublication, Publication
 from shmbus.reconnection import DriverLoss, Reconnected
+from shmbus.requester import Requester
+from shmbus.responder import RequestHandler, Responder
+from shmbus.responder import group_name as responder_group
 from shmbus.shm import control_protocol as cp
 from shmbus.shm._native import Heartbeat, epoch_ms
 from shmbus.shm.broadcast import BroadcastReceiver
 from shmbus.shm.bus_directory import prepare_directory
+from shmbus.shm.call_header import RESPONSE_CHANNEL, response_stream_for
 from shmbus.shm.cnc import (
     CLIENTS_DOORBELL_OFFSET,
     COUNTERS_METADATA,
@@ -56,7 +62,13 @@ from shmbus.shm.cnc import (
     CncError,
     CncFile,
 )
-from shmbus.shm.counters import REGISTRATION_ID_OFFSET, CountersReader
+from shmbus.shm.counters import (
+    REGISTRATION_ID_OFFSET,
+    REQUESTER_COUNTERS,
+    RESPONDER_COUNTERS,
+    TYPE_NAMES,
+    CountersReader,
+)
 from shmbus.shm.doorbell import Doorbell
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
@@ -247,6 +259,56 @@ class Client:
             raise
         return subscription
 
+    # -- request/reply ----------------------------------------------------------------------
+
+    def add_requester(self, channel: str, stream_id: int) -> Requester:
+        """A :class:`~shmbus.requester.Requester` calling the service on ``channel`` and
+        ``stream_id`` (``aeron:ipc``): ``request(data, timeout=)`` -> bytes, ``submit`` for
+        many in flight, ``request_async``. Its replies come on a response stream of its own.
+        Raises as add_publication and add_subscription do."""
+        _check_ipc_service(channel)
+        publication = self.add_publication(channel, stream_id)
+        response_stream_id = response_stream_for(self._correlation())
+        try:
+            replies = self.add_subscription(RESPONSE_CHANNEL, response_stream_id)
+            try:
+                counters = self._add_counters(
+                    {type_id: call_label(TYPE_NAMES[type_id], channel, stream_id,
+                                         f"requester pid={os.getpid()}")
+                     for type_id in REQUESTER_COUNTERS})
+            except BaseException:
+                replies.close()
+                raise
+        except BaseException:
+            publication.close()
+            raise
+        return Requester(channel, stream_id, publication=publication, replies=replies,
+                         response_stream_id=response_stream_id, counters=counters,
+                         on_close=lambda: None)
+
+    def add_responder(self, channel: str, stream_id: int,
+                      handler: RequestHandler) -> Responder:
+        """A :class:`~shmbus.responder.Responder` answering the service on ``channel`` and
+        ``stream_id`` (``aeron:ipc``) with ``handler(request: bytes) -> bytes``; the
+        responders of a service share its requests, each to one of them. TypeError for a
+        handler that is not callable."""
+        _check_ipc_service(channel)
+        if not callable(handler):
+            raise TypeError(f"handler must be callable, not {type(handler).__name__}")
+        requests = self.add_subscription(channel, stream_id, group=responder_group(stream_id))
+        assert isinstance(requests, GroupSubscription)
+        try:
+            counters = self._add_counters(
+                {type_id: call_label(TYPE_NAMES[type_id], channel, stream_id,
+                                     f"responder pid={os.getpid()}")
+                 for type_id in RESPONDER_COUNTERS})
+        except BaseException:
+            requests.close()
+            raise
+        return Responder(channel, stream_id, handler, requests=requests, counters=counters,
+                         reply_publication=partial(self.add_publication, RESPONSE_CHANNEL),
+                         on_close=lambda: None)
+
     def _lease(self, subscription: Subscription) -> None:
         """Have every poll of ``subscription`` check that the driver has not timed this client
         out (its heartbeat counter is still this client's), so a process stopped past its
@@ -407,6 +469,30 @@ class Client:
     def _no_answer(self) -> None:
         raise DriverTimeoutError(f"no answer from the driver in {self.directory} within "
                                  f"{self.context.driver_timeout} s")
+
+    def _add_counters(self, labels: dict[int, str]) -> CallCounters:
+        """Counters owned by this client, one per type id with its label (freed by the
+        returned object's close(), or by the driver when this client goes away)."""
+        offsets: dict[int, int] = {}
+        ids: list[int] = []
+        try:
+            for type_id, text in labels.items():
+                ready = self._request(cp.AddCounter(self.client_id, self._correlation(),
+                                                    type_id, 0, 0, text))
+                assert isinstance(ready, cp.OnCounterReady)
+                ids.append(ready.counter_id)
+                offsets[type_id] = self.counters.counter_offset(ready.counter_id)
+        except BaseException:
+            self._remove_counters(ids)
+            raise
+        return CallCounters(self.counters.values, offsets, self._remove_counters, ids)
+
+    def _remove_counters(self, counter_ids: list[int]) -> None:
+        with self._lock:
+            if self._closing or self._error is not None or os.getpid() != self._pid:
+                return
+            for counter_id in counter_ids:
+                self._send(cp.RemoveCounter(self.client_id, self._correlation(), counter_id))
 
     def _send(self, command: cp.Message) -> None:
         """Send without waiting for the answer (removals)."""
@@ -707,6 +793,11 @@ def _run_conductor(client_ref: weakref.ref[Client]) -> None:
             traceback.print_exc()
         del client
         doorbell.wait(seen, _DRIVER_CHECK_INTERVAL_S)
+
+
+def _check_ipc_service(channel: str) -> None:
+    if not isinstance(channel, str) or not channel.startswith("aeron:ipc"):
+        raise ValueError(f"request/reply runs on aeron:ipc channels; {channel!r} is not one")
 
 
 def _check_stream_id(stream_id: int) -> None:

@@ -39,3 +39,27 @@ class RegistrationError(ShmbusError):
     def __init__(self, code: int, message: str) -> None:
         self.code = code
         super().__init__(message)
+
+
+class RequestError(ShmbusError):
+    """A request/reply call failed; the subclass says how."""
+
+
+class NoResponderError(RequestError):
+    """No responder serves the service: the call was not sent."""
+
+
+class ResponderLostError(RequestError):
+    """The responder(s) left (died, closed, or were timed out) before answering the call."""
+
+
+class RequestTimeoutError(RequestError):
+    """No reply came before the call's deadline (a later reply is dropped)."""
+
+
+class RemoteError(RequestError):
+    """The responder's handler raised: ``remote`` is ``"ExceptionType: message"``."""
+
+    def __init__(self, remote: str, service: str) -> None:
+        self.remote = remote
+        super().__init__(f"the responder of {service} raised {remote}")

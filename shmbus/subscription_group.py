@@ -109,6 +109,12 @@ class GroupImage(Image):
         """This member's claim record (start, end): it owns [start, end) while start < end."""
         return self._member.claim
 
+    @property
+    def handed_on(self) -> bool:
+        """True while the handler gets the first message of a claim handed on from a member
+        that left: that member may have been handling it when it went."""
+        return self._member.handed_on
+
     def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
         """Deliver this member's claim to ``handler(buffer, header)``: the rest of an
         unfinished one, else a claim handed on from a member that left, else a new run of

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from shmbus.cli import snapshot as bussnapshot
 from shmbus.cli import stat as busstat
+from shmbus.cli.services import analyse_services
 from shmbus.context import Context
 from shmbus.driver.media_driver import DriverAlreadyRunningError, run_driver
 
@@ -266,15 +267,20 @@ def streams_command(
     snapshot, status = _read(dir)
     views = [v for v in busstat.analyse_streams(snapshot)
              if not streams or v.stream_id in streams]
+    services = [s for s in analyse_services(snapshot.counters)
+                if not streams or s.stream_id in streams]
     if as_json:
         _echo_json(busstat.document("streams", snapshot, status,
-                                    streams=[v.to_json() for v in views]))
+                                    streams=[v.to_json() for v in views],
+                                    services=[s.to_json() for s in services]))
     else:
         typer.echo(busstat.header_line("streams", snapshot, status))
         for view in views:
             typer.echo(view.line())
         if not views:
             typer.echo("no publications")
+        for service in services:
+            typer.echo(service.line())
     raise typer.Exit(status.exit_code)
 
 

@@ -9,7 +9,7 @@ scrape, so a scrape shows the same positions ``shmbus streams`` would at that mo
   tail read live, pub-lmt, sub-pos, snd-pos, snd-lmt, rcv-hwm, rcv-pos, fc-rcv-pos, grp-pos
   and the group claim records that are not idle);
 * ``shmbus_value`` (gauge): other counters that go up and down (client-heartbeat, an epoch
-  ms; fc-receivers, grp-members, rcv-cc-window);
+  ms; fc-receivers, grp-members, rcv-cc-window, rr-in-flight);
 * ``shmbus_events_total`` (counter): totals: the system counters, snd-bpe, grp-redelivered,
   and the netbridge's channel statistics (any counter type not named above counts as a total);
 * ``shmbus_subscriber_lag_bytes`` (gauge): pub-pos (an image: rcv-pos) - each subscriber's
@@ -45,6 +45,7 @@ from shmbus.shm.counters import (
     RCV_CC_WINDOW,
     RCV_HWM,
     RCV_POS,
+    RR_IN_FLIGHT,
     SND_LMT,
     SND_POS,
     SUB_POS,
@@ -54,7 +55,8 @@ from shmbus.shm.counters import (
 
 POSITION_TYPES = frozenset({PUB_LIMIT, PUB_POS, SUB_POS, SND_POS, SND_LMT, RCV_HWM, RCV_POS,
                             FC_RCV_POS, GROUP_POS, GROUP_CLAIM, GROUP_ORPHAN})
-GAUGE_TYPES = frozenset({CLIENT_HEARTBEAT, FC_RECEIVERS, GROUP_MEMBERS, RCV_CC_WINDOW})
+GAUGE_TYPES = frozenset({CLIENT_HEARTBEAT, FC_RECEIVERS, GROUP_MEMBERS, RCV_CC_WINDOW,
+                         RR_IN_FLIGHT})
 COUNTER_LABELS = ("type", "id", "name", "stream", "session", "channel", "client_pid",
                   "client_name")
 STREAM_LABELS = ("stream", "session", "channel")

@@ -140,6 +140,8 @@ from shmbus.shm.counters import (
     RCV_CC_WINDOW,
     RCV_HWM,
     RCV_POS,
+    REQUESTER_COUNTERS,
+    RESPONDER_COUNTERS,
     SND_BPE,
     SND_LMT,
     SND_POS,
@@ -342,9 +344,11 @@ LOG_TYPES = frozenset({PUB_LIMIT, PUB_POS, SND_POS, SND_LMT, SND_BPE, RCV_HWM, R
 GROUP_TYPES = frozenset({GROUP_POS, GROUP_ORPHAN, GROUP_MEMBERS, GROUP_REDELIVERED})
 #: Counters of one reader of a log: reference id = the registration id of the log it reads.
 READER_TYPES = frozenset({SUB_POS, GROUP_CLAIM})
+#: A requester's or responder's counters (request/reply): stream and channel in the label.
+CALL_TYPES = frozenset(REQUESTER_COUNTERS + RESPONDER_COUNTERS)
 #: Every counter that belongs to a stream.
 STREAM_TYPES = LOG_TYPES | GROUP_TYPES | READER_TYPES | {FC_RECEIVERS, FC_RCV_POS,
-                                                           RCV_CC_WINDOW}
+                                                           RCV_CC_WINDOW} | CALL_TYPES
 #: A group member's claim record between claims (its start), and an empty orphan record.
 IDLE_CLAIM = (1 << 63) - 1
 _GROUP_IN_LABEL = re.compile(r"(?:^| )group=(?P<group>\S+)")

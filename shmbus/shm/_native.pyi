@@ -258,6 +258,10 @@ class GroupMemberCore(ImageCore):
     @property
     def claim(self) -> tuple[int, int]:
         """This member's claim record (start, end); it owns [start, end) while start < end."""
+    @property
+    def handed_on(self) -> bool:
+        """True while the handler gets the first message of a claim handed on from a member
+        that left (it may have been handling it when it went)."""
     def poll(self, handler: Callable[[memoryview, Header], object], fragment_limit: int, /) -> int:
         """Delivers this member's claim: the rest of an unfinished one, else the group's
         orphan, else a new run of whole messages of up to fragment_limit fragments."""

@@ -77,6 +77,19 @@ GROUP_CLAIM = 31
 GROUP_ORPHAN = 32
 GROUP_MEMBERS = 33
 GROUP_REDELIVERED = 34
+#: request/reply (shmbus's own): a requester's calls in flight, answered, failed, timed out and
+#: the late replies it dropped; a responder's requests served, handler errors, and the replies
+#: it dropped because their requester was gone. Labels: ``<type>: 0 0 <stream> <channel> ...``
+RR_IN_FLIGHT = 40
+RR_ANSWERED = 41
+RR_FAILED = 42
+RR_TIMED_OUT = 43
+RR_LATE = 44
+RR_SERVED = 45
+RR_HANDLER_ERRORS = 46
+RR_REPLIES_DROPPED = 47
+REQUESTER_COUNTERS = (RR_IN_FLIGHT, RR_ANSWERED, RR_FAILED, RR_TIMED_OUT, RR_LATE)
+RESPONDER_COUNTERS = (RR_SERVED, RR_HANDLER_ERRORS, RR_REPLIES_DROPPED)
 #: The key of a grp-claim counter: the ids of its group's grp-pos and grp-orphan counters, and
 #: the member's token for the group's claim lock.
 GROUP_CLAIM_KEY = struct.Struct("<iiq")
@@ -101,6 +114,14 @@ TYPE_NAMES: dict[int, str] = {
     GROUP_ORPHAN: "grp-orphan",
     GROUP_MEMBERS: "grp-members",
     GROUP_REDELIVERED: "grp-redelivered",
+    RR_IN_FLIGHT: "rr-in-flight",
+    RR_ANSWERED: "rr-answered",
+    RR_FAILED: "rr-failed",
+    RR_TIMED_OUT: "rr-timed-out",
+    RR_LATE: "rr-late",
+    RR_SERVED: "rr-served",
+    RR_HANDLER_ERRORS: "rr-handler-errors",
+    RR_REPLIES_DROPPED: "rr-replies-dropped",
 }
 
 

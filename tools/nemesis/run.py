@@ -24,6 +24,8 @@ between, the nemesis:
   and rebuild);
 * ``kill-netbridge``: SIGKILLs the netbridge (the driver starts another);
 * ``fill-disk``: fills the bus tmpfs with a ballast file for a while, then frees it.
+* ``kill-responder``: SIGKILLs one of the two request/reply responders (tools/nemesis/calls.py)
+  while a caller keeps calling, starts it again.
 
 A restarted or rebuilt writer is a new publication: a new incarnation, sequence from 0.
 
@@ -47,7 +49,9 @@ The rules (a breach of any is printed and the exit status is 1):
 5. Across a driver restart (or any rebuild of the writer's client): a tethered or UDP reader
    following it may miss at most one term's worth of messages the writer had acked when its
    client was dropped (term length / smallest frame).
-6. No process dies unless the nemesis killed it (a writer, reader or driver that does is
+6. Request/reply (tools/nemesis/calls.py): every call is answered with the reply to that very
+   request, or fails with a documented error; none is left unsettled.
+7. No process dies unless the nemesis killed it (a writer, reader or driver that does is
    started again, and reported).
 
 At the end it prints, per writer incarnation and per reader: sent, received, lost, duplicated,
@@ -79,6 +83,7 @@ import psutil
 
 import shmbus
 from tools.bench.network import free_udp_ports
+from tools.nemesis import calls
 from tools.nemesis.check import (
     ENDINGS,
     KILLED_MID_CLAIM,
@@ -102,7 +107,7 @@ from tools.nemesis.workers import (
 )
 
 SCHEDULED = ("kill-writer-mid-offer", "kill-writer-mid-claim", "stop-subscriber", "kill-driver",
-             "kill-netbridge", "fill-disk", "kill-view-holder")
+             "kill-netbridge", "fill-disk", "kill-view-holder", "kill-responder")
 #: udp-loss is standing; it fired when the netbridge's receivers counted gaps
 FAULTS = (*SCHEDULED, "udp-loss")
 UDP_STATS = ("retransmits", "gaps", "naks sent")
@@ -252,8 +257,11 @@ class Workers:
     mp: Any = field(default_factory=lambda: multiprocessing.get_context("spawn"))
     writer_processes: list[Any] = field(default_factory=list)
     reader_processes: list[Any] = field(default_factory=list)
+    responder_processes: list[Any] = field(default_factory=list)
+    caller_process: Any = None
 
     def __post_init__(self) -> None:
+        self.call_tally: dict[str, int] | None = None
         self.stop_writing = self.mp.Event()
         self.leave = self.mp.Event()
         self.stop_reading = self.mp.Event()
@@ -263,6 +271,28 @@ class Workers:
     def start(self) -> None:
         self.reader_processes = [self._reader(i) for i in range(len(self.readers))]
         self.writer_processes = [self._writer(i) for i in range(len(self.writers))]
+        self.responder_processes = [self._responder(i) for i in range(2)]
+        self.caller_process = self._caller()
+
+    def _responder(self, i: int) -> Any:
+        process = self.mp.Process(target=calls.run_responder, name=f"responder-{i}",
+                                  args=(self.context, self.leave, self.errors), daemon=True)
+        process.start()
+        return process
+
+    def _caller(self) -> Any:
+        process = self.mp.Process(target=calls.run_caller, name="caller",
+                                  args=(self.context, self.seed, self.stop_writing,
+                                        self.results, self.errors), daemon=True)
+        process.start()
+        return process
+
+    def kill_responder(self, i: int) -> None:
+        """SIGKILL responder ``i`` and start it again."""
+        process = self.responder_processes[i]
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+        self.responder_processes[i] = self._responder(i)
 
     def _writer(self, i: int) -> Any:
         process = self.mp.Process(
@@ -304,6 +334,13 @@ class Workers:
                 deaths.append(f"reader {self.readers[i].name} died: exit code "
                               f"{process.exitcode}")
                 self.reader_processes[i] = self._reader(i)
+        for i, process in enumerate(self.responder_processes):
+            if not process.is_alive():
+                deaths.append(f"responder {i} died: exit code {process.exitcode}")
+                self.responder_processes[i] = self._responder(i)
+        if not self.caller_process.is_alive():
+            deaths.append(f"the caller died: exit code {self.caller_process.exitcode}")
+            self.caller_process = self._caller()
         return deaths
 
     def finish(self, drain_s: float) -> dict[str, SubscriberCheck]:
@@ -313,12 +350,17 @@ class Workers:
         self.stop_reading.set()
         checks: dict[str, SubscriberCheck] = {}
         deadline = time.monotonic() + 60
-        while len(checks) < len(self.readers) and time.monotonic() < deadline:
+        while (len(checks) < len(self.readers) or self.call_tally is None) \
+                and time.monotonic() < deadline:
             with contextlib.suppress(Exception):
                 name, check = self.results.get(timeout=1)
-                checks[name] = check
+                if name == "caller":
+                    self.call_tally = check
+                else:
+                    checks[name] = check
         self.leave.set()
-        for process in self.writer_processes + self.reader_processes:
+        for process in (self.writer_processes + self.reader_processes
+                        + self.responder_processes + [self.caller_process]):
             process.join(15)
             if process.is_alive():
                 process.kill()
@@ -443,6 +485,10 @@ class Nemesis:
             self.notes.append("kill-view-holder: no large message to hold within 15 s")
         os.kill(process.pid, signal.SIGKILL)
         process.join()
+
+    def kill_responder(self) -> None:
+        self.workers.kill_responder(self.rng.randrange(len(self.workers.responder_processes)))
+        self.fired["kill-responder"] += 1
 
     def fill_disk(self) -> None:
         """Fill the bus tmpfs with a ballast file, hold it full for 2 s, free it."""
@@ -572,7 +618,9 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
         found += [f"stream {stream} session {session}: {held_bytes} bytes of large-message "
                   f"memory still held after every reader drained (a block never freed)"
                   for stream, session, held_bytes in held]
+        found += calls.call_breaches(workers.call_tally)
         print(summary(sent, reports, specs, nemesis))
+        print(calls.summary_line(workers.call_tally))
         for note in nemesis.notes:
             print(f"note: {note}")
         if bus.restarts_refused:

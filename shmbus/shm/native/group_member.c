@@ -42,6 +42,7 @@ typedef struct {
     int64_t *orphan_start;    /* the group's orphan record (written by the driver) */
     int64_t *orphan_end;
     int64_t token;            /* this member's lock token (> 0) */
+    int handed_on;            /* the message being delivered heads a claim handed on */
 } GroupMemberCore;
 
 static int group_lock(GroupMemberCore *self)
@@ -131,6 +132,8 @@ static int group_take_orphan(GroupMemberCore *self)
     if (taken) {
         STORE_RELEASE(self->end, end);
         STORE_RELEASE(self->orphan_start, (int64_t)GROUP_IDLE);
+        /* its first message is the one the departed member may have been handling */
+        self->handed_on = 1;
     }
     group_unlock(self);
     if (!taken)
@@ -211,6 +214,7 @@ static long group_deliver(GroupMemberCore *self, PyObject *handler)
                 Py_DECREF(r);
         }
         if (last) {
+            self->handed_on = 0;
             STORE_RELEASE(self->start, position >= end ? (int64_t)GROUP_IDLE : position);
             if (failed || image->closed || position >= end)
                 break;  /* once closed the log may be gone: the record keeps the rest */
@@ -298,6 +302,7 @@ static PyObject *group_take(GroupMemberCore *self, PyObject *Py_UNUSED(ignored))
             at += (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
         }
     }
+    self->handed_on = 0;  /* the message is done as take returns it */
     STORE_RELEASE(self->start, position >= end ? (int64_t)GROUP_IDLE : position);
     if (position >= end)
         group_go_idle(self);
@@ -336,6 +341,9 @@ static PyObject *group_get_claim(GroupMemberCore *self, void *c)
     return Py_BuildValue("(LL)", (long long)LOAD_ACQUIRE(self->start),
                          (long long)LOAD_ACQUIRE(self->end));
 }
+
+static PyObject *group_get_handed_on(GroupMemberCore *self, void *c)
+{ return PyBool_FromLong(self->handed_on); }
 
 static PyObject *group_get_position(GroupMemberCore *self, void *c)
 { return PyLong_FromLongLong(LOAD_ACQUIRE(self->image.position)); }
@@ -380,6 +388,9 @@ static PyGetSetDef group_getset[] = {
      "the group's claim position: everything before it has been claimed by a member", NULL},
     {"claim", (getter)group_get_claim, NULL,
      "this member's claim record (start, end): it owns [start, end) while start < end", NULL},
+    {"handed_on", (getter)group_get_handed_on, NULL,
+     "True while the handler gets the first message of a claim handed on from a member that "
+     "left: that member may have been handling it when it went", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

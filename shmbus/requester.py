@@ -1,0 +1,358 @@
+"""The calling side of request/reply: ``bus.add_requester(channel, stream_id)``.
+
+A requester publishes each request on the service's stream with a 16-byte call header
+(shmbus/shm/call_header.py: its correlation id and the requester's own response stream) and
+reads the replies on that response stream, which only it subscribes to: a reply goes to the
+requester that asked, and is matched to its call by correlation id, never by order. The calls
+in flight live in a :class:`~shmbus.pending_calls.PendingCalls` table.
+
+Waiting follows the subscriptions' rules: a caller spins for ``Context.wait_spin``, then
+sleeps until the responder's reply wakes it. Many threads may share one requester: whichever
+waiting caller holds the reader's turn reads every reply and hands each to its call; the
+others sleep until theirs is settled or the turn is free. A caller that waits also checks, at
+least every 50 ms, that a responder is still connected: when the last one has gone (it closed,
+or died and the driver timed it out, ``client_liveness_timeout``) every call in flight fails
+with ResponderLostError, so no call outlives its responders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from shmbus.codes import ADMIN_ACTION, BACK_PRESSURED, CLOSED, NOT_CONNECTED
+from shmbus.errors import (
+    ClientClosedError,
+    PublicationError,
+    RequestTimeoutError,
+    ResponderLostError,
+    ShmbusError,
+)
+from shmbus.pending_calls import PendingCall, PendingCalls
+from shmbus.shm import call_header
+from shmbus.shm.counters import (
+    RR_ANSWERED,
+    RR_FAILED,
+    RR_IN_FLIGHT,
+    RR_LATE,
+    RR_TIMED_OUT,
+)
+
+if TYPE_CHECKING:
+    from shmbus.call_counters import CallCounters
+    from shmbus.publication import Publication
+    from shmbus.shm._native import Buffer  # a type of the stub only
+    from shmbus.subscription import Subscription
+
+#: The default deadline of a call, seconds.
+DEFAULT_CALL_TIMEOUT = 5.0
+#: The longest a waiting caller goes without checking that a responder is still connected.
+_LIVENESS_CHECK_S = 0.05
+_pack_header = call_header.HEADER.pack
+#: The longest a back-pressured request waits for room before it reads replies and retries.
+_SEND_RETRY_S = 0.005
+
+
+class Call:
+    """A request in flight, from :meth:`Requester.submit`: ``result()`` waits for its reply."""
+
+    __slots__ = ("_pending", "_requester")
+
+    def __init__(self, requester: Requester, pending: PendingCall) -> None:
+        self._requester = requester
+        self._pending = pending
+
+    @property
+    def correlation_id(self) -> int:
+        """The call's id, unique within its requester."""
+        return self._pending.correlation_id
+
+    def done(self) -> bool:
+        """True once the call is settled (answered, failed or timed out). Does not wait."""
+        return self._pending.settled
+
+    def result(self, timeout: float | None = None) -> bytes:
+        """The reply, waiting at most ``timeout`` seconds (None: until the call's own
+        deadline). Raises the call's error (RemoteError, ResponderLostError,
+        NoResponderError, RequestTimeoutError), or TimeoutError when ``timeout`` passes first
+        (the call stays in flight)."""
+        pending = self._pending
+        if not pending.settled:
+            self._requester._wait(pending, timeout)
+        if pending.error is not None:
+            raise pending.error
+        assert pending.reply is not None
+        return pending.reply
+
+    def __repr__(self) -> str:
+        state = "settled" if self._pending.settled else "in flight"
+        return f"Call(correlation_id={self.correlation_id}, {state})"
+
+
+class Requester:
+    """Calls a service (channel + stream) and gets its responders' replies. Thread-safe.
+
+    Made by ``Client.add_requester``; a context manager (closing it fails the calls still in
+    flight with ClientClosedError).
+    """
+
+    def __init__(self, channel: str, stream_id: int, *, publication: Publication,
+                 replies: Subscription, response_stream_id: int, counters: CallCounters,
+                 on_close: Callable[[], None]) -> None:
+        self.channel = channel
+        self.stream_id = stream_id
+        self.response_stream_id = response_stream_id
+        self._publication = publication
+        self._replies = replies
+        self._counters = counters
+        self._on_close = on_close
+        self._table = PendingCalls(f"{channel} stream {stream_id}")
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()  # the table
+        self._settled = threading.Condition(self._lock)
+        self._followers = 0  # callers sleeping on _settled
+        self._reader = threading.Lock()  # the turn to read replies
+        self._async_reading = False
+        self._async_waiters: set[asyncio.Future[None]] = set()
+        self._closed = False
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    def submit(self, data: Buffer, *, timeout: float | None = DEFAULT_CALL_TIMEOUT,
+               idempotent: bool = False) -> Call:
+        """Send a request and return at once: the :class:`Call`'s ``result()`` waits for the
+        reply. ``timeout`` (seconds; None: none) is the call's deadline. ``idempotent`` lets a
+        request whose responder left be run by another responder instead of failing with
+        ResponderLostError. A call with no responder connected fails at once
+        (NoResponderError, raised by ``result()``). Raises ClientClosedError once closed."""
+        correlation_id = next(self._ids)
+        deadline = float("inf") if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError(f"the requester of {self._table.service} is closed")
+            pending = self._table.open(correlation_id, deadline, idempotent=idempotent)
+        pending.on_settled = self._count
+        self._counters.add(RR_IN_FLIGHT)
+        header = _pack_header(call_header.REQUEST, call_header.IDEMPOTENT if idempotent else 0,
+                              call_header.VERSION, self.response_stream_id, correlation_id)
+        result = self._publication.offer(header, data)
+        if result < 0:
+            self._send_refused(pending, header, data, result)
+        return Call(self, pending)
+
+    def request(self, data: Buffer, *, timeout: float | None = DEFAULT_CALL_TIMEOUT,
+                idempotent: bool = False) -> bytes:
+        """Send a request and wait for its reply (bytes): :meth:`submit` then ``result()``."""
+        return self.submit(data, timeout=timeout, idempotent=idempotent).result()
+
+    async def request_async(self, data: Buffer, *,
+                            timeout: float | None = DEFAULT_CALL_TIMEOUT,
+                            idempotent: bool = False) -> bytes:
+        """:meth:`request` for asyncio: the event loop runs while the call waits."""
+        call = self.submit(data, timeout=timeout, idempotent=idempotent)
+        pending = call._pending
+        loop = asyncio.get_running_loop()
+        while not pending.settled:
+            if self._async_reading:
+                await self._await_settled(pending, loop)
+                continue
+            self._async_reading = True
+            try:
+                while not pending.settled:
+                    self._pump(pending)
+                    if pending.settled:
+                        break
+                    wake = min(pending.deadline, time.monotonic() + _LIVENESS_CHECK_S)
+                    await self._replies._readable(wake)
+            finally:
+                self._async_reading = False
+                for waiter in self._async_waiters:  # one of them reads next
+                    if not waiter.done():
+                        waiter.set_result(None)
+        return call.result()
+
+    async def _await_settled(self, pending: PendingCall, loop: asyncio.AbstractEventLoop
+                             ) -> None:
+        """Sleep until ``pending`` settles, the async reader's turn is free, or a slice."""
+        waiter = loop.create_future()
+
+        def wake() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        def fire(_: PendingCall) -> None:
+            self._count(pending)
+            loop.call_soon_threadsafe(wake)
+
+        pending.on_settled = fire
+        self._async_waiters.add(waiter)
+        try:
+            if not pending.settled:
+                await asyncio.wait([waiter], timeout=_LIVENESS_CHECK_S)
+        finally:
+            self._async_waiters.discard(waiter)
+            if not pending.settled:
+                pending.on_settled = self._count
+
+    @property
+    def in_flight(self) -> int:
+        """Calls sent and not settled yet."""
+        return len(self._table)
+
+    # -- waiting --------------------------------------------------------------------------------
+
+    def _wait(self, pending: PendingCall, timeout: float | None) -> None:
+        """Until ``pending`` settles; TimeoutError if ``timeout`` (seconds) passes first."""
+        until = float("inf") if timeout is None else time.monotonic() + timeout
+        replies = self._replies
+        while not pending.settled:
+            now = time.monotonic()
+            if now >= until and now < pending.deadline:
+                raise TimeoutError(f"call {pending.correlation_id} not settled within "
+                                   f"{timeout} s (it stays in flight)")
+            if self._reader.acquire(blocking=False):
+                try:
+                    self._pump(pending)
+                    if not pending.settled:
+                        now = time.monotonic()
+                        replies.wait(max(0.0, min(pending.deadline, until,
+                                                  now + _LIVENESS_CHECK_S) - now))
+                        self._read_replies()
+                finally:
+                    self._reader.release()
+                    if self._followers:
+                        with self._lock:
+                            self._settled.notify_all()
+            else:
+                with self._lock:
+                    if pending.settled or not self._reader.locked():
+                        continue
+                    self._followers += 1
+                    try:
+                        self._settled.wait(max(0.0, min(pending.deadline, until,
+                                                        now + _LIVENESS_CHECK_S) - now))
+                    finally:
+                        self._followers -= 1
+
+    def _pump(self, pending: PendingCall) -> None:
+        """One look without sleeping: read the replies, settle the calls past their
+        deadline, fail everything if no responder is connected any more. The caller holds
+        the reader's turn (or is the async reader)."""
+        self._read_replies()
+        if pending.settled:
+            return
+        now = time.monotonic()
+        if now >= pending.deadline:
+            with self._lock:
+                self._table.expire(now)
+        elif not self._publication.is_connected:
+            self._read_replies()  # a reply written just before its responder left
+            with self._lock:
+                self._table.fail_all(self._lost)
+                self._wake_followers()
+
+    def _lost(self, call: PendingCall) -> ResponderLostError:
+        return ResponderLostError(
+            f"call {call.correlation_id} to {self._table.service}: no responder is connected "
+            f"any more (they closed, or died and were timed out) and none answered it")
+
+    def _read_replies(self) -> None:
+        take, unpack = self._replies._take, call_header.unpack
+        while (message := take()) is not None:
+            try:
+                kind, _, _, correlation_id = unpack(message)
+            except call_header.MalformedCall:
+                self._counters.add(RR_LATE)
+                continue
+            if kind == call_header.REQUEST:
+                self._counters.add(RR_LATE)
+                continue
+            with self._lock:
+                if self._table.on_reply(kind, correlation_id,
+                                        message[call_header.HEADER_LENGTH:]) is None:
+                    self._counters.add(RR_LATE)
+                else:
+                    self._wake_followers()
+
+    def _wake_followers(self) -> None:
+        if self._followers:
+            self._settled.notify_all()
+
+    def _send_refused(self, pending: PendingCall, header: bytes, data: Buffer,
+                      result: int) -> None:
+        """The offer of a request was refused with ``result``. Back-pressure: offer again
+        until the call's deadline, reading replies meanwhile (the responders may be waiting
+        for this requester to read before they take more requests); else fail the call with
+        the reason."""
+        publication = self._publication
+        while result in (BACK_PRESSURED, ADMIN_ACTION):
+            remaining = pending.deadline - time.monotonic()
+            if remaining <= 0:
+                with self._lock:
+                    self._table.expire(pending.deadline)
+                return
+            if self._reader.acquire(blocking=False):
+                try:
+                    self._read_replies()
+                finally:
+                    self._reader.release()
+            if result == BACK_PRESSURED:
+                publication._await_progress(min(remaining, _SEND_RETRY_S))
+            result = publication.offer(header, data)
+        if result > 0:
+            return
+        with self._lock:
+            if result == NOT_CONNECTED:
+                error: ShmbusError = self._table.no_responder()
+            elif result == CLOSED:
+                error = ClientClosedError(f"the requester of {self._table.service} is closed")
+            else:
+                error = PublicationError(result)
+            self._table.fail(pending.correlation_id, error)
+
+    def _count(self, call: PendingCall) -> None:
+        """Counters for a call just settled (called by the table, under the lock)."""
+        counters = self._counters
+        counters.add(RR_IN_FLIGHT, -1)
+        if call.error is None:
+            counters.add(RR_ANSWERED)
+        elif isinstance(call.error, RequestTimeoutError):
+            counters.add(RR_TIMED_OUT)
+        else:
+            counters.add(RR_FAILED)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        """True once closed."""
+        return self._closed
+
+    def close(self) -> None:
+        """Stop: fail the calls in flight with ClientClosedError, drop the response stream
+        and the request publication. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._table.fail_all(lambda call: ClientClosedError(
+                f"call {call.correlation_id}: the requester of {self._table.service} closed"))
+            self._wake_followers()
+        self._replies.close()
+        self._publication.close()
+        self._counters.close()
+        self._on_close()
+
+    def __enter__(self) -> Requester:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Requester(channel={self.channel!r}, stream_id={self.stream_id}, "
+                f"in_flight={self.in_flight})")

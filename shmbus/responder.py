@@ -1,0 +1,200 @@
+"""The serving side of request/reply: ``bus.add_responder(channel, stream_id, handler)``.
+
+A responder is a member of the service's subscription group (``rr-<stream id>`` on the
+request stream), so the responders of a service share its requests, each to exactly one of
+them (the group's claim, shmbus/subscription_group.py). For each request it calls
+``handler(request: bytes) -> bytes`` and publishes the answer, with the call's correlation
+id, on the response stream the request names: only the requester that asked reads it.
+
+What the handler's outcome becomes: its bytes are the reply; an exception becomes an error
+reply ("ExceptionType: message") that the caller gets as RemoteError. When a responder leaves
+with requests claimed and not answered (it closed, or died and the driver timed it out), the
+group hands them to another responder; the first of them may have been in the departed
+responder's handler, so unless the requester marked it idempotent, it is answered with a
+"lost" reply (the caller gets ResponderLostError) rather than run a second time. A reply
+whose requester is gone (its response stream has no subscriber) is dropped and counted
+(``rr-replies-dropped``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from shmbus.codes import NOT_CONNECTED
+from shmbus.errors import PublicationError, RegistrationError
+from shmbus.fragment_assembler import FragmentAssembler
+from shmbus.shm import call_header
+from shmbus.shm.counters import RR_HANDLER_ERRORS, RR_REPLIES_DROPPED, RR_SERVED
+from shmbus.subscription_group import GroupImage, GroupSubscription
+
+if TYPE_CHECKING:
+    from shmbus.call_counters import CallCounters
+    from shmbus.publication import Publication
+    from shmbus.shm._native import Header
+
+#: handler(request) -> reply
+RequestHandler = Callable[[bytes], Any]
+#: How long a reply may wait for a requester that does not read, seconds, before it is dropped.
+REPLY_TIMEOUT = 1.0
+_pack_header = call_header.HEADER.pack
+#: A waiting responder looks for requests handed on from a departed responder this often.
+_HANDED_ON_CHECK_S = 0.1
+
+
+def group_name(stream_id: int) -> str:
+    """The subscription group the responders of a stream share."""
+    return f"rr-{stream_id}" if stream_id >= 0 else f"rr-m{-stream_id}"
+
+
+class Responder:
+    """Serves one service (channel + stream) with ``handler``. Made by
+    ``Client.add_responder``; a context manager. Not for concurrent use by several threads:
+    run one ``serve`` (or ``poll`` loop) per responder."""
+
+    def __init__(self, channel: str, stream_id: int, handler: RequestHandler, *,
+                 requests: GroupSubscription, counters: CallCounters,
+                 reply_publication: Callable[[int], Publication],
+                 on_close: Callable[[], None]) -> None:
+        if not callable(handler):
+            raise TypeError(f"handler must be callable, not {type(handler).__name__}")
+        self.channel = channel
+        self.stream_id = stream_id
+        self.handler = handler
+        self._requests = requests
+        self._counters = counters
+        self._add_reply_publication = reply_publication
+        self._on_close = on_close
+        self._replies: dict[int, Publication] = {}
+        self._image: GroupImage | None = None
+        self._assembler = FragmentAssembler(self._on_request)
+        self._closed = False
+        #: requests answered (replies published); the rr-served counter follows per poll
+        self.served = 0
+        self._counted = 0
+
+    # -- serving --------------------------------------------------------------------------------
+
+    def poll(self, limit: int = 16) -> int:
+        """Answer up to about ``limit`` requests waiting now, without sleeping. Returns how
+        many fragments were read."""
+        fragments = 0
+        for image in self._requests.images:
+            self._image = image
+            fragments += image.poll(self._assembler, max(1, limit - fragments))
+            if fragments >= limit:
+                break
+        self._image = None
+        if self.served != self._counted:
+            self._counters.add(RR_SERVED, self.served - self._counted)
+            self._counted = self.served
+        return fragments
+
+    def serve(self, timeout: float | None = None) -> int:
+        """Answer requests as they come, sleeping in between (woken by the requesters), until
+        ``timeout`` seconds passed (None: until closed). Returns the requests served."""
+        before = self.served
+        deadline = float("inf") if timeout is None else time.monotonic() + timeout
+        requests = self._requests
+        while not self._closed:
+            if self.poll():
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            requests.wait(min(remaining, _HANDED_ON_CHECK_S))
+        return self.served - before
+
+    async def serve_async(self, timeout: float | None = None) -> int:
+        """:meth:`serve` for asyncio: the event loop runs while it waits (the handler runs on
+        the loop's thread)."""
+        before = self.served
+        deadline = float("inf") if timeout is None else time.monotonic() + timeout
+        while not self._closed:
+            if self.poll():
+                continue
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            await self._requests._readable(min(deadline, now + _HANDED_ON_CHECK_S))
+        return self.served - before
+
+    def _on_request(self, buffer: memoryview, header: Header) -> None:
+        try:
+            kind, flags, stream_id, correlation_id = call_header.unpack(buffer)
+        except call_header.MalformedCall:
+            kind = 0
+        if kind != call_header.REQUEST:
+            self._counters.add(RR_HANDLER_ERRORS)
+            return
+        image = self._image
+        if image is not None and image.handed_on and not flags & call_header.IDEMPOTENT:
+            self._reply(stream_id, call_header.LOST, correlation_id, b"")
+            return
+        try:
+            reply = self.handler(bytes(buffer[call_header.HEADER_LENGTH:]))
+            memoryview(reply)  # a reply is anything with the buffer protocol
+        except Exception as error:  # the caller gets it as RemoteError
+            self._counters.add(RR_HANDLER_ERRORS)
+            self._reply(stream_id, call_header.ERROR, correlation_id,
+                        f"{type(error).__qualname__}: {error}".encode())
+            return
+        self._reply(stream_id, call_header.REPLY, correlation_id, reply)
+
+    def _reply(self, stream_id: int, kind: int, correlation_id: int, body: Any) -> None:
+        publication = self._replies.get(stream_id)
+        if publication is None:
+            try:
+                publication = self._replies[stream_id] = self._add_reply_publication(stream_id)
+            except RegistrationError:
+                self._counters.add(RR_REPLIES_DROPPED)
+                return
+        head = _pack_header(kind, 0, call_header.VERSION, 0, correlation_id)
+        result = publication.offer(head, body)
+        if result == NOT_CONNECTED:  # the requester is gone
+            self._drop_reply(stream_id)
+            return
+        if result < 0:
+            try:
+                publication.publish(head, body, timeout=REPLY_TIMEOUT)
+            except PublicationError:
+                self._drop_reply(stream_id)
+                return
+        self.served += 1
+
+    def _drop_reply(self, stream_id: int) -> None:
+        self._counters.add(RR_REPLIES_DROPPED)
+        publication = self._replies.pop(stream_id, None)
+        if publication is not None:
+            publication.close()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        """True once closed."""
+        return self._closed
+
+    def close(self) -> None:
+        """Stop serving: requests this responder claimed and did not answer go to another
+        responder. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._requests.close()
+        for publication in self._replies.values():
+            publication.close()
+        self._replies.clear()
+        self._counters.close()
+        self._on_close()
+
+    def __enter__(self) -> Responder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Responder(channel={self.channel!r}, stream_id={self.stream_id}, "
+                f"served={self.served})")

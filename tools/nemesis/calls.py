@@ -1,0 +1,139 @@
+"""Request/reply under the nemesis: responder processes and a caller, and the rule they keep.
+
+The caller (``run_caller``) makes calls one after another (paced) on ``CALL_STREAM``, each request
+``(seq u64, crc32(body) u32)`` then a body; every 7th asks the handler to raise, every 5th is
+marked idempotent. The responders (``run_responder``, two of them, one group) answer with the
+request's bytes reversed. Both rebuild their client on the errors that mean the bus went away
+(as the writers and readers do, tools/nemesis/workers.py).
+
+The rule (``call_breaches``): every call is settled exactly once, either answered with the
+reply to that very request (checked byte for byte), or failed with a documented error:
+RemoteError naming the ValueError (only for requests that asked for it), NoResponderError,
+ResponderLostError, RequestTimeoutError, or an error that made the caller rebuild its client.
+A wrong reply, a raising request answered as if it did not raise, or an undocumented
+exception is a breach.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import time
+import zlib
+from collections import Counter
+from typing import Any
+
+import shmbus
+
+CALL_STREAM = 3001
+REQUEST = struct.Struct("<QI")
+REBUILD = (shmbus.DriverTimeoutError, shmbus.ClientTimeoutError, shmbus.DriverUnavailableError,
+           shmbus.ClientClosedError, shmbus.RegistrationError)
+DOCUMENTED = (shmbus.NoResponderError, shmbus.ResponderLostError, shmbus.RequestTimeoutError)
+CALL_TIMEOUT = 5.0
+
+
+def make_request(seq: int, rng: random.Random) -> bytes:
+    body = (b"raise" if seq % 7 == 3 else b"") + rng.randbytes(rng.randrange(8, 3000))
+    return REQUEST.pack(seq, zlib.crc32(body)) + body
+
+
+def answer(request: bytes) -> bytes:
+    """The handler: raises ValueError when asked to (after checking the request's CRC),
+    else the request reversed."""
+    seq, crc = REQUEST.unpack_from(request)
+    body = request[REQUEST.size:]
+    if zlib.crc32(body) != crc:
+        raise RuntimeError(f"request {seq}: corrupt")
+    if body.startswith(b"raise"):
+        raise ValueError(f"request {seq} asked for it")
+    if seq % 11 == 0:
+        time.sleep(0.002)  # a request in hand for a while: a kill may land in it
+    return request[::-1]
+
+
+def run_responder(context: shmbus.Context, stop: Any, errors: Any) -> None:
+    while not stop.is_set():
+        try:
+            with shmbus.connect(context) as bus, \
+                    bus.add_responder("aeron:ipc", CALL_STREAM, answer) as responder:
+                while not stop.is_set():
+                    responder.serve(timeout=0.2)
+        except REBUILD:
+            time.sleep(0.2)
+        except Exception as error:  # noqa: BLE001 - reported as a breach, not lost
+            errors.put(f"responder: {error!r}")
+            time.sleep(0.2)
+
+
+def run_caller(context: shmbus.Context, seed: int, stop: Any, results: Any,
+               errors: Any) -> None:
+    """Call until ``stop``; then put ("caller", tally) on ``results``."""
+    rng = random.Random(seed)
+    tally: Counter[str] = Counter()
+    seq = 0
+    while not stop.is_set():
+        try:
+            with shmbus.connect(context) as bus, \
+                    bus.add_requester("aeron:ipc", CALL_STREAM) as client:
+                while not stop.is_set():
+                    request = make_request(seq, rng)
+                    seq += 1
+                    tally["calls"] += 1
+                    outcome = _call(client, request, seq - 1)
+                    tally[outcome] += 1
+                    # paced (about 300 calls a second): the calls must not starve the writers
+                    # and readers of the two cores the nemesis runs on
+                    time.sleep(0.01 if outcome.startswith("failed ") else 0.003)
+        except REBUILD as error:
+            tally[f"rebuilt after {type(error).__name__}"] += 1
+            tally["failed rebuild"] += tally["calls"] - _settled(tally)
+            time.sleep(0.2)
+        except Exception as error:  # noqa: BLE001 - reported as a breach, not lost
+            errors.put(f"caller: {error!r}")
+            time.sleep(0.2)
+    results.put(("caller", dict(tally)))
+
+
+def _call(client: shmbus.Requester, request: bytes, seq: int) -> str:
+    """How one call ended: "answered", "failed <Error>", or "breach: ..."."""
+    raising = request[REQUEST.size:].startswith(b"raise")
+    try:
+        reply = client.request(request, timeout=CALL_TIMEOUT, idempotent=seq % 5 == 0)
+    except shmbus.RemoteError as error:
+        if raising and error.remote.startswith("ValueError: request"):
+            return "failed RemoteError"
+        return f"breach: call {seq} failed with {error}"
+    except DOCUMENTED as error:
+        return f"failed {type(error).__name__}"
+    if raising:
+        return f"breach: call {seq} asked the handler to raise and was answered"
+    if reply != request[::-1]:
+        return f"breach: call {seq} got a reply to another request ({len(reply)} bytes)"
+    return "answered"
+
+
+def _settled(tally: Counter[str]) -> int:
+    return sum(n for outcome, n in tally.items()
+               if outcome == "answered" or outcome.startswith(("failed ", "breach: ")))
+
+
+def call_breaches(tally: dict[str, int] | None) -> list[str]:
+    """The rule over the caller's tally (None: it sent none)."""
+    if tally is None:
+        return ["the caller sent no tally"]
+    found = [f"request/reply: {outcome} ({n}x)" for outcome, n in tally.items()
+             if outcome.startswith("breach: ")]
+    settled = _settled(Counter(tally))
+    if settled != tally.get("calls", 0):
+        found.append(f"request/reply: {tally.get('calls', 0)} calls, {settled} settled")
+    if not tally.get("answered"):
+        found.append("request/reply: no call was answered")
+    return found
+
+
+def summary_line(tally: dict[str, int] | None) -> str:
+    if tally is None:
+        return "request/reply: no tally"
+    return "request/reply: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items()))
+
