@@ -54,7 +54,9 @@ from shmbus.idle_strategy import (
     SleepingIdleStrategy,
     YieldingIdleStrategy,
 )
+from shmbus.history_merge import HistoryGapError
 from shmbus.image import FragmentBatch, Image
+from shmbus.late_join import LateJoinSubscription, MessageInfo, Recording
 from shmbus.publication import (
     BufferClaim,
     ConcurrentPublication,
@@ -93,14 +95,18 @@ __all__ = [
     "GroupImage",
     "GroupSubscription",
     "Header",
+    "HistoryGapError",
     "Image",
+    "LateJoinSubscription",
     "LogBuffer",
     "LogBufferError",
     "LostImage",
+    "MessageInfo",
     "NoOpIdleStrategy",
     "Publication",
     "PublicationError",
     "Reconnected",
+    "Recording",
     "RecordingError",
     "RecordingReader",
     "Recorder",

@@ -44,6 +44,24 @@ class ChannelUriError(ValueError):
 #: position the log still holds, or ``earliest``.
 JOIN_POSITION = "join-position"
 
+def with_join_position(channel: str, from_position: int | str) -> str:
+    """``channel`` with ``join-position`` set: a stream position, or ``"start"`` (the earliest
+    the log holds). ValueError names a bad value, ChannelUriError a channel naming it too."""
+    if from_position == "start":
+        value = "earliest"
+    elif isinstance(from_position, int) and not isinstance(from_position, bool):
+        value = str(from_position)
+    else:
+        raise ValueError(f"from_position={from_position!r} must be a stream position (int) "
+                         f"or 'start'")
+    if JOIN_POSITION in ChannelUri.parse(channel).params:
+        raise ChannelUriError(f"channel {channel!r} names a {JOIN_POSITION} already; do not "
+                              f"pass from_position too")
+    uri = f"{channel}{'|' if '?' in channel else '?'}{JOIN_POSITION}={value}"
+    ChannelUri.parse(uri)
+    return uri
+
+
 #: Parameter naming a subscription's consumer group (shmbus's own; Aeron has none).
 CONSUMER_GROUP = "consumer-group"
 _GROUP_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
