@@ -221,6 +221,7 @@ class Client:
         self, channel: str, stream_id: int, on_available_image: None = None,
         on_unavailable_image: None = None, *, group: None = None, history: Recording,
         from_position: int | str | None = None, last: int | None = None,
+        catch_up: float | None = None,
     ) -> LateJoinSubscription: ...
 
     def add_subscription(
@@ -234,6 +235,7 @@ class Client:
         history: Recording | None = None,
         from_position: int | str | None = None,
         last: int | None = None,
+        catch_up: float | None = None,
     ) -> Subscription | LateJoinSubscription:
         """Subscribe to a channel and stream; images appear as publishers do.
 
@@ -245,7 +247,9 @@ class Client:
         Late joiners: with ``history=shmbus.Recording(dir)`` it is a
         :class:`~shmbus.late_join.LateJoinSubscription`: the recorded messages from
         ``from_position`` (``"start"``; or the ``last`` n), then live, per session, no gap, no
-        duplicate. Without a history, ``from_position`` (a position, or ``"start"``: the
+        duplicate; ``catch_up`` (seconds) bounds how long the replay may chase a faster
+        live stream before the live subscription joins anyway (and holds its publishers until
+        the replay reaches it; None: it chases as long as it takes). Without a history, ``from_position`` (a position, or ``"start"``: the
         earliest the log holds) starts an aeron:ipc subscription (or a new group) inside the
         log; RegistrationError names the range the log holds when the position is gone.
         """
@@ -254,9 +258,10 @@ class Client:
                 raise ValueError("a subscription with history takes no group or image "
                                  "callbacks")
             return LateJoinSubscription(self, channel, stream_id, history,
-                                        from_position=from_position, last=last)
-        if last is not None:
-            raise ValueError("last=n needs a history (a Recording) to read from")
+                                        from_position=from_position, last=last,
+                                        catch_up=catch_up)
+        if last is not None or catch_up is not None:
+            raise ValueError("last=n and catch_up need a history (a Recording) to read from")
         if from_position is not None:
             channel = with_join_position(channel, from_position)
         self._await_reconnection()

@@ -33,7 +33,7 @@ import numpy as np
 
 from shmbus.archive.catalog import RecordingDescriptor, live_position, read_catalog
 from shmbus.archive.recording_reader import RecordingReader
-from shmbus.channel_uri import JOIN_POSITION, ChannelUri
+from shmbus.channel_uri import JOIN_POSITION, ChannelUri, ChannelUriError
 from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.history_merge import HistoryGapError, Phase, SessionMerge
 from shmbus.image import Image
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 #: how long an image of a session with no recording yet waits for the recorder to add one
 _RECORDING_WAIT_S = 2.0
+#: the least merge window (bytes); by default it is the larger of this and the term length
+_MERGE_WINDOW_MIN = 1 << 20
 #: the longest sleep of a waiting read
 _WAIT_SLICE_S = 0.001
 
@@ -97,7 +99,7 @@ class LateJoinSubscription:
 
     def __init__(self, client: Client, channel: str, stream_id: int, history: Recording, *,
                  from_position: int | str | None = None, last: int | None = None,
-                 merge_window: int | None = None) -> None:
+                 merge_window: int | None = None, catch_up: float | None = None) -> None:
         if from_position is not None and last is not None:
             raise ValueError("give from_position or last, not both")
         if isinstance(from_position, str) and from_position != "start":
@@ -110,7 +112,8 @@ class LateJoinSubscription:
             raise ValueError(f"last={last!r} must be an int >= 0")
         self._uri = ChannelUri.parse(channel)
         if JOIN_POSITION in self._uri.params:
-            raise ValueError(f"channel {channel!r}: a late joiner sets {JOIN_POSITION} itself")
+            raise ChannelUriError(f"channel {channel!r}: a late joiner sets {JOIN_POSITION} "
+                                  f"itself")
         self.client = client
         self.channel = channel
         self.stream_id = stream_id
@@ -135,8 +138,13 @@ class LateJoinSubscription:
         window = merge_window
         if window is None:
             terms = [d.term_length for d in self._all_recordings()]
-            window = max(terms) // 2 if terms else 64 * 1024
+            window = max([_MERGE_WINDOW_MIN, *terms])
+        #: the live subscription joins once the replay is this few bytes behind the recording
         self.merge_window = window
+        #: seconds the replay may try to come within merge_window; then the live
+        #: subscription joins anyway and holds its publishers until the replay reaches it
+        self.catch_up = catch_up
+        self._started = time.monotonic()
         if not self._sessions:
             self._go_live()
 
@@ -181,7 +189,7 @@ class LateJoinSubscription:
         if self._last is not None:
             return _last_messages_start(RecordingReader(self.directory, d), self._last)
         if isinstance(self._from, int):
-            return max(self._from, d.start_position)
+            return _check_message_start(RecordingReader(self.directory, d), self._from)
         return d.start_position
 
     def _refresh(self, session: _Session) -> list[tuple[int, int, bool]]:
@@ -251,7 +259,10 @@ class LateJoinSubscription:
                 if count >= limit:
                     break
                 count += self._poll_session(session, limit - count)
-            if self._live is None and self.behind <= self.merge_window:
+            if self._live is None and (
+                    self.behind <= self.merge_window or (
+                        self.catch_up is not None
+                        and time.monotonic() - self._started >= self.catch_up)):
                 self._go_live()
         finally:
             self._handler = None
@@ -278,6 +289,7 @@ class LateJoinSubscription:
         recorded = spans[index][1]
         span = merge.replay_range(recorded)
         if span is None:
+            merge.replayed(merge.position)  # at the live image's join already: go live
             return 0
         return self._replay(session, session.reader(descriptor, self.directory), span[1],
                             recorded, limit)
@@ -304,9 +316,10 @@ class LateJoinSubscription:
                 handler(data[offsets[i]:offsets[i + 1]], MessageInfo(sid, ends[i],
                                                                       reserved[i], True))
             count += n
-            merge.position = max(merge.position, ends[-1])
             if count >= limit:
+                merge.replayed(ends[-1])
                 return count
+            merge.position = max(merge.position, ends[-1])
         merge.replayed(end)
         return count
 
@@ -437,6 +450,24 @@ def message_ends(positions: np.ndarray, lengths: np.ndarray, mtu: int) -> np.nda
     last = lengths - full * chunk
     return positions + full * align(mtu) + ((last + HEADER_LENGTH + FRAME_ALIGNMENT - 1)
                                             & -FRAME_ALIGNMENT)
+
+
+def _check_message_start(reader: RecordingReader, position: int) -> int:
+    """``position`` (or the recording's start, if it starts later) when a message of the
+    recording starts there; ValueError naming the session otherwise."""
+    d = reader.descriptor
+    if position <= d.start_position:
+        return d.start_position
+    end = reader.stop_position
+    if position > end:
+        raise ValueError(f"from_position {position} is past the end of session "
+                         f"{d.session_id}'s recording {d.recording_id} (at {end} now)")
+    if position < end:
+        found = reader.read_batch(position, position + FRAME_ALIGNMENT).positions
+        if not len(found) or int(found[0]) != position:
+            raise ValueError(f"from_position {position} is not the start of a message of "
+                             f"session {d.session_id} (recording {d.recording_id})")
+    return position
 
 
 def _last_messages_start(reader: RecordingReader, n: int) -> int:
