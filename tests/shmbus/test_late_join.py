@@ -18,6 +18,8 @@ import pytest
 import shmbus
 from shmbus.archive.catalog import read_catalog
 from shmbus.archive.recording_reader import RecordingReader
+from tests.conftest import stop_driver
+from tests.netbridge.test_end_to_end import bus_pair, free_udp_port
 from tests.shmbus import late_join_workers as lw
 from tests.shmbus.driver.test_driver_processes import CTX, Processes
 
@@ -118,9 +120,10 @@ class Stream:
     """Publishers at full speed and a recorder, each in its own process."""
 
     def __init__(self, procs: Processes, context: shmbus.Context, directory: Path,
-                 channel: str, writers: int) -> None:
-        self.procs, self.context, self.directory, self.channel = (procs, context, directory,
-                                                                  channel)
+                 channel: str, writers: int,
+                 publisher_context: shmbus.Context | None = None) -> None:
+        self.procs, self.directory, self.channel = procs, directory, channel
+        self.context = publisher_context or context
         self.stop = CTX.Event()
         ready = CTX.Event()
         procs.start(lw.record, context, str(directory), channel, STREAM, self.stop, ready,
@@ -237,6 +240,41 @@ def test_stress_a_thousand_random_joins_under_load(bus_context, driver, procs,
     finally:
         stream.close()
     assert messages > STRESS_JOINS * 5
+
+
+def test_over_udp_with_loss(procs, shm_dir) -> None:
+    """Publishers on one bus, the recorder and the joiners on another, across two netbridges
+    dropping, duplicating and reordering datagrams: the same exactly-once seam."""
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, "drop=0.03,dup=0.02,reorder=0.03,seed=28")
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    directory = shm_dir / "rec"
+    rng = random.Random(17)
+    stream = None
+    try:
+        stream = Stream(procs, ctx_b, directory, channel, writers=2, publisher_context=ctx_a)
+        stream.wait_recorded(2, 256 * 1024)
+        with shmbus.connect(ctx_b) as bus:
+            for i in range(20):
+                if i % 10 == 9:
+                    seen = join(bus, directory, channel, "start" if i == 9 else None,
+                                live_wanted=20, **({} if i == 9 else {"last": 500}))
+                    for sid, s in seen.items():
+                        assert not s.errors, f"session {sid}: {s.errors[:3]}"
+                    continue
+                sid, position = pick_position(directory, rng, rng.choice([1 << 16, 1 << 20]))
+                seen = join(bus, directory, f"{channel}|session-id={sid}", position,
+                            live_wanted=30)
+                check_joined(directory, seen, position, {sid}, only=sid)
+                assert seen[sid].live >= 30
+        with shmbus.connect(ctx_b) as bus:
+            counters = {c.label.split(":")[0]: c.value for c in bus.counters.counters()
+                        if c.type_id >= 100}
+        assert counters["naks sent"] > 0, "no loss was injected"
+    finally:
+        if stream is not None:
+            stream.close()
+        for process in drivers:
+            stop_driver(process)
 
 
 def test_bad_requests_name_what_is_wrong(bus_context, driver, shm_dir) -> None:
