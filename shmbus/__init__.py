@@ -47,6 +47,7 @@ from shmbus.errors import (
     ShmbusError,
 )
 from shmbus.fragment_assembler import FragmentAssembler
+from shmbus.history_merge import HistoryGapError
 from shmbus.idle_strategy import (
     BackoffIdleStrategy,
     BusySpinIdleStrategy,
@@ -54,7 +55,6 @@ from shmbus.idle_strategy import (
     SleepingIdleStrategy,
     YieldingIdleStrategy,
 )
-from shmbus.history_merge import HistoryGapError
 from shmbus.image import FragmentBatch, Image
 from shmbus.late_join import LateJoinSubscription, MessageInfo, Recording
 from shmbus.publication import (

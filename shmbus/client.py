@@ -247,11 +247,12 @@ class Client:
         Late joiners: with ``history=shmbus.Recording(dir)`` it is a
         :class:`~shmbus.late_join.LateJoinSubscription`: the recorded messages from
         ``from_position`` (``"start"``; or the ``last`` n), then live, per session, no gap, no
-        duplicate; ``catch_up`` (seconds) bounds how long the replay may chase a faster
-        live stream before the live subscription joins anyway (and holds its publishers until
-        the replay reaches it; None: it chases as long as it takes). Without a history, ``from_position`` (a position, or ``"start"``: the
-        earliest the log holds) starts an aeron:ipc subscription (or a new group) inside the
-        log; RegistrationError names the range the log holds when the position is gone.
+        duplicate; ``catch_up`` (seconds) bounds how long the replay may chase a faster live
+        stream before the live subscription joins anyway (holding its publishers until the
+        replay reaches it; None: it chases as long as it takes). Without a history,
+        ``from_position`` (a position, or ``"start"``: the earliest the log holds) starts an
+        aeron:ipc subscription (or a new group) inside the log; RegistrationError names the
+        range the log holds when the position is gone.
         """
         if history is not None:
             if group is not None or on_available_image or on_unavailable_image:

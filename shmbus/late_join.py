@@ -308,7 +308,7 @@ class LateJoinSubscription:
             n = len(batch)
             if not n:
                 continue
-            data = memoryview(batch.data)
+            data = batch.data.data  # zero-copy slices
             offsets = batch.offsets.tolist()
             ends = message_ends(batch.positions, batch.lengths, mtu).tolist()
             reserved = batch.reserved_values.tolist()
@@ -356,15 +356,14 @@ class LateJoinSubscription:
                 if session.merge.phase is Phase.LIVE or session.merge.live_join is not None:
                     session.merge.image_lost()
         for sid, image in images.items():
-            session = self._sessions.get(sid)
-            if session is not None and session.image is image:
+            known = self._sessions.get(sid)
+            if known is not None and known.image is image:
                 continue
-            if session is None:
-                session = self._session_for_new_image(image)
-                if session is None:
-                    continue
-            session.image = image
-            move_to = session.merge.image_joined(image.join_position)
+            joining = known if known is not None else self._session_for_new_image(image)
+            if joining is None:
+                continue
+            joining.image = image
+            move_to = joining.merge.image_joined(image.join_position)
             if move_to is not None and move_to != image.position:
                 image.position = move_to
 
@@ -448,8 +447,9 @@ def message_ends(positions: np.ndarray, lengths: np.ndarray, mtu: int) -> np.nda
     lengths = lengths.astype(np.int64)
     full = np.maximum(lengths - 1, 0) // chunk  # fragments before the last one
     last = lengths - full * chunk
-    return positions + full * align(mtu) + ((last + HEADER_LENGTH + FRAME_ALIGNMENT - 1)
-                                            & -FRAME_ALIGNMENT)
+    ends: np.ndarray = positions + full * align(mtu) + (
+        (last + HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
+    return ends
 
 
 def _check_message_start(reader: RecordingReader, position: int) -> int:

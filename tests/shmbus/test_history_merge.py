@@ -64,7 +64,7 @@ class Model:
     def live(self) -> None:
         if self.merge.phase is not Phase.LIVE or self.live_at is None:
             return
-        for start, end, frames in self.messages:
+        for start, end, _frames in self.messages:
             if end <= self.live_at:
                 continue
             if start >= self.live_at:  # whole messages; one begun before is dropped

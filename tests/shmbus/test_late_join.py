@@ -98,7 +98,7 @@ def join(bus: shmbus.Client, directory: Path, channel: str, from_position: int |
                 break
             assert time.monotonic() < deadline, (
                 f"not live with {live_wanted} live messages per session in {timeout} s: "
-                f"{states}, behind {sub.behind} {[(s.merge, s.image and (s.image.join_position, s.image.position), s.recordings[-1]) for s in sub._sessions.values()]} live {sub._live and sub._live.images}")
+                f"{states}, behind {sub.behind}")
             time.sleep(0.0002)
     return seen
 
