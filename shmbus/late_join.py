@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 _RECORDING_WAIT_S = 2.0
 #: the least merge window (bytes); by default it is the larger of this and the term length
 _MERGE_WINDOW_MIN = 1 << 20
+#: how long a live image may wait for a recording that does not grow (a dead recorder)
+_RECORDING_STALL_S = 5.0
 #: the longest sleep of a waiting read
 _WAIT_SLICE_S = 0.001
 
@@ -81,7 +83,9 @@ class _Session:
         self.recordings: list[RecordingDescriptor] = []
         self.readers: dict[int, RecordingReader] = {}
         self.image: Image | None = None
-        self.waiting_since: float | None = None
+        #: the recording's readable end last seen while a live image waits, and since when
+        self.last_recorded = -1
+        self.recorded_since = 0.0
 
     def reader(self, descriptor: RecordingDescriptor, root: Path) -> RecordingReader:
         reader = self.readers.get(descriptor.recording_id)
@@ -224,6 +228,11 @@ class LateJoinSubscription:
             s.merge.phase is not Phase.REPLAY for s in self._sessions.values())
 
     @property
+    def live_subscription(self) -> Subscription | None:
+        """The live subscription (its images, their join positions), None until it joined."""
+        return self._live
+
+    @property
     def behind(self) -> int:
         """Bytes of recorded history not yet handed out, over all sessions being replayed."""
         total = 0
@@ -287,12 +296,28 @@ class LateJoinSubscription:
             return 0
         descriptor = session.recordings[index]
         recorded = spans[index][1]
+        self._check_stall(session, recorded)
         span = merge.replay_range(recorded)
         if span is None:
             merge.replayed(merge.position)  # at the live image's join already: go live
             return 0
         return self._replay(session, session.reader(descriptor, self.directory), span[1],
                             recorded, limit)
+
+    def _check_stall(self, session: _Session, recorded: int) -> None:
+        """Raise HistoryGapError when a live image waits for a recording that stopped growing
+        (its recorder died) for _RECORDING_STALL_S: it would hold the publisher for good."""
+        merge = session.merge
+        now = time.monotonic()
+        if merge.live_join is None or recorded >= merge.live_join \
+                or recorded != session.last_recorded:
+            session.last_recorded, session.recorded_since = recorded, now
+            return
+        if now - session.recorded_since > _RECORDING_STALL_S:
+            raise HistoryGapError(
+                f"session {merge.session_id}: the live image waits at {merge.live_join} and "
+                f"the recording in {self.directory} has not grown past {recorded} for "
+                f"{_RECORDING_STALL_S:g} s (is its recorder running?)")
 
     def _replay(self, session: _Session, reader: RecordingReader, end: int,
                 limit_position: int, limit: int) -> int:

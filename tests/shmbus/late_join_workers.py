@@ -72,3 +72,23 @@ def record(context: shmbus.Context, directory: str, channel: str, stream_id: int
         reports.put({"kind": "recorded"})
     except BaseException:
         reports.put({"kind": "error", "name": "recorder", "exception": traceback.format_exc()})
+
+
+def hold(context: shmbus.Context, directory: str, reports: Any) -> None:
+    """Join with history and go live at once (catch_up=0): the live image joins ahead of the
+    replay and holds the publisher; report where, then never read again."""
+    try:
+        with shmbus.connect(context) as bus:
+            sub = bus.add_subscription("aeron:ipc", 1001, history=shmbus.Recording(directory),
+                                       from_position="start", catch_up=0.0)
+            deadline = time.monotonic() + 30
+            while sub.live_subscription is None or not sub.live_subscription.images:
+                assert time.monotonic() < deadline, "no live image"
+                sub.poll(lambda payload, info: None, 1)
+            image = sub.live_subscription.images[0]
+            reports.put({"kind": "holding", "join": image.join_position,
+                         "replayed_to": sub.positions()[image.session_id][1]})
+            while True:
+                time.sleep(1)
+    except BaseException:
+        reports.put({"kind": "error", "name": "holder", "exception": traceback.format_exc()})

@@ -242,6 +242,33 @@ def test_stress_a_thousand_random_joins_under_load(bus_context, driver, procs,
     assert messages > STRESS_JOINS * 5
 
 
+def test_a_joiner_that_dies_holding_the_publisher_lets_it_go(
+        bus_context, driver, procs, shm_dir) -> None:
+    """A joiner whose live image waits ahead of its replay holds the publisher (tethered, as
+    any subscriber); SIGKILLed there, the driver times its client out and the publisher goes
+    on."""
+    directory = shm_dir / "rec"
+    stream = Stream(procs, bus_context, directory, "aeron:ipc", writers=1)
+    window = bus_context.ipc_term_length // 2
+    try:
+        stream.wait_recorded(1, 1 << 20)
+        reports = procs.private()
+        holder = procs.start(lw.hold, bus_context, str(directory), reports.queue)
+        [held] = reports.wait("holding")
+        assert held["join"] > held["replayed_to"], "the live image did not join ahead"
+        reader = RecordingReader(directory, 0)
+        time.sleep(1.0)
+        assert reader.stop_position <= held["join"] + window + 4096, "publisher not held"
+        holder.kill()
+        holder.join(10)
+        deadline = time.monotonic() + 20
+        while reader.stop_position < held["join"] + window + (1 << 20):
+            assert time.monotonic() < deadline, "the publisher stayed held after the kill"
+            time.sleep(0.05)
+    finally:
+        stream.close()
+
+
 def test_over_udp_with_loss(procs, shm_dir) -> None:
     """Publishers on one bus, the recorder and the joiners on another, across two netbridges
     dropping, duplicating and reordering datagrams: the same exactly-once seam."""

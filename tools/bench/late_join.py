@@ -3,7 +3,7 @@
     python -m tools.bench.late_join [--history-s 2] [--rate 0] [--runs 3] [--json FILE]
 
 A driver process, a publisher process (``offer_many`` of 64-byte messages, each carrying its
-sequence number and a check word; ``--rate`` messages/s, default 100,000/s, a rate a
+sequence number and a check word; ``--rate`` messages/s, default 50,000/s, a rate a
 per-message Python reader outruns; 0: as fast as offer_many goes) and a
 recorder process (``shmbus.Recorder``) run for ``--history-s`` seconds; then, per run, while
 the publisher keeps publishing, this process (the joiner) measures, in turn:
@@ -195,15 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--history-s", type=float, default=2.0,
                         help="seconds of publishing recorded before the first join")
-    parser.add_argument("--rate", type=float, default=100_000,
+    parser.add_argument("--rate", type=float, default=50_000,
                         help="publisher messages/s (0: as fast as offer_many goes, faster "
                              "than any per-message reader: the joiner then never catches up "
                              "without --catch-up)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--live", type=int, default=10_000,
                         help="live messages each joiner reads after the merge")
-    parser.add_argument("--catch-up", type=float, default=None,
-                        help="catch_up seconds of the late joiner (see README)")
+    parser.add_argument("--catch-up", type=float, default=10.0,
+                        help="catch_up seconds of the late joiner (see README): on a loaded "
+                             "machine the replay may not outrun the publisher; then it joins "
+                             "live after this and holds the publisher until it merges")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
