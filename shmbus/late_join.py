@@ -131,6 +131,11 @@ class LateJoinSubscription:
         self._live: Subscription | None = None
         self._delivering: _Session | None = None
         self._handler: MessageHandler | None = None
+        #: messages() collects bytes here instead of calling a handler
+        self._sink: list[bytes] | None = None
+        #: messages handed out from the recordings, and from the live images
+        self.replayed_messages = 0
+        self.live_messages = 0
         self._closed = False
         self._count = 0
         #: sessions seen live before their recording, since when (monotonic s)
@@ -323,8 +328,7 @@ class LateJoinSubscription:
                 limit_position: int, limit: int) -> int:
         """Hand out the recorded messages starting in [position, end), stopping after the
         batch that reaches ``limit`` messages (the position is then that batch's end)."""
-        handler = self._handler
-        assert handler is not None
+        handler, sink = self._handler, self._sink
         merge = session.merge
         sid = merge.session_id
         mtu = reader.descriptor.mtu
@@ -333,14 +337,20 @@ class LateJoinSubscription:
             n = len(batch)
             if not n:
                 continue
-            data = batch.data.data  # zero-copy slices
             offsets = batch.offsets.tolist()
             ends = message_ends(batch.positions, batch.lengths, mtu).tolist()
-            reserved = batch.reserved_values.tolist()
-            for i in range(n):
-                handler(data[offsets[i]:offsets[i + 1]], MessageInfo(sid, ends[i],
-                                                                      reserved[i], True))
+            if sink is not None:  # messages(): bytes, no call per message
+                whole = batch.data.tobytes()
+                sink.extend([whole[offsets[i]:offsets[i + 1]] for i in range(n)])
+            else:
+                assert handler is not None
+                data = batch.data.data  # zero-copy slices
+                reserved = batch.reserved_values.tolist()
+                for i in range(n):
+                    handler(data[offsets[i]:offsets[i + 1]], MessageInfo(sid, ends[i],
+                                                                          reserved[i], True))
             count += n
+            self.replayed_messages += n
             if count >= limit:
                 merge.replayed(ends[-1])
                 return count
@@ -350,11 +360,16 @@ class LateJoinSubscription:
 
     def _on_live_fragment(self, buffer: memoryview, header: Header) -> None:
         session = self._delivering
-        handler = self._handler
-        assert session is not None and handler is not None
+        assert session is not None
         end = header.position
         session.merge.delivered_live(end)
         self._count += 1
+        self.live_messages += 1
+        if self._sink is not None:
+            self._sink.append(bytes(buffer))
+            return
+        handler = self._handler
+        assert handler is not None
         handler(buffer, MessageInfo(session.merge.session_id, end, header.reserved_value,
                                     False))
 
@@ -418,14 +433,14 @@ class LateJoinSubscription:
         """Whole messages as bytes, history then live; ends after ``timeout`` seconds without
         one (None: only when closed)."""
         batch: list[bytes] = []
-        collect = batch.append
-
-        def handler(payload: memoryview, info: MessageInfo) -> None:
-            collect(bytes(payload))
-
         deadline = None
         while not self._closed:
-            if self.poll(handler, 4096):
+            self._sink = batch
+            try:
+                found = self.poll(_no_handler, 4096)
+            finally:
+                self._sink = None
+            if found:
                 deadline = None
                 yield from batch
                 batch.clear()
@@ -462,6 +477,10 @@ class LateJoinSubscription:
         return (f"LateJoinSubscription({self.channel!r}, {self.stream_id}, "
                 f"history={str(self.directory)!r}, sessions={len(self._sessions)}, "
                 f"live={self.is_live})")
+
+
+def _no_handler(payload: memoryview, info: MessageInfo) -> None:
+    """The handler of messages()' polls, never called (they collect bytes)."""
 
 
 def message_ends(positions: np.ndarray, lengths: np.ndarray, mtu: int) -> np.ndarray:

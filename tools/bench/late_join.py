@@ -18,8 +18,10 @@ the publisher keeps publishing, this process (the joiner) measures, in turn:
   the issue's target is within a term's worth), and gaps and duplicates over the whole run
   (the sequence numbers, checked for every message);
 * **by hand**: ``RecordingReader.messages()`` from the start to the recording's end, then a
-  plain live subscription: the messages lost or duplicated at the seam, counted from the
-  sequence numbers (a late joiner without a merge has no way to know either).
+  plain live subscription (what was published between is lost); and the live subscription
+  added first, then the recording read, then the live messages (what both hold comes twice):
+  the messages lost or duplicated at the seam, counted from the sequence numbers (a late
+  joiner without a merge has no way to know either).
 
 Every message is copied out and checked. CPU seconds of every process (driver, publisher,
 recorder, joiner) are reported for the whole run. Medians of ``--runs``; the ratio of the
@@ -131,52 +133,56 @@ def read_by_reader(directory: Path) -> dict[str, Any]:
 
 def late_join(bus: shmbus.Client, directory: Path, live_messages: int,
               catch_up: float | None) -> dict[str, Any]:
+    """From the start with ``messages()``: the replay's rate (messages replayed / seconds to
+    the first live message), the time to the first live message, the messages replayed after
+    the live subscription joined."""
     seqs = SeqCheck()
-    replayed = replayed_after_live = 0
-    first_live_s = caught_up_s = None
+    first_live_s = None
+    replayed_before_live_join = None
     term = shmbus.RecordingReader(directory, 0).descriptor.term_length
-    live = 0
     start = time.perf_counter()
     sub = bus.add_subscription("aeron:ipc", STREAM, history=shmbus.Recording(directory),
                                from_position="start", catch_up=catch_up)
-    deadline = time.monotonic() + 60
-
-    def handler(payload: memoryview, info: shmbus.MessageInfo) -> None:
-        nonlocal replayed, replayed_after_live, first_live_s, live
-        seqs.add(check(bytes(payload)))
-        if info.replayed:
-            replayed += 1
-            if sub.live_since is not None:
-                replayed_after_live += 1
-        else:
-            if first_live_s is None:
-                first_live_s = time.perf_counter() - start
-            live += 1
-
+    deadline = time.monotonic() + 120
     with sub:
-        while live < live_messages:
+        for message in sub.messages(timeout=10):
+            seqs.add(check(message))
+            if replayed_before_live_join is None and sub.live_since is not None:
+                replayed_before_live_join = sub.replayed_messages
+            if first_live_s is None and sub.live_messages:
+                first_live_s = time.perf_counter() - start
+            if sub.live_messages >= live_messages:
+                break
             if time.monotonic() > deadline:
-                raise BenchError(f"no merge within 60 s ({sub.positions()}, behind "
+                raise BenchError(f"no merge within 120 s ({sub.positions()}, behind "
                                  f"{sub.behind})")
-            before = replayed
-            sub.poll(handler, 65536)
-            if caught_up_s is None and sub.is_live and replayed == before:
-                caught_up_s = time.perf_counter() - start
+        replayed = sub.replayed_messages
+    if first_live_s is None or sub.live_messages < live_messages:
+        raise BenchError(f"late join: {sub.live_messages} live messages, {live_messages} due")
     if seqs.missing or seqs.duplicated:
         raise BenchError(f"late join: {seqs.missing} missing, {seqs.duplicated} duplicated")
-    replay_s = caught_up_s or first_live_s or 1e-9
-    return {"replayed": replayed, "catch_up_rate": replayed / replay_s,
-            "first_live_s": first_live_s, "replayed_after_live": replayed_after_live,
+    return {"replayed": replayed, "catch_up_rate": replayed / first_live_s,
+            "first_live_s": first_live_s,
+            "replayed_after_live": replayed - (replayed_before_live_join or 0),
             "term_messages": term // 96, "missing": 0, "duplicated": 0}
 
 
-def by_hand(bus: shmbus.Client, directory: Path, live_messages: int) -> dict[str, Any]:
+def by_hand(bus: shmbus.Client, directory: Path, live_messages: int,
+            live_first: bool) -> dict[str, Any]:
+    """The recording read to its end, then a live subscription (messages published between
+    are lost), or the live subscription first (what it holds that the recording has too
+    comes twice)."""
     seqs = SeqCheck()
     reader = shmbus.RecordingReader(directory, 0)
     start = time.perf_counter()
-    for m in reader.messages(None, reader.stop_position):
-        seqs.add(check(m.payload))
-    sub = bus.add_subscription("aeron:ipc", STREAM)
+    sub = bus.add_subscription("aeron:ipc", STREAM) if live_first else None
+    position, end = None, reader.stop_position
+    while position != end:  # to the recording's end, as long as it grows
+        for m in reader.messages(position, end):
+            seqs.add(check(m.payload))
+        position, end = end, reader.stop_position
+    if sub is None:
+        sub = bus.add_subscription("aeron:ipc", STREAM)
     live = 0
     first_live_s = None
     for message in sub.messages(timeout=10):
@@ -234,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.runs):
                 runs.append({"reader": read_by_reader(directory),
                              "late_join": late_join(bus, directory, args.live, args.catch_up),
-                             "by_hand": by_hand(bus, directory, args.live)})
+                             "by_hand": by_hand(bus, directory, args.live, False),
+                             "live_first": by_hand(bus, directory, args.live, True)})
         wall = time.monotonic() - wall_before
         cpu = {k: (cpu_seconds(p) or 0.0) - cpu_before[k] for k, p in pids.items()}
     finally:
@@ -259,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         "replayed_after_live": median("late_join", "replayed_after_live"),
         "by_hand_missing": [r["by_hand"]["missing"] for r in runs],
         "by_hand_duplicated": [r["by_hand"]["duplicated"] for r in runs],
+        "live_first_missing": [r["live_first"]["missing"] for r in runs],
+        "live_first_duplicated": [r["live_first"]["duplicated"] for r in runs],
     }
     lines = [["RecordingReader.messages(), msgs/s", f"{reader_rate:,.0f}"],
          ["late join catch-up, msgs/s", f"{catch_up:,.0f}"],
@@ -269,8 +278,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{median('late_join', 'term_messages'):,.0f})",
           f"{summary['replayed_after_live']:,.0f}"],
          ["late join: missing / duplicated", "0 / 0"],
-         ["by hand: missing per run", str(summary["by_hand_missing"])],
-         ["by hand: duplicated per run", str(summary["by_hand_duplicated"])],
+         ["by hand, recording then live: missing per run", str(summary["by_hand_missing"])],
+         ["by hand, recording then live: duplicated per run",
+          str(summary["by_hand_duplicated"])],
+         ["by hand, live first: missing per run", str(summary["live_first_missing"])],
+         ["by hand, live first: duplicated per run", str(summary["live_first_duplicated"])],
          ["CPU s (driver, publisher, recorder, joiner)",
           ", ".join(f"{cpu[k]:.2f}" for k in ("driver", "publisher", "recorder", "joiner"))],
          ["wall s", f"{wall:.1f}"]]
