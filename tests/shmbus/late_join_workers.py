@@ -42,16 +42,20 @@ def body_length(seq: int) -> int:
 
 
 def publish(context: shmbus.Context, channel: str, stream_id: int, writer: int, stop: Any,
-            reports: Any, started: Any = None) -> None:
-    """Offer messages at full speed (yielding only when back-pressured) until ``stop``."""
+            reports: Any, started: Any = None, rate: float = 0) -> None:
+    """Offer messages at full speed (yielding only when back-pressured), or at most ``rate``
+    a second, until ``stop``."""
     try:
         with shmbus.connect(context) as bus:
             pub = bus.add_exclusive_publication(channel, stream_id)
             seq = 0
             if started is not None:
                 started.set()
+            begin = time.monotonic()
             while not stop.is_set():
-                if pub.offer(message(writer, seq)) > 0:
+                if rate and seq > (time.monotonic() - begin) * rate:
+                    time.sleep(0.001)
+                elif pub.offer(message(writer, seq)) > 0:
                     seq += 1
                 else:
                     time.sleep(0)

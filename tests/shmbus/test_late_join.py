@@ -121,8 +121,8 @@ class Stream:
 
     def __init__(self, procs: Processes, context: shmbus.Context, directory: Path,
                  channel: str, writers: int,
-                 publisher_context: shmbus.Context | None = None) -> None:
-        self.procs, self.directory, self.channel = procs, directory, channel
+                 publisher_context: shmbus.Context | None = None, rate: float = 0) -> None:
+        self.procs, self.directory, self.channel, self.rate = procs, directory, channel, rate
         self.context = publisher_context or context
         self.stop = CTX.Event()
         ready = CTX.Event()
@@ -140,7 +140,7 @@ class Stream:
         reports = self.procs.private()
         self.private_reports.append(reports)
         process = self.procs.start(lw.publish, self.context, self.channel, STREAM, writer,
-                                   self.stop, reports.queue, started)
+                                   self.stop, reports.queue, started, self.rate)
         assert started.wait(30), f"publisher {writer} did not start"
         self.publishers[writer] = process
         return process
@@ -189,9 +189,10 @@ def test_joins_from_random_positions_get_history_then_live_exactly_once(
 def test_a_session_that_ended_is_replayed_in_full_and_a_restarted_one_merged(
         bus_context, driver, procs, shm_dir) -> None:
     """Publisher 0 is SIGKILLed mid-stream and started again (a new session); joiners from
-    the start get the dead session's every recorded message and the new session's live."""
+    the start get the dead session's every recorded message and the new session's live.
+    (Paced publishers: each join replays everything recorded since the start.)"""
     directory = shm_dir / "rec"
-    stream = Stream(procs, bus_context, directory, "aeron:ipc", writers=2)
+    stream = Stream(procs, bus_context, directory, "aeron:ipc", writers=2, rate=20_000)
     rng = random.Random(7)
     try:
         stream.wait_recorded(2, 64 * 1024)
