@@ -38,6 +38,33 @@ def recorder(context: shmbus.Context, directory: str, stop: Any) -> None:
         rec.run(stop=stop)
 
 
+def read_ticks(bus: shmbus.Client, directory: str) -> tuple[int, int]:
+    """Join from the start; check the tick numbers run on by one; (replayed, live) counts."""
+    replayed = live = 0
+    expected = 0
+
+    def on_tick(payload: memoryview, info: shmbus.MessageInfo) -> None:
+        nonlocal replayed, live, expected
+        n, _ = TICK.unpack(payload)
+        assert n == expected, f"tick {n} came where {expected} was due"
+        expected += 1
+        if info.replayed:
+            replayed += 1
+        else:
+            live += 1
+
+    # catch_up: a publisher faster than this reader would keep the replay chasing it; after
+    # 2 s the live subscription joins anyway and holds the publisher until the replay
+    # reaches it
+    with bus.add_subscription("aeron:ipc", STREAM, history=shmbus.Recording(directory),
+                              from_position="start", catch_up=2.0) as sub:
+        deadline = time.monotonic() + 60
+        while live < 20_000 and time.monotonic() < deadline:
+            if not sub.poll(on_tick, 4096):
+                time.sleep(0.001)
+    return replayed, live
+
+
 def main() -> None:
     spawn = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as directory, shmbus.connect() as bus:
@@ -46,30 +73,13 @@ def main() -> None:
                      spawn.Process(target=publisher, args=(bus.context, stop))]
         for process in processes:
             process.start()
-        time.sleep(2)  # the stream runs without us for a while
-        replayed = live = 0
-        expected = 0
-        sub = bus.add_subscription("aeron:ipc", STREAM, history=shmbus.Recording(directory),
-                                   from_position="start")
-
-        def on_tick(payload: memoryview, info: shmbus.MessageInfo) -> None:
-            nonlocal replayed, live, expected
-            n, _ = TICK.unpack(payload)
-            assert n == expected, f"tick {n} came where {expected} was due"
-            expected += 1
-            if info.replayed:
-                replayed += 1
-            else:
-                live += 1
-
-        deadline = time.monotonic() + 60
-        with sub:
-            while live < 20_000 and time.monotonic() < deadline:
-                if not sub.poll(on_tick, 4096):
-                    time.sleep(0.001)
-        stop.set()
-        for process in processes:
-            process.join(10)
+        try:
+            time.sleep(2)  # the stream runs without us for a while
+            replayed, live = read_ticks(bus, directory)
+        finally:
+            stop.set()
+            for process in processes:
+                process.join(10)
     assert live >= 20_000, f"only {live} live ticks in 60 s"
     print(f"{replayed} ticks from the recording, then {live} live: every number once, in order")
 
