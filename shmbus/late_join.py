@@ -137,7 +137,6 @@ class LateJoinSubscription:
         self.replayed_messages = 0
         self.live_messages = 0
         self._closed = False
-        self._count = 0
         #: sessions seen live before their recording, since when (monotonic s)
         self._waiting: dict[int, float] = {}
         #: when the replay first caught up with the recordings and the live subscription began
@@ -289,10 +288,12 @@ class LateJoinSubscription:
             if image is None:
                 return 0
             self._delivering = session
-            before = self._count
-            image.poll(self._assembler, limit)
-            self._delivering = None
-            return self._count - before
+            before = self.live_messages
+            try:
+                image.poll(self._assembler, limit)
+            finally:
+                self._delivering = None
+            return self.live_messages - before
         if merge.phase is Phase.DONE:
             return 0
         spans = self._refresh(session)
@@ -363,7 +364,6 @@ class LateJoinSubscription:
         assert session is not None
         end = header.position
         session.merge.delivered_live(end)
-        self._count += 1
         self.live_messages += 1
         if self._sink is not None:
             self._sink.append(bytes(buffer))
