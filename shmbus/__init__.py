@@ -12,7 +12,9 @@ Writing: ``pub.offer(data)`` returns the new stream position (bytes, > 0) or a n
 ``timeout`` seconds; ``publish_async`` awaits. Reading: ``sub.poll(handler, limit)`` calls
 ``handler(buffer, header)`` per fragment without blocking, ``poll(..., timeout=s)`` and
 ``sub.wait(s)`` sleep until the writer wakes them, ``sub.messages()`` and ``async for m in
-sub`` yield whole messages as bytes.
+sub`` yield whole messages as bytes. A late joiner that needs what it missed passes
+``history=Recording(dir)`` and ``from_position`` to ``add_subscription``: a Recorder's recording
+first, then live, with no gap and no duplicate (a :class:`LateJoinSubscription`).
 
 Failures raise subclasses of :class:`ShmbusError`: DriverUnavailableError (no driver, none
 startable), DriverTimeoutError (the driver stopped answering; every later call of that client
@@ -52,6 +54,7 @@ from shmbus.errors import (
     ShmbusError,
 )
 from shmbus.fragment_assembler import FragmentAssembler
+from shmbus.history_merge import HistoryGapError
 from shmbus.idle_strategy import (
     BackoffIdleStrategy,
     BusySpinIdleStrategy,
@@ -61,6 +64,7 @@ from shmbus.idle_strategy import (
 )
 from shmbus.image import FragmentBatch, Image
 from shmbus.large_messages import LargeClaim, MessageView
+from shmbus.late_join import LateJoinSubscription, MessageInfo, Recording
 from shmbus.publication import (
     ArrayClaim,
     BufferClaim,
@@ -103,16 +107,20 @@ __all__ = [
     "GroupImage",
     "GroupSubscription",
     "Header",
+    "HistoryGapError",
     "Image",
     "LargeClaim",
+    "LateJoinSubscription",
     "LogBuffer",
     "LogBufferError",
     "LostImage",
+    "MessageInfo",
     "MessageView",
     "NoOpIdleStrategy",
     "Publication",
     "PublicationError",
     "Reconnected",
+    "Recording",
     "RecordingError",
     "RecordingReader",
     "Recorder",

@@ -21,7 +21,7 @@ KNOWN_PARAMS = frozenset({
     "tether", "session-id", "rcv-wnd", "fc", "gtag", "ssc", "reliable", "linger", "sparse",
     "eos", "group", "rejoin", "cc", "so-sndbuf", "so-rcvbuf", "nak-delay", "alias", "tags",
     "init-term-id", "term-id", "term-offset", "untethered-window-limit-timeout",
-    "untethered-resting-timeout", "consumer-group",
+    "untethered-resting-timeout", "consumer-group", "join-position",
 })
 _BOOLEAN_PARAMS = ("tether", "ssc", "reliable", "sparse", "eos", "group", "rejoin")
 #: the values of ``cc`` (congestion control), the default first
@@ -38,6 +38,28 @@ _INT_RANGES: dict[str, tuple[int, int] | None] = {
 
 class ChannelUriError(ValueError):
     """A channel URI that cannot be parsed; the message names the bad part."""
+
+
+#: Parameter of an aeron:ipc subscription: where in the log it starts (shmbus's own): a stream
+#: position the log still holds, or ``earliest``.
+JOIN_POSITION = "join-position"
+
+def with_join_position(channel: str, from_position: int | str) -> str:
+    """``channel`` with ``join-position`` set: a stream position, or ``"start"`` (the earliest
+    the log holds). ValueError names a bad value, ChannelUriError a channel naming it too."""
+    if from_position == "start":
+        value = "earliest"
+    elif isinstance(from_position, int) and not isinstance(from_position, bool):
+        value = str(from_position)
+    else:
+        raise ValueError(f"from_position={from_position!r} must be a stream position (int) "
+                         f"or 'start'")
+    if JOIN_POSITION in ChannelUri.parse(channel).params:
+        raise ChannelUriError(f"channel {channel!r} names a {JOIN_POSITION} already; do not "
+                              f"pass from_position too")
+    uri = f"{channel}{'|' if '?' in channel else '?'}{JOIN_POSITION}={value}"
+    ChannelUri.parse(uri)
+    return uri
 
 
 #: Parameter naming a subscription's consumer group (shmbus's own; Aeron has none).
@@ -133,6 +155,8 @@ class ChannelUri:
                 check_group_name(self.params[CONSUMER_GROUP])
             except ValueError as e:
                 raise ChannelUriError(f"channel {uri!r}: {e}") from None
+        if JOIN_POSITION in self.params:
+            self._check_join_position(uri)
         if self.media == "udp":
             if "endpoint" not in self.params and "control" not in self.params:
                 raise ChannelUriError(f"channel {uri!r}: udp needs an endpoint or a control")
@@ -165,6 +189,26 @@ class ChannelUri:
             for key in ("endpoint", "interface", "control", "control-mode", "ttl"):
                 if key in self.params:
                     raise ChannelUriError(f"channel {uri!r}: {key} is not a parameter of ipc")
+
+    def _check_join_position(self, uri: str) -> None:
+        value = self.params[JOIN_POSITION]
+        if self.media != "ipc" or self.spy:
+            raise ChannelUriError(f"channel {uri!r}: {JOIN_POSITION} is for aeron:ipc "
+                                  f"subscriptions only")
+        if value == "earliest":
+            return
+        if not value.isdigit() or int(value) % 32:
+            raise ChannelUriError(f"channel {uri!r}: {JOIN_POSITION}={value!r} must be "
+                                  f"'earliest' or a stream position (a multiple of 32 >= 0)")
+
+    @property
+    def join_position(self) -> int | str | None:
+        """The ``join-position`` parameter: a position, ``'earliest'``, or None (the live
+        end, as every subscriber joins by default)."""
+        value = self.params.get(JOIN_POSITION)
+        if value is None or value == "earliest":
+            return value
+        return int(value)
 
     def int_param(self, key: str, default: int | None = None) -> int:
         """An integer parameter, with Aeron's k/m/g suffixes; ``default`` when absent."""

@@ -26,12 +26,13 @@ import weakref
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import psutil
 
 from shmbus.call_counters import CallCounters
 from shmbus.call_counters import label as call_label
+from shmbus.channel_uri import with_join_position
 from shmbus.context import Context
 from shmbus.errors import (
     ClientClosedError,
@@ -42,6 +43,7 @@ from shmbus.errors import (
     ShmbusError,
 )
 from shmbus.image import Image
+from shmbus.late_join import LateJoinSubscription, Recording
 from shmbus.publication import ConcurrentPublication, ExclusivePublication, Publication
 from shmbus.reconnection import DriverLoss, Reconnected
 from shmbus.requester import Requester
@@ -220,6 +222,21 @@ class Client:
         return self._map_log(ready.log_file), Position(
             self.counters.values, self.counters.counter_offset(ready.limit_counter_id))
 
+    @overload
+    def add_subscription(
+        self, channel: str, stream_id: int, on_available_image: ImageHandler | None = None,
+        on_unavailable_image: ImageHandler | None = None, *, group: str | None = None,
+        history: None = None, from_position: int | str | None = None, last: None = None,
+    ) -> Subscription: ...
+
+    @overload
+    def add_subscription(
+        self, channel: str, stream_id: int, on_available_image: None = None,
+        on_unavailable_image: None = None, *, group: None = None, history: Recording,
+        from_position: int | str | None = None, last: int | None = None,
+        catch_up: float | None = None,
+    ) -> LateJoinSubscription: ...
+
     def add_subscription(
         self,
         channel: str,
@@ -228,14 +245,39 @@ class Client:
         on_unavailable_image: ImageHandler | None = None,
         *,
         group: str | None = None,
-    ) -> Subscription:
+        history: Recording | None = None,
+        from_position: int | str | None = None,
+        last: int | None = None,
+        catch_up: float | None = None,
+    ) -> Subscription | LateJoinSubscription:
         """Subscribe to a channel and stream; images appear as publishers do.
 
         The image callbacks run on the client's conductor thread (keep them short; they may
         call the client). With ``group="name"`` (an aeron:ipc channel) this subscription joins
         that consumer group: each message goes to one member only, at least once (see
         :class:`~shmbus.subscription_group.GroupSubscription`). ValueError for a bad group name.
+
+        Late joiners: with ``history=shmbus.Recording(dir)`` it is a
+        :class:`~shmbus.late_join.LateJoinSubscription`: the recorded messages from
+        ``from_position`` (``"start"``; or the ``last`` n), then live, per session, no gap, no
+        duplicate; ``catch_up`` (seconds) bounds how long the replay may chase a faster live
+        stream before the live subscription joins anyway (holding its publishers until the
+        replay reaches it; None: it chases as long as it takes). Without a history,
+        ``from_position`` (a position, or ``"start"``: the earliest the log holds) starts an
+        aeron:ipc subscription (or a new group) inside the log; RegistrationError names the
+        range the log holds when the position is gone.
         """
+        if history is not None:
+            if group is not None or on_available_image or on_unavailable_image:
+                raise ValueError("a subscription with history takes no group or image "
+                                 "callbacks")
+            return LateJoinSubscription(self, channel, stream_id, history,
+                                        from_position=from_position, last=last,
+                                        catch_up=catch_up)
+        if last is not None or catch_up is not None:
+            raise ValueError("last=n and catch_up need a history (a Recording) to read from")
+        if from_position is not None:
+            channel = with_join_position(channel, from_position)
         self._await_reconnection()
         _check_stream_id(stream_id)
         channel, group = group_channel(channel, group)

@@ -59,7 +59,7 @@ class _Member(GroupMemberCore):
     """The native member, with its image's large-message callbacks: the native reader calls
     ``_large_payload`` and ``_large_bytes`` on the object it reads with (see image.py)."""
 
-    _image: Any  # a weak proxy of the GroupImage: no cycle keeps either alive
+    _image: Image  # a weak proxy of its GroupImage: no cycle keeps either alive
 
     def _large_payload(self, reference: bytes) -> memoryview | None:
         return self._image._large_payload(reference)
@@ -204,7 +204,7 @@ class GroupSubscription(Subscription):
             return None
         start = self._round_robin = (self._round_robin + 1) % n
         for i in range(n):
-            message = images[(start + i) % n]._member.take()
+            message: bytes | None = images[(start + i) % n]._member.take()
             if message is not None:
                 return message
         return None

@@ -15,6 +15,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
     ("demo.py", "nothing lost, nothing reordered, nothing corrupted"),
     ("numpy_pool.py", "300 results, 0 wrong"),
     ("request_reply.py", "4150 calls answered, 0 wrong"),
+    ("late_joiner.py", "live: every number once, in order"),
 ])
 def test_example_runs(shm_dir, script: str, expected: str) -> None:
     result = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True,

@@ -32,6 +32,13 @@ from shmbus.driver.ipc_publication import (
     SubscriberLink,
     Timeouts,
 )
+from shmbus.driver.log_history import (
+    EARLIEST,
+    JoinPositionGone,
+    check_join,
+    pin_join,
+    retained_range,
+)
 from shmbus.driver.network_image import NetworkImage
 from shmbus.driver.system_counters import SystemCounter
 from shmbus.shm import control_protocol as cp
@@ -104,6 +111,8 @@ class SubscriptionLink:
     spy: bool = False                   # reads a local network publication's log
     simulate_connection: bool = False   # ssc=true: a spy counts as a connection
     group: str | None = None            # consumer-group: each message to one member
+    #: join-position: where it starts in the logs there are when it is added (None: the end)
+    join_position: int | str | None = None
 
     @property
     def is_network(self) -> bool:
@@ -324,7 +333,7 @@ class DriverConductor:
             uri.bool_param("tether", self.context.tether_subscriptions),
             uri.int_param("session-id") if "session-id" in uri.params else None,
             uri.endpoint_key(), spy=uri.spy, simulate_connection=uri.bool_param("ssc", False),
-            group=uri.params.get(CONSUMER_GROUP))
+            group=uri.params.get(CONSUMER_GROUP), join_position=uri.join_position)
         if link.is_network and not self._wanted(link.endpoint_key, link.stream_id, ready_only=True):
             self._ensure_bridge()
             if self.bridge_client_id is not None or self.context.netbridge_auto_start:
@@ -348,7 +357,14 @@ class DriverConductor:
                    for link in links)
 
     def _activate_subscription(self, link: SubscriptionLink) -> None:
-        """The subscription is ready: answer it and link it to what it reads."""
+        """The subscription is ready: answer it and link it to what it reads.
+
+        With a join-position, every log it reads now is joined (and pinned) before it is
+        answered, so a position no longer there refuses the subscription and joins nothing.
+        """
+        joined: list[tuple[IpcPublication, ImageEvent]] = []
+        if not link.is_network:
+            joined = self._attach_all(link)
         self.subscriptions[link.registration_id] = link
         self._add(SystemCounter.SUBSCRIPTIONS, 1)
         self.clients[link.client_id].subscriptions.add(link.registration_id)
@@ -358,9 +374,32 @@ class DriverConductor:
                 if self._matches_image(link, image):
                     self._link_image(image, link)
             return
-        for publication in self.publications:
-            if self._matches(link, publication):
-                self._link(publication, link)
+        for publication, event in joined:
+            self._send_image_event(publication, event)
+
+    def _attach_all(self, link: SubscriptionLink) -> list[tuple[IpcPublication, ImageEvent]]:
+        """Attach ``link`` to every publication it matches at its join-position; all or none
+        (CommandError naming the position and what the log holds)."""
+        matching = [p for p in self.publications if self._matches(link, p)]
+        strict = isinstance(link.join_position, int)
+        try:
+            if strict:
+                for publication in matching:
+                    if link.group in publication.groups:
+                        continue  # a member joins its group where the group is
+                    check_join(publication.log, int(link.join_position))  # type: ignore[arg-type]
+        except JoinPositionGone as e:
+            raise CommandError(cp.INVALID_CHANNEL, f"channel {link.channel!r}: {e}") from None
+        joined: list[tuple[IpcPublication, ImageEvent]] = []
+        try:
+            for publication in matching:
+                joined.append((publication, self._attach(publication, link,
+                                                         link.join_position)))
+        except JoinPositionGone as e:
+            for publication, event in joined:
+                self._detach(publication, event.link)
+            raise CommandError(cp.INVALID_CHANNEL, f"channel {link.channel!r}: {e}") from None
+        return joined
 
     def _on_remove_subscription(self, command: cp.RemoveSubscription) -> None:
         if command.registration_id not in self.clients[command.client_id].subscriptions:
@@ -680,24 +719,57 @@ class DriverConductor:
                               LinkState.ACTIVE, self._now_ms())
 
     def _link(self, publication: IpcPublication, link: SubscriptionLink) -> None:
+        self._send_image_event(publication, self._attach(publication, link, None))
+
+    def _attach(self, publication: IpcPublication, link: SubscriptionLink,
+                join_request: int | str | None) -> ImageEvent:
+        """Link ``link`` to ``publication``, starting at the live end, or at ``join_request``
+        (a position, or 'earliest') pinned against cleaning (log_history); the image event to
+        send. JoinPositionGone, having undone the link, when a strict position was cleaned."""
+        start = publication.join_position()
+        if join_request == EARLIEST:
+            start = retained_range(publication.log)[0]
+        elif isinstance(join_request, int):
+            start = join_request
         if link.group is not None:
-            subscriber = self._join_group(publication, link, link.group)
-            join = publication.groups[link.group].position.get()
+            new_group = link.group not in publication.groups
+            subscriber = self._join_group(publication, link, link.group,
+                                          start if join_request is not None else None)
+            counter = publication.groups[link.group].position
+            if not new_group:
+                join_request = None  # a group's position is the group's, not a member's
         else:
-            join = publication.join_position()
             subscriber = self._subscriber_link(link, publication.session_id,
                                                publication.stream_id, publication.channel,
-                                               publication.registration_id, join)
+                                               publication.registration_id, start)
+            counter = subscriber.position
         publication.subscribers[subscriber.link_id] = subscriber
         if link.simulate_connection and isinstance(publication, NetworkPublication):
             publication.spies_simulate_connection = True
         publication.update_limit()
-        self._send_image_event(publication, ImageEvent(True, subscriber, join))
+        if join_request is not None:
+            try:
+                pin_join(publication.log, counter, counter.get(),
+                         strict=join_request != EARLIEST)
+            except JoinPositionGone:
+                self._detach(publication, subscriber)
+                raise
+        return ImageEvent(True, subscriber, counter.get())
+
+    def _detach(self, publication: IpcPublication, subscriber: SubscriberLink) -> None:
+        """Undo an _attach whose image event was never sent."""
+        del publication.subscribers[subscriber.link_id]
+        if subscriber.group is None:
+            self.counters.free(subscriber.counter_id)
+        else:
+            self._leave_group(publication, subscriber, subscriber.group)
+        publication.update_limit()
 
     def _join_group(self, publication: IpcPublication, link: SubscriptionLink,
-                    name: str) -> SubscriberLink:
+                    name: str, start: int | None = None) -> SubscriberLink:
         """A member's claim record in its group on this publication (the group is made when
-        its first member comes); the record takes the place of a sub-pos counter."""
+        its first member comes, claiming from ``start``, by default the live end); the record
+        takes the place of a sub-pos counter."""
         stream = f"{publication.session_id} {publication.stream_id} {publication.channel}"
         label = f"{publication.registration_id} {stream}"
         group = publication.groups.get(name)
@@ -711,7 +783,7 @@ class DriverConductor:
             group = SubscriptionGroup(name, ids[0], self._position(ids[0]), ids[1],
                                       self._position(ids[1]), ids[2], self._position(ids[2]),
                                       ids[3], self._position(ids[3]))
-            group.start(publication.join_position())
+            group.start(publication.join_position() if start is None else start)
             publication.groups[name] = group
         client = self.clients.get(link.client_id)
         who = f" pid={client.pid} {client.name}" if client else ""

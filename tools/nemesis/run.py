@@ -10,10 +10,11 @@ ones; every message carries writer id, incarnation, sequence number and CRC32. R
 tethered and an untethered IPC subscriber, a UDP subscriber, a spy on the UDP publication, a
 recorder (shmbus.Recorder on the IPC stream, in 2-second windows, each read back with
 RecordingReader and checked, then deleted: the disk holds one window), more tethered ones
-beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
-datagrams both ways for the whole run (the netbridge's loss filter; it counts as fired once the
-netbridge's receivers report gaps, read with ``shmbus stat``). In a shuffled round, with pauses
-between, the nemesis:
+beyond; a late joiner (its own Recorder, in 4-second windows, and joins one after another with
+history from a random recorded position or the start, then live: shmbus.Recording).
+``udp-loss``: the UDP path drops, duplicates, reorders and delays datagrams both ways for the
+whole run (the netbridge's loss filter; it counts as fired once the netbridge's receivers
+report gaps, read with ``shmbus stat``). In a shuffled round, with pauses between, the nemesis:
 
 * ``kill-writer-mid-offer``: SIGKILLs a writer inside offer/offer_many, starts it again;
 * ``kill-writer-mid-claim``: has an IPC writer claim and half-fill a message, SIGKILLs it
@@ -51,7 +52,11 @@ The rules (a breach of any is printed and the exit status is 1):
    client was dropped (term length / smallest frame).
 6. Request/reply (tools/nemesis/calls.py): every call is answered with the reply to that very
    request, or fails with a documented error; none is left unsettled.
-7. No process dies unless the nemesis killed it (a writer, reader or driver that does is
+7. A late joiner's every join (history, then live) is one image per session: rule 2 from the
+   position it asked for on; a join a fault breaks is made again.
+8. Large messages: once every reader has drained, no block of a large message is still held
+   (the driver freed what every counted reader had passed, or dropped).
+9. No process dies unless the nemesis killed it (a writer, reader or driver that does is
    started again, and reported).
 
 At the end it prints, per writer incarnation and per reader: sent, received, lost, duplicated,
@@ -150,6 +155,8 @@ def reader_specs(count: int, port: int, recordings: Path) -> list[ReaderSpec]:
         ReaderSpec("spy", "spy", f"aeron-spy:{udp}", UDP_STREAM),
         ReaderSpec("recorder", "recorder", "aeron:ipc", IPC_STREAM, str(recordings)),
         ReaderSpec("large", "tethered", "aeron:ipc", LARGE_STREAM),
+        ReaderSpec("late-joiner", "late-joiner", "aeron:ipc", IPC_STREAM,
+                   str(recordings / "late-joiner")),
     ]
     return [kinds[i] if i < len(kinds) else
             ReaderSpec(f"tethered-{i}", "tethered", "aeron:ipc", IPC_STREAM)

@@ -257,7 +257,7 @@ def _ignore(buffer: memoryview, header: shmbus.Header) -> None:
 @dataclass(frozen=True)
 class ReaderSpec:
     name: str
-    #: tethered, untethered, spy, network, recorder (see check.SubscriberReport)
+    #: tethered, untethered, spy, network, recorder, late-joiner (see check.SubscriberReport)
     kind: str
     channel: str
     stream_id: int
@@ -270,6 +270,9 @@ def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: An
     (name, SubscriberCheck) on ``results``. The client is rebuilt when the bus fails."""
     if spec.kind == "recorder":
         run_recorder(context, spec, stop, results, errors)
+        return
+    if spec.kind == "late-joiner":
+        run_late_joiner(context, spec, stop, results, errors)
         return
     check = SubscriberCheck()
     assembler = shmbus.FragmentAssembler(
@@ -306,6 +309,101 @@ def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: An
     except BaseException as e:
         errors.put(f"reader {spec.name}: {type(e).__name__}: {e}")
         raise
+
+
+# -- the late joiner ----------------------------------------------------------------------------
+
+LATE_JOIN_WINDOW_S = 4.0  # one recording window of the late joiner
+LATE_JOIN_LIVE = 200      # live messages a join reads (per session) before it leaves
+LATE_JOIN_READ_S = 3.0    # the longest one join reads
+
+
+def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: Any,
+                    errors: Any) -> None:
+    """Record the stream (its own Recorder, in windows of LATE_JOIN_WINDOW_S, each deleted
+    after) and, meanwhile, join it again and again with history from a random recorded
+    position (shmbus.Recording, from_position) or from the start: each join is checked as
+    one image per session (no loss, duplicate or reordering from its start on), its checks
+    summed into the one reported. A fault that breaks a join (the driver gone, the client
+    timed out, the recorder stopped by a full disk: HistoryGapError) rebuilds it."""
+    total = SubscriberCheck()
+    rng = random.Random(os.getpid())
+    try:
+        for window in itertools.count():
+            last = stop.is_set()
+            directory = Path(spec.directory) / f"window-{window}"
+            try:
+                with shmbus.connect(context) as client, shmbus.Recorder(
+                        directory, spec.channel, spec.stream_id, client=client) as recorder:
+                    deadline = time.monotonic() + LATE_JOIN_WINDOW_S
+                    while time.monotonic() < deadline:
+                        recorder.poll()
+                        check = SubscriberCheck()
+                        try:
+                            _late_join(client, recorder, directory, spec, rng, check)
+                        finally:
+                            _add_check(total, check)
+            except (*REBUILD, shmbus.HistoryGapError, shmbus.RecordingError) as e:
+                total.on_rebuild(type(e).__name__)
+                time.sleep(0.05)
+            shutil.rmtree(directory, ignore_errors=True)
+            if last:
+                break
+        total.finish()
+        results.put((spec.name, total))
+    except BaseException as e:
+        errors.put(f"reader {spec.name}: {type(e).__name__}: {e}")
+        raise
+
+
+def _late_join(client: shmbus.Client, recorder: shmbus.Recorder, directory: Path,
+               spec: ReaderSpec, rng: random.Random, check: SubscriberCheck) -> None:
+    """One join from a random position of a random recording (or the start), read while the
+    recorder keeps recording, until every session is live with LATE_JOIN_LIVE messages."""
+    recordings = recorder.recordings
+    channel, position = spec.channel, "start"
+    if recordings and rng.random() < 0.8:
+        d = rng.choice(recordings)
+        reader = shmbus.RecordingReader(directory, d)
+        end = reader.stop_position
+        positions = reader.read_batch(max(d.start_position, end - rng.choice([4096, 65536])),
+                                      end).positions
+        if len(positions):
+            channel = f"{spec.channel}?session-id={d.session_id}"
+            position = int(rng.choice(positions))
+    live: dict[int, int] = {}
+
+    def handler(payload: memoryview, info: shmbus.MessageInfo) -> None:
+        check.on_message(info.session_id, payload)
+        if not info.replayed:
+            live[info.session_id] = live.get(info.session_id, 0) + 1
+
+    with client.add_subscription(channel, spec.stream_id, history=shmbus.Recording(directory),
+                                 from_position=position, catch_up=1.0) as sub:
+        deadline = time.monotonic() + LATE_JOIN_READ_S
+        while time.monotonic() < deadline:
+            sub.poll(handler, 1024)
+            check.on_poll_done()
+            recorder.poll()
+            states = sub.positions()
+            if sub.is_live and all(phase == "done" or live.get(sid, 0) >= LATE_JOIN_LIVE
+                                   for sid, (phase, _) in states.items()):
+                return
+
+
+def _add_check(total: SubscriberCheck, join: SubscriberCheck) -> None:
+    """Sum one join's checks into the late joiner's report (each join is its own images)."""
+    join.finish()
+    total.corrupt += join.corrupt
+    total.torn += join.torn
+    for key, track in join.tracks.items():
+        into = total.tracks.setdefault(key, type(track)())
+        into.received += track.received
+        into.lost += track.lost
+        into.duplicated += track.duplicated
+        into.reordered += track.reordered
+        into.first = track.first if into.first < 0 else min(into.first, track.first)
+        into.last = max(into.last, track.last)
 
 
 # -- the recorder -------------------------------------------------------------------------------
