@@ -7,6 +7,7 @@ handler; ``poll_batch`` hands a whole run of fragments over at once as numpy arr
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -119,6 +120,8 @@ class Image(ImageCore):
         # large messages (shmbus/large_messages.py): the block ring, opened on first use; the
         # reference last resolved; whether a MessageView holds this image's position
         self._blocks: BlockRing | None = None
+        with contextlib.suppress(FileNotFoundError):  # mapped now: see Publication._bind
+            self._blocks = BlockRing.open(ring_path(log.path))
         self._last_reference = b""
         self._held = False
         self._view_found: list[Any] = []

@@ -10,6 +10,7 @@ different writers never interleave. Both return Aeron's codes from ``offer`` (se
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from shmbus.errors import PublicationError
 from shmbus.large_messages import LargeClaim, offer_large, open_ring
 from shmbus.object_messages import object_parts
 from shmbus.shm._native import AtomicBuffer, PublicationCore
-from shmbus.shm.block_ring import BlockRing
+from shmbus.shm.block_ring import BlockRing, ring_path
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 
@@ -135,13 +136,13 @@ class Publication(PublicationCore):
         on_destination: Any = None,
         counters: AtomicBuffer | None = None,
     ) -> None:
+        self._blocks: BlockRing | None = None
         self._bind(log, limit, counters)
         self.channel = channel
         self.registration_id = registration_id
         self._on_close = on_close
         self._on_destination = on_destination
         self._claims: weakref.WeakSet[BufferClaim] = weakref.WeakSet()
-        self._blocks: BlockRing | None = None
         #: rings the driver's doorbell (the client sets it): a writer waiting for room in the
         #: block ring has the driver free blocks now rather than at its next timer
         self._wake_driver: Callable[[], None] = _nothing
@@ -153,6 +154,13 @@ class Publication(PublicationCore):
             d.stream_id, limit.buffer, limit.offset, self._exclusive, counters,
         )
         self.log = log
+        # the log's block ring, mapped now (no memory until a writer uses it): a driver that
+        # dies may have its files removed by the next one before this client hears of it
+        blocks, self._blocks = self._blocks, None
+        if blocks is not None:
+            blocks.close()
+        with contextlib.suppress(FileNotFoundError):  # a UDP publication has none
+            self._blocks = BlockRing.open(ring_path(log.path))
 
     def _detach(self) -> None:
         """The driver is gone (the client reconnects): claims not yet committed are aborted,

@@ -142,6 +142,23 @@ def test_group_members_take_large_and_small_messages_each_once_in_order(bus_cont
         wait_until(lambda: ring_in_use(bus_context) == 0, 5, "the blocks freed")
 
 
+def test_a_ring_file_removed_under_a_live_stream_goes_on_in_the_mapped_ring(
+        bus_context, driver):
+    """A restarted driver removes the files of the one before while that one's clients still
+    hold them (until they hear it died): what they mapped goes on working."""
+    with shmbus.connect(bus_context) as bus:
+        pub = bus.add_exclusive_publication("aeron:ipc", 10)
+        sub = bus.add_subscription("aeron:ipc", 10)
+        connected(pub)
+        wait_until(lambda: sub.images, 10, "the image")
+        for ring in rings(bus_context):
+            ring.unlink()
+        message = lw.message(1, 0, 300_000)
+        pub.publish(message, timeout=10)
+        got = list(sub.messages(timeout=5))
+        assert len(got) == 1 and lw.check(got[0]) == (1, 0) and got[0] == message
+
+
 def test_try_claim_past_the_log_fills_a_block_in_place(bus_context, driver):
     with shmbus.connect(bus_context) as bus:
         pub = bus.add_publication("aeron:ipc", 7)

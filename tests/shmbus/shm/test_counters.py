@@ -36,6 +36,10 @@ from shmbus.shm.counters import (
     RECORD_UNUSED,
     REFERENCE_ID_OFFSET,
     REGISTRATION_ID_OFFSET,
+    REQUESTER_COUNTERS,
+    RESPONDER_COUNTERS,
+    RR_IN_FLIGHT,
+    RR_REPLIES_DROPPED,
     SECOND_WORD_OFFSET,
     SND_BPE,
     SND_LMT,
@@ -103,7 +107,11 @@ def test_type_ids_are_aerons_and_named() -> None:
     assert (GROUP_POS, GROUP_CLAIM, GROUP_ORPHAN, GROUP_MEMBERS, GROUP_REDELIVERED) == (
         30, 31, 32, 33, 34)
     assert type_name(GROUP_CLAIM) == "grp-claim"
-    assert len(set(TYPE_NAMES.values())) == len(TYPE_NAMES) == 18
+    # request/reply (shmbus's own): a requester's five, a responder's three
+    assert (*REQUESTER_COUNTERS, *RESPONDER_COUNTERS) == tuple(range(40, 48))
+    assert type_name(RR_IN_FLIGHT) == "rr-in-flight"
+    assert type_name(RR_REPLIES_DROPPED) == "rr-replies-dropped"
+    assert len(set(TYPE_NAMES.values())) == len(TYPE_NAMES) == 26
 
 
 def test_should_allocate_counters_from_zero(manager: CountersManager) -> None:
