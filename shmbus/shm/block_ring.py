@@ -253,7 +253,7 @@ class BlockRing:
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 self._mmap.madvise(mmap.MADV_REMOVE, offset, length)  # undo: free what it got
-                st = os.statvfs(self.path.parent)
+                st = os.fstatvfs(self._fd)  # (its directory may be gone: a driver restarted)
                 raise OSError(e.errno, f"cannot hold a large message in {self.path}: {length} "
                               f"bytes needed, {st.f_bavail * st.f_frsize} bytes free on "
                               f"{self.path.parent} ({e.strerror})") from e

@@ -1,7 +1,7 @@
 """A nemesis: a seeded schedule of faults while writers and readers stream checked messages.
 
-    python -m tools.nemesis.run [--minutes 10 | --seconds 60] [--seed 1] [--publishers 6]
-                                [--subscribers 6]
+    python -m tools.nemesis.run [--minutes 10 | --seconds 60] [--seed 1] [--publishers 7]
+                                [--subscribers 7]
 
 Runs as root (it mounts a small tmpfs for the bus directory). Writers (tools/nemesis/workers.py)
 publish on an IPC stream and on a UDP stream through the netbridge: exclusive and concurrent
