@@ -72,6 +72,13 @@ def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
     """offer() (``publish`` False: once, a code when refused) or publish() (retries until
     ``timeout``, raises PublicationError) of a message longer than the log's max message."""
     views, length = _buffers_length(buffers)
+    if pub._blocks is None and pub.channel.startswith("aeron:ipc"):
+        # an IPC log always has a ring: none means its driver died and the next one removed
+        # the files before this client mapped them; the client hears of it soon
+        if publish:
+            raise PublicationError(codes.NOT_CONNECTED, "the publication's block ring is "
+                                   "gone: its driver died")
+        return codes.NOT_CONNECTED
     ring = pub._block_ring(length)
     if length > ring.max_message_length:
         raise ValueError(f"message of {length} bytes exceeds the max large message length of "

@@ -157,6 +157,13 @@ def test_a_ring_file_removed_under_a_live_stream_goes_on_in_the_mapped_ring(
         pub.publish(message, timeout=10)
         got = list(sub.messages(timeout=5))
         assert len(got) == 1 and lw.check(got[0]) == (1, 0) and got[0] == message
+        # removed before the client mapped it (the race with a restarted driver): not connected
+        pub._blocks.close()
+        pub._blocks = None
+        assert pub.offer(message) == shmbus.NOT_CONNECTED
+        with pytest.raises(shmbus.PublicationError, match="block ring is gone"):
+            pub.publish(message)
+        assert pub.offer(b"small messages go on") > 0
 
 
 def test_try_claim_past_the_log_fills_a_block_in_place(bus_context, driver):
