@@ -3,6 +3,7 @@ messages carry a writer id, a sequence number and a crc32, and a recorder proces
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 import time
@@ -96,3 +97,19 @@ def hold(context: shmbus.Context, directory: str, reports: Any) -> None:
                 time.sleep(1)
     except BaseException:
         reports.put({"kind": "error", "name": "holder", "exception": traceback.format_exc()})
+
+
+def reprocess(context: shmbus.Context, stream_id: int, group: str, joined: Any, stop: Any,
+              reports: Any) -> None:
+    """Be a member of ``group`` on ``stream_id`` until ``stop``, reporting the (writer, seq)
+    of what it takes, in the order taken, as it goes."""
+    try:
+        with shmbus.connect(context) as bus:
+            sub = bus.add_subscription("aeron:ipc", stream_id, group=group)
+            joined.set()
+            while not stop.is_set():
+                taken = [check(m) for m in sub.messages(timeout=0.05)]
+                if taken:
+                    reports.put({"kind": "taken", "pid": os.getpid(), "taken": taken})
+    except BaseException:
+        reports.put({"kind": "error", "name": "reprocess", "exception": traceback.format_exc()})

@@ -17,7 +17,7 @@ import pytest
 
 import shmbus
 from shmbus.archive.catalog import read_catalog
-from shmbus.archive.recording_reader import RecordingReader
+from shmbus.archive.recording_reader import RecordingReader, replay
 from tests.conftest import stop_driver
 from tests.netbridge.test_end_to_end import bus_pair, free_udp_port
 from tests.shmbus import late_join_workers as lw
@@ -303,6 +303,39 @@ def test_over_udp_with_loss(procs, shm_dir) -> None:
             stream.close()
         for process in drivers:
             stop_driver(process)
+
+
+def test_a_pool_of_workers_reprocesses_a_range_of_a_recording(
+        bus_context, driver, procs, shm_dir) -> None:
+    """A new group from a position in the recording: the range [from, to) replayed onto a
+    stream that a subscription group of worker processes reads; each message of the range
+    goes to exactly one worker, each worker's in order."""
+    directory = shm_dir / "rec"
+    stream = Stream(procs, bus_context, directory, "aeron:ipc", writers=1, rate=20_000)
+    try:
+        stream.wait_recorded(1, 128 * 1024)
+    finally:
+        stream.close()
+    reader = RecordingReader(directory, read_catalog(directory)[0])
+    recorded = list(reader.messages())
+    first, end = len(recorded) // 4, 3 * len(recorded) // 4
+    wanted = [lw.check(m.payload) for m in recorded[first:end]]
+    stop = CTX.Event()
+    for _ in range(3):
+        joined = CTX.Event()
+        procs.start(lw.reprocess, bus_context, 3001, "reprocess", joined, stop, procs.queue)
+        assert joined.wait(30), "a worker did not join"
+    with shmbus.connect(bus_context) as bus:
+        publication = bus.add_exclusive_publication("aeron:ipc", 3001)
+        assert replay(reader, publication, recorded[first].position,
+                      recorded[end].position) == len(wanted)
+        by_worker: dict[int, list[tuple[int, int]]] = {}
+        while sum(map(len, by_worker.values())) < len(wanted):
+            report = procs.wait("taken", timeout=60)[0]
+            by_worker.setdefault(report["pid"], []).extend(map(tuple, report["taken"]))
+    stop.set()
+    assert sorted(t for worker in by_worker.values() for t in worker) == sorted(wanted)
+    assert all(worker == sorted(worker) for worker in by_worker.values())
 
 
 def test_bad_requests_name_what_is_wrong(bus_context, driver, shm_dir) -> None:
