@@ -9,7 +9,9 @@ in flight live in a :class:`~shmbus.pending_calls.PendingCalls` table.
 Waiting follows the subscriptions' rules: a caller spins for ``Context.wait_spin``, then
 sleeps until the responder's reply wakes it. Many threads may share one requester: whichever
 waiting caller holds the reader's turn reads every reply and hands each to its call; the
-others sleep until theirs is settled or the turn is free. A caller that waits also checks, at
+others sleep until theirs is settled or the turn is free. A caller of ``request()`` alone on
+the requester (no other call in flight, the common case) skips the hand-off: it takes replies
+straight from its response stream until its own comes. A caller that waits also checks, at
 least every 50 ms, that a responder is still connected: when the last one has gone (it closed,
 or died and the driver timed it out, ``client_liveness_timeout``) every call in flight fails
 with ResponderLostError, so no call outlives its responders.
