@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -239,8 +240,6 @@ def test_lone_and_shared_callers_of_one_requester_never_mix_replies(bus_context,
     """Threads calling request() back to back (each alone on the requester at times, so on
     its fast path, at other times sharing it) beside a thread with calls in flight: every
     reply answers its own request, and the counters add up to the calls."""
-    import threading
-
     start_responders(procs, bus_context, 2)
     threads, calls, problems = 4, 400, []
     with shmbus.connect(bus_context) as bus, bus.add_requester("aeron:ipc", STREAM) as client:
@@ -279,8 +278,6 @@ def test_lone_and_shared_callers_of_one_requester_never_mix_replies(bus_context,
 
 
 def test_closing_during_a_lone_call_fails_it_and_counts_it(bus_context, driver, procs):
-    import threading
-
     start_responders(procs, bus_context, 1)
     with shmbus.connect(bus_context) as bus:
         client = bus.add_requester("aeron:ipc", STREAM)
