@@ -9,7 +9,9 @@ in flight live in a :class:`~shmbus.pending_calls.PendingCalls` table.
 Waiting follows the subscriptions' rules: a caller spins for ``Context.wait_spin``, then
 sleeps until the responder's reply wakes it. Many threads may share one requester: whichever
 waiting caller holds the reader's turn reads every reply and hands each to its call; the
-others sleep until theirs is settled or the turn is free. A caller that waits also checks, at
+others sleep until theirs is settled or the turn is free. A caller of ``request()`` alone on
+the requester (no other call in flight, the common case) skips the hand-off: it takes replies
+straight from its response stream until its own comes. A caller that waits also checks, at
 least every 50 ms, that a responder is still connected: when the last one has gone (it closed,
 or died and the driver timed it out, ``client_liveness_timeout``) every call in flight fails
 with ResponderLostError, so no call outlives its responders.
@@ -53,6 +55,12 @@ DEFAULT_CALL_TIMEOUT = 5.0
 #: The longest a waiting caller goes without checking that a responder is still connected.
 _LIVENESS_CHECK_S = 0.05
 _pack_header = call_header.HEADER.pack
+_unpack_from = call_header.HEADER.unpack_from
+_HEADER_LENGTH = call_header.HEADER_LENGTH
+_REQUEST, _REPLY, _VERSION = call_header.REQUEST, call_header.REPLY, call_header.VERSION
+_IDEMPOTENT = call_header.IDEMPOTENT
+_INF = float("inf")
+_monotonic = time.monotonic
 #: The longest a back-pressured request waits for room before it reads replies and retries.
 _SEND_RETRY_S = 0.005
 
@@ -146,8 +154,83 @@ class Requester:
 
     def request(self, data: Buffer, *, timeout: float | None = DEFAULT_CALL_TIMEOUT,
                 idempotent: bool = False) -> bytes:
-        """Send a request and wait for its reply (bytes): :meth:`submit` then ``result()``."""
+        """Send a request and wait for its reply (bytes): :meth:`submit` then ``result()``,
+        with the same errors. A caller alone on the requester (no other call in flight)
+        reads its reply itself without a hand-off (:meth:`_request_alone`)."""
+        if not self._table and not self._async_reading and self._reader.acquire(False):
+            try:
+                if not self._table:
+                    return self._request_alone(data, timeout, idempotent)
+            finally:
+                self._reader.release()
+                if self._followers:
+                    with self._lock:
+                        self._settled.notify_all()
         return self.submit(data, timeout=timeout, idempotent=idempotent).result()
+
+    def _request_alone(self, data: Buffer, timeout: float | None, idempotent: bool) -> bytes:
+        """One call made while no other is in flight, by the holder of the reader's turn:
+        it sends, then takes replies itself until its own comes, spinning then sleeping as
+        ``messages()`` does. Other threads may submit meanwhile: this caller holds the turn,
+        so it reads their replies into the table for them. The call is in the table like
+        any other, so close(), its deadline and departed responders settle it as they
+        settle any call; the in-flight counter counts it once it has waited
+        ``_LIVENESS_CHECK_S`` (a shorter call shows only as answered)."""
+        correlation_id = next(self._ids)
+        now = _monotonic()
+        deadline = _INF if timeout is None else now + timeout
+        table = self._table
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError(f"the requester of {table.service} is closed")
+            pending = table.open(correlation_id, deadline, idempotent=idempotent)
+        header = _pack_header(_REQUEST, _IDEMPOTENT if idempotent else 0, _VERSION,
+                              self.response_stream_id, correlation_id)
+        result = self._publication.offer(header, data)
+        if result < 0:
+            self._count_from_now(pending)
+            self._send_refused(pending, header, data, result)
+        replies = self._replies
+        take = replies._take
+        check_at = now + _LIVENESS_CHECK_S
+        while not pending.settled:
+            message = take()
+            if message is not None:
+                if len(message) >= _HEADER_LENGTH:
+                    kind, _, version, _, reply_id = _unpack_from(message)
+                    if reply_id == correlation_id and kind == _REPLY and version == _VERSION:
+                        with self._lock:
+                            if table._open.pop(correlation_id, None) is not None:
+                                table.counts.answered += 1
+                                pending.reply = reply = message[_HEADER_LENGTH:]
+                                pending.settled = True
+                                if pending.on_settled is not None:
+                                    self._counters.add(RR_IN_FLIGHT, -1)
+                                self._counters.add(RR_ANSWERED)
+                                return reply
+                        self._counters.add(RR_LATE)  # settled meanwhile (by close)
+                        continue
+                self._on_reply_message(message)
+                continue
+            now = _monotonic()
+            if now >= check_at or now >= deadline:
+                self._count_from_now(pending)
+                self._pump(pending)
+                check_at = now + _LIVENESS_CHECK_S
+                continue
+            replies.wait(min(deadline, check_at) - now)
+        self._count_from_now(pending)
+        return Call(self, pending).result()
+
+    def _count_from_now(self, pending: PendingCall) -> None:
+        """Count a call of :meth:`_request_alone` in flight (once), and its end: at once if
+        it is settled already, else when it settles."""
+        with self._lock:
+            if pending.on_settled is None:
+                pending.on_settled = self._count
+                self._counters.add(RR_IN_FLIGHT)
+                if pending.settled:
+                    self._count(pending)
 
     async def request_async(self, data: Buffer, *,
                             timeout: float | None = DEFAULT_CALL_TIMEOUT,
@@ -261,22 +344,27 @@ class Requester:
             f"any more (they closed, or died and were timed out) and none answered it")
 
     def _read_replies(self) -> None:
-        take, unpack = self._replies._take, call_header.unpack
+        take = self._replies._take
         while (message := take()) is not None:
-            try:
-                kind, _, _, correlation_id = unpack(message)
-            except call_header.MalformedCall:
+            self._on_reply_message(message)
+
+    def _on_reply_message(self, message: bytes) -> None:
+        """Settle the call ``message`` answers, or count it late (malformed, a request, or
+        for no open call)."""
+        try:
+            kind, _, _, correlation_id = call_header.unpack(message)
+        except call_header.MalformedCall:
+            self._counters.add(RR_LATE)
+            return
+        if kind == call_header.REQUEST:
+            self._counters.add(RR_LATE)
+            return
+        with self._lock:
+            if self._table.on_reply(kind, correlation_id,
+                                    message[_HEADER_LENGTH:]) is None:
                 self._counters.add(RR_LATE)
-                continue
-            if kind == call_header.REQUEST:
-                self._counters.add(RR_LATE)
-                continue
-            with self._lock:
-                if self._table.on_reply(kind, correlation_id,
-                                        message[call_header.HEADER_LENGTH:]) is None:
-                    self._counters.add(RR_LATE)
-                else:
-                    self._wake_followers()
+            else:
+                self._wake_followers()
 
     def _wake_followers(self) -> None:
         if self._followers:

@@ -27,18 +27,21 @@ from shmbus.errors import PublicationError, RegistrationError
 from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.shm import call_header
 from shmbus.shm.counters import RR_HANDLER_ERRORS, RR_REPLIES_DROPPED, RR_SERVED
-from shmbus.subscription_group import GroupImage, GroupSubscription
+from shmbus.subscription_group import GroupSubscription
 
 if TYPE_CHECKING:
     from shmbus.call_counters import CallCounters
     from shmbus.publication import Publication
-    from shmbus.shm._native import Header
+    from shmbus.shm._native import GroupMemberCore, Header
 
 #: handler(request) -> reply
 RequestHandler = Callable[[bytes], Any]
 #: How long a reply may wait for a requester that does not read, seconds, before it is dropped.
 REPLY_TIMEOUT = 1.0
 _pack_header = call_header.HEADER.pack
+_unpack_from = call_header.HEADER.unpack_from
+_HEADER_LENGTH = call_header.HEADER_LENGTH
+_REQUEST, _REPLY, _VERSION = call_header.REQUEST, call_header.REPLY, call_header.VERSION
 #: A waiting responder looks for requests handed on from a departed responder this often.
 _HANDED_ON_CHECK_S = 0.1
 
@@ -67,7 +70,7 @@ class Responder:
         self._add_reply_publication = reply_publication
         self._on_close = on_close
         self._replies: dict[int, Publication] = {}
-        self._image: GroupImage | None = None
+        self._member: GroupMemberCore | None = None  # the one polled now
         self._assembler = FragmentAssembler(self._on_request)
         self._closed = False
         #: requests answered (replies published); the rr-served counter follows per poll
@@ -80,12 +83,13 @@ class Responder:
         """Answer up to about ``limit`` requests waiting now, without sleeping. Returns how
         many fragments were read."""
         fragments = 0
+        assembler = self._assembler
         for image in self._requests.images:
-            self._image = image
-            fragments += image.poll(self._assembler, max(1, limit - fragments))
+            member = self._member = image._member
+            fragments += member.poll(assembler, max(1, limit - fragments))
             if fragments >= limit:
                 break
-        self._image = None
+        self._member = None
         if self.served != self._counted:
             self._counters.add(RR_SERVED, self.served - self._counted)
             self._counted = self.served
@@ -121,26 +125,33 @@ class Responder:
         return self.served - before
 
     def _on_request(self, buffer: memoryview, header: Header) -> None:
-        try:
-            kind, flags, stream_id, correlation_id = call_header.unpack(buffer)
-        except call_header.MalformedCall:
+        if len(buffer) >= _HEADER_LENGTH:
+            kind, flags, version, stream_id, correlation_id = _unpack_from(buffer)
+            if version != _VERSION:
+                kind = 0
+        else:
             kind = 0
-        if kind != call_header.REQUEST:
+        if kind != _REQUEST:  # malformed, or not a request
             self._counters.add(RR_HANDLER_ERRORS)
             return
-        image = self._image
-        if image is not None and image.handed_on and not flags & call_header.IDEMPOTENT:
+        member = self._member
+        if member is not None and member.handed_on and not flags & call_header.IDEMPOTENT:
             self._reply(stream_id, call_header.LOST, correlation_id, b"")
             return
         try:
-            reply = self.handler(bytes(buffer[call_header.HEADER_LENGTH:]))
+            reply = self.handler(bytes(buffer[_HEADER_LENGTH:]))
             memoryview(reply)  # a reply is anything with the buffer protocol
         except Exception as error:  # the caller gets it as RemoteError
             self._counters.add(RR_HANDLER_ERRORS)
             self._reply(stream_id, call_header.ERROR, correlation_id,
                         f"{type(error).__qualname__}: {error}".encode())
             return
-        self._reply(stream_id, call_header.REPLY, correlation_id, reply)
+        publication = self._replies.get(stream_id)
+        if publication is not None and publication.offer(
+                _pack_header(_REPLY, 0, _VERSION, 0, correlation_id), reply) > 0:
+            self.served += 1
+            return
+        self._reply(stream_id, _REPLY, correlation_id, reply)
 
     def _reply(self, stream_id: int, kind: int, correlation_id: int, body: Any) -> None:
         publication = self._replies.get(stream_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -233,3 +234,69 @@ def test_bad_arguments_are_named(bus_context, driver):
         client.close()
         with pytest.raises(shmbus.ClientClosedError, match="requester .* is closed"):
             client.submit(b"x")
+
+
+def test_lone_and_shared_callers_of_one_requester_never_mix_replies(bus_context, driver, procs):
+    """Threads calling request() back to back (each alone on the requester at times, so on
+    its fast path, at other times sharing it) beside a thread with calls in flight: every
+    reply answers its own request, and the counters add up to the calls."""
+    start_responders(procs, bus_context, 2)
+    threads, calls, problems = 4, 400, []
+    with shmbus.connect(bus_context) as bus, bus.add_requester("aeron:ipc", STREAM) as client:
+
+        def lone(thread: int) -> None:
+            for seq in range(calls):
+                request = rw.make_request(3, thread, seq, 32 + seq % 64)
+                try:
+                    rw.check_reply(request, client.request(request, timeout=30))
+                except Exception as error:  # collected: a thread's assert would be lost
+                    problems.append(f"thread {thread} call {seq}: {error!r}")
+
+        def pipelined() -> None:
+            for base in range(0, calls, 8):
+                requests = [rw.make_request(3, threads, seq, 48) for seq in range(base, base + 8)]
+                pending = [client.submit(r, timeout=30) for r in requests]
+                for request, call in zip(requests, pending, strict=True):
+                    try:
+                        rw.check_reply(request, call.result())
+                    except Exception as error:
+                        problems.append(f"pipelined call: {error!r}")
+
+        workers = [threading.Thread(target=lone, args=(t,)) for t in range(threads)]
+        workers.append(threading.Thread(target=pipelined))
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=240)
+        assert not any(worker.is_alive() for worker in workers)
+        assert problems == []
+        total = (threads + 1) * calls
+        assert client.in_flight == 0
+        assert counter_total(bus, RR_ANSWERED) == total
+        assert counter_total(bus, RR_IN_FLIGHT) == 0
+        assert counter_total(bus, RR_FAILED) == counter_total(bus, RR_LATE) == 0
+
+
+def test_closing_during_a_lone_call_fails_it_and_counts_it(bus_context, driver, procs):
+    start_responders(procs, bus_context, 1)
+    with shmbus.connect(bus_context) as bus:
+        client = bus.add_requester("aeron:ipc", STREAM)
+        request = rw.make_request(4, 0, 0, 32)
+        rw.check_reply(request, client.request(request, timeout=30))  # a responder is there
+        outcome: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                client.request(rw.make_command(4, 1, b"hang"), timeout=30)
+            except BaseException as error:
+                outcome.append(error)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        wait_until(lambda: client.in_flight == 1, 10, "the call in flight")
+        time.sleep(0.1)  # past the liveness check: the call counts as in flight
+        assert counter_total(bus, RR_IN_FLIGHT) == 1
+        client.close()
+        caller.join(timeout=10)
+        assert not caller.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], shmbus.ClientClosedError)
