@@ -130,19 +130,22 @@ class Stream:
                     procs.queue)
         assert ready.wait(30), "recorder did not start"
         self.publishers: dict[int, Any] = {}
+        # each publisher stops on an Event of its own: one the test SIGKILLs may die holding
+        # its Event's lock (is_set takes it), and setting that Event would then block for good
+        self.publisher_stops: dict[int, Any] = {}
         self.private_reports: list[Any] = []
         for writer in range(writers):
             self.start_publisher(writer)
 
     def start_publisher(self, writer: int) -> Any:
-        started = CTX.Event()
+        started, stop = CTX.Event(), CTX.Event()
         # a publisher the test kills reports on a queue of its own (see Processes)
         reports = self.procs.private()
         self.private_reports.append(reports)
         process = self.procs.start(lw.publish, self.context, self.channel, STREAM, writer,
-                                   self.stop, reports.queue, started, self.rate)
+                                   stop, reports.queue, started, self.rate)
         assert started.wait(30), f"publisher {writer} did not start"
-        self.publishers[writer] = process
+        self.publishers[writer], self.publisher_stops[writer] = process, stop
         return process
 
     def wait_recorded(self, sessions: int, nbytes: int, timeout: float = 30) -> None:
@@ -157,6 +160,9 @@ class Stream:
             time.sleep(0.01)
 
     def close(self) -> None:
+        for writer, process in self.publishers.items():
+            if process.is_alive():
+                self.publisher_stops[writer].set()
         self.stop.set()
         self.procs.wait("recorded", timeout=30)
 
