@@ -74,10 +74,13 @@ class ReadinessWatcher:
         already; ValueError once closed."""
         if self._future is not None:
             raise RuntimeError("another coroutine is awaiting this subscription")
-        if self._closed:
-            raise ValueError("the subscription is closed")
         loop = asyncio.get_running_loop()
-        self._future = future = loop.create_future()
+        # whether this waiter or close() frees the watcher is settled under the lock: close()
+        # sees the future (and rings it) or the waiter sees the close (and frees it)
+        with self._closing:
+            if self._closed:
+                raise ValueError("the subscription is closed")
+            self._future = future = loop.create_future()
         timer = None
         try:
             watcher = self._watch_from(loop)
@@ -87,12 +90,14 @@ class ReadinessWatcher:
                 timer = loop.call_later(timeout, _fire, future)
             await future
         finally:
-            self._future = None
+            with self._closing:
+                self._future = None
+                closed = self._closed
             if timer is not None:
                 timer.cancel()
             if self._watcher is not None:
                 self._watcher.disarm()
-            if self._closed:
+            if closed:
                 self._stop()
 
     def _watch_from(self, loop: asyncio.AbstractEventLoop) -> FutexRing | LogWatcher:
@@ -121,8 +126,10 @@ class ReadinessWatcher:
         """Stop watching and free the watcher; a coroutine waiting now is woken by ``ring()``
         (the subscription's ``_wake``), returns and frees it. Any thread may call it;
         idempotent."""
-        self._closed = True
-        if self._future is not None:
+        with self._closing:
+            self._closed = True
+            waiting = self._future is not None
+        if waiting:
             ring()
         else:
             self._stop()

@@ -165,9 +165,11 @@ def test_closing_a_subscription_ends_the_await_on_it(bus_context, driver, waker)
             pub = bus.add_exclusive_publication("aeron:ipc", 76)
             wait_until(lambda: pub.is_connected, 10, "the subscriber")
             loop = asyncio.get_running_loop()
-            loop.call_later(0.1, lambda: threading.Thread(target=sub.close).start())
+            closing = threading.Thread(target=sub.close)
+            loop.call_later(0.1, closing.start)
             got = await asyncio.wait_for(sub.poll_async(lambda b, h: None, 10), timeout=10)
             assert got == 0 and sub.is_closed
+            closing.join(10)  # the await may end as soon as close() began
             assert sub._readiness._watcher is None, "the closed subscription kept its waker"
 
     asyncio.run(main())
