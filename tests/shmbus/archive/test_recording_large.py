@@ -9,6 +9,10 @@ Spark. Every message is checked by length and crc32 against what the writer publ
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -17,15 +21,23 @@ import pytest
 
 import shmbus
 from shmbus import Recorder, RecordingReader
-from shmbus.archive.catalog import STOPPED, DiskFullError, read_catalog
+from shmbus.archive.catalog import (
+    CATALOG_FILE,
+    STOPPED,
+    DiskFullError,
+    live_position,
+    read_catalog,
+)
 from shmbus.archive.large_payloads import (
     RECORDED_REFERENCE_LENGTH,
     decode_recorded_reference,
     large_path,
 )
+from shmbus.archive.recorder import recover_directory
 from shmbus.archive.recording_reader import _read_block, replay
 from shmbus.shm.log_buffer import HEADER_LENGTH, max_message_length
 from tests.shmbus.archive import large_recording_workers as lw
+from tests.shmbus.archive.test_recording import bus_env
 from tests.shmbus.driver.test_driver_processes import CTX, wait_until
 from tests.shmbus.test_spark import spark  # noqa: F401  (the session's Spark fixture)
 
@@ -203,3 +215,42 @@ def test_a_recorder_keeps_up_with_large_messages_from_a_thread(bus_context, driv
     assert [m.payload for m in got] == payloads
     # a segment of 64 KiB holds 64-byte reference frames; the payloads are in side files
     assert len(list(entry.directory(directory).glob("*.large"))) >= 2
+
+
+def test_a_sigkilled_recorder_keeps_every_large_message_it_committed(bus_context, driver,
+                                                                      tmp_path) -> None:
+    """``shmbus record`` SIGKILLed while large and small messages stream in (possibly in the
+    middle of a payload): recovery keeps a prefix of the stream, every message exact."""
+    directory = tmp_path / "rec"
+    command = [sys.executable, "-m", "shmbus", "record", str(directory), "--stream", "56",
+               "--segment-length", "65536"]
+    recorder = subprocess.Popen(command, env=bus_env(bus_context), stderr=subprocess.PIPE)
+    sent: list[bytes] = []
+    try:
+        with shmbus.connect(bus_context) as bus:
+            pub = bus.add_exclusive_publication("aeron:ipc", 56)
+            wait_until(lambda: pub.is_connected, 30, "the recorder subscribed")
+            deadline = time.monotonic() + 60
+            seen_live = 0
+            for i in range(100_000):
+                payload = lw.mix_payload(4, i, (3000, 200_000, 50, 2_000_000)[i % 4])
+                pub.publish(payload, timeout=30)
+                sent.append(payload)
+                if i % 8 == 7 and (directory / CATALOG_FILE).exists():
+                    seen_live = live_position(directory, read_catalog(directory)[0])
+                    if seen_live > 2 * 65536 and i > 40:
+                        break
+                assert time.monotonic() < deadline, "the recorder did not get far in 60 s"
+            for _ in range(2):  # kill it mid-stream
+                pub.publish(lw.mix_payload(4, len(sent), 3_000_000), timeout=30)
+                sent.append(lw.mix_payload(4, len(sent), 3_000_000))
+            os.kill(recorder.pid, signal.SIGKILL)
+            recorder.wait(30)
+    finally:
+        if recorder.poll() is None:
+            recorder.kill()
+            recorder.wait()
+    (recovered,) = recover_directory(directory)
+    assert recovered.stop_position >= seen_live
+    got = [m.payload for m in RecordingReader(directory, recovered).messages()]
+    assert len(got) > 40 and got == sent[:len(got)]
