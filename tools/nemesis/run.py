@@ -9,8 +9,9 @@ publications, whole messages in offer_many batches or claimed one at a time, and
 ones; every message carries writer id, incarnation, sequence number and CRC32. Readers: a
 tethered and an untethered IPC subscriber, a UDP subscriber, a spy on the UDP publication, a
 recorder (shmbus.Recorder on the IPC stream, in 2-second windows, each read back with
-RecordingReader and checked, then deleted: the disk holds one window), more tethered ones
-beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
+RecordingReader and checked, then deleted: the disk holds one window), a tethered reader and
+a recorder of the large-message stream (payloads recorded out of line, read back the same
+way), more tethered ones beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
 datagrams both ways for the whole run (the netbridge's loss filter; it counts as fired once the
 netbridge's receivers report gaps, read with ``shmbus stat``). In a shuffled round, with pauses
 between, the nemesis:
@@ -150,6 +151,9 @@ def reader_specs(count: int, port: int, recordings: Path) -> list[ReaderSpec]:
         ReaderSpec("spy", "spy", f"aeron-spy:{udp}", UDP_STREAM),
         ReaderSpec("recorder", "recorder", "aeron:ipc", IPC_STREAM, str(recordings)),
         ReaderSpec("large", "tethered", "aeron:ipc", LARGE_STREAM),
+        # large messages recorded with their payloads (side files), read back and checked
+        ReaderSpec("recorder-large", "recorder", "aeron:ipc", LARGE_STREAM,
+                   str(recordings / "large")),
     ]
     return [kinds[i] if i < len(kinds) else
             ReaderSpec(f"tethered-{i}", "tethered", "aeron:ipc", IPC_STREAM)
