@@ -8,6 +8,8 @@ recorder saw) and one catalog::
     <dir>/.reserve                     space kept free for the last catalog write (disk full)
     <dir>/<id>/<base>.seg              segment files, <base> = start position, 20 digits
     <dir>/<id>/<base>.idx              time index of that segment: (position, time ns) int64 pairs
+    <dir>/<id>/<base>.large            payloads of that segment's large messages (see
+                                       shmbus.archive.large_payloads)
     <dir>/<id>/position                live position: (position, time ns, check) int64
 
 Segments are fixed-size files (``segment_length``, a power of two and a multiple of the term

@@ -20,6 +20,12 @@ fsync policy: ``"none"`` (the page cache; survives a killed process, not a power
 ``"write"`` (each block is fdatasynced before and after its commit: durable once written).
 The catalog is always fsynced.
 
+Large messages (past the log's max message length, their payload in a shared-memory block the
+log's frame refers to) are recorded with their payload: while the recorder reads the frame the
+block is still held (the recorder is a counted subscriber), so the payload is copied into the
+segment's side file first, then the frame is committed at its stream position with a recorded
+reference to it (see :mod:`shmbus.archive.large_payloads`).
+
 A full file system (ENOSPC or EDQUOT) stops every recording cleanly: what was committed stays,
 each last segment is cut at its stop position, the catalog says ``stopped`` with the reason
 (written in space the recorder reserved for it) and :class:`~shmbus.archive.catalog.DiskFullError`
@@ -54,6 +60,10 @@ from shmbus.archive.catalog import (
     is_disk_full,
     read_index,
 )
+from shmbus.archive.large_payloads import (
+    encode_recorded_reference,
+    large_path,
+)
 from shmbus.archive.recording_reader import CHUNK_LENGTH, _read_block, scan_frames
 from shmbus.client import Client, connect
 from shmbus.context import Context
@@ -77,6 +87,8 @@ class _Segment:
     fd: int
     index_fd: int
     index_length: int = 0
+    large_fd: int | None = None   # the side file of large payloads, opened on first use
+    large_length: int = 0         # its bytes that committed frames refer to
 
 
 class _RecordingWriter:
@@ -104,9 +116,14 @@ class _RecordingWriter:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def on_batch(self, batch: FragmentBatch, image: Image | None = None) -> None:
+    def on_batch(self, batch: FragmentBatch, image: Image | None = None,
+                 large: dict[int, memoryview] | None = None) -> None:
         """Append the frames of a ``poll_batch`` batch (and the padding around them), unless
-        ``image`` lost its hold on the log while they were copied (see _commit)."""
+        ``image`` lost its hold on the log while they were copied (see _commit).
+
+        ``large`` maps the index of each large message's frame in the batch to its payload
+        (the block the frame refers to): the payload goes to the segment's side file and the
+        frame is recorded with a reference to it."""
         p0 = batch.position
         if p0 != self.stop:
             self.pad_to(p0)
@@ -128,8 +145,13 @@ class _RecordingWriter:
                                                                     start - cursor)))
             pieces.append((term_base + start, term[start:end]))
             cursor = end
+        side: tuple[_Segment, int] | None = None
+        if large:
+            side = self._write_large(large, term_base, frame_starts, pieces)
         if not self._commit(pieces, image):
             return
+        if side is not None:
+            side[0].large_length = side[1]
         new_stop = term_base + cursor
         flags = batch.flags
         if flags[-1] & END_FLAG:
@@ -140,6 +162,25 @@ class _RecordingWriter:
                 self.safe = term_base + int(frame_ends[whole[-1]])
         self.stop = new_stop
         self._after_commit()
+
+    def _write_large(self, large: dict[int, memoryview], term_base: int,
+                     frame_starts: np.ndarray, pieces: list[tuple[int, Any]]
+                     ) -> tuple[_Segment, int]:
+        """Append the payloads to the side file of the batch's segment (one term: one segment)
+        and add the recorded references to ``pieces``; returns the segment and the side file's
+        length once they are committed."""
+        segment = self._segment_for(term_base + int(frame_starts[min(large)]))
+        if segment.large_fd is None:
+            segment.large_fd = os.open(large_path(self.descriptor, self.root, segment.base),
+                                       os.O_RDWR | os.O_CREAT, 0o644)
+        length = segment.large_length
+        for k in sorted(large):
+            payload = large[k]
+            _pwrite_all(segment.large_fd, payload, length)
+            pieces.append((term_base + int(frame_starts[k]) + HEADER_LENGTH,
+                           encode_recorded_reference(length, payload.nbytes)))
+            length += payload.nbytes
+        return segment, length
 
     def pad_to(self, target: int) -> None:
         """Record [stop, target) as padding: the image skipped only PAD frames there."""
@@ -186,11 +227,7 @@ class _RecordingWriter:
 
     def _pwrite(self, position: int, data: memoryview) -> None:
         segment = self._segment_for(position)
-        offset = position - segment.base
-        while data:
-            n = os.pwrite(segment.fd, data, offset)
-            data = data[n:]
-            offset += n
+        _pwrite_all(segment.fd, data, position - segment.base)
 
     def _segment_for(self, position: int) -> _Segment:
         base = self.descriptor.segment_base(position)
@@ -224,6 +261,8 @@ class _RecordingWriter:
         for segment in (*self._retired, self._segment):
             if segment is not None:
                 os.fdatasync(segment.fd)
+                if segment.large_fd is not None:
+                    os.fdatasync(segment.large_fd)
 
     def _after_commit(self) -> None:
         now = time.time_ns()
@@ -250,12 +289,19 @@ class _RecordingWriter:
 
     def _close_segment(self, segment: _Segment, *, sync: bool) -> None:
         try:
+            if segment.large_fd is not None:
+                # bytes past the referenced payloads (a disk that filled up mid-payload)
+                os.ftruncate(segment.large_fd, segment.large_length)
+                if sync:
+                    os.fsync(segment.large_fd)
             if sync:
                 os.fsync(segment.fd)
                 os.fsync(segment.index_fd)
         finally:
             os.close(segment.fd)
             os.close(segment.index_fd)
+            if segment.large_fd is not None:
+                os.close(segment.large_fd)
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -295,6 +341,7 @@ def trim_segments(root: Path, descriptor: RecordingDescriptor, stop: int, *,
         if base >= stop:
             path.unlink(missing_ok=True)
             descriptor.index_path(root, base).unlink(missing_ok=True)
+            large_path(descriptor, root, base).unlink(missing_ok=True)
         elif base + descriptor.segment_length > stop:
             fd = os.open(path, os.O_RDWR)
             try:
@@ -303,6 +350,14 @@ def trim_segments(root: Path, descriptor: RecordingDescriptor, stop: int, *,
                     os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
 
 
 def recover_recording(root: str | os.PathLike[str],
@@ -489,23 +544,34 @@ class Recorder:
             self._error = e
 
     def _on_batch(self, batch: FragmentBatch) -> None:
-        large = np.flatnonzero(batch.flags & LARGE_FLAG)
-        if large.size:
-            # the frame refers to a shared-memory block that is gone once read: recording the
-            # reference would replay wrong bytes, so the recorder stops just before it
-            self._error = RecordingError(
-                f"session {batch.session_id} carries a large message (past the log's max "
-                f"message length, kept in shared memory): recordings do not keep large "
-                f"messages yet; this recorder stopped before it")
-            k = int(large[0])
-            if k == 0:
-                return
-            batch = FragmentBatch(batch.term, batch.offsets[:k], batch.lengths[:k],
-                                  batch.flags[:k], batch.position, batch.session_id)
         writer = self._writers.get(batch.session_id)
         image = self._subscription.image_by_session_id(batch.session_id)
-        if writer is not None and image is not None:
-            writer.on_batch(batch, image)
+        if writer is None or image is None:
+            return
+        large: dict[int, memoryview] = {}
+        try:
+            for k in np.flatnonzero(batch.flags & LARGE_FLAG).tolist():
+                # the block is held while this recorder's position is before its frame
+                block = image._large_view(bytes(batch.payload(k)))
+                if block is None:
+                    # freed: the driver no longer counted this recorder (it stalled past the
+                    # liveness timeout); what came before the message is recorded
+                    term_base = batch.position & ~writer._term_mask
+                    self._error = RecordingError(
+                        f"session {batch.session_id}: the large message at position "
+                        f"{term_base + int(batch.offsets[k]) - HEADER_LENGTH} was "
+                        f"freed before the recorder copied it (the driver stopped counting "
+                        f"this recorder); the recording stops before it")
+                    if k == 0:
+                        return
+                    batch = FragmentBatch(batch.term, batch.offsets[:k], batch.lengths[:k],
+                                          batch.flags[:k], batch.position, batch.session_id)
+                    break
+                large[k] = block
+            writer.on_batch(batch, image, large)
+        finally:
+            for block in large.values():
+                block.release()
 
     # -- duty cycle ------------------------------------------------------------------------------
 

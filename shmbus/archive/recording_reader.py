@@ -31,6 +31,8 @@ from shmbus.archive.catalog import (
     read_catalog,
     record_times,
 )
+from shmbus.archive.large_payloads import large_path, resolve_large
+from shmbus.large_messages import LARGE_FLAG
 from shmbus.shm.log_buffer import (
     BEGIN_FLAG,
     END_FLAG,
@@ -49,6 +51,9 @@ HEADER_DTYPE = np.dtype([
 assert HEADER_DTYPE.itemsize == HEADER_LENGTH
 #: bytes read from the files at a time (more when the largest message needs it)
 CHUNK_LENGTH = 4 * 1024 * 1024
+#: payload bytes a batch holds at most once large messages are read back (unless one message
+#: alone is longer): Arrow's binary columns (the Spark source) take up to 2 GiB a batch
+BATCH_DATA_LIMIT = 256 * 1024 * 1024
 
 
 @dataclass
@@ -286,6 +291,7 @@ def _assemble(block: np.ndarray, scan: FrameScan, position: int, lo: int, hi: in
                      + (msg_positions >> descriptor.position_bits)).astype(np.int32),
         "term_offsets": (msg_positions & (descriptor.term_length - 1)).astype(np.int32),
         "reserved_values": reserved,
+        "large": (flags[starts] & LARGE_FLAG) != 0,
     }
     return columns, offsets, data, pending
 
@@ -390,10 +396,17 @@ class RecordingReader:
             columns, offsets, data, pending = _assemble(block, scan, pos, start, end, d)
             if len(offsets) > 1:
                 times = record_times(self.directory, d, base, columns["positions"])
-                yield MessageBatch(d.recording_id, d.session_id, d.stream_id,
-                                   columns["positions"], columns["lengths"], offsets, data,
-                                   columns["term_ids"], columns["term_offsets"],
-                                   columns["reserved_values"], times)
+                lengths = columns["lengths"]
+                if columns["large"].any():
+                    offsets, data = resolve_large(columns["positions"], offsets, data,
+                                                  columns["large"],
+                                                  large_path(d, self.directory, base))
+                    lengths = np.diff(offsets).astype(np.int32)
+                batch = MessageBatch(d.recording_id, d.session_id, d.stream_id,
+                                     columns["positions"], lengths, offsets, data,
+                                     columns["term_ids"], columns["term_offsets"],
+                                     columns["reserved_values"], times)
+                yield from _split(batch, BATCH_DATA_LIMIT)
             chain_end = pos + scan.end
             if chain_end >= read_end:
                 return
@@ -424,6 +437,26 @@ class RecordingReader:
                     batch.record_times.tolist(), strict=True)):
                 yield Message(p, data[o[i]:o[i + 1]], batch.session_id, batch.stream_id, t, to,
                               rv, rt)
+
+
+def _split(batch: MessageBatch, limit: int) -> Iterator[MessageBatch]:
+    """``batch`` in pieces of at most ``limit`` payload bytes (or one message each)."""
+    if int(batch.offsets[-1]) <= limit:
+        yield batch
+        return
+    n = len(batch)
+    first = 0
+    while first < n:
+        base = int(batch.offsets[first])
+        last = max(first + 1, int(np.searchsorted(batch.offsets, base + limit, "right")) - 1)
+        last = min(last, n)
+        offsets = batch.offsets[first:last + 1] - base
+        yield MessageBatch(batch.recording_id, batch.session_id, batch.stream_id,
+                           batch.positions[first:last], batch.lengths[first:last], offsets,
+                           batch.data[base:int(batch.offsets[last])],
+                           batch.term_ids[first:last], batch.term_offsets[first:last],
+                           batch.reserved_values[first:last], batch.record_times[first:last])
+        first = last
 
 
 def _term_ceiling(position: int, term_length: int) -> int:

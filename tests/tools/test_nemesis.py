@@ -141,6 +141,7 @@ def test_a_minute_of_faults_breaches_nothing() -> None:
         received[int(writer)] += int(r)
     assert all(n > 0 for n in sent.values()), sent
     assert all(n > 0 for n in received.values()), received
-    readers = re.findall(r"^(tethered|untethered|udp|spy|recorder|large|late-joiner) +\S+ +(\d+)",
-                         out, re.M)
-    assert len(readers) == 7 and all(int(n) > 0 for _, n in readers), readers
+    readers = re.findall(
+        r"^(tethered|untethered|udp|spy|recorder|large|late-joiner|recorder-large) +\S+ +(\d+)",
+        out, re.M)
+    assert len(readers) == 8 and all(int(n) > 0 for _, n in readers), readers

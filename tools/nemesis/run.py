@@ -1,7 +1,7 @@
 """A nemesis: a seeded schedule of faults while writers and readers stream checked messages.
 
     python -m tools.nemesis.run [--minutes 10 | --seconds 60] [--seed 1] [--publishers 7]
-                                [--subscribers 7]
+                                [--subscribers 8]
 
 Runs as root (it mounts a small tmpfs for the bus directory). Writers (tools/nemesis/workers.py)
 publish on an IPC stream and on a UDP stream through the netbridge: exclusive and concurrent
@@ -9,12 +9,14 @@ publications, whole messages in offer_many batches or claimed one at a time, and
 ones; every message carries writer id, incarnation, sequence number and CRC32. Readers: a
 tethered and an untethered IPC subscriber, a UDP subscriber, a spy on the UDP publication, a
 recorder (shmbus.Recorder on the IPC stream, in 2-second windows, each read back with
-RecordingReader and checked, then deleted: the disk holds one window), more tethered ones
-beyond; a late joiner (its own Recorder, in 4-second windows, and joins one after another with
-history from a random recorded position or the start, then live: shmbus.Recording).
-``udp-loss``: the UDP path drops, duplicates, reorders and delays datagrams both ways for the
-whole run (the netbridge's loss filter; it counts as fired once the netbridge's receivers
-report gaps, read with ``shmbus stat``). In a shuffled round, with pauses between, the nemesis:
+RecordingReader and checked, then deleted: the disk holds one window), a tethered reader and
+a recorder of the large-message stream (payloads recorded out of line, read back the same
+way); a late joiner (its own Recorder, in 4-second windows, and joins one after another with
+history from a random recorded position or the start, then live: shmbus.Recording); more
+tethered ones beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
+datagrams both ways for the whole run (the netbridge's loss filter; it counts as fired once the
+netbridge's receivers report gaps, read with ``shmbus stat``). In a shuffled round, with pauses
+between, the nemesis:
 
 * ``kill-writer-mid-offer``: SIGKILLs a writer inside offer/offer_many, starts it again;
 * ``kill-writer-mid-claim``: has an IPC writer claim and half-fill a message, SIGKILLs it
@@ -157,6 +159,9 @@ def reader_specs(count: int, port: int, recordings: Path) -> list[ReaderSpec]:
         ReaderSpec("large", "tethered", "aeron:ipc", LARGE_STREAM),
         ReaderSpec("late-joiner", "late-joiner", "aeron:ipc", IPC_STREAM,
                    str(recordings / "late-joiner")),
+        # large messages recorded with their payloads (side files), read back and checked
+        ReaderSpec("recorder-large", "recorder", "aeron:ipc", LARGE_STREAM,
+                   str(recordings / "large")),
     ]
     return [kinds[i] if i < len(kinds) else
             ReaderSpec(f"tethered-{i}", "tethered", "aeron:ipc", IPC_STREAM)
@@ -650,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     length.add_argument("--seconds", type=float)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--publishers", type=int, default=7)
-    parser.add_argument("--subscribers", type=int, default=7)
+    parser.add_argument("--subscribers", type=int, default=8)
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else 60 * (args.minutes or 10)
     if seconds < 20:
