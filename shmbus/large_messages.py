@@ -72,9 +72,9 @@ def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
     """offer() (``publish`` False: once, a code when refused) or publish() (retries until
     ``timeout``, raises PublicationError) of a message longer than the log's max message."""
     views, length = _buffers_length(buffers)
-    if pub._blocks is None and pub.channel.startswith("aeron:ipc"):
-        # an IPC log always has a ring: none means its driver died and the next one removed
-        # the files before this client mapped them; the client hears of it soon
+    if pub._blocks is None and not os.path.exists(pub.log.path):
+        # the log's files are gone: its driver died and the next one removed them before this
+        # client mapped the ring; the client hears of it soon
         if publish:
             raise PublicationError(codes.NOT_CONNECTED, "the publication's block ring is "
                                    "gone: its driver died")

@@ -157,12 +157,18 @@ def test_a_ring_file_removed_under_a_live_stream_goes_on_in_the_mapped_ring(
         pub.publish(message, timeout=10)
         got = list(sub.messages(timeout=5))
         assert len(got) == 1 and lw.check(got[0]) == (1, 0) and got[0] == message
-        # removed before the client mapped it (the race with a restarted driver): not connected
+        # the ring and its log removed before the client mapped the ring (the race with a
+        # restarted driver): not connected, as a publication whose driver is gone
         pub._blocks.close()
         pub._blocks = None
-        assert pub.offer(message) == shmbus.NOT_CONNECTED
-        with pytest.raises(shmbus.PublicationError, match="block ring is gone"):
-            pub.publish(message)
+        log_path = pub.log.path
+        pub.log.path = str(log_path) + ".gone"
+        try:
+            assert pub.offer(message) == shmbus.NOT_CONNECTED
+            with pytest.raises(shmbus.PublicationError, match="block ring is gone"):
+                pub.publish(message)
+        finally:
+            pub.log.path = log_path
         assert pub.offer(b"small messages go on") > 0
 
 
