@@ -553,12 +553,12 @@ def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[
             f"{sum(t.duplicated for t in tracks):>5}{sum(t.reordered for t in tracks):>6}"
             f"{sum(t.skipped for t in tracks):>9}  {ENDINGS[s.ending]}")
     lines += ["", "readers:",
-              f"{'reader':<14}{'kind':<12}{'received':>11}{'lost':>6}{'dup':>5}{'reord':>6}"
+              f"{'reader':<16}{'kind':<12}{'received':>11}{'lost':>6}{'dup':>5}{'reord':>6}"
               f"{'skipped':>10}{'corrupt':>8}{'torn':>5}{'rebuilds':>9}{'stopped':>8}  why rebuilt"]
     for r in reports:
         tracks = list(r.check.tracks.values())
         lines.append(
-            f"{r.name:<14}{r.kind:<12}{sum(t.received for t in tracks):>11}"
+            f"{r.name:<16}{r.kind:<12}{sum(t.received for t in tracks):>11}"
             f"{sum(t.lost for t in tracks):>6}{sum(t.duplicated for t in tracks):>5}"
             f"{sum(t.reordered for t in tracks):>6}{sum(t.skipped for t in tracks):>10}"
             f"{r.check.corrupt:>8}{r.check.torn:>5}{r.check.rebuilds.total():>9}"
