@@ -361,7 +361,7 @@ class Workers:
         time.sleep(drain_s)
         self.stop_reading.set()
         checks: dict[str, SubscriberCheck] = {}
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a recorder checks its last windows first
         while (len(checks) < len(self.readers) or self.call_tally is None) \
                 and time.monotonic() < deadline:
             with contextlib.suppress(Exception):
