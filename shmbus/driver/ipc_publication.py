@@ -8,13 +8,12 @@ and turns the events it returns into broadcasts. No I/O here besides the log mem
 from __future__ import annotations
 
 import enum
-import os
 from dataclasses import dataclass, field
 
 from shmbus.driver.group_claims import IDLE, SubscriptionGroup
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.driver.log_unblocker import unblock
-from shmbus.shm.block_ring import BlockRing
+from shmbus.shm.block_ring import BlockRing, pid_alive
 from shmbus.shm.log_buffer import PARTITION_COUNT, LogBuffer
 from shmbus.shm.position import Position
 
@@ -179,7 +178,7 @@ class IpcPublication:
             return 0
         producer = self.producer_position()
         consumer = min(positions) if positions else producer
-        return self.blocks.reclaim(consumer, producer, _pid_alive if check_writers else None)
+        return self.blocks.reclaim(consumer, producer, pid_alive if check_writers else None)
 
     # -- timers -------------------------------------------------------------------------------
 
@@ -187,7 +186,7 @@ class IpcPublication:
         """Tethering, unblocking and draining checks; returns (image events, unblocked)."""
         events = self._check_untethered(now_ms, timeouts)
         unblocked = self._check_blocked(now_ms, timeouts)
-        self.flow.release_dead_lock(_pid_alive)
+        self.flow.release_dead_lock(pid_alive)
         self.reclaim_blocks(self._flow_positions(), check_writers=True)
         if self.state is PublicationState.DRAINING:
             lingered = now_ms - self.time_of_state_change_ms > timeouts.linger_ms
@@ -293,14 +292,3 @@ class NetworkPublication(IpcPublication):
     def _is_drained(self, end: int) -> bool:
         return self.snd_pos is not None and self.snd_pos.get() >= end and super()._is_drained(
             end)
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (signal 0 probes without sending)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

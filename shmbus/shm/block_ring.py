@@ -239,7 +239,7 @@ class BlockRing:
             if holder == 0:
                 if b.compare_and_set_int64(_LOCK, 0, pid):
                     return True
-            elif not _pid_alive(holder) and b.compare_and_set_int64(_LOCK, holder, pid):
+            elif not pid_alive(holder) and b.compare_and_set_int64(_LOCK, holder, pid):
                 return True  # its holder died mid-reserve: nothing it did was published
             os.sched_yield()
         return False
@@ -363,7 +363,8 @@ class BlockRing:
             self._fd = -1
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0 probes without sending)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
