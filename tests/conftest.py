@@ -63,33 +63,43 @@ def io_uring_futex_waits() -> bool:
     return True
 
 
+def driver_serves(context, pid: int) -> bool:
+    """True once the driver process ``pid`` serves ``context.dir`` (its CnC file is ready and
+    names it)."""
+    import os
+
+    from shmbus.client import _try_open
+
+    cnc = _try_open(Path(context.dir), context) if os.path.isdir(context.dir) else None
+    if cnc is None:
+        return False
+    try:
+        return cnc.pid == pid
+    finally:
+        cnc.close()
+
+
 def start_driver(context, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
     """Start a driver process for ``context.dir`` and wait until it serves (20 s at most).
 
     ``prefix`` runs it through another command, e.g. ``("ip", "netns", "exec", name)``.
     """
-    import os
     import time
-
-    from shmbus.client import _try_open
 
     process = subprocess.Popen([*prefix, *context.driver_command()])
     deadline = time.monotonic() + 20
     while True:
-        cnc = _try_open(Path(context.dir), context) if os.path.isdir(context.dir) else None
-        if cnc is not None:
-            pid = cnc.pid
-            cnc.close()
-            if pid == process.pid:
-                return process
+        if driver_serves(context, process.pid):
+            return process
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             pytest.fail(f"test driver did not start (exit code {process.returncode})")
         time.sleep(0.01)
 
 
-def stop_driver(process: subprocess.Popen) -> None:
-    """SIGTERM a driver (it removes its files and stops its netbridge), SIGKILL if stuck."""
+def stop_driver(process: subprocess.Popen) -> int | None:
+    """SIGTERM a driver (it removes its files and stops its netbridge), SIGKILL if stuck;
+    returns its exit code."""
     import signal
 
     if process.poll() is None:
@@ -99,6 +109,7 @@ def stop_driver(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    return process.returncode
 
 
 @pytest.fixture

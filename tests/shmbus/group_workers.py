@@ -53,16 +53,22 @@ def check_task(buffer: memoryview, lengths: tuple[int, int]) -> tuple[int, int, 
 
 def publish(context: shmbus.Context, stream_id: int, publisher: int, count: int,
             lengths: tuple[int, int], results: Any, stop: Any, *, pause_at: int = -1,
-            resume: Any = None) -> None:
+            resume: Any = None, pace_after_pause_s: float = 0.0) -> None:
     """Publish tasks 0..count-1 of ``publisher``, waiting out back-pressure (120 s at most),
     then keep the publication until ``stop`` is set (its group counters stay to be read).
-    With ``pause_at``, wait for ``resume`` before publishing task ``pause_at``."""
+    With ``pause_at``, wait for ``resume`` before publishing task ``pause_at``, then sleep
+    ``pace_after_pause_s`` after each task (members that just joined get a share, however
+    the machine schedules them)."""
+    pace = 0.0
     with shmbus.connect(context) as bus:
         publication = bus.add_publication(CHANNEL, stream_id)
         for seq in range(count):
             if seq == pause_at:
                 resume.wait(120)
+                pace = pace_after_pause_s
             publication.publish(make_task(publisher, seq, lengths), timeout=120.0)
+            if pace:
+                time.sleep(pace)
         stop.wait(120)
         results.put({"publisher": publisher, "sent": count})
 

@@ -18,7 +18,7 @@ import pytest
 
 import shmbus
 from shmbus.shm.block_ring import BlockRing
-from tests.conftest import start_driver, stop_driver
+from tests.conftest import driver_serves, start_driver, stop_driver
 from tests.shmbus import large_workers as lw
 from tests.shmbus.driver import driver_workers as dw
 from tests.shmbus.driver.test_driver_processes import TINY_LENGTHS, free_bytes, wait_until
@@ -276,9 +276,9 @@ def test_full_dev_shm_refuses_a_large_message_with_sizes_and_loses_nothing(bus_c
     try:
         context = bus_context.with_(dir=str(mount / "bus"))
         driver = procs.start(dw.run_driver, context, TINY_LENGTHS)
-        wait_until(lambda: (Path(context.dir) / "logs").is_dir() or not driver.is_alive(), 20,
+        wait_until(lambda: driver_serves(context, driver.pid) or not driver.is_alive(), 20,
                    "the driver on the small tmpfs")
-        time.sleep(0.2)
+        assert driver.is_alive(), f"the driver exited with {driver.exitcode}"
         with shmbus.connect(context) as bus:
             pub = bus.add_exclusive_publication("aeron:ipc", 13)
             sub = bus.add_subscription("aeron:ipc", 13)

@@ -293,9 +293,8 @@ def test_closing_during_a_lone_call_fails_it_and_counts_it(bus_context, driver, 
 
         caller = threading.Thread(target=call)
         caller.start()
-        wait_until(lambda: client.in_flight == 1, 10, "the call in flight")
-        time.sleep(0.1)  # past the liveness check: the call counts as in flight
-        assert counter_total(bus, RR_IN_FLIGHT) == 1
+        wait_until(lambda: client.in_flight == 1 and counter_total(bus, RR_IN_FLIGHT) == 1,
+                   10, "the call in flight, counted")
         client.close()
         caller.join(timeout=10)
         assert not caller.is_alive()

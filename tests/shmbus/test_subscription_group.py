@@ -160,7 +160,8 @@ def test_members_joining_and_leaving_mid_stream_lose_nothing_and_repeat_nothing(
     resume = CTX.Event()
     stop, results, paths, members, pubs = run_group(
         start_process, bus_context, tmp_path, members=2, publishers=1, tasks=tasks,
-        lengths=lengths, options={1: {"leave_after": 300}}, pause_at=tasks // 2, resume=resume)
+        lengths=lengths, options={1: {"leave_after": 300}}, pause_at=tasks // 2, resume=resume,
+        pace_after_pause_s=0.001)
     wait_for_tasks(paths, all_tasks(1, tasks // 2), 60, members + pubs)
     # a member joins between the halves (when the leaver has left)
     late = tmp_path / "late.rec"

@@ -16,7 +16,8 @@ history from a random recorded position or the start, then live: shmbus.Recordin
 tethered ones beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
 datagrams both ways for the whole run (the netbridge's loss filter; it counts as fired once the
 netbridge's receivers report gaps, read with ``shmbus stat``). In a shuffled round, with pauses
-between, the nemesis:
+between (a run ends only after a whole round, so every fault fires at least once), the
+nemesis:
 
 * ``kill-writer-mid-offer``: SIGKILLs a writer inside offer/offer_many, starts it again;
 * ``kill-writer-mid-claim``: has an IPC writer claim and half-fill a message, SIGKILLs it
@@ -111,6 +112,7 @@ from tools.nemesis.workers import (
     run_reader,
     run_view_holder,
     run_writer,
+    stack_file,
 )
 
 SCHEDULED = ("kill-writer-mid-offer", "kill-writer-mid-claim", "stop-subscriber", "kill-driver",
@@ -274,6 +276,8 @@ class Workers:
 
     def __post_init__(self) -> None:
         self.call_tally: dict[str, int] | None = None
+        #: the threads' stacks of each reader that sent no report, by name
+        self.stuck: dict[str, str] = {}
         self.stop_writing = self.mp.Event()
         self.leave = self.mp.Event()
         self.stop_reading = self.mp.Event()
@@ -370,6 +374,9 @@ class Workers:
                     self.call_tally = check
                 else:
                     checks[name] = check
+        self.stuck = {spec.name: self._stacks(process)
+                      for spec, process in zip(self.readers, self.reader_processes, strict=True)
+                      if spec.name not in checks and process.is_alive()}
         self.leave.set()
         for process in (self.writer_processes + self.reader_processes
                         + self.responder_processes + [self.caller_process]):
@@ -377,7 +384,19 @@ class Workers:
             if process.is_alive():
                 process.kill()
                 process.join()
+        for process in self.reader_processes:
+            stack_file(process.pid).unlink(missing_ok=True)
         return checks
+
+    @staticmethod
+    def _stacks(process: Any) -> str:
+        """The threads' stacks of a reader that sent no report (it dumps them on SIGUSR1)."""
+        os.kill(process.pid, signal.SIGUSR1)
+        time.sleep(1)
+        try:
+            return stack_file(process.pid).read_text() or "(it wrote no stack)"
+        except OSError as e:
+            return f"(no stack: {e})"
 
     def errors_seen(self) -> list[str]:
         found = []
@@ -598,7 +617,7 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
             round_: list[str] = []
             deaths: list[str] = []
             time.sleep(2)
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline or round_:  # the last round runs to its end
                 if not round_:
                     round_ = rng.sample(SCHEDULED, len(SCHEDULED))
                 fault = round_.pop()
@@ -621,7 +640,8 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
         found = deaths + workers.errors_seen()
         readers = workers.readers
         missing = [r.name for r in readers if r.name not in checks]
-        found += [f"reader {name} sent no report" for name in missing]
+        found += [f"reader {name} sent no report; where it was:\n"
+                  f"{workers.stuck.get(name, '(it had exited)')}" for name in missing]
         reports = [SubscriberReport(r.name, r.kind,
                                     frozenset(i for i, w in enumerate(specs)
                                               if w.stream_id == r.stream_id), checks[r.name])

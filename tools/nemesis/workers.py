@@ -17,11 +17,14 @@ driver's heartbeat; ``offer`` alone does not).
 from __future__ import annotations
 
 import errno
+import faulthandler
 import itertools
 import mmap
 import os
 import random
 import shutil
+import signal
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,10 +267,20 @@ class ReaderSpec:
     directory: str = ""  # a recorder's: where its recording windows go
 
 
+def stack_file(pid: int) -> Path:
+    """Where reader ``pid`` writes its threads' stacks when sent SIGUSR1 (see run_reader)."""
+    return Path(tempfile.gettempdir()) / f"nemesis-reader-{pid}.stacks"
+
+
 def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: Any,
                errors: Any) -> None:
     """Read and check until ``stop`` is set, then drain (until 1 s passes with nothing) and put
-    (name, SubscriberCheck) on ``results``. The client is rebuilt when the bus fails."""
+    (name, SubscriberCheck) on ``results``. The client is rebuilt when the bus fails.
+    SIGUSR1 writes every thread's stack to :func:`stack_file`, so a reader that sends no
+    report can say where it is stuck."""
+    faulthandler.register(signal.SIGUSR1,
+                          file=open(stack_file(os.getpid()), "w"),  # noqa: SIM115 (lives on)
+                          all_threads=True)
     if spec.kind == "recorder":
         run_recorder(context, spec, stop, results, errors)
         return

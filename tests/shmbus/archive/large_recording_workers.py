@@ -34,9 +34,10 @@ def _report(reports: Any, kind: str, **fields: Any) -> None:
     reports.put({"kind": kind, "name": kind, **fields})
 
 
-def publish_mix(context: Any, stream_id: int, seed: int, go: Any, reports: Any) -> None:
+def publish_mix(context: Any, stream_id: int, seed: int, go: Any, done: Any,
+                reports: Any) -> None:
     """Once ``go`` is set (every reader subscribed), publish the mix; report each publish's
-    new position."""
+    new position; keep the publication until ``done`` is set (the readers have it all)."""
     import shmbus
 
     try:
@@ -48,7 +49,8 @@ def publish_mix(context: Any, stream_id: int, seed: int, go: Any, reports: Any) 
             ends = [pub.publish(p, timeout=30.0, reserved_value=i)
                     for i, p in enumerate(expected_mix(seed))]
             _report(reports, "published", ends=ends)
-            time.sleep(1.0)  # the readers finish before the log goes
+            if not done.wait(120):
+                raise TimeoutError("not told the readers were done within 120 s")
     except BaseException:
         _report(reports, "published", exception=traceback.format_exc())
 

@@ -60,7 +60,7 @@ def test_large_messages_are_recorded_read_replayed_and_read_by_spark(
     go = CTX.Event()
     procs.start(lw.record, bus_context, str(directory), LIVE_STREAM, stop, procs.queue)
     procs.start(lw.collect, bus_context, LIVE_STREAM, len(expected), procs.queue)
-    procs.start(lw.publish_mix, bus_context, LIVE_STREAM, SEED, go, procs.queue)
+    procs.start(lw.publish_mix, bus_context, LIVE_STREAM, SEED, go, stop, procs.queue)
     procs.wait("publication")
     procs.wait("subscribed")
     procs.wait("recording")

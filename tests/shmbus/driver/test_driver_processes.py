@@ -15,7 +15,6 @@ import os
 import queue
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +29,7 @@ from shmbus.shm import control_protocol as cp
 from shmbus.shm.cnc import CncLengths
 from shmbus.shm.counters import PUB_LIMIT, PUB_POS, SUB_POS
 from shmbus.shm.log_buffer import align, log_length
+from tests.conftest import driver_serves, start_driver, stop_driver
 from tests.shmbus.driver import driver_workers as dw
 
 CTX = mp.get_context("spawn")
@@ -143,42 +143,6 @@ def system_counter(bus: shmbus.Client, counter: SystemCounter) -> int:
 def assert_clean(report: dict[str, Any]) -> None:
     assert report["error_count"] == 0, report["errors"]
     assert not report.get("timed_out"), f"{report.get('name')} timed out: {report['count']}"
-
-
-def start_driver_process(context: shmbus.Context) -> subprocess.Popen[bytes]:
-    """A driver process as the ``driver`` fixture starts one; returns once it serves."""
-    from shmbus.client import _try_open
-
-    process = subprocess.Popen(context.driver_command())
-
-    def serving() -> bool:
-        if process.poll() is not None:
-            pytest.fail(f"the driver exited with {process.returncode}")
-        cnc = _try_open(Path(context.dir), context)
-        if cnc is None:
-            return False
-        pid = cnc.pid
-        cnc.close()
-        return pid == process.pid
-
-    try:
-        wait_until(serving, 20, "the new driver to serve")
-    except BaseException:
-        process.kill()
-        process.wait()
-        raise
-    return process
-
-
-def stop_driver_process(process: subprocess.Popen[bytes]) -> int | None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return process.returncode
 
 
 # -- 1. three subscribers at different speeds ----------------------------------------------------
@@ -455,7 +419,7 @@ def test_killed_driver_times_clients_out_and_a_new_driver_starts_over(bus_contex
 
     # the old driver's files are still there; a new driver takes the directory over
     assert os.path.exists(Path(bus_context.dir) / "cnc.dat")
-    new_driver = start_driver_process(bus_context)
+    new_driver = start_driver(bus_context)
     try:
         # (the new driver makes logs/ just after cnc.dat)
         assert not logs.exists() or not old_logs & set(os.listdir(logs)), "stale logs left"
@@ -473,7 +437,7 @@ def test_killed_driver_times_clients_out_and_a_new_driver_starts_over(bus_contex
                        poll=lambda: sub.poll(checker, 100))
             assert checker.error_count == 0, checker.errors
     finally:
-        assert stop_driver_process(new_driver) == 0
+        assert stop_driver(new_driver) == 0
     assert not os.path.exists(Path(bus_context.dir) / "cnc.dat")
 
 
@@ -537,19 +501,9 @@ def test_full_tmpfs_refuses_a_log_with_sizes_and_leaves_nothing_behind(bus_conte
     context = bus_context.with_(dir=str(tiny_tmpfs / "bus"))
     driver = procs.start(dw.run_driver, context, TINY_LENGTHS)
     logs = Path(context.dir) / "logs"
-
-    def serving() -> bool:
-        from shmbus.client import _try_open
-
-        assert driver.is_alive(), f"the driver exited with {driver.exitcode}"
-        cnc = _try_open(Path(context.dir), context) if logs.is_dir() else None
-        if cnc is None:
-            return False
-        pid = cnc.pid
-        cnc.close()
-        return pid == driver.pid
-
-    wait_until(serving, 20, "the driver on the tiny tmpfs")
+    wait_until(lambda: driver_serves(context, driver.pid) or not driver.is_alive(), 20,
+               "the driver on the tiny tmpfs")
+    assert driver.is_alive(), f"the driver exited with {driver.exitcode}"
     try:
         with shmbus.connect(context) as bus:
             free = free_bytes(tiny_tmpfs)
