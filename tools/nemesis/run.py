@@ -487,6 +487,10 @@ class Nemesis:
 
     def kill_netbridge(self) -> None:
         bridges = self.bus.netbridges()
+        wait_until = time.monotonic() + 10  # early in a run it may still be starting
+        while not bridges and time.monotonic() < wait_until:
+            time.sleep(0.2)
+            bridges = self.bus.netbridges()
         if not bridges:
             self.notes.append("kill-netbridge: no netbridge running")
             return
