@@ -53,12 +53,12 @@ def check_task(buffer: memoryview, lengths: tuple[int, int]) -> tuple[int, int, 
 
 def publish(context: shmbus.Context, stream_id: int, publisher: int, count: int,
             lengths: tuple[int, int], results: Any, stop: Any, *, pause_at: int = -1,
-            resume: Any = None) -> None:
+            resume: Any = None, channel: str = CHANNEL) -> None:
     """Publish tasks 0..count-1 of ``publisher``, waiting out back-pressure (120 s at most),
     then keep the publication until ``stop`` is set (its group counters stay to be read).
     With ``pause_at``, wait for ``resume`` before publishing task ``pause_at``."""
     with shmbus.connect(context) as bus:
-        publication = bus.add_publication(CHANNEL, stream_id)
+        publication = bus.add_publication(channel, stream_id)
         for seq in range(count):
             if seq == pause_at:
                 resume.wait(120)
@@ -70,7 +70,8 @@ def publish(context: shmbus.Context, stream_id: int, publisher: int, count: int,
 def work(context: shmbus.Context, stream_id: int, group: str, record_path: str, stop: Any,
          lengths: tuple[int, int], results: Any, *, fragment_limit: int = 16,
          hold_at: int | None = None, holding: Any = None, release: Any = None,
-         leave_after: int | None = None, joined: Any = None, messages: bool = False) -> None:
+         leave_after: int | None = None, joined: Any = None, messages: bool = False,
+         channel: str = CHANNEL) -> None:
     """Be a member of ``group`` until ``stop`` is set (or 120 s pass), recording each task.
     Reads with ``poll`` (a FragmentAssembler), or with ``messages()`` when ``messages``.
 
@@ -99,7 +100,7 @@ def work(context: shmbus.Context, stream_id: int, group: str, record_path: str, 
                 time.sleep(60)
 
     with shmbus.connect(context) as bus:
-        subscription = bus.add_subscription(CHANNEL, stream_id, group=group)
+        subscription = bus.add_subscription(channel, stream_id, group=group)
         if joined is not None:
             joined.set()
         assembler = shmbus.FragmentAssembler(on_task)
