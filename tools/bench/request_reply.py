@@ -353,7 +353,8 @@ def measure(ctx: Any, root: Path, case: str, transport: str, pool: int, size: in
     seconds = out.wall_s
     return {"case": case, "transport": transport, "size": size,
             **percentiles_us(samples), "calls_per_s": calls / seconds,
-            "cpu_us_per_call": cpu / calls * 1e6, "errors": errors}
+            "cpu_us_per_call": cpu / calls * 1e6, "errors": errors,
+            "processes": sum(len(pids) for pids in out.pids.values())}
 
 
 def plan(sizes: tuple[int, ...], only: str | None = None) -> list[tuple[str, str, int, int]]:
