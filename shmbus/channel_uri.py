@@ -148,9 +148,9 @@ class ChannelUri:
             raise ChannelUriError(f"channel {uri!r}: cc={self.params['cc']!r} is not a "
                                   f"congestion control ({' or '.join(CONGESTION_CONTROLS)})")
         if CONSUMER_GROUP in self.params:
-            if self.media != "ipc" or self.spy:
+            if self.spy:  # a spy reads a publication's own log: its group is on aeron:ipc
                 raise ChannelUriError(f"channel {uri!r}: {CONSUMER_GROUP} is for aeron:ipc "
-                                      f"subscriptions only")
+                                      f"and aeron:udp subscriptions, not spies")
             try:
                 check_group_name(self.params[CONSUMER_GROUP])
             except ValueError as e:

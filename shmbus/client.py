@@ -46,6 +46,7 @@ from shmbus.image import Image
 from shmbus.late_join import LateJoinSubscription, Recording
 from shmbus.publication import ConcurrentPublication, ExclusivePublication, Publication
 from shmbus.reconnection import DriverLoss, Reconnected
+from shmbus.remote_calls import requester_route, service_channel
 from shmbus.requester import Requester
 from shmbus.responder import RequestHandler, Responder
 from shmbus.responder import group_name as responder_group
@@ -253,7 +254,7 @@ class Client:
         """Subscribe to a channel and stream; images appear as publishers do.
 
         The image callbacks run on the client's conductor thread (keep them short; they may
-        call the client). With ``group="name"`` (an aeron:ipc channel) this subscription joins
+        call the client). With ``group="name"`` (aeron:ipc or aeron:udp) this subscription joins
         that consumer group: each message goes to one member only, at least once (see
         :class:`~shmbus.subscription_group.GroupSubscription`). ValueError for a bad group name.
 
@@ -305,14 +306,17 @@ class Client:
 
     def add_requester(self, channel: str, stream_id: int) -> Requester:
         """A :class:`~shmbus.requester.Requester` calling the service on ``channel`` and
-        ``stream_id`` (``aeron:ipc``): ``request(data, timeout=)`` -> bytes, ``submit`` for
-        many in flight, ``request_async``. Its replies come on a response stream of its own.
-        Raises as add_publication and add_subscription do."""
-        _check_ipc_service(channel)
+        ``stream_id`` (``aeron:ipc``, or unicast ``aeron:udp?endpoint=host:port`` for a service
+        on another host, optionally with ``response-endpoint=host:port`` where its replies come
+        back, see shmbus/remote_calls.py): ``request(data, timeout=)`` -> bytes, ``submit``
+        for many in flight, ``request_async``. Its replies come on a response stream of its
+        own. ValueError for a channel request/reply does not run on; else raises as
+        add_publication and add_subscription do."""
+        channel, reply_to = requester_route(channel)
         publication = self.add_publication(channel, stream_id)
         response_stream_id = response_stream_for(self._correlation())
         try:
-            replies = self.add_subscription(RESPONSE_CHANNEL, response_stream_id)
+            replies = self.add_subscription(reply_to or RESPONSE_CHANNEL, response_stream_id)
             try:
                 counters = self._add_counters(
                     {type_id: call_label(TYPE_NAMES[type_id], channel, stream_id,
@@ -326,15 +330,16 @@ class Client:
             raise
         return Requester(channel, stream_id, publication=publication, replies=replies,
                          response_stream_id=response_stream_id, counters=counters,
-                         on_close=lambda: None)
+                         on_close=lambda: None, reply_to=reply_to)
 
     def add_responder(self, channel: str, stream_id: int,
                       handler: RequestHandler) -> Responder:
         """A :class:`~shmbus.responder.Responder` answering the service on ``channel`` and
-        ``stream_id`` (``aeron:ipc``) with ``handler(request: bytes) -> bytes``; the
-        responders of a service share its requests, each to one of them. TypeError for a
-        handler that is not callable."""
-        _check_ipc_service(channel)
+        ``stream_id`` (``aeron:ipc``, or unicast ``aeron:udp?endpoint=host:port`` to serve
+        requesters on other hosts) with ``handler(request: bytes) -> bytes``; the responders
+        of a service on this bus share its requests, each to one of them. TypeError for a
+        handler that is not callable, ValueError for a channel request/reply does not run on."""
+        channel, _ = service_channel(channel, requester=False)
         if not callable(handler):
             raise TypeError(f"handler must be callable, not {type(handler).__name__}")
         requests = self.add_subscription(channel, stream_id, group=responder_group(stream_id))
@@ -348,8 +353,8 @@ class Client:
             requests.close()
             raise
         return Responder(channel, stream_id, handler, requests=requests, counters=counters,
-                         reply_publication=partial(self.add_publication, RESPONSE_CHANNEL),
-                         on_close=lambda: None)
+                         reply_publication=self.add_publication, on_close=lambda: None,
+                         remote=not channel.startswith("aeron:ipc"))
 
     def _lease(self, subscription: Subscription) -> None:
         """Have every poll of ``subscription`` check that the driver has not timed this client
@@ -835,11 +840,6 @@ def _run_conductor(client_ref: weakref.ref[Client]) -> None:
             traceback.print_exc()
         del client
         doorbell.wait(seen, _DRIVER_CHECK_INTERVAL_S)
-
-
-def _check_ipc_service(channel: str) -> None:
-    if not isinstance(channel, str) or not channel.startswith("aeron:ipc"):
-        raise ValueError(f"request/reply runs on aeron:ipc channels; {channel!r} is not one")
 
 
 def _check_stream_id(stream_id: int) -> None:

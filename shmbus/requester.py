@@ -15,6 +15,16 @@ straight from its response stream until its own comes. A caller that waits also 
 least every 50 ms, that a responder is still connected: when the last one has gone (it closed,
 or died and the driver timed it out, ``client_liveness_timeout``) every call in flight fails
 with ResponderLostError, so no call outlives its responders.
+
+Across hosts (a service on ``aeron:udp``, shmbus/remote_calls.py) the same requester sends
+each request with the reply-to extension naming its response channel, a UDP endpoint of its
+own host, and reads its replies from the network image there. Its request publication is
+connected while the service's host has a responder subscribed (the netbridge there sends
+status messages); a requester made less than ``CONNECT_WAIT_S`` ago waits that long for the
+first connection before a call fails with NoResponderError (the SETUP/status exchange takes a
+round trip). When the last responder there leaves, its netbridge stops the status messages and
+the calls in flight fail with ResponderLostError once the publication's connection times out
+(the netbridge's 5 s), so a call fails within the remote client liveness timeout plus that.
 """
 
 from __future__ import annotations
@@ -63,6 +73,8 @@ _INF = float("inf")
 _monotonic = time.monotonic
 #: The longest a back-pressured request waits for room before it reads replies and retries.
 _SEND_RETRY_S = 0.005
+#: How long a new requester on aeron:udp lets its first calls wait for the connection, seconds.
+CONNECT_WAIT_S = 1.0
 
 
 class Call:
@@ -110,8 +122,12 @@ class Requester:
 
     def __init__(self, channel: str, stream_id: int, *, publication: Publication,
                  replies: Subscription, response_stream_id: int, counters: CallCounters,
-                 on_close: Callable[[], None]) -> None:
+                 on_close: Callable[[], None], reply_to: str | None = None) -> None:
         self.channel = channel
+        #: where the responders answer over UDP (None: aeron:ipc, the response stream here)
+        self.reply_to = reply_to
+        self._pack_request = _pack_header if reply_to is None else _with_reply_to(reply_to)
+        self._connect_until = 0.0 if reply_to is None else _monotonic() + CONNECT_WAIT_S
         self.stream_id = stream_id
         self.response_stream_id = response_stream_id
         self._publication = publication
@@ -145,8 +161,8 @@ class Requester:
             pending = self._table.open(correlation_id, deadline, idempotent=idempotent)
         pending.on_settled = self._count
         self._counters.add(RR_IN_FLIGHT)
-        header = _pack_header(call_header.REQUEST, call_header.IDEMPOTENT if idempotent else 0,
-                              call_header.VERSION, self.response_stream_id, correlation_id)
+        header = self._pack_request(_REQUEST, _IDEMPOTENT if idempotent else 0, _VERSION,
+                                    self.response_stream_id, correlation_id)
         result = self._publication.offer(header, data)
         if result < 0:
             self._send_refused(pending, header, data, result)
@@ -184,8 +200,8 @@ class Requester:
             if self._closed:
                 raise ClientClosedError(f"the requester of {table.service} is closed")
             pending = table.open(correlation_id, deadline, idempotent=idempotent)
-        header = _pack_header(_REQUEST, _IDEMPOTENT if idempotent else 0, _VERSION,
-                              self.response_stream_id, correlation_id)
+        header = self._pack_request(_REQUEST, _IDEMPOTENT if idempotent else 0, _VERSION,
+                                    self.response_stream_id, correlation_id)
         result = self._publication.offer(header, data)
         if result < 0:
             self._count_from_now(pending)
@@ -377,6 +393,8 @@ class Requester:
         for this requester to read before they take more requests); else fail the call with
         the reason."""
         publication = self._publication
+        if result == NOT_CONNECTED and _monotonic() < self._connect_until:
+            result = self._await_first_connection(pending, header, data)
         while result in (BACK_PRESSURED, ADMIN_ACTION):
             remaining = pending.deadline - time.monotonic()
             if remaining <= 0:
@@ -401,6 +419,19 @@ class Requester:
             else:
                 error = PublicationError(result)
             self._table.fail(pending.correlation_id, error)
+
+    def _await_first_connection(self, pending: PendingCall, header: bytes, data: Buffer
+                                ) -> int:
+        """A new UDP requester's request found no connection: wait for the first one until
+        ``_connect_until`` (or the call's deadline), sleeping in growing steps, then offer
+        again. Returns the offer's result."""
+        publication = self._publication
+        until = min(self._connect_until, pending.deadline)
+        pause = 0.0002
+        while not publication.is_connected and (now := _monotonic()) < until:
+            time.sleep(min(pause, until - now))
+            pause = min(pause * 2, 0.01)
+        return publication.offer(header, data)
 
     def _count(self, call: PendingCall) -> None:
         """Counters for a call just settled (called by the table, under the lock)."""
@@ -444,3 +475,17 @@ class Requester:
     def __repr__(self) -> str:
         return (f"Requester(channel={self.channel!r}, stream_id={self.stream_id}, "
                 f"in_flight={self.in_flight})")
+
+
+def _with_reply_to(channel: str) -> Callable[[int, int, int, int, int], bytes]:
+    """A request header packer that adds the reply-to flag and extension naming
+    ``channel`` (a requester on aeron:udp)."""
+    extension = call_header.encode_reply_to(channel)
+    reply_to = call_header.REPLY_TO
+
+    def pack(kind: int, flags: int, version: int, stream_id: int, correlation_id: int
+             ) -> bytes:
+        return _pack_header(kind, flags | reply_to, version, stream_id,
+                            correlation_id) + extension
+
+    return pack

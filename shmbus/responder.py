@@ -14,6 +14,15 @@ responder's handler, so unless the requester marked it idempotent, it is answere
 "lost" reply (the caller gets ResponderLostError) rather than run a second time. A reply
 whose requester is gone (its response stream has no subscriber) is dropped and counted
 (``rr-replies-dropped``).
+
+Across hosts (a service on ``aeron:udp``, shmbus/remote_calls.py) the group is on the network
+image of the requests, and each request carries its reply-to channel (the requester's UDP
+response endpoint): the reply goes out on a UDP publication to that channel and the request's
+response stream, made at the first reply to that requester (waiting up to ``REPLY_TIMEOUT``
+for the requester's host to answer its SETUP) and kept while it stays connected; an idle
+serve() closes those that are no longer connected (the requester left). A request without a
+valid reply-to on a UDP service, or with one on an IPC service, is malformed: counted
+(``rr-handler-errors``) and dropped, never answered elsewhere.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from shmbus.codes import NOT_CONNECTED
 from shmbus.errors import PublicationError, RegistrationError
 from shmbus.fragment_assembler import FragmentAssembler
+from shmbus.remote_calls import check_reply_to
 from shmbus.shm import call_header
 from shmbus.shm.counters import RR_HANDLER_ERRORS, RR_REPLIES_DROPPED, RR_SERVED
 from shmbus.subscription_group import GroupSubscription
@@ -42,8 +52,13 @@ _pack_header = call_header.HEADER.pack
 _unpack_from = call_header.HEADER.unpack_from
 _HEADER_LENGTH = call_header.HEADER_LENGTH
 _REQUEST, _REPLY, _VERSION = call_header.REQUEST, call_header.REPLY, call_header.VERSION
+_REPLY_TO = call_header.REPLY_TO
 #: A waiting responder looks for requests handed on from a departed responder this often.
 _HANDED_ON_CHECK_S = 0.1
+#: An idle UDP responder closes its reply publications that lost their requester this often.
+_SWEEP_S = 1.0
+#: Where a reply goes: an IPC response stream id, or (reply-to channel, stream id) over UDP.
+Destination = int | tuple[str, int]
 
 
 def group_name(stream_id: int) -> str:
@@ -58,8 +73,8 @@ class Responder:
 
     def __init__(self, channel: str, stream_id: int, handler: RequestHandler, *,
                  requests: GroupSubscription, counters: CallCounters,
-                 reply_publication: Callable[[int], Publication],
-                 on_close: Callable[[], None]) -> None:
+                 reply_publication: Callable[[str, int], Publication],
+                 on_close: Callable[[], None], remote: bool = False) -> None:
         if not callable(handler):
             raise TypeError(f"handler must be callable, not {type(handler).__name__}")
         self.channel = channel
@@ -69,9 +84,13 @@ class Responder:
         self._counters = counters
         self._add_reply_publication = reply_publication
         self._on_close = on_close
-        self._replies: dict[int, Publication] = {}
+        self._replies: dict[Destination, Publication] = {}
         self._member: GroupMemberCore | None = None  # the one polled now
-        self._assembler = FragmentAssembler(self._on_request)
+        #: a service on aeron:udp: requests name their reply-to channel
+        self.remote = remote
+        self._sweep_at = 0.0
+        self._assembler = FragmentAssembler(
+            self._on_remote_request if remote else self._on_request)
         self._closed = False
         #: requests answered (replies published); the rr-served counter follows per poll
         self.served = 0
@@ -104,9 +123,12 @@ class Responder:
         while not self._closed:
             if self.poll():
                 continue
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 break
+            if self.remote and now >= self._sweep_at:
+                self._sweep(now)
             requests.wait(min(remaining, _HANDED_ON_CHECK_S))
         return self.served - before
 
@@ -121,6 +143,8 @@ class Responder:
             now = time.monotonic()
             if now >= deadline:
                 break
+            if self.remote and now >= self._sweep_at:
+                self._sweep(now)
             await self._requests._readable(min(deadline, now + _HANDED_ON_CHECK_S))
         return self.served - before
 
@@ -131,7 +155,7 @@ class Responder:
                 kind = 0
         else:
             kind = 0
-        if kind != _REQUEST:  # malformed, or not a request
+        if kind != _REQUEST or flags & _REPLY_TO:  # malformed, not a request, or not for IPC
             self._counters.add(RR_HANDLER_ERRORS)
             return
         member = self._member
@@ -153,30 +177,77 @@ class Responder:
             return
         self._reply(stream_id, _REPLY, correlation_id, reply)
 
-    def _reply(self, stream_id: int, kind: int, correlation_id: int, body: Any) -> None:
-        publication = self._replies.get(stream_id)
+    def _on_remote_request(self, buffer: memoryview, header: Header) -> None:
+        """A request to a service on aeron:udp: answer it on the reply-to channel it names."""
+        try:
+            kind, flags, stream_id, correlation_id = call_header.unpack(buffer)
+            if kind != _REQUEST or not flags & _REPLY_TO:
+                raise call_header.MalformedCall("not a request with a reply-to")
+            channel, at = call_header.read_reply_to(buffer)
+            destination = (check_reply_to(channel), stream_id)
+        except ValueError:  # MalformedCall among them
+            self._counters.add(RR_HANDLER_ERRORS)
+            return
+        member = self._member
+        if member is not None and member.handed_on and not flags & call_header.IDEMPOTENT:
+            self._reply(destination, call_header.LOST, correlation_id, b"")
+            return
+        try:
+            reply = self.handler(bytes(buffer[at:]))
+            memoryview(reply)
+        except Exception as error:  # the caller gets it as RemoteError
+            self._counters.add(RR_HANDLER_ERRORS)
+            self._reply(destination, call_header.ERROR, correlation_id,
+                        f"{type(error).__qualname__}: {error}".encode())
+            return
+        self._reply(destination, _REPLY, correlation_id, reply)
+
+    def _open_reply(self, destination: Destination) -> Publication:
+        """The publication replies to ``destination`` go on (RegistrationError as
+        add_publication). Over UDP it waits up to REPLY_TIMEOUT for the connection."""
+        if isinstance(destination, int):
+            return self._add_reply_publication(call_header.RESPONSE_CHANNEL, destination)
+        publication = self._add_reply_publication(*destination)
+        until = time.monotonic() + REPLY_TIMEOUT
+        pause = 0.0002
+        while not publication.is_connected and (now := time.monotonic()) < until:
+            time.sleep(min(pause, until - now))
+            pause = min(pause * 2, 0.01)
+        return publication
+
+    def _sweep(self, now: float) -> None:
+        """Close the UDP reply publications whose requester is gone (not connected)."""
+        self._sweep_at = now + _SWEEP_S
+        for destination, publication in list(self._replies.items()):
+            if not publication.is_connected:
+                del self._replies[destination]
+                publication.close()
+
+    def _reply(self, destination: Destination, kind: int, correlation_id: int, body: Any
+               ) -> None:
+        publication = self._replies.get(destination)
         if publication is None:
             try:
-                publication = self._replies[stream_id] = self._add_reply_publication(stream_id)
+                publication = self._replies[destination] = self._open_reply(destination)
             except RegistrationError:
                 self._counters.add(RR_REPLIES_DROPPED)
                 return
         head = _pack_header(kind, 0, call_header.VERSION, 0, correlation_id)
         result = publication.offer(head, body)
         if result == NOT_CONNECTED:  # the requester is gone
-            self._drop_reply(stream_id)
+            self._drop_reply(destination)
             return
         if result < 0:
             try:
                 publication.publish(head, body, timeout=REPLY_TIMEOUT)
             except PublicationError:
-                self._drop_reply(stream_id)
+                self._drop_reply(destination)
                 return
         self.served += 1
 
-    def _drop_reply(self, stream_id: int) -> None:
+    def _drop_reply(self, destination: Destination) -> None:
         self._counters.add(RR_REPLIES_DROPPED)
-        publication = self._replies.pop(stream_id, None)
+        publication = self._replies.pop(destination, None)
         if publication is not None:
             publication.close()
 

@@ -226,6 +226,12 @@ class DriverConductor:
                 self._delete_publication(publication)
                 work += 1
         for image in list(self.images.values()):
+            for group in image.groups.values():
+                handed_on = group.hand_on(image.log)
+                if handed_on:  # the receiver no longer follows the departed record
+                    self._send(cp.OnImageSubscribers(image.image_id,
+                                                     image.subscriber_counter_ids()))
+                    self._free(handed_on)
             if image.is_done(now_ms, self.timeouts.linger_ms):
                 self._delete_image(image)
                 work += 1
@@ -695,8 +701,12 @@ class DriverConductor:
     def _link_image(self, image: NetworkImage, link: SubscriptionLink,
                     notify_bridge: bool = True) -> None:
         join = image.rcv_pos.get()
-        subscriber = self._subscriber_link(link, image.session_id, image.stream_id,
-                                           image.channel, image.image_id, join)
+        if link.group is not None:  # a member claims where its group is
+            subscriber = self._join_group(image, link, link.group, join)
+            join = image.groups[link.group].position.get()
+        else:
+            subscriber = self._subscriber_link(link, image.session_id, image.stream_id,
+                                               image.channel, image.image_id, join)
         image.subscribers[subscriber.link_id] = subscriber
         self._send(cp.OnAvailableImage(subscriber.link_id, link.registration_id,
                                        image.session_id, image.stream_id, subscriber.counter_id,
@@ -765,11 +775,11 @@ class DriverConductor:
             self._leave_group(publication, subscriber, subscriber.group)
         publication.update_limit()
 
-    def _join_group(self, publication: IpcPublication, link: SubscriptionLink,
+    def _join_group(self, publication: IpcPublication | NetworkImage, link: SubscriptionLink,
                     name: str, start: int | None = None) -> SubscriberLink:
-        """A member's claim record in its group on this publication (the group is made when
-        its first member comes, claiming from ``start``, by default the live end); the record
-        takes the place of a sub-pos counter."""
+        """A member's claim record in its group on this publication or network image (the
+        group is made when its first member comes, claiming from ``start``, by default the
+        publication's live end); the record takes the place of a sub-pos counter."""
         stream = f"{publication.session_id} {publication.stream_id} {publication.channel}"
         label = f"{publication.registration_id} {stream}"
         group = publication.groups.get(name)
@@ -783,7 +793,10 @@ class DriverConductor:
             group = SubscriptionGroup(name, ids[0], self._position(ids[0]), ids[1],
                                       self._position(ids[1]), ids[2], self._position(ids[2]),
                                       ids[3], self._position(ids[3]))
-            group.start(publication.join_position() if start is None else start)
+            if start is None:
+                assert isinstance(publication, IpcPublication)
+                start = publication.join_position()
+            group.start(start)
             publication.groups[name] = group
         client = self.clients.get(link.client_id)
         who = f" pid={client.pid} {client.name}" if client else ""
@@ -800,7 +813,8 @@ class DriverConductor:
                               link.client_id, counter_id, record, True, LinkState.ACTIVE,
                               self._now_ms(), group=name)
 
-    def _leave_group(self, publication: IpcPublication, link: SubscriberLink, name: str) -> None:
+    def _leave_group(self, publication: IpcPublication | NetworkImage, link: SubscriberLink,
+                     name: str) -> None:
         """A member left (closed, or its client timed out): its unfinished claim is handed on;
         the last member's leaving ends the group."""
         group = publication.groups[name]
@@ -855,7 +869,10 @@ class DriverConductor:
             for link_id, link in list(image.subscribers.items()):
                 if link.subscription_id == registration_id:
                     del image.subscribers[link_id]
-                    self.counters.free(link.counter_id)
+                    if link.group is None:
+                        self.counters.free(link.counter_id)
+                    else:
+                        self._leave_group(image, link, link.group)
                     self._send(cp.OnImageSubscribers(image.image_id,
                                                      image.subscriber_counter_ids()))
         if removed is not None and removed.is_network and not self._wanted(
@@ -892,7 +909,10 @@ class DriverConductor:
         for link in image.subscribers.values():
             self._send(cp.OnUnavailableImage(link.link_id, link.subscription_id,
                                              image.stream_id, image.session_id))
-            self.counters.free(link.counter_id)
+            if link.group is None:
+                self.counters.free(link.counter_id)
+        for group in image.groups.values():
+            self._free(group.counter_ids())
         self.counters.free(image.rcv_hwm_counter_id)
         self.counters.free(image.rcv_pos_counter_id)
         image.log.close()

@@ -1,4 +1,5 @@
-"""A subscription group on one IPC publication log, the driver's side: competing consumers.
+"""A subscription group on one log (an IPC publication's, or a network image's: see
+network_image.py), the driver's side: competing consumers.
 
 The members of a group (subscriptions with ``consumer-group=<name>`` on one channel and stream)
 share the log: each message goes to exactly one member. The driver allocates, per group and

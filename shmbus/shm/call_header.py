@@ -8,11 +8,17 @@ offset length field
 ====== ====== ===================================================================
 0      1      kind: 1 request, 2 reply, 3 error (the body is the remote error, UTF-8),
               4 lost (the responder holding the request left before answering)
-1      1      flags: bit 0 idempotent (a request that may run again elsewhere)
+1      1      flags: bit 0 idempotent (a request that may run again elsewhere);
+              bit 1 reply-to (a request over UDP: the extension below follows)
 2      2      version (1)
 4      4      the requester's response stream id (requests; 0 in replies)
 8      8      the requester's correlation id for the call
 ====== ====== ===================================================================
+
+The reply-to extension, in a request with flag bit 1 only (a requester on another host,
+shmbus/remote_calls.py): at offset 16 a u16 length n, then n bytes of UTF-8, the channel to
+answer on (``aeron:udp?endpoint=host:port``, nothing else), then the caller's data. IPC
+requests never carry it, so their layout and cost are unchanged.
 
 Pure encoding and decoding; no I/O.
 """
@@ -34,6 +40,10 @@ LOST = 4
 KINDS = frozenset({REQUEST, REPLY, ERROR, LOST})
 
 IDEMPOTENT = 0x01
+REPLY_TO = 0x02
+_REPLY_TO_LENGTH = struct.Struct("<H")
+#: The longest reply-to channel a request may carry, bytes.
+MAX_REPLY_TO = 255
 
 #: The channel of every IPC response stream.
 RESPONSE_CHANNEL = "aeron:ipc"
@@ -105,3 +115,30 @@ def decode(message: bytes | memoryview) -> CallHeader:
     if kind not in KINDS:
         raise MalformedCall(f"unknown call kind {kind}")
     return CallHeader(kind, flags, stream_id, correlation_id)
+
+
+def encode_reply_to(channel: str) -> bytes:
+    """The reply-to extension naming ``channel`` (goes right after a REPLY_TO request's
+    header); ValueError if it is longer than MAX_REPLY_TO bytes."""
+    encoded = channel.encode()
+    if len(encoded) > MAX_REPLY_TO:
+        raise ValueError(f"reply-to channel of {len(encoded)} bytes; at most {MAX_REPLY_TO}")
+    return _REPLY_TO_LENGTH.pack(len(encoded)) + encoded
+
+
+def read_reply_to(message: bytes | memoryview) -> tuple[str, int]:
+    """(the reply-to channel, the offset of the caller's data) of a REPLY_TO request;
+    MalformedCall names what is wrong (short, too long, not UTF-8)."""
+    at = HEADER_LENGTH + _REPLY_TO_LENGTH.size
+    if len(message) < at:
+        raise MalformedCall(f"a reply-to request has at least {at} bytes, this one "
+                            f"{len(message)}")
+    (length,) = _REPLY_TO_LENGTH.unpack_from(message, HEADER_LENGTH)
+    if length > MAX_REPLY_TO or len(message) < at + length:
+        raise MalformedCall(f"reply-to length {length} does not fit the request "
+                            f"({len(message)} bytes, at most {MAX_REPLY_TO})")
+    try:
+        channel = bytes(message[at:at + length]).decode()
+    except UnicodeDecodeError:
+        raise MalformedCall("reply-to channel is not UTF-8") from None
+    return channel, at + length

@@ -53,7 +53,8 @@ def check_task(buffer: memoryview, lengths: tuple[int, int]) -> tuple[int, int, 
 
 def publish(context: shmbus.Context, stream_id: int, publisher: int, count: int,
             lengths: tuple[int, int], results: Any, stop: Any, *, pause_at: int = -1,
-            resume: Any = None, pace_after_pause_s: float = 0.0) -> None:
+            resume: Any = None, pace_after_pause_s: float = 0.0,
+            channel: str = CHANNEL) -> None:
     """Publish tasks 0..count-1 of ``publisher``, waiting out back-pressure (120 s at most),
     then keep the publication until ``stop`` is set (its group counters stay to be read).
     With ``pause_at``, wait for ``resume`` before publishing task ``pause_at``, then sleep
@@ -61,7 +62,7 @@ def publish(context: shmbus.Context, stream_id: int, publisher: int, count: int,
     the machine schedules them)."""
     pace = 0.0
     with shmbus.connect(context) as bus:
-        publication = bus.add_publication(CHANNEL, stream_id)
+        publication = bus.add_publication(channel, stream_id)
         for seq in range(count):
             if seq == pause_at:
                 resume.wait(120)
@@ -76,7 +77,8 @@ def publish(context: shmbus.Context, stream_id: int, publisher: int, count: int,
 def work(context: shmbus.Context, stream_id: int, group: str, record_path: str, stop: Any,
          lengths: tuple[int, int], results: Any, *, fragment_limit: int = 16,
          hold_at: int | None = None, holding: Any = None, release: Any = None,
-         leave_after: int | None = None, joined: Any = None, messages: bool = False) -> None:
+         leave_after: int | None = None, joined: Any = None, messages: bool = False,
+         channel: str = CHANNEL) -> None:
     """Be a member of ``group`` until ``stop`` is set (or 120 s pass), recording each task.
     Reads with ``poll`` (a FragmentAssembler), or with ``messages()`` when ``messages``.
 
@@ -105,7 +107,7 @@ def work(context: shmbus.Context, stream_id: int, group: str, record_path: str, 
                 time.sleep(60)
 
     with shmbus.connect(context) as bus:
-        subscription = bus.add_subscription(CHANNEL, stream_id, group=group)
+        subscription = bus.add_subscription(channel, stream_id, group=group)
         if joined is not None:
             joined.set()
         assembler = shmbus.FragmentAssembler(on_task)

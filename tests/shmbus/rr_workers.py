@@ -55,9 +55,9 @@ def check_reply(request: bytes, reply: bytes) -> int:
 
 
 def responder(context: shmbus.Context, stream_id: int, results: Any, seconds: float,
-              name: str = "responder") -> None:
-    """Serve ``stream_id`` for ``seconds`` (or until a request body says "stop"); report
-    ``ready``, then ``served`` with the count."""
+              name: str = "responder", channel: str = CHANNEL) -> None:
+    """Serve ``stream_id`` on ``channel`` for ``seconds``; report ``ready``, then ``served``
+    with the count."""
     def handler(request: bytes) -> bytes:
         body = request[HEAD.size:]
         if body.startswith(b"raise"):
@@ -69,21 +69,22 @@ def responder(context: shmbus.Context, stream_id: int, results: Any, seconds: fl
             time.sleep(0.5)
         return answer(request)
 
-    with shmbus.connect(context) as bus, bus.add_responder(CHANNEL, stream_id, handler) as svc:
+    with shmbus.connect(context) as bus, bus.add_responder(channel, stream_id, handler) as svc:
         results.put({"kind": "ready", "name": name, "pid": os.getpid()})
         served = svc.serve(timeout=seconds)
         results.put({"kind": "served", "name": name, "pid": os.getpid(), "served": served})
 
 
 def requester(context: shmbus.Context, stream_id: int, results: Any, index: int,
-              threads: int, calls: int, size: int, pipeline: int = 1) -> None:
+              threads: int, calls: int, size: int, pipeline: int = 1,
+              channel: str = CHANNEL) -> None:
     """``threads`` threads share one requester, each making ``calls`` calls (``pipeline`` in
     flight at a time with submit()); report ``calls`` with the per-responder tallies and any
     problem."""
     problems: list[str] = []
     by_pid: dict[int, int] = {}
     lock = threading.Lock()
-    with shmbus.connect(context) as bus, bus.add_requester(CHANNEL, stream_id) as client:
+    with shmbus.connect(context) as bus, bus.add_requester(channel, stream_id) as client:
         def run(thread: int) -> None:
             seq = 0
             while seq < calls:

@@ -272,8 +272,10 @@ def test_bad_group_arguments_are_refused_with_the_reason(
             bus.add_subscription("aeron:ipc", STREAM, group="a b")
         with pytest.raises(ValueError, match="names a consumer-group already"):
             bus.add_subscription(f"aeron:ipc?{CONSUMER_GROUP}=x", STREAM, group="y")
-        with pytest.raises(shmbus.RegistrationError, match="consumer-group is for aeron:ipc"):
-            bus.add_subscription("aeron:udp?endpoint=127.0.0.1:40999", STREAM, group="w")
+        with pytest.raises(shmbus.RegistrationError, match="consumer-group is for aeron:ipc "
+                                                          "and aeron:udp subscriptions, not"):
+            bus.add_subscription("aeron-spy:aeron:udp?endpoint=127.0.0.1:40999", STREAM,
+                                 group="w")
         member = bus.add_subscription(f"aeron:ipc?{CONSUMER_GROUP}=w", STREAM)
         assert isinstance(member, shmbus.GroupSubscription) and member.group == "w"
         with pytest.raises(TypeError, match="poll"):

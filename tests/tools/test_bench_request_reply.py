@@ -18,6 +18,8 @@ pytestmark = pytest.mark.timeout(300)
     ("1->1", "zmq REQ/REP", 1, 32),
     ("4->4", "shmbus busy", 4, 4096),
     ("4->4", "Pipe", 4, 32),
+    ("udp 1->1", "shmbus udp", 1, 32),
+    ("udp 1->1", "zmq REQ/REP tcp", 1, 32),
 ])
 def test_a_measurement_counts_checked_calls(tmp_path: Path, case, transport, pool, size):
     ctx = multiprocessing.get_context("spawn")
@@ -32,6 +34,8 @@ def test_a_measurement_counts_checked_calls(tmp_path: Path, case, transport, poo
     assert row["errors"] == 0 and row["round_trips"] > 0
     assert row["calls_per_s"] > 0 and row["cpu_us_per_call"] > 0
     assert 0 < row["p50_us"] <= row["p99_us"]
+    if transport == "shmbus udp":  # requester, responder, and each bus's driver and netbridge
+        assert row["processes"] == 6
 
 
 def test_the_table_gives_ratios_against_the_zmq_row_of_the_same_case():

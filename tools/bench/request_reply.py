@@ -1,7 +1,7 @@
 """Request/reply between processes: shmbus requesters and responders beside pyzmq REQ/REP,
 pyzmq DEALER/ROUTER and a multiprocessing Pipe RPC, in one run.
 
-    python -m tools.bench.request_reply [--quick] [--duration 3] [--repeat 3]
+    python -m tools.bench.request_reply [--quick] [--duration 3] [--repeat 3] [--only udp]
 
 * ``1->1``: one requester process calls one responder process back to back, 32 B: each
   call's round trip is timed (p50/p90/p99) and the calls per second counted. shmbus runs
@@ -13,6 +13,11 @@ pyzmq DEALER/ROUTER and a multiprocessing Pipe RPC, in one run.
   call to one of them); zmq REQ/REP and DEALER/ROUTER: every client connects to every
   worker (zmq spreads the requests round-robin); Pipe: four client/worker pairs (a Pipe is
   point to point).
+* ``udp 1->1``: across hosts, on loopback: the requester on bus A calls the responder on bus
+  B over ``aeron:udp`` (each bus with its own driver, which starts its netbridge: request ->
+  log A -> netbridge A -> UDP -> netbridge B -> image B -> responder, and the reply back the
+  same way to the requester's response endpoint), 32 B, default waits; beside zmq REQ/REP over
+  ``tcp://127.0.0.1``. CPU counts both drivers and both netbridges.
 
 Every request carries its sequence number and a CRC (tools/bench/harness.py, Checked), the
 responders echo it, and the requester checks every byte of every reply against the request
@@ -49,6 +54,7 @@ from tools.bench.harness import (
     start_driver,
     stop_driver,
 )
+from tools.bench.network import free_tcp_port, free_udp_ports
 
 SERVICE = 5001
 CHANNEL = "aeron:ipc"
@@ -89,11 +95,11 @@ def finished(done: Any) -> None:
 
 
 def shm_responder(start: Any, directory: str, wait_spin: float, requesters: int,
-                  done: Any) -> dict[str, Any]:
+                  done: Any, channel: str = CHANNEL) -> dict[str, Any]:
     import shmbus
 
     with shmbus.connect(dir=directory, wait_spin=wait_spin) as bus, \
-            bus.add_responder(CHANNEL, SERVICE, lambda request: request) as responder:
+            bus.add_responder(channel, SERVICE, lambda request: request) as responder:
         start.ready(bus.driver_pid)
         served = 0
         while done.value < requesters:
@@ -102,11 +108,11 @@ def shm_responder(start: Any, directory: str, wait_spin: float, requesters: int,
 
 
 def shm_requester(start: Any, directory: str, wait_spin: float, size: int, duration_s: float,
-                  done: Any) -> dict[str, Any]:
+                  done: Any, channel: str = CHANNEL) -> dict[str, Any]:
     import shmbus
 
     with shmbus.connect(dir=directory, wait_spin=wait_spin) as bus, \
-            bus.add_requester(CHANNEL, SERVICE) as client:
+            bus.add_requester(channel, SERVICE) as client:
         deadline = time.monotonic() + 30
         # until a responder is there: a call then stays in flight (the responders wait for
         # the start, so it is answered after it) instead of failing at once
@@ -281,9 +287,24 @@ def measure(ctx: Any, root: Path, case: str, transport: str, pool: int, size: in
     done = ctx.Value("i", 0)
     run_dir = Path(tempfile.mkdtemp(dir=root))
     driver = None
+    drivers = []
     members: list[Member] = []
     try:
-        if transport.startswith("shmbus"):
+        if transport == "shmbus udp":
+            import shmbus
+
+            wait_spin = WAITS["default"]
+            contexts = [shmbus.Context(dir=str(run_dir / side), embedded_driver=False)
+                        for side in "ab"]
+            drivers = [start_driver(context) for context in contexts]
+            service, answers = free_udp_ports(2)
+            channel = f"aeron:udp?endpoint=127.0.0.1:{service}"
+            members += [Member("responder-0", shm_responder,
+                               (contexts[1].dir, wait_spin, 1, done, channel)),
+                        Member("requester-0", shm_requester,
+                               (contexts[0].dir, wait_spin, size, duration_s, done,
+                                f"{channel}|response-endpoint=127.0.0.1:{answers}"))]
+        elif transport.startswith("shmbus"):
             import shmbus
 
             wait_spin = WAITS[transport.split()[1]]
@@ -295,8 +316,10 @@ def measure(ctx: Any, root: Path, case: str, transport: str, pool: int, size: in
                                (context.dir, wait_spin, size, duration_s, done))
                         for i in range(pool)]
         elif transport.startswith("zmq"):
-            kind = "req" if transport == "zmq REQ/REP" else "dealer"
-            endpoints = [f"ipc://{run_dir}/w{i}.zmq" for i in range(pool)]
+            kind = "dealer" if "DEALER" in transport else "req"
+            endpoints = ([f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(pool)]
+                         if transport.endswith("tcp") else
+                         [f"ipc://{run_dir}/w{i}.zmq" for i in range(pool)])
             members += [Member(f"responder-{i}", zmq_responder, (e, kind, pool, done))
                         for i, e in enumerate(endpoints)]
             members += [Member(f"requester-{i}", zmq_requester,
@@ -311,11 +334,13 @@ def measure(ctx: Any, root: Path, case: str, transport: str, pool: int, size: in
                 members += [Member(f"responder-{i}", pipe_responder, (b, pool, done)),
                             Member(f"requester-{i}", pipe_requester,
                                    (a, size, duration_s, done))]
-        watch = (lambda: {"driver": {driver.pid}}) if driver is not None else None
+        if driver is not None:
+            drivers.append(driver)
+        watch = (lambda: {"driver": {d.pid for d in drivers}}) if drivers else None
         out = run_processes(ctx, members, duration_s + timeout_s, watch=watch)
     finally:
-        if driver is not None:
-            stop_driver(driver)
+        for process in drivers:
+            stop_driver(process)
         shutil.rmtree(run_dir, ignore_errors=True)
     requesters = [r for role, r in out.results.items() if role.startswith("requester")]
     calls = sum(r["calls"] for r in requesters)
@@ -328,33 +353,38 @@ def measure(ctx: Any, root: Path, case: str, transport: str, pool: int, size: in
     seconds = out.wall_s
     return {"case": case, "transport": transport, "size": size,
             **percentiles_us(samples), "calls_per_s": calls / seconds,
-            "cpu_us_per_call": cpu / calls * 1e6, "errors": errors}
+            "cpu_us_per_call": cpu / calls * 1e6, "errors": errors,
+            "processes": sum(len(pids) for pids in out.pids.values())}
 
 
-def plan(sizes: tuple[int, ...]) -> list[tuple[str, str, int, int]]:
-    """(case, transport, pool, size) of every measurement."""
+def plan(sizes: tuple[int, ...], only: str | None = None) -> list[tuple[str, str, int, int]]:
+    """(case, transport, pool, size) of every measurement (``only="udp"``: the udp case)."""
+    udp = [("udp 1->1", "shmbus udp", 1, 32), ("udp 1->1", "zmq REQ/REP tcp", 1, 32)]
+    if only == "udp":
+        return udp
     rows = [("1->1", f"shmbus {wait}", 1, 32) for wait in WAITS]
     rows += [("1->1", peer, 1, 32) for peer in ("zmq REQ/REP", "zmq DEALER/ROUTER", "Pipe",
                                                  "iceoryx2")]
     for size in sizes:
         rows += [("4->4", t, POOL, size) for t in ("shmbus default", "shmbus busy",
                                                    "zmq REQ/REP", "zmq DEALER/ROUTER", "Pipe")]
-    return rows
+    return rows + udp
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """The rows with ratios: calls/s against zmq REQ/REP (1->1) or DEALER/ROUTER (4->4) of
-    the same case and size."""
+    """The rows with ratios: calls/s against zmq REQ/REP (1->1), DEALER/ROUTER (4->4) or
+    REQ/REP over tcp (udp 1->1) of the same case and size."""
     def peer(row: dict[str, Any]) -> float | None:
-        name = "zmq REQ/REP" if row["case"] == "1->1" else "zmq DEALER/ROUTER"
+        name = {"1->1": "zmq REQ/REP", "4->4": "zmq DEALER/ROUTER"}.get(
+            row["case"], "zmq REQ/REP tcp")
         match = [r for r in rows if r["case"] == row["case"] and r["size"] == row["size"]
                  and r["transport"] == name and r["status"] == "ok"]
         return match[0]["calls_per_s"] if match else None
 
-    lines = [f"{'case':<6}{'transport':<20}{'size':>6}{'p50 us':>9}{'p99 us':>9}"
+    lines = [f"{'case':<9}{'transport':<20}{'size':>6}{'p50 us':>9}{'p99 us':>9}"
              f"{'calls/s':>11}{'x zmq':>7}{'cpu us/call':>13}"]
     for row in rows:
-        head = f"{row['case']:<6}{row['transport']:<20}{row['size']:>6}"
+        head = f"{row['case']:<9}{row['transport']:<20}{row['size']:>6}"
         if row["status"] != "ok":
             lines.append(f"{head}  {row['status']}: {row.get('error', '')}")
             continue
@@ -370,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     add_run_options(parser, 3.0, "each run calls")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="request sizes of the 4->4 runs, bytes (default 32,4096)")
+    parser.add_argument("--only", choices=("udp",), default=None,
+                        help="run only the udp 1->1 case (and its zmq tcp peer)")
     args = parser.parse_args(argv)
     duration = 0.3 if args.quick else args.duration
     sizes = tuple(int(s) for s in args.sizes.split(","))
@@ -378,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs: dict[tuple[str, str, int, int], list[dict[str, Any]]] = {}
         for _ in range(args.repeat):
-            for key in plan(sizes):
+            for key in plan(sizes, args.only):
                 case, transport, pool, size = key
                 row = attempt(lambda key=key: measure(ctx, root, *key, duration,
                                                       args.timeout))

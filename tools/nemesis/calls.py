@@ -1,10 +1,13 @@
 """Request/reply under the nemesis: responder processes and a caller, and the rule they keep.
 
-The caller (``run_caller``) makes calls one after another (paced) on ``CALL_STREAM``, each request
+The callers (``run_caller``) make calls one after another (paced) on ``CALL_STREAM``, one on
+``aeron:ipc`` and one on a UDP channel through the netbridge (the service's endpoint and the
+caller's response endpoint on loopback, so requests and replies cross the netbridge both
+ways, under its loss filter and its kills), each request
 ``(seq u64, crc32(body) u32)`` then a body; every 7th asks the handler to raise, every 5th is
-marked idempotent. The responders (``run_responder``, two of them, one group) answer with the
-request's bytes reversed. Both rebuild their client on the errors that mean the bus went away
-(as the writers and readers do, tools/nemesis/workers.py).
+marked idempotent. The responders (``run_responder``, two per channel, a group per channel)
+answer with the request's bytes reversed. Both rebuild their client on the errors that mean
+the bus went away (as the writers and readers do, tools/nemesis/workers.py).
 
 The rule (``call_breaches``): every call is settled exactly once, either answered with the
 reply to that very request (checked byte for byte), or failed with a documented error:
@@ -52,11 +55,12 @@ def answer(request: bytes) -> bytes:
     return request[::-1]
 
 
-def run_responder(context: shmbus.Context, stop: Any, errors: Any) -> None:
+def run_responder(context: shmbus.Context, stop: Any, errors: Any,
+                  channel: str = "aeron:ipc") -> None:
     while not stop.is_set():
         try:
             with shmbus.connect(context) as bus, \
-                    bus.add_responder("aeron:ipc", CALL_STREAM, answer) as responder:
+                    bus.add_responder(channel, CALL_STREAM, answer) as responder:
                 while not stop.is_set():
                     responder.serve(timeout=0.2)
         except REBUILD:
@@ -67,15 +71,15 @@ def run_responder(context: shmbus.Context, stop: Any, errors: Any) -> None:
 
 
 def run_caller(context: shmbus.Context, seed: int, stop: Any, results: Any,
-               errors: Any) -> None:
-    """Call until ``stop``; then put ("caller", tally) on ``results``."""
+               errors: Any, channel: str = "aeron:ipc", name: str = "caller") -> None:
+    """Call ``channel`` until ``stop``; then put (``name``, tally) on ``results``."""
     rng = random.Random(seed)
     tally: Counter[str] = Counter()
     seq = 0
     while not stop.is_set():
         try:
             with shmbus.connect(context) as bus, \
-                    bus.add_requester("aeron:ipc", CALL_STREAM) as client:
+                    bus.add_requester(channel, CALL_STREAM) as client:
                 while not stop.is_set():
                     request = make_request(seq, rng)
                     seq += 1
@@ -90,9 +94,9 @@ def run_caller(context: shmbus.Context, seed: int, stop: Any, results: Any,
             tally["failed rebuild"] += tally["calls"] - _settled(tally)
             time.sleep(0.2)
         except Exception as error:  # noqa: BLE001 - reported as a breach, not lost
-            errors.put(f"caller: {error!r}")
+            errors.put(f"{name}: {error!r}")
             time.sleep(0.2)
-    results.put(("caller", dict(tally)))
+    results.put((name, dict(tally)))
 
 
 def _call(client: shmbus.Requester, request: bytes, seq: int) -> str:
@@ -118,22 +122,23 @@ def _settled(tally: Counter[str]) -> int:
                if outcome == "answered" or outcome.startswith(("failed ", "breach: ")))
 
 
-def call_breaches(tally: dict[str, int] | None) -> list[str]:
-    """The rule over the caller's tally (None: it sent none)."""
+def call_breaches(tally: dict[str, int] | None, name: str = "caller") -> list[str]:
+    """The rule over caller ``name``'s tally (None: it sent none)."""
     if tally is None:
-        return ["the caller sent no tally"]
-    found = [f"request/reply: {outcome} ({n}x)" for outcome, n in tally.items()
+        return [f"the {name} sent no tally"]
+    found = [f"request/reply ({name}): {outcome} ({n}x)" for outcome, n in tally.items()
              if outcome.startswith("breach: ")]
     settled = _settled(Counter(tally))
     if settled != tally.get("calls", 0):
-        found.append(f"request/reply: {tally.get('calls', 0)} calls, {settled} settled")
+        found.append(f"request/reply ({name}): {tally.get('calls', 0)} calls, {settled} "
+                     f"settled")
     if not tally.get("answered"):
-        found.append("request/reply: no call was answered")
+        found.append(f"request/reply ({name}): no call was answered")
     return found
 
 
-def summary_line(tally: dict[str, int] | None) -> str:
+def summary_line(tally: dict[str, int] | None, name: str = "caller") -> str:
     if tally is None:
-        return "request/reply: no tally"
-    return "request/reply: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items()))
+        return f"request/reply ({name}): no tally"
+    return f"request/reply ({name}): " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items()))
 

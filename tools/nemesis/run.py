@@ -28,8 +28,9 @@ nemesis:
   and rebuild);
 * ``kill-netbridge``: SIGKILLs the netbridge (the driver starts another);
 * ``fill-disk``: fills the bus tmpfs with a ballast file for a while, then frees it.
-* ``kill-responder``: SIGKILLs one of the two request/reply responders (tools/nemesis/calls.py)
-  while a caller keeps calling, starts it again.
+* ``kill-responder``: SIGKILLs one of the request/reply responders, two on aeron:ipc and two
+  on aeron:udp through the netbridge (tools/nemesis/calls.py), while a caller on each keeps
+  calling; starts it again.
 
 A restarted or rebuilt writer is a new publication: a new incarnation, sequence from 0.
 
@@ -131,6 +132,15 @@ LOSS = "drop=0.02,dup=0.02,reorder=0.02,delay=0.002,direction=both"
 
 def udp_channel(port: int) -> str:
     return f"aeron:udp?endpoint=127.0.0.1:{port}"
+
+
+def call_channels(port: int, response_port: int) -> list[tuple[str, str, str]]:
+    """The request/reply services: (caller name, requester's channel, responders' channel),
+    on aeron:ipc and across the netbridge (the responders on the UDP endpoint, the caller's
+    replies back on its own)."""
+    udp = udp_channel(port)
+    return [("caller", "aeron:ipc", "aeron:ipc"),
+            ("caller-udp", f"{udp}|response-endpoint=127.0.0.1:{response_port}", udp)]
 
 
 def writer_specs(count: int, port: int) -> list[WriterSpec]:
@@ -272,10 +282,13 @@ class Workers:
     writer_processes: list[Any] = field(default_factory=list)
     reader_processes: list[Any] = field(default_factory=list)
     responder_processes: list[Any] = field(default_factory=list)
-    caller_process: Any = None
+    #: (caller name, the requester's channel, the responders' channel) per service
+    call_channels: list[tuple[str, str, str]] = field(
+        default_factory=lambda: [("caller", "aeron:ipc", "aeron:ipc")])
+    caller_processes: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.call_tally: dict[str, int] | None = None
+        self.call_tallies: dict[str, dict[str, int]] = {}
         #: the threads' stacks of each reader that sent no report, by name
         self.stuck: dict[str, str] = {}
         self.stop_writing = self.mp.Event()
@@ -287,19 +300,24 @@ class Workers:
     def start(self) -> None:
         self.reader_processes = [self._reader(i) for i in range(len(self.readers))]
         self.writer_processes = [self._writer(i) for i in range(len(self.writers))]
-        self.responder_processes = [self._responder(i) for i in range(2)]
-        self.caller_process = self._caller()
+        self.responder_processes = [self._responder(i)
+                                    for i in range(2 * len(self.call_channels))]
+        self.caller_processes = [self._caller(i) for i in range(len(self.call_channels))]
 
     def _responder(self, i: int) -> Any:
+        """Responder ``i``: two per service (call_channels)."""
         process = self.mp.Process(target=calls.run_responder, name=f"responder-{i}",
-                                  args=(self.context, self.leave, self.errors), daemon=True)
+                                  args=(self.context, self.leave, self.errors,
+                                        self.call_channels[i // 2][2]), daemon=True)
         process.start()
         return process
 
-    def _caller(self) -> Any:
-        process = self.mp.Process(target=calls.run_caller, name="caller",
-                                  args=(self.context, self.seed, self.stop_writing,
-                                        self.results, self.errors), daemon=True)
+    def _caller(self, i: int) -> Any:
+        name, channel, _ = self.call_channels[i]
+        process = self.mp.Process(target=calls.run_caller, name=name,
+                                  args=(self.context, self.seed + i, self.stop_writing,
+                                        self.results, self.errors, channel, name),
+                                  daemon=True)
         process.start()
         return process
 
@@ -354,9 +372,11 @@ class Workers:
             if not process.is_alive():
                 deaths.append(f"responder {i} died: exit code {process.exitcode}")
                 self.responder_processes[i] = self._responder(i)
-        if not self.caller_process.is_alive():
-            deaths.append(f"the caller died: exit code {self.caller_process.exitcode}")
-            self.caller_process = self._caller()
+        for i, process in enumerate(self.caller_processes):
+            if not process.is_alive():
+                deaths.append(f"the {self.call_channels[i][0]} died: exit code "
+                              f"{process.exitcode}")
+                self.caller_processes[i] = self._caller(i)
         return deaths
 
     def finish(self, drain_s: float) -> dict[str, SubscriberCheck]:
@@ -366,12 +386,13 @@ class Workers:
         self.stop_reading.set()
         checks: dict[str, SubscriberCheck] = {}
         deadline = time.monotonic() + 120  # a recorder checks its last windows first
-        while (len(checks) < len(self.readers) or self.call_tally is None) \
+        callers = {name for name, _, _ in self.call_channels}
+        while (len(checks) < len(self.readers) or len(self.call_tallies) < len(callers)) \
                 and time.monotonic() < deadline:
             with contextlib.suppress(Exception):
                 name, check = self.results.get(timeout=1)
-                if name == "caller":
-                    self.call_tally = check
+                if name in callers:
+                    self.call_tallies[name] = check
                 else:
                     checks[name] = check
         self.stuck = {spec.name: self._stacks(process)
@@ -379,7 +400,7 @@ class Workers:
                       if spec.name not in checks and process.is_alive()}
         self.leave.set()
         for process in (self.writer_processes + self.reader_processes
-                        + self.responder_processes + [self.caller_process]):
+                        + self.responder_processes + self.caller_processes):
             process.join(15)
             if process.is_alive():
                 process.kill()
@@ -485,6 +506,10 @@ class Nemesis:
 
     def kill_netbridge(self) -> None:
         bridges = self.bus.netbridges()
+        wait_until = time.monotonic() + 10  # early in a run it may still be starting
+        while not bridges and time.monotonic() < wait_until:
+            time.sleep(0.2)
+            bridges = self.bus.netbridges()
         if not bridges:
             self.notes.append("kill-netbridge: no netbridge running")
             return
@@ -592,7 +617,7 @@ def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[
 
 def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
     rng = random.Random(seed)
-    port = free_udp_ports(1)[0]
+    port, response_port = free_udp_ports(2)
     with tempfile.TemporaryDirectory(prefix="nemesis-") as tmp, \
             small_tmpfs(Path(tmp), TMPFS_MB) as disk:
         context = shmbus.Context(
@@ -609,7 +634,8 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
         bus = Bus(context, Path(tmp) / "driver.log")
         bus.start()
         workers = Workers(context, ledger, ledger_path, seed, specs,
-                          reader_specs(subscribers, port, Path(tmp) / "recordings"))
+                          reader_specs(subscribers, port, Path(tmp) / "recordings"),
+                          call_channels=call_channels(port, response_port))
         workers.start()
         nemesis = Nemesis(bus, workers, disk, rng)
         try:
@@ -650,9 +676,11 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
         found += [f"stream {stream} session {session}: {held_bytes} bytes of large-message "
                   f"memory still held after every reader drained (a block never freed)"
                   for stream, session, held_bytes in held]
-        found += calls.call_breaches(workers.call_tally)
+        for name, _, _ in workers.call_channels:
+            found += calls.call_breaches(workers.call_tallies.get(name), name)
         print(summary(sent, reports, specs, nemesis))
-        print(calls.summary_line(workers.call_tally))
+        for name, _, _ in workers.call_channels:
+            print(calls.summary_line(workers.call_tallies.get(name), name))
         for note in nemesis.notes:
             print(f"note: {note}")
         if bus.restarts_refused:

@@ -38,3 +38,26 @@ def test_response_stream_ids_are_in_the_reserved_negative_range():
     for unique in (0, 1, 2 ** 30 - 2, 2 ** 30 - 1, 2 ** 40 + 17):
         stream_id = ch.response_stream_for(unique)
         assert -2 ** 31 <= stream_id < ch.RESPONSE_STREAM_BASE
+
+
+@given(st.text(max_size=80), st.binary(max_size=64))
+def test_the_reply_to_extension_round_trips(channel, data):
+    if len(channel.encode()) > ch.MAX_REPLY_TO:
+        return
+    message = ch.encode_request(5, -7) + ch.encode_reply_to(channel) + data
+    got, at = ch.read_reply_to(message)
+    assert (got, message[at:]) == (channel, data)
+
+
+def test_malformed_reply_to_extensions_are_named():
+    head = ch.encode_request(5, -7)
+    with pytest.raises(ch.MalformedCall, match="at least 18 bytes, this one 17"):
+        ch.read_reply_to(head + b"x")
+    with pytest.raises(ch.MalformedCall, match="reply-to length 40 does not fit"):
+        ch.read_reply_to(head + (40).to_bytes(2, "little") + b"aeron:udp")
+    with pytest.raises(ch.MalformedCall, match="reply-to length 300"):
+        ch.read_reply_to(head + (300).to_bytes(2, "little") + bytes(300))
+    with pytest.raises(ch.MalformedCall, match="not UTF-8"):
+        ch.read_reply_to(head + (2).to_bytes(2, "little") + b"\xff\xfe")
+    with pytest.raises(ValueError, match="at most 255"):
+        ch.encode_reply_to("aeron:udp?endpoint=" + "h" * 250 + ":1")
