@@ -36,6 +36,8 @@ from shmbus.errors import (
 )
 from shmbus.pending_calls import PendingCall, PendingCalls
 from shmbus.shm import call_header
+from shmbus.shm._native import await_reply as _await_reply
+from shmbus.shm._native import offer_call as _offer_call
 from shmbus.shm.counters import (
     RR_ANSWERED,
     RR_FAILED,
@@ -54,10 +56,8 @@ if TYPE_CHECKING:
 DEFAULT_CALL_TIMEOUT = 5.0
 #: The longest a waiting caller goes without checking that a responder is still connected.
 _LIVENESS_CHECK_S = 0.05
-_pack_header = call_header.HEADER.pack
-_unpack_from = call_header.HEADER.unpack_from
 _HEADER_LENGTH = call_header.HEADER_LENGTH
-_REQUEST, _REPLY, _VERSION = call_header.REQUEST, call_header.REPLY, call_header.VERSION
+_REQUEST = call_header.REQUEST
 _IDEMPOTENT = call_header.IDEMPOTENT
 _INF = float("inf")
 _monotonic = time.monotonic
@@ -119,6 +119,7 @@ class Requester:
         self._counters = counters
         self._on_close = on_close
         self._table = PendingCalls(f"{channel} stream {stream_id}")
+        self._open = self._table._open  # the calls in flight, read without a call
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # the table
         self._settled = threading.Condition(self._lock)
@@ -145,11 +146,10 @@ class Requester:
             pending = self._table.open(correlation_id, deadline, idempotent=idempotent)
         pending.on_settled = self._count
         self._counters.add(RR_IN_FLIGHT)
-        header = _pack_header(call_header.REQUEST, call_header.IDEMPOTENT if idempotent else 0,
-                              call_header.VERSION, self.response_stream_id, correlation_id)
-        result = self._publication.offer(header, data)
+        result = _offer_call(self._publication, _REQUEST, _IDEMPOTENT if idempotent else 0,
+                             self.response_stream_id, correlation_id, data)
         if result < 0:
-            self._send_refused(pending, header, data, result)
+            self._send_refused(pending, data, result)
         return Call(self, pending)
 
     def request(self, data: Buffer, *, timeout: float | None = DEFAULT_CALL_TIMEOUT,
@@ -157,9 +157,9 @@ class Requester:
         """Send a request and wait for its reply (bytes): :meth:`submit` then ``result()``,
         with the same errors. A caller alone on the requester (no other call in flight)
         reads its reply itself without a hand-off (:meth:`_request_alone`)."""
-        if not self._table and not self._async_reading and self._reader.acquire(False):
+        if not self._open and not self._async_reading and self._reader.acquire(False):
             try:
-                if not self._table:
+                if not self._open:
                     return self._request_alone(data, timeout, idempotent)
             finally:
                 self._reader.release()
@@ -180,45 +180,41 @@ class Requester:
         now = _monotonic()
         deadline = _INF if timeout is None else now + timeout
         table = self._table
-        with self._lock:
+        pending = PendingCall(correlation_id, deadline, idempotent)
+        with self._lock:  # table.open without its check: the ids are unique by making
             if self._closed:
                 raise ClientClosedError(f"the requester of {table.service} is closed")
-            pending = table.open(correlation_id, deadline, idempotent=idempotent)
-        header = _pack_header(_REQUEST, _IDEMPOTENT if idempotent else 0, _VERSION,
-                              self.response_stream_id, correlation_id)
-        result = self._publication.offer(header, data)
+            self._open[correlation_id] = pending
+        result = _offer_call(self._publication, _REQUEST, _IDEMPOTENT if idempotent else 0,
+                             self.response_stream_id, correlation_id, data)
         if result < 0:
             self._count_from_now(pending)
-            self._send_refused(pending, header, data, result)
+            self._send_refused(pending, data, result)
         replies = self._replies
-        take = replies._take
+        on_other = self._on_reply_message
         check_at = now + _LIVENESS_CHECK_S
         while not pending.settled:
-            message = take()
-            if message is not None:
-                if len(message) >= _HEADER_LENGTH:
-                    kind, _, version, _, reply_id = _unpack_from(message)
-                    if reply_id == correlation_id and kind == _REPLY and version == _VERSION:
-                        with self._lock:
-                            if table._open.pop(correlation_id, None) is not None:
-                                table.counts.answered += 1
-                                pending.reply = reply = message[_HEADER_LENGTH:]
-                                pending.settled = True
-                                if pending.on_settled is not None:
-                                    self._counters.add(RR_IN_FLIGHT, -1)
-                                self._counters.add(RR_ANSWERED)
-                                return reply
-                        self._counters.add(RR_LATE)  # settled meanwhile (by close)
-                        continue
-                self._on_reply_message(message)
+            # natively: take replies, spin for Context.wait_spin, then sleep; another call's
+            # reply (or an error reply) goes to on_other, and None comes back
+            reply = _await_reply(replies, correlation_id, min(deadline, check_at) - now,
+                                 on_other)
+            if reply is not None:
+                with self._lock:
+                    if self._open.pop(correlation_id, None) is not None:
+                        table.counts.answered += 1
+                        pending.reply = reply
+                        pending.settled = True
+                        if pending.on_settled is not None:
+                            self._counters.add(RR_IN_FLIGHT, -1)
+                        self._counters.add(RR_ANSWERED)
+                        return reply
+                self._counters.add(RR_LATE)  # settled meanwhile (by close)
                 continue
             now = _monotonic()
             if now >= check_at or now >= deadline:
                 self._count_from_now(pending)
                 self._pump(pending)
                 check_at = now + _LIVENESS_CHECK_S
-                continue
-            replies.wait(min(deadline, check_at) - now)
         self._count_from_now(pending)
         return Call(self, pending).result()
 
@@ -370,13 +366,14 @@ class Requester:
         if self._followers:
             self._settled.notify_all()
 
-    def _send_refused(self, pending: PendingCall, header: bytes, data: Buffer,
-                      result: int) -> None:
+    def _send_refused(self, pending: PendingCall, data: Buffer, result: int) -> None:
         """The offer of a request was refused with ``result``. Back-pressure: offer again
         until the call's deadline, reading replies meanwhile (the responders may be waiting
         for this requester to read before they take more requests); else fail the call with
         the reason."""
         publication = self._publication
+        header = call_header.encode_request(pending.correlation_id, self.response_stream_id,
+                                            idempotent=pending.idempotent)
         while result in (BACK_PRESSURED, ADMIN_ACTION):
             remaining = pending.deadline - time.monotonic()
             if remaining <= 0:

@@ -26,6 +26,8 @@ from shmbus.codes import NOT_CONNECTED
 from shmbus.errors import PublicationError, RegistrationError
 from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.shm import call_header
+from shmbus.shm._native import answer_request as _answer_request
+from shmbus.shm._native import offer_call as _offer_call
 from shmbus.shm.counters import RR_HANDLER_ERRORS, RR_REPLIES_DROPPED, RR_SERVED
 from shmbus.subscription_group import GroupSubscription
 
@@ -38,10 +40,11 @@ if TYPE_CHECKING:
 RequestHandler = Callable[[bytes], Any]
 #: How long a reply may wait for a requester that does not read, seconds, before it is dropped.
 REPLY_TIMEOUT = 1.0
-_pack_header = call_header.HEADER.pack
 _unpack_from = call_header.HEADER.unpack_from
 _HEADER_LENGTH = call_header.HEADER_LENGTH
 _REQUEST, _REPLY, _VERSION = call_header.REQUEST, call_header.REPLY, call_header.VERSION
+# what answer_request did (shmbus/shm/native/calls.c)
+_ANSWER_NOTHING, _ANSWER_REPLIED, _ANSWER_DELIVER, _ANSWER_MALFORMED = 0, 1, 2, 3
 #: A waiting responder looks for requests handed on from a departed responder this often.
 _HANDED_ON_CHECK_S = 0.1
 
@@ -81,15 +84,33 @@ class Responder:
 
     def poll(self, limit: int = 16) -> int:
         """Answer up to about ``limit`` requests waiting now, without sleeping. Returns how
-        many fragments were read."""
+        many fragments were read.
+
+        Each request is claimed and answered natively (``answer_request``, one at a time, so
+        the responders of a service share a burst); what it leaves to this side (a fragmented
+        or large request, one handed on from a responder that left) is delivered by the
+        member's poll to :meth:`_on_request`."""
         fragments = 0
-        assembler = self._assembler
+        handler, replies = self.handler, self._replies
         for image in self._requests.images:
-            member = self._member = image._member
-            fragments += member.poll(assembler, max(1, limit - fragments))
+            member = image._member
+            while fragments < limit:
+                outcome = _answer_request(member, handler, replies, self)
+                if outcome == _ANSWER_REPLIED:
+                    self.served += 1
+                elif outcome == _ANSWER_NOTHING:
+                    break
+                elif outcome == _ANSWER_DELIVER:
+                    self._member = member
+                    try:
+                        fragments += member.poll(self._assembler, 1) - 1
+                    finally:
+                        self._member = None
+                elif outcome == _ANSWER_MALFORMED:
+                    self._counters.add(RR_HANDLER_ERRORS)
+                fragments += 1
             if fragments >= limit:
                 break
-        self._member = None
         if self.served != self._counted:
             self._counters.add(RR_SERVED, self.served - self._counted)
             self._counted = self.served
@@ -101,13 +122,13 @@ class Responder:
         before = self.served
         deadline = float("inf") if timeout is None else time.monotonic() + timeout
         requests = self._requests
+        poll, wait, monotonic = self.poll, requests.wait, time.monotonic
         while not self._closed:
-            if self.poll():
-                continue
-            remaining = deadline - time.monotonic()
+            poll()
+            remaining = deadline - monotonic()
             if remaining <= 0:
                 break
-            requests.wait(min(remaining, _HANDED_ON_CHECK_S))
+            wait(min(remaining, _HANDED_ON_CHECK_S))  # at once when more is there
         return self.served - before
 
     async def serve_async(self, timeout: float | None = None) -> int:
@@ -142,16 +163,20 @@ class Responder:
             reply = self.handler(bytes(buffer[_HEADER_LENGTH:]))
             memoryview(reply)  # a reply is anything with the buffer protocol
         except Exception as error:  # the caller gets it as RemoteError
-            self._counters.add(RR_HANDLER_ERRORS)
-            self._reply(stream_id, call_header.ERROR, correlation_id,
-                        f"{type(error).__qualname__}: {error}".encode())
+            self._reply_error(stream_id, correlation_id, error)
             return
         publication = self._replies.get(stream_id)
-        if publication is not None and publication.offer(
-                _pack_header(_REPLY, 0, _VERSION, 0, correlation_id), reply) > 0:
+        if publication is not None and _offer_call(publication, _REPLY, 0, 0, correlation_id,
+                                                   reply) > 0:
             self.served += 1
             return
         self._reply(stream_id, _REPLY, correlation_id, reply)
+
+    def _reply_error(self, stream_id: int, correlation_id: int, error: Exception) -> None:
+        """The handler raised ``error``: the caller gets it as RemoteError."""
+        self._counters.add(RR_HANDLER_ERRORS)
+        self._reply(stream_id, call_header.ERROR, correlation_id,
+                    f"{type(error).__qualname__}: {error}".encode())
 
     def _reply(self, stream_id: int, kind: int, correlation_id: int, body: Any) -> None:
         publication = self._replies.get(stream_id)
@@ -161,14 +186,14 @@ class Responder:
             except RegistrationError:
                 self._counters.add(RR_REPLIES_DROPPED)
                 return
-        head = _pack_header(kind, 0, call_header.VERSION, 0, correlation_id)
-        result = publication.offer(head, body)
+        result = _offer_call(publication, kind, 0, 0, correlation_id, body)
         if result == NOT_CONNECTED:  # the requester is gone
             self._drop_reply(stream_id)
             return
         if result < 0:
             try:
-                publication.publish(head, body, timeout=REPLY_TIMEOUT)
+                publication.publish(call_header.encode_reply(kind, correlation_id), body,
+                                    timeout=REPLY_TIMEOUT)
             except PublicationError:
                 self._drop_reply(stream_id)
                 return

@@ -334,6 +334,22 @@ def flow_control_advance(
     """Driver only: cleans behind slowest; mode 0 raises the limit, 1 pulls it back, 2 only
     cleans. False when the metadata lock is held by a publisher (try again later)."""
 
+def offer_call(publication: PublicationCore, kind: int, flags: int, stream_id: int,
+               correlation_id: int, body: Buffer, /) -> int:
+    """offer(header, body) with the 16-byte call header (call_header.py) packed natively:
+    the new position or a negative code."""
+def await_reply(replies: SubscriptionCore, correlation_id: int, timeout: float,
+                on_other: Callable[[bytes], object], /) -> bytes | None:
+    """The body of the REPLY to ``correlation_id`` once it comes (spinning for the
+    subscription's wait_spin, then asleep), or None: ``timeout`` seconds passed, or another
+    message was read and handed to ``on_other`` (which may have settled the call)."""
+def answer_request(member: GroupMemberCore, handler: Callable[[bytes], object],
+                   replies: dict[int, PublicationCore], responder: object, /) -> int:
+    """Claim one request of ``member``, call ``handler(request)``, offer the reply on
+    ``replies[stream_id]`` and mark the request done: 0 nothing to claim, 1 replied, 2 the
+    next message is for ``member.poll(handler, 1)``, 3 malformed (dropped), 4 answered
+    through ``responder._reply``/``_reply_error``."""
+
 @final
 class LogWatcher:
     """A native thread that makes ``fileno()`` readable once a frame is committed where a

@@ -243,7 +243,7 @@ static void sub_flush_positions(SubscriptionCore *self)
 /* The next whole message from the images, round-robin from one further along each call;
  * NULL with no exception when there is none (then the held-back positions are published),
  * NULL with an exception when the client failed or a log is corrupt. */
-static PyObject *sub_take(SubscriptionCore *self)
+PyObject *sub_take(SubscriptionCore *self)
 {
     if (sub_check_usable(self) < 0)
         return NULL;

@@ -31,6 +31,7 @@ INTERNAL extern PyMethodDef atomic_buffer_functions[];
 INTERNAL extern PyMethodDef wakeup_functions[];
 INTERNAL extern PyMethodDef flow_control_functions[];
 INTERNAL extern PyMethodDef heartbeat_functions[];
+INTERNAL extern PyMethodDef call_functions[];
 
 /* ---- atomic_buffer.c ------------------------------------------------------------------- */
 
@@ -63,6 +64,13 @@ INTERNAL int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected,
 INTERNAL int fc_raise(const LogGeometry *g, const uint8_t *values, Py_ssize_t values_len,
                       int64_t *limit, int64_t producer);
 
+/* ---- publication.c ------------------------------------------------------------------------ */
+INTERNAL int64_t offer_headed(PyObject *publication, const uint8_t *head,
+                              Py_ssize_t head_length, PyObject *body);
+/* ---- group_member.c ----------------------------------------------------------------------- */
+INTERNAL int group_next_message(PyObject *member, const uint8_t **payload, int32_t *length,
+                                int64_t *next, int *handed_on);
+INTERNAL void group_message_done(PyObject *member, int64_t next);
 /* ---- image.c ------------------------------------------------------------------------------ */
 
 typedef struct {
@@ -171,6 +179,8 @@ typedef struct {
     int64_t wait_spin_ns;     /* `_wait_spin_ns`: how long a wait looks before it sleeps */
 } SubscriptionCore;
 
+/* The next whole message from the images; NULL with no exception when there is none. */
+INTERNAL PyObject *sub_take(SubscriptionCore *self);
 /* ---- log_watcher.c ------------------------------------------------------------------------- */
 
 typedef struct {
