@@ -13,20 +13,6 @@
 
 #include <sched.h>
 
-/* How long a waiter's spin pauses between looks before it yields (see spin_for_images), and
- * the pauses between two looks. */
-#define SPIN_BUSY_NS 20000
-#define SPIN_PAUSES 16
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 #ifndef SYS_futex_waitv
 #define SYS_futex_waitv 449
 #endif
@@ -120,31 +106,19 @@ static PyObject *native_wait_word(PyObject *m, PyObject *args)
  * has, -1 with TypeError for an item that is not an image. Writers signal only while someone
  * sleeps (see wake_word). The caller holds the GIL; it is released while asleep. */
 /* A waiter's look before it sleeps, as Aeron's back-off idle strategy spins and yields before
- * it parks: for up to spin_ns, looks for a frame on the images, letting go of the GIL between
- * looks (it holds it while it looks: the conductor may close an image and unmap its log).
- * For the first SPIN_BUSY_NS it only pauses the CPU between looks, as an answer to a call
- * usually comes within microseconds and a yield (a syscall, and the CPU to whoever is
- * runnable) would cost more than the wait; after that it yields between looks. A stream that
- * keeps coming never puts its reader to sleep, so its writer pays no wake-up. 1 when an image
- * has a frame or closed; 0 after spin_ns, or at once when the wake word moved (the images
- * changed: the caller looks at the new ones). */
+ * it parks: for up to spin_ns, looks for a frame on the images, yielding the CPU and the GIL
+ * between looks (with the GIL held while it looks: the conductor may close an image). A stream
+ * that keeps coming never puts its reader to sleep, so its writer pays no wake-up. 1 when an
+ * image has a frame or closed; 0 after spin_ns, or at once when the wake word moved (the
+ * images changed: the caller looks at the new ones). */
 static int spin_for_images(PyObject *images, int32_t *wake, int32_t wake_expected,
                            int64_t spin_ns)
 {
-    int64_t now = monotonic_ns();
-    int64_t until = now + spin_ns;
-    int64_t busy_until = now + (spin_ns < SPIN_BUSY_NS ? spin_ns : SPIN_BUSY_NS);
+    int64_t until = monotonic_ns() + spin_ns;
     do {
-        if (now < busy_until) {
-            Py_BEGIN_ALLOW_THREADS
-            for (int i = 0; i < SPIN_PAUSES; i++)
-                cpu_relax();
-            Py_END_ALLOW_THREADS
-        } else {
-            Py_BEGIN_ALLOW_THREADS
-            sched_yield();
-            Py_END_ALLOW_THREADS
-        }
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
         if (wake != NULL && LOAD_ACQUIRE(wake) != wake_expected)
             return 0;
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images); i++) {
@@ -153,7 +127,7 @@ static int spin_for_images(PyObject *images, int32_t *wake, int32_t wake_expecte
                 (((ImageCore *)item)->closed || image_ready((ImageCore *)item)))
                 return 1;
         }
-    } while ((now = monotonic_ns()) < until);
+    } while (monotonic_ns() < until);
     return 0;
 }
 
