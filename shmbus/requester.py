@@ -11,10 +11,15 @@ sleeps until the responder's reply wakes it. Many threads may share one requeste
 waiting caller holds the reader's turn reads every reply and hands each to its call; the
 others sleep until theirs is settled or the turn is free. A caller of ``request()`` alone on
 the requester (no other call in flight, the common case) skips the hand-off: it takes replies
-straight from its response stream until its own comes. A caller that waits also checks, at
-least every 50 ms, that a responder is still connected: when the last one has gone (it closed,
-or died and the driver timed it out, ``client_liveness_timeout``) every call in flight fails
-with ResponderLostError, so no call outlives its responders.
+straight from its response stream until its own comes (natively, shmbus/shm/native/calls.c).
+
+No call outlives its responders: when the last one has gone (it closed, or died and the driver
+timed it out, ``client_liveness_timeout``), the driver clears the request log's is-connected
+word and wakes whoever sleeps on it. Every wait for replies (a lone caller's, the reader's
+turn, the asyncio reader's) sleeps on that word too (``_watch_word``), so the reader wakes,
+finds no responder connected and fails every call in flight with ResponderLostError, waking
+the others. The waits still look at least every ``_BACKSTOP_S`` (a wake-up that never comes:
+a log rebound to a restarted driver).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from shmbus.shm.counters import (
     RR_LATE,
     RR_TIMED_OUT,
 )
+from shmbus.shm.log_buffer import IS_CONNECTED_OFFSET
 
 if TYPE_CHECKING:
     from shmbus.call_counters import CallCounters
@@ -54,8 +60,11 @@ if TYPE_CHECKING:
 
 #: The default deadline of a call, seconds.
 DEFAULT_CALL_TIMEOUT = 5.0
-#: The longest a waiting caller goes without checking that a responder is still connected.
+#: A lone caller counts its call in flight once it has waited this long (seconds).
 _LIVENESS_CHECK_S = 0.05
+#: The longest a waiting caller sleeps without looking whether a responder is still connected
+#: (it is woken when the last one leaves: this covers a wake-up that never comes).
+_BACKSTOP_S = 1.0
 _HEADER_LENGTH = call_header.HEADER_LENGTH
 _REQUEST = call_header.REQUEST
 _IDEMPOTENT = call_header.IDEMPOTENT
@@ -120,6 +129,7 @@ class Requester:
         self._on_close = on_close
         self._table = PendingCalls(f"{channel} stream {stream_id}")
         self._open = self._table._open  # the calls in flight, read without a call
+        self._add_answered = counters.adder(RR_ANSWERED)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # the table
         self._settled = threading.Condition(self._lock)
@@ -128,6 +138,9 @@ class Requester:
         self._async_reading = False
         self._async_waiters: set[asyncio.Future[None]] = set()
         self._closed = False
+        # every wait for replies also ends when the request log's is-connected word leaves 1
+        # (the driver wakes its sleepers as it clears it: the last responder left)
+        replies._watch_word(publication.log.metadata_view(), IS_CONNECTED_OFFSET, 1)
 
     # -- calls ----------------------------------------------------------------------------------
 
@@ -206,12 +219,12 @@ class Requester:
                         pending.settled = True
                         if pending.on_settled is not None:
                             self._counters.add(RR_IN_FLIGHT, -1)
-                        self._counters.add(RR_ANSWERED)
+                        self._add_answered(1)
                         return reply
                 self._counters.add(RR_LATE)  # settled meanwhile (by close)
                 continue
             now = _monotonic()
-            if now >= check_at or now >= deadline:
+            if now >= check_at or now >= deadline or not self._publication.is_connected:
                 self._count_from_now(pending)
                 self._pump(pending)
                 check_at = now + _LIVENESS_CHECK_S
@@ -245,7 +258,7 @@ class Requester:
                     self._pump(pending)
                     if pending.settled:
                         break
-                    wake = min(pending.deadline, time.monotonic() + _LIVENESS_CHECK_S)
+                    wake = min(pending.deadline, time.monotonic() + _BACKSTOP_S)
                     await self._replies._readable(wake)
             finally:
                 self._async_reading = False
@@ -271,7 +284,7 @@ class Requester:
         self._async_waiters.add(waiter)
         try:
             if not pending.settled:
-                await asyncio.wait([waiter], timeout=_LIVENESS_CHECK_S)
+                await asyncio.wait([waiter], timeout=_BACKSTOP_S)
         finally:
             self._async_waiters.discard(waiter)
             if not pending.settled:
@@ -299,7 +312,7 @@ class Requester:
                     if not pending.settled:
                         now = time.monotonic()
                         replies.wait(max(0.0, min(pending.deadline, until,
-                                                  now + _LIVENESS_CHECK_S) - now))
+                                                  now + _BACKSTOP_S) - now))
                         self._read_replies()
                 finally:
                     self._reader.release()
@@ -313,7 +326,7 @@ class Requester:
                     self._followers += 1
                     try:
                         self._settled.wait(max(0.0, min(pending.deadline, until,
-                                                        now + _LIVENESS_CHECK_S) - now))
+                                                        now + _BACKSTOP_S) - now))
                     finally:
                         self._followers -= 1
 
@@ -427,6 +440,7 @@ class Requester:
             self._table.fail_all(lambda call: ClientClosedError(
                 f"call {call.correlation_id}: the requester of {self._table.service} closed"))
             self._wake_followers()
+        self._replies._watch_word(None)  # before the request log's mapping may go
         self._replies.close()
         self._publication.close()
         self._counters.close()

@@ -230,6 +230,10 @@ class SubscriptionCore:
         """Raise the client's error, or what on_lost raises once the lease is gone."""
     def _wake(self) -> None:
         """Wakes whoever waits on this subscription (they look again)."""
+    def _watch_word(self, view: Buffer | None, offset: int = 0, value: int = 0, /) -> None:
+        """wait(), await_reply and asyncio's waits also end once the int32 at ``offset`` of
+        ``view`` no longer holds ``value`` (its writer wakes the sleepers, wake_sleepers); the
+        view's export keeps the memory. None drops it: before the memory goes."""
     def _arm_watcher(self, watcher: FutexRing | LogWatcher, /) -> bool:
         """Arm ``watcher`` to fire once an image has a fragment to read, the images change or
         the client fails; False (nothing armed) when a poll would find something now."""
@@ -313,6 +317,9 @@ def wake_log_writers(log_buffer: AtomicBuffer, /) -> None:
 def signal_word(buffer: AtomicBuffer, offset: int, /) -> None:
     """Bumps the 32-bit wake-up word at offset and wakes whoever sleeps on it."""
 
+def wake_sleepers(buffer: AtomicBuffer, offset: int, /) -> None:
+    """Wake everyone asleep on the int32 word at ``offset`` without changing it (a state word
+    its writer just changed, such as a log's is-connected flag)."""
 def wait_word(buffer: AtomicBuffer, offset: int, expected: int, timeout: float, /) -> None:
     """Sleeps (GIL released) while the word at offset holds expected, at most timeout seconds."""
 

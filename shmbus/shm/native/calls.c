@@ -82,7 +82,8 @@ static PyObject *call_offer(PyObject *m, PyObject *const *args, Py_ssize_t nargs
 /* await_reply(replies, correlation_id, timeout_s, on_other) -> bytes | None: the body of the
  * REPLY to correlation_id when it comes within timeout_s. Any other message read meanwhile
  * goes to on_other(message) and the call returns None at once (it may have settled the
- * caller's call: an error reply, say); None too when timeout_s passed. Raises what the
+ * caller's call: an error reply, say); None too when timeout_s passed or the subscription's
+ * watched word moved (see _watch_word: the requester's publication lost its responders). Raises what the
  * subscription's reads raise (the client failed). */
 static PyObject *call_await_reply(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -132,11 +133,14 @@ static PyObject *call_await_reply(PyObject *m, PyObject *const *args, Py_ssize_t
         if (now >= deadline || sub->closed)
             Py_RETURN_NONE;
         PyObject *images = Py_NewRef(sub->images);
-        int ready = wait_images(images, sub->wake, seen,
-                                deadline == INT64_MAX ? -1 : deadline - now, sub->wait_spin_ns);
+        int ready = wait_images_watching(images, sub->wake, seen, sub,
+                                         deadline == INT64_MAX ? -1 : deadline - now,
+                                         sub->wait_spin_ns);
         Py_DECREF(images);
         if (ready < 0)
             return NULL;
+        if (ready == 2)  /* the watched word moved (the responders left): the caller looks */
+            Py_RETURN_NONE;
     }
 }
 

@@ -58,6 +58,10 @@ INTERNAL int64_t timeout_to_ns(double timeout_s);
 INTERNAL int word_at(PyObject *buffer, Py_ssize_t offset, int32_t **word);
 INTERNAL int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected,
                          int64_t timeout_ns, int64_t spin_ns);
+typedef struct SubscriptionCore SubscriptionCore;
+INTERNAL int wait_images_watching(PyObject *images, int32_t *wake, int32_t wake_expected,
+                                  SubscriptionCore *watching, int64_t timeout_ns,
+                                  int64_t spin_ns);
 
 /* ---- flow_control.c -------------------------------------------------------------------- */
 
@@ -164,7 +168,7 @@ INTERNAL int image_module_init(void);
  * every poll checks the lease before reading and after, and calls on_lease_lost (which fails
  * the client and raises ClientTimeoutError) once it is gone.
  */
-typedef struct {
+struct SubscriptionCore {
     PyObject_HEAD
     PyObject *images;         /* tuple of ImageCore */
     PyObject *wake_buffer;    /* AtomicBuffer holding the wake word, or NULL */
@@ -177,7 +181,13 @@ typedef struct {
     PyObject *on_lease_lost;  /* callable, or NULL */
     char closed;              /* `_closed`: set by Subscription.close */
     int64_t wait_spin_ns;     /* `_wait_spin_ns`: how long a wait looks before it sleeps */
-} SubscriptionCore;
+    /* `_watch_word`: a word whose change from watch_value also ends wait() and await_reply
+     * (a requester's: its publication's is-connected word); watch_view keeps its mapping */
+    PyObject *watch_view;
+    Py_buffer watch_buffer;
+    int32_t *watch_word;
+    int32_t watch_value;
+};
 
 /* The next whole message from the images; NULL with no exception when there is none. */
 INTERNAL PyObject *sub_take(SubscriptionCore *self);
