@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 #: The default deadline of a call, seconds.
 DEFAULT_CALL_TIMEOUT = 5.0
 #: A lone caller counts its call in flight once it has waited this long (seconds).
-_LIVENESS_CHECK_S = 0.05
+_IN_FLIGHT_AFTER_S = 0.05
 #: The longest a waiting caller sleeps without looking whether a responder is still connected
 #: (it is woken when the last one leaves: this covers a wake-up that never comes).
 _BACKSTOP_S = 1.0
@@ -188,7 +188,7 @@ class Requester:
         so it reads their replies into the table for them. The call is in the table like
         any other, so close(), its deadline and departed responders settle it as they
         settle any call; the in-flight counter counts it once it has waited
-        ``_LIVENESS_CHECK_S`` (a shorter call shows only as answered)."""
+        ``_IN_FLIGHT_AFTER_S`` (a shorter call shows only as answered)."""
         correlation_id = next(self._ids)
         now = _monotonic()
         deadline = _INF if timeout is None else now + timeout
@@ -205,7 +205,7 @@ class Requester:
             self._send_refused(pending, data, result)
         replies = self._replies
         on_other = self._on_reply_message
-        check_at = now + _LIVENESS_CHECK_S
+        check_at = now + _IN_FLIGHT_AFTER_S
         while not pending.settled:
             # natively: take replies, spin for Context.wait_spin, then sleep; another call's
             # reply (or an error reply) goes to on_other, and None comes back
@@ -227,7 +227,7 @@ class Requester:
             if now >= check_at or now >= deadline or not self._publication.is_connected:
                 self._count_from_now(pending)
                 self._pump(pending)
-                check_at = now + _LIVENESS_CHECK_S
+                check_at = now + _IN_FLIGHT_AFTER_S
         self._count_from_now(pending)
         return Call(self, pending).result()
 

@@ -3,7 +3,7 @@
 parses positionally are positional-only here.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias, final
 
 import numpy as np
@@ -351,9 +351,9 @@ def await_reply(replies: SubscriptionCore, correlation_id: int, timeout: float,
     subscription's wait_spin, then asleep), or None: ``timeout`` seconds passed, or another
     message was read and handed to ``on_other`` (which may have settled the call)."""
 def answer_request(member: GroupMemberCore, handler: Callable[[bytes], object],
-                   replies: dict[int, PublicationCore], responder: object, /) -> int:
+                   replies: Mapping[int, PublicationCore], responder: object, /) -> int:
     """Claim one request of ``member``, call ``handler(request)``, offer the reply on
-    ``replies[stream_id]`` and mark the request done: 0 nothing to claim, 1 replied, 2 the
+    ``replies[stream_id]`` (a dict) and mark the request done: 0 nothing to claim, 1 replied, 2 the
     next message is for ``member.poll(handler, 1)``, 3 malformed (dropped), 4 answered
     through ``responder._reply``/``_reply_error``."""
 
