@@ -138,9 +138,8 @@ class Requester:
         self._async_reading = False
         self._async_waiters: set[asyncio.Future[None]] = set()
         self._closed = False
-        # every wait for replies also ends when the request log's is-connected word leaves 1
-        # (the driver wakes its sleepers as it clears it: the last responder left)
-        replies._watch_word(publication.log.metadata_view(), IS_CONNECTED_OFFSET, 1)
+        self._watched = publication.log
+        self._watch_connection()
 
     # -- calls ----------------------------------------------------------------------------------
 
@@ -330,10 +329,18 @@ class Requester:
                     finally:
                         self._followers -= 1
 
+    def _watch_connection(self) -> None:
+        """Have every wait for replies also end when the request log's is-connected word
+        leaves 1 (the driver wakes its sleepers as it clears it: the last responder left)."""
+        log = self._watched = self._publication.log
+        self._replies._watch_word(log.metadata_view(), IS_CONNECTED_OFFSET, 1)
+
     def _pump(self, pending: PendingCall) -> None:
         """One look without sleeping: read the replies, settle the calls past their
         deadline, fail everything if no responder is connected any more. The caller holds
         the reader's turn (or is the async reader)."""
+        if self._publication.log is not self._watched and not self._closed:
+            self._watch_connection()  # rebound to a restarted driver's log
         self._read_replies()
         if pending.settled:
             return
