@@ -4,7 +4,8 @@
  * records is shmbus/driver/group_claims.py.
  *
  * Runs in client processes, on the thread that polls, with the GIL held (handlers are Python
- * callables).
+ * callables). A responder (calls.c) claims one request at a time through group_next_message
+ * and group_message_done.
  *
  * The members of a group on one log share a claim position (the grp-pos counter: everything
  * before it has been claimed). Each member has a claim record (its grp-claim counter), and the
