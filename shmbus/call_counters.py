@@ -9,6 +9,7 @@ share it); other processes only read it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 
 from shmbus.shm._native import AtomicBuffer
 
@@ -26,6 +27,11 @@ class CallCounters:
     def add(self, type_id: int, delta: int = 1) -> None:
         """Add ``delta`` to the counter of ``type_id``."""
         self._values.get_and_add_int64(self._offsets[type_id], delta)
+
+    def adder(self, type_id: int) -> Callable[[int], int]:
+        """A callable adding its argument to the counter of ``type_id`` (returns the value
+        before): :meth:`add` without its lookups, for a call path's per-call counts."""
+        return partial(self._values.get_and_add_int64, self._offsets[type_id])
 
     def get(self, type_id: int) -> int:
         """The counter's value."""

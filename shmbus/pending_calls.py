@@ -22,7 +22,7 @@ from shmbus.errors import (
 from shmbus.shm import call_header
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingCall:
     """One call: open until settled with ``reply`` or ``error`` (exactly one of them)."""
 

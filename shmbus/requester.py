@@ -11,10 +11,15 @@ sleeps until the responder's reply wakes it. Many threads may share one requeste
 waiting caller holds the reader's turn reads every reply and hands each to its call; the
 others sleep until theirs is settled or the turn is free. A caller of ``request()`` alone on
 the requester (no other call in flight, the common case) skips the hand-off: it takes replies
-straight from its response stream until its own comes. A caller that waits also checks, at
-least every 50 ms, that a responder is still connected: when the last one has gone (it closed,
-or died and the driver timed it out, ``client_liveness_timeout``) every call in flight fails
-with ResponderLostError, so no call outlives its responders.
+straight from its response stream until its own comes (natively, shmbus/shm/native/calls.c).
+
+No call outlives its responders: when the last one has gone (it closed, or died and the driver
+timed it out, ``client_liveness_timeout``), the driver clears the request log's is-connected
+word and wakes whoever sleeps on it. Every wait for replies (a lone caller's, the reader's
+turn, the asyncio reader's) sleeps on that word too (``_watch_word``), so the reader wakes,
+finds no responder connected and fails every call in flight with ResponderLostError, waking
+the others. The waits still look at least every ``_BACKSTOP_S`` (a wake-up that never comes:
+a log rebound to a restarted driver).
 
 Across hosts (a service on ``aeron:udp``, shmbus/remote_calls.py) the same requester sends
 each request with the reply-to extension naming its response channel, a UDP endpoint of its
@@ -46,6 +51,8 @@ from shmbus.errors import (
 )
 from shmbus.pending_calls import PendingCall, PendingCalls
 from shmbus.shm import call_header
+from shmbus.shm._native import await_reply as _await_reply
+from shmbus.shm._native import offer_call as _offer_call
 from shmbus.shm.counters import (
     RR_ANSWERED,
     RR_FAILED,
@@ -53,6 +60,7 @@ from shmbus.shm.counters import (
     RR_LATE,
     RR_TIMED_OUT,
 )
+from shmbus.shm.log_buffer import IS_CONNECTED_OFFSET
 
 if TYPE_CHECKING:
     from shmbus.call_counters import CallCounters
@@ -62,12 +70,13 @@ if TYPE_CHECKING:
 
 #: The default deadline of a call, seconds.
 DEFAULT_CALL_TIMEOUT = 5.0
-#: The longest a waiting caller goes without checking that a responder is still connected.
-_LIVENESS_CHECK_S = 0.05
-_pack_header = call_header.HEADER.pack
-_unpack_from = call_header.HEADER.unpack_from
+#: A lone caller counts its call in flight once it has waited this long (seconds).
+_IN_FLIGHT_AFTER_S = 0.05
+#: The longest a waiting caller sleeps without looking whether a responder is still connected
+#: (it is woken when the last one leaves: this covers a wake-up that never comes).
+_BACKSTOP_S = 1.0
 _HEADER_LENGTH = call_header.HEADER_LENGTH
-_REQUEST, _REPLY, _VERSION = call_header.REQUEST, call_header.REPLY, call_header.VERSION
+_REQUEST = call_header.REQUEST
 _IDEMPOTENT = call_header.IDEMPOTENT
 _INF = float("inf")
 _monotonic = time.monotonic
@@ -126,7 +135,8 @@ class Requester:
         self.channel = channel
         #: where the responders answer over UDP (None: aeron:ipc, the response stream here)
         self.reply_to = reply_to
-        self._pack_request = _pack_header if reply_to is None else _with_reply_to(reply_to)
+        if reply_to is not None:
+            call_header.encode_reply_to(reply_to)  # ValueError now, not at the first call
         self._connect_until = 0.0 if reply_to is None else _monotonic() + CONNECT_WAIT_S
         self.stream_id = stream_id
         self.response_stream_id = response_stream_id
@@ -135,6 +145,8 @@ class Requester:
         self._counters = counters
         self._on_close = on_close
         self._table = PendingCalls(f"{channel} stream {stream_id}")
+        self._open = self._table._open  # the calls in flight, read without a call
+        self._add_answered = counters.adder(RR_ANSWERED)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # the table
         self._settled = threading.Condition(self._lock)
@@ -143,6 +155,8 @@ class Requester:
         self._async_reading = False
         self._async_waiters: set[asyncio.Future[None]] = set()
         self._closed = False
+        self._watched = publication.log
+        self._watch_connection()
 
     # -- calls ----------------------------------------------------------------------------------
 
@@ -161,11 +175,9 @@ class Requester:
             pending = self._table.open(correlation_id, deadline, idempotent=idempotent)
         pending.on_settled = self._count
         self._counters.add(RR_IN_FLIGHT)
-        header = self._pack_request(_REQUEST, _IDEMPOTENT if idempotent else 0, _VERSION,
-                                    self.response_stream_id, correlation_id)
-        result = self._publication.offer(header, data)
+        result = self._offer_request(_IDEMPOTENT if idempotent else 0, correlation_id, data)
         if result < 0:
-            self._send_refused(pending, header, data, result)
+            self._send_refused(pending, data, result)
         return Call(self, pending)
 
     def request(self, data: Buffer, *, timeout: float | None = DEFAULT_CALL_TIMEOUT,
@@ -173,9 +185,9 @@ class Requester:
         """Send a request and wait for its reply (bytes): :meth:`submit` then ``result()``,
         with the same errors. A caller alone on the requester (no other call in flight)
         reads its reply itself without a hand-off (:meth:`_request_alone`)."""
-        if not self._table and not self._async_reading and self._reader.acquire(False):
+        if not self._open and not self._async_reading and self._reader.acquire(False):
             try:
-                if not self._table:
+                if not self._open:
                     return self._request_alone(data, timeout, idempotent)
             finally:
                 self._reader.release()
@@ -191,50 +203,45 @@ class Requester:
         so it reads their replies into the table for them. The call is in the table like
         any other, so close(), its deadline and departed responders settle it as they
         settle any call; the in-flight counter counts it once it has waited
-        ``_LIVENESS_CHECK_S`` (a shorter call shows only as answered)."""
+        ``_IN_FLIGHT_AFTER_S`` (a shorter call shows only as answered)."""
         correlation_id = next(self._ids)
         now = _monotonic()
         deadline = _INF if timeout is None else now + timeout
         table = self._table
-        with self._lock:
+        pending = PendingCall(correlation_id, deadline, idempotent)
+        with self._lock:  # table.open without its check: the ids are unique by making
             if self._closed:
                 raise ClientClosedError(f"the requester of {table.service} is closed")
-            pending = table.open(correlation_id, deadline, idempotent=idempotent)
-        header = self._pack_request(_REQUEST, _IDEMPOTENT if idempotent else 0, _VERSION,
-                                    self.response_stream_id, correlation_id)
-        result = self._publication.offer(header, data)
+            self._open[correlation_id] = pending
+        result = self._offer_request(_IDEMPOTENT if idempotent else 0, correlation_id, data)
         if result < 0:
             self._count_from_now(pending)
-            self._send_refused(pending, header, data, result)
+            self._send_refused(pending, data, result)
         replies = self._replies
-        take = replies._take
-        check_at = now + _LIVENESS_CHECK_S
+        on_other = self._on_reply_message
+        check_at = now + _IN_FLIGHT_AFTER_S
         while not pending.settled:
-            message = take()
-            if message is not None:
-                if len(message) >= _HEADER_LENGTH:
-                    kind, _, version, _, reply_id = _unpack_from(message)
-                    if reply_id == correlation_id and kind == _REPLY and version == _VERSION:
-                        with self._lock:
-                            if table._open.pop(correlation_id, None) is not None:
-                                table.counts.answered += 1
-                                pending.reply = reply = message[_HEADER_LENGTH:]
-                                pending.settled = True
-                                if pending.on_settled is not None:
-                                    self._counters.add(RR_IN_FLIGHT, -1)
-                                self._counters.add(RR_ANSWERED)
-                                return reply
-                        self._counters.add(RR_LATE)  # settled meanwhile (by close)
-                        continue
-                self._on_reply_message(message)
+            # natively: take replies, spin for Context.wait_spin, then sleep; another call's
+            # reply (or an error reply) goes to on_other, and None comes back
+            reply = _await_reply(replies, correlation_id, min(deadline, check_at) - now,
+                                 on_other)
+            if reply is not None:
+                with self._lock:
+                    if self._open.pop(correlation_id, None) is not None:
+                        table.counts.answered += 1
+                        pending.reply = reply
+                        pending.settled = True
+                        if pending.on_settled is not None:
+                            self._counters.add(RR_IN_FLIGHT, -1)
+                        self._add_answered(1)
+                        return reply
+                self._counters.add(RR_LATE)  # settled meanwhile (by close)
                 continue
             now = _monotonic()
-            if now >= check_at or now >= deadline:
+            if now >= check_at or now >= deadline or not self._publication.is_connected:
                 self._count_from_now(pending)
                 self._pump(pending)
-                check_at = now + _LIVENESS_CHECK_S
-                continue
-            replies.wait(min(deadline, check_at) - now)
+                check_at = now + _IN_FLIGHT_AFTER_S
         self._count_from_now(pending)
         return Call(self, pending).result()
 
@@ -265,7 +272,7 @@ class Requester:
                     self._pump(pending)
                     if pending.settled:
                         break
-                    wake = min(pending.deadline, time.monotonic() + _LIVENESS_CHECK_S)
+                    wake = min(pending.deadline, time.monotonic() + _BACKSTOP_S)
                     await self._replies._readable(wake)
             finally:
                 self._async_reading = False
@@ -291,7 +298,7 @@ class Requester:
         self._async_waiters.add(waiter)
         try:
             if not pending.settled:
-                await asyncio.wait([waiter], timeout=_LIVENESS_CHECK_S)
+                await asyncio.wait([waiter], timeout=_BACKSTOP_S)
         finally:
             self._async_waiters.discard(waiter)
             if not pending.settled:
@@ -319,7 +326,7 @@ class Requester:
                     if not pending.settled:
                         now = time.monotonic()
                         replies.wait(max(0.0, min(pending.deadline, until,
-                                                  now + _LIVENESS_CHECK_S) - now))
+                                                  now + _BACKSTOP_S) - now))
                         self._read_replies()
                 finally:
                     self._reader.release()
@@ -333,14 +340,22 @@ class Requester:
                     self._followers += 1
                     try:
                         self._settled.wait(max(0.0, min(pending.deadline, until,
-                                                        now + _LIVENESS_CHECK_S) - now))
+                                                        now + _BACKSTOP_S) - now))
                     finally:
                         self._followers -= 1
+
+    def _watch_connection(self) -> None:
+        """Have every wait for replies also end when the request log's is-connected word
+        leaves 1 (the driver wakes its sleepers as it clears it: the last responder left)."""
+        log = self._watched = self._publication.log
+        self._replies._watch_word(log.metadata_view(), IS_CONNECTED_OFFSET, 1)
 
     def _pump(self, pending: PendingCall) -> None:
         """One look without sleeping: read the replies, settle the calls past their
         deadline, fail everything if no responder is connected any more. The caller holds
         the reader's turn (or is the async reader)."""
+        if self._publication.log is not self._watched and not self._closed:
+            self._watch_connection()  # rebound to a restarted driver's log
         self._read_replies()
         if pending.settled:
             return
@@ -386,13 +401,25 @@ class Requester:
         if self._followers:
             self._settled.notify_all()
 
-    def _send_refused(self, pending: PendingCall, header: bytes, data: Buffer,
-                      result: int) -> None:
+    def _offer_request(self, flags: int, correlation_id: int, data: Buffer) -> int:
+        """Offer one request: the header packed natively on IPC, with the reply-to extension
+        on UDP. The offer's result."""
+        if self.reply_to is None:
+            return _offer_call(self._publication, _REQUEST, flags, self.response_stream_id,
+                               correlation_id, data)
+        return self._publication.offer(call_header.encode_request(
+            correlation_id, self.response_stream_id, idempotent=bool(flags & _IDEMPOTENT),
+            reply_to=self.reply_to), data)
+
+    def _send_refused(self, pending: PendingCall, data: Buffer, result: int) -> None:
         """The offer of a request was refused with ``result``. Back-pressure: offer again
         until the call's deadline, reading replies meanwhile (the responders may be waiting
         for this requester to read before they take more requests); else fail the call with
         the reason."""
         publication = self._publication
+        header = call_header.encode_request(pending.correlation_id, self.response_stream_id,
+                                            idempotent=pending.idempotent,
+                                            reply_to=self.reply_to)
         if result == NOT_CONNECTED and _monotonic() < self._connect_until:
             result = self._await_first_connection(pending, header, data)
         while result in (BACK_PRESSURED, ADMIN_ACTION):
@@ -461,6 +488,7 @@ class Requester:
             self._table.fail_all(lambda call: ClientClosedError(
                 f"call {call.correlation_id}: the requester of {self._table.service} closed"))
             self._wake_followers()
+        self._replies._watch_word(None)  # before the request log's mapping may go
         self._replies.close()
         self._publication.close()
         self._counters.close()
@@ -475,17 +503,3 @@ class Requester:
     def __repr__(self) -> str:
         return (f"Requester(channel={self.channel!r}, stream_id={self.stream_id}, "
                 f"in_flight={self.in_flight})")
-
-
-def _with_reply_to(channel: str) -> Callable[[int, int, int, int, int], bytes]:
-    """A request header packer that adds the reply-to flag and extension naming
-    ``channel`` (a requester on aeron:udp)."""
-    extension = call_header.encode_reply_to(channel)
-    reply_to = call_header.REPLY_TO
-
-    def pack(kind: int, flags: int, version: int, stream_id: int, correlation_id: int
-             ) -> bytes:
-        return _pack_header(kind, flags | reply_to, version, stream_id,
-                            correlation_id) + extension
-
-    return pack

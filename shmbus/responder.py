@@ -36,6 +36,8 @@ from shmbus.errors import PublicationError, RegistrationError
 from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.remote_calls import check_reply_to
 from shmbus.shm import call_header
+from shmbus.shm._native import answer_request as _answer_request
+from shmbus.shm._native import offer_call as _offer_call
 from shmbus.shm.counters import RR_HANDLER_ERRORS, RR_REPLIES_DROPPED, RR_SERVED
 from shmbus.subscription_group import GroupSubscription
 
@@ -48,11 +50,12 @@ if TYPE_CHECKING:
 RequestHandler = Callable[[bytes], Any]
 #: How long a reply may wait for a requester that does not read, seconds, before it is dropped.
 REPLY_TIMEOUT = 1.0
-_pack_header = call_header.HEADER.pack
 _unpack_from = call_header.HEADER.unpack_from
 _HEADER_LENGTH = call_header.HEADER_LENGTH
 _REQUEST, _REPLY, _VERSION = call_header.REQUEST, call_header.REPLY, call_header.VERSION
 _REPLY_TO = call_header.REPLY_TO
+# what answer_request did (shmbus/shm/native/calls.c)
+_ANSWER_NOTHING, _ANSWER_REPLIED, _ANSWER_DELIVER, _ANSWER_MALFORMED = 0, 1, 2, 3
 #: A waiting responder looks for requests handed on from a departed responder this often.
 _HANDED_ON_CHECK_S = 0.1
 #: An idle UDP responder closes its reply publications that lost their requester this often.
@@ -100,7 +103,40 @@ class Responder:
 
     def poll(self, limit: int = 16) -> int:
         """Answer up to about ``limit`` requests waiting now, without sleeping. Returns how
-        many fragments were read."""
+        many fragments were read.
+
+        Each request is claimed and answered natively (``answer_request``, one at a time, so
+        the responders of a service share a burst); what it leaves to this side (a fragmented
+        or large request, one handed on from a responder that left) is delivered by the
+        member's poll to :meth:`_on_request`. A service on aeron:udp reads every request
+        with the member's poll (:meth:`_on_remote_request`)."""
+        if self.remote:
+            return self._poll_remote(limit)
+        fragments = 0
+        handler, replies = self.handler, self._replies
+        for image in self._requests.images:
+            member = image._member
+            while fragments < limit:
+                outcome = _answer_request(member, handler, replies, self)
+                if outcome == _ANSWER_REPLIED:
+                    self.served += 1
+                elif outcome == _ANSWER_NOTHING:
+                    break
+                elif outcome == _ANSWER_DELIVER:
+                    self._member = member
+                    try:
+                        fragments += member.poll(self._assembler, 1) - 1
+                    finally:
+                        self._member = None
+                elif outcome == _ANSWER_MALFORMED:
+                    self._counters.add(RR_HANDLER_ERRORS)
+                fragments += 1
+            if fragments >= limit:
+                break
+        self._count_served()
+        return fragments
+
+    def _poll_remote(self, limit: int) -> int:
         fragments = 0
         assembler = self._assembler
         for image in self._requests.images:
@@ -109,10 +145,13 @@ class Responder:
             if fragments >= limit:
                 break
         self._member = None
+        self._count_served()
+        return fragments
+
+    def _count_served(self) -> None:
         if self.served != self._counted:
             self._counters.add(RR_SERVED, self.served - self._counted)
             self._counted = self.served
-        return fragments
 
     def serve(self, timeout: float | None = None) -> int:
         """Answer requests as they come, sleeping in between (woken by the requesters), until
@@ -120,16 +159,17 @@ class Responder:
         before = self.served
         deadline = float("inf") if timeout is None else time.monotonic() + timeout
         requests = self._requests
+        poll, wait, monotonic = self.poll, requests.wait, time.monotonic
         while not self._closed:
-            if self.poll():
+            if poll():
                 continue
-            now = time.monotonic()
+            now = monotonic()
             remaining = deadline - now
             if remaining <= 0:
                 break
             if self.remote and now >= self._sweep_at:
                 self._sweep(now)
-            requests.wait(min(remaining, _HANDED_ON_CHECK_S))
+            wait(min(remaining, _HANDED_ON_CHECK_S))
         return self.served - before
 
     async def serve_async(self, timeout: float | None = None) -> int:
@@ -166,13 +206,11 @@ class Responder:
             reply = self.handler(bytes(buffer[_HEADER_LENGTH:]))
             memoryview(reply)  # a reply is anything with the buffer protocol
         except Exception as error:  # the caller gets it as RemoteError
-            self._counters.add(RR_HANDLER_ERRORS)
-            self._reply(stream_id, call_header.ERROR, correlation_id,
-                        f"{type(error).__qualname__}: {error}".encode())
+            self._reply_error(stream_id, correlation_id, error)
             return
         publication = self._replies.get(stream_id)
-        if publication is not None and publication.offer(
-                _pack_header(_REPLY, 0, _VERSION, 0, correlation_id), reply) > 0:
+        if publication is not None and _offer_call(publication, _REPLY, 0, 0, correlation_id,
+                                                   reply) > 0:
             self.served += 1
             return
         self._reply(stream_id, _REPLY, correlation_id, reply)
@@ -196,9 +234,7 @@ class Responder:
             reply = self.handler(bytes(buffer[at:]))
             memoryview(reply)
         except Exception as error:  # the caller gets it as RemoteError
-            self._counters.add(RR_HANDLER_ERRORS)
-            self._reply(destination, call_header.ERROR, correlation_id,
-                        f"{type(error).__qualname__}: {error}".encode())
+            self._reply_error(destination, correlation_id, error)
             return
         self._reply(destination, _REPLY, correlation_id, reply)
 
@@ -223,6 +259,13 @@ class Responder:
                 del self._replies[destination]
                 publication.close()
 
+    def _reply_error(self, destination: Destination, correlation_id: int, error: Exception
+                     ) -> None:
+        """The handler raised ``error``: the caller gets it as RemoteError."""
+        self._counters.add(RR_HANDLER_ERRORS)
+        self._reply(destination, call_header.ERROR, correlation_id,
+                    f"{type(error).__qualname__}: {error}".encode())
+
     def _reply(self, destination: Destination, kind: int, correlation_id: int, body: Any
                ) -> None:
         publication = self._replies.get(destination)
@@ -232,14 +275,14 @@ class Responder:
             except RegistrationError:
                 self._counters.add(RR_REPLIES_DROPPED)
                 return
-        head = _pack_header(kind, 0, call_header.VERSION, 0, correlation_id)
-        result = publication.offer(head, body)
+        result = _offer_call(publication, kind, 0, 0, correlation_id, body)
         if result == NOT_CONNECTED:  # the requester is gone
             self._drop_reply(destination)
             return
         if result < 0:
             try:
-                publication.publish(head, body, timeout=REPLY_TIMEOUT)
+                publication.publish(call_header.encode_reply(kind, correlation_id), body,
+                                    timeout=REPLY_TIMEOUT)
             except PublicationError:
                 self._drop_reply(destination)
                 return

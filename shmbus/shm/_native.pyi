@@ -3,7 +3,7 @@
 parses positionally are positional-only here.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias, final
 
 import numpy as np
@@ -230,6 +230,10 @@ class SubscriptionCore:
         """Raise the client's error, or what on_lost raises once the lease is gone."""
     def _wake(self) -> None:
         """Wakes whoever waits on this subscription (they look again)."""
+    def _watch_word(self, view: Buffer | None, offset: int = 0, value: int = 0, /) -> None:
+        """wait(), await_reply and asyncio's waits also end once the int32 at ``offset`` of
+        ``view`` no longer holds ``value`` (its writer wakes the sleepers, wake_sleepers); the
+        view's export keeps the memory. None drops it: before the memory goes."""
     def _arm_watcher(self, watcher: FutexRing | LogWatcher, /) -> bool:
         """Arm ``watcher`` to fire once an image has a fragment to read, the images change or
         the client fails; False (nothing armed) when a poll would find something now."""
@@ -313,6 +317,9 @@ def wake_log_writers(log_buffer: AtomicBuffer, /) -> None:
 def signal_word(buffer: AtomicBuffer, offset: int, /) -> None:
     """Bumps the 32-bit wake-up word at offset and wakes whoever sleeps on it."""
 
+def wake_sleepers(buffer: AtomicBuffer, offset: int, /) -> None:
+    """Wake everyone asleep on the int32 word at ``offset`` without changing it (a state word
+    its writer just changed, such as a log's is-connected flag)."""
 def wait_word(buffer: AtomicBuffer, offset: int, expected: int, timeout: float, /) -> None:
     """Sleeps (GIL released) while the word at offset holds expected, at most timeout seconds."""
 
@@ -333,6 +340,22 @@ def flow_control_advance(
 ) -> bool:
     """Driver only: cleans behind slowest; mode 0 raises the limit, 1 pulls it back, 2 only
     cleans. False when the metadata lock is held by a publisher (try again later)."""
+
+def offer_call(publication: PublicationCore, kind: int, flags: int, stream_id: int,
+               correlation_id: int, body: Buffer, /) -> int:
+    """offer(header, body) with the 16-byte call header (call_header.py) packed natively:
+    the new position or a negative code."""
+def await_reply(replies: SubscriptionCore, correlation_id: int, timeout: float,
+                on_other: Callable[[bytes], object], /) -> bytes | None:
+    """The body of the REPLY to ``correlation_id`` once it comes (spinning for the
+    subscription's wait_spin, then asleep), or None: ``timeout`` seconds passed, or another
+    message was read and handed to ``on_other`` (which may have settled the call)."""
+def answer_request(member: GroupMemberCore, handler: Callable[[bytes], object],
+                   replies: Mapping[Any, PublicationCore], responder: object, /) -> int:
+    """Claim one request of ``member``, call ``handler(request)``, offer the reply on
+    ``replies[stream_id]`` (a dict) and mark the request done: 0 nothing to claim, 1 replied, 2 the
+    next message is for ``member.poll(handler, 1)``, 3 malformed (dropped), 4 answered
+    through ``responder._reply``/``_reply_error``."""
 
 @final
 class LogWatcher:

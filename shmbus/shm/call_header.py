@@ -77,10 +77,15 @@ class CallHeader:
 
 
 def encode_request(correlation_id: int, response_stream_id: int, *,
-                   idempotent: bool = False) -> bytes:
-    """The header of a request: answer on ``response_stream_id``, quoting ``correlation_id``."""
-    return HEADER.pack(REQUEST, IDEMPOTENT if idempotent else 0, VERSION, response_stream_id,
-                       correlation_id)
+                   idempotent: bool = False, reply_to: str | None = None) -> bytes:
+    """The header of a request: answer on ``response_stream_id``, quoting ``correlation_id``;
+    with ``reply_to``, the REPLY_TO flag and the extension naming that channel (ValueError
+    as :func:`encode_reply_to`)."""
+    flags = IDEMPOTENT if idempotent else 0
+    if reply_to is None:
+        return HEADER.pack(REQUEST, flags, VERSION, response_stream_id, correlation_id)
+    return HEADER.pack(REQUEST, flags | REPLY_TO, VERSION, response_stream_id,
+                       correlation_id) + encode_reply_to(reply_to)
 
 
 def encode_reply(kind: int, correlation_id: int) -> bytes:

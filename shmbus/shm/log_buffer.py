@@ -51,7 +51,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from shmbus.shm._native import AtomicBuffer
+from shmbus.shm._native import AtomicBuffer, wake_sleepers
 
 PARTITION_COUNT = 3
 LOG_META_DATA_LENGTH = 4096
@@ -339,7 +339,11 @@ class LogBuffer:
 
     @is_connected.setter
     def is_connected(self, value: bool) -> None:
-        self.buffer.put_int32_release(self.meta_offset + IS_CONNECTED_OFFSET, 1 if value else 0)
+        offset = self.meta_offset + IS_CONNECTED_OFFSET
+        self.buffer.put_int32_release(offset, 1 if value else 0)
+        # requesters sleep on this word while it is 1 (a call's wait ends when the last
+        # responder leaves, see Requester): its writer always wakes them
+        wake_sleepers(self.buffer, offset)
 
     @property
     def publication_window(self) -> int:
@@ -367,6 +371,11 @@ class LogBuffer:
     @end_of_stream_position.setter
     def end_of_stream_position(self, position: int) -> None:
         self.buffer.put_int64_release(self.meta_offset + END_OF_STREAM_POSITION_OFFSET, position)
+
+    def metadata_view(self) -> memoryview:
+        """A memoryview of the metadata section; while one is held, close() leaves the mapping
+        in place (it goes with the last view)."""
+        return memoryview(self._mmap)[self.meta_offset:]
 
     def term_view(self, index: int) -> memoryview:
         """A memoryview of term ``index``; valid until close()."""

@@ -120,7 +120,7 @@ def test_a_lone_responder_killed_mid_request_fails_its_calls_within_the_liveness
                 call.result()
         elapsed = time.monotonic() - killed_at
         # the driver times the dead client out after client_liveness_timeout (2 s), checked
-        # on its timer; the requester looks every 50 ms
+        # on its timer, and wakes the requester as it clears the is-connected word
         assert elapsed < bus_context.client_liveness_timeout + 1.5, elapsed
         assert client.in_flight == 0
         assert counter_total(bus, RR_FAILED) == 6 and counter_total(bus, RR_IN_FLIGHT) == 0
@@ -299,3 +299,85 @@ def test_closing_during_a_lone_call_fails_it_and_counts_it(bus_context, driver, 
         caller.join(timeout=10)
         assert not caller.is_alive()
         assert len(outcome) == 1 and isinstance(outcome[0], shmbus.ClientClosedError)
+
+
+def _no_backstop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waits of this process's requesters look again only after 60 s: a call that fails
+    sooner learned of its departed responder from the driver's wake-up, not from a timer."""
+    from shmbus import requester
+
+    monkeypatch.setattr(requester, "_BACKSTOP_S", 60.0)
+    monkeypatch.setattr(requester, "_IN_FLIGHT_AFTER_S", 60.0)
+
+
+def test_a_killed_responder_wakes_an_async_caller_and_two_threads_sharing_the_requester(
+        bus_context, driver, procs, monkeypatch):
+    _no_backstop(monkeypatch)
+    killed = procs.private()
+    start_responders(procs, bus_context, 1, reports=killed)
+    with shmbus.connect(bus_context) as bus, bus.add_requester("aeron:ipc", STREAM) as client:
+        hang = client.submit(rw.make_command(5, 0, b"hang"), timeout=60)
+        victim = killed.wait("in-hand", timeout=30)[0]
+        outcomes: dict[str, BaseException | bytes] = {}
+
+        def call(name: str, seq: int) -> None:
+            try:
+                outcomes[name] = client.request(rw.make_request(5, 0, seq, 64), timeout=60)
+            except BaseException as error:
+                outcomes[name] = error
+
+        def call_async() -> None:
+            try:
+                outcomes["async"] = asyncio.run(client.request_async(
+                    rw.make_request(5, 0, 3, 64), timeout=60))
+            except BaseException as error:
+                outcomes["async"] = error
+
+        callers = [threading.Thread(target=call, args=("thread-1", 1)),
+                   threading.Thread(target=call, args=("thread-2", 2)),
+                   threading.Thread(target=call_async)]
+        for caller in callers:
+            caller.start()
+        wait_until(lambda: client.in_flight == 4, 10, "four calls in flight")
+        time.sleep(0.2)  # each caller asleep: one holds the reader's turn, one follows
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        for caller in callers:
+            caller.join(timeout=30)
+            assert not caller.is_alive()
+        elapsed = time.monotonic() - killed_at
+        with pytest.raises(shmbus.ResponderLostError, match="no responder is connected"):
+            hang.result(timeout=0)
+        assert set(outcomes) == {"thread-1", "thread-2", "async"}
+        for name, outcome in outcomes.items():
+            assert isinstance(outcome, shmbus.ResponderLostError), (name, outcome)
+        # the driver times the dead client out after client_liveness_timeout (2 s), on its
+        # timer; its wake-up, not a 60 s look, ended every wait
+        assert elapsed < bus_context.client_liveness_timeout + 1.5, elapsed
+        assert client.in_flight == 0
+        assert counter_total(bus, RR_FAILED) == 4 and counter_total(bus, RR_IN_FLIGHT) == 0
+
+
+def test_a_killed_responder_wakes_a_lone_caller(bus_context, driver, procs, monkeypatch):
+    _no_backstop(monkeypatch)
+    killed = procs.private()
+    start_responders(procs, bus_context, 1, reports=killed)
+    with shmbus.connect(bus_context) as bus, bus.add_requester("aeron:ipc", STREAM) as client:
+        outcome: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                client.request(rw.make_command(6, 0, b"hang"), timeout=60)
+            except BaseException as error:
+                outcome.append(error)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        victim = killed.wait("in-hand", timeout=30)[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        caller.join(timeout=30)
+        assert not caller.is_alive()
+        assert time.monotonic() - killed_at < bus_context.client_liveness_timeout + 1.5
+        assert len(outcome) == 1 and isinstance(outcome[0], shmbus.ResponderLostError), outcome
+        assert client.in_flight == 0 and counter_total(bus, RR_FAILED) == 1

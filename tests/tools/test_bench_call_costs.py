@@ -12,7 +12,9 @@ PATHS = {"publish() 32 B", "messages() 32 B", "offer() 32 B", "poll(handler) + b
          "publish_many([m]) 32 B", "poll(handler) reading Header 32 B",
          "poll_batch 32 B (per message)", "publish() 4 KiB",
          "poll(FragmentAssembler) + bytes 4 KiB", "group messages() 32 B",
-         "group poll(handler) + bytes 32 B"}
+         "group poll(handler) + bytes 32 B", "request() 32 B, reply there (requester alone)",
+         "submit() 32 B", "responder poll() 32 B per request (echo)",
+         "Call.result() 32 B, reply there"}
 
 
 def test_every_path_has_a_cost_per_call() -> None:

@@ -13,7 +13,9 @@ Rows:
 * publish() / publish_many() / offer(): accepted at once (the reader keeps the window open);
 * messages(), poll(handler) with bytes(buffer), poll with FragmentAssembler (4 KiB),
   a handler reading Header fields, poll_batch: per message read;
-* group poll and messages() (a subscription group of one member).
+* group poll and messages() (a subscription group of one member);
+* request/reply, each side alone: request() with its reply there, submit(), a responder's
+  poll() per request, Call.result().
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import shmbus
+from tools.bench.harness import BenchError
 from tools.bench.members import await_image
 from tools.bench.report import markdown_table
 
@@ -135,7 +139,83 @@ def measure(messages: int, rounds: int) -> dict[str, float]:
             record("group poll(handler) + bytes 32 B",
                    _burst_ns(lambda n: [gpub.publish(small) for _ in range(n)],
                              drain_poll(copy, gsub), messages)[1])
+        _call_costs(bus, rounds, messages // 4, record)
     return {name: statistics.median(values) for name, values in out.items()}
+
+
+#: A reply's call header (docs/protocol.md, Request/reply): kind 2, flags, version 1, stream 0,
+#: correlation id.
+_REPLY_HEADER = struct.Struct("<BBHiq")
+
+
+def _call_costs(bus: Any, rounds: int, count: int, record: Callable[[str, float], None]
+                ) -> None:
+    """Request/reply, each side alone (32 B): the requester's ``request()`` with its reply
+    written beforehand (its correlation ids follow each other) and a plain subscriber keeping
+    the service connected; ``submit()``, a responder's ``poll()`` per request (claim, echo
+    handler, reply) and ``Call.result()`` with the reply there."""
+    small = bytes(SMALL)
+    deadline = time.monotonic_ns() + 20_000_000_000
+
+    def reply(correlation_id: int) -> bytes:
+        return _REPLY_HEADER.pack(2, 0, 1, 0, correlation_id)
+
+    def in_flight(requester: Any) -> Any:
+        """A call that stays in flight: the service is connected."""
+        while (call := requester.submit(small, timeout=60)).done():
+            if time.monotonic_ns() > deadline:
+                raise BenchError("the request stream never got a subscriber")
+            time.sleep(0.002)
+        return call
+
+    requester = bus.add_requester(CHANNEL, 3)
+    listener = bus.add_subscription(CHANNEL, 3)
+    replies = bus.add_exclusive_publication(CHANNEL, requester.response_stream_id)
+    while not replies.is_connected:
+        if time.monotonic_ns() > deadline:
+            raise BenchError("the response stream never got its subscriber")
+        time.sleep(0.002)
+    probe = in_flight(requester)
+    replies.publish(reply(probe.correlation_id), small)
+    probe.result(timeout=10)
+    next_id = probe.correlation_id + 1
+    await_image(listener, deadline)
+    for _ in listener.messages(timeout=0):  # the probe's request
+        pass
+    for _ in range(rounds):
+        for correlation_id in range(next_id, next_id + count):
+            replies.publish(reply(correlation_id), small)
+        next_id += count
+        request = requester.request
+        t0 = time.perf_counter_ns()
+        for _ in range(count):
+            request(small)
+        record("request() 32 B, reply there (requester alone)",
+               (time.perf_counter_ns() - t0) / count)
+        drained = listener.messages(timeout=0)
+        for _ in range(count):
+            next(drained)
+    client = bus.add_requester(CHANNEL, 4)
+    responder = bus.add_responder(CHANNEL, 4, lambda request: request)
+    first = in_flight(client)  # its reply makes the responder's reply publication
+    while not responder.poll():
+        if time.monotonic_ns() > deadline:
+            raise BenchError("the responder never answered")
+    first.result(timeout=10)
+    for _ in range(rounds):
+        t0 = time.perf_counter_ns()
+        calls = [client.submit(small) for _ in range(count)]
+        t1 = time.perf_counter_ns()
+        served = responder.served + count
+        while responder.served < served:
+            responder.poll(256)
+        t2 = time.perf_counter_ns()
+        for call in calls:
+            call.result()
+        t3 = time.perf_counter_ns()
+        record("submit() 32 B", (t1 - t0) / count)
+        record("responder poll() 32 B per request (echo)", (t2 - t1) / count)
+        record("Call.result() 32 B, reply there", (t3 - t2) / count)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -269,13 +269,21 @@ int ring_arm(FutexRing *self, SubscriptionCore *sub)
         return -1;
     }
     ring_disarm(self);
+    if (sub->watch_word != NULL && LOAD_ACQUIRE(sub->watch_word) != sub->watch_value)
+        return 0;  /* moved already: the caller looks */
     int n = 0, ready = 0;
     if (sub->wake != NULL) /* the subscription's own word: rung, always woken, never counted */
         self->waitv[n++] = (struct wait_entry){.val = (uint32_t)LOAD_ACQUIRE(sub->wake),
                                                .uaddr = (uintptr_t)sub->wake,
                                                .flags = WAIT_ENTRY_U32};
+    if (sub->watch_word != NULL) { /* a requester's is-connected word: rung, always woken */
+        self->waitv[n++] = (struct wait_entry){.val = (uint32_t)sub->watch_value,
+                                               .uaddr = (uintptr_t)sub->watch_word,
+                                               .flags = WAIT_ENTRY_U32};
+    }
     PyObject *images = sub->images;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images) && self->count < WATCH_MAX; i++) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images) && self->count < WATCH_MAX &&
+                           n < WATCH_MAX + 1; i++) {
         ImageCore *image = (ImageCore *)PyTuple_GET_ITEM(images, i);
         if (image->closed || !image_owns_counter(image))
             continue; /* nothing more to read there */
@@ -288,7 +296,8 @@ int ring_arm(FutexRing *self, SubscriptionCore *sub)
         ring_release(self);
         return 0;
     }
-    self->held = PyTuple_Pack(2, images, sub->wake_buffer ? sub->wake_buffer : Py_None);
+    self->held = PyTuple_Pack(3, images, sub->wake_buffer ? sub->wake_buffer : Py_None,
+                              sub->watch_view ? sub->watch_view : Py_None);
     if (self->held == NULL) {
         ring_release(self);
         return -1;

@@ -4,7 +4,8 @@
  * records is shmbus/driver/group_claims.py.
  *
  * Runs in client processes, on the thread that polls, with the GIL held (handlers are Python
- * callables).
+ * callables). A responder (calls.c) claims one request at a time through group_next_message
+ * and group_message_done.
  *
  * The members of a group on one log share a claim position (the grp-pos counter: everything
  * before it has been claimed). Each member has a claim record (its grp-claim counter), and the
@@ -235,6 +236,72 @@ static int group_hold_claim(GroupMemberCore *self, long limit)
         return 1;
     int claimed = group_take_orphan(self);
     return claimed ? claimed : group_claim(self, limit);
+}
+
+/* The request/reply path (calls.c) claims and answers one message at a time without a
+ * Python call per fragment: group_next_message finds the next message of this member's claim
+ * (claiming one when it holds none) and group_message_done marks it done once answered, as
+ * group_deliver does when a handler returns.
+ *
+ * 1 with *payload and *length the message's payload (one unfragmented in-log frame), *next the
+ * position past it; 2 when the next message is fragmented or large (the caller delivers it
+ * with poll(handler, 1), which handles both); 0 when there is nothing to claim; -1 with an
+ * exception for a corrupt or lapped log. *handed_on: it heads a claim handed on from a member
+ * that left. */
+int group_next_message(PyObject *member, const uint8_t **payload, int32_t *length,
+                       int64_t *next, int *handed_on)
+{
+    GroupMemberCore *self = (GroupMemberCore *)member;
+    ImageCore *image = &self->image;
+    if (image->closed)
+        return 0;
+    int held = group_hold_claim(self, 1);
+    if (held <= 0)
+        return held;
+    const LogGeometry *g = &image->g;
+    int64_t position = LOAD_ACQUIRE(self->start);
+    int64_t end = LOAD_ACQUIRE(self->end);
+    while (position < end) {
+        int32_t offset = (int32_t)(position & (g->term_length - 1));
+        uint8_t *frame = term_at(g, (int)((position >> g->position_bits) % PARTITION_COUNT)) +
+                         offset;
+        int32_t frame_length = LOAD_ACQUIRE((int32_t *)frame);
+        if (!frame_ok(image, frame, offset, frame_length, position)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "a claimed message was overwritten: the "
+                                "writer lapped this member (it was dropped as dead)");
+            return -1;
+        }
+        if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD) {  /* padding joins the claim */
+            position += ALIGN(frame_length, FRAME_ALIGNMENT);
+            STORE_RELEASE(self->start, position >= end ? (int64_t)GROUP_IDLE : position);
+            if (position >= end) {
+                group_go_idle(self);
+                return 0;
+            }
+            continue;
+        }
+        uint8_t flags = frame[FLAGS_OFFSET];
+        *handed_on = self->handed_on;
+        if ((flags & (BEGIN_FLAG | END_FLAG)) != (BEGIN_FLAG | END_FLAG) || (flags & LARGE_FLAG))
+            return 2;
+        *payload = frame + HEADER_LENGTH;
+        *length = frame_length - HEADER_LENGTH;
+        *next = position + ALIGN(frame_length, FRAME_ALIGNMENT);
+        return 1;
+    }
+    return 0;
+}
+
+/* Marks the message group_next_message returned done: the claim's start moves to `next`. */
+void group_message_done(PyObject *member, int64_t next)
+{
+    GroupMemberCore *self = (GroupMemberCore *)member;
+    self->handed_on = 0;
+    int64_t end = LOAD_ACQUIRE(self->end);
+    STORE_RELEASE(self->start, next >= end ? (int64_t)GROUP_IDLE : next);
+    if (next >= end && !self->image.closed)
+        group_go_idle(self);
 }
 
 /* take() -> bytes | None: the next whole message of this member's claim, copied out and done

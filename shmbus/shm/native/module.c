@@ -116,6 +116,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddFunctions(m, heartbeat_functions) < 0 ||
         PyModule_AddFunctions(m, wakeup_functions) < 0 ||
         PyModule_AddFunctions(m, flow_control_functions) < 0 ||
+        PyModule_AddFunctions(m, call_functions) < 0 ||
         add_new(m, "LAYOUT", layout_dict()) < 0 ||
         add_new(m, "_C_API", PyCapsule_New((void *)&capi, SHMBUS_CAPI_NAME, NULL)) < 0) {
         Py_DECREF(m);

@@ -390,6 +390,38 @@ done:
     return result;
 }
 
+/* offer(head, body) for the request/reply path (calls.c), with `head` raw bytes: the
+ * new position or a negative code; INT64_MIN with an exception set for a bad body or
+ * publication. A message past max_message takes the large path, as offer() does. */
+int64_t offer_headed(PyObject *publication, const uint8_t *head, Py_ssize_t head_length,
+                     PyObject *body)
+{
+    if (!PyObject_TypeCheck(publication, &PublicationCoreType)) {
+        PyErr_Format(PyExc_TypeError, "a call is offered on a Publication, not %.100s",
+                     Py_TYPE(publication)->tp_name);
+        return INT64_MIN;
+    }
+    PublicationCore *self = (PublicationCore *)publication;
+    Py_buffer view;
+    if (get_message_buffer(body, &view) < 0)
+        return INT64_MIN;
+    int64_t result;
+    if (head_length + view.len <= self->max_message) {
+        Piece pieces[2] = {{head, head_length}, {(const uint8_t *)view.buf, view.len}};
+        result = append_pieces(self, pieces, head_length + view.len, 0);
+    } else {
+        PyObject *args[2] = {PyBytes_FromStringAndSize((const char *)head, head_length), body};
+        PyObject *r = args[0] == NULL ? NULL : offer_large(self, args, 2, 0, NULL);
+        Py_XDECREF(args[0]);
+        result = r == NULL ? INT64_MIN : PyLong_AsLongLong(r);
+        Py_XDECREF(r);
+        if (result == -1 && PyErr_Occurred())
+            result = INT64_MIN;
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* offer(*buffers, reserved_value=0) -> int */
 static PyObject *pub_offer(PublicationCore *self, PyObject *const *args, Py_ssize_t nargs,
                            PyObject *kwnames)

@@ -222,11 +222,14 @@ static PyObject *sub_wait(SubscriptionCore *self, PyObject *const *args, Py_ssiz
         }
         double remaining = timeout >= 0 ? deadline - monotonic_s() : -1;
         if (!ready && (timeout < 0 || remaining > 0))
-            ready = wait_images(images, self->wake, seen,
-                                timeout < 0 ? -1 : timeout_to_ns(remaining), self->wait_spin_ns);
+            ready = wait_images_watching(images, self->wake, seen, self,
+                                         timeout < 0 ? -1 : timeout_to_ns(remaining),
+                                         self->wait_spin_ns);
         Py_DECREF(images);
         if (ready < 0)
             return NULL;
+        if (ready == 2)  /* the watched word moved: the caller looks why */
+            Py_RETURN_FALSE;
         if (ready || (timeout >= 0 && monotonic_s() >= deadline))
             return PyBool_FromLong(ready);
     }
@@ -243,7 +246,7 @@ static void sub_flush_positions(SubscriptionCore *self)
 /* The next whole message from the images, round-robin from one further along each call;
  * NULL with no exception when there is none (then the held-back positions are published),
  * NULL with an exception when the client failed or a log is corrupt. */
-static PyObject *sub_take(SubscriptionCore *self)
+PyObject *sub_take(SubscriptionCore *self)
 {
     if (sub_check_usable(self) < 0)
         return NULL;
@@ -445,11 +448,53 @@ static int sub_traverse(SubscriptionCore *self, visitproc visit, void *arg)
     Py_VISIT(self->error);
     Py_VISIT(self->lease_buffer);
     Py_VISIT(self->on_lease_lost);
+    Py_VISIT(self->watch_view);
     return 0;
+}
+
+static void sub_drop_watch(SubscriptionCore *self)
+{
+    if (self->watch_view != NULL) {
+        self->watch_word = NULL;
+        PyBuffer_Release(&self->watch_buffer);
+        Py_CLEAR(self->watch_view);
+    }
+}
+
+/* _watch_word(view, offset, value) or _watch_word(None): wait() and await_reply also end once
+ * the int32 at `offset` of `view` (a buffer whose export keeps its memory mapped) no longer
+ * holds `value`; its writer must wake its sleepers (wake_sleepers). None drops it: do so
+ * before the memory goes. */
+static PyObject *sub_watch_word(SubscriptionCore *self, PyObject *args)
+{
+    PyObject *view;
+    Py_ssize_t offset = 0;
+    int value = 0;
+    if (!PyArg_ParseTuple(args, "O|ni", &view, &offset, &value))
+        return NULL;
+    sub_drop_watch(self);
+    if (view == Py_None)
+        Py_RETURN_NONE;
+    Py_buffer buffer;
+    if (PyObject_GetBuffer(view, &buffer, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (offset < 0 || offset % 4 != 0 || offset + 4 > buffer.len ||
+        ((uintptr_t)buffer.buf + (uintptr_t)offset) % 4 != 0) {
+        PyBuffer_Release(&buffer);
+        PyErr_Format(PyExc_ValueError, "a watched word is an aligned int32 inside the buffer: "
+                     "offset %zd does not fit its %zd bytes", offset, buffer.len);
+        return NULL;
+    }
+    self->watch_buffer = buffer;
+    self->watch_view = Py_NewRef(view);
+    self->watch_value = (int32_t)value;
+    self->watch_word = (int32_t *)((uint8_t *)buffer.buf + offset);
+    Py_RETURN_NONE;
 }
 
 static int sub_clear(SubscriptionCore *self)
 {
+    sub_drop_watch(self);
     Py_CLEAR(self->images);
     Py_CLEAR(self->wake_buffer);
     Py_CLEAR(self->error);
@@ -507,6 +552,11 @@ static PyObject *sub_arm_watcher(SubscriptionCore *self, PyObject *arg)
     /* the word first: an image change after this read ends the sleep */
     if (self->wake != NULL)
         watches[count++] = (Watch){.wake = self->wake, .threshold = LOAD_ACQUIRE(self->wake)};
+    if (self->watch_word != NULL) {
+        if (LOAD_ACQUIRE(self->watch_word) != self->watch_value)
+            Py_RETURN_FALSE;
+        watches[count++] = (Watch){.wake = self->watch_word, .threshold = self->watch_value};
+    }
     PyObject *images = self->images;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images) && count < WATCH_MAX; i++) {
         ImageCore *image = (ImageCore *)PyTuple_GET_ITEM(images, i);
@@ -522,7 +572,8 @@ static PyObject *sub_arm_watcher(SubscriptionCore *self, PyObject *arg)
             .wake = meta_i32(&image->g, META_DATA_WAKE),
             .waiters = meta_i32(&image->g, META_DATA_WAITERS)};
     }
-    PyObject *held = PyTuple_Pack(2, images, self->wake_buffer ? self->wake_buffer : Py_None);
+    PyObject *held = PyTuple_Pack(3, images, self->wake_buffer ? self->wake_buffer : Py_None,
+                                  self->watch_view ? self->watch_view : Py_None);
     if (held == NULL)
         return NULL;
     watcher_set(watcher, watches, count, held);
@@ -556,6 +607,7 @@ static PyMethodDef sub_methods[] = {
     {"_check_client", (PyCFunction)sub_check_client, METH_NOARGS, NULL},
     {"_drop_lease", (PyCFunction)sub_drop_lease, METH_NOARGS, NULL},
     {"_wake", (PyCFunction)sub_wake, METH_NOARGS, NULL},
+    {"_watch_word", (PyCFunction)sub_watch_word, METH_VARARGS, NULL},
     {"_arm_watcher", (PyCFunction)sub_arm_watcher, METH_O,
      "_arm_watcher(watcher) -> bool\n\nArm a FutexRing or LogWatcher to make its fd readable "
      "once an image has a fragment to read, or the images change, or the client fails. False "

@@ -31,6 +31,7 @@ INTERNAL extern PyMethodDef atomic_buffer_functions[];
 INTERNAL extern PyMethodDef wakeup_functions[];
 INTERNAL extern PyMethodDef flow_control_functions[];
 INTERNAL extern PyMethodDef heartbeat_functions[];
+INTERNAL extern PyMethodDef call_functions[];
 
 /* ---- atomic_buffer.c ------------------------------------------------------------------- */
 
@@ -57,12 +58,23 @@ INTERNAL int64_t timeout_to_ns(double timeout_s);
 INTERNAL int word_at(PyObject *buffer, Py_ssize_t offset, int32_t **word);
 INTERNAL int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected,
                          int64_t timeout_ns, int64_t spin_ns);
+typedef struct SubscriptionCore SubscriptionCore;
+INTERNAL int wait_images_watching(PyObject *images, int32_t *wake, int32_t wake_expected,
+                                  SubscriptionCore *watching, int64_t timeout_ns,
+                                  int64_t spin_ns);
 
 /* ---- flow_control.c -------------------------------------------------------------------- */
 
 INTERNAL int fc_raise(const LogGeometry *g, const uint8_t *values, Py_ssize_t values_len,
                       int64_t *limit, int64_t producer);
 
+/* ---- publication.c ------------------------------------------------------------------------ */
+INTERNAL int64_t offer_headed(PyObject *publication, const uint8_t *head,
+                              Py_ssize_t head_length, PyObject *body);
+/* ---- group_member.c ----------------------------------------------------------------------- */
+INTERNAL int group_next_message(PyObject *member, const uint8_t **payload, int32_t *length,
+                                int64_t *next, int *handed_on);
+INTERNAL void group_message_done(PyObject *member, int64_t next);
 /* ---- image.c ------------------------------------------------------------------------------ */
 
 typedef struct {
@@ -156,7 +168,7 @@ INTERNAL int image_module_init(void);
  * every poll checks the lease before reading and after, and calls on_lease_lost (which fails
  * the client and raises ClientTimeoutError) once it is gone.
  */
-typedef struct {
+struct SubscriptionCore {
     PyObject_HEAD
     PyObject *images;         /* tuple of ImageCore */
     PyObject *wake_buffer;    /* AtomicBuffer holding the wake word, or NULL */
@@ -169,8 +181,16 @@ typedef struct {
     PyObject *on_lease_lost;  /* callable, or NULL */
     char closed;              /* `_closed`: set by Subscription.close */
     int64_t wait_spin_ns;     /* `_wait_spin_ns`: how long a wait looks before it sleeps */
-} SubscriptionCore;
+    /* `_watch_word`: a word whose change from watch_value also ends wait() and await_reply
+     * (a requester's: its publication's is-connected word); watch_view keeps its mapping */
+    PyObject *watch_view;
+    Py_buffer watch_buffer;
+    int32_t *watch_word;
+    int32_t watch_value;
+};
 
+/* The next whole message from the images; NULL with no exception when there is none. */
+INTERNAL PyObject *sub_take(SubscriptionCore *self);
 /* ---- log_watcher.c ------------------------------------------------------------------------- */
 
 typedef struct {

@@ -3,8 +3,10 @@
  * at wake_word in shmbus_native.h; docs/protocol.md, Wake-ups): wait_words, the one place a
  * thread sleeps on words; wait_images, a subscriber's sleep until one of its images has a frame; and the module
  * functions signal_word/wait_word (the driver's and clients' doorbells, shmbus/shm/doorbell.py),
- * wait_for_data, and wake_log_readers/wake_log_writers (the driver's group reassignments and the
- * netbridge, for logs written or read without a PublicationCore or ImageCore).
+ * wait_for_data, wake_log_readers/wake_log_writers (the driver's group reassignments and the
+ * netbridge, for logs written or read without a PublicationCore or ImageCore), and
+ * wake_sleepers (the driver, after it cleared a log's is-connected word: requesters sleep on
+ * it, see wait_images_watching).
  *
  * Called from Python with the GIL held, in the client, the driver and the netbridge; every
  * sleep releases the GIL. wait_words is also called by the LogWatcher thread (no GIL).
@@ -80,6 +82,20 @@ static PyObject *native_signal_word(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* wake_sleepers(buffer, offset): wake everyone asleep on the word, without changing it (a word
+ * whose value is a state, such as a log's is-connected flag, that its writer just changed). */
+static PyObject *native_wake_sleepers(PyObject *m, PyObject *args)
+{
+    PyObject *buffer;
+    Py_ssize_t offset;
+    int32_t *word;
+    if (!PyArg_ParseTuple(args, "On", &buffer, &offset) || word_at(buffer, offset, &word) < 0)
+        return NULL;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    Py_RETURN_NONE;
+}
+
 /* wait_word(buffer, offset, expected, timeout_s): sleep, without the GIL, while the word holds
  * `expected` (read before the caller checked its condition), at most timeout_s seconds. */
 static PyObject *native_wait_word(PyObject *m, PyObject *args)
@@ -111,14 +127,24 @@ static PyObject *native_wait_word(PyObject *m, PyObject *args)
  * that keeps coming never puts its reader to sleep, so its writer pays no wake-up. 1 when an
  * image has a frame or closed; 0 after spin_ns, or at once when the wake word moved (the
  * images changed: the caller looks at the new ones). */
+/* Whether the watched word of `sub` (NULL: none) no longer holds its value. Read with the GIL
+ * held, from the subscription each time: _watch_word(None) drops it before its mapping goes. */
+static int watched_moved(SubscriptionCore *sub)
+{
+    return sub != NULL && sub->watch_word != NULL &&
+           LOAD_ACQUIRE(sub->watch_word) != sub->watch_value;
+}
+
 static int spin_for_images(PyObject *images, int32_t *wake, int32_t wake_expected,
-                           int64_t spin_ns)
+                           SubscriptionCore *watching, int64_t spin_ns)
 {
     int64_t until = monotonic_ns() + spin_ns;
     do {
         Py_BEGIN_ALLOW_THREADS
         sched_yield();
         Py_END_ALLOW_THREADS
+        if (watched_moved(watching))
+            return 2;
         if (wake != NULL && LOAD_ACQUIRE(wake) != wake_expected)
             return 0;
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images); i++) {
@@ -134,11 +160,24 @@ static int spin_for_images(PyObject *images, int32_t *wake, int32_t wake_expecte
 int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected, int64_t timeout_ns,
                 int64_t spin_ns)
 {
+    return wait_images_watching(images, wake, wake_expected, NULL, timeout_ns, spin_ns);
+}
+
+/* wait_images, also ended when the watched word of `watching` (SubscriptionCore.watch_word,
+ * when set) no longer holds its value: 2 then (at once if it differs already). The word's
+ * ringer always wakes, so no waiters count: a requester sleeps on its publication's
+ * is-connected word, which the driver clears and wakes when the last responder leaves. */
+int wait_images_watching(PyObject *images, int32_t *wake, int32_t wake_expected,
+                         SubscriptionCore *watching, int64_t timeout_ns, int64_t spin_ns)
+{
+    if (watched_moved(watching))
+        return 2;
     if (timeout_ns >= 0 && timeout_ns < spin_ns)
         spin_ns = timeout_ns;
     if (spin_ns > 0) {
-        if (spin_for_images(images, wake, wake_expected, spin_ns))
-            return 1;
+        int spun = spin_for_images(images, wake, wake_expected, watching, spin_ns);
+        if (spun)
+            return spun;
         if (timeout_ns > 0)
             timeout_ns -= spin_ns;  /* the spin took its part of the timeout */
     }
@@ -171,6 +210,12 @@ int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected, int64_t 
     }
     for (int i = 0; i < slept && !ready; i++)
         ready = image_ready(sleeping[i]);
+    if (ready == 0 && watching != NULL && watching->watch_word != NULL && count < 128) {
+        words[count] = watching->watch_word;
+        expected[count++] = watching->watch_value;
+        if (watched_moved(watching))
+            ready = 2;
+    }
     if (!ready && count > 0) {
         Py_BEGIN_ALLOW_THREADS
         wait_words(words, expected, count, timeout_ns);
@@ -193,6 +238,8 @@ int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected, int64_t 
         if (ready >= 0)
             ready = ready || image_ready(sleeping[i]);
     }
+    if (ready == 0 && watched_moved(watching))
+        ready = 2;
     return ready;
 }
 
@@ -257,6 +304,8 @@ static PyObject *native_wake_log_writers(PyObject *m, PyObject *arg)
 PyMethodDef wakeup_functions[] = {
     {"signal_word", native_signal_word, METH_VARARGS,
      "signal_word(buffer, offset): bump a wake-up word and wake its sleepers"},
+    {"wake_sleepers", native_wake_sleepers, METH_VARARGS,
+     "wake_sleepers(buffer, offset): wake a word's sleepers without changing it"},
     {"wait_word", native_wait_word, METH_VARARGS,
      "wait_word(buffer, offset, expected, timeout_s): sleep while the word holds expected"},
     {"wait_for_data", native_wait_for_data, METH_VARARGS,
