@@ -364,11 +364,19 @@ class BlockRing:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (signal 0 probes without sending)."""
+    """Whether a process with this pid exists and has not exited: signal 0 probes without
+    sending, and a zombie (killed, not yet reaped by its parent) counts as dead: it holds
+    nothing and will never finish what it began."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read()
+    except OSError:
+        return True  # no /proc: signal 0 is all there is
+    # the state follows the command name, which is in parentheses and may hold any byte
+    return fields[fields.rfind(b")") + 2:][:1] not in (b"Z", b"X")

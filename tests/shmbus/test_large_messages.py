@@ -303,3 +303,51 @@ def test_full_dev_shm_refuses_a_large_message_with_sizes_and_loses_nothing(bus_c
         driver.join(10)
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_writer_killed_mid_fill_publishes_nothing_torn_and_its_block_is_reclaimed(
+        bus_context, procs, shm_dir):
+    """Writer 1 publishes three messages, claims a block past the log's max (a LargeClaim),
+    writes half of its fourth message and is SIGKILLed before committing. Writer 2, on the
+    same publication (one log, one ring), is held back by the half-made block at the ring's
+    head until the driver sees its writer dead; then it goes on, and writer 1 restarted goes
+    on from its fourth message. Both readers get every committed message whole and in order,
+    and nothing else; every block is freed, and nothing is left in /dev/shm once the bus
+    closes. The killed writer is not reaped until the end: a zombie is dead too."""
+    context = bus_context.with_(max_large_message_length=1 << 20)
+    driver = start_driver(context)
+    try:
+        size = 700_000
+        first, rest, other = [size, 40, size], [size, 9_000, size, size], [size] * 8
+        expected = {1: len(first) + len(rest), 2: len(other)}
+        for mode in ("views", "messages"):
+            procs.start(lw.reader, context, 14, expected, mode, procs.queue, 1.0)
+        procs.wait("ready", 2)
+        dying_reports = procs.private()
+        dying = procs.start(lw.half_filled_writer, context, 14, 1, first, 900_000,
+                            dying_reports.queue)
+        filling = dying_reports.wait("filling")[0]
+        assert "exception" not in filling, filling["exception"]
+        assert ring_in_use(context) > 0
+        procs.start(lw.writer, context, 14, 2, other, 2, procs.queue)
+        time.sleep(1.5)  # the half-made block at the ring's head holds writer 2 back
+        assert procs.poll("sent") is None, "writer 2 got past a live writer's unfinished block"
+        os.kill(dying.pid, signal.SIGKILL)
+        procs.start(lw.writer, context, 14, 1, rest, 2, procs.queue, len(first))
+        for report in procs.wait("sent", 2, timeout=60):
+            assert "exception" not in report, report["exception"]
+        for report in procs.wait("read", 2, timeout=60):
+            assert "exception" not in report, report["exception"]
+            assert report["count"] == sum(expected.values()), report
+            assert report["next"] == expected, report
+        wait_until(lambda: ring_in_use(context) == 0, 10, "every block freed")
+        dying.join(5)
+        logs = Path(context.dir) / "logs"
+        wait_until(lambda: not any(logs.iterdir()), 20,
+                   "the log and its block ring deleted once its clients are gone")
+    finally:
+        stop_driver(driver)
+    # (driver.lock, a pid, stays by design: removing a flocked file would race the next driver)
+    left = [p for p in shm_dir.rglob("*") if p.is_file() and p.name != "driver.lock"]
+    assert not left, f"left in /dev/shm after the bus closed: {left}"
+    assert (Path(context.dir) / "driver.lock").stat().st_size < 16  # (the last pid)
