@@ -120,7 +120,9 @@ class Publication(PublicationCore):
     ``offer(*buffers, reserved_value=0)`` appends one message (several buffers are gathered into
     one message) and returns the new position or a negative code; ``offer_many(messages)``
     appends a batch with one reservation (see its docstring). Messages longer than
-    ``max_payload_length`` are fragmented; longer than ``max_message_length`` raise ValueError.
+    ``max_payload_length`` are fragmented; longer than ``max_message_length`` they go on the
+    large-message path (IPC: a shared-memory block the log refers to; in ``offer_many`` such a
+    message goes alone, in order) or, on a UDP channel, raise ValueError naming the setting.
     """
 
     _exclusive = False
@@ -315,18 +317,22 @@ class Publication(PublicationCore):
 
     def publish_many(self, messages: Sequence[Buffer] | np.ndarray[Any, Any],
                      timeout: float = DEFAULT_PUBLISH_TIMEOUT) -> int:
-        """``offer_many`` until every message is appended; returns the count.
+        """``offer_many`` until every message is appended, in order; returns the count.
 
-        Raises :class:`PublicationError` after ``timeout`` seconds without progress.
+        Messages past ``max_message_length`` may be mixed in: each goes alone on the
+        large-message path. Raises :class:`PublicationError` after ``timeout`` seconds without
+        progress, ValueError naming the message (and how many before it were appended) for one
+        the channel cannot take (past ``Context.max_large_message_length``; past the max
+        message length of a UDP channel).
         """
         total = len(messages)
-        first = self.offer_many(messages) if total else 0
+        first = self._offer_many_at(messages, 0, total) if total else 0
         if first == total:  # accepted at once: one native call
             return total
         done = max(first, 0)
         deadline = time.monotonic() + timeout
         while done < total:
-            result = self.offer_many(messages[done:] if done else messages)
+            result = self._offer_many_at(messages, done, total)
             if result > 0:
                 done += result
                 deadline = time.monotonic() + timeout
@@ -339,6 +345,15 @@ class Publication(PublicationCore):
             if sleep_s:
                 self._await_progress(sleep_s)
         return total
+
+    def _offer_many_at(self, messages: Sequence[Buffer] | np.ndarray[Any, Any], done: int,
+                       total: int) -> int:
+        try:
+            return self.offer_many(messages[done:] if done else messages)
+        except ValueError as e:
+            raise ValueError(f"publish_many: message {done} of {total} "
+                             f"({memoryview(messages[done]).nbytes} bytes; the {done} before it "
+                             f"were appended): {e}") from e
 
     def add_destination(self, destination: str) -> None:
         """Send to ``destination`` (``aeron:udp?endpoint=host:port``) too: for publications on

@@ -187,3 +187,23 @@ def array_writer(context: shmbus.Context, stream: int, count: int, results: Any)
                 pub.publish_array(array_for(i), timeout=30.0)
             results.put({"kind": "sent", "name": "array writer", "count": count})
     _guard(results, "sent", "array writer", body)
+
+
+def batch_writer(context: shmbus.Context, stream: int, writer_id: int, sizes: list[int],
+                 batch: int, rows: int, results: Any) -> None:
+    """Publish one message per size with publish_many, ``batch`` at a time (large and small
+    mixed in each batch), then ``rows`` more of the last size as one 2-D array (a row each)."""
+    def body() -> None:
+        with shmbus.connect(context) as bus:
+            pub = bus.add_publication("aeron:ipc", stream)
+            _connected(pub)
+            messages = [message(writer_id, seq, size) for seq, size in enumerate(sizes)]
+            for at in range(0, len(messages), batch):
+                assert pub.publish_many(messages[at:at + batch], timeout=30.0) == \
+                    len(messages[at:at + batch])
+            table = np.stack([np.frombuffer(message(writer_id, len(sizes) + row, sizes[-1]),
+                                            np.uint8) for row in range(rows)])
+            assert pub.publish_many(table, timeout=30.0) == rows
+            results.put({"kind": "sent", "name": f"writer {writer_id}",
+                         "count": len(sizes) + rows})
+    _guard(results, "sent", f"writer {writer_id}", body)
