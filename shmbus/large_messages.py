@@ -165,13 +165,15 @@ class LargeClaim:
     committed, 1 before.
     """
 
-    def __init__(self, publication: Publication, length: int, reserved_value: int) -> None:
+    def __init__(self, publication: Publication, length: int, reserved_value: int,
+                 deadline: float | None = None) -> None:
         self._publication = publication
         self._length = length
         self._reserved_value = reserved_value
         self.buffer: memoryview | None = None
         self._ring = publication._block_ring(length, claim=True)
-        self._start = reserve(publication, self._ring, length, None)
+        # (deadline, monotonic seconds: keep trying while back-pressured or not connected)
+        self._start = reserve(publication, self._ring, length, deadline)
         self.result = self._start if self._start < 0 else 1
         if self._start >= 0:
             self.buffer = self._ring.payload(self._start, length)

@@ -26,12 +26,14 @@ from shmbus.shm._native import AtomicBuffer, PublicationCore
 from shmbus.shm.block_ring import BlockRing, ring_path
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
+from shmbus.table_messages import publish_table, publish_table_async
 
 #: seconds publish(), publish_async() and publish_many() keep trying by default
 DEFAULT_PUBLISH_TIMEOUT = 1.0
 
 if TYPE_CHECKING:
     import numpy as np
+    import pyarrow as pa
 
     from shmbus.shm._native import Buffer  # a type of the stub only: any buffer-protocol object
 
@@ -315,6 +317,21 @@ class Publication(PublicationCore):
             parts = [b"".join(parts)]
         return await self.publish_async(*parts, timeout=timeout, reserved_value=reserved_value)
 
+    def publish_table(self, table: pa.Table | pa.RecordBatch,
+                      timeout: float = DEFAULT_PUBLISH_TIMEOUT, reserved_value: int = 0) -> int:
+        """Publish a pyarrow Table or RecordBatch as one message in Arrow's IPC stream format;
+        read it with ``Subscription.tables()``. Past the log's max message the stream is
+        written in place into a shared-memory block (one copy, into shared memory). Returns
+        the new position; raises as :meth:`publish` does, TypeError for another type,
+        ImportError naming pyarrow when it is not installed."""
+        return publish_table(self, table, timeout, reserved_value)
+
+    async def publish_table_async(self, table: pa.Table | pa.RecordBatch,
+                                  timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+                                  reserved_value: int = 0) -> int:
+        """:meth:`publish_table`, awaiting back-pressure without blocking the event loop."""
+        return await publish_table_async(self, table, timeout, reserved_value)
+
     def publish_many(self, messages: Sequence[Buffer] | np.ndarray[Any, Any],
                      timeout: float = DEFAULT_PUBLISH_TIMEOUT) -> int:
         """``offer_many`` until every message is appended, in order; returns the count.
@@ -351,8 +368,9 @@ class Publication(PublicationCore):
         try:
             return self.offer_many(messages[done:] if done else messages)
         except ValueError as e:
+            message: Any = messages[done]
             raise ValueError(f"publish_many: message {done} of {total} "
-                             f"({memoryview(messages[done]).nbytes} bytes; the {done} before it "
+                             f"({memoryview(message).nbytes} bytes; the {done} before it "
                              f"were appended): {e}") from e
 
     def add_destination(self, destination: str) -> None:
