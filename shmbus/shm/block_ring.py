@@ -52,6 +52,12 @@ MAGIC = 0x314B4C4253424D53  # "SMBSBLK1"
 # ring header fields (each on its own cache line)
 _MAGIC, _CAPACITY, _MAX_MESSAGE = 0, 8, 16
 _LOCK, _TAIL, _HEAD = 64, 128, 192
+#: ring bytes from 0 known allocated (at most WARM_BYTES, never given back): no fallocate there
+_WARM_ALLOCATED = 256
+
+#: madvise(2) advice: fault a range's page tables in at once for writing (Linux 5.14+; Python
+#: 3.11's mmap module has no name for it)
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 # block header fields
 _SPAN, _STATE, _RELEASE_POSITION, _LENGTH, _PID = 0, 8, 16, 24, 32
@@ -139,6 +145,8 @@ class BlockRing:
         self.max_message_length = self.capacity // 2 - BLOCK_HEADER
         self._ready = False
         self._next_look = 0.0
+        #: ring bytes from 0 this process has populated (see _populate)
+        self._populated_warm = 0
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], max_message_length: int) -> BlockRing:
@@ -228,9 +236,26 @@ class BlockRing:
                 self._allocate(at, PAGE)
                 self._write_header(tail, pad, FREE, 0, pid)
             b.put_int64_release(_TAIL, start + need)
-            return start
         finally:
             b.put_int64_release(_LOCK, 0)
+        self._populate(start, need)
+        return start
+
+    def _populate(self, ring_position: int, span: int) -> None:
+        """Map a reserved block's pages into this process in one call: the writer's copy then
+        runs at memory speed instead of taking a page fault per 4 KiB (on fresh pages that
+        halves a large message's cost). Only a hint: a kernel without it is left as it is.
+        The warm beginning stays mapped once populated (its pages are never given back), so
+        this process does it there once."""
+        at = ring_position % self.capacity
+        if at + span <= self._populated_warm:
+            return
+        try:
+            self._mmap.madvise(_MADV_POPULATE_WRITE, HEADER_PAGE + at, span)
+        except OSError:
+            return
+        if at <= self._populated_warm < WARM_BYTES:
+            self._populated_warm = min(at + span, WARM_BYTES)
 
     def _try_lock(self, pid: int) -> bool:
         b = self.buffer
@@ -245,7 +270,18 @@ class BlockRing:
         return False
 
     def _allocate(self, at: int, length: int) -> None:
-        self._allocate_at(HEADER_PAGE + at, length)
+        """Allocate ring bytes [at, at + length) (under the reserve lock). The warm beginning
+        is allocated once: what lies below its mark is skipped, and the mark grows while the
+        allocations stay contiguous from 0 (the driver never gives those pages back)."""
+        b = self.buffer
+        warm = b.get_int64_acquire(_WARM_ALLOCATED)
+        end = at + length
+        if end <= warm:
+            return
+        start = max(at, warm)
+        self._allocate_at(HEADER_PAGE + start, end - start)
+        if start == warm and warm < WARM_BYTES:
+            b.put_int64_release(_WARM_ALLOCATED, min(end, WARM_BYTES))
 
     def _allocate_at(self, offset: int, length: int) -> None:
         try:

@@ -12,7 +12,14 @@ array it gets (sequence at both ends) and, where the row says so, copies it out 
 * shared_memory by hand: a ``multiprocessing.shared_memory.SharedMemory`` per array, its name
   sent on a queue per reader, readers attach and view it, ack, the writer unlinks it;
 * zmq send_array: pyzmq's recipe (dtype and shape as JSON, then ``send(a, copy=False)``) on a
-  PUB socket over ipc://, a SUB socket per reader (``recv(copy=False)``, ``np.frombuffer``).
+  PUB socket over ipc://, a SUB socket per reader (``recv(copy=False)``, ``np.frombuffer``);
+* iceoryx2 loans (the ``iceoryx2`` package, ``.[bench]``; n/a without it): a publish-subscribe
+  service of byte slices (``Slice[c_uint8]``, ``initial_max_slice_len`` the array's bytes, back
+  pressure ``RetryUntilDelivered``, safe overflow off); the writer loans a slice and fills the
+  array in place (view) or copies it in (copy), sends, and rings an event service; each reader
+  waits on its listener, receives, views the sample's payload in place as a numpy array (or
+  copies it) and releases the sample. iceoryx2's Python API takes such dynamic payloads; its
+  memory is preallocated per publisher (slice length x samples in flight).
 
 Hand-over latency: from the writer's publish/put/send returning to the reader holding the
 array (CLOCK_MONOTONIC is one clock for every process on the host); median and max over the
@@ -48,7 +55,8 @@ from tools.bench.harness import BenchError, cpu_seconds, start_driver, stop_driv
 
 CTX = mp.get_context("spawn")
 STREAM = 4242
-METHODS = ("shmbus views", "shmbus copy", "mp.Queue", "shared_memory by hand", "zmq send_array")
+METHODS = ("shmbus views", "shmbus copy", "mp.Queue", "shared_memory by hand", "zmq send_array",
+           "iceoryx2 loans")
 
 
 def fill(array: np.ndarray, seq: int) -> None:
@@ -242,6 +250,104 @@ def zmq_reader(address: str, count: int, copy: bool, ready: Any, out: Any) -> No
     out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
 
 
+def _iceoryx(name: str, readers: int) -> tuple[Any, Any, Any, Any]:
+    """(module, node, publish-subscribe service, event service) named ``name``."""
+    try:
+        import ctypes
+
+        import iceoryx2 as iox2
+    except ImportError as e:
+        raise BenchError(f"iceoryx2 not installed: {e}") from None
+    iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
+    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    service = (node.service_builder(iox2.ServiceName.new(name))
+               .publish_subscribe(iox2.Slice[ctypes.c_uint8])
+               .enable_safe_overflow(False).history_size(0).max_publishers(1)
+               .max_subscribers(readers).subscriber_max_buffer_size(2)
+               .subscriber_max_borrowed_samples(1).open_or_create())
+    events = (node.service_builder(iox2.ServiceName.new(name + "-ready")).event()
+              .max_listeners(readers).open_or_create())
+    return iox2, node, service, events
+
+
+def _iceoryx_array(address: int, n: int) -> np.ndarray:
+    import ctypes
+
+    return np.ctypeslib.as_array((ctypes.c_double * n).from_address(address))
+
+
+def iceoryx_writer(name: str, n: int, count: int, readers: int, zero_copy: bool, go: Any,
+                   out: Any) -> None:
+    iox2, node, service, events = _iceoryx(name, readers)
+    publisher = (service.publisher_builder().initial_max_slice_len(n * 8)
+                 .backpressure_strategy(iox2.BackpressureStrategy.RetryUntilDelivered)
+                 .max_loaned_samples(1).create())
+    notifier = events.notifier_builder().create()
+    deadline = time.monotonic() + 30
+    while service.dynamic_config.number_of_subscribers < readers:
+        if time.monotonic() > deadline:
+            raise BenchError("iceoryx2: the readers did not subscribe within 30 s")
+        time.sleep(0.001)
+    source = np.zeros(n)
+    go.wait()
+    cpu0 = time.process_time()
+    returned = []
+    for seq in range(count):
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                sample = publisher.loan_slice_uninit(n * 8)
+                break
+            except iox2.LoanError:  # every sample still held by readers: back-pressure
+                if time.monotonic() > deadline:
+                    raise BenchError("iceoryx2: no sample to loan within 30 s") from None
+                time.sleep(0.0001)
+        target = _iceoryx_array(sample.payload_ptr, n)
+        if zero_copy:
+            fill(target, seq)
+        else:
+            fill(source, seq)
+            target[:] = source
+        del target
+        sample.assume_init().send()
+        notifier.notify()
+        returned.append(time.monotonic_ns())
+    out.put({"role": "writer", "returned": returned, "cpu": time.process_time() - cpu0})
+    time.sleep(1.0)
+    notifier.delete()
+    publisher.delete()
+
+
+def iceoryx_reader(name: str, count: int, readers: int, copy: bool, ready: Any,
+                   out: Any) -> None:
+    iox2, node, service, events = _iceoryx(name, readers)
+    subscriber = service.subscriber_builder().create()
+    listener = events.listener_builder().create()
+    ready.put(1)
+    cpu0 = time.process_time()
+    received = []
+    seq = 0
+    deadline = time.monotonic() + 120
+    while seq < count:
+        sample = subscriber.receive()
+        if sample is None:
+            if time.monotonic() > deadline:
+                raise BenchError(f"iceoryx2: {seq} of {count} arrays within 120 s")
+            listener.timed_wait(iox2.Duration.from_millis(50))
+            continue
+        array = _iceoryx_array(sample.payload_ptr, sample.header.number_of_elements // 8)
+        if copy:
+            array = array.copy()
+        received.append(time.monotonic_ns())
+        check(array, seq)
+        del array
+        sample.delete()
+        seq += 1
+    out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
+    listener.delete()
+    subscriber.delete()
+
+
 # -- one measurement ------------------------------------------------------------------------------
 
 class ShmSampler:
@@ -299,6 +405,12 @@ def measure(method: str, copy: bool, n: int, count: int, readers: int,
             start(shm_reader, q, acks, n, count, copy, ready, out)
         _ready(ready, readers)
         start(shm_writer, queues, acks, n, count, go, out)
+    elif method == "iceoryx2 loans":
+        name = f"shmbus-large-bench-{os.getpid()}-{time.monotonic_ns()}"
+        for _ in range(readers):
+            start(iceoryx_reader, name, count, readers, copy, ready, out)
+        _ready(ready, readers)
+        start(iceoryx_writer, name, n, count, readers, not copy, go, out)
     else:
         address = f"ipc://{tempfile.gettempdir()}/large-bench-{os.getpid()}"
         start(zmq_writer, address, n, count, go, out)
@@ -386,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
                     for method in args.methods:
                         for copy in ((False, True) if method in ("shmbus views",
                                                                  "shared_memory by hand",
-                                                                 "zmq send_array")
+                                                                 "zmq send_array",
+                                                                 "iceoryx2 loans")
                                      else (True,)):
                             if method == "shmbus views" and copy:
                                 continue  # "shmbus copy" is that row
