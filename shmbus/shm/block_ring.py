@@ -22,7 +22,10 @@ end of the ring is preceded by a free padding block up to the end.
   a COMMITTED block whose position every counted reader has reached, or a FREE one (padding,
   abandoned), is released: its pages go back to /dev/shm (MADV_REMOVE; but the first
   ``WARM_BYTES`` of the ring, where a writer starts again once it is free, keep theirs),
-  then the free head is release-stored. A FILLING block of a dead writer is committed at
+  then the free head is release-stored. Blocks of at most ``WARM_BYTES / 2`` stay in the warm
+  beginning (a writer waits for room there rather than take cold pages); the warm beginning is
+  allocated once (a mark in the header) and mapped once per process. A FILLING block of a
+  dead writer is committed at
   the producer position (its reference, if any, lies before it). Readers holding a block
   hold their position before its reference frame, so they hold the block.
 
@@ -222,11 +225,17 @@ class BlockRing:
             head = b.get_int64_acquire(_HEAD)
             at = tail % self.capacity
             # past the end, or past the warm beginning (WARM_BYTES, whose pages are kept) while
-            # the beginning is free again: start again there (no allocation, no page faults)
+            # the beginning is free again: start again there (no allocation, no page faults).
+            # A block of at most half the warm beginning always goes there, waiting for room
+            # (back-pressure) rather than going on into cold memory: such messages stay within
+            # WARM_BYTES of memory, and a writer ahead of its readers does not pay for fresh
+            # pages on every message
             warm_free = head == tail or (head % self.capacity >= need and head // self.capacity
                                          == tail // self.capacity)
+            warm_only = need <= WARM_BYTES // 2
             pad = self.capacity - at if at and (
-                at + need > self.capacity or (at + need > WARM_BYTES and warm_free)) else 0
+                at + need > self.capacity
+                or (at + need > WARM_BYTES and (warm_free or warm_only))) else 0
             if tail + pad + need - head > self.capacity:
                 raise BlockRingFullError
             start = tail + pad

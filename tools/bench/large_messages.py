@@ -2,7 +2,8 @@
 
 For each array size (1, 16, 64 and 256 MiB of float64 by default: ``--sizes``) and reader
 count (``--readers``), each way of moving the array sends ``--count`` arrays (default: about
-256 MiB per size, at least 4), each filled with its sequence number; every reader checks every
+256 MiB per size, at least 4) after ``WARMUP`` (2) unmeasured ones, each filled with its
+sequence number; every reader checks every
 array it gets (sequence at both ends) and, where the row says so, copies it out first:
 
 * shmbus views: ``pub.claim_array`` filled in place (no copy on the writer) and
@@ -23,10 +24,12 @@ array it gets (sequence at both ends) and, where the row says so, copies it out 
 
 Hand-over latency: from the writer's publish/put/send returning to the reader holding the
 array (CLOCK_MONOTONIC is one clock for every process on the host); median and max over the
-arrays and readers. GB/s: payload bytes delivered (10^9, summed over readers) over the time
-from the first send to the last array read. CPU: user+system seconds of every process (the
-shmbus driver included) per GB delivered. Peak /dev/shm: the most it held above the run's
-start (sampled every 2 ms). Also memcpy bandwidth in one process, measured in the same run.
+measured arrays and readers, and apart the first array's (cold memory). GB/s: payload bytes
+delivered (10^9, summed over readers) over the time from the last warm-up send's return to the
+last array read. CPU: user+system seconds of every process (the shmbus driver included) per
+GB delivered, warm-up included. Peak /dev/shm: the most it held above the run's start
+(sampled every 2 ms). Also memcpy bandwidth in one process (warm buffers, best of 5),
+measured in the same run.
 
 Run from the repository root: ``python -m tools.bench.large_messages [--quick]``.
 """
@@ -55,6 +58,9 @@ from tools.bench.harness import BenchError, cpu_seconds, start_driver, stop_driv
 
 CTX = mp.get_context("spawn")
 STREAM = 4242
+#: arrays sent before the measured ones (a new stream's first memory is cold for every method:
+#: fresh pages to allocate and map); the first one's hand-over is reported apart
+WARMUP = 2
 METHODS = ("shmbus views", "shmbus copy", "mp.Queue", "shared_memory by hand", "zmq send_array",
            "iceoryx2 loans")
 
@@ -277,7 +283,7 @@ def _iceoryx_array(address: int, n: int) -> np.ndarray:
 
 
 def iceoryx_writer(name: str, n: int, count: int, readers: int, zero_copy: bool, go: Any,
-                   out: Any) -> None:
+                   finished: Any, out: Any) -> None:
     iox2, node, service, events = _iceoryx(name, readers)
     publisher = (service.publisher_builder().initial_max_slice_len(n * 8)
                  .backpressure_strategy(iox2.BackpressureStrategy.RetryUntilDelivered)
@@ -313,13 +319,27 @@ def iceoryx_writer(name: str, n: int, count: int, readers: int, zero_copy: bool,
         notifier.notify()
         returned.append(time.monotonic_ns())
     out.put({"role": "writer", "returned": returned, "cpu": time.process_time() - cpu0})
-    time.sleep(1.0)
+    deadline = time.monotonic() + 120  # (samples not yet received go with their publisher)
+    while finished.value < readers and time.monotonic() < deadline:
+        time.sleep(0.01)
     notifier.delete()
     publisher.delete()
 
 
 def iceoryx_reader(name: str, count: int, readers: int, copy: bool, ready: Any,
-                   out: Any) -> None:
+                   finished: Any, out: Any) -> None:
+    try:
+        _iceoryx_read(name, count, readers, copy, ready, out)
+    except BenchError as e:  # reported, so the row says why it is n/a
+        out.put({"role": "error", "error": str(e)})
+        raise
+    finally:
+        with finished.get_lock():
+            finished.value += 1
+
+
+def _iceoryx_read(name: str, count: int, readers: int, copy: bool, ready: Any,
+                  out: Any) -> None:
     iox2, node, service, events = _iceoryx(name, readers)
     subscriber = service.subscriber_builder().create()
     listener = events.listener_builder().create()
@@ -339,6 +359,9 @@ def iceoryx_reader(name: str, count: int, readers: int, copy: bool, ready: Any,
         if copy:
             array = array.copy()
         received.append(time.monotonic_ns())
+        if array[0] != seq:
+            raise BenchError(f"iceoryx2: array {int(array[0])} arrived where {seq} was due "
+                             f"(arrays lost with back-pressure RetryUntilDelivered)")
         check(array, seq)
         del array
         sample.delete()
@@ -377,6 +400,7 @@ class ShmSampler:
 
 def measure(method: str, copy: bool, n: int, count: int, readers: int,
             context: shmbus.Context, driver_pid: int) -> dict[str, Any]:
+    measured, count = count, count + WARMUP
     out, ready, go = CTX.Queue(), CTX.Queue(), CTX.Event()
     procs: list[Any] = []
 
@@ -407,10 +431,11 @@ def measure(method: str, copy: bool, n: int, count: int, readers: int,
         start(shm_writer, queues, acks, n, count, go, out)
     elif method == "iceoryx2 loans":
         name = f"shmbus-large-bench-{os.getpid()}-{time.monotonic_ns()}"
+        finished = CTX.Value("i", 0)
         for _ in range(readers):
-            start(iceoryx_reader, name, count, readers, copy, ready, out)
+            start(iceoryx_reader, name, count, readers, copy, ready, finished, out)
         _ready(ready, readers)
-        start(iceoryx_writer, name, n, count, readers, not copy, go, out)
+        start(iceoryx_writer, name, n, count, readers, not copy, go, finished, out)
     else:
         address = f"ipc://{tempfile.gettempdir()}/large-bench-{os.getpid()}"
         start(zmq_writer, address, n, count, go, out)
@@ -423,13 +448,25 @@ def measure(method: str, copy: bool, n: int, count: int, readers: int,
     go.set()
     results = []
     deadline = time.monotonic() + 600
-    while len(results) < readers + 1:
-        try:
-            results.append(out.get(timeout=0.5))
-        except queue_module.Empty:
-            if time.monotonic() > deadline or any(p.exitcode for p in procs):
-                raise BenchError(f"{method}: results missing; exit codes "
-                                 f"{[p.exitcode for p in procs]}") from None
+    try:
+        while len(results) < readers + 1:
+            try:
+                result = out.get(timeout=0.5)
+            except queue_module.Empty:
+                if time.monotonic() > deadline or any(p.exitcode for p in procs):
+                    raise BenchError(f"{method}: results missing; exit codes "
+                                     f"{[p.exitcode for p in procs]}") from None
+                continue
+            if result["role"] == "error":
+                raise BenchError(result["error"])
+            results.append(result)
+    except BenchError:
+        sampler.stop()
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+        raise
     peak = sampler.stop()
     extra_used = sum((cpu_seconds(pid) or 0.0) - before for pid, before in extra_cpu.items())
     for p in procs:
@@ -438,15 +475,18 @@ def measure(method: str, copy: bool, n: int, count: int, readers: int,
             p.kill()
     writer = next(r for r in results if r["role"] == "writer")
     reads = [r for r in results if r["role"] == "reader"]
+    returned = writer["returned"]
     latencies = [(rcv - ret) / 1e3 for r in reads
-                 for rcv, ret in zip(r["received"], writer["returned"], strict=True)]
-    start_ns = writer["returned"][0] - 1  # the first send's return stands in for its start
+                 for rcv, ret in zip(r["received"][WARMUP:], returned[WARMUP:], strict=True)]
+    first_ms = max((r["received"][0] - returned[0]) / 1e6 for r in reads)
+    start_ns = returned[WARMUP - 1]  # the last warm-up send's return
     end_ns = max(r["received"][-1] for r in reads)
-    gb = n * 8 * count * readers / 1e9
+    gb = n * 8 * measured * readers / 1e9
     cpu = writer["cpu"] + sum(r["cpu"] for r in reads) + extra_used
     return {"method": method, "copy": copy, "mib": n * 8 / 2**20, "readers": readers,
-            "count": count, "p50_us": statistics.median(latencies), "max_us": max(latencies),
-            "gb_s": gb / ((end_ns - start_ns) / 1e9), "cpu_s_per_gb": cpu / gb,
+            "count": measured, "p50_us": statistics.median(latencies), "max_us": max(latencies),
+            "first_ms": first_ms, "gb_s": gb / ((end_ns - start_ns) / 1e9),
+            "cpu_s_per_gb": cpu / (gb * count / measured),
             "peak_shm_mib": peak / 2**20}
 
 
@@ -519,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"  {readers} reader(s) {method:<22} "
                                   f"{'copy' if copy else 'view':<5} p50 "
                                   f"{row['p50_us']:>9.0f} us  max {row['max_us']:>9.0f} us  "
+                                  f"first {row['first_ms']:>6.1f} ms  "
                                   f"{row['gb_s']:>6.2f} GB/s ({row['gb_s'] / memcpy:.2f}x "
                                   f"memcpy)  {row['cpu_s_per_gb']:.2f} cpu-s/GB  peak "
                                   f"/dev/shm {row['peak_shm_mib']:.0f} MiB", flush=True)
