@@ -290,13 +290,15 @@ class Publication(PublicationCore):
         return await self.publish_async(header, data, timeout=timeout,
                                         reserved_value=reserved_value)
 
-    def claim_array(self, shape: int | tuple[int, ...], dtype: Any,
-                    order: str = "C") -> ArrayClaim:
+    def claim_array(self, shape: int | tuple[int, ...], dtype: Any, order: str = "C",
+                    timeout: float | None = None) -> ArrayClaim:
         """Claim room for an array to fill in place (no copy on publish): ``with
-        pub.claim_array((1080, 1920, 3), np.uint8) as claim: render(claim.array)`` publishes it
-        on exit (``Subscription.arrays()`` reads it). Falsy, with ``result`` the code, when the
-        claim failed (see :meth:`try_claim`); entering a failed claim raises."""
-        return ArrayClaim(self, shape, dtype, order)
+        pub.claim_array((1080, 1920, 3), np.uint8, timeout=1.0) as claim:
+        render(claim.array)`` publishes it on exit (``Subscription.arrays()`` reads it).
+        ``timeout``: seconds to keep trying while back-pressured or not connected (None: one
+        try, as :meth:`try_claim`). Falsy, with ``result`` the code, when the claim failed;
+        entering a failed claim raises."""
+        return ArrayClaim(self, shape, dtype, order, timeout)
 
     def publish_object(self, obj: Any, timeout: float = DEFAULT_PUBLISH_TIMEOUT,
                        reserved_value: int = 0) -> int:
@@ -443,7 +445,7 @@ class ArrayClaim:
     not be used after either."""
 
     def __init__(self, publication: Publication, shape: int | tuple[int, ...], dtype: Any,
-                 order: str) -> None:
+                 order: str, timeout: float | None = None) -> None:
         import numpy as np
 
         dtype = np.dtype(dtype)
@@ -452,7 +454,7 @@ class ArrayClaim:
             raise ValueError(f"order must be 'C' or 'F', not {order!r}")
         header = array_header(shape, dtype, order == "F" and len(shape) > 1)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        self._claim = publication.try_claim(len(header) + nbytes)
+        self._claim = _claim_within(publication, len(header) + nbytes, timeout)
         self.result = self._claim.result
         self.array: np.ndarray[Any, Any] | None = None
         if self._claim:
@@ -487,6 +489,24 @@ class ArrayClaim:
             self.commit()
         else:
             self.abort()
+
+
+#: the refusals a claim with a timeout waits out
+_TRANSIENT = (codes.BACK_PRESSURED, codes.NOT_CONNECTED, codes.ADMIN_ACTION)
+
+
+def _claim_within(publication: Publication, length: int,
+                  timeout: float | None) -> BufferClaim | LargeClaim:
+    """try_claim, again every half millisecond while refused for a passing reason, until
+    ``timeout`` seconds have passed (None: once)."""
+    claim = publication.try_claim(length)
+    if timeout is None:
+        return claim
+    deadline = time.monotonic() + timeout
+    while (not claim and claim.result in _TRANSIENT and time.monotonic() < deadline):
+        time.sleep(0.0005)
+        claim = publication.try_claim(length)
+    return claim
 
 
 def _second_view(claim: BufferClaim | LargeClaim) -> memoryview:

@@ -92,14 +92,9 @@ def shmbus_writer(context: shmbus.Context, n: int, count: int, readers: int, zer
         returned = []
         for seq in range(count):
             if zero_copy:
-                deadline = time.monotonic() + 30
-                while True:
-                    claim = pub.claim_array((n,), np.float64)
-                    if claim:
-                        break
-                    if time.monotonic() > deadline:
-                        raise BenchError(f"claim refused: {claim.result}")
-                    time.sleep(0.0001)
+                claim = pub.claim_array((n,), np.float64, timeout=30)
+                if not claim:
+                    raise BenchError(f"claim refused: {claim.result}")
                 with claim:
                     assert claim.array is not None
                     fill(claim.array, seq)
