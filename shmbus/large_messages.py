@@ -261,7 +261,10 @@ class MessageView:
             image._held = False
             if not image.is_closed and image.position < self.position:
                 image.position = self.position
-                image._wake_driver()
+                # the driver frees the block on its next duty cycle; woken now only when a
+                # writer waits for room (a wake can cost a time slice on a busy machine)
+                if image._ring().writer_waiting():
+                    image._wake_driver()
 
     def __enter__(self) -> MessageView:
         return self

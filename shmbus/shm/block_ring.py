@@ -57,6 +57,9 @@ _MAGIC, _CAPACITY, _MAX_MESSAGE = 0, 8, 16
 _LOCK, _TAIL, _HEAD = 64, 128, 192
 #: ring bytes from 0 known allocated (at most WARM_BYTES, never given back): no fallocate there
 _WARM_ALLOCATED = 256
+#: 1 while a writer found no room (readers then wake the driver as they move); the driver
+#: clears it when it frees
+_WRITER_WAITING = 320
 
 #: madvise(2) advice: fault a range's page tables in at once for writing (Linux 5.14+; Python
 #: 3.11's mmap module has no name for it)
@@ -237,6 +240,7 @@ class BlockRing:
                 at + need > self.capacity
                 or (at + need > WARM_BYTES and (warm_free or warm_only))) else 0
             if tail + pad + need - head > self.capacity:
+                b.put_int64_release(_WRITER_WAITING, 1)
                 raise BlockRingFullError
             start = tail + pad
             self._allocate(start % self.capacity, need)
@@ -386,7 +390,12 @@ class BlockRing:
             self._give_back(first, self.capacity)
             self._give_back(0, first + freed - self.capacity)
         b.put_int64_release(_HEAD, head)
+        b.put_int64_release(_WRITER_WAITING, 0)
         return freed
+
+    def writer_waiting(self) -> bool:
+        """Whether a writer found the ring full since the driver last freed a block."""
+        return self._is_ready() and self.buffer.get_int64_acquire(_WRITER_WAITING) != 0
 
     def _give_back(self, start: int, end: int) -> None:
         """Return the pages of ring offsets [start, end) to /dev/shm, but for the first
