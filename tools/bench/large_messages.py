@@ -2,9 +2,9 @@
 
 For each array size (1, 16, 64 and 256 MiB of float64 by default: ``--sizes``) and reader
 count (``--readers``), each way of moving the array sends ``--count`` arrays (default: about
-256 MiB per size, at least 4) after ``WARMUP`` (2) unmeasured ones, each filled with its
-sequence number; every reader checks every
-array it gets (sequence at both ends) and, where the row says so, copies it out first:
+256 MiB per size, at least 4) after unmeasured warm-up ones (:func:`warmup`: 64 MiB's worth,
+at least 2), each filled with its sequence number; every reader checks every array it gets
+(sequence at both ends) and, where the row says so, copies it out first:
 
 * shmbus views: ``pub.claim_array`` filled in place (no copy on the writer) and
   ``sub.arrays()`` (read-only views of the shared memory, no copy on the readers);
@@ -58,9 +58,14 @@ from tools.bench.harness import BenchError, cpu_seconds, start_driver, stop_driv
 
 CTX = mp.get_context("spawn")
 STREAM = 4242
-#: arrays sent before the measured ones (a new stream's first memory is cold for every method:
-#: fresh pages to allocate and map); the first one's hand-over is reported apart
-WARMUP = 2
+
+
+def warmup(nbytes: int) -> int:
+    """Arrays sent before the measured ones: at least 2, and 64 MiB's worth. A new stream's
+    first memory is cold for every method (fresh pages to allocate and map: shmbus's block
+    ring beginning, iceoryx2's sample pool, shared_memory's and the readers' allocations);
+    the first array's hand-over is reported apart."""
+    return max(2, -(-(64 << 20) // nbytes))
 METHODS = ("shmbus views", "shmbus copy", "mp.Queue", "shared_memory by hand", "zmq send_array",
            "iceoryx2 loans")
 
@@ -395,7 +400,8 @@ class ShmSampler:
 
 def measure(method: str, copy: bool, n: int, count: int, readers: int,
             context: shmbus.Context, driver_pid: int) -> dict[str, Any]:
-    measured, count = count, count + WARMUP
+    warm = warmup(n * 8)
+    measured, count = count, count + warm
     out, ready, go = CTX.Queue(), CTX.Queue(), CTX.Event()
     procs: list[Any] = []
 
@@ -472,9 +478,9 @@ def measure(method: str, copy: bool, n: int, count: int, readers: int,
     reads = [r for r in results if r["role"] == "reader"]
     returned = writer["returned"]
     latencies = [(rcv - ret) / 1e3 for r in reads
-                 for rcv, ret in zip(r["received"][WARMUP:], returned[WARMUP:], strict=True)]
+                 for rcv, ret in zip(r["received"][warm:], returned[warm:], strict=True)]
     first_ms = max((r["received"][0] - returned[0]) / 1e6 for r in reads)
-    start_ns = returned[WARMUP - 1]  # the last warm-up send's return
+    start_ns = returned[warm - 1]  # the last warm-up send's return
     end_ns = max(r["received"][-1] for r in reads)
     gb = n * 8 * measured * readers / 1e9
     cpu = writer["cpu"] + sum(r["cpu"] for r in reads) + extra_used
