@@ -91,7 +91,9 @@ def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
     if publish:
         timeout = pub._default_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
-    start = reserve(pub, ring, length, deadline)
+    # (every byte is copied in next: its pages mapped in one call, not a fault per page; a
+    # LargeClaim is not, as its writer may fill only part of it)
+    start = reserve(pub, ring, length, deadline, populate=True)
     if start < 0:
         if publish:
             raise PublicationError(start, f"offer not accepted within {timeout} s: "
@@ -111,7 +113,8 @@ def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
     return result
 
 
-def reserve(pub: Publication, ring: BlockRing, length: int, deadline: float | None) -> int:
+def reserve(pub: Publication, ring: BlockRing, length: int, deadline: float | None,
+            populate: bool = False) -> int:
     """A block's ring position, or a negative code: NOT_CONNECTED with no subscriber (nothing
     is copied for nobody), BACK_PRESSURED while the ring is full (until ``deadline``, monotonic
     seconds; None: one try). OSError when /dev/shm cannot hold it."""
@@ -121,7 +124,7 @@ def reserve(pub: Publication, ring: BlockRing, length: int, deadline: float | No
             result = codes.NOT_CONNECTED
         else:
             try:
-                return ring.reserve(length, pid)
+                return ring.reserve(length, pid, populate)
             except BlockRingFullError:
                 result = codes.BACK_PRESSURED
                 pub._wake_driver()

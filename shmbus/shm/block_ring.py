@@ -206,8 +206,9 @@ class BlockRing:
 
     # -- writers --------------------------------------------------------------------------------
 
-    def reserve(self, length: int, pid: int) -> int:
-        """Reserve a block for ``length`` payload bytes; returns its ring position.
+    def reserve(self, length: int, pid: int, populate: bool = False) -> int:
+        """Reserve a block for ``length`` payload bytes; returns its ring position. With
+        ``populate`` (the caller writes every byte next) its pages are mapped at once.
 
         Raises :class:`BlockRingFullError` when it does not fit until readers move on, OSError
         (ENOSPC, with the sizes) when /dev/shm cannot hold it (nothing reserved then), and
@@ -251,7 +252,8 @@ class BlockRing:
             b.put_int64_release(_TAIL, start + need)
         finally:
             b.put_int64_release(_LOCK, 0)
-        self._populate(start, need)
+        if populate:
+            self._populate(start, need)
         return start
 
     def _populate(self, ring_position: int, span: int) -> None:
