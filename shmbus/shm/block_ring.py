@@ -24,7 +24,7 @@ end of the ring is preceded by a free padding block up to the end.
   ``WARM_BYTES`` of the ring, where a writer starts again once it is free, keep theirs),
   then the free head is release-stored. Blocks of at most ``WARM_BYTES / 2`` stay in the warm
   beginning (a writer waits for room there rather than take cold pages); the warm beginning is
-  allocated once (a mark in the header) and mapped once per process. A FILLING block of a
+  allocated once (a mark in the header) and mapped once per copying writer. A FILLING block of a
   dead writer is committed at
   the producer position (its reference, if any, lies before it). Readers holding a block
   hold their position before its reference frame, so they hold the block.

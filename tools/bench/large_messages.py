@@ -20,7 +20,9 @@ at least 2), each filled with its sequence number; every reader checks every arr
   array in place (view) or copies it in (copy), sends, and rings an event service; each reader
   waits on its listener, receives, views the sample's payload in place as a numpy array (or
   copies it) and releases the sample. iceoryx2's Python API takes such dynamic payloads; its
-  memory is preallocated per publisher (slice length x samples in flight).
+  memory is preallocated per publisher (slice length x samples in flight). A reader that gets
+  an array out of sequence (iceoryx2 0.10 lost arrays in view rows here: the writer was not
+  held back) makes the row n/a with that reason.
 
 Hand-over latency: from the writer's publish/put/send returning to the reader holding the
 array (CLOCK_MONOTONIC is one clock for every process on the host); median and max over the
