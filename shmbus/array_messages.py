@@ -10,6 +10,7 @@ subscription methods (``publish_array``, ``arrays``) sit on top.
 from __future__ import annotations
 
 import ast
+import functools
 import struct
 from typing import Any
 
@@ -59,17 +60,24 @@ def header_length(buffer: Any) -> int:
     return int(length)
 
 
+@functools.lru_cache(maxsize=256)
+def _fields(text: bytes) -> tuple[np.dtype[Any], tuple[int, ...], bool]:
+    """(dtype, shape, Fortran order) of a header's text (parsed once per distinct header: a
+    stream of like arrays pays it once)."""
+    try:
+        fields = ast.literal_eval(text.decode("utf-8").strip())
+        dtype = np.lib.format.descr_to_dtype(fields["descr"])
+        shape = tuple(int(n) for n in fields["shape"])
+        return dtype, shape, bool(fields["fortran_order"])
+    except (ValueError, SyntaxError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise ValueError(f"corrupt array message header: {e}") from None
+
+
 def decode_array(buffer: Any, copy: bool) -> np.ndarray[Any, Any]:
     """The array in an array message: a read-only view of ``buffer`` (``copy`` False; it is
     valid as long as the buffer's memory is) or a writable copy with the same order."""
     length = header_length(buffer)
-    try:
-        fields = ast.literal_eval(bytes(buffer[_PREFIX.size:length]).decode("utf-8").strip())
-        dtype = np.lib.format.descr_to_dtype(fields["descr"])
-        shape = tuple(fields["shape"])
-        fortran = bool(fields["fortran_order"])
-    except (ValueError, SyntaxError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise ValueError(f"corrupt array message header: {e}") from None
+    dtype, shape, fortran = _fields(bytes(buffer[_PREFIX.size:length]))
     count = int(np.prod(shape, dtype=np.int64))
     nbytes = count * dtype.itemsize
     if len(buffer) - length != nbytes:

@@ -91,7 +91,9 @@ def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
     if publish:
         timeout = pub._default_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
-    start = reserve(pub, ring, length, deadline)
+    # (every byte is copied in next: its pages mapped in one call, not a fault per page; a
+    # LargeClaim is not, as its writer may fill only part of it)
+    start = reserve(pub, ring, length, deadline, populate=True)
     if start < 0:
         if publish:
             raise PublicationError(start, f"offer not accepted within {timeout} s: "
@@ -111,7 +113,8 @@ def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
     return result
 
 
-def reserve(pub: Publication, ring: BlockRing, length: int, deadline: float | None) -> int:
+def reserve(pub: Publication, ring: BlockRing, length: int, deadline: float | None,
+            populate: bool = False) -> int:
     """A block's ring position, or a negative code: NOT_CONNECTED with no subscriber (nothing
     is copied for nobody), BACK_PRESSURED while the ring is full (until ``deadline``, monotonic
     seconds; None: one try). OSError when /dev/shm cannot hold it."""
@@ -121,7 +124,7 @@ def reserve(pub: Publication, ring: BlockRing, length: int, deadline: float | No
             result = codes.NOT_CONNECTED
         else:
             try:
-                return ring.reserve(length, pid)
+                return ring.reserve(length, pid, populate)
             except BlockRingFullError:
                 result = codes.BACK_PRESSURED
                 pub._wake_driver()
@@ -165,13 +168,15 @@ class LargeClaim:
     committed, 1 before.
     """
 
-    def __init__(self, publication: Publication, length: int, reserved_value: int) -> None:
+    def __init__(self, publication: Publication, length: int, reserved_value: int,
+                 deadline: float | None = None) -> None:
         self._publication = publication
         self._length = length
         self._reserved_value = reserved_value
         self.buffer: memoryview | None = None
         self._ring = publication._block_ring(length, claim=True)
-        self._start = reserve(publication, self._ring, length, None)
+        # (deadline, monotonic seconds: keep trying while back-pressured or not connected)
+        self._start = reserve(publication, self._ring, length, deadline)
         self.result = self._start if self._start < 0 else 1
         if self._start >= 0:
             self.buffer = self._ring.payload(self._start, length)
@@ -259,7 +264,10 @@ class MessageView:
             image._held = False
             if not image.is_closed and image.position < self.position:
                 image.position = self.position
-                image._wake_driver()
+                # the driver frees the block on its next duty cycle; woken now only when a
+                # writer waits for room (a wake can cost a time slice on a busy machine)
+                if image._ring().writer_waiting():
+                    image._wake_driver()
 
     def __enter__(self) -> MessageView:
         return self

@@ -26,12 +26,14 @@ from shmbus.shm._native import AtomicBuffer, PublicationCore
 from shmbus.shm.block_ring import BlockRing, ring_path
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
+from shmbus.table_messages import publish_table, publish_table_async
 
 #: seconds publish(), publish_async() and publish_many() keep trying by default
 DEFAULT_PUBLISH_TIMEOUT = 1.0
 
 if TYPE_CHECKING:
     import numpy as np
+    import pyarrow as pa
 
     from shmbus.shm._native import Buffer  # a type of the stub only: any buffer-protocol object
 
@@ -120,7 +122,9 @@ class Publication(PublicationCore):
     ``offer(*buffers, reserved_value=0)`` appends one message (several buffers are gathered into
     one message) and returns the new position or a negative code; ``offer_many(messages)``
     appends a batch with one reservation (see its docstring). Messages longer than
-    ``max_payload_length`` are fragmented; longer than ``max_message_length`` raise ValueError.
+    ``max_payload_length`` are fragmented; longer than ``max_message_length`` they go on the
+    large-message path (IPC: a shared-memory block the log refers to; in ``offer_many`` such a
+    message goes alone, in order) or, on a UDP channel, raise ValueError naming the setting.
     """
 
     _exclusive = False
@@ -286,13 +290,15 @@ class Publication(PublicationCore):
         return await self.publish_async(header, data, timeout=timeout,
                                         reserved_value=reserved_value)
 
-    def claim_array(self, shape: int | tuple[int, ...], dtype: Any,
-                    order: str = "C") -> ArrayClaim:
+    def claim_array(self, shape: int | tuple[int, ...], dtype: Any, order: str = "C",
+                    timeout: float | None = None) -> ArrayClaim:
         """Claim room for an array to fill in place (no copy on publish): ``with
-        pub.claim_array((1080, 1920, 3), np.uint8) as claim: render(claim.array)`` publishes it
-        on exit (``Subscription.arrays()`` reads it). Falsy, with ``result`` the code, when the
-        claim failed (see :meth:`try_claim`); entering a failed claim raises."""
-        return ArrayClaim(self, shape, dtype, order)
+        pub.claim_array((1080, 1920, 3), np.uint8, timeout=1.0) as claim:
+        render(claim.array)`` publishes it on exit (``Subscription.arrays()`` reads it).
+        ``timeout``: seconds to keep trying while back-pressured or not connected (None: one
+        try, as :meth:`try_claim`). Falsy, with ``result`` the code, when the claim failed;
+        entering a failed claim raises."""
+        return ArrayClaim(self, shape, dtype, order, timeout)
 
     def publish_object(self, obj: Any, timeout: float = DEFAULT_PUBLISH_TIMEOUT,
                        reserved_value: int = 0) -> int:
@@ -313,20 +319,39 @@ class Publication(PublicationCore):
             parts = [b"".join(parts)]
         return await self.publish_async(*parts, timeout=timeout, reserved_value=reserved_value)
 
+    def publish_table(self, table: pa.Table | pa.RecordBatch,
+                      timeout: float = DEFAULT_PUBLISH_TIMEOUT, reserved_value: int = 0) -> int:
+        """Publish a pyarrow Table or RecordBatch as one message in Arrow's IPC stream format;
+        read it with ``Subscription.tables()``. Past the log's max message the stream is
+        written in place into a shared-memory block (one copy, into shared memory). Returns
+        the new position; raises as :meth:`publish` does, TypeError for another type,
+        ImportError naming pyarrow when it is not installed."""
+        return publish_table(self, table, timeout, reserved_value)
+
+    async def publish_table_async(self, table: pa.Table | pa.RecordBatch,
+                                  timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+                                  reserved_value: int = 0) -> int:
+        """:meth:`publish_table`, awaiting back-pressure without blocking the event loop."""
+        return await publish_table_async(self, table, timeout, reserved_value)
+
     def publish_many(self, messages: Sequence[Buffer] | np.ndarray[Any, Any],
                      timeout: float = DEFAULT_PUBLISH_TIMEOUT) -> int:
-        """``offer_many`` until every message is appended; returns the count.
+        """``offer_many`` until every message is appended, in order; returns the count.
 
-        Raises :class:`PublicationError` after ``timeout`` seconds without progress.
+        Messages past ``max_message_length`` may be mixed in: each goes alone on the
+        large-message path. Raises :class:`PublicationError` after ``timeout`` seconds without
+        progress, ValueError naming the message (and how many before it were appended) for one
+        the channel cannot take (past ``Context.max_large_message_length``; past the max
+        message length of a UDP channel).
         """
         total = len(messages)
-        first = self.offer_many(messages) if total else 0
+        first = self._offer_many_at(messages, 0, total) if total else 0
         if first == total:  # accepted at once: one native call
             return total
         done = max(first, 0)
         deadline = time.monotonic() + timeout
         while done < total:
-            result = self.offer_many(messages[done:] if done else messages)
+            result = self._offer_many_at(messages, done, total)
             if result > 0:
                 done += result
                 deadline = time.monotonic() + timeout
@@ -339,6 +364,16 @@ class Publication(PublicationCore):
             if sleep_s:
                 self._await_progress(sleep_s)
         return total
+
+    def _offer_many_at(self, messages: Sequence[Buffer] | np.ndarray[Any, Any], done: int,
+                       total: int) -> int:
+        try:
+            return self.offer_many(messages[done:] if done else messages)
+        except ValueError as e:
+            message: Any = messages[done]
+            raise ValueError(f"publish_many: message {done} of {total} "
+                             f"({memoryview(message).nbytes} bytes; the {done} before it "
+                             f"were appended): {e}") from e
 
     def add_destination(self, destination: str) -> None:
         """Send to ``destination`` (``aeron:udp?endpoint=host:port``) too: for publications on
@@ -410,7 +445,7 @@ class ArrayClaim:
     not be used after either."""
 
     def __init__(self, publication: Publication, shape: int | tuple[int, ...], dtype: Any,
-                 order: str) -> None:
+                 order: str, timeout: float | None = None) -> None:
         import numpy as np
 
         dtype = np.dtype(dtype)
@@ -419,7 +454,7 @@ class ArrayClaim:
             raise ValueError(f"order must be 'C' or 'F', not {order!r}")
         header = array_header(shape, dtype, order == "F" and len(shape) > 1)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        self._claim = publication.try_claim(len(header) + nbytes)
+        self._claim = _claim_within(publication, len(header) + nbytes, timeout)
         self.result = self._claim.result
         self.array: np.ndarray[Any, Any] | None = None
         if self._claim:
@@ -454,6 +489,24 @@ class ArrayClaim:
             self.commit()
         else:
             self.abort()
+
+
+#: the refusals a claim with a timeout waits out
+_TRANSIENT = (codes.BACK_PRESSURED, codes.NOT_CONNECTED, codes.ADMIN_ACTION)
+
+
+def _claim_within(publication: Publication, length: int,
+                  timeout: float | None) -> BufferClaim | LargeClaim:
+    """try_claim, again every half millisecond while refused for a passing reason, until
+    ``timeout`` seconds have passed (None: once)."""
+    claim = publication.try_claim(length)
+    if timeout is None:
+        return claim
+    deadline = time.monotonic() + timeout
+    while (not claim and claim.result in _TRANSIENT and time.monotonic() < deadline):
+        time.sleep(0.0005)
+        claim = publication.try_claim(length)
+    return claim
 
 
 def _second_view(claim: BufferClaim | LargeClaim) -> memoryview:

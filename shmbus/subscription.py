@@ -14,6 +14,7 @@ from shmbus.image import FragmentBatch, Image
 from shmbus.large_messages import MessageView, take_view, views, views_async
 from shmbus.object_messages import decode_object
 from shmbus.shm._native import AtomicBuffer, SubscriptionCore
+from shmbus.table_messages import decode_table
 
 ImageHandler = Callable[[Image], Any]
 
@@ -167,6 +168,24 @@ class Subscription(SubscriptionCore):
         """:meth:`objects`, awaited (``timeout`` None: until the subscription is closed)."""
         return views_async(self, timeout, lambda view: decode_object(view.buffer,
                                                                      copy or not view.zero_copy))
+
+    def tables(self, timeout: float | None = 1.0, copy: bool = False) -> Iterator[Any]:
+        """pyarrow Tables sent with ``publish_table`` (a RecordBatch comes out as a Table).
+
+        Every column buffer is a slice of the message: for a large one, of the shared-memory
+        block itself (zero copy), valid until the next table is asked for, as in
+        :meth:`arrays`; ``copy=True`` for tables to keep. Ends after ``timeout`` seconds
+        without one (None: when closed). ValueError for a message that is not an Arrow IPC
+        stream, ImportError naming pyarrow when it is not installed."""
+        # (a small message is a private copy already)
+        return views(self, timeout, lambda view: decode_table(view.buffer,
+                                                              copy and view.zero_copy))
+
+    def tables_async(self, timeout: float | None = None,
+                     copy: bool = False) -> AsyncIterator[Any]:
+        """:meth:`tables`, awaited (``timeout`` None: until the subscription is closed)."""
+        return views_async(self, timeout, lambda view: decode_table(view.buffer,
+                                                                    copy and view.zero_copy))
 
     # -- asyncio ----------------------------------------------------------------------------
 

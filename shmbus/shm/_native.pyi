@@ -107,7 +107,9 @@ class PublicationCore:
     def _wait_spin_ns(self, value: int) -> None: ...
     def offer_many(self, messages: Sequence[Buffer] | Buffer, /) -> int:
         """How many messages were appended from the front (>= 1), a negative code when none
-        was, 0 for an empty batch."""
+        was, 0 for an empty batch. A message past max_message_length goes alone on the
+        large-message path: first, it is the one appended; further along, the batch ends
+        before it (stream order holds)."""
     def _claim(self, length: int, reserved_value: int = 0, /) -> tuple[int, int]:
         """(new position or code, frame offset into the log; -1 on a code)."""
     def _claim_view(self, frame_offset: int, length: int, /) -> memoryview: ...

@@ -51,23 +51,25 @@ def _guard(results: Any, kind: str, name: str, body: Any) -> None:
 
 
 def writer(context: shmbus.Context, stream: int, writer_id: int, sizes: list[int],
-           readers: int, results: Any) -> None:
-    """Publish one message per size on a concurrent publication once ``readers`` images are
-    connected (the subscriptions report before the writers start)."""
+           readers: int, results: Any, first_seq: int = 0) -> None:
+    """Publish one message per size (sequence numbers from ``first_seq``) on a concurrent
+    publication once ``readers`` images are connected (the subscriptions report before the
+    writers start)."""
     def body() -> None:
         with shmbus.connect(context) as bus:
             pub = bus.add_publication("aeron:ipc", stream)
             _connected(pub)
-            for seq, size in enumerate(sizes):
+            for seq, size in enumerate(sizes, first_seq):
                 pub.publish(message(writer_id, seq, size), timeout=30.0)
             results.put({"kind": "sent", "name": f"writer {writer_id}", "count": len(sizes)})
     _guard(results, "sent", f"writer {writer_id}", body)
 
 
 def reader(context: shmbus.Context, stream: int, expected: dict[int, int], mode: str,
-           results: Any) -> None:
+           results: Any, linger: float = 0.0) -> None:
     """Read until every writer's ``expected[writer]`` messages came, each checked, in order per
-    writer. ``mode``: "messages" (bytes), "views" (MessageView), "poll" (handler views)."""
+    writer, then ``linger`` seconds more, failing on any further message. ``mode``:
+    "messages" (bytes), "views" (MessageView), "poll" (handler views)."""
     name = f"reader {mode}"
 
     def body() -> None:
@@ -105,8 +107,37 @@ def reader(context: shmbus.Context, stream: int, expected: dict[int, int], mode:
                 else:
                     if not sub.poll(assembler, 10):
                         sub.wait(0.05)
+            extra = [check(m) for m in sub.messages(timeout=linger)] if linger else []
+            assert not extra, f"messages past the expected ones: {extra}"
             results.put({"kind": "read", "name": name, "count": got, "next": next_seq})
     _guard(results, "read", name, body)
+
+
+def half_filled_writer(context: shmbus.Context, stream: int, writer_id: int, sizes: list[int],
+                       claim_length: int, results: Any) -> None:
+    """Publish one message per size on a concurrent publication, then claim a block of
+    ``claim_length`` bytes past the log's max (a LargeClaim), write the first half of message
+    ``len(sizes)`` into it and sleep, uncommitted, until killed."""
+    def body() -> None:
+        bus = shmbus.connect(context)
+        pub = bus.add_publication("aeron:ipc", stream)
+        _connected(pub)
+        for seq, size in enumerate(sizes):
+            pub.publish(message(writer_id, seq, size), timeout=30.0)
+        assert claim_length > pub.max_message_length
+        deadline = time.monotonic() + 30
+        claim = pub.try_claim(claim_length)
+        while not claim:
+            assert time.monotonic() < deadline, f"no claim: {claim.result}"
+            time.sleep(0.01)
+            claim = pub.try_claim(claim_length)
+        assert isinstance(claim, shmbus.LargeClaim) and claim.buffer is not None
+        data = message(writer_id, len(sizes), claim_length)
+        half = claim_length // 2
+        claim.buffer[:half] = data[:half]
+        results.put({"kind": "filling", "name": f"writer {writer_id}", "pid": os.getpid()})
+        time.sleep(600)
+    _guard(results, "filling", f"writer {writer_id}", body)
 
 
 def holder(context: shmbus.Context, stream: int, results: Any) -> None:
@@ -156,3 +187,23 @@ def array_writer(context: shmbus.Context, stream: int, count: int, results: Any)
                 pub.publish_array(array_for(i), timeout=30.0)
             results.put({"kind": "sent", "name": "array writer", "count": count})
     _guard(results, "sent", "array writer", body)
+
+
+def batch_writer(context: shmbus.Context, stream: int, writer_id: int, sizes: list[int],
+                 batch: int, rows: int, results: Any) -> None:
+    """Publish one message per size with publish_many, ``batch`` at a time (large and small
+    mixed in each batch), then ``rows`` more of the last size as one 2-D array (a row each)."""
+    def body() -> None:
+        with shmbus.connect(context) as bus:
+            pub = bus.add_publication("aeron:ipc", stream)
+            _connected(pub)
+            messages = [message(writer_id, seq, size) for seq, size in enumerate(sizes)]
+            for at in range(0, len(messages), batch):
+                assert pub.publish_many(messages[at:at + batch], timeout=30.0) == \
+                    len(messages[at:at + batch])
+            table = np.stack([np.frombuffer(message(writer_id, len(sizes) + row, sizes[-1]),
+                                            np.uint8) for row in range(rows)])
+            assert pub.publish_many(table, timeout=30.0) == rows
+            results.put({"kind": "sent", "name": f"writer {writer_id}",
+                         "count": len(sizes) + rows})
+    _guard(results, "sent", f"writer {writer_id}", body)

@@ -172,7 +172,9 @@ def test_a_256_mib_array_arrives_as_a_read_only_view_of_the_block(stream) -> Non
         assert not received.flags.writeable and not received.flags.owndata
         assert np.array_equal(received, array)
         break
-    with pub.claim_array((1000, 3000), np.float32, order="F") as claim:
+    # (the 256 MiB block is freed by the driver once the reader moved on: until then a claim
+    # that goes in the warm beginning is back-pressured, so it waits)
+    with pub.claim_array((1000, 3000), np.float32, order="F", timeout=5) as claim:
         claim.array[:] = np.arange(3000, dtype=np.float32)
     [filled] = [a.copy(order="K") for a in sub.arrays(timeout=0.5)]
     assert filled.flags.f_contiguous and filled[999, 2999] == 2999

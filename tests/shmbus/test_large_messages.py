@@ -303,3 +303,109 @@ def test_full_dev_shm_refuses_a_large_message_with_sizes_and_loses_nothing(bus_c
         driver.join(10)
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_writer_killed_mid_fill_publishes_nothing_torn_and_its_block_is_reclaimed(
+        bus_context, procs, shm_dir):
+    """Writer 1 publishes three messages, claims a block past the log's max (a LargeClaim),
+    writes half of its fourth message and is SIGKILLed before committing. Writer 2, on the
+    same publication (one log, one ring), is held back by the half-made block at the ring's
+    head until the driver sees its writer dead; then it goes on, and writer 1 restarted goes
+    on from its fourth message. Both readers get every committed message whole and in order,
+    and nothing else; every block is freed, and nothing is left in /dev/shm once the bus
+    closes. The killed writer is not reaped until the end: a zombie is dead too."""
+    context = bus_context.with_(max_large_message_length=1 << 20)
+    driver = start_driver(context)
+    try:
+        size = 700_000
+        first, rest, other = [size, 40, size], [size, 9_000, size, size], [size] * 8
+        expected = {1: len(first) + len(rest), 2: len(other)}
+        for mode in ("views", "messages"):
+            procs.start(lw.reader, context, 14, expected, mode, procs.queue, 1.0)
+        procs.wait("ready", 2)
+        dying_reports = procs.private()
+        dying = procs.start(lw.half_filled_writer, context, 14, 1, first, 900_000,
+                            dying_reports.queue)
+        filling = dying_reports.wait("filling")[0]
+        assert "exception" not in filling, filling["exception"]
+        assert ring_in_use(context) > 0
+        procs.start(lw.writer, context, 14, 2, other, 2, procs.queue)
+        time.sleep(1.5)  # the half-made block at the ring's head holds writer 2 back
+        assert procs.poll("sent") is None, "writer 2 got past a live writer's unfinished block"
+        os.kill(dying.pid, signal.SIGKILL)
+        procs.start(lw.writer, context, 14, 1, rest, 2, procs.queue, len(first))
+        for report in procs.wait("sent", 2, timeout=60):
+            assert "exception" not in report, report["exception"]
+        for report in procs.wait("read", 2, timeout=60):
+            assert "exception" not in report, report["exception"]
+            assert report["count"] == sum(expected.values()), report
+            assert report["next"] == expected, report
+        wait_until(lambda: ring_in_use(context) == 0, 10, "every block freed")
+        dying.join(5)
+        logs = Path(context.dir) / "logs"
+        wait_until(lambda: not any(logs.iterdir()), 20,
+                   "the log and its block ring deleted once its clients are gone")
+    finally:
+        stop_driver(driver)
+    # (driver.lock, a pid, stays by design: removing a flocked file would race the next driver)
+    left = [p for p in shm_dir.rglob("*") if p.is_file() and p.name != "driver.lock"]
+    assert not left, f"left in /dev/shm after the bus closed: {left}"
+    assert (Path(context.dir) / "driver.lock").stat().st_size < 16  # (the last pid)
+
+
+def test_publish_many_mixes_large_and_small_messages_in_stream_order(bus_context, driver,
+                                                                     procs):
+    """Batches of small, fragmented and large messages (each large one alone on the
+    large-message path) and a 2-D array of large rows reach both reader processes whole and in
+    order, beside another writer's publish()."""
+    context = bus_context
+    sizes = [40, 300_000, 100, 9_000, 2_000_000, 2_000_000, 70_000, 40, 40, 500_000] * 3
+    rows = 3
+    expected = {1: len(sizes) + rows, 2: len(SIZES)}
+    for mode in ("messages", "views"):
+        procs.start(lw.reader, context, 15, expected, mode, procs.queue, 0.5)
+    procs.wait("ready", 2)
+    procs.start(lw.batch_writer, context, 15, 1, sizes, 4, rows, procs.queue)
+    procs.start(lw.writer, context, 15, 2, SIZES, 2, procs.queue)
+    for report in procs.wait("sent", 2, timeout=120):
+        assert "exception" not in report, report["exception"]
+    for report in procs.wait("read", 2, timeout=120):
+        assert report["count"] == sum(expected.values()), report
+        assert report["next"] == expected, report
+    wait_until(lambda: ring_in_use(context) == 0, 10, "every block freed")
+
+
+def test_offer_many_takes_a_large_message_alone_and_stops_a_batch_before_one(bus_context,
+                                                                              driver):
+    with shmbus.connect(bus_context) as bus:
+        pub = bus.add_exclusive_publication("aeron:ipc", 16)
+        sub = bus.add_subscription("aeron:ipc", 16)
+        connected(pub)
+        small, large = lw.message(1, 0, 50), lw.message(1, 1, 300_000)
+        assert pub.offer_many([small, small, large, small]) == 2, "ends before the large one"
+        assert pub.offer_many([large, small]) == 1, "a large one first goes alone"
+        assert pub.offer_many(np.zeros((2, 300_000), np.uint8)) == 1
+        got = [bytes(m) for m in sub.messages(timeout=0.3)]
+        assert got == [small, small, large, bytes(300_000)]
+        assert pub.offer_many([large]) == 1
+        sub.close()
+        wait_until(lambda: not pub.is_connected, 5, "no subscriber")
+        assert pub.offer_many([large, small]) == shmbus.NOT_CONNECTED
+
+
+def test_publish_many_names_the_message_a_channel_cannot_take(small_ring_context):
+    context = small_ring_context
+    with shmbus.connect(context) as bus:
+        pub = bus.add_publication("aeron:ipc", 17)
+        sub = bus.add_subscription("aeron:ipc", 17)
+        connected(pub)
+        batch = [b"a", b"b", bytes(3 << 20), b"c"]
+        with pytest.raises(ValueError, match=r"message 2 of 4 \(3145728 bytes; the 2 before it "
+                           r"were appended\).*Context\.max_large_message_length"):
+            pub.publish_many(batch)
+        assert list(sub.messages(timeout=0.3)) == [b"a", b"b"]
+        assert pub.publish_many(batch[3:]) == 1
+        assert list(sub.messages(timeout=0.3)) == [b"c"]
+        udp = bus.add_publication("aeron:udp?endpoint=127.0.0.1:40932", 17)
+        with pytest.raises(ValueError, match=r"message 0 of 2 .*Context\.udp_term_length"):
+            udp.publish_many([bytes(udp.max_message_length + 1), b"x"])

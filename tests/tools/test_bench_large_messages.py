@@ -1,5 +1,5 @@
 """tools/bench/large_messages.py: a short run of every method, checked arrays, one JSON row
-per method and reader count."""
+per method and reader count (a peer that fails is a row with its error)."""
 
 from __future__ import annotations
 
@@ -28,4 +28,8 @@ def test_a_short_run_measures_every_method(tmp_path: Path) -> None:
                 assert any(m == method and n == readers and s == mib
                            for m, _, n, s in methods), (method, readers, mib)
     for row in rows:
+        if "error" in row:  # a peer may be n/a, with the reason; shmbus never
+            assert not row["method"].startswith("shmbus") and row["error"], row
+            continue
         assert row["count"] == 4 and row["gb_s"] > 0 and row["p50_us"] == row["p50_us"]
+        assert row["first_ms"] == row["first_ms"] and row["peak_shm_mib"] >= 0

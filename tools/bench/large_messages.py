@@ -2,8 +2,9 @@
 
 For each array size (1, 16, 64 and 256 MiB of float64 by default: ``--sizes``) and reader
 count (``--readers``), each way of moving the array sends ``--count`` arrays (default: about
-256 MiB per size, at least 4), each filled with its sequence number; every reader checks every
-array it gets (sequence at both ends) and, where the row says so, copies it out first:
+256 MiB per size, at least 4) after unmeasured warm-up ones (:func:`warmup`: 64 MiB's worth,
+at least 2), each filled with its sequence number; every reader checks every array it gets
+(sequence at both ends) and, where the row says so, copies it out first:
 
 * shmbus views: ``pub.claim_array`` filled in place (no copy on the writer) and
   ``sub.arrays()`` (read-only views of the shared memory, no copy on the readers);
@@ -12,14 +13,26 @@ array it gets (sequence at both ends) and, where the row says so, copies it out 
 * shared_memory by hand: a ``multiprocessing.shared_memory.SharedMemory`` per array, its name
   sent on a queue per reader, readers attach and view it, ack, the writer unlinks it;
 * zmq send_array: pyzmq's recipe (dtype and shape as JSON, then ``send(a, copy=False)``) on a
-  PUB socket over ipc://, a SUB socket per reader (``recv(copy=False)``, ``np.frombuffer``).
+  PUB socket over ipc://, a SUB socket per reader (``recv(copy=False)``, ``np.frombuffer``);
+* iceoryx2 loans (the ``iceoryx2`` package, ``.[bench]``; n/a without it): a publish-subscribe
+  service of byte slices (``Slice[c_uint8]``, ``initial_max_slice_len`` the array's bytes, back
+  pressure ``RetryUntilDelivered``, safe overflow off); the writer loans a slice and fills the
+  array in place (view) or copies it in (copy), sends, and rings an event service; each reader
+  waits on its listener, receives, views the sample's payload in place as a numpy array (or
+  copies it) and releases the sample. iceoryx2's Python API takes such dynamic payloads; its
+  memory is preallocated per publisher (slice length x samples in flight). A reader that gets
+  an array out of sequence (iceoryx2 0.10 lost arrays in view rows here: the writer was not
+  held back) makes the row n/a with that reason.
 
 Hand-over latency: from the writer's publish/put/send returning to the reader holding the
 array (CLOCK_MONOTONIC is one clock for every process on the host); median and max over the
-arrays and readers. GB/s: payload bytes delivered (10^9, summed over readers) over the time
-from the first send to the last array read. CPU: user+system seconds of every process (the
-shmbus driver included) per GB delivered. Peak /dev/shm: the most it held above the run's
-start (sampled every 2 ms). Also memcpy bandwidth in one process, measured in the same run.
+measured arrays and readers, and apart the first array's (cold memory). GB/s: payload bytes
+delivered (10^9, summed over readers) over the time from the last warm-up send's return to the
+last array read. CPU: user+system seconds of every process (the shmbus driver included) per
+GB delivered, warm-up included. Peak /dev/shm: the most it held above the run's start
+(sampled every 2 ms). Also memcpy bandwidth in one process (warm buffers, best of 5),
+measured in the same run: before each size and again after each row; a size's ratios use its
+best (on a loaded machine one measurement may fall in a busy moment).
 
 Run from the repository root: ``python -m tools.bench.large_messages [--quick]``.
 """
@@ -48,7 +61,16 @@ from tools.bench.harness import BenchError, cpu_seconds, start_driver, stop_driv
 
 CTX = mp.get_context("spawn")
 STREAM = 4242
-METHODS = ("shmbus views", "shmbus copy", "mp.Queue", "shared_memory by hand", "zmq send_array")
+
+
+def warmup(nbytes: int) -> int:
+    """Arrays sent before the measured ones: at least 2, and 64 MiB's worth. A new stream's
+    first memory is cold for every method (fresh pages to allocate and map: shmbus's block
+    ring beginning, iceoryx2's sample pool, shared_memory's and the readers' allocations);
+    the first array's hand-over is reported apart."""
+    return max(2, -(-(64 << 20) // nbytes))
+METHODS = ("shmbus views", "shmbus copy", "mp.Queue", "shared_memory by hand", "zmq send_array",
+           "iceoryx2 loans")
 
 
 def fill(array: np.ndarray, seq: int) -> None:
@@ -78,14 +100,9 @@ def shmbus_writer(context: shmbus.Context, n: int, count: int, readers: int, zer
         returned = []
         for seq in range(count):
             if zero_copy:
-                deadline = time.monotonic() + 30
-                while True:
-                    claim = pub.claim_array((n,), np.float64)
-                    if claim:
-                        break
-                    if time.monotonic() > deadline:
-                        raise BenchError(f"claim refused: {claim.result}")
-                    time.sleep(0.0001)
+                claim = pub.claim_array((n,), np.float64, timeout=30)
+                if not claim:
+                    raise BenchError(f"claim refused: {claim.result}")
                 with claim:
                     assert claim.array is not None
                     fill(claim.array, seq)
@@ -242,6 +259,121 @@ def zmq_reader(address: str, count: int, copy: bool, ready: Any, out: Any) -> No
     out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
 
 
+def _iceoryx(name: str, readers: int) -> tuple[Any, Any, Any, Any]:
+    """(module, node, publish-subscribe service, event service) named ``name``."""
+    try:
+        import ctypes
+
+        import iceoryx2 as iox2
+    except ImportError as e:
+        raise BenchError(f"iceoryx2 not installed: {e}") from None
+    iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
+    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    service = (node.service_builder(iox2.ServiceName.new(name))
+               .publish_subscribe(iox2.Slice[ctypes.c_uint8])
+               .enable_safe_overflow(False).history_size(0).max_publishers(1)
+               .max_subscribers(readers).subscriber_max_buffer_size(2)
+               .subscriber_max_borrowed_samples(1).open_or_create())
+    events = (node.service_builder(iox2.ServiceName.new(name + "-ready")).event()
+              .max_listeners(readers).open_or_create())
+    return iox2, node, service, events
+
+
+def _iceoryx_array(address: int, n: int) -> np.ndarray:
+    import ctypes
+
+    return np.ctypeslib.as_array((ctypes.c_double * n).from_address(address))
+
+
+def iceoryx_writer(name: str, n: int, count: int, readers: int, zero_copy: bool, go: Any,
+                   finished: Any, out: Any) -> None:
+    iox2, node, service, events = _iceoryx(name, readers)
+    publisher = (service.publisher_builder().initial_max_slice_len(n * 8)
+                 .backpressure_strategy(iox2.BackpressureStrategy.RetryUntilDelivered)
+                 .max_loaned_samples(1).create())
+    notifier = events.notifier_builder().create()
+    deadline = time.monotonic() + 30
+    while service.dynamic_config.number_of_subscribers < readers:
+        if time.monotonic() > deadline:
+            raise BenchError("iceoryx2: the readers did not subscribe within 30 s")
+        time.sleep(0.001)
+    source = np.zeros(n)
+    go.wait()
+    cpu0 = time.process_time()
+    returned = []
+    for seq in range(count):
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                sample = publisher.loan_slice_uninit(n * 8)
+                break
+            except iox2.LoanError:  # every sample still held by readers: back-pressure
+                if time.monotonic() > deadline:
+                    raise BenchError("iceoryx2: no sample to loan within 30 s") from None
+                time.sleep(0.0001)
+        target = _iceoryx_array(sample.payload_ptr, n)
+        if zero_copy:
+            fill(target, seq)
+        else:
+            fill(source, seq)
+            target[:] = source
+        del target
+        sample.assume_init().send()
+        notifier.notify()
+        returned.append(time.monotonic_ns())
+    out.put({"role": "writer", "returned": returned, "cpu": time.process_time() - cpu0})
+    deadline = time.monotonic() + 120  # (samples not yet received go with their publisher)
+    while finished.value < readers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    notifier.delete()
+    publisher.delete()
+
+
+def iceoryx_reader(name: str, count: int, readers: int, copy: bool, ready: Any,
+                   finished: Any, out: Any) -> None:
+    try:
+        _iceoryx_read(name, count, readers, copy, ready, out)
+    except BenchError as e:  # reported, so the row says why it is n/a
+        out.put({"role": "error", "error": str(e)})
+        raise
+    finally:
+        with finished.get_lock():
+            finished.value += 1
+
+
+def _iceoryx_read(name: str, count: int, readers: int, copy: bool, ready: Any,
+                  out: Any) -> None:
+    iox2, node, service, events = _iceoryx(name, readers)
+    subscriber = service.subscriber_builder().create()
+    listener = events.listener_builder().create()
+    ready.put(1)
+    cpu0 = time.process_time()
+    received = []
+    seq = 0
+    deadline = time.monotonic() + 120
+    while seq < count:
+        sample = subscriber.receive()
+        if sample is None:
+            if time.monotonic() > deadline:
+                raise BenchError(f"iceoryx2: {seq} of {count} arrays within 120 s")
+            listener.timed_wait(iox2.Duration.from_millis(50))
+            continue
+        array = _iceoryx_array(sample.payload_ptr, sample.header.number_of_elements // 8)
+        if copy:
+            array = array.copy()
+        received.append(time.monotonic_ns())
+        if array[0] != seq:
+            raise BenchError(f"iceoryx2: array {int(array[0])} arrived where {seq} was due "
+                             f"(arrays lost with back-pressure RetryUntilDelivered)")
+        check(array, seq)
+        del array
+        sample.delete()
+        seq += 1
+    out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
+    listener.delete()
+    subscriber.delete()
+
+
 # -- one measurement ------------------------------------------------------------------------------
 
 class ShmSampler:
@@ -271,6 +403,8 @@ class ShmSampler:
 
 def measure(method: str, copy: bool, n: int, count: int, readers: int,
             context: shmbus.Context, driver_pid: int) -> dict[str, Any]:
+    warm = warmup(n * 8)
+    measured, count = count, count + warm
     out, ready, go = CTX.Queue(), CTX.Queue(), CTX.Event()
     procs: list[Any] = []
 
@@ -299,6 +433,13 @@ def measure(method: str, copy: bool, n: int, count: int, readers: int,
             start(shm_reader, q, acks, n, count, copy, ready, out)
         _ready(ready, readers)
         start(shm_writer, queues, acks, n, count, go, out)
+    elif method == "iceoryx2 loans":
+        name = f"shmbus-large-bench-{os.getpid()}-{time.monotonic_ns()}"
+        finished = CTX.Value("i", 0)
+        for _ in range(readers):
+            start(iceoryx_reader, name, count, readers, copy, ready, finished, out)
+        _ready(ready, readers)
+        start(iceoryx_writer, name, n, count, readers, not copy, go, finished, out)
     else:
         address = f"ipc://{tempfile.gettempdir()}/large-bench-{os.getpid()}"
         start(zmq_writer, address, n, count, go, out)
@@ -311,13 +452,25 @@ def measure(method: str, copy: bool, n: int, count: int, readers: int,
     go.set()
     results = []
     deadline = time.monotonic() + 600
-    while len(results) < readers + 1:
-        try:
-            results.append(out.get(timeout=0.5))
-        except queue_module.Empty:
-            if time.monotonic() > deadline or any(p.exitcode for p in procs):
-                raise BenchError(f"{method}: results missing; exit codes "
-                                 f"{[p.exitcode for p in procs]}") from None
+    try:
+        while len(results) < readers + 1:
+            try:
+                result = out.get(timeout=0.5)
+            except queue_module.Empty:
+                if time.monotonic() > deadline or any(p.exitcode for p in procs):
+                    raise BenchError(f"{method}: results missing; exit codes "
+                                     f"{[p.exitcode for p in procs]}") from None
+                continue
+            if result["role"] == "error":
+                raise BenchError(result["error"])
+            results.append(result)
+    except BenchError:
+        sampler.stop()
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+        raise
     peak = sampler.stop()
     extra_used = sum((cpu_seconds(pid) or 0.0) - before for pid, before in extra_cpu.items())
     for p in procs:
@@ -326,15 +479,18 @@ def measure(method: str, copy: bool, n: int, count: int, readers: int,
             p.kill()
     writer = next(r for r in results if r["role"] == "writer")
     reads = [r for r in results if r["role"] == "reader"]
+    returned = writer["returned"]
     latencies = [(rcv - ret) / 1e3 for r in reads
-                 for rcv, ret in zip(r["received"], writer["returned"], strict=True)]
-    start_ns = writer["returned"][0] - 1  # the first send's return stands in for its start
+                 for rcv, ret in zip(r["received"][warm:], returned[warm:], strict=True)]
+    first_ms = max((r["received"][0] - returned[0]) / 1e6 for r in reads)
+    start_ns = returned[warm - 1]  # the last warm-up send's return
     end_ns = max(r["received"][-1] for r in reads)
-    gb = n * 8 * count * readers / 1e9
+    gb = n * 8 * measured * readers / 1e9
     cpu = writer["cpu"] + sum(r["cpu"] for r in reads) + extra_used
     return {"method": method, "copy": copy, "mib": n * 8 / 2**20, "readers": readers,
-            "count": count, "p50_us": statistics.median(latencies), "max_us": max(latencies),
-            "gb_s": gb / ((end_ns - start_ns) / 1e9), "cpu_s_per_gb": cpu / gb,
+            "count": measured, "p50_us": statistics.median(latencies), "max_us": max(latencies),
+            "first_ms": first_ms, "gb_s": gb / ((end_ns - start_ns) / 1e9),
+            "cpu_s_per_gb": cpu / (gb * count / measured),
             "peak_shm_mib": peak / 2**20}
 
 
@@ -386,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
                     for method in args.methods:
                         for copy in ((False, True) if method in ("shmbus views",
                                                                  "shared_memory by hand",
-                                                                 "zmq send_array")
+                                                                 "zmq send_array",
+                                                                 "iceoryx2 loans")
                                      else (True,)):
                             if method == "shmbus views" and copy:
                                 continue  # "shmbus copy" is that row
@@ -401,14 +558,23 @@ def main(argv: list[str] | None = None) -> int:
                                 if method.startswith("shmbus"):
                                     raise  # shmbus itself must not fail
                                 continue
+                            # (the machine's load moves: memcpy again, right after the row)
+                            memcpy = max(memcpy_gb_s(n), memcpy)
                             row["memcpy_gb_s"] = memcpy
                             rows.append(row)
                             print(f"  {readers} reader(s) {method:<22} "
                                   f"{'copy' if copy else 'view':<5} p50 "
                                   f"{row['p50_us']:>9.0f} us  max {row['max_us']:>9.0f} us  "
+                                  f"first {row['first_ms']:>6.1f} ms  "
                                   f"{row['gb_s']:>6.2f} GB/s ({row['gb_s'] / memcpy:.2f}x "
                                   f"memcpy)  {row['cpu_s_per_gb']:.2f} cpu-s/GB  peak "
                                   f"/dev/shm {row['peak_shm_mib']:.0f} MiB", flush=True)
+                best = max((r["memcpy_gb_s"] for r in rows
+                            if r["mib"] == mib and "memcpy_gb_s" in r), default=memcpy)
+                for r in rows:  # one memcpy figure per size: its best
+                    if r["mib"] == mib and "memcpy_gb_s" in r:
+                        r["memcpy_gb_s"] = best
+                print(f"  memcpy at {mib:g} MiB, best in the run: {best:.2f} GB/s", flush=True)
         finally:
             stop_driver(driver)
     out = Path(args.out)

@@ -21,7 +21,8 @@ nemesis:
 
 * ``kill-writer-mid-offer``: SIGKILLs a writer inside offer/offer_many, starts it again;
 * ``kill-writer-mid-claim``: has an IPC writer claim and half-fill a message, SIGKILLs it
-  holding the claim (the driver unblocks the log), starts it again;
+  holding the claim (the driver unblocks the log; for the large-message writer, a block of
+  its ring: the driver frees it once it sees the writer dead), starts it again;
 * ``stop-subscriber``: SIGSTOPs a reader past the client liveness timeout, then SIGCONTs it
   (the driver has dropped it; it sees ClientTimeoutError and rebuilds its client);
 * ``kill-driver``: SIGKILLs the driver and starts a new one (clients see DriverTimeoutError
@@ -154,8 +155,8 @@ def writer_specs(count: int, port: int) -> list[WriterSpec]:
                    False),
         WriterSpec("ipc-concurrent-batch", "aeron:ipc", IPC_STREAM, False, 24, 400, True),
         WriterSpec("udp-concurrent-fragmented", udp, UDP_STREAM, False, 1500, 6000, False),
-        WriterSpec("ipc-exclusive-large", "aeron:ipc", LARGE_STREAM, True, 40_000, 600_000,
-                   False),
+        # large messages (most past the log's max) mixed with small ones in offer_many batches
+        WriterSpec("ipc-exclusive-large", "aeron:ipc", LARGE_STREAM, True, 100, 600_000, True),
     ]
     return [kinds[i % len(kinds)] for i in range(count)]
 

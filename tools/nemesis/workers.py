@@ -47,6 +47,9 @@ REBUILD = (shmbus.DriverTimeoutError, shmbus.ClientTimeoutError, shmbus.DriverUn
 PROBE_STREAM = 9  # the stream a writer polls to hear of a dead driver (nobody publishes on it)
 IDLE_S = 0.001
 BATCH = 64
+#: a batch of messages this long or longer (large ones, each encoded before the offer and
+#: offered alone) is a few messages
+LARGE_BATCH_FROM, LARGE_BATCH = 65_536, 4
 
 
 # -- the ledger ---------------------------------------------------------------------------------
@@ -184,24 +187,26 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
     while not stop.is_set():
         probe.poll(_ignore, 1)  # raises DriverTimeoutError when the driver is gone
         if ledger.hold_requested(writer):
-            _hold_claim(publication, ledger, writer, incarnation, sequence, block)
-        count = BATCH if spec.batch else 1
+            _hold_claim(publication, ledger, writer, incarnation, sequence, block,
+                        spec.max_length)
+        count = (BATCH if spec.max_length <= LARGE_BATCH_FROM else LARGE_BATCH) \
+            if spec.batch else 1
         messages = [encode(block, writer, incarnation, sequence + i,
                            lengths[(sequence + i) % len(lengths)]) for i in range(count)]
         ledger.attempt(writer, incarnation, sequence + count)
         ledger.set_phase(writer, OFFERING)
-        if spec.batch:
-            result = publication.offer_many(messages)
-            accepted = result if result > 0 else 0
-        elif spec.max_length <= publication.max_payload_length:
-            accepted = _claim_and_commit(publication, messages[0])
-        else:
-            try:
+        try:
+            if spec.batch:  # (large messages mixed in go alone, in order)
+                result = publication.offer_many(messages)
+                accepted = result if result > 0 else 0
+            elif spec.max_length <= publication.max_payload_length:
+                accepted = _claim_and_commit(publication, messages[0])
+            else:
                 accepted = 1 if publication.offer(messages[0]) > 0 else 0
-            except OSError as e:  # a large message, the disk full: refused, nothing sent
-                if e.errno != errno.ENOSPC:
-                    raise
-                accepted = 0
+        except OSError as e:  # a large message, the disk full: refused, nothing sent
+            if e.errno != errno.ENOSPC:
+                raise
+            accepted = 0
         ledger.set_phase(writer, IDLE)
         if accepted:
             sequence += accepted
@@ -224,17 +229,20 @@ def _claim_and_commit(publication: shmbus.Publication, message: bytes) -> int:
 
 
 def _hold_claim(publication: shmbus.Publication, ledger: Ledger, writer: int,
-                incarnation: int, sequence: int, block: bytes) -> None:
+                incarnation: int, sequence: int, block: bytes, max_length: int) -> None:
     """Claim the next message and hold it, half written, until the orchestrator kills us
-    (bounded: after 30 s the claim is aborted and the request ignored)."""
-    message = encode(block, writer, incarnation, sequence, HEAD.size + 64)
+    (bounded: after 30 s the claim is aborted and the request ignored). A writer of large
+    messages claims a large one: a block of its block ring (LargeClaim), killed mid-fill."""
+    length = max_length if max_length > publication.max_message_length else HEAD.size + 64
+    message = encode(block, writer, incarnation, sequence, length)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         ledger.attempt(writer, incarnation, sequence + 1)
         claim = publication.try_claim(len(message))
         if claim:
             assert claim.buffer is not None
-            claim.buffer[:HEAD.size] = message[:HEAD.size]
+            half = max(HEAD.size, length // 2)
+            claim.buffer[:half] = message[:half]
             ledger.set_phase(writer, HOLDING_CLAIM)
             while time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -278,19 +278,6 @@ static int64_t append_pieces(PublicationCore *self, const Piece *pieces, Py_ssiz
     return term_begin_position(&self->g, term_id) + offset + required;
 }
 
-static int check_length(PublicationCore *self, Py_ssize_t length)
-{
-    if (length > self->max_message) {
-        PyErr_Format(PyExc_ValueError,
-                     "message of %zd bytes exceeds the max message length of %d bytes "
-                     "(min(term length / 8, 16 MiB)) of offer_many; offer() and publish() "
-                     "take it on the large-message path",
-                     length, self->max_message);
-        return -1;
-    }
-    return 0;
-}
-
 /* A message longer than max_message does not go into the log: Publication._offer_large puts
  * it in a shared-memory block and offers a reference frame (shmbus/large_messages.py). Only
  * such a message pays the Python call; the log's own path is unchanged. `publish_timeout` is
@@ -550,6 +537,21 @@ static int block_get(void *ctx, Py_ssize_t i, Piece *out)
     return 0;
 }
 
+/* A message longer than max_message at the front of a batch is offered alone, on the
+ * large-message path: 1 when it was appended, else the code. (One further along ends the batch
+ * before it, so the stream keeps the batch's order.) */
+static PyObject *offer_many_large(PublicationCore *self, PyObject *message)
+{
+    PyObject *r = offer_large(self, &message, 1, 0, NULL);
+    if (r == NULL)
+        return NULL;
+    long long position = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    if (position == -1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLongLong(position > 0 ? 1 : position);
+}
+
 /* offer_many(messages) -> int: see the Python docstring of Publication.offer_many. */
 static PyObject *pub_offer_many(PublicationCore *self, PyObject *messages)
 {
@@ -571,7 +573,13 @@ static PyObject *pub_offer_many(PublicationCore *self, PyObject *messages)
                             "per row) or a 1-D array of records; use offer() for one message");
             return NULL;
         }
-        if (check_length(self, record_length) < 0) { PyBuffer_Release(&block); return NULL; }
+        if (count > 0 && record_length > self->max_message) {
+            PyObject *row = PyMemoryView_FromMemory((char *)block.buf, record_length, PyBUF_READ);
+            PyObject *r = row == NULL ? NULL : offer_many_large(self, row);
+            Py_XDECREF(row);
+            PyBuffer_Release(&block);
+            return r;
+        }
         int64_t r = 0;
         if (count > 0) {
             BlockCtx ctx = {(const uint8_t *)block.buf, record_length};
@@ -595,7 +603,15 @@ static PyObject *pub_offer_many(PublicationCore *self, PyObject *messages)
     for (; got < count; got++) {
         if (get_message_buffer(items[got], &views[got]) < 0)
             goto done;
-        if (check_length(self, views[got].len) < 0) { got++; goto done; }
+        if (views[got].len > self->max_message) {
+            PyBuffer_Release(&views[got]);
+            if (got == 0) {
+                result = offer_many_large(self, items[0]);
+                goto done;
+            }
+            count = got;
+            break;
+        }
     }
     {
         int64_t r = 0;
@@ -992,7 +1008,9 @@ static PyMethodDef pub_methods[] = {
      "offer_many(messages) -> int\n\nAppend several messages with one reservation. messages is "
      "a sequence of buffers, a 2-D array (one message per row) or a 1-D array of records (one "
      "message per record). Returns how many were appended from the front (>= 1), or a negative "
-     "code when none was; 0 for an empty batch."},
+     "code when none was; 0 for an empty batch. A message past max_message_length goes alone "
+     "on the large-message path (as offer() takes it): first in the batch, it is the one "
+     "appended; further along, the batch ends before it."},
     {"_claim", (PyCFunction)pub_claim, METH_VARARGS, NULL},
     {"_claim_view", (PyCFunction)pub_claim_view, METH_VARARGS, NULL},
     {"_commit", (PyCFunction)pub_commit, METH_O, NULL},
