@@ -162,11 +162,10 @@ int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected, int64_t 
         }
         ImageCore *image = (ImageCore *)item;
         if (image->closed) { ready = 1; continue; }
-        __atomic_fetch_add(meta_i32(&image->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
+        words[count] = meta_i32(&image->g, META_DATA_WAKE);
+        expected[count] = arm_data_word(words[count], meta_i32(&image->g, META_DATA_WAITERS));
         image->sleeping++;
         sleeping[slept++] = image;
-        words[count] = meta_i32(&image->g, META_DATA_WAKE);
-        expected[count] = LOAD_ACQUIRE(words[count]);
         count++;
     }
     for (int i = 0; i < slept && !ready; i++)
