@@ -5,9 +5,9 @@ iceoryx2 and eclipse-zenoh (pub/sub between two peer sessions over tcp loopback,
 congestion control BLOCK). A missing package raises ImportError in the member: the row reads "n/a".
 
 On one host (ipc.py) a link is made in the parent (make_peer_link) and each member opens its
-end (open_peer) as send / recv / close; messages are harness.Checked, sent and checked a round at a time (tools/bench/rounds.py,
-every byte checked). Over
-TCP (netbridge.py) messages carry their sequence number at head and tail (harness.codec).
+end (open_peer) as send / recv / close; messages are harness.Checked, sent and checked a round
+at a time (tools/bench/rounds.py, every byte checked). Over TCP (netbridge.py) messages carry
+their sequence number at head and tail (harness.codec).
 """
 
 from __future__ import annotations
