@@ -109,6 +109,18 @@ static inline int64_t monotonic_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* How long a waiter's spin (Context.wait_spin) looks without a system call before it starts
+ * yielding the CPU between looks (wakeups.c, spin_for_images). */
+#define BUSY_LOOK_NS 2000
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CPU_RELAX() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ __volatile__("yield")
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
 static inline int64_t rd_i64(const uint8_t *p) { int64_t v; memcpy(&v, p, 8); return v; }
 static inline void wr_i32(uint8_t *p, int32_t v) { memcpy(p, &v, 4); }
 static inline void wr_i64(uint8_t *p, int64_t v) { memcpy(p, &v, 8); }

@@ -105,29 +105,50 @@ static PyObject *native_wait_word(PyObject *m, PyObject *args)
  * forever). Returns 1 when an image has a frame (or was closed) after the sleep, 0 when none
  * has, -1 with TypeError for an item that is not an image. Writers signal only while someone
  * sleeps (see wake_word). The caller holds the GIL; it is released while asleep. */
-/* A waiter's look before it sleeps, as Aeron's back-off idle strategy spins and yields before
- * it parks: for up to spin_ns, looks for a frame on the images, yielding the CPU and the GIL
- * between looks (with the GIL held while it looks: the conductor may close an image). A stream
- * that keeps coming never puts its reader to sleep, so its writer pays no wake-up. 1 when an
- * image has a frame or closed; 0 after spin_ns, or at once when the wake word moved (the
- * images changed: the caller looks at the new ones). */
+/* 1 when one of `images` has a frame at its position or closed. */
+static int any_image_ready(PyObject *images)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images); i++) {
+        PyObject *item = PyTuple_GET_ITEM(images, i);
+        if (PyObject_TypeCheck(item, &ImageCoreType) &&
+            (((ImageCore *)item)->closed || image_ready((ImageCore *)item)))
+            return 1;
+    }
+    return 0;
+}
+
+/* A waiter's look before it sleeps, as Aeron's back-off idle strategy spins, yields and then
+ * parks: for up to spin_ns it looks for a frame on the images, for its first BUSY_LOOK_NS
+ * without a system call (a writer in full flow has its next frame out within that: a reader
+ * that drains faster than its writer writes would otherwise pay a sched_yield per message),
+ * then yielding the CPU and the GIL between looks (with the GIL held while it looks: the
+ * conductor may close an image). A stream that keeps coming never puts its reader to sleep,
+ * so its writer pays no wake-up. 1 when an image has a frame or closed; 0 after spin_ns, or at
+ * once when the wake word moved (the images changed: the caller looks at the new ones). */
 static int spin_for_images(PyObject *images, int32_t *wake, int32_t wake_expected,
                            int64_t spin_ns)
 {
-    int64_t until = monotonic_ns() + spin_ns;
-    do {
+    int64_t now = monotonic_ns();
+    int64_t until = now + spin_ns;
+    int64_t busy_until = now + (spin_ns < BUSY_LOOK_NS ? spin_ns : BUSY_LOOK_NS);
+    for (unsigned turn = 1;; turn++) {
+        if (wake != NULL && LOAD_ACQUIRE(wake) != wake_expected)
+            return 0;
+        if (any_image_ready(images))
+            return 1;
+        CPU_RELAX();
+        if (!(turn & 15) && monotonic_ns() >= busy_until)
+            break;
+    }
+    while (monotonic_ns() < until) {
         Py_BEGIN_ALLOW_THREADS
         sched_yield();
         Py_END_ALLOW_THREADS
         if (wake != NULL && LOAD_ACQUIRE(wake) != wake_expected)
             return 0;
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images); i++) {
-            PyObject *item = PyTuple_GET_ITEM(images, i);
-            if (PyObject_TypeCheck(item, &ImageCoreType) &&
-                (((ImageCore *)item)->closed || image_ready((ImageCore *)item)))
-                return 1;
-        }
-    } while (monotonic_ns() < until);
+        if (any_image_ready(images))
+            return 1;
+    }
     return 0;
 }
 
