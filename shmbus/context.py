@@ -95,10 +95,11 @@ class Context:
     #: 0: sleep at once
     netbridge_busy_window: float = 100e-6
     #: a reader waiting in poll(timeout=), wait(), messages() or messages_async(), and a
-    #: back-pressured publish(), look again this long (yielding the CPU at every turn) before
-    #: they sleep on the log's futex word, as Aeron's back-off idle strategy spins, yields and
-    #: then parks: a stream that keeps coming never puts its reader to sleep, so the writer
-    #: pays no wake-up, and a reply within it pays none either. It costs a waiter at 1,000
+    #: back-pressured publish(), look again this long (yielding the CPU at every turn; a
+    #: reader's first 2 us without a system call) before they sleep on the log's futex
+    #: word, as Aeron's back-off idle strategy spins, yields and then parks: a stream that
+    #: keeps coming never puts its reader to sleep, so the writer pays no wake-up, and a
+    #: reply within it pays none either. It costs a waiter at 1,000
     #: msg/s about this much CPU a message; an idle bus none. 0: sleep at once
     wait_spin: float = 20e-6
     #: the longest message an IPC publication takes (offer, publish, try_claim, publish_array,

@@ -9,14 +9,17 @@ only once its spin is over. Real processes on a real bus with its driver process
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import time
 
 import pytest
 
 import shmbus
-from shmbus.shm.log_buffer import DATA_WAITERS_OFFSET, PARTITION_COUNT
+from shmbus.shm.log_buffer import DATA_WAITERS_OFFSET, DATA_WAKE_OFFSET, PARTITION_COUNT
+from tests.shmbus.driver.driver_workers import make_message
 from tests.shmbus.driver.test_driver_processes import Processes, wait_until
-from tests.shmbus.waiting_workers import waiting_reader
+from tests.shmbus.waiting_workers import blocking_reader, waiting_reader
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,3 +119,42 @@ def test_publish_names_a_keyword_it_does_not_take(bus_context, driver):
             publication.publish(b"x", timout=1.0)
         with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
             publication.publish(b"x", reserved_value="seven")
+
+
+def _data_word(publication: shmbus.Publication) -> int:
+    """The log's data wake word: bumped by each reader that goes to sleep and each wake-up."""
+    meta = publication.term_length * PARTITION_COUNT
+    return publication.log.buffer.get_int32_acquire(meta + DATA_WAKE_OFFSET)
+
+
+def test_a_sleeping_reader_costs_its_writer_one_wake_up_not_one_per_message(
+        bus_context, driver, procs):
+    """A reader woken but not yet running (stopped here) stays counted as a sleeper; its writer
+    wakes it once and then publishes without a system call, and a later sleep is woken
+    again: every message arrives, checked."""
+    stream, burst = 75, 40  # within the test bus's window (64 KiB terms)
+    reader_context = dataclasses.replace(bus_context, wait_spin=0.0)
+    with shmbus.connect(bus_context) as bus:
+        publication = bus.add_exclusive_publication("aeron:ipc", stream)
+        reader = procs.start(blocking_reader, reader_context, stream, burst + 1, procs.queue,
+                             60.0, use_messages=True)
+        procs.wait("sub-ready")
+        wait_until(lambda: publication.is_connected, 10, "the reader's image")
+        procs.wait("quiet", timeout=30)  # now in messages(), asleep once counted
+        wait_until(lambda: _data_waiters(publication) == 1, 10, "the reader asleep")
+        os.kill(reader.pid, signal.SIGSTOP)
+        try:
+            before = _data_word(publication)
+            for seq in range(burst):
+                publication.publish(make_message(1, seq))
+            bumps = _data_word(publication) - before
+            assert _data_waiters(publication) == 1  # stopped: woken, not yet running
+        finally:
+            os.kill(reader.pid, signal.SIGCONT)
+        assert bumps == 1, f"{bumps} wake-ups for {burst} messages to one stopped sleeper"
+        # it reads the burst, then sleeps again (a new arm): that sleep is woken too
+        wait_until(lambda: _data_waiters(publication) == 1, 30, "the reader asleep again")
+        publication.publish(make_message(1, burst))
+        (report,) = procs.wait("sub", timeout=30)
+    assert not report["timed_out"] and report["error_count"] == 0, report
+    assert report["counts"] == {1: burst + 1}

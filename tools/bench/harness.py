@@ -127,47 +127,6 @@ class Counter:
                 "t1": t1}
 
 
-def send_checked(send: Callable[[Any], object], checked: Checked, duration_s: float
-                 ) -> tuple[int, int]:
-    """Send checked messages 0, 1, ... through ``send`` for ``duration_s``, then STOP, in
-    the one buffer ``send`` must have done with when it returns. Call it once the member is
-    ready. Returns (messages sent before STOP, CLOCK_MONOTONIC ns at the start)."""
-    message, write = checked.message(), checked.write
-    t0 = time.monotonic_ns()
-    end_ns = t0 + int(duration_s * 1e9)
-    seq = 0
-    while True:
-        write(message, seq)
-        send(message)
-        seq += 1
-        if not seq & 127 and time.monotonic_ns() >= end_ns:
-            break
-    write(message, STOP)
-    send(message)
-    return seq, t0
-
-
-def read_checked(messages: Iterable[bytes], check: Callable[[bytes], tuple[int, bool]]
-                 ) -> Counter:
-    """Check ``messages`` (copies) in order until STOP: the tally, ``stopped`` set if STOP
-    came before the iterator ended."""
-    tally = Counter()
-    expected = 0
-    for message in messages:
-        seq, ok = check(message)
-        if seq == expected and ok:
-            expected += 1
-        elif seq == STOP:
-            tally.stopped = True
-            break
-        else:
-            tally.expected = expected
-            tally.bad(seq, "bad checksum" if seq == expected else "out of order")
-            expected = tally.expected
-    tally.expected = expected
-    return tally
-
-
 # ---------------------------------------------------------------------------------------------
 # Members
 # ---------------------------------------------------------------------------------------------

@@ -17,9 +17,12 @@ machine hits every transport alike); the table shows the median of each figure.
 Throughput (1 writer -> 1 reader, 32 B, 256 B, 4 KiB): the writer sends for --duration seconds,
 then a STOP message; rate = messages / (time the reader saw STOP - time the writer started),
 both CLOCK_MONOTONIC. A message is a fixed body, its sequence number (int64) and a CRC-32 of both
-(uint32, little-endian): the writer computes the body's CRC once and continues it over the
-sequence number; the reader checks every byte with one CRC over the whole message (a CRC-32 over
-data followed by its own little-endian CRC is always the same residue).
+(uint32, little-endian). They are made and checked a round at a time (tools/bench/rounds.py):
+the writer makes a round of consecutive messages with numpy and sends each as its own bytes
+object; the reader collects a round of copied messages and compares them with the round it
+makes itself, so every byte of every message is checked at a few tens of ns a message, the
+same way for every transport; a round that differs is walked message by message to name the
+errors.
 
 * copied and checked (every transport): the reader copies each message out as bytes and checks
   its sequence number and its checksum (every byte of the message); errors are counted. shmbus
@@ -87,7 +90,6 @@ from tools.bench.harness import (
     SEQUENCE,
     STOP,
     BenchError,
-    Checked,
     Counter,
     Member,
     Outcome,
@@ -99,9 +101,7 @@ from tools.bench.harness import (
     percentiles_us,
     ping_loop,
     pong_loop,
-    read_checked,
     run_processes,
-    send_checked,
 )
 from tools.bench.members import (
     BATCH_ROWS,
@@ -125,6 +125,7 @@ from tools.bench.peers import (
     zmq_async_rtt,
 )
 from tools.bench.report import add_ratios, fmt, fmt_rate, machine, markdown_table, size_name
+from tools.bench.rounds import RoundCheck, Rounds, read_rounds, send_rounds
 
 SIZES = (32, 256, 4096)
 RTT_RATE = 1000  # pings per second of the paced round-trip mode
@@ -192,9 +193,7 @@ def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
     with bus_spec.connect() as bus:
         publication = _publication(bus, stream_id, deadline_after(timeout_s))
         offer = publication.offer
-        checked = Checked(size)
-        message = checked.message()
-        write = checked.write
+        rounds = Rounds(size)
         start.ready(bus.driver_pid)
         t0 = time.monotonic_ns()
         end_ns = t0 + int(duration_s * 1e9)
@@ -214,17 +213,15 @@ def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
             words[:1, 0] = words[:1, -1] = STOP
             publication.publish_many(block[:1], timeout=timeout_s)
         elif how == SHM_PUBLISH:  # as users write it: publish(message), its default timeout
-            seq, t0 = send_checked(publication.publish, checked, duration_s)
+            seq, t0 = send_rounds(publication.publish, rounds, duration_s)
         else:
-            while True:
-                write(message, seq)
+            publish = publication.publish
+
+            def send(message: bytes) -> None:
                 if offer(message) < 0:  # back-pressured: sleep until the reader moves
-                    publication.publish(message, timeout=timeout_s)
-                seq += 1
-                if not seq & 127 and time.monotonic_ns() >= end_ns:
-                    break
-            write(message, STOP)
-            publication.publish(message, timeout=timeout_s)
+                    publish(message, timeout=timeout_s)
+
+            seq, t0 = send_rounds(send, rounds, duration_s)
         done.wait(timeout_s)  # keep the publication until the reader has everything
     return {"sent": seq, "t0": t0}
 
@@ -237,21 +234,17 @@ def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
     (SHM_NOCOPY)."""
     import shmbus
 
-    tally = Counter()
-    checked = Checked(size)
-    check = checked.check
-    unpack_from, seq_offset = SEQUENCE.unpack_from, checked.seq_offset
+    rounds = Rounds(size)
     if how in (SHM, SHM_PUBLISH):
-        return _shm_messages_reader(start, bus_spec, stream_id, check, timeout_s, done)
+        return _shm_messages_reader(start, bus_spec, stream_id, rounds, timeout_s, done)
+    unpack_from, seq_offset = SEQUENCE.unpack_from, rounds.checked.seq_offset
+    round_check = RoundCheck(rounds)
+    got: list[bytes] = []
+    append, take = got.append, round_check.take
+    tally = Counter() if how == SHM_NOCOPY else round_check.tally
 
     def copied(buffer: memoryview, header: Any) -> None:
-        seq, ok = check(bytes(buffer))
-        if seq == tally.expected and ok:
-            tally.expected += 1
-        elif seq == STOP:
-            tally.stopped = True
-        else:
-            tally.bad(seq, "bad checksum" if seq == tally.expected else "out of order")
+        append(bytes(buffer))
 
     def in_place(buffer: memoryview, header: Any) -> None:
         seq = unpack_from(buffer, seq_offset)[0]
@@ -275,19 +268,20 @@ def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
             if not poll(handler, POLL_LIMIT) and not poll(handler, POLL_LIMIT, timeout=0.1):
                 if time.monotonic_ns() > deadline:
                     raise BenchError(f"reader timed out after {tally.expected} messages")
+            if got:
+                take(got)
         t1 = time.monotonic_ns()
         done.set()
     return tally.result(t1)
 
 
-def _shm_messages_reader(start: Any, bus_spec: Bus, stream_id: int,
-                         check: Callable[[bytes], tuple[int, bool]], timeout_s: float,
-                         done: Any) -> dict[str, Any]:
+def _shm_messages_reader(start: Any, bus_spec: Bus, stream_id: int, rounds: Rounds,
+                         timeout_s: float, done: Any) -> dict[str, Any]:
     """shm_reader's messages() loop: the iterator sleeps while there is nothing to read."""
     with bus_spec.connect() as bus:
         subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
         start.ready(bus.driver_pid)
-        tally = read_checked(subscription.messages(timeout=timeout_s), check)
+        tally = read_rounds(subscription.messages(timeout=timeout_s), rounds)
         t1 = time.monotonic_ns()
         done.set()
     if not tally.stopped:
@@ -742,7 +736,8 @@ Notes: shmbus = `shmbus.connect()` (embedded driver, default settings: term 1 Mi
 `{CHANNEL}`), exclusive publication / subscription in two spawned processes; back-pressured,
 the writer sleeps in publish() and an empty reader in messages() or poll(timeout=). "copied +
 checked": every message copied out as bytes (by `Subscription.messages()`, or by `bytes()` in a
-poll handler), its sequence number and CRC-32 checked; "no copy":
+poll handler), its sequence number and CRC-32 checked (every byte compared, a round of
+4,096 messages at 32 B at a time: tools/bench/rounds.py); "no copy":
 the sequence number read from the memoryview in place; batch: offer_many of ({BATCH_ROWS}, size)
 numpy arrays, poll_batch, sequence numbers at head and tail checked with numpy. Peers:
 mp.Queue(maxsize={QUEUE_DEPTH}) put/get, mp.Pipe send_bytes/recv_bytes, posix_ipc (default

@@ -5,8 +5,9 @@ iceoryx2 and eclipse-zenoh (pub/sub between two peer sessions over tcp loopback,
 congestion control BLOCK). A missing package raises ImportError in the member: the row reads "n/a".
 
 On one host (ipc.py) a link is made in the parent (make_peer_link) and each member opens its
-end (open_peer) as send / recv / close; messages are harness.Checked (every byte checked). Over
-TCP (netbridge.py) messages carry their sequence number at head and tail (harness.codec).
+end (open_peer) as send / recv / close; messages are harness.Checked, sent and checked a round
+at a time (tools/bench/rounds.py, every byte checked). Over TCP (netbridge.py) messages carry
+their sequence number at head and tail (harness.codec).
 """
 
 from __future__ import annotations
@@ -27,15 +28,13 @@ from tools.bench.harness import (
     RTT_SIZE,
     STOP,
     BenchError,
-    Checked,
-    Counter,
     async_round_trips,
     codec,
     deadline_after,
     ping_loop,
     pong_loop,
-    send_checked,
 )
+from tools.bench.rounds import RoundCheck, Rounds, read_rounds, send_rounds
 
 QUEUE = "mp.Queue"
 PIPE = "mp.Pipe"
@@ -289,10 +288,10 @@ def peer_writer(start: Any, end: PeerEnd, size: int, duration_s: float, timeout_
                 done: Any) -> dict[str, Any]:
     """Send checked messages for duration_s, then STOP."""
     send, _, close = open_peer(end, size, timeout_s)
-    checked = Checked(size)
+    rounds = Rounds(size)
     start.ready()
     try:
-        seq, t0 = send_checked(send, checked, duration_s)
+        seq, t0 = send_rounds(send, rounds, duration_s)
     except Exception as e:
         raise BenchError(f"send failed: {e!r}") from e
     done.wait(timeout_s)  # zmq and iceoryx2 may drop what is unread when an end closes
@@ -302,20 +301,14 @@ def peer_writer(start: Any, end: PeerEnd, size: int, duration_s: float, timeout_
 
 def peer_reader(start: Any, end: PeerEnd, size: int, timeout_s: float,
                 done: Any) -> dict[str, Any]:
-    """Receive until STOP, checking every message."""
+    """Receive until STOP, checking every message (a round at a time)."""
     _, recv, close = open_peer(end, size, timeout_s)
-    check = Checked(size).check
-    tally = Counter()
+    rounds = Rounds(size)
+    check = RoundCheck(rounds)
+    tally = check.tally
     start.ready()
     try:
-        while True:
-            seq, ok = check(recv())
-            if seq == tally.expected and ok:
-                tally.expected += 1
-            elif seq == STOP:
-                break
-            else:
-                tally.bad(seq, "bad checksum" if seq == tally.expected else "out of order")
+        read_rounds(iter(recv, None), rounds, check)
     except Exception as e:
         raise BenchError(f"receive failed after {tally.expected} messages: {e!r}") from e
     t1 = time.monotonic_ns()

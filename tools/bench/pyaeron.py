@@ -23,8 +23,9 @@ measurement:
 
 Throughput at 32 B, 256 B and 4 KiB: the writer sends for --duration seconds, then a STOP
 message; rate = messages / (time the reader saw STOP - time the writer started). Every message
-is a fixed body, its sequence number and a CRC-32 (harness.Checked); the reader checks each in
-order, so a lost, reordered or corrupt message fails the run. CPU per message: the CPU seconds
+is a fixed body, its sequence number and a CRC-32 (harness.Checked), made and checked a round
+at a time for both buses alike (tools/bench/rounds.py: every byte of every copied message
+compared); a lost, reordered or corrupt message fails the run. CPU per message: the CPU seconds
 of every process (writer, reader and the bus's driver) from the start to the last result, over
 the messages sent.
 
@@ -61,10 +62,7 @@ import numpy as np
 import psutil
 
 from tools.bench.harness import (
-    STOP,
     BenchError,
-    Checked,
-    Counter,
     Member,
     Outcome,
     Unavailable,
@@ -74,12 +72,11 @@ from tools.bench.harness import (
     percentiles_us,
     ping_loop,
     pong_loop,
-    read_checked,
     run_processes,
-    send_checked,
 )
 from tools.bench.members import await_image, connect_publication
 from tools.bench.report import add_ratios, fmt_rate, machine, markdown_table, size_name
+from tools.bench.rounds import RoundCheck, Rounds, read_rounds, send_rounds
 
 SIZES = (32, 256, 4096)
 CHANNEL = "aeron:ipc"
@@ -119,9 +116,9 @@ def shm_writer(start: Any, bus_dir: str, size: int, duration_s: float, timeout_s
 
     with shmbus.connect(dir=bus_dir) as bus:
         publication = connect_publication(bus, CHANNEL, 1, deadline_after(timeout_s))
-        checked = Checked(size)
+        rounds = Rounds(size)
         start.ready(bus.driver_pid)
-        seq, t0 = send_checked(publication.publish, checked, duration_s)
+        seq, t0 = send_rounds(publication.publish, rounds, duration_s)
         done.wait(timeout_s)
     return {"sent": seq, "t0": t0}
 
@@ -131,12 +128,12 @@ def shm_reader(start: Any, bus_dir: str, size: int, timeout_s: float,
     """``for message in sub.messages()`` until STOP, checking each message."""
     import shmbus
 
-    check = Checked(size).check
+    rounds = Rounds(size)
     with shmbus.connect(dir=bus_dir) as bus:
         subscription = bus.add_subscription(CHANNEL, 1)
         await_image(subscription, deadline_after(timeout_s))
         start.ready(bus.driver_pid)
-        tally = read_checked(subscription.messages(timeout=timeout_s), check)
+        tally = read_rounds(subscription.messages(timeout=timeout_s), rounds)
         t1 = time.monotonic_ns()
         done.set()
     if not tally.stopped:
@@ -254,9 +251,9 @@ def aeron_writer(start: Any, aeron_dir: str, size: int, duration_s: float, timeo
     client, _, publication = _aeron_connect(aeron_dir, None, 1, timeout_s)
     with client:
         send = _aeron_offer(publication, deadline_after(duration_s + timeout_s))
-        checked = Checked(size)
+        rounds = Rounds(size)
         start.ready()
-        seq, t0 = send_checked(send, checked, duration_s)
+        seq, t0 = send_rounds(send, rounds, duration_s)
         done.wait(timeout_s)
     return {"sent": seq, "t0": t0}
 
@@ -267,17 +264,13 @@ def aeron_reader(start: Any, aeron_dir: str, size: int, timeout_s: float,
     Aeron's back-off idle strategy after an empty poll."""
     import pyaeron
 
-    tally = Counter()
-    check = Checked(size).check
+    round_check = RoundCheck(Rounds(size))
+    tally = round_check.tally
+    got: list[bytes] = []
+    append, take = got.append, round_check.take
 
     def handler(buffer: Any, header: Any) -> None:
-        seq, ok = check(bytes(buffer))
-        if seq == tally.expected and ok:
-            tally.expected += 1
-        elif seq == STOP:
-            tally.stopped = True
-        else:
-            tally.bad(seq, "bad checksum" if seq == tally.expected else "out of order")
+        append(bytes(buffer))
 
     client, subscription, _ = _aeron_connect(aeron_dir, 1, None, timeout_s)
     with client:
@@ -288,6 +281,7 @@ def aeron_reader(start: Any, aeron_dir: str, size: int, timeout_s: float,
         while not tally.stopped:
             if poll(handler, POLL_LIMIT):
                 idle.reset()
+                take(got)
             else:
                 idle.idle(0)
                 if time.monotonic_ns() > deadline:

@@ -152,17 +152,24 @@ static void ring_disarm(FutexRing *self)
 }
 
 /* Counts this process asleep on `waiters` (and `image`, when given) and adds `wake`, as it
- * is now, to the words of the next wait (`n` of them so far). */
+ * is now, to the words of the next wait (`n` of them so far). A log's data word (`data`) is
+ * armed with a bump (arm_data_word), as every reader sleeping on it does. */
 static void ring_count(FutexRing *self, int32_t *wake, int32_t *waiters, ImageCore *image,
-                       int *n)
+                       int data, int *n)
 {
-    __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
+    int32_t value;
+    if (data) {
+        value = arm_data_word(wake, waiters);
+    } else {
+        __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
+        value = LOAD_ACQUIRE(wake);
+    }
     if (image != NULL)
         image->sleeping++;
     self->counted[self->count].waiters = waiters;
     self->counted[self->count].image = image;
     self->count++;
-    self->waitv[(*n)++] = (struct wait_entry){.val = (uint32_t)LOAD_ACQUIRE(wake),
+    self->waitv[(*n)++] = (struct wait_entry){.val = (uint32_t)value,
                                               .uaddr = (uintptr_t)wake,
                                               .flags = WAIT_ENTRY_U32};
 }
@@ -288,7 +295,7 @@ int ring_arm(FutexRing *self, SubscriptionCore *sub)
         if (image->closed || !image_owns_counter(image))
             continue; /* nothing more to read there */
         ring_count(self, meta_i32(&image->g, META_DATA_WAKE),
-                   meta_i32(&image->g, META_DATA_WAITERS), image, &n);
+                   meta_i32(&image->g, META_DATA_WAITERS), image, 1, &n);
     }
     for (int i = 0; i < self->count && !ready; i++)
         ready = image_ready(self->counted[i].image);
@@ -329,7 +336,8 @@ static PyObject *futex_ring_arm(FutexRing *self, PyObject *args)
     if (count == 0)
         Py_RETURN_NONE;
     for (int i = 0; i < count; i++)
-        ring_count(self, watches[i].wake, watches[i].waiters, NULL, &n);
+        ring_count(self, watches[i].wake, watches[i].waiters, NULL, watches[i].frame != NULL,
+                   &n);
     ready = watch_ready(watches, count); /* since the count: its writer may not have woken us */
     self->held = PyTuple_Pack(2, lists[0], lists[1]);
     if (self->held == NULL) {

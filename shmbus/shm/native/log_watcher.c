@@ -59,9 +59,13 @@ static void *watcher_main(void *arg)
         pthread_mutex_unlock(&self->lock);
 
         for (int i = 0; i < count; i++) {
+            words[i + 1] = watches[i].wake;
+            if (watches[i].frame != NULL && watches[i].waiters != NULL) {  /* a data word */
+                expected[i + 1] = arm_data_word(watches[i].wake, watches[i].waiters);
+                continue;
+            }
             if (watches[i].waiters != NULL)
                 __atomic_fetch_add(watches[i].waiters, 1, __ATOMIC_SEQ_CST);
-            words[i + 1] = watches[i].wake;
             expected[i + 1] = LOAD_ACQUIRE(watches[i].wake);
         }
         if (!watch_ready(watches, count))

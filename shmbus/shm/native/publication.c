@@ -40,6 +40,8 @@ typedef struct {
     int32_t x_term_count;
     int64_t x_term_begin_position;
     int64_t wait_spin_ns;     /* `_wait_spin_ns`: how long _await_progress looks before it sleeps */
+    int64_t woke;             /* the data word's value after this writer's last wake-up, -1:
+                               * none on this log (see wake_data_once) */
 } PublicationCore;
 
 typedef struct {
@@ -170,7 +172,8 @@ static inline int64_t current_limit(PublicationCore *self, int64_t position, int
 
 static inline void wake_readers(PublicationCore *self)
 {
-    wake_word(meta_i32(&self->g, META_DATA_WAKE), meta_i32(&self->g, META_DATA_WAITERS));
+    wake_data_once(meta_i32(&self->g, META_DATA_WAKE), meta_i32(&self->g, META_DATA_WAITERS),
+                   &self->woke);
 }
 
 /* The state a writer sees before appending; see reserve(). */
@@ -875,6 +878,7 @@ static int pub_init(PublicationCore *self, PyObject *args, PyObject *kwds)
     if (self->log_buffer != NULL)
         release_sleepers(self);
     self->g = g;
+    self->woke = -1;
     self->limit = limit;
     if (counters != Py_None) {  /* the limit is a counter: value, registration id, ... */
         self->limit_registration = LOAD_ACQUIRE(limit + 1);

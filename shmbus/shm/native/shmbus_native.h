@@ -109,6 +109,18 @@ static inline int64_t monotonic_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* How long a waiter's spin (Context.wait_spin) looks without a system call before it starts
+ * yielding the CPU between looks (wakeups.c, spin_for_images). */
+#define BUSY_LOOK_NS 2000
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CPU_RELAX() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ __volatile__("yield")
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
 static inline int64_t rd_i64(const uint8_t *p) { int64_t v; memcpy(&v, p, 8); return v; }
 static inline void wr_i32(uint8_t *p, int32_t v) { memcpy(p, &v, 4); }
 static inline void wr_i64(uint8_t *p, int64_t v) { memcpy(p, &v, 8); }
@@ -181,6 +193,37 @@ static inline void wake_word(int32_t *word, int32_t *waiters)
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(waiters, __ATOMIC_RELAXED) > 0) {
         __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+}
+
+/*
+ * A reader's arm before it sleeps on a log's data word: it counts itself among the waiters,
+ * then bumps the word and returns the new value, which it sleeps on. The bump is what lets a
+ * publication wake its readers once per sleep (wake_data_once) rather than once per message:
+ * a sleeper woken but not yet running stays counted, and without the bump a writer could not
+ * tell it from a new one.
+ */
+static inline int32_t arm_data_word(int32_t *word, int32_t *waiters)
+{
+    __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
+    return __atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST);
+}
+
+/*
+ * wake_word for a writer that remembers, in *woke (-1: never), the value it last bumped the
+ * data word to. While the word still holds that value, nobody has armed since that wake-up (a
+ * sleeper arms with a bump, arm_data_word), so every sleeper counted was woken already and the
+ * system call is skipped: a reader that takes a while to be scheduled costs its writer one
+ * wake-up, not one per message meanwhile. Otherwise as wake_word: either the writer sees the
+ * sleeper's bump or the sleeper, after it, sees the frame.
+ */
+static inline void wake_data_once(int32_t *word, int32_t *waiters, int64_t *woke)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(waiters, __ATOMIC_SEQ_CST) > 0 &&
+        (int64_t)__atomic_load_n(word, __ATOMIC_SEQ_CST) != *woke) {
+        *woke = __atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST);
         syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     }
 }

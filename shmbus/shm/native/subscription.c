@@ -288,12 +288,14 @@ typedef struct {
 static PyObject *messages_next(MessageIterator *self)
 {
     SubscriptionCore *sub = self->subscription;
-    double deadline = self->timeout > 0 ? monotonic_s() + self->timeout : 0;
+    double deadline = -1;  /* read from the clock only once there is nothing to take */
     while (!self->ended) {
         int32_t seen = sub->wake != NULL ? LOAD_ACQUIRE(sub->wake) : 0;
         PyObject *message = sub_take(sub);
         if (message != NULL || PyErr_Occurred())
             return message;
+        if (deadline < 0)
+            deadline = self->timeout > 0 ? monotonic_s() + self->timeout : 0;
         double remaining = self->timeout > 0 ? deadline - monotonic_s() : 1.0;
         double slice = remaining < 1.0 ? remaining : 1.0;  /* 1 s: to look at signals */
         self->ended = sub->closed || self->timeout == 0 || slice <= 0;

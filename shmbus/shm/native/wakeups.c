@@ -116,17 +116,6 @@ static PyObject *native_wait_word(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* Sleeps until one of `images` (a tuple of ImageCore; the first 127 count) has a frame at its
- * position, *wake (when not NULL) differs from wake_expected, or timeout_ns passes (< 0:
- * forever). Returns 1 when an image has a frame (or was closed) after the sleep, 0 when none
- * has, -1 with TypeError for an item that is not an image. Writers signal only while someone
- * sleeps (see wake_word). The caller holds the GIL; it is released while asleep. */
-/* A waiter's look before it sleeps, as Aeron's back-off idle strategy spins and yields before
- * it parks: for up to spin_ns, looks for a frame on the images, yielding the CPU and the GIL
- * between looks (with the GIL held while it looks: the conductor may close an image). A stream
- * that keeps coming never puts its reader to sleep, so its writer pays no wake-up. 1 when an
- * image has a frame or closed; 0 after spin_ns, or at once when the wake word moved (the
- * images changed: the caller looks at the new ones). */
 /* Whether the watched word of `sub` (NULL: none) no longer holds its value. Read with the GIL
  * held, from the subscription each time: _watch_word(None) drops it before its mapping goes. */
 static int watched_moved(SubscriptionCore *sub)
@@ -135,11 +124,45 @@ static int watched_moved(SubscriptionCore *sub)
            LOAD_ACQUIRE(sub->watch_word) != sub->watch_value;
 }
 
+/* 1 when one of `images` has a frame at its position or closed. */
+static int any_image_ready(PyObject *images)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images); i++) {
+        PyObject *item = PyTuple_GET_ITEM(images, i);
+        if (PyObject_TypeCheck(item, &ImageCoreType) &&
+            (((ImageCore *)item)->closed || image_ready((ImageCore *)item)))
+            return 1;
+    }
+    return 0;
+}
+
+/* A waiter's look before it sleeps, as Aeron's back-off idle strategy spins, yields and then
+ * parks: for up to spin_ns it looks for a frame on the images, for its first BUSY_LOOK_NS
+ * without a system call (a writer in full flow has its next frame out within that: a reader
+ * that drains faster than its writer writes would otherwise pay a sched_yield per message),
+ * then yielding the CPU and the GIL between looks (with the GIL held while it looks: the
+ * conductor may close an image). A stream that keeps coming never puts its reader to sleep,
+ * so its writer pays no wake-up. 1 when an image has a frame or closed; 0 after spin_ns, or at
+ * once when the wake word moved (the images changed: the caller looks at the new ones); 2 when
+ * the watched word of `watching` moved. */
 static int spin_for_images(PyObject *images, int32_t *wake, int32_t wake_expected,
                            SubscriptionCore *watching, int64_t spin_ns)
 {
-    int64_t until = monotonic_ns() + spin_ns;
-    do {
+    int64_t now = monotonic_ns();
+    int64_t until = now + spin_ns;
+    int64_t busy_until = now + (spin_ns < BUSY_LOOK_NS ? spin_ns : BUSY_LOOK_NS);
+    for (unsigned turn = 1;; turn++) {
+        if (watched_moved(watching))
+            return 2;
+        if (wake != NULL && LOAD_ACQUIRE(wake) != wake_expected)
+            return 0;
+        if (any_image_ready(images))
+            return 1;
+        CPU_RELAX();
+        if (!(turn & 15) && monotonic_ns() >= busy_until)
+            break;
+    }
+    while (monotonic_ns() < until) {
         Py_BEGIN_ALLOW_THREADS
         sched_yield();
         Py_END_ALLOW_THREADS
@@ -147,16 +170,17 @@ static int spin_for_images(PyObject *images, int32_t *wake, int32_t wake_expecte
             return 2;
         if (wake != NULL && LOAD_ACQUIRE(wake) != wake_expected)
             return 0;
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(images); i++) {
-            PyObject *item = PyTuple_GET_ITEM(images, i);
-            if (PyObject_TypeCheck(item, &ImageCoreType) &&
-                (((ImageCore *)item)->closed || image_ready((ImageCore *)item)))
-                return 1;
-        }
-    } while (monotonic_ns() < until);
+        if (any_image_ready(images))
+            return 1;
+    }
     return 0;
 }
 
+/* Sleeps until one of `images` (a tuple of ImageCore; the first 127 count) has a frame at its
+ * position, *wake (when not NULL) differs from wake_expected, or timeout_ns passes (< 0:
+ * forever). Returns 1 when an image has a frame (or was closed) after the sleep, 0 when none
+ * has, -1 with TypeError for an item that is not an image. Writers signal only while someone
+ * sleeps (see wake_word). The caller holds the GIL; it is released while asleep. */
 int wait_images(PyObject *images, int32_t *wake, int32_t wake_expected, int64_t timeout_ns,
                 int64_t spin_ns)
 {
@@ -201,11 +225,10 @@ int wait_images_watching(PyObject *images, int32_t *wake, int32_t wake_expected,
         }
         ImageCore *image = (ImageCore *)item;
         if (image->closed) { ready = 1; continue; }
-        __atomic_fetch_add(meta_i32(&image->g, META_DATA_WAITERS), 1, __ATOMIC_SEQ_CST);
+        words[count] = meta_i32(&image->g, META_DATA_WAKE);
+        expected[count] = arm_data_word(words[count], meta_i32(&image->g, META_DATA_WAITERS));
         image->sleeping++;
         sleeping[slept++] = image;
-        words[count] = meta_i32(&image->g, META_DATA_WAKE);
-        expected[count] = LOAD_ACQUIRE(words[count]);
         count++;
     }
     for (int i = 0; i < slept && !ready; i++)

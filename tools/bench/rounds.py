@@ -1,0 +1,168 @@
+"""Checked messages made and checked a round at a time, so that the check costs the benchmark
+loop a few tens of nanoseconds a message instead of several hundred.
+
+Runs in the members of a throughput measurement (tools/bench/ipc.py, peers.py, pyaeron.py): the
+writer in one process, the reader in another. Every transport is checked the same way.
+
+The messages are exactly harness.Checked's (a fixed body, then the sequence number as int64 and
+the CRC-32 of body and sequence number as uint32, little-endian), so a single message still
+checks with Checked.check. What changes is where the work is done: a round is ``count``
+consecutive messages (sequence numbers r * count ... r * count + count - 1), made with numpy for
+the whole round at once. The CRC-32 of a fixed-length message is affine in its bits, and a
+round's sequence numbers are its first one (a multiple of ``count``, a power of two) with the
+low bits set to 0 ... count - 1, so each message's CRC is the round's constant XOR a CRC of
+its low bits computed once (CRC(a | b) = CRC(a) ^ CRC(b) ^ CRC(0) when a and b share no bit). The
+writer sends the round's messages, each its own bytes object; the reader collects one round of
+copied messages and compares the list with the round it computes itself: equal lists mean
+every message has the right length and every byte is right, sequence number and checksum
+included. Only a round that differs is walked message by message (Checked.check) to count and
+name the errors; the reader then checks the rest of the run one message at a time.
+
+The writer ends a run only between rounds, with a STOP message (sequence number harness.STOP).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from itertools import islice
+from typing import Any
+
+import numpy as np
+
+from tools.bench.harness import STOP, Checked, Counter
+
+ROUND_BYTES = 1 << 20  # a round's messages take at most this much memory (1 MiB)
+MAX_ROUND = 4096  # messages per round at most
+MIN_ROUND = 64  # and at least
+
+
+def round_count(size: int) -> int:
+    """Messages in a round of ``size``-byte messages: a power of two."""
+    fits = max(MIN_ROUND, min(MAX_ROUND, ROUND_BYTES // size))
+    return 1 << (fits.bit_length() - 1)
+
+
+class Rounds:
+    """The checked messages of ``size`` bytes (at least 16), a round of ``count`` at a time."""
+
+    def __init__(self, size: int, count: int | None = None) -> None:
+        self.checked = Checked(size)
+        self.size = size
+        self.count = round_count(size) if count is None else count
+        if self.count < 1 or self.count & (self.count - 1):
+            raise ValueError(f"round of {self.count} messages: a power of two")
+        offset = self.checked.seq_offset
+        self._rows = np.empty((self.count, size), np.uint8)
+        self._rows[:] = np.frombuffer(self.checked.body + bytes(12), np.uint8)
+        self._seq = self._rows[:, offset:offset + 8]
+        self._crc = self._rows[:, offset + 8:offset + 12]
+        self._body_crc = zlib.crc32(self.checked.body)
+        self._crc_of_zero = zlib.crc32(bytes(8), self._body_crc)
+        self._ramp = np.arange(self.count, dtype="<i8")
+        # CRC of each low part (0 ... count - 1) with the high bits 0
+        self._low_crc = np.array([self._crc_of(i) for i in range(self.count)], np.uint32)
+        self._split = struct.Struct(f"{size}s" * self.count).unpack
+        stop = self.checked.message()
+        self.checked.write(stop, STOP)
+        self.stop = bytes(stop)
+
+    def _crc_of(self, seq: int) -> int:
+        return zlib.crc32(seq.to_bytes(8, "little", signed=True), self._body_crc)
+
+    def messages(self, round_no: int) -> list[bytes]:
+        """Round ``round_no`` (>= 0)'s messages, each a bytes object of ``size``."""
+        first = round_no * self.count
+        self._seq[:] = (self._ramp + first).view(np.uint8).reshape(self.count, 8)
+        crc = self._low_crc ^ np.uint32(self._crc_of(first) ^ self._crc_of_zero)
+        self._crc[:] = crc.astype("<u4").view(np.uint8).reshape(self.count, 4)
+        return list(self._split(self._rows))
+
+
+def send_rounds(send: Callable[[bytes], object], rounds: Rounds, duration_s: float
+                ) -> tuple[int, int]:
+    """Send rounds 0, 1, ... through ``send`` (one call per message) until ``duration_s`` has
+    passed at the end of a round, then STOP. Call it once the member is ready. Returns
+    (messages sent before STOP, CLOCK_MONOTONIC ns at the start)."""
+    t0 = time.monotonic_ns()
+    end_ns = t0 + int(duration_s * 1e9)
+    round_no = 0
+    while True:
+        for message in rounds.messages(round_no):
+            send(message)
+        round_no += 1
+        if time.monotonic_ns() >= end_ns:
+            break
+    send(rounds.stop)
+    return round_no * rounds.count, t0
+
+
+class RoundCheck:
+    """A reader's check of copied messages handed over in any number per call (take()): whole
+    rounds compared at once; after a round that differs, one message at a time. ``tally`` is
+    the harness.Counter (``stopped`` once STOP came)."""
+
+    def __init__(self, rounds: Rounds) -> None:
+        self.rounds = rounds
+        self.tally = Counter()
+        self._round_no = 0
+        self._single = False  # after an error: message by message
+        self._check = rounds.checked.check
+
+    def take(self, got: list[bytes]) -> None:
+        """Check the whole rounds at the head of ``got`` and remove them; once STOP is last,
+        check what is left and set ``tally.stopped``. Messages of an unfinished round stay in
+        ``got`` for the next call."""
+        count, done = self.rounds.count, 0
+        while not self._single and len(got) - done >= count:
+            chunk = got[done:done + count]
+            if chunk == self.rounds.messages(self._round_no):
+                self.tally.expected += count
+                self._round_no += 1
+                done += count
+            else:
+                self._single = True
+        if self._single or (len(got) > done and got[-1] == self.rounds.stop):
+            self._one_by_one(got[done:])
+            done = len(got)
+        del got[:done]
+
+    def finish(self, got: list[bytes]) -> None:
+        """Check what is left in ``got`` (an unfinished round: the stream ended early)."""
+        self._one_by_one(got)
+        del got[:]
+
+    def _one_by_one(self, messages: Iterable[bytes]) -> None:
+        tally = self.tally
+        for message in messages:
+            seq, ok = self._check(message)
+            if seq == tally.expected and ok:
+                tally.expected += 1
+            elif seq == STOP and ok:
+                tally.stopped = True
+                return
+            else:
+                tally.bad(seq, "bad checksum" if seq == tally.expected else "out of order")
+
+
+def read_rounds(messages: Iterable[bytes], rounds: Rounds,
+                check: RoundCheck | None = None) -> Counter:
+    """Read copied messages from ``messages`` until STOP (or its end), checking each round
+    (with ``check``, whose tally counts as it goes, if given): the tally, ``stopped`` set if
+    STOP came. A round's messages after its first are taken with itertools.islice, so the
+    iterator is drained at the speed it yields."""
+    check = RoundCheck(rounds) if check is None else check
+    iterator: Any = iter(messages)
+    rest = rounds.count - 1
+    got: list[bytes] = []
+    for first in iterator:
+        got.append(first)
+        if first != rounds.stop:
+            got.extend(islice(iterator, rest))
+        check.take(got)
+        if check.tally.stopped:
+            break
+    check.finish(got)
+    return check.tally
