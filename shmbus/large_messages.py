@@ -91,14 +91,27 @@ def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
     if publish:
         timeout = pub._default_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
-    # (every byte is copied in next: its pages mapped in one call, not a fault per page; a
-    # LargeClaim is not, as its writer may fill only part of it)
-    start = reserve(pub, ring, length, deadline, populate=True)
-    if start < 0:
-        if publish:
-            raise PublicationError(start, f"offer not accepted within {timeout} s: "
-                                   f"{codes.result_name(start)}")
-        return start
+    if not ring.enter():  # closed meanwhile: the client is rebinding or closing the publication
+        result = codes.CLOSED if pub.is_closed else codes.NOT_CONNECTED
+    else:
+        try:
+            # (every byte is copied in next: its pages mapped in one call, not a fault per
+            # page; a LargeClaim is not, as its writer may fill only part of it)
+            result = reserve(pub, ring, length, deadline, populate=True)
+            if result >= 0:
+                result = _fill_and_offer(pub, ring, result, views, length, reserved_value,
+                                         deadline, timeout)
+        finally:
+            ring.leave()
+    if result < 0 and publish:
+        raise PublicationError(result, f"offer not accepted within {timeout} s: "
+                               f"{codes.result_name(result)}")
+    return result
+
+
+def _fill_and_offer(pub: Publication, ring: BlockRing, start: int, views: list[memoryview],
+                    length: int, reserved_value: int, deadline: float | None,
+                    timeout: float | None) -> int:
     try:
         target = ring.payload(start, length)
         at = 0
@@ -106,11 +119,10 @@ def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
             target[at:at + view.nbytes] = view
             at += view.nbytes
         target.release()
-        result = offer_reference(pub, ring, start, length, reserved_value, deadline, timeout)
+        return offer_reference(pub, ring, start, length, reserved_value, deadline, timeout)
     except BaseException:
         ring.abandon(start)
         raise
-    return result
 
 
 def reserve(pub: Publication, ring: BlockRing, length: int, deadline: float | None,
@@ -120,6 +132,8 @@ def reserve(pub: Publication, ring: BlockRing, length: int, deadline: float | No
     seconds; None: one try). OSError when /dev/shm cannot hold it."""
     pid = os.getpid()
     while True:
+        if ring.closed:  # the publication was rebound to a new log (and ring) or closed
+            return codes.CLOSED if pub.is_closed else codes.NOT_CONNECTED
         if not pub.is_connected:
             result = codes.NOT_CONNECTED
         else:
@@ -140,15 +154,21 @@ def offer_reference(pub: Publication, ring: BlockRing, start: int, length: int,
     or (``deadline`` None) the code of a refused offer, the block abandoned."""
     reference = encode_reference(start, length)
     while True:
-        result, frame_offset = pub._claim(REFERENCE_LENGTH, reserved_value)
-        if result > 0:
-            view = pub._claim_view(frame_offset, REFERENCE_LENGTH)
-            view[:] = reference
-            view.release()
-            pub.log.buffer.put_bytes(frame_offset + _FLAGS_OFFSET, bytes([REFERENCE_FLAGS]))
-            pub._commit(frame_offset)
-            ring.commit(start, result)
-            return result
+        with pub._ring_lock:  # the log the frame goes into is the ring's own
+            if pub._blocks is not ring:
+                result = codes.CLOSED if pub.is_closed else codes.NOT_CONNECTED
+                ring.abandon(start)  # (in a ring nobody writes to any more)
+                return result
+            result, frame_offset = pub._claim(REFERENCE_LENGTH, reserved_value)
+            if result > 0:
+                view = pub._claim_view(frame_offset, REFERENCE_LENGTH)
+                view[:] = reference
+                view.release()
+                pub.log.buffer.put_bytes(frame_offset + _FLAGS_OFFSET,
+                                         bytes([REFERENCE_FLAGS]))
+                pub._commit(frame_offset)
+                ring.commit(start, result)
+                return result
         if deadline is None:
             ring.abandon(start)
             return result
@@ -174,12 +194,17 @@ class LargeClaim:
         self._length = length
         self._reserved_value = reserved_value
         self.buffer: memoryview | None = None
-        self._ring = publication._block_ring(length, claim=True)
+        self._ring = ring = publication._block_ring(length, claim=True)
+        if not ring.enter():  # closed meanwhile (the publication rebound or closed)
+            self.result = codes.CLOSED if publication.is_closed else codes.NOT_CONNECTED
+            return
         # (deadline, monotonic seconds: keep trying while back-pressured or not connected)
-        self._start = reserve(publication, self._ring, length, deadline)
+        self._start = reserve(publication, ring, length, deadline)
         self.result = self._start if self._start < 0 else 1
         if self._start >= 0:
-            self.buffer = self._ring.payload(self._start, length)
+            self.buffer = ring.payload(self._start, length)
+        else:
+            ring.leave()
 
     def __bool__(self) -> bool:
         return self.result > 0
@@ -197,11 +222,19 @@ class LargeClaim:
         except BaseException:
             self._ring.abandon(self._start)
             raise
+        finally:
+            self._ring.leave()
+        if self.result < 0:  # the publication was rebound to a new log, or closed
+            raise PublicationError(self.result, "the claimed block was dropped: its "
+                                   "publication was closed or moved to a new log")
 
     def abort(self) -> None:
         """Give the block up, unpublished."""
         self._take_buffer().release()
-        self._ring.abandon(self._start)
+        try:
+            self._ring.abandon(self._start)
+        finally:
+            self._ring.leave()
 
     def _take_buffer(self) -> memoryview:
         if self.buffer is None:

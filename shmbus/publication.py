@@ -10,7 +10,7 @@ different writers never interleave. Both return Aeron's codes from ``offer`` (se
 
 from __future__ import annotations
 
-import contextlib
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -141,6 +141,9 @@ class Publication(PublicationCore):
         counters: AtomicBuffer | None = None,
     ) -> None:
         self._blocks: BlockRing | None = None
+        #: held while the ring is swapped or closed, and by a large offer from its check
+        #: that the ring is still this one to its commit (large_messages.offer_reference)
+        self._ring_lock = threading.Lock()
         self._bind(log, limit, counters)
         self.channel = channel
         self.registration_id = registration_id
@@ -160,11 +163,14 @@ class Publication(PublicationCore):
         self.log = log
         # the log's block ring, mapped now (no memory until a writer uses it): a driver that
         # dies may have its files removed by the next one before this client hears of it
-        blocks, self._blocks = self._blocks, None
+        try:
+            blocks: BlockRing | None = BlockRing.open(ring_path(log.path))
+        except FileNotFoundError:  # a UDP publication has none
+            blocks = None
+        with self._ring_lock:
+            blocks, self._blocks = self._blocks, blocks
         if blocks is not None:
             blocks.close()
-        with contextlib.suppress(FileNotFoundError):  # a UDP publication has none
-            self._blocks = BlockRing.open(ring_path(log.path))
 
     def _detach(self) -> None:
         """The driver is gone (the client reconnects): claims not yet committed are aborted,
@@ -208,14 +214,17 @@ class Publication(PublicationCore):
         return offer_large(self, buffers, reserved_value, publish, timeout)
 
     def _block_ring(self, length: int, claim: bool = False) -> BlockRing:
-        if self._blocks is None:
-            if claim:
-                self._blocks = open_ring(self.log.path, self.channel, self.max_payload_length,
-                                         length, "claim", "max payload (mtu - 32)")
-            else:
-                self._blocks = open_ring(self.log.path, self.channel, self.max_message_length,
-                                         length, "message", "max message length")
-        return self._blocks
+        with self._ring_lock:
+            if self._blocks is None:
+                if claim:
+                    self._blocks = open_ring(self.log.path, self.channel,
+                                             self.max_payload_length, length, "claim",
+                                             "max payload (mtu - 32)")
+                else:
+                    self._blocks = open_ring(self.log.path, self.channel,
+                                             self.max_message_length, length, "message",
+                                             "max message length")
+            return self._blocks
 
     def _publish_refused(self, buffers: tuple[Buffer, ...], result: int, timeout: float | None,
                          reserved_value: int) -> int:
@@ -404,7 +413,8 @@ class Publication(PublicationCore):
             return
         self._abort_claims()
         self._close_core()
-        blocks, self._blocks = self._blocks, None
+        with self._ring_lock:
+            blocks, self._blocks = self._blocks, None
         if blocks is not None:
             blocks.close()
         on_close, self._on_close, self._on_destination = self._on_close, None, None

@@ -38,6 +38,7 @@ import errno
 import mmap
 import os
 import struct
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -153,6 +154,12 @@ class BlockRing:
         self._next_look = 0.0
         #: ring bytes from 0 this process has populated (see _populate)
         self._populated_warm = 0
+        # uses of the mapping in progress (enter/leave) and whether close was asked: close
+        # may come from the client's conductor thread (a driver restart rebinds the
+        # publication) while a writer thread is between reserve and commit
+        self._use_lock = threading.Lock()
+        self._users = 0
+        self.closed = False
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], max_message_length: int) -> BlockRing:
@@ -339,17 +346,24 @@ class BlockRing:
 
     def view(self, reference: bytes | memoryview) -> memoryview | None:
         """The read-only payload a reference frame refers to; None when the block is gone (the
-        driver freed it: its reader was no longer counted, dropped as dead or resting)."""
+        driver freed it: its reader was no longer counted, dropped as dead or resting), or the
+        ring is closed (its image closed meanwhile)."""
         ring_position, length = decode_reference(reference)
-        if (self.buffer.get_int64_acquire(_HEAD) > ring_position
-                or ring_position + length > self.buffer.get_int64_acquire(_TAIL)):
+        if not self.enter():
             return None
-        at = HEADER_PAGE + ring_position % self.capacity
-        if (self.buffer.get_int64_acquire(at + _STATE) == FREE
-                or self.buffer.get_int64(at + _LENGTH) != length):
-            return None
-        start = at + BLOCK_HEADER
-        return self._memory[start:start + length].toreadonly()
+        try:
+            if (self.buffer.get_int64_acquire(_HEAD) > ring_position
+                    or ring_position + length > self.buffer.get_int64_acquire(_TAIL)):
+                return None
+            at = HEADER_PAGE + ring_position % self.capacity
+            if (self.buffer.get_int64_acquire(at + _STATE) == FREE
+                    or self.buffer.get_int64(at + _LENGTH) != length):
+                return None
+            start = at + BLOCK_HEADER
+            # (the mapping outlives close while this view of it is held: see _unmap)
+            return self._memory[start:start + length].toreadonly()
+        finally:
+            self.leave()
 
     # -- the driver -----------------------------------------------------------------------------
 
@@ -406,7 +420,35 @@ class BlockRing:
         if start < end:
             self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + start, end - start)
 
+    def enter(self) -> bool:
+        """Begin a use of the mapping (a writer's reserve to commit or abandon): it stays
+        mapped until the matching :meth:`leave`. False once closed: do not use it."""
+        with self._use_lock:
+            if self.closed:
+                return False
+            self._users += 1
+            return True
+
+    def leave(self) -> None:
+        """End a use begun by :meth:`enter`; the last one after a close unmaps."""
+        with self._use_lock:
+            self._users -= 1
+            unmap = self.closed and self._users == 0
+        if unmap:
+            self._unmap()
+
     def close(self) -> None:
+        """Close: unmapped now, or by the last :meth:`leave` of a use in progress.
+        Idempotent; any thread may call it."""
+        with self._use_lock:
+            if self.closed:
+                return
+            self.closed = True
+            unmap = self._users == 0
+        if unmap:
+            self._unmap()
+
+    def _unmap(self) -> None:
         """Unmap (when no view of it is held any more) and close the file."""
         self.buffer.release()
         try:

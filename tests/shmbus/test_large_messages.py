@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -190,6 +191,46 @@ def test_try_claim_past_the_log_fills_a_block_in_place(bus_context, driver):
         assert got == [(data, 42)]
         assert list(sub.messages(timeout=0.2)) == []  # the aborted one never appears
         wait_until(lambda: ring_in_use(bus_context) == 0, 5, "both blocks freed")
+
+
+def test_a_publication_closed_under_a_large_offer_or_claim_refuses_cleanly(small_ring_context):
+    """Another thread closes the publication (as the client's conductor does when it rebinds
+    it to a restarted driver's log) while a publish waits for room in the ring and while a
+    claim is being filled: each ends with PublicationError(CLOSED), not a failure inside the
+    unmapped ring, and the reader sees only the messages committed before."""
+    with shmbus.connect(small_ring_context) as bus:
+        pub = bus.add_exclusive_publication("aeron:ipc", 8)
+        sub = bus.add_subscription("aeron:ipc", 8)  # reads nothing until the end
+        connected(pub)
+        sent = [lw.message(4, i, 700_000) for i in range(2)]
+        for data in sent:
+            pub.publish(data)
+        claim = pub.try_claim(300_000)
+        assert isinstance(claim, shmbus.LargeClaim) and claim.buffer is not None
+        claim.buffer[:1000] = b"x" * 1000  # half-filled when the publication goes
+        outcome: list[BaseException] = []
+
+        def publish_third() -> None:
+            try:
+                pub.publish(lw.message(4, 2, 700_000), timeout=30)
+            except BaseException as error:
+                outcome.append(error)
+
+        writer = threading.Thread(target=publish_third)
+        writer.start()
+        # (it waits for room: the ring holds two of these and the claim)
+        wait_until(lambda: pub._blocks.writer_waiting(), 10, "the writer waiting for room")
+        assert not outcome and writer.is_alive()
+        pub.close()
+        writer.join(10)
+        assert not writer.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], shmbus.PublicationError), outcome
+        assert outcome[0].code == shmbus.codes.CLOSED
+        with pytest.raises(shmbus.PublicationError) as info:
+            claim.commit()
+        assert info.value.code == shmbus.codes.CLOSED
+        got = [bytes(m) for m in sub.messages(timeout=0.5)]
+        assert got == sent
 
 
 def test_past_the_context_limit_the_error_names_the_setting(small_ring_context):
