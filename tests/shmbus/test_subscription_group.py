@@ -196,20 +196,34 @@ def test_a_member_sigkilled_mid_claim_has_only_the_task_in_its_hand_done_twice(
     victim.join(10)
     in_hand = read_records([paths[0]])[paths[0]][-1]
     records = wait_for_tasks(paths, all_tasks(1, tasks), 120, members + pubs)
-    with shmbus.connect(bus_context) as bus:
-        deadline = time.monotonic() + 10  # the driver times the victim's client out
-        while counter_values(bus, GROUP_MEMBERS) != [3]:
+    redelivered = redelivered_once_members_are(bus_context, 3)
+    finish(stop, results, members[1:] + pubs, 3 + 1)
+    assert_only_the_task_in_hand_went_twice(records, all_tasks(1, tasks), in_hand, paths[0],
+                                            50, redelivered)
+
+
+def redelivered_once_members_are(context: shmbus.Context, members: int) -> list[int]:
+    """Wait (10 s at most) until the group has ``members`` members (the driver timed a killed
+    one's client out); then the group's redelivered counters."""
+    with shmbus.connect(context) as bus:
+        deadline = time.monotonic() + 10
+        while counter_values(bus, GROUP_MEMBERS) != [members]:
             assert time.monotonic() < deadline, counter_values(bus, GROUP_MEMBERS)
             time.sleep(0.05)
-        redelivered = counter_values(bus, GROUP_REDELIVERED)
-    finish(stop, results, members[1:] + pubs, 3 + 1)
+        return counter_values(bus, GROUP_REDELIVERED)
+
+
+def assert_only_the_task_in_hand_went_twice(
+        records: dict[Path, list[tuple[int, int]]], expected: set[tuple[int, int]],
+        in_hand: tuple[int, int], victim: Path, victim_tasks: int,
+        redelivered: list[int]) -> None:
+    """The rule: a task is done once its handler returns; a victim killed inside the handler
+    of the task in its hand leaves that task, and only it, to go to another member too."""
     handed = collections.Counter(t for tasks_ in records.values() for t in tasks_)
-    assert set(handed) == all_tasks(1, tasks), "a task was lost"
+    assert set(handed) == expected, "a task was lost"
     twice = {task for task, n in handed.items() if n > 1}
-    # the rule: a task is done once its handler returns; the victim died inside the handler
-    # of the task in its hand, so that task, and only it, went to another member too
     assert twice == {in_hand} and handed[in_hand] == 2
-    assert len(records[paths[0]]) == 50
+    assert len(records[victim]) == victim_tasks
     # what was handed on: the task in hand and the rest of the victim's claim
     assert redelivered and redelivered[0] >= 1
 

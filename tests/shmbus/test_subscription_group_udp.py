@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import shmbus
-from shmbus.shm.counters import GROUP_CLAIM, GROUP_MEMBERS, GROUP_POS, GROUP_REDELIVERED
+from shmbus.shm.counters import GROUP_CLAIM, GROUP_MEMBERS, GROUP_POS
 from tests.conftest import stop_driver
 from tests.netbridge.test_end_to_end import bus_pair, free_udp_port
 from tests.shmbus import group_workers as gw
@@ -29,9 +29,11 @@ from tests.shmbus.test_subscription_group import (
     CTX,
     STREAM,
     all_tasks,
+    assert_only_the_task_in_hand_went_twice,
     counter_values,
     finish,
     read_records,
+    redelivered_once_members_are,
     wait_for_tasks,
 )
 
@@ -108,19 +110,10 @@ def test_a_member_sigkilled_mid_claim_has_only_the_task_in_its_hand_done_twice(
     members[0].join(10)
     in_hand = read_records([paths[0]])[paths[0]][-1]
     records = wait_for_tasks(paths, all_tasks(1, tasks), 150, members + pubs)
-    with shmbus.connect(buses[1]) as bus:
-        deadline = time.monotonic() + 10  # B's driver times the victim's client out
-        while counter_values(bus, GROUP_MEMBERS) != [2]:
-            assert time.monotonic() < deadline, counter_values(bus, GROUP_MEMBERS)
-            time.sleep(0.05)
-        redelivered = counter_values(bus, GROUP_REDELIVERED)
+    redelivered = redelivered_once_members_are(buses[1], 2)  # B's driver timed it out
     finish(stop, results, members[1:] + pubs, 2 + 1)
-    handed = collections.Counter(t for tasks_ in records.values() for t in tasks_)
-    assert set(handed) == all_tasks(1, tasks), "a task was lost"
-    twice = {task for task, n in handed.items() if n > 1}
-    assert twice == {in_hand} and handed[in_hand] == 2
-    assert len(records[paths[0]]) == 50
-    assert redelivered and redelivered[0] >= 1
+    assert_only_the_task_in_hand_went_twice(records, all_tasks(1, tasks), in_hand, paths[0],
+                                            50, redelivered)
 
 
 def test_the_receiver_holds_the_publisher_behind_the_groups_oldest_unfinished_claim(
