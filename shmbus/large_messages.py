@@ -17,6 +17,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from shmbus import codes
 from shmbus.errors import PublicationError
 from shmbus.shm.block_ring import (
@@ -67,6 +69,20 @@ def _buffers_length(buffers: tuple[Any, ...]) -> tuple[list[memoryview], int]:
     return views, sum(v.nbytes for v in views)
 
 
+#: from this many bytes on a part of a message is copied by numpy, with the GIL released
+_GIL_FREE_COPY = 1 << 16
+
+
+def _copy(target: memoryview, at: int, view: memoryview) -> None:
+    """Copy ``view`` into ``target`` at ``at``; a long one with the GIL released (numpy's
+    contiguous copy), so other threads of the writer run meanwhile."""
+    n = view.nbytes
+    if n < _GIL_FREE_COPY:
+        target[at:at + n] = view
+    else:
+        np.copyto(np.frombuffer(target, np.uint8, n, at), np.frombuffer(view, np.uint8))
+
+
 def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
                 publish: bool, timeout: float | None) -> int:
     """offer() (``publish`` False: once, a code when refused) or publish() (retries until
@@ -103,7 +119,7 @@ def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
         target = ring.payload(start, length)
         at = 0
         for view in views:
-            target[at:at + view.nbytes] = view
+            _copy(target, at, view)
             at += view.nbytes
         target.release()
         result = offer_reference(pub, ring, start, length, reserved_value, deadline, timeout)

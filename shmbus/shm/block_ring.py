@@ -31,11 +31,12 @@ end of the ring is preceded by a free padding block up to the end.
   rather than take cold pages, so readers and writer overlap on two blocks); it is allocated
   once (a mark in the header) and mapped once per copying writer, so a stream of long messages
   reuses the same pages and pays no allocation, zeroing or page fault per message. Its
-  /dev/shm cost: a stream of 256 MiB messages holds 512 MiB (and 8 KiB) while it sends them;
-  where /dev/shm cannot hold a second block, the writer waits until the ring is empty and
-  reuses the first (one block at a time: 256 MiB and a page, more than Docker's default 64 MiB
-  /dev/shm, which takes messages up to about 64 MiB). Once the ring has been empty and idle
-  for ``WARM_IDLE_S`` (5 s), the driver gives back what lies past ``WARM_BYTES``.
+  /dev/shm cost: a stream of 256 MiB messages holds 512 MiB and 16 KiB while it runs. Where
+  /dev/shm cannot hold a second block the writer waits until the ring is empty and reuses the
+  first: one block at a time, so a 256 MiB message needs 256 MiB and 8 KiB free (Docker's
+  default 64 MiB /dev/shm takes messages up to what the bus's logs leave free of it). Once
+  the ring has been empty and idle for ``WARM_IDLE_S`` (5 s), the driver gives back what lies
+  past ``WARM_BYTES``.
 
 Every field another process writes is read and written through :class:`AtomicBuffer`.
 """
