@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import math
 import struct
 from typing import Any
 
@@ -78,7 +79,7 @@ def decode_array(buffer: Any, copy: bool) -> np.ndarray[Any, Any]:
     valid as long as the buffer's memory is) or a writable copy with the same order."""
     length = header_length(buffer)
     dtype, shape, fortran = _fields(bytes(buffer[_PREFIX.size:length]))
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     nbytes = count * dtype.itemsize
     if len(buffer) - length != nbytes:
         raise ValueError(f"array message of {len(buffer) - length} data bytes, header says "

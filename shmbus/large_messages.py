@@ -17,6 +17,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from shmbus import codes
 from shmbus.errors import PublicationError
 from shmbus.shm.block_ring import (
@@ -65,6 +67,20 @@ def _buffers_length(buffers: tuple[Any, ...]) -> tuple[list[memoryview], int]:
             raise ValueError("a message buffer must be C-contiguous")
         views.append(view.cast("B") if view.ndim != 1 or view.format != "B" else view)
     return views, sum(v.nbytes for v in views)
+
+
+#: from this many bytes on a part of a message is copied by numpy, with the GIL released
+_GIL_FREE_COPY = 1 << 16
+
+
+def _copy(target: memoryview, at: int, view: memoryview) -> None:
+    """Copy ``view`` into ``target`` at ``at``; a long one with the GIL released (numpy's
+    contiguous copy), so other threads of the writer run meanwhile."""
+    n = view.nbytes
+    if n < _GIL_FREE_COPY:
+        target[at:at + n] = view
+    else:
+        np.copyto(np.frombuffer(target, np.uint8, n, at), np.frombuffer(view, np.uint8))
 
 
 def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
@@ -116,7 +132,7 @@ def _fill_and_offer(pub: Publication, ring: BlockRing, start: int, views: list[m
         target = ring.payload(start, length)
         at = 0
         for view in views:
-            target[at:at + view.nbytes] = view
+            _copy(target, at, view)
             at += view.nbytes
         target.release()
         return offer_reference(pub, ring, start, length, reserved_value, deadline, timeout)

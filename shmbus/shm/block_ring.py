@@ -20,14 +20,23 @@ end of the ring is preceded by a free padding block up to the end.
 * A block is FILLING until its reference frame is in the log; then COMMITTED with the stream
   position after that frame. The driver (the only one that frees) walks from the free head:
   a COMMITTED block whose position every counted reader has reached, or a FREE one (padding,
-  abandoned), is released: its pages go back to /dev/shm (MADV_REMOVE; but the first
-  ``WARM_BYTES`` of the ring, where a writer starts again once it is free, keep theirs),
-  then the free head is release-stored. Blocks of at most ``WARM_BYTES / 2`` stay in the warm
-  beginning (a writer waits for room there rather than take cold pages); the warm beginning is
-  allocated once (a mark in the header) and mapped once per copying writer. A FILLING block of a
-  dead writer is committed at
+  abandoned), is released: its pages go back to /dev/shm (MADV_REMOVE; but the warm
+  beginning of the ring, where a writer starts again once it is free, keeps its pages), then
+  the free head is release-stored. A FILLING block of a dead writer is committed at
   the producer position (its reference, if any, lies before it). Readers holding a block
   hold their position before its reference frame, so they hold the block.
+* The warm beginning is ``WARM_BYTES`` (64 MiB) of the ring, or, after longer messages, room
+  for two of the longest one reserved (a header field writers raise under the lock, at most
+  the whole ring). Blocks of at most half of it stay there (a writer waits for room there
+  rather than take cold pages, so readers and writer overlap on two blocks); it is allocated
+  once (a mark in the header) and mapped once per copying writer, so a stream of long messages
+  reuses the same pages and pays no allocation, zeroing or page fault per message. Its
+  /dev/shm cost: a stream of 256 MiB messages holds 512 MiB and 16 KiB while it runs. Where
+  /dev/shm cannot hold a second block the writer waits until the ring is empty and reuses the
+  first: one block at a time, so a 256 MiB message needs 256 MiB and 8 KiB free (Docker's
+  default 64 MiB /dev/shm takes messages up to what the bus's logs leave free of it). Once
+  the ring has been empty and idle for ``WARM_IDLE_S`` (5 s), the driver gives back what lies
+  past ``WARM_BYTES``.
 
 Every field another process writes is read and written through :class:`AtomicBuffer`.
 """
@@ -61,6 +70,14 @@ _WARM_ALLOCATED = 256
 #: 1 while a writer found no room (readers then wake the driver as they move); the driver
 #: clears it when it frees
 _WRITER_WAITING = 320
+#: the size of the warm beginning (0: WARM_BYTES): writers raise it (under the lock) to hold two
+#: of the longest message they reserve, the driver lowers it once the ring is empty and idle
+_WARM_LIMIT = 384
+#: how many times the driver lowered the warm limit (writers' populated marks are stale then)
+_WARM_GENERATION = 448
+
+#: seconds an empty ring keeps a warm beginning past WARM_BYTES before the driver gives it back
+WARM_IDLE_S = 5.0
 
 #: madvise(2) advice: fault a range's page tables in at once for writing (Linux 5.14+; Python
 #: 3.11's mmap module has no name for it)
@@ -152,8 +169,13 @@ class BlockRing:
         self.max_message_length = self.capacity // 2 - BLOCK_HEADER
         self._ready = False
         self._next_look = 0.0
-        #: ring bytes from 0 this process has populated (see _populate)
+        #: ring bytes from 0 this process has populated (see _populate), and in which
+        #: generation of the warm beginning
         self._populated_warm = 0
+        self._populated_generation = 0
+        #: (the driver's) the reserve tail last seen, and when it was last seen to move
+        self._seen_tail = -1
+        self._tail_moved_at = 0.0
         # uses of the mapping in progress (enter/leave) and whether close was asked: close
         # may come from the client's conductor thread (a driver restart rebinds the
         # publication) while a writer thread is between reserve and commit
@@ -235,6 +257,7 @@ class BlockRing:
             tail = b.get_int64(_TAIL)
             head = b.get_int64_acquire(_HEAD)
             at = tail % self.capacity
+            warm = self._raise_warm_limit(need)
             # past the end, or past the warm beginning (WARM_BYTES, whose pages are kept) while
             # the beginning is free again: start again there (no allocation, no page faults).
             # A block of at most half the warm beginning always goes there, waiting for room
@@ -243,15 +266,34 @@ class BlockRing:
             # pages on every message
             warm_free = head == tail or (head % self.capacity >= need and head // self.capacity
                                          == tail // self.capacity)
-            warm_only = need <= WARM_BYTES // 2
+            warm_only = need <= warm // 2
             pad = self.capacity - at if at and (
                 at + need > self.capacity
-                or (at + need > WARM_BYTES and (warm_free or warm_only))) else 0
+                or (at + need > warm and (warm_free or warm_only))) else 0
+            if (pad and head == tail and pad + need > self.capacity
+                    and at + need <= self.capacity):
+                # an empty ring whose block would overlap its own padding: place it here, as
+                # waiting would wait for nothing
+                pad = 0
             if tail + pad + need - head > self.capacity:
                 b.put_int64_release(_WRITER_WAITING, 1)
                 raise BlockRingFullError
             start = tail + pad
-            self._allocate(start % self.capacity, need)
+            try:
+                self._allocate(start % self.capacity, need)
+            except OSError as e:
+                # /dev/shm cannot hold one more block, but the allocated warm beginning holds
+                # this one: start there now if the ring is empty, else wait until it is
+                # (back-pressure), as a writer of one block at a time did before the warm
+                # beginning grew
+                if (e.errno != errno.ENOSPC or start % self.capacity == 0
+                        or need > b.get_int64_acquire(_WARM_ALLOCATED)):
+                    raise
+                if head != tail or pad or need > at:
+                    b.put_int64_release(_WRITER_WAITING, 1)
+                    raise BlockRingFullError from e
+                pad = self.capacity - at
+                start = tail + pad
             self._write_header(start, need, FILLING, length, pid)
             if pad:  # the padding block's header page is free space too: allocate it
                 self._allocate(at, PAGE)
@@ -263,6 +305,21 @@ class BlockRing:
             self._populate(start, need)
         return start
 
+    def warm_limit(self) -> int:
+        """The size of the warm beginning now (WARM_BYTES, or more after long messages)."""
+        return self.buffer.get_int64_acquire(_WARM_LIMIT) or WARM_BYTES
+
+    def _raise_warm_limit(self, need: int) -> int:
+        """(Under the reserve lock.) The warm beginning, raised to hold two blocks of ``need``
+        bytes (at most the whole ring): a stream of long messages then reuses the same pages
+        instead of taking (zeroed, faulted) fresh ones for each."""
+        warm = self.warm_limit()
+        wanted = min(self.capacity, 2 * need)
+        if wanted > warm:
+            self.buffer.put_int64_release(_WARM_LIMIT, wanted)
+            return wanted
+        return warm
+
     def _populate(self, ring_position: int, span: int) -> None:
         """Map a reserved block's pages into this process in one call: the writer's copy then
         runs at memory speed instead of taking a page fault per 4 KiB (on fresh pages that
@@ -270,14 +327,18 @@ class BlockRing:
         The warm beginning stays mapped once populated (its pages are never given back), so
         this process does it there once."""
         at = ring_position % self.capacity
+        generation = self.buffer.get_int64_acquire(_WARM_GENERATION)
+        if generation != self._populated_generation:  # the driver gave warm pages back
+            self._populated_warm, self._populated_generation = 0, generation
         if at + span <= self._populated_warm:
             return
         try:
             self._mmap.madvise(_MADV_POPULATE_WRITE, HEADER_PAGE + at, span)
         except OSError:
             return
-        if at <= self._populated_warm < WARM_BYTES:
-            self._populated_warm = min(at + span, WARM_BYTES)
+        warm = self.warm_limit()
+        if at <= self._populated_warm < warm:
+            self._populated_warm = min(at + span, warm)
 
     def _try_lock(self, pid: int) -> bool:
         b = self.buffer
@@ -302,8 +363,9 @@ class BlockRing:
             return
         start = max(at, warm)
         self._allocate_at(HEADER_PAGE + start, end - start)
-        if start == warm and warm < WARM_BYTES:
-            b.put_int64_release(_WARM_ALLOCATED, min(end, WARM_BYTES))
+        limit = self.warm_limit()
+        if start == warm and warm < limit:
+            b.put_int64_release(_WARM_ALLOCATED, min(end, limit))
 
     def _allocate_at(self, offset: int, length: int) -> None:
         try:
@@ -384,6 +446,10 @@ class BlockRing:
         b = self.buffer
         start = head = b.get_int64(_HEAD)
         tail = b.get_int64_acquire(_TAIL)
+        if tail != self._seen_tail:
+            self._seen_tail, self._tail_moved_at = tail, time.monotonic()
+        elif head == tail and time.monotonic() - self._tail_moved_at > WARM_IDLE_S:
+            self._cool_down()
         while head < tail:
             at = HEADER_PAGE + head % self.capacity
             state = b.get_int64_acquire(at + _STATE)
@@ -409,14 +475,36 @@ class BlockRing:
         b.put_int64_release(_WRITER_WAITING, 0)
         return freed
 
+    def _cool_down(self) -> None:
+        """(The driver, on an empty ring idle for WARM_IDLE_S.) Give back the warm beginning
+        past WARM_BYTES: under the reserve lock (no writer is placing a block), and only while
+        the ring is still empty, so no block lies there."""
+        b = self.buffer
+        if b.get_int64_acquire(_WARM_LIMIT) <= WARM_BYTES:
+            return
+        pid = os.getpid()
+        if not b.compare_and_set_int64(_LOCK, 0, pid):
+            return  # a writer is reserving: not idle after all
+        try:
+            if b.get_int64_acquire(_TAIL) != b.get_int64_acquire(_HEAD):
+                return
+            b.put_int64_release(_WARM_LIMIT, 0)
+            if b.get_int64_acquire(_WARM_ALLOCATED) > WARM_BYTES:
+                b.put_int64_release(_WARM_ALLOCATED, WARM_BYTES)
+            b.put_int64_release(_WARM_GENERATION, b.get_int64(_WARM_GENERATION) + 1)
+            self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + WARM_BYTES,
+                               self.capacity - WARM_BYTES)
+        finally:
+            b.put_int64_release(_LOCK, 0)
+
     def writer_waiting(self) -> bool:
         """Whether a writer found the ring full since the driver last freed a block."""
         return self._is_ready() and self.buffer.get_int64_acquire(_WRITER_WAITING) != 0
 
     def _give_back(self, start: int, end: int) -> None:
-        """Return the pages of ring offsets [start, end) to /dev/shm, but for the first
-        WARM_BYTES of the ring, which writers reuse whenever the ring empties."""
-        start = max(start, WARM_BYTES)
+        """Return the pages of ring offsets [start, end) to /dev/shm, but for the warm
+        beginning of the ring, which writers reuse whenever the ring empties."""
+        start = max(start, self.warm_limit())
         if start < end:
             self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + start, end - start)
 

@@ -450,3 +450,85 @@ def test_publish_many_names_the_message_a_channel_cannot_take(small_ring_context
         udp = bus.add_publication("aeron:udp?endpoint=127.0.0.1:40932", 17)
         with pytest.raises(ValueError, match=r"message 0 of 2 .*Context\.udp_term_length"):
             udp.publish_many([bytes(udp.max_message_length + 1), b"x"])
+
+
+def ring_bytes_held(context: shmbus.Context) -> int:
+    """The /dev/shm bytes the bus's block rings hold (tmpfs counts allocated pages)."""
+    return sum(path.stat().st_blocks * 512 for path in rings(context))
+
+
+def test_messages_past_half_the_warm_beginning_reuse_two_blocks_then_give_them_back(
+        bus_context, driver, procs):
+    """A stream of 40 MiB messages (more than WARM_BYTES / 2) to two reader processes: the
+    warm beginning grows to two such blocks and the stream reuses them (the ring holds no more
+    than two blocks' pages while it runs and after); once the empty ring has been idle for
+    WARM_IDLE_S the driver gives back what lies past WARM_BYTES, and the ring file goes with
+    the publication."""
+    from shmbus.shm import block_ring as br
+
+    context = bus_context
+    length = 40 << 20
+    count = 6
+    two_blocks = 2 * (-(-(br.BLOCK_HEADER + length) // br.PAGE) * br.PAGE)
+    for mode in ("messages", "views"):
+        procs.start(lw.reader, context, 17, {1: count}, mode, procs.queue)
+    procs.wait("ready", 2)
+    peak = 0
+
+    def sample() -> None:
+        nonlocal peak
+        peak = max(peak, ring_bytes_held(context))
+
+    with shmbus.connect(context) as bus:
+        pub = bus.add_exclusive_publication("aeron:ipc", 17)
+        wait_until(lambda: pub.is_connected and len(rings(context)) == 1, 10, "the readers")
+        for seq in range(count):
+            pub.publish(lw.message(1, seq, length), timeout=30)
+            sample()
+        for report in procs.wait("read", 2, timeout=120, between=sample):
+            assert report["next"] == {1: count}, report
+        # (and, for a moment, the page of the padding block's header that sends the writer
+        # back to the beginning)
+        assert peak <= br.HEADER_PAGE + two_blocks + br.PAGE, f"{peak} bytes, two of {length}"
+        wait_until(lambda: ring_in_use(context) == 0, 10, "every block freed")
+        held = ring_bytes_held(context)
+        assert br.WARM_BYTES < held <= br.HEADER_PAGE + two_blocks, "two blocks kept warm"
+        wait_until(lambda: ring_bytes_held(context) <= br.HEADER_PAGE + br.WARM_BYTES,
+                   br.WARM_IDLE_S + 10, "the warm beginning past WARM_BYTES given back")
+        # a stream that comes back grows it again, every message intact
+        sub = bus.add_subscription("aeron:ipc", 17)
+        pub.publish(lw.message(1, count, length), timeout=30)
+        assert [lw.check(m) for m in sub.messages(timeout=2)] == [(1, count)]
+        pub.close()
+        wait_until(lambda: not rings(context), 10, "the ring file deleted with its publication")
+
+
+def test_a_dev_shm_that_holds_one_block_takes_a_stream_of_them_one_at_a_time(bus_context,
+                                                                             procs, tmp_path):
+    """On a 24 MiB tmpfs a 12 MiB message fits once, a second one beside it does not: the
+    writer waits until the ring is empty and reuses the first block (it used to fail with
+    ENOSPC), and a reader process gets every message intact and in order."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], check=True)
+    try:
+        context = bus_context.with_(dir=str(mount / "bus"))
+        driver = procs.start(dw.run_driver, context, TINY_LENGTHS)
+        wait_until(lambda: driver_serves(context, driver.pid) or not driver.is_alive(), 20,
+                   "the driver on the small tmpfs")
+        assert driver.is_alive(), f"the driver exited with {driver.exitcode}"
+        count = 5
+        procs.start(lw.reader, context, 19, {1: count}, "views", procs.queue)
+        procs.wait("ready", 1)
+        procs.start(lw.writer, context, 19, 1, [12 << 20] * count, 1, procs.queue)
+        procs.wait("sent", 1, timeout=120)
+        (report,) = procs.wait("read", 1, timeout=120)
+        assert report["next"] == {1: count}, report
+        wait_until(lambda: ring_in_use(context) == 0, 10, "every block freed")
+        driver.terminate()
+        driver.join(10)
+        assert not list((mount / "bus").rglob("*.blocks")), "a block ring left behind"
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -2,8 +2,9 @@
 
 Random reserve / fill / commit / free sequences on a real ring file in /dev/shm: every live
 block keeps its bytes; the warm beginning's allocation mark only ever covers allocated pages
-(no hole below it, it never passes WARM_BYTES), so writers may skip allocating there; and once
-every block is freed, the ring holds no memory past the warm beginning.
+(no hole below it, it never passes the warm limit: WARM_BYTES, or two of the longest block
+reserved), so writers may skip allocating there; once every block is freed, the ring holds no
+memory past the warm beginning, and once the empty ring has been idle, none past WARM_BYTES.
 """
 
 from __future__ import annotations
@@ -76,7 +77,10 @@ def test_blocks_keep_their_bytes_and_the_warm_mark_covers_only_allocated_pages(o
                     ring.reclaim(live[done - 1][2], position)
                     live = live[done:]
                 mark = warm_mark(ring)
-                assert mark <= br.WARM_BYTES
+                longest = max((ln for ln, _ in ops[:tag + 1]), default=0)
+                assert ring.warm_limit() == max(br.WARM_BYTES, min(
+                    ring.capacity, 2 * -(-(br.BLOCK_HEADER + longest) // br.PAGE) * br.PAGE))
+                assert mark <= ring.warm_limit()
                 assert allocated_at_least(ring, mark, live), "a hole below the warm mark"
                 for start, length, _, tag in live:
                     view = ring.payload(start, length)
@@ -85,7 +89,21 @@ def test_blocks_keep_their_bytes_and_the_warm_mark_covers_only_allocated_pages(o
             ring.reclaim(position, position)
             assert ring.in_use() == 0
             held = os.fstat(ring._fd).st_blocks * 512
-            assert held <= br.HEADER_PAGE + br.WARM_BYTES, f"{held} bytes held once all freed"
+            assert held <= br.HEADER_PAGE + ring.warm_limit(), f"{held} bytes held, all freed"
+            # idle: the driver gives back the warm beginning past WARM_BYTES
+            ring._tail_moved_at -= br.WARM_IDLE_S + 1
+            ring.reclaim(position, position)
+            assert ring.warm_limit() == br.WARM_BYTES
+            assert warm_mark(ring) <= br.WARM_BYTES
+            held = os.fstat(ring._fd).st_blocks * 512
+            assert held <= br.HEADER_PAGE + br.WARM_BYTES, f"{held} bytes held once idle"
+            # and writers start over from there: blocks keep their bytes
+            start = ring.reserve(SIZES[-1], os.getpid(), populate=True)
+            payload = ring.payload(start, SIZES[-1])
+            payload[0] = payload[-1] = 7
+            assert payload[0] == payload[-1] == 7
+            payload.release()
+            assert allocated_at_least(ring, warm_mark(ring), [(start, SIZES[-1], 0, 0)])
         finally:
             ring.close()
 
