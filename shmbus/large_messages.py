@@ -182,7 +182,16 @@ def offer_reference(pub: Publication, ring: BlockRing, start: int, length: int,
                 view.release()
                 pub.log.buffer.put_bytes(frame_offset + _FLAGS_OFFSET,
                                          bytes([REFERENCE_FLAGS]))
-                pub._commit(frame_offset)
+                try:
+                    pub._commit(frame_offset)
+                except ValueError:
+                    # the claim stayed open past publication_unblock_timeout (this writer was
+                    # descheduled) and the driver padded it over: the reference never reached
+                    # the log, so append it again
+                    if pub.is_closed:
+                        ring.abandon(start)
+                        return codes.CLOSED
+                    continue
                 ring.commit(start, result)
                 return result
         if deadline is None:

@@ -233,6 +233,33 @@ def test_a_publication_closed_under_a_large_offer_or_claim_refuses_cleanly(small
         assert got == sent
 
 
+def test_a_reference_frame_unblocked_by_the_driver_is_appended_again(small_ring_context):
+    """A writer descheduled between claiming a large message's reference frame and committing
+    it, past publication_unblock_timeout: the driver pads the frame over, and the offer
+    appends the reference again, so the message arrives once and whole."""
+    context = small_ring_context
+    with shmbus.connect(context) as bus:
+        pub = bus.add_publication("aeron:ipc", 9)
+        sub = bus.add_subscription("aeron:ipc", 9)
+        connected(pub)
+        claim_view = pub._claim_view
+        stalls = []
+
+        def stalled_claim_view(frame_offset: int, length: int) -> memoryview:
+            if not stalls:  # the first reference only: stall until the driver unblocks it
+                stalls.append(frame_offset)
+                time.sleep(context.publication_unblock_timeout + 20 * context.timer_interval)
+            return claim_view(frame_offset, length)
+
+        pub._claim_view = stalled_claim_view
+        data = lw.message(5, 0, 500_000)
+        assert pub.offer(data) > 0
+        pub.publish(b"after")
+        got = [bytes(m) for m in sub.messages(timeout=1.0)]
+        assert stalls and got == [data, b"after"]
+        wait_until(lambda: ring_in_use(context) == 0, 5, "the block freed")
+
+
 def test_past_the_context_limit_the_error_names_the_setting(small_ring_context):
     context = small_ring_context
     with shmbus.connect(context) as bus:
