@@ -20,6 +20,8 @@ pytestmark = pytest.mark.timeout(300)
     ("4->4", "Pipe", 4, 32),
     ("udp 1->1", "shmbus udp", 1, 32),
     ("udp 1->1", "zmq REQ/REP tcp", 1, 32),
+    ("udp 4->4", "shmbus udp", 4, 4096),
+    ("udp 4->4", "zmq DEALER/ROUTER tcp", 4, 32),
 ])
 def test_a_measurement_counts_checked_calls(tmp_path: Path, case, transport, pool, size):
     ctx = multiprocessing.get_context("spawn")
@@ -34,8 +36,8 @@ def test_a_measurement_counts_checked_calls(tmp_path: Path, case, transport, poo
     assert row["errors"] == 0 and row["round_trips"] > 0
     assert row["calls_per_s"] > 0 and row["cpu_us_per_call"] > 0
     assert 0 < row["p50_us"] <= row["p99_us"]
-    if transport == "shmbus udp":  # requester, responder, and each bus's driver and netbridge
-        assert row["processes"] == 6
+    if transport == "shmbus udp":  # requesters, responders, each bus's driver and netbridge
+        assert row["processes"] == 2 * pool + 4
 
 
 def test_the_table_gives_ratios_against_the_zmq_row_of_the_same_case():
@@ -47,3 +49,14 @@ def test_the_table_gives_ratios_against_the_zmq_row_of_the_same_case():
              "error": "boom"}]
     text = rr.table(rows)
     assert "15.0" in text.splitlines()[2] and "failed: boom" in text
+
+
+def test_the_udp_pool_is_measured_against_dealer_router_over_tcp():
+    plan = rr.plan((32, 4096), only="udp")
+    assert ("udp 4->4", "shmbus udp", 4, 4096) in plan
+    assert ("udp 4->4", "zmq DEALER/ROUTER tcp", 4, 32) in plan
+    rows = [{"case": "udp 4->4", "transport": t, "size": 32, "status": "ok", "p50_us": 1.0,
+             "p99_us": 2.0, "calls_per_s": calls, "cpu_us_per_call": 1.0}
+            for t, calls in (("zmq REQ/REP tcp", 1_000.0), ("zmq DEALER/ROUTER tcp", 8_000.0),
+                             ("shmbus udp", 20_000.0))]
+    assert "2.5" in rr.table(rows).splitlines()[3]

@@ -18,6 +18,10 @@ pyzmq DEALER/ROUTER and a multiprocessing Pipe RPC, in one run.
   log A -> netbridge A -> UDP -> netbridge B -> image B -> responder, and the reply back the
   same way to the requester's response endpoint), 32 B, default waits; beside zmq REQ/REP over
   ``tcp://127.0.0.1``. CPU counts both drivers and both netbridges.
+* ``udp 4->4``: the same across hosts with four requester processes on bus A (each with its
+  own response endpoint) and four responder processes sharing the service on bus B, 32 B and
+  4 KiB, beside zmq DEALER/ROUTER over ``tcp://127.0.0.1`` (every client connected to every
+  worker).
 
 Every request carries its sequence number and a CRC (tools/bench/harness.py, Checked), the
 responders echo it, and the requester checks every byte of every reply against the request
@@ -297,13 +301,17 @@ def measure(ctx: Any, root: Path, case: str, transport: str, pool: int, size: in
             contexts = [shmbus.Context(dir=str(run_dir / side), embedded_driver=False)
                         for side in "ab"]
             drivers = [start_driver(context) for context in contexts]
-            service, answers = free_udp_ports(2)
+            service, *answers = free_udp_ports(1 + pool)
             channel = f"aeron:udp?endpoint=127.0.0.1:{service}"
-            members += [Member("responder-0", shm_responder,
-                               (contexts[1].dir, wait_spin, 1, done, channel)),
-                        Member("requester-0", shm_requester,
+            # the responders share the service on bus B; each requester on bus A has its own
+            # response endpoint
+            members += [Member(f"responder-{i}", shm_responder,
+                               (contexts[1].dir, wait_spin, pool, done, channel))
+                        for i in range(pool)]
+            members += [Member(f"requester-{i}", shm_requester,
                                (contexts[0].dir, wait_spin, size, duration_s, done,
-                                f"{channel}|response-endpoint=127.0.0.1:{answers}"))]
+                                f"{channel}|response-endpoint=127.0.0.1:{answer}"))
+                        for i, answer in enumerate(answers)]
         elif transport.startswith("shmbus"):
             import shmbus
 
@@ -358,8 +366,10 @@ def measure(ctx: Any, root: Path, case: str, transport: str, pool: int, size: in
 
 
 def plan(sizes: tuple[int, ...], only: str | None = None) -> list[tuple[str, str, int, int]]:
-    """(case, transport, pool, size) of every measurement (``only="udp"``: the udp case)."""
+    """(case, transport, pool, size) of every measurement (``only="udp"``: the udp cases)."""
     udp = [("udp 1->1", "shmbus udp", 1, 32), ("udp 1->1", "zmq REQ/REP tcp", 1, 32)]
+    for size in sizes:
+        udp += [("udp 4->4", t, POOL, size) for t in ("shmbus udp", "zmq DEALER/ROUTER tcp")]
     if only == "udp":
         return udp
     rows = [("1->1", f"shmbus {wait}", 1, 32) for wait in WAITS]
@@ -372,11 +382,12 @@ def plan(sizes: tuple[int, ...], only: str | None = None) -> list[tuple[str, str
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """The rows with ratios: calls/s against zmq REQ/REP (1->1), DEALER/ROUTER (4->4) or
-    REQ/REP over tcp (udp 1->1) of the same case and size."""
+    """The rows with ratios: calls/s against zmq REQ/REP (1->1), DEALER/ROUTER (4->4),
+    REQ/REP over tcp (udp 1->1) or DEALER/ROUTER over tcp (udp 4->4) of the same case and
+    size."""
     def peer(row: dict[str, Any]) -> float | None:
-        name = {"1->1": "zmq REQ/REP", "4->4": "zmq DEALER/ROUTER"}.get(
-            row["case"], "zmq REQ/REP tcp")
+        name = {"1->1": "zmq REQ/REP", "4->4": "zmq DEALER/ROUTER",
+                "udp 4->4": "zmq DEALER/ROUTER tcp"}.get(row["case"], "zmq REQ/REP tcp")
         match = [r for r in rows if r["case"] == row["case"] and r["size"] == row["size"]
                  and r["transport"] == name and r["status"] == "ok"]
         return match[0]["calls_per_s"] if match else None
@@ -401,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="request sizes of the 4->4 runs, bytes (default 32,4096)")
     parser.add_argument("--only", choices=("udp",), default=None,
-                        help="run only the udp 1->1 case (and its zmq tcp peer)")
+                        help="run only the udp cases (1->1 and 4->4, and their zmq tcp peers)")
     args = parser.parse_args(argv)
     duration = 0.3 if args.quick else args.duration
     sizes = tuple(int(s) for s in args.sizes.split(","))
