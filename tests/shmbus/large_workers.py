@@ -42,7 +42,7 @@ def _connected(publication: Any, timeout: float = 20.0) -> None:
         time.sleep(0.005)
 
 
-def _guard(results: Any, kind: str, name: str, body: Any) -> None:
+def guard(results: Any, kind: str, name: str, body: Any) -> None:
     try:
         body()
     except BaseException as e:  # reported, so the test fails with the cause
@@ -62,7 +62,7 @@ def writer(context: shmbus.Context, stream: int, writer_id: int, sizes: list[int
             for seq, size in enumerate(sizes, first_seq):
                 pub.publish(message(writer_id, seq, size), timeout=30.0)
             results.put({"kind": "sent", "name": f"writer {writer_id}", "count": len(sizes)})
-    _guard(results, "sent", f"writer {writer_id}", body)
+    guard(results, "sent", f"writer {writer_id}", body)
 
 
 def reader(context: shmbus.Context, stream: int, expected: dict[int, int], mode: str,
@@ -110,7 +110,7 @@ def reader(context: shmbus.Context, stream: int, expected: dict[int, int], mode:
             extra = [check(m) for m in sub.messages(timeout=linger)] if linger else []
             assert not extra, f"messages past the expected ones: {extra}"
             results.put({"kind": "read", "name": name, "count": got, "next": next_seq})
-    _guard(results, "read", name, body)
+    guard(results, "read", name, body)
 
 
 def half_filled_writer(context: shmbus.Context, stream: int, writer_id: int, sizes: list[int],
@@ -137,7 +137,7 @@ def half_filled_writer(context: shmbus.Context, stream: int, writer_id: int, siz
         claim.buffer[:half] = data[:half]
         results.put({"kind": "filling", "name": f"writer {writer_id}", "pid": os.getpid()})
         time.sleep(600)
-    _guard(results, "filling", f"writer {writer_id}", body)
+    guard(results, "filling", f"writer {writer_id}", body)
 
 
 def holder(context: shmbus.Context, stream: int, results: Any) -> None:
@@ -157,7 +157,7 @@ def holder(context: shmbus.Context, stream: int, results: Any) -> None:
         results.put({"kind": "holding", "name": "holder", "zero_copy": view.zero_copy,
                      "seq": seq, "position": sub.images[0].position})
         time.sleep(600)
-    _guard(results, "holding", "holder", body)
+    guard(results, "holding", "holder", body)
 
 
 def array_for(i: int) -> np.ndarray:
@@ -186,7 +186,7 @@ def array_writer(context: shmbus.Context, stream: int, count: int, results: Any)
             for i in range(count):
                 pub.publish_array(array_for(i), timeout=30.0)
             results.put({"kind": "sent", "name": "array writer", "count": count})
-    _guard(results, "sent", "array writer", body)
+    guard(results, "sent", "array writer", body)
 
 
 def batch_writer(context: shmbus.Context, stream: int, writer_id: int, sizes: list[int],
@@ -206,4 +206,4 @@ def batch_writer(context: shmbus.Context, stream: int, writer_id: int, sizes: li
             assert pub.publish_many(table, timeout=30.0) == rows
             results.put({"kind": "sent", "name": f"writer {writer_id}",
                          "count": len(sizes) + rows})
-    _guard(results, "sent", f"writer {writer_id}", body)
+    guard(results, "sent", f"writer {writer_id}", body)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-import traceback
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 import shmbus
+from tests.shmbus.large_workers import guard
 
 #: rows of table_for(seed): small ones in the log, large ones (test bus: 8 KiB max message)
 #: through a block
@@ -124,14 +124,6 @@ def same_table(got: pa.Table, expected: pa.Table) -> None:
                                expected.column(name).to_pylist()), f"column {name} differs"
 
 
-def _guard(results: Any, kind: str, name: str, body: Any) -> None:
-    try:
-        body()
-    except BaseException as e:  # reported, so the test fails with the cause
-        results.put({"kind": kind, "name": name,
-                     "exception": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"})
-
-
 def table_writer(context: shmbus.Context, stream: int, seeds: list[int], use_async: bool,
                  results: Any) -> None:
     """Publish table_for(seed) for each seed with publish_table (or publish_table_async), then
@@ -158,7 +150,7 @@ def table_writer(context: shmbus.Context, stream: int, seeds: list[int], use_asy
             deadline = time.monotonic() + 120
             while pub.is_connected and time.monotonic() < deadline:
                 time.sleep(0.05)
-    _guard(results, "sent", "table writer", body)
+    guard(results, "sent", "table writer", body)
 
 
 def _longer(data: Any, pub: Any) -> bool:
@@ -200,4 +192,4 @@ def table_reader(context: shmbus.Context, stream: int, seeds: list[int], mode: s
                     if got == len(seeds):
                         break
             results.put({"kind": "read", "name": name, "count": got})
-    _guard(results, "read", name, body)
+    guard(results, "read", name, body)

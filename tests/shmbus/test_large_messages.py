@@ -7,12 +7,16 @@ message is checked byte for byte (crc32) and in order per writer by the reading 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -51,6 +55,28 @@ def ring_in_use(context: shmbus.Context) -> int:
         total += ring.in_use()
         ring.close()
     return total
+
+
+@contextlib.contextmanager
+def driver_on_a_24_mib_tmpfs(bus_context: shmbus.Context, procs: Any, tmp_path: Path
+                             ) -> Iterator[tuple[shmbus.Context, Path, Any]]:
+    """A driver process (small lengths) on a bus directory in a 24 MiB tmpfs mounted for the
+    test: yields (its context, the mount point, the driver process); the driver is stopped and
+    the tmpfs unmounted after."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], check=True)
+    try:
+        context = bus_context.with_(dir=str(mount / "bus"))
+        driver = procs.start(dw.run_driver, context, TINY_LENGTHS)
+        wait_until(lambda: driver_serves(context, driver.pid) or not driver.is_alive(), 20,
+                   "the driver on the small tmpfs")
+        assert driver.is_alive(), f"the driver exited with {driver.exitcode}"
+        yield context, mount, driver
+        driver.terminate()
+        driver.join(10)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def connected(pub: shmbus.Publication, subs: int = 1) -> None:
@@ -336,17 +362,7 @@ def test_a_reader_killed_holding_a_view_is_dropped_and_its_block_freed(small_rin
 
 def test_full_dev_shm_refuses_a_large_message_with_sizes_and_loses_nothing(bus_context,
                                                                           procs, tmp_path):
-    import subprocess
-
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], check=True)
-    try:
-        context = bus_context.with_(dir=str(mount / "bus"))
-        driver = procs.start(dw.run_driver, context, TINY_LENGTHS)
-        wait_until(lambda: driver_serves(context, driver.pid) or not driver.is_alive(), 20,
-                   "the driver on the small tmpfs")
-        assert driver.is_alive(), f"the driver exited with {driver.exitcode}"
+    with driver_on_a_24_mib_tmpfs(bus_context, procs, tmp_path) as (context, mount, _):
         with shmbus.connect(context) as bus:
             pub = bus.add_exclusive_publication("aeron:ipc", 13)
             sub = bus.add_subscription("aeron:ipc", 13)
@@ -367,10 +383,6 @@ def test_full_dev_shm_refuses_a_large_message_with_sizes_and_loses_nothing(bus_c
             after = lw.message(1, 1, 3 << 20)
             pub.publish(after)
             assert [lw.check(m) for m in sub.messages(timeout=0.3)] == [(1, 1)]
-        driver.terminate()
-        driver.join(10)
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_writer_killed_mid_fill_publishes_nothing_torn_and_its_block_is_reclaimed(
@@ -535,17 +547,7 @@ def test_a_dev_shm_that_holds_one_block_takes_a_stream_of_them_one_at_a_time(bus
     """On a 24 MiB tmpfs a 12 MiB message fits once, a second one beside it does not: the
     writer waits until the ring is empty and reuses the first block (it used to fail with
     ENOSPC), and a reader process gets every message intact and in order."""
-    import subprocess
-
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], check=True)
-    try:
-        context = bus_context.with_(dir=str(mount / "bus"))
-        driver = procs.start(dw.run_driver, context, TINY_LENGTHS)
-        wait_until(lambda: driver_serves(context, driver.pid) or not driver.is_alive(), 20,
-                   "the driver on the small tmpfs")
-        assert driver.is_alive(), f"the driver exited with {driver.exitcode}"
+    with driver_on_a_24_mib_tmpfs(bus_context, procs, tmp_path) as (context, mount, driver):
         count = 5
         procs.start(lw.reader, context, 19, {1: count}, "views", procs.queue)
         procs.wait("ready", 1)
@@ -557,5 +559,3 @@ def test_a_dev_shm_that_holds_one_block_takes_a_stream_of_them_one_at_a_time(bus
         driver.terminate()
         driver.join(10)
         assert not list((mount / "bus").rglob("*.blocks")), "a block ring left behind"
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
