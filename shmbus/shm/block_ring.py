@@ -558,7 +558,7 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass
+        pass  # it exists (another user's): /proc says whether it is a zombie
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read()

@@ -50,6 +50,18 @@ def counter_total(bus: shmbus.Client, type_id: int, stream_id: int = STREAM) -> 
     return total
 
 
+def calls_answered(reports: list[dict[str, Any]], pids: set[int]) -> int:
+    """The calls the requesters' reports say were answered, each report checked: no reply
+    wrong or missing, nothing left in flight, every answer from one of ``pids``."""
+    answered = 0
+    for report in reports:
+        assert report["problem_count"] == 0, report["problems"]
+        assert report["in_flight"] == 0
+        assert set(report["by_pid"]) <= pids
+        answered += sum(report["by_pid"].values())
+    return answered
+
+
 def start_responders(procs: Any, context: shmbus.Context, n: int, seconds: float = 60.0,
                      reports: Any = None) -> list[dict[str, Any]]:
     reports = procs if reports is None else reports
@@ -66,13 +78,7 @@ def test_a_pool_answers_every_call_exactly_once_to_the_requester_that_asked(
     for index in range(requesters):  # one pipelines 8 calls per thread, with 4 KiB requests
         procs.start(rw.requester, bus_context, STREAM, procs.queue, index, threads, calls,
                     4096 if index == 0 else 32, 8 if index == 0 else 1)
-    reports = procs.wait("calls", requesters, timeout=240)
-    answered = 0
-    for report in reports:
-        assert report["problem_count"] == 0, report["problems"]
-        assert report["in_flight"] == 0
-        assert set(report["by_pid"]) <= pids
-        answered += sum(report["by_pid"].values())
+    answered = calls_answered(procs.wait("calls", requesters, timeout=240), pids)
     assert answered == requesters * threads * calls
     with shmbus.connect(bus_context) as bus:
         assert counter_total(bus, RR_SERVED) == answered  # no request served twice

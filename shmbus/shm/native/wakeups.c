@@ -68,6 +68,11 @@ int word_at(PyObject *buffer, Py_ssize_t offset, int32_t **word)
     return 0;
 }
 
+static void wake_all(int32_t *word)
+{
+    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
 /* signal_word(buffer, offset): bump the word and wake everyone asleep on it (always a
  * syscall: for rare events such as commands to the driver and broadcasts to clients). */
 static PyObject *native_signal_word(PyObject *m, PyObject *args)
@@ -78,7 +83,7 @@ static PyObject *native_signal_word(PyObject *m, PyObject *args)
     if (!PyArg_ParseTuple(args, "On", &buffer, &offset) || word_at(buffer, offset, &word) < 0)
         return NULL;
     __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
-    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    wake_all(word);
     Py_RETURN_NONE;
 }
 
@@ -92,7 +97,7 @@ static PyObject *native_wake_sleepers(PyObject *m, PyObject *args)
     if (!PyArg_ParseTuple(args, "On", &buffer, &offset) || word_at(buffer, offset, &word) < 0)
         return NULL;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    wake_all(word);
     Py_RETURN_NONE;
 }
 
