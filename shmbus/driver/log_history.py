@@ -73,9 +73,19 @@ def check_join(log: LogBuffer, position: int) -> int:
         raise JoinPositionGone(f"join-position {position} is not a frame boundary (a multiple "
                                f"of {FRAME_ALIGNMENT}); {where}")
     if position < end and not _frame_starts_at(log, position):
+        clean = settled_clean_position(log)
+        if clean > position:  # a clean was zeroing it as we looked
+            raise _cleaned_while_joining(log, position, clean)
         raise JoinPositionGone(f"join-position {position} is not the start of a frame of "
                                f"the stream; {where}")
     return position
+
+
+def _cleaned_while_joining(log: LogBuffer, position: int, clean: int) -> JoinPositionGone:
+    d = log.descriptor
+    return JoinPositionGone(f"join-position {position} is gone (cleaned while joining): session "
+                            f"{d.session_id} stream {d.stream_id} holds positions {clean} to "
+                            f"{log.producer_position()}")
 
 
 def _frame_starts_at(log: LogBuffer, position: int) -> bool:
@@ -117,7 +127,6 @@ def pin_join(log: LogBuffer, counter: Position, join: int, strict: bool) -> int:
     if clean <= join:
         return join
     if strict:
-        raise JoinPositionGone(f"join-position {join} was cleaned while joining: session "
-                               f"{log.descriptor.session_id} now holds from {clean}")
+        raise _cleaned_while_joining(log, join, clean)
     counter.set(clean)
     return clean

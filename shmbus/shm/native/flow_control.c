@@ -112,11 +112,9 @@ static int fc_advance(const LogGeometry *g, int64_t *limit, int64_t slowest, int
     int64_t produced = log_producer_position(g);
     if (slowest > produced) slowest = produced;
     if (slowest < 0) slowest = 0;
-    int64_t *clean_ptr = meta_i64(g, META_FC_CLEAN_POSITION);
-    /* a reader behind the clean position (flow control taken over mid-stream) must not find
-     * stale frames three terms on: clean from it instead */
-    if (slowest >= 0 && slowest < LOAD_ACQUIRE(clean_ptr))  /* below 0: nothing consumed */
-        STORE_RELEASE(clean_ptr, slowest);
+    /* the clean position never moves back: a reader counted behind it (a joiner whose start
+     * was cleaned as it joined) reads zeros, and the driver must see that its start is gone
+     * (shmbus/driver/log_history.py) */
     fc_clean_to(g, slowest - LOAD_ACQUIRE(meta_i32(g, META_FC_CLEAN_LAG)));
     if (mode == FC_PULL_BACK) {
         STORE_RELEASE(limit, slowest);

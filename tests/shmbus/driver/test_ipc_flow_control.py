@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from shmbus.driver.ipc_flow_control import IpcFlowControl
+from shmbus.driver.log_history import JoinPositionGone, pin_join
 from shmbus.publication import ExclusivePublication
 from shmbus.shm._native import AtomicBuffer
 from shmbus.shm.counters import COUNTER_LENGTH
@@ -150,3 +151,28 @@ def test_a_publisher_does_not_raise_a_limit_counter_that_is_no_longer_its_own(se
     reader.set(publication.position)
     assert publication.offer(PAYLOAD) < 0
     assert limit.get() == 7
+
+
+def test_a_joiner_counted_behind_the_clean_position_finds_its_start_gone(setup) -> None:
+    """A subscriber joining with a join-position is counted only after the driver checked its
+    start; a clean may pass that start meanwhile. The clean position must not move back to the
+    joiner (it once did, hiding the zeroed start: the joiner read zeros for ever), so pinning
+    the join refuses a strict position and moves an 'earliest' join up to the clean."""
+    log, flow, limit, reader, publication = setup
+    for _ in range(30):
+        assert publication.offer(PAYLOAD) > 0
+    reader.set(publication.position)
+    flow.clean_to(24 * 1024)
+    assert clean_position(log) == 24 * 1024
+    joiner = Position(limit.buffer, 2 * COUNTER_LENGTH)  # counter id 2, checked at 8 KiB
+    joiner.set(8 * 1024)
+    flow.set_counted([1, 2])
+    flow.update([reader.get(), joiner.get()])
+    flow.clean_to(joiner.get())
+    assert clean_position(log) == 24 * 1024
+    with pytest.raises(JoinPositionGone, match=r"join-position 8192 is gone \(cleaned while "
+                                               r"joining\): .* holds positions 24576 to"):
+        pin_join(log, joiner, 8 * 1024, strict=True)
+    assert pin_join(log, joiner, 8 * 1024, strict=False) == 24 * 1024
+    assert joiner.get() == 24 * 1024
+    assert log.buffer.get_int32(24 * 1024) == 1024  # a frame starts where it now reads
