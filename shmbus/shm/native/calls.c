@@ -169,33 +169,12 @@ static int reply_error(PyObject *responder, int32_t stream_id, int64_t correlati
     return 0;
 }
 
-/* answer_request(member, handler, replies, responder) -> int: claim the next request of the
- * group member, call handler(request: bytes) and offer its reply on replies[stream_id] (the
- * requester's response publication), then mark the request done. Returns ANSWER_*. The reply
- * goes through responder._reply(stream_id, kind, correlation_id, body) when the publication is
- * not in `replies` yet or the offer is refused; a handler's exception through
- * responder._reply_error. */
-static PyObject *call_answer_request(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+/* answer_request's work on the request group_next_message found (payload, length; next: the
+ * position past it). */
+static PyObject *answer_message(PyObject *member, PyObject *handler, PyObject *replies,
+                                PyObject *responder, const uint8_t *payload, int32_t length,
+                                int64_t next, int handed_on)
 {
-    if (nargs != 4 || !PyObject_TypeCheck(args[0], &GroupMemberCoreType) ||
-        !PyDict_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "answer_request(member: GroupMemberCore, handler, replies: dict, "
-                        "responder)");
-        return NULL;
-    }
-    PyObject *member = args[0], *handler = args[1], *replies = args[2], *responder = args[3];
-    const uint8_t *payload;
-    int32_t length;
-    int64_t next;
-    int handed_on = 0;
-    int got = group_next_message(member, &payload, &length, &next, &handed_on);
-    if (got < 0)
-        return NULL;
-    if (got == 0)
-        return PyLong_FromLong(ANSWER_NOTHING);
-    if (got == 2)
-        return PyLong_FromLong(ANSWER_DELIVER);
     int kind, flags;
     int32_t stream_id;
     int64_t correlation_id;
@@ -262,6 +241,39 @@ static PyObject *call_answer_request(PyObject *m, PyObject *const *args, Py_ssiz
     Py_DECREF(reply);
     group_message_done(member, next);
     return PyLong_FromLong(outcome);
+}
+
+/* answer_request(member, handler, replies, responder) -> int: claim the next request of the
+ * group member, call handler(request: bytes) and offer its reply on replies[stream_id] (the
+ * requester's response publication), then mark the request done. Returns ANSWER_*. The reply
+ * goes through responder._reply(stream_id, kind, correlation_id, body) when the publication is
+ * not in `replies` yet or the offer is refused; a handler's exception through
+ * responder._reply_error. */
+static PyObject *call_answer_request(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyObject_TypeCheck(args[0], &GroupMemberCoreType) ||
+        !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "answer_request(member: GroupMemberCore, handler, replies: dict, "
+                        "responder)");
+        return NULL;
+    }
+    const uint8_t *payload;
+    int32_t length;
+    int64_t next;
+    int handed_on = 0;
+    PyObject *assembled;
+    int got = group_next_message(args[0], &payload, &length, &next, &handed_on, &assembled);
+    if (got < 0)
+        return NULL;
+    if (got == 0)
+        return PyLong_FromLong(ANSWER_NOTHING);
+    if (got == 2)
+        return PyLong_FromLong(ANSWER_DELIVER);
+    PyObject *answer = answer_message(args[0], args[1], args[2], args[3], payload, length,
+                                      next, handed_on);
+    Py_XDECREF(assembled);
+    return answer;
 }
 
 PyMethodDef call_functions[] = {

@@ -243,14 +243,17 @@ static int group_hold_claim(GroupMemberCore *self, long limit)
  * (claiming one when it holds none) and group_message_done marks it done once answered, as
  * group_deliver does when a handler returns.
  *
- * 1 with *payload and *length the message's payload (one unfragmented in-log frame), *next the
- * position past it; 2 when the next message is fragmented or large (the caller delivers it
- * with poll(handler, 1), which handles both); 0 when there is nothing to claim; -1 with an
+ * 1 with *payload and *length the message's payload, *next the position past it: an
+ * unfragmented message is read in the log; a fragmented one is put together into a new bytes
+ * object, *assembled (the caller's reference; NULL otherwise), that *payload points into.
+ * 2 when the next message is large or not a whole message (the caller delivers it with
+ * poll(handler, 1), which handles both); 0 when there is nothing to claim; -1 with an
  * exception for a corrupt or lapped log. *handed_on: it heads a claim handed on from a member
  * that left. */
 int group_next_message(PyObject *member, const uint8_t **payload, int32_t *length,
-                       int64_t *next, int *handed_on)
+                       int64_t *next, int *handed_on, PyObject **assembled)
 {
+    *assembled = NULL;
     GroupMemberCore *self = (GroupMemberCore *)member;
     ImageCore *image = &self->image;
     if (image->closed)
@@ -263,8 +266,8 @@ int group_next_message(PyObject *member, const uint8_t **payload, int32_t *lengt
     int64_t end = LOAD_ACQUIRE(self->end);
     while (position < end) {
         int32_t offset = (int32_t)(position & (g->term_length - 1));
-        uint8_t *frame = term_at(g, (int)((position >> g->position_bits) % PARTITION_COUNT)) +
-                         offset;
+        uint8_t *term = term_at(g, (int)((position >> g->position_bits) % PARTITION_COUNT));
+        uint8_t *frame = term + offset;
         int32_t frame_length = LOAD_ACQUIRE((int32_t *)frame);
         if (!frame_ok(image, frame, offset, frame_length, position)) {
             if (!PyErr_Occurred())
@@ -283,8 +286,23 @@ int group_next_message(PyObject *member, const uint8_t **payload, int32_t *lengt
         }
         uint8_t flags = frame[FLAGS_OFFSET];
         *handed_on = self->handed_on;
-        if ((flags & (BEGIN_FLAG | END_FLAG)) != (BEGIN_FLAG | END_FLAG) || (flags & LARGE_FLAG))
+        if (!(flags & BEGIN_FLAG) || (flags & LARGE_FLAG))
             return 2;
+        if (!(flags & END_FLAG)) {
+            int32_t stop;
+            Py_ssize_t total = message_extent(image, term, offset, position, &stop);
+            if (total == -3)
+                return -1;
+            if (total < 0 || position + (stop - offset) > end)
+                return 2;  /* not one whole message of the claim: poll(handler, 1) says why */
+            *assembled = gather_fragments(term, offset, stop, total);
+            if (*assembled == NULL)
+                return -1;
+            *payload = (const uint8_t *)PyBytes_AS_STRING(*assembled);
+            *length = (int32_t)total;
+            *next = position + (stop - offset);
+            return 1;
+        }
         *payload = frame + HEADER_LENGTH;
         *length = frame_length - HEADER_LENGTH;
         *next = position + ALIGN(frame_length, FRAME_ALIGNMENT);

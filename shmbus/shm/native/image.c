@@ -346,8 +346,8 @@ long image_controlled_poll(ImageCore *self, PyObject *handler, long limit)
  * the frames after it are not this message's (*end: where they start; they are read as
  * messages of their own), -3 with an exception set for a corrupt frame, -4 when the term was
  * lapped under the reader. */
-static Py_ssize_t message_extent(ImageCore *self, const uint8_t *term, int32_t offset,
-                                 int64_t position, int32_t *end)
+Py_ssize_t message_extent(ImageCore *self, const uint8_t *term, int32_t offset,
+                          int64_t position, int32_t *end)
 {
     Py_ssize_t total = 0;
     int32_t at = offset;
@@ -377,6 +377,24 @@ static Py_ssize_t message_extent(ImageCore *self, const uint8_t *term, int32_t o
             return -2;
         }
     }
+}
+
+/* The payloads of the fragments from term offset `offset` to `end` (a whole message, as
+ * message_extent found it: `total` bytes) copied one after the other into a new bytes object;
+ * NULL with an exception when out of memory. */
+PyObject *gather_fragments(const uint8_t *term, int32_t offset, int32_t end, Py_ssize_t total)
+{
+    PyObject *message = PyBytes_FromStringAndSize(NULL, total);
+    if (message == NULL)
+        return NULL;
+    char *out = PyBytes_AS_STRING(message);
+    for (int32_t at = offset; at < end;) {
+        int32_t frame_length = rd_i32(term + at);
+        memcpy(out, term + at + HEADER_LENGTH, (size_t)(frame_length - HEADER_LENGTH));
+        out += frame_length - HEADER_LENGTH;
+        at += (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
+    }
+    return message;
 }
 
 /* Asks the cache for the next message's committed fragments at term offset `at` (their
@@ -452,16 +470,9 @@ PyObject *image_take(ImageCore *self)
             consume(self, position + (end - offset));
             continue;
         }
-        PyObject *message = PyBytes_FromStringAndSize(NULL, total);
+        PyObject *message = gather_fragments(term, offset, end, total);
         if (message == NULL)
             return NULL;
-        char *out = PyBytes_AS_STRING(message);
-        for (int32_t at = offset; at < end;) {
-            int32_t frame_length = rd_i32(term + at);
-            memcpy(out, term + at + HEADER_LENGTH, (size_t)(frame_length - HEADER_LENGTH));
-            out += frame_length - HEADER_LENGTH;
-            at += (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
-        }
         prefetch_message(self, term, end);
         consume(self, position + (end - offset));
         return message;

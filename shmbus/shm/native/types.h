@@ -73,7 +73,7 @@ INTERNAL int64_t offer_headed(PyObject *publication, const uint8_t *head,
                               Py_ssize_t head_length, PyObject *body);
 /* ---- group_member.c ----------------------------------------------------------------------- */
 INTERNAL int group_next_message(PyObject *member, const uint8_t **payload, int32_t *length,
-                                int64_t *next, int *handed_on);
+                                int64_t *next, int *handed_on, PyObject **assembled);
 INTERNAL void group_message_done(PyObject *member, int64_t next);
 /* ---- image.c ------------------------------------------------------------------------------ */
 
@@ -143,6 +143,10 @@ typedef long (*image_reader)(ImageCore *, PyObject *, long);
 INTERNAL long image_poll(ImageCore *self, PyObject *handler, long limit);
 INTERNAL long image_controlled_poll(ImageCore *self, PyObject *handler, long limit);
 INTERNAL PyObject *image_take(ImageCore *self);
+INTERNAL Py_ssize_t message_extent(ImageCore *self, const uint8_t *term, int32_t offset,
+                                   int64_t position, int32_t *end);
+INTERNAL PyObject *gather_fragments(const uint8_t *term, int32_t offset, int32_t end,
+                                    Py_ssize_t total);
 INTERNAL void flush_position(ImageCore *self);
 INTERNAL int image_ready(ImageCore *self);
 INTERNAL int frame_ok(ImageCore *self, const uint8_t *frame, int32_t offset, int32_t length,

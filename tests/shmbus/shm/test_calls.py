@@ -1,6 +1,7 @@
 """The native call path (shmbus/shm/native/calls.c) on a real bus, in one process: the header
 offer_call writes, await_reply's hand-off of other messages, answer_request's outcomes for a
-malformed request and a reply that is not a buffer, and the watched word that ends a wait.
+malformed request and a reply that is not a buffer, a fragmented request answered natively, and
+the watched word that ends a wait.
 
 Across processes, the same paths run in tests/shmbus/test_request_reply.py.
 """
@@ -79,6 +80,24 @@ def test_answer_request_drops_a_malformed_request_and_answers_the_next(bus_conte
         assert call.result(timeout=10) == b"cba"
         with pytest.raises(TypeError, match="answer_request"):
             answer_request(member, responder.handler, [], responder)
+
+
+def test_a_fragmented_request_is_answered_natively_whole(bus_context, driver):
+    with shmbus.connect(bus_context) as bus:
+        responder = bus.add_responder(CHANNEL, 12, lambda request: request[::-1])
+        client = bus.add_requester(CHANNEL, 12)
+        wait_until(lambda: responder._requests.images, 10, "connected")
+        member = responder._requests.images[0]._member
+        first = client.submit(b"first", timeout=10)  # makes the reply publication (Python)
+        wait_until(lambda: responder.poll() == 1, 10, "answered")
+        assert first.result(timeout=10) == b"tsrif"
+        request = bytes(range(256)) * 16 + b"tail"  # 4 KiB: three fragments at mtu 1408
+        calls = [client.submit(request[:n], timeout=10) for n in (len(request), 1500, 7)]
+        for _ in calls:  # 1: replied in C, not 2 (handed to poll(handler, 1))
+            wait_until(lambda: answer_request(member, responder.handler, responder._replies,
+                                              responder) == 1, 10, "answered")
+        assert [call.result(timeout=10) for call in calls] == [
+            request[:n][::-1] for n in (len(request), 1500, 7)]
 
 
 def test_a_reply_that_is_not_a_buffer_is_a_remote_type_error(bus_context, driver):
