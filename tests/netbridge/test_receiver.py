@@ -25,6 +25,7 @@ from netbridge.frames import (
     pad_frame,
 )
 from netbridge.receiver import (
+    LEAVING_STATUS_MESSAGES,
     EndOfStream,
     ImageAvailable,
     ImageUnavailable,
@@ -323,7 +324,7 @@ def test_frames_of_an_unknown_session_elicit_a_setup_at_a_limited_rate(host: Ima
     # message is the closed image's goodbye: test_closing_an_image)
     receiver.remove_subscription(STREAM, 300 * MS)
     receiver.on_datagram(301 * MS, data(0, payload(0), session_id=other + 1), SENDER)
-    assert [(f.session_id, f.flags) for f in sms(receiver.poll(1000 * MS))] == [
+    assert [(f.session_id, f.flags) for f in sms(receiver.poll(301 * MS))] == [
         (SESSION, SM_FLAG_EOS)]
 
 
@@ -654,9 +655,16 @@ def test_closing_an_image_tells_its_sender_it_left(host: ImageHost) -> None:
     assert (goodbye.session_id, goodbye.stream_id, goodbye.receiver_id) == (
         SESSION, STREAM, RECEIVER_ID)
     assert receiver.sms_sent == sent_before + 1
-    # and nothing more for it: its frames are dropped during the cool-down
+    # its frames are dropped during the cool-down (no SETUP asked for); the goodbye is said
+    # LEAVING_STATUS_MESSAGES times, one status-message timeout apart, in case one is lost
     receiver.on_datagram(4 * MS, beat(128), SENDER)
-    assert sms(receiver.poll(500 * MS)) == []
+    assert sms(receiver.poll(100 * MS)) == []
+    assert result.next_deadline_ns is None or result.next_deadline_ns <= 203 * MS
+    assert [s.flags for s in sms(receiver.poll(203 * MS))] == [SM_FLAG_EOS]
+    assert [s.flags for s in sms(receiver.poll(403 * MS))] == [SM_FLAG_EOS]
+    assert sms(receiver.poll(1000 * MS)) == []
+    assert receiver.poll(2000 * MS).next_deadline_ns is None
+    assert receiver.sms_sent == sent_before + LEAVING_STATUS_MESSAGES == sent_before + 3
 
 
 # --- hostile input -------------------------------------------------------------------------------
