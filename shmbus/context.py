@@ -52,8 +52,8 @@ class Context:
     publication_linger_timeout: float = 5.0
     #: a udp publication stops being connected when no receiver has sent it a status message
     #: for this long (Aeron: publicationConnectionTimeout): how long a requester waits to learn
-    #: that its service's host went silent (its netbridge or host died, or the status message
-    #: saying its last responder left was lost). A receiver that leaves says so at once
+    #: that its service's host went silent (its netbridge or host died, or the status messages
+    #: saying its last responder left were all lost). A receiver that leaves says so at once
     publication_connection_timeout: float = 5.0
     #: an untethered subscriber this long at the bottom of the window goes unavailable
     untethered_window_limit_timeout: float = 5.0

@@ -32,8 +32,8 @@ timed it out, ``client_liveness_timeout``), the netbridge there closes its image
 and tells this host's netbridge so (a status message with the EOS flag), which ends the
 publication's connection at once: the driver clears the is-connected word as on IPC, and the
 calls in flight fail with ResponderLostError within the liveness timeout. A service host that
-goes silent instead (its netbridge or host died, or that one datagram was lost) ends the
-connection after ``Context.publication_connection_timeout`` (5 s) without status messages.
+goes silent instead (its netbridge or host died, or those status messages were all lost) ends
+the connection after ``Context.publication_connection_timeout`` (5 s) without status messages.
 """
 
 from __future__ import annotations
