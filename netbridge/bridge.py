@@ -270,6 +270,7 @@ class Bridge:
         #: by endpoint (ChannelUri.endpoint_key): one socket per endpoint, whatever the streams
         self.receive_channels: dict[tuple[str, ...], ReceiveChannel] = {}
         self._endpoint_linger_ns = int(context.netbridge_endpoint_linger * 1e9)
+        self._connection_timeout_ns = int(context.publication_connection_timeout * 1e9)
         self._busy_window_ns = int(context.netbridge_busy_window * 1e9)
         self._images_by_id: dict[int, ReceivedImage] = {}
         self._stopped = False
@@ -382,7 +383,8 @@ class Bridge:
             SharedPublicationLog(log), destination=None, position=snd_pos.get(),
             mtu=uri.int_param("mtu", log.descriptor.mtu), ttl=uri.int_param("ttl", 0),
             flow_control=strategy_for(uri),
-            setup_flags=SETUP_FLAG_GROUP if transport.group else 0, data_batches=True)
+            setup_flags=SETUP_FLAG_GROUP if transport.group else 0, data_batches=True,
+            connection_timeout_ns=self._connection_timeout_ns)
         for destination in destinations:
             sender.add_destination(destination)
         label = (f"{event.registration_id} {event.session_id} {event.stream_id} "

@@ -31,7 +31,8 @@ One :class:`ReceiverImage` per publishing session (session id, stream id):
   last scheduled one (or so far that less than an MTU of the advertised window is left, when
   the window is small: a full frame must always fit), and every status-message timeout
   (200 ms) otherwise, repeating the last scheduled position. They carry the EOS flag once the
-  image reached end of stream.
+  image reached end of stream, and on the last ones, sent as the image is closed for want of
+  subscribers (``LEAVING_STATUS_MESSAGES``, a status-message timeout apart).
 * **Window.** ``max_window`` is the channel's receiver window (``rcv-wnd``; by default
   ``RECEIVER_WINDOW_DEFAULT``, or what the socket's receive buffer holds if that is less: see
   ``netbridge.bridge``), at least the MTU and at most half a term: data past the last status message
@@ -46,7 +47,9 @@ One :class:`ReceiverImage` per publishing session (session id, stream id):
   it, :class:`EndOfStream` is reported and the log's end-of-stream position is set. An image
   that hears nothing for the image liveness timeout (10 s) is removed
   (:class:`ImageUnavailable`, reason ``"end_of_stream"`` or ``"timeout"``), as is one the
-  process layer closes (reason ``"closed"``); its session is then ignored for a cool-down.
+  process layer closes (reason ``"closed"``, e.g. its stream's last subscription went: a
+  status message with the EOS flag tells the sender this receiver left); its session is then
+  ignored for a cool-down.
 * **Unknown sessions.** DATA for a subscribed stream but an unknown session is dropped and
   answered with a status message with the SETUP flag (at most every 200 ms per session).
 * **Round-trip time.** Every ``rttm_interval_ns`` (1 s; 0 disables) each image sends an RTTM
@@ -128,6 +131,10 @@ SM_TIMEOUT_NS_DEFAULT: Final = 200_000_000
 IMAGE_LIVENESS_TIMEOUT_NS_DEFAULT: Final = 10_000_000_000
 SETUP_ELICIT_INTERVAL_NS_DEFAULT: Final = 200_000_000
 IMAGE_COOLDOWN_NS_DEFAULT: Final = 1_000_000_000
+#: status messages with the EOS flag an image closed for want of subscribers sends its sender,
+#: one every status-message timeout (Aeron's draining image sends them for a while): a lost
+#: one must not leave the sender connected until its connection timeout
+LEAVING_STATUS_MESSAGES: Final = 3
 LOST_TIMEOUT_NS_DEFAULT: Final = 1_000_000_000
 #: how often each image measures its round-trip time (shmbus's choice; Aeron: cubic only)
 RTTM_INTERVAL_NS_DEFAULT: Final = 1_000_000_000
@@ -562,11 +569,13 @@ class ReceiverImage:
         self.rttm_requests += 1
         receiver.rttm_requests += 1
 
-    def _send_sm(self, now_ns: int, out: list[Outgoing]) -> None:
+    def _send_sm(self, now_ns: int, out: list[Outgoing], *, leaving: bool = False) -> None:
+        """Schedule a status message at the last scheduled position: with the EOS flag once
+        the image reached end of stream, or when ``leaving`` (its subscribers are gone)."""
         receiver = self._receiver
         position = self.sm_position
         sm = StatusMessage(
-            flags=SM_FLAG_EOS if self.is_end_of_stream else 0,
+            flags=SM_FLAG_EOS if self.is_end_of_stream or leaving else 0,
             session_id=self.session_id,
             stream_id=self.stream_id,
             consumption_term_id=self._term_id(position),
@@ -665,6 +674,9 @@ class NetworkReceiver:
         self.subscriptions: set[int] = set()
         self.images: dict[tuple[int, int], ReceiverImage] = {}
         self._cooldown: dict[tuple[int, int], int] = {}
+        #: images closed for want of subscribers: (image, when its next EOS status message is
+        #: due, how many are left to send)
+        self._leaving: dict[tuple[int, int], tuple[ReceiverImage, int, int]] = {}
         self._elicited: dict[tuple[int, int], int] = {}
         self._pending: list[Outgoing] = []
         self._events: list[ReceiverEvent] = []
@@ -711,10 +723,17 @@ class NetworkReceiver:
                 self.close_image(session_id, stream_id, now_ns)
 
     def close_image(self, session_id: int, stream_id: int, now_ns: int) -> None:
-        """Remove an image now (ImageUnavailable, reason ``"closed"``, at the next poll)."""
+        """Remove an image now (ImageUnavailable, reason ``"closed"``, at the next poll),
+        telling its sender with status messages with the EOS flag (the first at the next
+        poll, then one every status-message timeout, ``LEAVING_STATUS_MESSAGES`` in all):
+        this receiver has left, so a sender it was the last receiver of stops being connected
+        at once rather than after its connection timeout (as Aeron's draining image does)."""
         image = self.images.get((session_id, stream_id))
         if image is not None:
             self._remove(image, "closed", now_ns)
+            image._send_sm(now_ns, self._pending, leaving=True)
+            self._leaving[(session_id, stream_id)] = (
+                image, now_ns + self.sm_timeout_ns, LEAVING_STATUS_MESSAGES - 1)
 
     def _remove(self, image: ReceiverImage, reason: str, now_ns: int) -> None:
         key = (image.session_id, image.stream_id)
@@ -930,6 +949,19 @@ class NetworkReceiver:
             else:
                 image.behind_since_ns = None
             due = min(image.poll(now_ns, out, self._events), image.last_heard_ns + liveness + 1)
+            deadline = due if deadline is None else min(deadline, due)
+        for key, (image, due, left) in list(self._leaving.items()):
+            if key in self.images:  # the session came back (a new image): it is not leaving
+                del self._leaving[key]
+                continue
+            if now_ns >= due:
+                image._send_sm(now_ns, out, leaving=True)
+                left -= 1
+                due = now_ns + self.sm_timeout_ns
+                if not left:
+                    del self._leaving[key]
+                    continue
+                self._leaving[key] = (image, due, left)
             deadline = due if deadline is None else min(deadline, due)
         events = self._events
         self._events = []

@@ -34,6 +34,7 @@ from typing import Final
 from netbridge.flow_control import FlowControl, UnicastFlowControl
 from netbridge.frames import (
     FRAME_ALIGNMENT,
+    SM_FLAG_EOS,
     SM_FLAG_SETUP,
     ErrorFrame,
     MalformedFrame,
@@ -92,7 +93,8 @@ class NetworkSender:
     ``flow_control`` defaults to :class:`~netbridge.flow_control.UnicastFlowControl`.
 
     Timings default to Aeron's: SETUP every 100 ms, heartbeat after 100 ms idle, connection
-    lost after 5 s without a status message, retransmit delay 0 and linger 10 ms, at most 16
+    lost after 5 s without a status message (or at once when the last receiver's status
+    message carries the EOS flag: it left), retransmit delay 0 and linger 10 ms, at most 16
     retransmits in flight. ``max_datagrams_per_poll`` bounds the DATA datagrams one poll emits
     (the deadline is then "now" while more is ready). With ``data_batches`` the DATA of a poll
     comes out as one :class:`~netbridge.log_port.Datagrams` batch per destination instead of a
@@ -200,7 +202,8 @@ class NetworkSender:
     @property
     def is_connected(self) -> bool:
         """A receiver sent a status message within the connection timeout (as of the last
-        poll) and the flow-control strategy has the receivers it requires."""
+        poll), not every receiver the strategy knows left since (an EOS status message), and
+        the flow-control strategy has the receivers it requires."""
         return self._has_receivers and self.flow_control.has_required_receivers()
 
     @property
@@ -282,6 +285,16 @@ class NetworkSender:
             if not self.is_end_of_stream:
                 # kept until sent: another receiver's status message must not cancel it
                 self._setup_requested = True
+            return
+        if sm.flags & SM_FLAG_EOS:
+            # the receiver left (its image ended, or its subscribers went): the strategy
+            # forgets it, and when it was the last one the connection ends now, not after
+            # the connection timeout (the publisher learns there is nobody to send to)
+            self.sender_limit = self.flow_control.on_status_message(
+                sm, self.sender_position, now_ns, sender_limit=self.sender_limit, source=source
+            )
+            if not self.flow_control.receivers:
+                self._has_receivers = False
             return
         self._has_receivers = True
         self._last_sm_ns = now_ns

@@ -50,6 +50,11 @@ class Context:
     publication_unblock_timeout: float = 15.0
     #: an ended publication's log stays this long for slow subscribers
     publication_linger_timeout: float = 5.0
+    #: a udp publication stops being connected when no receiver has sent it a status message
+    #: for this long (Aeron: publicationConnectionTimeout): how long a requester waits to learn
+    #: that its service's host went silent (its netbridge or host died, or the status messages
+    #: saying its last responder left were all lost). A receiver that leaves says so at once
+    publication_connection_timeout: float = 5.0
     #: an untethered subscriber this long at the bottom of the window goes unavailable
     untethered_window_limit_timeout: float = 5.0
     #: then rests this long before it rejoins

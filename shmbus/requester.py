@@ -27,9 +27,13 @@ own host, and reads its replies from the network image there. Its request public
 connected while the service's host has a responder subscribed (the netbridge there sends
 status messages); a requester made less than ``CONNECT_WAIT_S`` ago waits that long for the
 first connection before a call fails with NoResponderError (the SETUP/status exchange takes a
-round trip). When the last responder there leaves, its netbridge stops the status messages and
-the calls in flight fail with ResponderLostError once the publication's connection times out
-(the netbridge's 5 s), so a call fails within the remote client liveness timeout plus that.
+round trip). When the last responder there leaves (it closed, or died and that host's driver
+timed it out, ``client_liveness_timeout``), the netbridge there closes its image of the requests
+and tells this host's netbridge so (a status message with the EOS flag), which ends the
+publication's connection at once: the driver clears the is-connected word as on IPC, and the
+calls in flight fail with ResponderLostError within the liveness timeout. A service host that
+goes silent instead (its netbridge or host died, or those status messages were all lost) ends
+the connection after ``Context.publication_connection_timeout`` (5 s) without status messages.
 """
 
 from __future__ import annotations

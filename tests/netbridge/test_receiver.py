@@ -25,6 +25,7 @@ from netbridge.frames import (
     pad_frame,
 )
 from netbridge.receiver import (
+    LEAVING_STATUS_MESSAGES,
     EndOfStream,
     ImageAvailable,
     ImageUnavailable,
@@ -319,10 +320,12 @@ def test_frames_of_an_unknown_session_elicit_a_setup_at_a_limited_rate(host: Ima
     assert receiver.unknown_session_datagrams == 4 and receiver.setup_elicitations == 2
     # the image of the known session is untouched, and no image was made for the other
     assert list(receiver.images) == [(SESSION, STREAM)] and host.read() == []
-    # data for a stream nobody subscribed to is dropped without an answer
+    # data for a stream nobody subscribed to is dropped without an answer (the one status
+    # message is the closed image's goodbye: test_closing_an_image)
     receiver.remove_subscription(STREAM, 300 * MS)
     receiver.on_datagram(301 * MS, data(0, payload(0), session_id=other + 1), SENDER)
-    assert not sms(receiver.poll(1000 * MS))
+    assert [(f.session_id, f.flags) for f in sms(receiver.poll(301 * MS))] == [
+        (SESSION, SM_FLAG_EOS)]
 
 
 def test_rttm_request_is_echoed(host: ImageHost) -> None:
@@ -633,11 +636,35 @@ def test_an_image_that_hears_nothing_times_out_and_its_session_cools_down(
     assert [type(e) for e in receiver.poll(16_101 * MS).events] == [ImageAvailable]
 
 
-def test_closing_an_image(host: ImageHost) -> None:
+def test_closing_an_image_tells_its_sender_it_left(host: ImageHost) -> None:
+    """Its last status message carries the EOS flag (Aeron's draining image does the same):
+    a sender this receiver was the only one of stops being connected at once."""
     receiver = joined(host)
-    receiver.close_image(SESSION, STREAM, 1 * MS)
-    (event,) = receiver.poll(1 * MS).events
+    receiver.on_datagram(1 * MS, data(0, payload(0)), SENDER)
+    receiver.poll(1 * MS)
+    host.read()
+    receiver.poll(2 * MS)
+    sent_before = receiver.sms_sent
+    receiver.close_image(SESSION, STREAM, 3 * MS)
+    result = receiver.poll(3 * MS)
+    (event,) = result.events
     assert isinstance(event, ImageUnavailable) and event.reason == "closed"
+    ((goodbye, destination),) = [(f, d) for f, d in frames_out(result)
+                                 if isinstance(f, StatusMessage)]
+    assert destination == SENDER and goodbye.flags == SM_FLAG_EOS
+    assert (goodbye.session_id, goodbye.stream_id, goodbye.receiver_id) == (
+        SESSION, STREAM, RECEIVER_ID)
+    assert receiver.sms_sent == sent_before + 1
+    # its frames are dropped during the cool-down (no SETUP asked for); the goodbye is said
+    # LEAVING_STATUS_MESSAGES times, one status-message timeout apart, in case one is lost
+    receiver.on_datagram(4 * MS, beat(128), SENDER)
+    assert sms(receiver.poll(100 * MS)) == []
+    assert result.next_deadline_ns is None or result.next_deadline_ns <= 203 * MS
+    assert [s.flags for s in sms(receiver.poll(203 * MS))] == [SM_FLAG_EOS]
+    assert [s.flags for s in sms(receiver.poll(403 * MS))] == [SM_FLAG_EOS]
+    assert sms(receiver.poll(1000 * MS)) == []
+    assert receiver.poll(2000 * MS).next_deadline_ns is None
+    assert receiver.sms_sent == sent_before + LEAVING_STATUS_MESSAGES == sent_before + 3
 
 
 # --- hostile input -------------------------------------------------------------------------------

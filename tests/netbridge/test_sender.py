@@ -8,10 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from netbridge.flow_control import MaxFlowControl
 from netbridge.frames import (
     DATA_HEADER_LENGTH,
     HDR_TYPE_DATA,
     HDR_TYPE_PAD,
+    SM_FLAG_EOS,
     SM_FLAG_SETUP,
     DataHeader,
     ErrorFrame,
@@ -54,11 +56,11 @@ def make_sender(log: PublicationPort, **kwargs: object) -> NetworkSender:
 
 
 def sm(position: int, window: int = 32 * 1024, *, flags: int = 0,
-       session_id: int = SESSION) -> bytes:
+       session_id: int = SESSION, receiver_id: int = 77) -> bytes:
     return StatusMessage(
         flags=flags, session_id=session_id, stream_id=STREAM,
         consumption_term_id=term_id_at(position), consumption_term_offset=position % TERM,
-        receiver_window=window, receiver_id=77,
+        receiver_window=window, receiver_id=receiver_id,
     ).encode()
 
 
@@ -422,6 +424,33 @@ def test_connection_is_lost_without_status_messages(pub: FakePublicationLog) -> 
     assert not sender.is_connected
     sender.on_datagram(5002 * MS, sm(0), CONTROL)
     assert sender.is_connected
+
+
+def test_the_last_receiver_leaving_ends_the_connection_at_once(pub: FakePublicationLog) -> None:
+    """A status message with the EOS flag says its receiver left (its image closed): the
+    sender is not connected from then, without waiting for the connection timeout, until a
+    receiver speaks again."""
+    sender = make_sender(pub)
+    connect(sender)
+    sender.poll(1 * MS)
+    assert sender.is_connected
+    sender.on_datagram(2 * MS, sm(0, flags=SM_FLAG_EOS), CONTROL)
+    assert not sender.is_connected
+    sender.poll(3 * MS)
+    assert not sender.is_connected and sender.flow_control.receivers == {}
+    sender.on_datagram(4 * MS, sm(0), CONTROL)  # a receiver (back) with a new image
+    assert sender.is_connected
+
+
+def test_one_of_several_receivers_leaving_keeps_the_connection(pub: FakePublicationLog) -> None:
+    sender = make_sender(pub, flow_control=MaxFlowControl())
+    sender.poll(0)
+    sender.on_datagram(0, sm(0, receiver_id=1), CONTROL)
+    sender.on_datagram(0, sm(0, receiver_id=2), ("10.0.0.3", 40123))
+    sender.on_datagram(1 * MS, sm(0, flags=SM_FLAG_EOS, receiver_id=1), CONTROL)
+    assert sender.is_connected and list(sender.flow_control.receivers) == [2]
+    sender.on_datagram(2 * MS, sm(0, flags=SM_FLAG_EOS, receiver_id=2), ("10.0.0.3", 40123))
+    assert not sender.is_connected
 
 
 def test_close_sends_end_of_stream_heartbeats_once_everything_is_sent(

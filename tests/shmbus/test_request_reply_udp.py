@@ -9,11 +9,15 @@ a pool), malformed requests and foreign datagrams, bad channels.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import socket
 import struct
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,28 +25,52 @@ import pytest
 import shmbus
 from shmbus.requester import CONNECT_WAIT_S
 from shmbus.shm import call_header
-from shmbus.shm.counters import RR_HANDLER_ERRORS, RR_REPLIES_DROPPED, RR_SERVED
+from shmbus.shm.counters import (
+    RR_FAILED,
+    RR_HANDLER_ERRORS,
+    RR_IN_FLIGHT,
+    RR_REPLIES_DROPPED,
+    RR_SERVED,
+)
 from tests.conftest import stop_driver
 from tests.netbridge.test_end_to_end import bus_pair, free_udp_port
 from tests.shmbus import rr_workers as rw
-from tests.shmbus.test_request_reply import STREAM, calls_answered, counter_total
+from tests.shmbus.driver.test_driver_processes import wait_until
+from tests.shmbus.test_request_reply import (
+    STREAM,
+    _no_backstop,
+    calls_answered,
+    counter_total,
+)
 
 pytestmark = pytest.mark.timeout(300)
 LIVENESS = 2.0
-#: a sender's connection times out this long after the last status message (netbridge)
-CONNECTION_TIMEOUT = 5.0
+#: a publication's connection times out this long after the last status message: far past
+#: the liveness timeout, so a call that fails within that learned it from the responders'
+#: netbridge (a status message with the EOS flag), not from this timeout
+CONNECTION_TIMEOUT = 60.0
+
+
+@contextlib.contextmanager
+def bus_pair_serving(shm_dir: Any, **settings: Any) -> Iterator[Any]:
+    """(context of bus A, context of bus B, the service channel on B's endpoint, the two
+    driver processes), the drivers stopped after."""
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, **{
+        "client_liveness_timeout": LIVENESS, "keepalive_interval": 0.1,
+        "timer_interval": 0.02, "publication_connection_timeout": CONNECTION_TIMEOUT,
+        **settings})
+    try:
+        yield ctx_a, ctx_b, f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}", drivers
+    finally:
+        for process in drivers:
+            stop_driver(process)
 
 
 @pytest.fixture
 def buses(shm_dir) -> Any:
     """(context of bus A, context of bus B, the service channel on B's endpoint)."""
-    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, client_liveness_timeout=LIVENESS,
-                                       keepalive_interval=0.1, timer_interval=0.02)
-    try:
-        yield ctx_a, ctx_b, f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
-    finally:
-        for process in drivers:
-            stop_driver(process)
+    with bus_pair_serving(shm_dir) as (ctx_a, ctx_b, channel, _):
+        yield ctx_a, ctx_b, channel
 
 
 def start_responders(procs: Any, context: shmbus.Context, channel: str, n: int,
@@ -85,7 +113,9 @@ def test_no_responder_fails_the_call_promptly(buses):
         assert client.in_flight == 0
 
 
-def test_a_lone_responder_killed_with_calls_in_hand_fails_them(buses, procs):
+def test_a_lone_responder_killed_with_calls_in_hand_fails_them_within_the_liveness_timeout(
+        buses, procs, monkeypatch):
+    _no_backstop(monkeypatch)
     ctx_a, ctx_b, channel = buses
     killed = procs.private()
     start_responders(procs, ctx_b, channel, 1, reports=killed)
@@ -101,10 +131,98 @@ def test_a_lone_responder_killed_with_calls_in_hand_fails_them(buses, procs):
             with pytest.raises(shmbus.ResponderLostError, match="no responder is connected"):
                 call.result()
         elapsed = time.monotonic() - killed_at
-        # B's driver times the dead client out (LIVENESS), its netbridge stops the status
-        # messages, and A's connection times out
-        assert elapsed < LIVENESS + CONNECTION_TIMEOUT + 3.0, elapsed
+        # B's driver times the dead client out (LIVENESS, on its timer), its netbridge closes
+        # the request image and tells A's (a status message with the EOS flag), A's request
+        # publication is no longer connected and A's driver wakes the requester
+        assert elapsed < LIVENESS + 1.5, elapsed
         assert client.in_flight == 0
+        assert counter_total(bus, RR_FAILED) == 4 and counter_total(bus, RR_IN_FLIGHT) == 0
+
+
+def test_a_killed_lone_responder_fails_a_lone_caller_threads_and_an_async_caller(
+        buses, procs, monkeypatch):
+    """Callers sharing one requester, each asleep in its own wait (the lone caller's native
+    wait, the reader's turn, a follower, the asyncio reader): the kill wakes them all."""
+    _no_backstop(monkeypatch)
+    ctx_a, ctx_b, channel = buses
+    killed = procs.private()
+    start_responders(procs, ctx_b, channel, 1, reports=killed)
+    with shmbus.connect(ctx_a) as bus, bus.add_requester(channel, STREAM) as client:
+        first = rw.make_request(5, 0, 0, 64)
+        rw.check_reply(first, client.request(first, timeout=10))
+        outcomes: dict[str, BaseException | bytes] = {}
+
+        def call(name: str, request: bytes) -> None:
+            try:
+                outcomes[name] = client.request(request, timeout=60)
+            except BaseException as error:
+                outcomes[name] = error
+
+        def call_async() -> None:
+            try:
+                outcomes["async"] = asyncio.run(client.request_async(
+                    rw.make_request(5, 0, 3, 64), timeout=60))
+            except BaseException as error:
+                outcomes["async"] = error
+
+        lone = threading.Thread(target=call, args=("lone", rw.make_command(5, 0, b"hang")))
+        lone.start()  # alone on the requester: it reads its reply itself
+        victim = killed.wait("in-hand", timeout=30)[0]
+        callers = [lone, threading.Thread(target=call, args=("thread-1", rw.make_request(
+                       5, 0, 1, 64))),
+                   threading.Thread(target=call, args=("thread-2", rw.make_request(
+                       5, 0, 2, 64))),
+                   threading.Thread(target=call_async)]
+        for caller in callers[1:]:
+            caller.start()
+        wait_until(lambda: client.in_flight == 4, 10, "four calls in flight")
+        time.sleep(0.2)  # each caller asleep
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        for caller in callers:
+            caller.join(timeout=30)
+            assert not caller.is_alive()
+        elapsed = time.monotonic() - killed_at
+        assert set(outcomes) == {"lone", "thread-1", "thread-2", "async"}
+        for name, outcome in outcomes.items():
+            assert isinstance(outcome, shmbus.ResponderLostError), (name, outcome)
+        # the wake-up from B's leaving, not a 60 s look nor the 60 s connection timeout
+        assert elapsed < LIVENESS + 1.5, elapsed
+        assert client.in_flight == 0
+        assert counter_total(bus, RR_FAILED) == 4 and counter_total(bus, RR_IN_FLIGHT) == 0
+
+
+def test_a_silent_service_host_fails_the_calls_after_the_connection_timeout(shm_dir, procs):
+    """B's driver and netbridge stopped (a host that froze or lost its network): nothing
+    says the responder left, so A learns it from Context.publication_connection_timeout."""
+    connection_timeout = 1.0
+    with bus_pair_serving(shm_dir, publication_connection_timeout=connection_timeout,
+                          client_liveness_timeout=30.0) as (ctx_a, ctx_b, channel, drivers):
+        killed = procs.private()
+        start_responders(procs, ctx_b, channel, 1, reports=killed)
+        with shmbus.connect(ctx_a) as bus, bus.add_requester(channel, STREAM) as client:
+            first = rw.make_request(7, 0, 0, 64)
+            rw.check_reply(first, client.request(first, timeout=10))
+            hang = client.submit(rw.make_command(7, 0, b"hang"), timeout=60)
+            killed.wait("in-hand", timeout=30)
+            frozen = [drivers[1].pid, *_children(drivers[1].pid)]  # B's driver and netbridge
+            assert len(frozen) == 2, frozen
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            try:
+                with pytest.raises(shmbus.ResponderLostError, match="no responder"):
+                    hang.result()
+                elapsed = time.monotonic() - stopped_at
+            finally:
+                for pid in frozen:
+                    os.kill(pid, signal.SIGCONT)
+            assert elapsed < connection_timeout + 1.5, elapsed
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as listing:
+        return [int(child) for child in listing.read().split()]
 
 
 def test_a_responder_killed_mid_request_hands_it_to_another_on_its_bus(buses, procs):

@@ -516,7 +516,8 @@ class Nemesis:
             return
         self.sample_udp()
         for bridge in bridges:
-            bridge.kill()
+            with contextlib.suppress(psutil.NoSuchProcess):  # it exited meanwhile (the
+                bridge.kill()  # driver kills a netbridge it declared dead)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if any(b.pid not in {old.pid for old in bridges} for b in self.bus.netbridges()):
