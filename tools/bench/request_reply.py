@@ -1,7 +1,7 @@
 """Request/reply between processes: shmbus requesters and responders beside pyzmq REQ/REP,
 pyzmq DEALER/ROUTER and a multiprocessing Pipe RPC, in one run.
 
-    python -m tools.bench.request_reply [--quick] [--duration 3] [--repeat 3] [--only udp]
+    python -m tools.bench.request_reply [--quick] [--duration 3] [--repeat 3] [--only udp|1->1]
 
 * ``1->1``: one requester process calls one responder process back to back, 32 B: each
   call's round trip is timed (p50/p90/p99) and the calls per second counted. shmbus runs
@@ -366,7 +366,8 @@ def measure(ctx: Any, root: Path, case: str, transport: str, pool: int, size: in
 
 
 def plan(sizes: tuple[int, ...], only: str | None = None) -> list[tuple[str, str, int, int]]:
-    """(case, transport, pool, size) of every measurement (``only="udp"``: the udp cases)."""
+    """(case, transport, pool, size) of every measurement (``only="udp"``: the udp cases;
+    ``only="1->1"``: the one-host 1->1 rows)."""
     udp = [("udp 1->1", "shmbus udp", 1, 32), ("udp 1->1", "zmq REQ/REP tcp", 1, 32)]
     for size in sizes:
         udp += [("udp 4->4", t, POOL, size) for t in ("shmbus udp", "zmq DEALER/ROUTER tcp")]
@@ -375,6 +376,8 @@ def plan(sizes: tuple[int, ...], only: str | None = None) -> list[tuple[str, str
     rows = [("1->1", f"shmbus {wait}", 1, 32) for wait in WAITS]
     rows += [("1->1", peer, 1, 32) for peer in ("zmq REQ/REP", "zmq DEALER/ROUTER", "Pipe",
                                                  "iceoryx2")]
+    if only == "1->1":
+        return rows
     for size in sizes:
         rows += [("4->4", t, POOL, size) for t in ("shmbus default", "shmbus busy",
                                                    "zmq REQ/REP", "zmq DEALER/ROUTER", "Pipe")]
@@ -411,8 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     add_run_options(parser, 3.0, "each run calls")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="request sizes of the 4->4 runs, bytes (default 32,4096)")
-    parser.add_argument("--only", choices=("udp",), default=None,
-                        help="run only the udp cases (1->1 and 4->4, and their zmq tcp peers)")
+    parser.add_argument("--only", choices=("udp", "1->1"), default=None,
+                        help="run only the udp cases (1->1 and 4->4, and their zmq tcp peers), "
+                             "or only the one-host 1->1 rows")
     args = parser.parse_args(argv)
     duration = 0.3 if args.quick else args.duration
     sizes = tuple(int(s) for s in args.sizes.split(","))
