@@ -150,6 +150,13 @@ class Requester:
         self._on_close = on_close
         self._table = PendingCalls(f"{channel} stream {stream_id}")
         self._open = self._table._open  # the calls in flight, read without a call
+        self._counts = self._table.counts
+        #: the correlation id of a lone call outside the table (0: none), and what an
+        #: asyncio reader read for it meanwhile: (kind, correlation id, body)
+        self._alone = 0
+        self._alone_early: tuple[int, int, bytes] | None = None
+        spin_s = getattr(replies, "_wait_spin_ns", 0) * 1e-9
+        self._first_look_s = min(spin_s, _IN_FLIGHT_AFTER_S)
         self._add_answered = counters.adder(RR_ANSWERED)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # the table
@@ -188,13 +195,16 @@ class Requester:
                 idempotent: bool = False) -> bytes:
         """Send a request and wait for its reply (bytes): :meth:`submit` then ``result()``,
         with the same errors. A caller alone on the requester (no other call in flight)
-        reads its reply itself without a hand-off (:meth:`_request_alone`)."""
-        if not self._open and not self._async_reading and self._reader.acquire(False):
+        reads its reply itself without a hand-off, and its call enters the table of calls
+        in flight only if its reply is not there within its first look (see
+        :meth:`_request_alone`)."""
+        reader = self._reader
+        if not self._open and not self._async_reading and reader.acquire(False):
             try:
                 if not self._open:
                     return self._request_alone(data, timeout, idempotent)
             finally:
-                self._reader.release()
+                reader.release()
                 if self._followers:
                     with self._lock:
                         self._settled.notify_all()
@@ -204,26 +214,70 @@ class Requester:
         """One call made while no other is in flight, by the holder of the reader's turn:
         it sends, then takes replies itself until its own comes, spinning then sleeping as
         ``messages()`` does. Other threads may submit meanwhile: this caller holds the turn,
-        so it reads their replies into the table for them. The call is in the table like
-        any other, so close(), its deadline and departed responders settle it as they
-        settle any call; the in-flight counter counts it once it has waited
-        ``_IN_FLIGHT_AFTER_S`` (a shorter call shows only as answered)."""
+        so it reads their replies into the table for them.
+
+        Its first look (the spin of ``Context.wait_spin``, at most ``_IN_FLIGHT_AFTER_S``)
+        runs with the call outside the table: a reply there by then costs no table entry
+        and no lock. Only the holder of the reader's turn reads replies, except an asyncio
+        reader that started meanwhile: one that reads this call's answer leaves it in
+        ``_alone_early`` (see :meth:`_on_reply_message`). After the first look the call
+        enters the table like any other (:meth:`_request_waiting`), so close(), its
+        deadline and departed responders settle it as they settle any call."""
         correlation_id = next(self._ids)
-        now = _monotonic()
-        deadline = _INF if timeout is None else now + timeout
+        start = _monotonic()
+        if self._closed:
+            raise ClientClosedError(f"the requester of {self._table.service} is closed")
+        self._alone = correlation_id
+        if self.reply_to is None:
+            result = _offer_call(self._publication, _REQUEST, _IDEMPOTENT if idempotent else 0,
+                                 self.response_stream_id, correlation_id, data)
+        else:
+            result = self._offer_request(_IDEMPOTENT if idempotent else 0, correlation_id,
+                                         data)
+        if result > 0:
+            look = self._first_look_s
+            if timeout is not None and timeout < look:
+                look = timeout
+            reply = _await_reply(self._replies, correlation_id, look, self._on_reply_message)
+            if reply is not None:
+                self._alone = 0
+                # answered is counted by readers only (the holder of the turn, or the
+                # asyncio reader under the lock, which never answers a call of the table
+                # while the turn's holder has one outside it): no lock
+                self._counts.answered += 1
+                self._add_answered(1)
+                return reply
+        deadline = _INF if timeout is None else start + timeout
+        return self._request_waiting(correlation_id, start, deadline, idempotent, result, data)
+
+    def _request_waiting(self, correlation_id: int, start: float, deadline: float,
+                         idempotent: bool, result: int, data: Buffer) -> bytes:
+        """The rest of :meth:`_request_alone` for a call whose reply was not there within
+        its first look (or whose offer was refused with ``result``): in the table from
+        now. The in-flight counter counts it once it has waited ``_IN_FLIGHT_AFTER_S`` (a
+        shorter call shows only as answered)."""
         table = self._table
         pending = PendingCall(correlation_id, deadline, idempotent)
-        with self._lock:  # table.open without its check: the ids are unique by making
-            if self._closed:
-                raise ClientClosedError(f"the requester of {table.service} is closed")
-            self._open[correlation_id] = pending
-        result = self._offer_request(_IDEMPOTENT if idempotent else 0, correlation_id, data)
+        with self._lock:
+            self._alone = 0
+            self._open[correlation_id] = pending  # table.open without its check: ids are unique
+            early, self._alone_early = self._alone_early, None
+            if early is not None:
+                kind, early_id, body = early
+                if table.on_reply(kind, early_id, body) is None:
+                    self._counters.add(RR_LATE)  # an older lone call's, answered twice
+            if self._closed and not pending.settled:
+                table.fail(correlation_id, ClientClosedError(
+                    f"call {correlation_id}: the requester of {table.service} closed"))
         if result < 0:
             self._count_from_now(pending)
             self._send_refused(pending, data, result)
         replies = self._replies
         on_other = self._on_reply_message
-        check_at = now + _IN_FLIGHT_AFTER_S
+        check_at = start + _IN_FLIGHT_AFTER_S
+        now = _monotonic()
+        if now >= check_at and not pending.settled:
+            self._count_from_now(pending)
         while not pending.settled:
             # natively: take replies, spin for Context.wait_spin, then sleep; another call's
             # reply (or an error reply) goes to on_other, and None comes back
@@ -395,6 +449,9 @@ class Requester:
             self._counters.add(RR_LATE)
             return
         with self._lock:
+            if correlation_id == self._alone:  # a lone call's, not in the table yet
+                self._alone_early = (kind, correlation_id, message[_HEADER_LENGTH:])
+                return
             if self._table.on_reply(kind, correlation_id,
                                     message[_HEADER_LENGTH:]) is None:
                 self._counters.add(RR_LATE)
