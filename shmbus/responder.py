@@ -36,7 +36,7 @@ from shmbus.errors import PublicationError, RegistrationError
 from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.remote_calls import check_reply_to
 from shmbus.shm import call_header
-from shmbus.shm._native import answer_request as _answer_request
+from shmbus.shm._native import answer_requests as _answer_requests
 from shmbus.shm._native import offer_call as _offer_call
 from shmbus.shm.counters import RR_HANDLER_ERRORS, RR_REPLIES_DROPPED, RR_SERVED
 from shmbus.subscription_group import GroupSubscription
@@ -56,6 +56,8 @@ _REQUEST, _REPLY, _VERSION = call_header.REQUEST, call_header.REPLY, call_header
 _REPLY_TO = call_header.REPLY_TO
 # what answer_request did (shmbus/shm/native/calls.c)
 _ANSWER_NOTHING, _ANSWER_REPLIED, _ANSWER_DELIVER, _ANSWER_MALFORMED = 0, 1, 2, 3
+#: The requests a serve() loop answers between two looks at its deadline.
+_SERVE_LIMIT = 16
 #: A waiting responder looks for requests handed on from a departed responder this often.
 _HANDED_ON_CHECK_S = 0.1
 #: An idle UDP responder closes its reply publications that lost their requester this often.
@@ -98,6 +100,7 @@ class Responder:
         #: requests answered (replies published); the rr-served counter follows per poll
         self.served = 0
         self._counted = 0
+        self._add_served = counters.adder(RR_SERVED)
 
     # -- serving --------------------------------------------------------------------------------
 
@@ -106,10 +109,11 @@ class Responder:
         many fragments were read.
 
         Each request is claimed and answered natively (``answer_request``, one at a time, so
-        the responders of a service share a burst); what it leaves to this side (a fragmented
-        or large request, one handed on from a responder that left) is delivered by the
-        member's poll to :meth:`_on_request`. A service on aeron:udp reads every request
-        with the member's poll (:meth:`_on_remote_request`)."""
+        the responders of a service share a burst; ``answer_requests`` loops over it, one
+        call from here for a burst); what it leaves to this side (a fragmented or large
+        request, one handed on from a responder that left) is delivered by the member's
+        poll to :meth:`_on_request`. A service on aeron:udp reads every request with the
+        member's poll (:meth:`_on_remote_request`)."""
         if self.remote:
             return self._poll_remote(limit)
         fragments = 0
@@ -117,23 +121,28 @@ class Responder:
         for image in self._requests.images:
             member = image._member
             while fragments < limit:
-                outcome = _answer_request(member, handler, replies, self)
-                if outcome == _ANSWER_REPLIED:
-                    self.served += 1
-                elif outcome == _ANSWER_NOTHING:
+                replied, outcome = _answer_requests(member, handler, replies, self,
+                                                    limit - fragments)
+                if replied:
+                    self.served += replied
+                    fragments += replied
+                if outcome == _ANSWER_NOTHING:
                     break
-                elif outcome == _ANSWER_DELIVER:
+                if outcome == _ANSWER_DELIVER:
                     self._member = member
                     try:
-                        fragments += member.poll(self._assembler, 1) - 1
+                        fragments += member.poll(self._assembler, 1)
                     finally:
                         self._member = None
-                elif outcome == _ANSWER_MALFORMED:
-                    self._counters.add(RR_HANDLER_ERRORS)
-                fragments += 1
+                elif outcome != _ANSWER_REPLIED:  # malformed, or answered from this side
+                    if outcome == _ANSWER_MALFORMED:
+                        self._counters.add(RR_HANDLER_ERRORS)
+                    fragments += 1
             if fragments >= limit:
                 break
-        self._count_served()
+        if self.served != self._counted:
+            self._add_served(self.served - self._counted)
+            self._counted = self.served
         return fragments
 
     def _poll_remote(self, limit: int) -> int:
@@ -150,7 +159,7 @@ class Responder:
 
     def _count_served(self) -> None:
         if self.served != self._counted:
-            self._counters.add(RR_SERVED, self.served - self._counted)
+            self._add_served(self.served - self._counted)
             self._counted = self.served
 
     def serve(self, timeout: float | None = None) -> int:
@@ -161,7 +170,9 @@ class Responder:
         requests = self._requests
         poll, wait, monotonic = self.poll, requests.wait, time.monotonic
         while not self._closed:
-            if poll():
+            # a poll below its limit drained the images: no second look before the wait,
+            # which returns at once if a request came meanwhile
+            if poll(_SERVE_LIMIT) >= _SERVE_LIMIT:
                 continue
             now = monotonic()
             remaining = deadline - now

@@ -358,6 +358,11 @@ def answer_request(member: GroupMemberCore, handler: Callable[[bytes], object],
     ``replies[stream_id]`` (a dict) and mark the request done: 0 nothing to claim, 1 replied, 2 the
     next message is for ``member.poll(handler, 1)``, 3 malformed (dropped), 4 answered
     through ``responder._reply``/``_reply_error``."""
+def answer_requests(member: GroupMemberCore, handler: Callable[[bytes], object],
+                    replies: Mapping[Any, PublicationCore], responder: object, limit: int, /
+                    ) -> tuple[int, int]:
+    """``answer_request`` again while it replies, at most ``limit`` times: (how many replied,
+    the last outcome: 1 when ``limit`` replied, else the one that stopped it, 0 drained)."""
 
 @final
 class LogWatcher:

@@ -7,7 +7,8 @@
  *   await_reply     a lone caller's wait for the reply to its correlation id: take replies,
  *                   spin, then sleep (wait_images: Context.wait_spin, then the futex);
  *   answer_request  a responder's claim of one request (group_member.c), the handler's call
- *                   and the reply's offer; the message is done once the reply is offered.
+ *                   and the reply's offer; the message is done once the reply is offered;
+ *   answer_requests answer_request in a loop while it replies (one call from Python a poll).
  *
  * Runs in client processes with the GIL held (handlers are Python callables); waits release it.
  * Anything off the common path (a fragmented or large message, a request handed on from a
@@ -276,6 +277,40 @@ static PyObject *call_answer_request(PyObject *m, PyObject *const *args, Py_ssiz
     return answer;
 }
 
+/* answer_requests(member, handler, replies, responder, limit) -> (replied, outcome):
+ * answer_request over and over while it replies, at most `limit` times, so a responder's poll
+ * costs one call from Python for a burst of requests (and for one request and the empty look
+ * after it). `replied` counts the ANSWER_REPLIED outcomes; `outcome` is the last one: ANSWER_REPLIED when
+ * `limit` replies were made, else the outcome that stopped the loop, for the caller to handle
+ * (ANSWER_NOTHING: drained). */
+static PyObject *call_answer_requests(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "answer_requests(member, handler, replies: dict, responder, limit)");
+        return NULL;
+    }
+    long limit = PyLong_AsLong(args[4]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    long replied = 0, outcome = ANSWER_REPLIED;
+    while (replied < limit) {
+        PyObject *r = call_answer_request(m, args, 4);
+        if (r == NULL)
+            return NULL;
+        outcome = PyLong_AsLong(r);
+        Py_DECREF(r);
+        if (outcome != ANSWER_REPLIED)
+            break;
+        replied++;
+    }
+    PyObject *count = PyLong_FromLong(replied), *last = PyLong_FromLong(outcome);
+    PyObject *pair = count != NULL && last != NULL ? PyTuple_Pack(2, count, last) : NULL;
+    Py_XDECREF(count);
+    Py_XDECREF(last);
+    return pair;
+}
+
 PyMethodDef call_functions[] = {
     {"offer_call", (PyCFunction)(void (*)(void))call_offer, METH_FASTCALL,
      "offer_call(publication, kind, flags, stream_id, correlation_id, body) -> int: offer "
@@ -287,5 +322,8 @@ PyMethodDef call_functions[] = {
      "answer_request(member, handler, replies, responder) -> int: answer one request of a "
      "group member (0 none, 1 replied, 2 deliver with poll, 3 malformed, 4 answered by the "
      "responder's Python side)"},
+    {"answer_requests", (PyCFunction)(void (*)(void))call_answer_requests, METH_FASTCALL,
+     "answer_requests(member, handler, replies, responder, limit) -> (replied, outcome): "
+     "answer_request while it replies, at most limit times; outcome is the last one"},
     {NULL, NULL, 0, NULL},
 };
