@@ -157,6 +157,7 @@ class Requester:
         self._alone_early: tuple[int, int, bytes] | None = None
         spin_s = getattr(replies, "_wait_spin_ns", 0) * 1e-9
         self._first_look_s = min(spin_s, _IN_FLIGHT_AFTER_S)
+        self._on_reply = self._on_reply_message  # bound once: the lone call path's handler
         self._add_answered = counters.adder(RR_ANSWERED)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # the table
@@ -194,15 +195,52 @@ class Requester:
     def request(self, data: Buffer, *, timeout: float | None = DEFAULT_CALL_TIMEOUT,
                 idempotent: bool = False) -> bytes:
         """Send a request and wait for its reply (bytes): :meth:`submit` then ``result()``,
-        with the same errors. A caller alone on the requester (no other call in flight)
-        reads its reply itself without a hand-off, and its call enters the table of calls
-        in flight only if its reply is not there within its first look (see
-        :meth:`_request_alone`)."""
+        with the same errors.
+
+        A caller alone on the requester (no other call in flight) takes the reader's turn
+        and reads its reply itself, without a hand-off, spinning then sleeping as
+        ``messages()`` does. Its first look (the spin of ``Context.wait_spin``, at most
+        ``_IN_FLIGHT_AFTER_S``) runs with the call outside the table of calls in flight: a
+        reply there by then costs no table entry and no lock. Only the holder of the turn
+        reads replies, except an asyncio reader that started meanwhile: one that reads this
+        call's answer leaves it in ``_alone_early`` (see :meth:`_on_reply_message`). After
+        the first look the call enters the table like any other (:meth:`_request_waiting`),
+        so close(), its deadline and departed responders settle it as they settle any call.
+        Other threads may submit meanwhile: this caller holds the turn, so it reads their
+        replies into the table for them."""
         reader = self._reader
         if not self._open and not self._async_reading and reader.acquire(False):
             try:
                 if not self._open:
-                    return self._request_alone(data, timeout, idempotent)
+                    correlation_id = next(self._ids)
+                    start = _monotonic()
+                    if self._closed:
+                        raise ClientClosedError(
+                            f"the requester of {self._table.service} is closed")
+                    self._alone = correlation_id
+                    flags = _IDEMPOTENT if idempotent else 0
+                    if self.reply_to is None:
+                        result = _offer_call(self._publication, _REQUEST, flags,
+                                             self.response_stream_id, correlation_id, data)
+                    else:
+                        result = self._offer_request(flags, correlation_id, data)
+                    if result > 0:
+                        look = self._first_look_s
+                        if timeout is not None and timeout < look:
+                            look = timeout
+                        reply = _await_reply(self._replies, correlation_id, look,
+                                             self._on_reply)
+                        if reply is not None:
+                            self._alone = 0
+                            # answered is counted by readers only (the holder of the turn,
+                            # or an asyncio reader under the lock, which leaves this call's
+                            # answer to this caller): no lock
+                            self._counts.answered += 1
+                            self._add_answered(1)
+                            return reply
+                    return self._request_waiting(
+                        correlation_id, start, _INF if timeout is None else start + timeout,
+                        idempotent, result, data)
             finally:
                 reader.release()
                 if self._followers:
@@ -210,52 +248,12 @@ class Requester:
                         self._settled.notify_all()
         return self.submit(data, timeout=timeout, idempotent=idempotent).result()
 
-    def _request_alone(self, data: Buffer, timeout: float | None, idempotent: bool) -> bytes:
-        """One call made while no other is in flight, by the holder of the reader's turn:
-        it sends, then takes replies itself until its own comes, spinning then sleeping as
-        ``messages()`` does. Other threads may submit meanwhile: this caller holds the turn,
-        so it reads their replies into the table for them.
-
-        Its first look (the spin of ``Context.wait_spin``, at most ``_IN_FLIGHT_AFTER_S``)
-        runs with the call outside the table: a reply there by then costs no table entry
-        and no lock. Only the holder of the reader's turn reads replies, except an asyncio
-        reader that started meanwhile: one that reads this call's answer leaves it in
-        ``_alone_early`` (see :meth:`_on_reply_message`). After the first look the call
-        enters the table like any other (:meth:`_request_waiting`), so close(), its
-        deadline and departed responders settle it as they settle any call."""
-        correlation_id = next(self._ids)
-        start = _monotonic()
-        if self._closed:
-            raise ClientClosedError(f"the requester of {self._table.service} is closed")
-        self._alone = correlation_id
-        if self.reply_to is None:
-            result = _offer_call(self._publication, _REQUEST, _IDEMPOTENT if idempotent else 0,
-                                 self.response_stream_id, correlation_id, data)
-        else:
-            result = self._offer_request(_IDEMPOTENT if idempotent else 0, correlation_id,
-                                         data)
-        if result > 0:
-            look = self._first_look_s
-            if timeout is not None and timeout < look:
-                look = timeout
-            reply = _await_reply(self._replies, correlation_id, look, self._on_reply_message)
-            if reply is not None:
-                self._alone = 0
-                # answered is counted by readers only (the holder of the turn, or the
-                # asyncio reader under the lock, which never answers a call of the table
-                # while the turn's holder has one outside it): no lock
-                self._counts.answered += 1
-                self._add_answered(1)
-                return reply
-        deadline = _INF if timeout is None else start + timeout
-        return self._request_waiting(correlation_id, start, deadline, idempotent, result, data)
-
     def _request_waiting(self, correlation_id: int, start: float, deadline: float,
                          idempotent: bool, result: int, data: Buffer) -> bytes:
-        """The rest of :meth:`_request_alone` for a call whose reply was not there within
-        its first look (or whose offer was refused with ``result``): in the table from
-        now. The in-flight counter counts it once it has waited ``_IN_FLIGHT_AFTER_S`` (a
-        shorter call shows only as answered)."""
+        """The rest of a lone :meth:`request` (made at ``start``) for a call whose reply was
+        not there within its first look (or whose offer was refused with ``result``): in the
+        table from now. The in-flight counter counts it once it has waited
+        ``_IN_FLIGHT_AFTER_S`` (a shorter call shows only as answered)."""
         table = self._table
         pending = PendingCall(correlation_id, deadline, idempotent)
         with self._lock:
@@ -273,7 +271,7 @@ class Requester:
             self._count_from_now(pending)
             self._send_refused(pending, data, result)
         replies = self._replies
-        on_other = self._on_reply_message
+        on_other = self._on_reply
         check_at = start + _IN_FLIGHT_AFTER_S
         now = _monotonic()
         if now >= check_at and not pending.settled:
@@ -304,7 +302,7 @@ class Requester:
         return Call(self, pending).result()
 
     def _count_from_now(self, pending: PendingCall) -> None:
-        """Count a call of :meth:`_request_alone` in flight (once), and its end: at once if
+        """Count a lone call of :meth:`request` in flight (once), and its end: at once if
         it is settled already, else when it settles."""
         with self._lock:
             if pending.on_settled is None:
