@@ -283,6 +283,53 @@ def test_lone_and_shared_callers_of_one_requester_never_mix_replies(bus_context,
         assert counter_total(bus, RR_FAILED) == counter_total(bus, RR_LATE) == 0
 
 
+def test_lone_callers_beside_an_asyncio_caller_never_lose_or_mix_replies(
+        bus_context, driver, procs):
+    """Threads calling request() back to back, each first look made with its call outside
+    the table, beside a thread whose asyncio reader may start meanwhile and read their
+    answers: every reply answers its own request, none is lost or dropped as late, and the
+    counters add up to the calls."""
+    start_responders(procs, bus_context, 2)
+    threads, calls, gathered, problems = 2, 300, 4, []
+    with shmbus.connect(bus_context) as bus, bus.add_requester("aeron:ipc", STREAM) as client:
+
+        def lone(thread: int) -> None:
+            for seq in range(calls):
+                request = rw.make_request(7, thread, seq, 32 + seq % 32)
+                try:
+                    rw.check_reply(request, client.request(request, timeout=30))
+                except Exception as error:  # collected: a thread's assert would be lost
+                    problems.append(f"thread {thread} call {seq}: {error!r}")
+
+        async def gather_calls() -> None:
+            for base in range(0, calls, gathered):
+                requests = [rw.make_request(7, threads, seq, 40)
+                            for seq in range(base, base + gathered)]
+                replies = await asyncio.gather(
+                    *(client.request_async(r, timeout=30) for r in requests),
+                    return_exceptions=True)
+                for request, reply in zip(requests, replies, strict=True):
+                    try:
+                        assert isinstance(reply, bytes), reply
+                        rw.check_reply(request, reply)
+                    except Exception as error:
+                        problems.append(f"asyncio call: {error!r}")
+
+        workers = [threading.Thread(target=lone, args=(t,)) for t in range(threads)]
+        workers.append(threading.Thread(target=asyncio.run, args=(gather_calls(),)))
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=240)
+        assert not any(worker.is_alive() for worker in workers)
+        assert problems == []
+        total = (threads + 1) * calls
+        assert client.in_flight == 0
+        assert counter_total(bus, RR_ANSWERED) == total
+        assert counter_total(bus, RR_IN_FLIGHT) == 0
+        assert counter_total(bus, RR_FAILED) == counter_total(bus, RR_LATE) == 0
+
+
 def test_closing_during_a_lone_call_fails_it_and_counts_it(bus_context, driver, procs):
     start_responders(procs, bus_context, 1)
     with shmbus.connect(bus_context) as bus:
