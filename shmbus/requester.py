@@ -11,7 +11,8 @@ sleeps until the responder's reply wakes it. Many threads may share one requeste
 waiting caller holds the reader's turn reads every reply and hands each to its call; the
 others sleep until theirs is settled or the turn is free. A caller of ``request()`` alone on
 the requester (no other call in flight, the common case) skips the hand-off: it takes replies
-straight from its response stream until its own comes (natively, shmbus/shm/native/calls.c).
+straight from its response stream until its own comes (natively, shmbus/shm/native/calls.c),
+and its call enters the table only if the reply is not there within its first look.
 
 No call outlives its responders: when the last one has gone (it closed, or died and the driver
 timed it out, ``client_liveness_timeout``), the driver clears the request log's is-connected
@@ -362,7 +363,9 @@ class Requester:
 
     @property
     def in_flight(self) -> int:
-        """Calls sent and not settled yet."""
+        """Calls sent and not settled yet (a lone ``request()`` counts from the end of its
+        first look, the spin of ``Context.wait_spin``: a call answered within it never
+        shows here)."""
         return len(self._table)
 
     # -- waiting --------------------------------------------------------------------------------
