@@ -60,3 +60,10 @@ def test_the_udp_pool_is_measured_against_dealer_router_over_tcp():
             for t, calls in (("zmq REQ/REP tcp", 1_000.0), ("zmq DEALER/ROUTER tcp", 8_000.0),
                              ("shmbus udp", 20_000.0))]
     assert "2.5" in rr.table(rows).splitlines()[3]
+
+
+def test_only_the_one_host_one_to_one_rows():
+    plan = rr.plan((32, 4096), only="1->1")
+    assert {case for case, *_ in plan} == {"1->1"}
+    assert {transport for _, transport, *_ in plan} >= {
+        "shmbus busy", "shmbus default", "shmbus blocking", "zmq REQ/REP"}
