@@ -27,6 +27,7 @@ valid reply-to on a UDP service, or with one on an IPC service, is malformed: co
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 
 #: handler(request) -> reply
 RequestHandler = Callable[[bytes], Any]
+_sched_yield = os.sched_yield
 #: How long a reply may wait for a requester that does not read, seconds, before it is dropped.
 REPLY_TIMEOUT = 1.0
 _unpack_from = call_header.HEADER.unpack_from
@@ -169,11 +171,18 @@ class Responder:
         deadline = float("inf") if timeout is None else time.monotonic() + timeout
         requests = self._requests
         poll, wait, monotonic = self.poll, requests.wait, time.monotonic
+        # spinning waits (Context.wait_spin): after answering, give the CPU up once before
+        # the spin, so a requester on this very CPU reads its reply (and sends the next)
+        # now rather than after the spin's first look, which makes no system call
+        spinning = requests._wait_spin_ns > 0
         while not self._closed:
+            answered = poll(_SERVE_LIMIT)
+            if answered >= _SERVE_LIMIT:
+                continue
             # a poll below its limit drained the images: no second look before the wait,
             # which returns at once if a request came meanwhile
-            if poll(_SERVE_LIMIT) >= _SERVE_LIMIT:
-                continue
+            if answered and spinning:
+                _sched_yield()
             now = monotonic()
             remaining = deadline - now
             if remaining <= 0:

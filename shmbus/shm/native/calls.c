@@ -17,6 +17,8 @@
  */
 #include "types.h"
 
+#include <sched.h>
+
 #define CALL_HEADER_LENGTH 16
 #define CALL_VERSION 1
 #define CALL_REQUEST 1
@@ -86,7 +88,8 @@ static PyObject *call_offer(PyObject *m, PyObject *const *args, Py_ssize_t nargs
  * goes to on_other(message) and the call returns None at once (it may have settled the
  * caller's call: an error reply, say); None too when timeout_s passed or the subscription's
  * watched word moved (see _watch_word: the requester's publication lost its responders). Raises what the
- * subscription's reads raise (the client failed). */
+ * subscription's reads raise (the client failed). With a spinning wait (wait_spin > 0) it yields
+ * the CPU once before it spins. */
 static PyObject *call_await_reply(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4 || !PyObject_TypeCheck(args[0], &SubscriptionCoreType)) {
@@ -103,6 +106,7 @@ static PyObject *call_await_reply(PyObject *m, PyObject *const *args, Py_ssize_t
     int64_t deadline = monotonic_ns() + (timeout > 0 ? timeout_to_ns(timeout) : 0);
     if (timeout > 1e9)
         deadline = INT64_MAX;
+    int yielded = 0;
     for (;;) {
         int32_t seen = sub->wake != NULL ? LOAD_ACQUIRE(sub->wake) : 0;
         PyObject *message = sub_take(sub);
@@ -134,6 +138,16 @@ static PyObject *call_await_reply(PyObject *m, PyObject *const *args, Py_ssize_t
         int64_t now = monotonic_ns();
         if (now >= deadline || sub->closed)
             Py_RETURN_NONE;
+        /* a spinning wait gives the CPU up once before it spins: a responder on this very
+         * CPU answers now rather than after the spin's first look (which makes no system
+         * call); on a CPU of its own, the responder needs longer than the yield anyway */
+        if (!yielded && sub->wait_spin_ns > 0) {
+            yielded = 1;
+            Py_BEGIN_ALLOW_THREADS
+            sched_yield();
+            Py_END_ALLOW_THREADS
+            continue;
+        }
         PyObject *images = Py_NewRef(sub->images);
         int ready = wait_images_watching(images, sub->wake, seen, sub,
                                          deadline == INT64_MAX ? -1 : deadline - now,
