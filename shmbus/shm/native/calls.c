@@ -87,9 +87,9 @@ static PyObject *call_offer(PyObject *m, PyObject *const *args, Py_ssize_t nargs
  * REPLY to correlation_id when it comes within timeout_s. Any other message read meanwhile
  * goes to on_other(message) and the call returns None at once (it may have settled the
  * caller's call: an error reply, say); None too when timeout_s passed or the subscription's
- * watched word moved (see _watch_word: the requester's publication lost its responders). Raises what the
- * subscription's reads raise (the client failed). With a spinning wait (wait_spin > 0) it yields
- * the CPU once before it spins. */
+ * watched word moved (see _watch_word: the requester's publication lost its responders).
+ * Raises what the subscription's reads raise (the client failed). With a spinning wait
+ * (wait_spin > 0) it yields the CPU once before it spins. */
 static PyObject *call_await_reply(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4 || !PyObject_TypeCheck(args[0], &SubscriptionCoreType)) {
