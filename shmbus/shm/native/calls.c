@@ -294,9 +294,9 @@ static PyObject *call_answer_request(PyObject *m, PyObject *const *args, Py_ssiz
 /* answer_requests(member, handler, replies, responder, limit) -> (replied, outcome):
  * answer_request over and over while it replies, at most `limit` times, so a responder's poll
  * costs one call from Python for a burst of requests (and for one request and the empty look
- * after it). `replied` counts the ANSWER_REPLIED outcomes; `outcome` is the last one: ANSWER_REPLIED when
- * `limit` replies were made, else the outcome that stopped the loop, for the caller to handle
- * (ANSWER_NOTHING: drained). */
+ * after it). `replied` counts the ANSWER_REPLIED outcomes; `outcome` is the last one:
+ * ANSWER_REPLIED when `limit` replies were made, else the outcome that stopped the loop, for
+ * the caller to handle (ANSWER_NOTHING: drained). */
 static PyObject *call_answer_requests(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 5) {
