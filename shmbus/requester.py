@@ -160,6 +160,8 @@ class Requester:
         self._first_look_s = min(spin_s, _IN_FLIGHT_AFTER_S)
         self._on_reply = self._on_reply_message  # bound once: the lone call path's handler
         self._add_answered = counters.adder(RR_ANSWERED)
+        self._add_in_flight = counters.adder(RR_IN_FLIGHT)
+        self._count_settled = self._count  # bound once: every call's on_settled
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # the table
         self._settled = threading.Condition(self._lock)
@@ -186,8 +188,8 @@ class Requester:
             if self._closed:
                 raise ClientClosedError(f"the requester of {self._table.service} is closed")
             pending = self._table.open(correlation_id, deadline, idempotent=idempotent)
-        pending.on_settled = self._count
-        self._counters.add(RR_IN_FLIGHT)
+        pending.on_settled = self._count_settled
+        self._add_in_flight(1)
         result = self._offer_request(_IDEMPOTENT if idempotent else 0, correlation_id, data)
         if result < 0:
             self._send_refused(pending, data, result)
@@ -289,7 +291,7 @@ class Requester:
                         pending.reply = reply
                         pending.settled = True
                         if pending.on_settled is not None:
-                            self._counters.add(RR_IN_FLIGHT, -1)
+                            self._add_in_flight(-1)
                         self._add_answered(1)
                         return reply
                 self._counters.add(RR_LATE)  # settled meanwhile (by close)
@@ -307,8 +309,8 @@ class Requester:
         it is settled already, else when it settles."""
         with self._lock:
             if pending.on_settled is None:
-                pending.on_settled = self._count
-                self._counters.add(RR_IN_FLIGHT)
+                pending.on_settled = self._count_settled
+                self._add_in_flight(1)
                 if pending.settled:
                     self._count(pending)
 
@@ -359,7 +361,7 @@ class Requester:
         finally:
             self._async_waiters.discard(waiter)
             if not pending.settled:
-                pending.on_settled = self._count
+                pending.on_settled = self._count_settled
 
     @property
     def in_flight(self) -> int:
@@ -524,11 +526,12 @@ class Requester:
 
     def _count(self, call: PendingCall) -> None:
         """Counters for a call just settled (called by the table, under the lock)."""
-        counters = self._counters
-        counters.add(RR_IN_FLIGHT, -1)
+        self._add_in_flight(-1)
         if call.error is None:
-            counters.add(RR_ANSWERED)
-        elif isinstance(call.error, RequestTimeoutError):
+            self._add_answered(1)
+            return
+        counters = self._counters
+        if isinstance(call.error, RequestTimeoutError):
             counters.add(RR_TIMED_OUT)
         else:
             counters.add(RR_FAILED)
