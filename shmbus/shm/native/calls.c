@@ -11,9 +11,9 @@
  *   answer_requests answer_request in a loop while it replies (one call from Python a poll).
  *
  * Runs in client processes with the GIL held (handlers are Python callables); waits release it.
- * Anything off the common path (a fragmented or large message, a request handed on from a
- * responder that left, a handler that raised, a reply not accepted at once) goes back to the
- * Python side, which handles it as before.
+ * A fragmented request is put together natively (group_next_message). Anything off the
+ * common path (a large message, a request handed on from a responder that left, a handler
+ * that raised, a reply not accepted at once) goes back to the Python side.
  */
 #include "types.h"
 
