@@ -388,10 +388,12 @@ def _take_from(image: Image) -> MessageView | None:
 
 
 def views(sub: Subscription, timeout: float | None,
-          transform: Callable[[MessageView], Any] = _same) -> Iterator[Any]:
+          transform: Callable[[MessageView], Any] = _same, hold: bool = True) -> Iterator[Any]:
     """Messages as :class:`MessageView` (or what ``transform`` makes of each); each is released
-    when the next is asked for (or when the loop ends). Ends after ``timeout`` seconds with
-    none (None: when closed)."""
+    when the next is asked for (or when the loop ends), or with ``hold`` False (``transform``
+    copies what it keeps) as soon as ``transform`` returns: the writer may then reuse the
+    block while the caller works on the copy. Ends after ``timeout`` seconds with none (None:
+    when closed)."""
     held: MessageView | None = None
     deadline = None
     try:
@@ -403,7 +405,11 @@ def views(sub: Subscription, timeout: float | None,
             if view is not None:
                 deadline = None
                 held = view
-                yield transform(view)
+                item = transform(view)
+                if not hold:
+                    held = None
+                    view.release()
+                yield item
                 continue
             if deadline is None and timeout is not None:
                 deadline = time.monotonic() + timeout
@@ -420,7 +426,8 @@ def views(sub: Subscription, timeout: float | None,
 
 
 async def views_async(sub: Subscription, timeout: float | None,
-                      transform: Callable[[MessageView], Any] = _same) -> AsyncIterator[Any]:
+                      transform: Callable[[MessageView], Any] = _same,
+                      hold: bool = True) -> AsyncIterator[Any]:
     """:func:`views`, awaiting new messages without blocking the event loop."""
     held: MessageView | None = None
     deadline = None
@@ -433,7 +440,11 @@ async def views_async(sub: Subscription, timeout: float | None,
             if view is not None:
                 deadline = None
                 held = view
-                yield transform(view)
+                item = transform(view)
+                if not hold:
+                    held = None
+                    view.release()
+                yield item
                 continue
             if deadline is None and timeout is not None:
                 deadline = time.monotonic() + timeout

@@ -8,7 +8,10 @@ at least 2), each filled with its sequence number; every reader checks every arr
 
 * shmbus views: ``pub.claim_array`` filled in place (no copy on the writer) and
   ``sub.arrays()`` (read-only views of the shared memory, no copy on the readers);
-* shmbus copy: ``pub.publish_array(a)`` (one copy in) and ``sub.arrays(copy=True)``;
+* shmbus copy: ``pub.publish_array(a)`` (one copy in) and ``sub.arrays(copy=True)`` (a new
+  array per message, as a reader that keeps each one does);
+* shmbus copy into out: ``pub.publish_array(a)`` and ``sub.arrays(out=buffer)``, the reader's
+  copy going into one array it owns and reuses (the README's way for a stream of copies);
 * mp.Queue: ``queue.put(a)`` to one queue per reader (pickled), ``queue.get()``;
 * shared_memory by hand: a ``multiprocessing.shared_memory.SharedMemory`` per array, its name
   sent on a queue per reader, readers attach and view it, ack, the writer unlinks it;
@@ -69,8 +72,8 @@ def warmup(nbytes: int) -> int:
     ring beginning, iceoryx2's sample pool, shared_memory's and the readers' allocations);
     the first array's hand-over is reported apart."""
     return max(2, -(-(64 << 20) // nbytes))
-METHODS = ("shmbus views", "shmbus copy", "mp.Queue", "shared_memory by hand", "zmq send_array",
-           "iceoryx2 loans")
+METHODS = ("shmbus views", "shmbus copy", "shmbus copy into out", "mp.Queue",
+           "shared_memory by hand", "zmq send_array", "iceoryx2 loans")
 
 
 def fill(array: np.ndarray, seq: int) -> None:
@@ -114,14 +117,18 @@ def shmbus_writer(context: shmbus.Context, n: int, count: int, readers: int, zer
         time.sleep(0.5)
 
 
-def shmbus_reader(context: shmbus.Context, count: int, copy: bool, ready: Any,
+def shmbus_reader(context: shmbus.Context, n: int, count: int, method: str, ready: Any,
                   out: Any) -> None:
     with shmbus.connect(context) as bus:
         sub = bus.add_subscription("aeron:ipc", STREAM)
         ready.put(1)
         cpu0 = time.process_time()
         received = []
-        for seq, array in enumerate(sub.arrays(timeout=60, copy=copy)):
+        if method == "shmbus copy into out":
+            arrays = sub.arrays(timeout=60, out=np.empty(n))
+        else:
+            arrays = sub.arrays(timeout=60, copy=method == "shmbus copy")
+        for seq, array in enumerate(arrays):
             received.append(time.monotonic_ns())
             check(array, seq)
             if seq == count - 1:
@@ -416,7 +423,7 @@ def measure(method: str, copy: bool, n: int, count: int, readers: int,
     extra: list[int] = []
     if method.startswith("shmbus"):
         for _ in range(readers):
-            start(shmbus_reader, context, count, copy, ready, out)
+            start(shmbus_reader, context, n, count, method, ready, out)
         _ready(ready, readers)
         start(shmbus_writer, context, n, count, readers, method == "shmbus views", go, out)
         extra.append(driver_pid)
