@@ -39,7 +39,8 @@ CPU: user+system seconds of every process (the shmbus driver included) per GB de
 warm-up included. Peak /dev/shm: the most it held above the run's start
 (sampled every 2 ms). Also memcpy bandwidth in one process (warm buffers, best of 5),
 measured in the same run: before each size and again after each row; a size's ratios use its
-best (on a loaded machine one measurement may fall in a busy moment).
+best (on a loaded machine one measurement may fall in a busy moment). ``--repeat N`` measures
+each row N times and reports the median by GB/s.
 
 Run from the repository root: ``python -m tools.bench.large_messages [--quick]``.
 """
@@ -588,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=0, help="arrays per measurement "
                         "(0: about 256 MiB per size, at least 4, at most 64)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--repeat", type=int, default=1, help="measurements per row, the "
+                        "median (by GB/s) reported: a loaded machine moves single ones")
     parser.add_argument("--quick", action="store_true", help="1 and 16 MiB, 4 arrays")
     parser.add_argument("--out", default="tools/results/large_messages.json")
     args = parser.parse_args(argv)
@@ -617,8 +620,10 @@ def main(argv: list[str] | None = None) -> int:
                             if method == "shmbus views" and copy:
                                 continue  # "shmbus copy" is that row
                             try:
-                                row = measure(method, copy, n, count, readers, context,
-                                              driver.pid)
+                                runs = [measure(method, copy, n, count, readers, context,
+                                                driver.pid) for _ in range(args.repeat)]
+                                row = sorted(runs, key=lambda r: r["gb_s"])[len(runs) // 2]
+                                row["runs_gb_s"] = [r["gb_s"] for r in runs]
                             except BenchError as e:  # a peer that failed: n/a, the run goes on
                                 print(f"  {readers} reader(s) {method:<22} "
                                       f"{'copy' if copy else 'view':<5} n/a: {e}", flush=True)
