@@ -28,8 +28,14 @@ def array_header(shape: tuple[int, ...], dtype: np.dtype[Any], fortran_order: bo
     if dtype.hasobject:
         raise ValueError(f"an array of dtype {dtype} holds Python objects: publish it with "
                          f"publish_object")
+    return _header(tuple(int(n) for n in shape), dtype, fortran_order)
+
+
+@functools.lru_cache(maxsize=256)
+def _header(shape: tuple[int, ...], dtype: np.dtype[Any], fortran_order: bool) -> bytes:
+    """(Made once per distinct header: a stream of like arrays pays it once.)"""
     text = repr({"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": fortran_order,
-                 "shape": tuple(int(n) for n in shape)}).encode("utf-8")
+                 "shape": shape}).encode("utf-8")
     length = -(-(_PREFIX.size + len(text)) // _ALIGN) * _ALIGN
     return _PREFIX.pack(_MAGIC, 1, 0, length) + text.ljust(length - _PREFIX.size)
 
