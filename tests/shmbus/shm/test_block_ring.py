@@ -121,3 +121,38 @@ def test_a_zombie_is_not_alive() -> None:
     finally:
         process.join()
     assert br.pid_alive(os.getpid())
+
+
+def test_small_blocks_go_round_in_the_cycle_and_a_refused_writer_is_woken_by_a_free() -> None:
+    """1 MiB blocks stay in the ring's first CYCLE_BYTES (the writer is refused past it while
+    the oldest is read); the refusal marks a writer waiting, and the driver's next free bumps
+    the room word (what the writer sleeps on) once; a free with nobody waiting does not."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+        ring = br.BlockRing.create(Path(tmp) / "x.blocks", MAX_MESSAGE)
+        try:
+            pid, position, starts = os.getpid(), 0, []
+            seen = ring.room_seen()
+            while True:
+                try:
+                    start = ring.reserve(MIB, pid)
+                except br.BlockRingFullError:
+                    break
+                position += 64
+                ring.commit(start, position)
+                starts.append((start, position))
+                assert len(starts) < 64, "never refused"
+            span = br._span(MIB)
+            assert len(starts) == br.CYCLE_BYTES // span
+            assert all(start % ring.capacity + span <= br.CYCLE_BYTES for start, _ in starts)
+            assert ring.writer_waiting() and ring.room_seen() == seen
+            ring.reclaim(starts[0][1], position)  # readers passed the oldest block
+            assert not ring.writer_waiting() and ring.room_seen() == seen + 1
+            start = ring.reserve(MIB, pid)
+            assert start % ring.capacity == 0, "the writer goes round to the block just freed"
+            position += 64
+            ring.commit(start, position)
+            ring.reclaim(starts[1][1], position)  # nobody waiting: no wake-up
+            assert ring.room_seen() == seen + 1
+            ring.wait_for_room(seen, 10.0)  # the word moved: returns at once
+        finally:
+            ring.close()
