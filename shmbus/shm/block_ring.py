@@ -38,10 +38,12 @@ end of the ring is preceded by a free padding block up to the end.
   the ring has been empty and idle for ``WARM_IDLE_S`` (5 s), the driver gives back what lies
   past ``WARM_BYTES``.
 * Within the warm beginning a block goes round in its cycle (:func:`cycle_length`: the first
-  ``CYCLE_BYTES``, 16 MiB, or two blocks when they are longer than 8 MiB), so the memory a
-  writer fills next is what its readers just left, still in cache; the cycle is also how far
-  a writer gets ahead of its slowest reader. A writer the ring refused sleeps on the ring's
-  room word (bounded), which the driver bumps once it freed blocks while a writer waited.
+  ``CYCLE_BYTES``, 16 MiB, or two blocks when they are longer than 8 MiB) whenever readers
+  have left the whole cycle, so the memory a writer fills next is what its readers just left,
+  still in cache; while readers are still in it, it goes on into the warm beginning (and
+  marks a writer waiting, so readers moving on wake the driver to free the cycle). A writer the ring
+  refused sleeps on the ring's room word (bounded), which the driver bumps once it freed
+  blocks while a writer waited.
 
 Every field another process writes is read and written through :class:`AtomicBuffer`.
 """
@@ -94,11 +96,12 @@ CYCLE_BYTES = 16 << 20
 
 def cycle_length(span: int, warm: int) -> int:
     """The ring bytes from 0 a block of ``span`` bytes (at most half the warm beginning,
-    ``warm``) goes round in: CYCLE_BYTES, or two blocks when they are longer. Memory written
-    and read again within a few MiB stays in the CPUs' caches: on the 2-core development
-    machine a stream of 1 MiB arrays copied on both sides took about half the CPU per GB it
-    took going round 64 MiB, and 16 MiB arrays moved twice as fast. It is also how far a
-    writer gets ahead of its slowest reader before it is back-pressured."""
+    ``warm``) goes round in while its readers keep up: CYCLE_BYTES, or two blocks when they
+    are longer (past it, a block goes round once readers have left the whole cycle, and goes
+    on into the warm beginning while they have not, so a burst still has all of it).
+    Memory written and read again within a few MiB stays in the CPUs' caches: on the 2-core
+    development machine a stream of 1 MiB arrays copied on both sides took about a third less
+    CPU per GB than going round 64 MiB."""
     return min(warm, max(CYCLE_BYTES, 2 * span))
 
 #: madvise(2) advice: fault a range's page tables in at once for writing (Linux 5.14+; Python
@@ -289,12 +292,18 @@ class BlockRing:
             warm_free = head == tail or (head % self.capacity >= need and head // self.capacity
                                          == tail // self.capacity)
             warm_only = need <= warm // 2
-            # such a block goes round at the cycle (see cycle_length): the blocks readers just
-            # left, still in cache, are the ones it fills next
-            wrap = cycle_length(need, warm) if warm_only else warm
+            # past its cycle (see cycle_length) such a block goes round as soon as readers have
+            # left the whole cycle: the blocks they just left, still in cache, are the ones it
+            # fills next, with a cycle of room before it; while readers are still in it, it
+            # goes on into the warm beginning (a burst has all of it)
+            cycle = cycle_length(need, warm)
+            past_cycle = warm_only and at + need > cycle
+            cycle_free = head == tail or (head % self.capacity >= cycle and head // self.capacity
+                                          == tail // self.capacity)
             pad = self.capacity - at if at and (
                 at + need > self.capacity
-                or (at + need > wrap and (warm_free or warm_only))) else 0
+                or (at + need > warm and (warm_free or warm_only))
+                or (past_cycle and cycle_free)) else 0
             if (pad and head == tail and pad + need > self.capacity
                     and at + need <= self.capacity):
                 # an empty ring whose block would overlap its own padding: place it here, as
@@ -323,6 +332,10 @@ class BlockRing:
             if pad:  # the padding block's header page is free space too: allocate it
                 self._allocate(at, PAGE)
                 self._write_header(tail, pad, FREE, 0, pid)
+            elif past_cycle:
+                # the writer would go round: readers moving on wake the driver to free the
+                # cycle now rather than on its timer
+                b.put_int64_release(_WRITER_WAITING, 1)
             b.put_int64_release(_TAIL, start + need)
         finally:
             b.put_int64_release(_LOCK, 0)
