@@ -100,7 +100,7 @@ def cycle_length(span: int, warm: int) -> int:
     are longer (past it, a block goes round once readers have left the whole cycle, and goes
     on into the warm beginning while they have not, so a burst still has all of it).
     Memory written and read again within a few MiB stays in the CPUs' caches: on the 2-core
-    development machine a stream of 1 MiB arrays copied on both sides took about a third less
+    development machine a stream of 1 MiB arrays copied on both sides took a fifth to a third less
     CPU per GB than going round 64 MiB."""
     return min(warm, max(CYCLE_BYTES, 2 * span))
 
