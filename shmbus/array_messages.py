@@ -3,8 +3,9 @@
 The header says what numpy's ``.npy`` header says (``descr``, ``fortran_order``, ``shape``:
 structured, datetime and every other non-object dtype), after a 12-byte prefix (magic
 ``SBAR``, version, header length), padded so the data starts 64-byte aligned. Pure functions:
-:func:`array_parts` for a writer, :func:`decode_array` for a reader; the publication and
-subscription methods (``publish_array``, ``arrays``) sit on top.
+:func:`array_parts` for a writer, :func:`decode_array` (a view or a new copy) and
+:func:`copy_array_into` (into a caller's array) for a reader; the publication and subscription
+methods (``publish_array``, ``arrays``) sit on top.
 """
 
 from __future__ import annotations
@@ -27,8 +28,14 @@ def array_header(shape: tuple[int, ...], dtype: np.dtype[Any], fortran_order: bo
     if dtype.hasobject:
         raise ValueError(f"an array of dtype {dtype} holds Python objects: publish it with "
                          f"publish_object")
+    return _header(tuple(int(n) for n in shape), dtype, fortran_order)
+
+
+@functools.lru_cache(maxsize=256)
+def _header(shape: tuple[int, ...], dtype: np.dtype[Any], fortran_order: bool) -> bytes:
+    """(Made once per distinct header: a stream of like arrays pays it once.)"""
     text = repr({"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": fortran_order,
-                 "shape": tuple(int(n) for n in shape)}).encode("utf-8")
+                 "shape": shape}).encode("utf-8")
     length = -(-(_PREFIX.size + len(text)) // _ALIGN) * _ALIGN
     return _PREFIX.pack(_MAGIC, 1, 0, length) + text.ljust(length - _PREFIX.size)
 
@@ -91,3 +98,34 @@ def decode_array(buffer: Any, copy: bool) -> np.ndarray[Any, Any]:
     flat = np.frombuffer(buffer, dtype, count=count, offset=length)
     array = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
     return array.copy(order="K") if copy else array
+
+
+def check_out(out: Any) -> np.ndarray[Any, Any]:
+    """``out`` if it can take arrays copied in (a writable numpy array of a dtype without
+    Python objects); TypeError or ValueError saying what it is not."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+    if not out.flags.writeable:
+        raise ValueError(f"out (shape {out.shape}, dtype {out.dtype}) is read-only: pass a "
+                         f"writable array")
+    if out.dtype.hasobject:
+        raise ValueError(f"out has dtype {out.dtype}, which holds Python objects: no array "
+                         f"message has one")
+    return out
+
+
+def copy_array_into(buffer: Any, out: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Copy the array in an array message into ``out`` and return ``out``; ``out`` must have
+    the message's shape and dtype (its memory layout is its own: values are copied by index),
+    else ValueError naming what differs, ``out`` left as it was."""
+    length = header_length(buffer)
+    dtype, shape, _ = _fields(bytes(buffer[_PREFIX.size:length]))
+    if out.shape != shape or out.dtype != dtype:
+        differs = []
+        if out.shape != shape:
+            differs.append(f"shape {out.shape} where the message's is {shape}")
+        if out.dtype != dtype:
+            differs.append(f"dtype {out.dtype} where the message's is {dtype}")
+        raise ValueError(f"out does not fit the array message: out has {' and '.join(differs)}")
+    np.copyto(out, decode_array(buffer, copy=False), casting="no")
+    return out

@@ -39,8 +39,8 @@ LARGE_FLAG = 0x01
 REFERENCE_FLAGS = 0x80 | 0x40 | LARGE_FLAG
 _FLAGS_OFFSET = 5
 
-#: how long a writer waiting for room in the ring sleeps between looks (the driver frees
-#: blocks on its duty cycle; the writer rings it first)
+#: the longest a writer waiting for room in the ring sleeps between looks: the driver frees
+#: blocks on its duty cycle (the writer rings it first) and wakes it once it did
 _ROOM_WAIT_S = 0.0005
 
 
@@ -150,6 +150,7 @@ def reserve(pub: Publication, ring: BlockRing, length: int, deadline: float | No
     while True:
         if ring.closed:  # the publication was rebound to a new log (and ring) or closed
             return codes.CLOSED if pub.is_closed else codes.NOT_CONNECTED
+        seen = ring.room_seen()  # (before looking: a free after this wakes the wait below)
         if not pub.is_connected:
             result = codes.NOT_CONNECTED
         else:
@@ -158,9 +159,15 @@ def reserve(pub: Publication, ring: BlockRing, length: int, deadline: float | No
             except BlockRingFullError:
                 result = codes.BACK_PRESSURED
                 pub._wake_driver()
-        if deadline is None or time.monotonic() >= deadline:
+        if deadline is None:
             return result
-        time.sleep(0.001 if result == codes.NOT_CONNECTED else _ROOM_WAIT_S)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return result
+        if result == codes.NOT_CONNECTED:
+            time.sleep(min(0.001, remaining))
+        else:
+            ring.wait_for_room(seen, min(_ROOM_WAIT_S, remaining))
 
 
 def offer_reference(pub: Publication, ring: BlockRing, start: int, length: int,
@@ -388,10 +395,12 @@ def _take_from(image: Image) -> MessageView | None:
 
 
 def views(sub: Subscription, timeout: float | None,
-          transform: Callable[[MessageView], Any] = _same) -> Iterator[Any]:
+          transform: Callable[[MessageView], Any] = _same, hold: bool = True) -> Iterator[Any]:
     """Messages as :class:`MessageView` (or what ``transform`` makes of each); each is released
-    when the next is asked for (or when the loop ends). Ends after ``timeout`` seconds with
-    none (None: when closed)."""
+    when the next is asked for (or when the loop ends), or with ``hold`` False (``transform``
+    copies what it keeps) as soon as ``transform`` returns: the writer may then reuse the
+    block while the caller works on the copy. Ends after ``timeout`` seconds with none (None:
+    when closed)."""
     held: MessageView | None = None
     deadline = None
     try:
@@ -403,7 +412,11 @@ def views(sub: Subscription, timeout: float | None,
             if view is not None:
                 deadline = None
                 held = view
-                yield transform(view)
+                item = transform(view)
+                if not hold:
+                    held = None
+                    view.release()
+                yield item
                 continue
             if deadline is None and timeout is not None:
                 deadline = time.monotonic() + timeout
@@ -420,7 +433,8 @@ def views(sub: Subscription, timeout: float | None,
 
 
 async def views_async(sub: Subscription, timeout: float | None,
-                      transform: Callable[[MessageView], Any] = _same) -> AsyncIterator[Any]:
+                      transform: Callable[[MessageView], Any] = _same,
+                      hold: bool = True) -> AsyncIterator[Any]:
     """:func:`views`, awaiting new messages without blocking the event loop."""
     held: MessageView | None = None
     deadline = None
@@ -433,7 +447,11 @@ async def views_async(sub: Subscription, timeout: float | None,
             if view is not None:
                 deadline = None
                 held = view
-                yield transform(view)
+                item = transform(view)
+                if not hold:
+                    held = None
+                    view.release()
+                yield item
                 continue
             if deadline is None and timeout is not None:
                 deadline = time.monotonic() + timeout

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from shmbus.array_messages import decode_array
+from shmbus.array_messages import check_out, copy_array_into, decode_array
 from shmbus.async_waits import ReadinessWatcher
 from shmbus.image import FragmentBatch, Image
 from shmbus.large_messages import MessageView, take_view, views, views_async
@@ -137,55 +137,72 @@ class Subscription(SubscriptionCore):
         (or the loop ends). Ends after ``timeout`` seconds without one (None: when closed)."""
         return views(self, timeout)
 
-    def arrays(self, timeout: float | None = 1.0, copy: bool = False) -> Iterator[np.ndarray]:
+    def arrays(self, timeout: float | None = 1.0, copy: bool = False,
+               out: np.ndarray | None = None) -> Iterator[np.ndarray]:
         """numpy arrays sent with ``publish_array``, with their dtype, shape and order.
 
         A large array is a read-only view of shared memory (zero copy), valid until the next
         array is asked for: its position is held until then, and the memory may be reused
-        after; ``copy=True`` (or ``a.copy()``) for arrays to keep. A small one is a copy.
+        after; ``copy=True`` (or ``a.copy()``) for arrays to keep (a new array each, its
+        shared memory released at once). A small one is a copy.
+
+        ``out``: a writable array each message is copied into (it must have the message's
+        shape and dtype; its layout is its own), yielded in place of a new one: the stream
+        reuses the caller's memory (no fresh pages per message, the fastest copy) and the
+        shared memory is released before ``out`` is yielded, so the writer goes on while the
+        caller works. TypeError or ValueError at once for an ``out`` that is no writable
+        array; ValueError naming the shapes and dtypes for a message that does not fit (that
+        message is consumed, ``out`` left as it was).
+
         Ends after ``timeout`` seconds without one (None: when closed). ValueError for a
         message that is not an array message.
         """
-        return views(self, timeout, lambda view: decode_array(view.buffer,
-                                                              copy or not view.zero_copy))
+        transform, hold = _array_reading(copy, out)
+        return views(self, timeout, transform, hold)
 
     def objects(self, timeout: float | None = 1.0, copy: bool = False) -> Iterator[Any]:
         """Python objects sent with ``publish_object`` (pickle protocol 5). Unpickling runs
         code of the writer's choosing: read only from writers you trust. Out-of-band buffers
         of a large object (numpy arrays inside it) are read-only views valid until the next
-        object is asked for, as in :meth:`arrays`; ``copy=True`` to keep them."""
+        object is asked for, as in :meth:`arrays`; ``copy=True`` to keep them (the shared memory
+        is then released at once)."""
         return views(self, timeout, lambda view: decode_object(view.buffer,
-                                                               copy or not view.zero_copy))
+                                                               copy or not view.zero_copy),
+                     hold=not copy)
 
-    def arrays_async(self, timeout: float | None = None,
-                     copy: bool = False) -> AsyncIterator[np.ndarray]:
+    def arrays_async(self, timeout: float | None = None, copy: bool = False,
+                     out: np.ndarray | None = None) -> AsyncIterator[np.ndarray]:
         """:meth:`arrays`, awaited (``timeout`` None: until the subscription is closed)."""
-        return views_async(self, timeout, lambda view: decode_array(view.buffer,
-                                                                    copy or not view.zero_copy))
+        transform, hold = _array_reading(copy, out)
+        return views_async(self, timeout, transform, hold)
 
     def objects_async(self, timeout: float | None = None,
                       copy: bool = False) -> AsyncIterator[Any]:
         """:meth:`objects`, awaited (``timeout`` None: until the subscription is closed)."""
-        return views_async(self, timeout, lambda view: decode_object(view.buffer,
-                                                                     copy or not view.zero_copy))
+        return views_async(self, timeout,
+                           lambda view: decode_object(view.buffer, copy or not view.zero_copy),
+                           hold=not copy)
 
     def tables(self, timeout: float | None = 1.0, copy: bool = False) -> Iterator[Any]:
         """pyarrow Tables sent with ``publish_table`` (a RecordBatch comes out as a Table).
 
         Every column buffer is a slice of the message: for a large one, of the shared-memory
         block itself (zero copy), valid until the next table is asked for, as in
-        :meth:`arrays`; ``copy=True`` for tables to keep. Ends after ``timeout`` seconds
+        :meth:`arrays`; ``copy=True`` for tables to keep (the shared memory is then released
+        at once). Ends after ``timeout`` seconds
         without one (None: when closed). ValueError for a message that is not an Arrow IPC
         stream, ImportError naming pyarrow when it is not installed."""
         # (a small message is a private copy already)
         return views(self, timeout, lambda view: decode_table(view.buffer,
-                                                              copy and view.zero_copy))
+                                                              copy and view.zero_copy),
+                     hold=not copy)
 
     def tables_async(self, timeout: float | None = None,
                      copy: bool = False) -> AsyncIterator[Any]:
         """:meth:`tables`, awaited (``timeout`` None: until the subscription is closed)."""
-        return views_async(self, timeout, lambda view: decode_table(view.buffer,
-                                                                    copy and view.zero_copy))
+        return views_async(self, timeout,
+                           lambda view: decode_table(view.buffer, copy and view.zero_copy),
+                           hold=not copy)
 
     # -- asyncio ----------------------------------------------------------------------------
 
@@ -272,3 +289,15 @@ class Subscription(SubscriptionCore):
     def __repr__(self) -> str:
         return (f"Subscription(channel={self.channel!r}, stream_id={self.stream_id}, "
                 f"images={len(self.images)})")
+
+
+def _array_reading(copy: bool, out: np.ndarray | None
+                   ) -> tuple[Callable[[MessageView], np.ndarray], bool]:
+    """(transform, hold) of :func:`views` for ``arrays(copy=..., out=...)``: a view held until
+    the next, or a copy (new, or into ``out``) after which the view is released at once."""
+    if out is not None:
+        if copy:
+            raise ValueError("arrays(copy=True, out=...): out is the copy, pass one of them")
+        target = check_out(out)
+        return (lambda view: copy_array_into(view.buffer, target)), False
+    return (lambda view: decode_array(view.buffer, copy or not view.zero_copy)), not copy

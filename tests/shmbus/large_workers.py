@@ -207,3 +207,54 @@ def batch_writer(context: shmbus.Context, stream: int, writer_id: int, sizes: li
             results.put({"kind": "sent", "name": f"writer {writer_id}",
                          "count": len(sizes) + rows})
     guard(results, "sent", f"writer {writer_id}", body)
+
+
+FRAME_SHAPE = (600, 800)  # float64: 3.7 MiB, past the default log's max message
+
+
+def frame_for(i: int) -> np.ndarray:
+    """The i-th array of frame_writer: FRAME_SHAPE float64 from a seeded generator, its first
+    element the sequence number; every other one Fortran-ordered."""
+    frame = np.random.default_rng(i).random(FRAME_SHAPE)
+    frame[0, 0] = i
+    return np.asfortranarray(frame) if i % 2 else frame
+
+
+def frame_writer(context: shmbus.Context, stream: int, count: int, results: Any) -> None:
+    """Publish frame_for(0 .. count - 1) with publish_array (the readers subscribed before
+    this starts)."""
+    def body() -> None:
+        with shmbus.connect(context) as bus:
+            pub = bus.add_exclusive_publication("aeron:ipc", stream)
+            _connected(pub)
+            for i in range(count):
+                pub.publish_array(frame_for(i), timeout=30.0)
+            results.put({"kind": "sent", "name": "frame writer", "count": count})
+    guard(results, "sent", "frame writer", body)
+
+
+def frame_reader(context: shmbus.Context, stream: int, count: int, order: str,
+                 results: Any) -> None:
+    """Read ``count`` frames with ``arrays(out=...)`` into one array of ``order`` ("C" or
+    "F"), each checked element for element against frame_for(seq) in sequence; reports the
+    crc32 of every frame's bytes and whether ``out`` was the array handed out every time."""
+    name = f"frame reader {order}"
+
+    def body() -> None:
+        with shmbus.connect(context) as bus:
+            sub = bus.add_subscription("aeron:ipc", stream)
+            results.put({"kind": "ready", "name": name, "pid": os.getpid()})
+            out = np.empty(FRAME_SHAPE, order=order)
+            crcs, same_out = [], True
+            for seq, array in enumerate(sub.arrays(timeout=30, out=out)):
+                same_out = same_out and array is out
+                expected = frame_for(seq)
+                assert array[0, 0] == seq, f"frame {int(array[0, 0])} where {seq} was due"
+                assert np.array_equal(array, expected), f"frame {seq} differs"
+                crcs.append(zlib.crc32(np.ascontiguousarray(array).tobytes()))
+                if seq == count - 1:
+                    break
+            results.put({"kind": "read", "name": name, "crcs": crcs, "same_out": same_out,
+                         "out_order_kept": bool(out.flags.f_contiguous if order == "F"
+                                                else out.flags.c_contiguous)})
+    guard(results, "read", name, body)

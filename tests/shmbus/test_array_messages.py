@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import zlib
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import shmbus
-from shmbus.array_messages import array_parts, decode_array
+from shmbus.array_messages import array_parts, copy_array_into, decode_array
 from shmbus.object_messages import decode_object, object_parts
 from tests.shmbus import large_workers as lw
 from tests.shmbus.driver.test_driver_processes import wait_until
@@ -78,6 +79,16 @@ def test_the_array_codec_round_trips_exactly(array: np.ndarray, copy: bool) -> N
     got = decode_array(message(array), copy)
     same(array, got)
     assert got.flags.writeable == copy
+
+
+@given(arrays(), st.sampled_from(["C", "F"]))
+@settings(max_examples=300, deadline=None)
+def test_the_array_codec_copies_exactly_into_an_out_array_of_any_order(array: np.ndarray,
+                                                                        order: str) -> None:
+    out = np.empty(array.shape, array.dtype, order=order)
+    got = copy_array_into(memoryview(message(array)), out)
+    assert got is out
+    same(np.asanyarray(array, order="K").copy(order=order), out)
 
 
 def test_the_array_codec_refuses_objects_and_foreign_messages() -> None:
@@ -215,6 +226,99 @@ def test_asyncio_arrays_and_objects(stream) -> None:
     array, obj = asyncio.run(main())
     assert np.array_equal(array, np.arange(1_000_000))
     assert np.array_equal(obj["x"], np.arange(10))
+
+
+def test_arrays_copied_into_out_release_their_block_before_they_are_handed_out(stream) -> None:
+    """With ``out`` (and ``copy=True``) the position moves past a large message as soon as it is
+    copied: the writer can reuse its block while the caller works; a view holds it."""
+    pub, sub = stream
+    frames = [lw.frame_for(i) for i in range(3)]
+    ends = [pub.publish_array(frame, timeout=5) for frame in frames]
+    image = sub.images[0]
+    out = np.empty(lw.FRAME_SHAPE)
+    got = sub.arrays(timeout=1.0, out=out)
+    assert next(got) is out and np.array_equal(out, frames[0])
+    assert image.position == ends[0], "out holds a copy: nothing is held"
+    got.close()
+    copies = sub.arrays(timeout=1.0, copy=True)
+    copied = next(copies)
+    assert np.array_equal(copied, frames[1]) and copied.flags.writeable
+    assert image.position == ends[1]
+    copies.close()
+    views = sub.arrays(timeout=1.0)
+    view = next(views)
+    assert np.array_equal(view, frames[2]) and not view.flags.writeable
+    assert image.position == ends[1], "a view holds the position before its message"
+    views.close()
+    assert image.position == ends[2]
+
+
+def test_bad_out_arrays_are_refused_naming_what_is_wrong(stream) -> None:
+    pub, sub = stream
+    with pytest.raises(TypeError, match="out must be a numpy array, not list"):
+        sub.arrays(out=[0.0] * 10)
+    read_only = np.zeros(10)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match=r"out \(shape \(10,\), dtype float64\) is read-only"):
+        sub.arrays(out=read_only)
+    with pytest.raises(ValueError, match="dtype object"):
+        sub.arrays(out=np.empty(3, object))
+    with pytest.raises(ValueError, match="out is the copy"):
+        sub.arrays(copy=True, out=np.empty(3))
+    frame = lw.frame_for(0)
+    small = np.arange(12, dtype=np.int32).reshape(3, 4)
+    for array in (frame, frame, frame, small, small):
+        pub.publish_array(array, timeout=5)
+    out = np.zeros(lw.FRAME_SHAPE[::-1])
+    with pytest.raises(ValueError, match=r"out has shape \(800, 600\) where the message's is "
+                                         r"\(600, 800\)$"):
+        next(sub.arrays(timeout=1.0, out=out))
+    assert not out.any(), "out is left as it was"
+    with pytest.raises(ValueError, match="out has dtype float32 where the message's is float64$"):
+        next(sub.arrays(timeout=1.0, out=np.zeros(lw.FRAME_SHAPE, np.float32)))
+    out = np.zeros(lw.FRAME_SHAPE)
+    assert next(sub.arrays(timeout=1.0, out=out)) is out and np.array_equal(out, frame)
+    with pytest.raises(ValueError, match=r"out has shape \(600, 800\) where the message's is "
+                                         r"\(3, 4\) and dtype float64 where the message's is "
+                                         r"int32"):
+        next(sub.arrays(timeout=1.0, out=out))
+    fits = np.zeros((3, 4), np.int32, order="F")
+    assert next(sub.arrays(timeout=1.0, out=fits)) is fits, "a small message goes into out too"
+    assert np.array_equal(fits, small)
+
+
+def test_asyncio_arrays_into_out(stream) -> None:
+    pub, sub = stream
+    out = np.empty(lw.FRAME_SHAPE)
+
+    async def main() -> list[float]:
+        for i in range(3):
+            await pub.publish_array_async(lw.frame_for(i))
+        firsts = []
+        async for array in sub.arrays_async(timeout=1.0, out=out):
+            assert array is out
+            assert np.array_equal(array, lw.frame_for(len(firsts)))
+            firsts.append(float(array[0, 0]))
+            if len(firsts) == 3:
+                break
+        return firsts
+
+    assert asyncio.run(main()) == [0.0, 1.0, 2.0]
+
+
+def test_arrays_into_out_cross_to_four_reader_processes_exactly(bus_context, driver,
+                                                                 procs) -> None:
+    count = 24
+    for order in ("C", "F", "C", "F"):
+        procs.start(lw.frame_reader, bus_context, 23, count, order, procs.queue)
+    procs.wait("ready", 4)
+    procs.start(lw.frame_writer, bus_context, 23, count, procs.queue)
+    procs.wait("sent", timeout=120)
+    expected = [zlib.crc32(np.ascontiguousarray(lw.frame_for(i)).tobytes())
+                for i in range(count)]
+    for report in procs.wait("read", 4, timeout=120):
+        assert report["crcs"] == expected, report["name"]
+        assert report["same_out"] and report["out_order_kept"], report
 
 
 def test_arrays_cross_processes(bus_context, driver, procs) -> None:

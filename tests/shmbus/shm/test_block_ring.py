@@ -121,3 +121,50 @@ def test_a_zombie_is_not_alive() -> None:
     finally:
         process.join()
     assert br.pid_alive(os.getpid())
+
+
+def test_small_blocks_go_round_in_the_cycle_once_free_and_a_refused_writer_is_woken() -> None:
+    """1 MiB blocks: past the ring's first CYCLE_BYTES a block goes on into the warm beginning
+    while readers are still in the cycle (a burst keeps the whole warm beginning), and goes
+    round to 0 once they have left all of it. A refusal marks a writer waiting, and the
+    driver's next free bumps the room word (what the writer sleeps on) once; a free with
+    nobody waiting does not."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+        ring = br.BlockRing.create(Path(tmp) / "x.blocks", MAX_MESSAGE)
+        try:
+            pid, position, blocks = os.getpid(), 0, []
+            span = br._span(MIB)
+            in_cycle = br.CYCLE_BYTES // span
+
+            def reserve() -> int:
+                nonlocal position
+                start = ring.reserve(MIB, pid)
+                position += 64
+                ring.commit(start, position)
+                blocks.append((start, position))
+                return start % ring.capacity
+
+            assert [reserve() for _ in range(in_cycle)] == [i * span for i in range(in_cycle)]
+            assert reserve() == in_cycle * span, "held: on past the cycle"
+            assert ring.writer_waiting(), "readers moving on should wake the driver"
+            ring.reclaim(blocks[in_cycle - 1][1], position)  # readers left all but one
+            assert reserve() == (in_cycle + 1) * span, "a reader still in the cycle: on"
+            ring.reclaim(blocks[in_cycle][1], position)  # readers left the whole cycle
+            assert reserve() == 0, "the cycle freed: round to its start"
+            assert reserve() == span
+            seen = ring.room_seen()
+            while True:
+                try:
+                    reserve()
+                except br.BlockRingFullError:
+                    break
+                assert len(blocks) < 200, "never refused"
+            assert all(start % ring.capacity + span <= br.WARM_BYTES for start, _ in blocks)
+            assert ring.writer_waiting() and ring.room_seen() == seen
+            ring.reclaim(blocks[in_cycle + 1][1], position)  # the oldest held block freed
+            assert not ring.writer_waiting() and ring.room_seen() == seen + 1
+            ring.reclaim(blocks[in_cycle + 2][1], position)  # nobody waiting: no wake-up
+            assert ring.room_seen() == seen + 1
+            ring.wait_for_room(seen, 10.0)  # the word moved: returns at once
+        finally:
+            ring.close()
