@@ -242,6 +242,18 @@ def test_bad_arguments_are_named(bus_context, driver):
             client.submit(b"x")
 
 
+def call_back_to_back(client: shmbus.Requester, tag: int, thread: int, calls: int,
+                      sizes: int, problems: list[str]) -> None:
+    """``calls`` checked request() calls one after the other (32 to 32 + sizes - 1 bytes),
+    each problem collected into ``problems`` (a thread's assert would be lost)."""
+    for seq in range(calls):
+        request = rw.make_request(tag, thread, seq, 32 + seq % sizes)
+        try:
+            rw.check_reply(request, client.request(request, timeout=30))
+        except Exception as error:
+            problems.append(f"thread {thread} call {seq}: {error!r}")
+
+
 def test_lone_and_shared_callers_of_one_requester_never_mix_replies(bus_context, driver, procs):
     """Threads calling request() back to back (each alone on the requester at times, so on
     its fast path, at other times sharing it) beside a thread with calls in flight: every
@@ -251,12 +263,7 @@ def test_lone_and_shared_callers_of_one_requester_never_mix_replies(bus_context,
     with shmbus.connect(bus_context) as bus, bus.add_requester("aeron:ipc", STREAM) as client:
 
         def lone(thread: int) -> None:
-            for seq in range(calls):
-                request = rw.make_request(3, thread, seq, 32 + seq % 64)
-                try:
-                    rw.check_reply(request, client.request(request, timeout=30))
-                except Exception as error:  # collected: a thread's assert would be lost
-                    problems.append(f"thread {thread} call {seq}: {error!r}")
+            call_back_to_back(client, 3, thread, calls, 64, problems)
 
         def pipelined() -> None:
             for base in range(0, calls, 8):
@@ -294,12 +301,7 @@ def test_lone_callers_beside_an_asyncio_caller_never_lose_or_mix_replies(
     with shmbus.connect(bus_context) as bus, bus.add_requester("aeron:ipc", STREAM) as client:
 
         def lone(thread: int) -> None:
-            for seq in range(calls):
-                request = rw.make_request(7, thread, seq, 32 + seq % 32)
-                try:
-                    rw.check_reply(request, client.request(request, timeout=30))
-                except Exception as error:  # collected: a thread's assert would be lost
-                    problems.append(f"thread {thread} call {seq}: {error!r}")
+            call_back_to_back(client, 7, thread, calls, 32, problems)
 
         async def gather_calls() -> None:
             for base in range(0, calls, gathered):
