@@ -186,10 +186,12 @@ def test_a_member_sigkilled_mid_claim_has_only_the_task_in_its_hand_done_twice(
         driver: Any, bus_context: shmbus.Context, tmp_path: Path,
         start_process: Callable[..., Any]) -> None:
     tasks, lengths = 4000, (gw.HEAD.size, 100)
-    holding = CTX.Event()
+    holding, go = CTX.Event(), CTX.Event()
+    go.set()  # paced from the first task: the victim gets its 50 however it is scheduled
     stop, results, paths, members, pubs = run_group(
         start_process, bus_context, tmp_path, members=4, publishers=1, tasks=tasks,
-        lengths=lengths, options={0: {"hold_at": 50, "holding": holding}})
+        lengths=lengths, options={0: {"hold_at": 50, "holding": holding}},
+        pause_at=0, resume=go, pace_after_pause_s=0.0001)
     assert holding.wait(60), "the victim never reached its 50th task"
     victim = members[0]
     os.kill(victim.pid, signal.SIGKILL)
