@@ -254,6 +254,22 @@ def call_back_to_back(client: shmbus.Requester, tag: int, thread: int, calls: in
             problems.append(f"thread {thread} call {seq}: {error!r}")
 
 
+def run_callers(bus: shmbus.Client, client: shmbus.Requester, workers: list[threading.Thread],
+                problems: list[str], total: int) -> None:
+    """Run the calling threads to their end (bounded): no problem collected, ``total`` calls
+    answered, none in flight, failed or late."""
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=240)
+    assert not any(worker.is_alive() for worker in workers)
+    assert problems == []
+    assert client.in_flight == 0
+    assert counter_total(bus, RR_ANSWERED) == total
+    assert counter_total(bus, RR_IN_FLIGHT) == 0
+    assert counter_total(bus, RR_FAILED) == counter_total(bus, RR_LATE) == 0
+
+
 def test_lone_and_shared_callers_of_one_requester_never_mix_replies(bus_context, driver, procs):
     """Threads calling request() back to back (each alone on the requester at times, so on
     its fast path, at other times sharing it) beside a thread with calls in flight: every
@@ -277,17 +293,7 @@ def test_lone_and_shared_callers_of_one_requester_never_mix_replies(bus_context,
 
         workers = [threading.Thread(target=lone, args=(t,)) for t in range(threads)]
         workers.append(threading.Thread(target=pipelined))
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join(timeout=240)
-        assert not any(worker.is_alive() for worker in workers)
-        assert problems == []
-        total = (threads + 1) * calls
-        assert client.in_flight == 0
-        assert counter_total(bus, RR_ANSWERED) == total
-        assert counter_total(bus, RR_IN_FLIGHT) == 0
-        assert counter_total(bus, RR_FAILED) == counter_total(bus, RR_LATE) == 0
+        run_callers(bus, client, workers, problems, (threads + 1) * calls)
 
 
 def test_lone_callers_beside_an_asyncio_caller_never_lose_or_mix_replies(
@@ -319,17 +325,7 @@ def test_lone_callers_beside_an_asyncio_caller_never_lose_or_mix_replies(
 
         workers = [threading.Thread(target=lone, args=(t,)) for t in range(threads)]
         workers.append(threading.Thread(target=asyncio.run, args=(gather_calls(),)))
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join(timeout=240)
-        assert not any(worker.is_alive() for worker in workers)
-        assert problems == []
-        total = (threads + 1) * calls
-        assert client.in_flight == 0
-        assert counter_total(bus, RR_ANSWERED) == total
-        assert counter_total(bus, RR_IN_FLIGHT) == 0
-        assert counter_total(bus, RR_FAILED) == counter_total(bus, RR_LATE) == 0
+        run_callers(bus, client, workers, problems, (threads + 1) * calls)
 
 
 def test_closing_during_a_lone_call_fails_it_and_counts_it(bus_context, driver, procs):
@@ -365,6 +361,31 @@ def _no_backstop(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(requester, "_IN_FLIGHT_AFTER_S", 60.0)
 
 
+def calling_threads(client: shmbus.Requester, outcomes: dict[str, Any],
+                    requests: dict[str, bytes], async_request: bytes | None = None
+                    ) -> list[threading.Thread]:
+    """A thread (not started) per named request() and, with ``async_request``, one making
+    it with request_async() on its own event loop ("async"): each leaves its reply or its
+    error in ``outcomes`` under its name."""
+
+    def call(name: str, request: bytes) -> None:
+        try:
+            outcomes[name] = client.request(request, timeout=60)
+        except BaseException as error:
+            outcomes[name] = error
+
+    def call_async(request: bytes) -> None:
+        try:
+            outcomes["async"] = asyncio.run(client.request_async(request, timeout=60))
+        except BaseException as error:
+            outcomes["async"] = error
+
+    threads = [threading.Thread(target=call, args=item) for item in requests.items()]
+    if async_request is not None:
+        threads.append(threading.Thread(target=call_async, args=(async_request,)))
+    return threads
+
+
 def test_a_killed_responder_wakes_an_async_caller_and_two_threads_sharing_the_requester(
         bus_context, driver, procs, monkeypatch):
     _no_backstop(monkeypatch)
@@ -374,23 +395,9 @@ def test_a_killed_responder_wakes_an_async_caller_and_two_threads_sharing_the_re
         hang = client.submit(rw.make_command(5, 0, b"hang"), timeout=60)
         victim = killed.wait("in-hand", timeout=30)[0]
         outcomes: dict[str, BaseException | bytes] = {}
-
-        def call(name: str, seq: int) -> None:
-            try:
-                outcomes[name] = client.request(rw.make_request(5, 0, seq, 64), timeout=60)
-            except BaseException as error:
-                outcomes[name] = error
-
-        def call_async() -> None:
-            try:
-                outcomes["async"] = asyncio.run(client.request_async(
-                    rw.make_request(5, 0, 3, 64), timeout=60))
-            except BaseException as error:
-                outcomes["async"] = error
-
-        callers = [threading.Thread(target=call, args=("thread-1", 1)),
-                   threading.Thread(target=call, args=("thread-2", 2)),
-                   threading.Thread(target=call_async)]
+        callers = calling_threads(client, outcomes, {
+            "thread-1": rw.make_request(5, 0, 1, 64), "thread-2": rw.make_request(5, 0, 2, 64)},
+            rw.make_request(5, 0, 3, 64))
         for caller in callers:
             caller.start()
         wait_until(lambda: client.in_flight == 4, 10, "four calls in flight")

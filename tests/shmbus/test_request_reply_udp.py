@@ -9,13 +9,11 @@ a pool), malformed requests and foreign datagrams, bad channels.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +37,7 @@ from tests.shmbus.driver.test_driver_processes import wait_until
 from tests.shmbus.test_request_reply import (
     STREAM,
     _no_backstop,
+    calling_threads,
     calls_answered,
     counter_total,
 )
@@ -151,28 +150,12 @@ def test_a_killed_lone_responder_fails_a_lone_caller_threads_and_an_async_caller
         first = rw.make_request(5, 0, 0, 64)
         rw.check_reply(first, client.request(first, timeout=10))
         outcomes: dict[str, BaseException | bytes] = {}
-
-        def call(name: str, request: bytes) -> None:
-            try:
-                outcomes[name] = client.request(request, timeout=60)
-            except BaseException as error:
-                outcomes[name] = error
-
-        def call_async() -> None:
-            try:
-                outcomes["async"] = asyncio.run(client.request_async(
-                    rw.make_request(5, 0, 3, 64), timeout=60))
-            except BaseException as error:
-                outcomes["async"] = error
-
-        lone = threading.Thread(target=call, args=("lone", rw.make_command(5, 0, b"hang")))
+        lone = calling_threads(client, outcomes, {"lone": rw.make_command(5, 0, b"hang")})[0]
         lone.start()  # alone on the requester: it reads its reply itself
         victim = killed.wait("in-hand", timeout=30)[0]
-        callers = [lone, threading.Thread(target=call, args=("thread-1", rw.make_request(
-                       5, 0, 1, 64))),
-                   threading.Thread(target=call, args=("thread-2", rw.make_request(
-                       5, 0, 2, 64))),
-                   threading.Thread(target=call_async)]
+        callers = [lone, *calling_threads(client, outcomes, {
+            "thread-1": rw.make_request(5, 0, 1, 64), "thread-2": rw.make_request(5, 0, 2, 64)},
+            rw.make_request(5, 0, 3, 64))]
         for caller in callers[1:]:
             caller.start()
         wait_until(lambda: client.in_flight == 4, 10, "four calls in flight")
