@@ -11,6 +11,7 @@ import struct
 import time
 import traceback
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -177,16 +178,22 @@ def array_for(i: int) -> np.ndarray:
     return np.array(float(i))
 
 
-def array_writer(context: shmbus.Context, stream: int, count: int, results: Any) -> None:
-    """Publish array_for(0 .. count - 1) with publish_array."""
+def _publish_arrays(context: shmbus.Context, stream: int, count: int, results: Any,
+                    make: Callable[[int], np.ndarray], name: str) -> None:
+    """Publish make(0 .. count - 1) with publish_array, then report as ``name``."""
     def body() -> None:
         with shmbus.connect(context) as bus:
             pub = bus.add_exclusive_publication("aeron:ipc", stream)
             _connected(pub)
             for i in range(count):
-                pub.publish_array(array_for(i), timeout=30.0)
-            results.put({"kind": "sent", "name": "array writer", "count": count})
-    guard(results, "sent", "array writer", body)
+                pub.publish_array(make(i), timeout=30.0)
+            results.put({"kind": "sent", "name": name, "count": count})
+    guard(results, "sent", name, body)
+
+
+def array_writer(context: shmbus.Context, stream: int, count: int, results: Any) -> None:
+    """Publish array_for(0 .. count - 1) with publish_array."""
+    _publish_arrays(context, stream, count, results, array_for, "array writer")
 
 
 def batch_writer(context: shmbus.Context, stream: int, writer_id: int, sizes: list[int],
@@ -223,14 +230,7 @@ def frame_for(i: int) -> np.ndarray:
 def frame_writer(context: shmbus.Context, stream: int, count: int, results: Any) -> None:
     """Publish frame_for(0 .. count - 1) with publish_array (the readers subscribed before
     this starts)."""
-    def body() -> None:
-        with shmbus.connect(context) as bus:
-            pub = bus.add_exclusive_publication("aeron:ipc", stream)
-            _connected(pub)
-            for i in range(count):
-                pub.publish_array(frame_for(i), timeout=30.0)
-            results.put({"kind": "sent", "name": "frame writer", "count": count})
-    guard(results, "sent", "frame writer", body)
+    _publish_arrays(context, stream, count, results, frame_for, "frame writer")
 
 
 def frame_reader(context: shmbus.Context, stream: int, count: int, order: str,
