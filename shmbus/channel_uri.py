@@ -21,7 +21,7 @@ KNOWN_PARAMS = frozenset({
     "tether", "session-id", "rcv-wnd", "fc", "gtag", "ssc", "reliable", "linger", "sparse",
     "eos", "group", "rejoin", "cc", "so-sndbuf", "so-rcvbuf", "nak-delay", "alias", "tags",
     "init-term-id", "term-id", "term-offset", "untethered-window-limit-timeout",
-    "untethered-resting-timeout", "consumer-group", "join-position",
+    "untethered-resting-timeout", "consumer-group", "join-position", "key",
 })
 _BOOLEAN_PARAMS = ("tether", "ssc", "reliable", "sparse", "eos", "group", "rejoin")
 #: the values of ``cc`` (congestion control), the default first
@@ -39,6 +39,11 @@ _INT_RANGES: dict[str, tuple[int, int] | None] = {
 class ChannelUriError(ValueError):
     """A channel URI that cannot be parsed; the message names the bad part."""
 
+
+#: Parameter of an aeron:udp channel (shmbus's own): the name of the keyring entry that seals
+#: its datagrams (netbridge/sealing.py); a channel without it is Aeron's plaintext wire.
+KEY = "key"
+KEY_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 #: Parameter of an aeron:ipc subscription: where in the log it starts (shmbus's own): a stream
 #: position the log still holds, or ``earliest``.
@@ -180,13 +185,17 @@ class ChannelUri:
                         f"next, even one)")
             if "interface" in self.params:
                 _check_host_port(uri, "interface", self.params["interface"], port_optional=True)
+            if KEY in self.params and not KEY_NAME.fullmatch(self.params[KEY]):
+                raise ChannelUriError(
+                    f"channel {uri!r}: key={self.params[KEY]!r} is not a key name (1 to 64 of "
+                    f"A-Z a-z 0-9 . _ -; the name of a keyring entry, never the secret)")
             if "fc" in self.params:
                 try:
                     parse_flow_control(self.params["fc"])
                 except ValueError as e:
                     raise ChannelUriError(f"channel {uri!r}: {e}") from None
         else:
-            for key in ("endpoint", "interface", "control", "control-mode", "ttl"):
+            for key in ("endpoint", "interface", "control", "control-mode", "ttl", KEY):
                 if key in self.params:
                     raise ChannelUriError(f"channel {uri!r}: {key} is not a parameter of ipc")
 
@@ -248,6 +257,11 @@ class ChannelUri:
         """The congestion control of the images of a subscription on this channel: its ``cc``
         parameter's, else ``static`` (as Aeron's default)."""
         return self.params.get("cc", CONGESTION_CONTROLS[0])
+
+    @property
+    def key(self) -> str | None:
+        """The name of the key that seals the channel's datagrams, None for plaintext."""
+        return self.params.get(KEY)
 
     @property
     def control_mode(self) -> str | None:

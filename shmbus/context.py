@@ -114,6 +114,10 @@ class Context:
     #: memory until used) twice this in address space. UDP channels are limited by their term
     #: length (term length / 8, at most 16 MiB)
     max_large_message_length: int = 1 << 30
+    #: the keyring file of authenticated channels (``key=`` in an aeron:udp channel; see
+    #: shmbus/keyring.py): read by the driver and its netbridge. Empty:
+    #: ``~/.config/shmbus/keyring``. It must be the user's own, mode 0600
+    keyring: str = ""
 
     def __post_init__(self) -> None:
         if not 0 < self.max_large_message_length <= 1 << 40:

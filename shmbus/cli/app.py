@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import sys
 from typing import Annotated, Any
 
@@ -17,6 +18,7 @@ from shmbus.cli import stat as busstat
 from shmbus.cli.services import analyse_services
 from shmbus.context import Context
 from shmbus.driver.media_driver import DriverAlreadyRunningError, run_driver
+from shmbus.keyring import KeyringError, keyring_path, load_keyring, new_key_line
 
 app = typer.Typer(help="shmbus: a shared-memory message bus (Aeron's design, in Python).",
                   no_args_is_help=True, add_completion=False)
@@ -333,6 +335,33 @@ def errors_command(dir: DirOption = None, as_json: JsonOption = False) -> None:
         for line in busstat.error_lines(snapshot.errors):
             typer.echo(line)
     raise typer.Exit(status.exit_code)
+
+
+@app.command()
+def keygen(
+    name: Annotated[str, typer.Argument(help="the key's name, as channels name it (key=NAME)")],
+    keyring: Annotated[str | None, typer.Option(
+        help="keyring file (default: $SHMBUS_KEYRING or ~/.config/shmbus/keyring)")] = None,
+    receive_only: Annotated[bool, typer.Option(
+        "--receive-only", help="a key that opens datagrams but does not seal yet (the first "
+                               "step of a rotation)")] = False,
+) -> None:
+    """Add a new random key to the keyring (created mode 0600 if missing) and print its line,
+    which every host that shares the channel puts in its own keyring."""
+    path = keyring_path(Context.resolve(keyring=keyring).keyring)
+    try:
+        taken = ({k.key_id for k in load_keyring(path).keys} if path.exists() else set())
+        line = new_key_line(name, taken) + (" receive-only" if receive_only else "")
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as file:
+            file.write(line + "\n")
+    except (KeyringError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"added key {name!r} to {path}; the same line goes into the keyring of every "
+               f"host on the channel:", err=True)
+    typer.echo(line)
 
 
 @app.command()
