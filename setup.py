@@ -2,7 +2,8 @@
 
 shmbus.shm._native (shmbus/shm/native/): the core every process maps. netbridge._io
 (netbridge/native/): what only the netbridge runs; it includes _native's headers and reaches
-its types through the capsule shmbus.shm._native._C_API.
+its types through the capsule shmbus.shm._native._C_API, and links OpenSSL's libcrypto (the
+headers come from libssl-dev on Debian, openssl-devel in the manylinux image).
 """
 
 from glob import glob
@@ -26,6 +27,7 @@ setup(
             include_dirs=["shmbus/shm/native"],
             depends=CORE_HEADERS + sorted(glob("netbridge/native/*.h")),
             extra_compile_args=FLAGS,
+            libraries=["crypto"],  # OpenSSL's libcrypto: ChaCha20-Poly1305 (sealing.c)
         ),
     ]
 )

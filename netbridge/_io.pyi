@@ -28,10 +28,14 @@ def insert_frames(
 
 def receive_batch(
     fd: int, slots: WritableBuffer,
-    images: tuple[tuple[AtomicBuffer, int, int, int, int, int, int], ...], /,
+    images: tuple[tuple[AtomicBuffer, int, int, int, int, int, int], ...],
+    sealer: Sealer | None = None, /,
 ) -> tuple[int, tuple[tuple[int, int, int, tuple[str, int] | None] | None, ...],
-           list[tuple[int, int, tuple[str, int] | None]]]:
-    """One non-blocking recvmmsg into 64 KiB slots: (received, in_order, rest). ``images``
+           list[tuple[int, int, tuple[str, int] | None]],
+           list[tuple[int, tuple[str, int] | None]] | None]:
+    """One non-blocking recvmmsg into 64 KiB slots: (received, in_order, rest, dropped). With
+    a sealer each datagram is opened first; one that does not open is counted by the sealer
+    and listed in ``dropped`` as (kind, source) (None when none was). ``images``
     are (log buffer, session id, stream id, term length, initial term id, position where its
     highest data ends, limit its data may not pass). DATA that continues one of them exactly
     at its position, valid and within its limit, is inserted into its log (readers woken);
@@ -48,13 +52,15 @@ def scan_datagrams(
     little-endian int64 (buffer offset, length) pairs, their total bytes, back_pressured,
     more)."""
 
-def send_batch(fd: int, buffer: AtomicBuffer, spans: Buffer, destination: tuple[str, int], /
-               ) -> int:
-    """sendmmsg of each (offset, length) span of buffer to a numeric IPv4 destination;
-    returns how many went (a full socket buffer ends the batch: loss)."""
+def send_batch(fd: int, buffer: AtomicBuffer, spans: Buffer, destination: tuple[str, int],
+               sealer: Sealer | None = None, /) -> int:
+    """sendmmsg of each (offset, length) span of buffer to a numeric IPv4 destination, each
+    sealed first with a sealer; returns how many went (a full socket buffer ends the batch:
+    loss)."""
 
 def send_now(
-    send: tuple[int, AtomicBuffer, int, int, int, int, int, tuple[object, ...]], /,
+    send: tuple[int, AtomicBuffer, int, int, int, int, int, tuple[object, ...], Sealer | None],
+    /,
 ) -> tuple[int, int, int, bool, bool]:
     """busy_poll's send (see there) of what is committed at its position, at once: returns
     (position after the scan, datagrams, bytes, back_pressured, more); OSError for a bad
@@ -63,14 +69,40 @@ def send_now(
 def busy_poll(
     fds: tuple[int, ...], data: tuple[tuple[AtomicBuffer, int, int], ...],
     progress: tuple[tuple[AtomicBuffer, int, AtomicBuffer, int, int], ...], until_ns: int,
-    sends: tuple[tuple[int, AtomicBuffer, int, int, int, int, int, tuple[object, ...]], ...] = (),
+    sends: tuple[tuple[int, AtomicBuffer, int, int, int, int, int, tuple[object, ...],
+                       Sealer | None], ...] = (),
     /,
 ) -> tuple[tuple[int, ...] | None, tuple[()] | tuple[int, int, int, int, bool, bool]]:
     """A poll loop's spin: until CLOCK_MONOTONIC reaches until_ns, poll fds without waiting,
     check the watches (as LogWatcher.arm takes them) and the sends, and yield the CPU. A send
-    is (fd, log buffer, term length, position, limit, mtu, max datagrams, destinations): once a
+    is (fd, log buffer, term length, position, limit, mtu, max datagrams, destinations,
+    sealer or None; sealed datagrams once for every destination): once a
     frame is committed at position, the spin sends that sender's DATA itself (scan_datagrams,
     then send_batch to each destination) and returns. Returns (found, sent): found is the
     readable fds, () when a watch is ready, else None; sent is (index in sends, position after
     the scan, datagrams, bytes, back_pressured, more) or (). OSError from poll() or a bad
     socket; ValueError for a bad send."""
+
+# -- sealed datagrams (authenticated channels) ----------------------------------------------
+
+class Sealer:
+    """Seals and opens one socket's datagrams with ChaCha20-Poly1305 (netbridge/native/
+    sealing.c): ``keys`` are (key id, 32-byte secret, seals), the last that seals seals.
+    ValueError for bad keys."""
+
+    sealed: int
+    opened: int
+    bad_tag: int
+    unknown_key: int
+    replayed: int
+    plaintext: int
+    session: bytes
+
+    def __init__(self, keys: list[tuple[int, bytes, bool]], max_skew_ns: int = ...) -> None: ...
+    def set_keys(self, keys: list[tuple[int, bytes, bool]], /) -> None:
+        """Replace the keys; peers of keys no longer given are forgotten."""
+    def seal(self, datagram: Buffer, /) -> bytes:
+        """The sealed datagram (60 bytes longer)."""
+    def open(self, datagram: Buffer, /) -> tuple[int, bytes | None]:
+        """(0, plaintext), or (drop kind, None): 1 plaintext, 2 unknown key, 3 bad tag,
+        4 replayed; counted."""

@@ -29,6 +29,12 @@ answers the waiting subscription (the error names the address and the process ho
 endpoint is closed ``Context.netbridge_endpoint_linger`` after its last stream went, so that
 another process may bind it.
 
+Authenticated channels (``key=<name>``): each of their sockets has a Sealer
+(:mod:`netbridge.sealing`) that seals what it sends and opens what it receives, before any
+protocol rule sees a datagram; the keyring (``Context.keyring``) is reread when it changes.
+A receive endpoint is keyed or not by its first subscription's channel, and a send channel is
+one socket per endpoint and key.
+
 Start it by hand with ``netbridge --dir DIR``, or let the driver start it when the first udp
 channel appears.
 """
@@ -45,6 +51,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -63,6 +70,15 @@ from netbridge.receiver import (
     ImageUnavailable,
     NetworkReceiver,
     ReceiverImage,
+)
+from netbridge.sealing import (
+    SEAL_STATS,
+    DropReports,
+    KeyringError,
+    KeyringWatch,
+    new_sealer,
+    rekey,
+    seal_counts,
 )
 from netbridge.sender import NetworkSender
 from netbridge.shared_log import (
@@ -84,6 +100,7 @@ from shmbus import Client
 from shmbus.channel_uri import ChannelUri
 from shmbus.context import Context
 from shmbus.errors import RegistrationError, ShmbusError
+from shmbus.keyring import keyring_path
 from shmbus.shm import _native
 from shmbus.shm import control_protocol as cp
 from shmbus.shm.counters import FC_RCV_POS, FC_RECEIVERS, RCV_CC_WINDOW
@@ -120,6 +137,8 @@ _NO_END_OF_STREAM = (1 << 63) - 1  # a log's end-of-stream position while it is 
 #: at most this many fc-rcv-pos counters per publication (a flood of status messages with
 #: made-up receiver ids must not use up the counters)
 _RECEIVER_COUNTERS_PER_SENDER = 64
+#: the keyring file is looked at this often for a change
+_KEYRING_CHECK_NS = 1_000_000_000
 
 
 @dataclass
@@ -185,6 +204,9 @@ class SendChannel:
     invalid: int = 0
     #: a status message or NAK came in this duty cycle: its senders are polled
     heard: bool = False
+    #: an authenticated channel's key name and its socket's sealer
+    key: str | None = None
+    sealer: _io.Sealer | None = None
 
     @property
     def sock(self) -> socket.socket:
@@ -247,6 +269,9 @@ class ReceiveChannel:
     heard: bool = False
     #: when the receiver's timers want the next poll
     next_poll_ns: int = 0
+    #: an authenticated endpoint's key name and its sockets' sealer
+    key: str | None = None
+    sealer: _io.Sealer | None = None
 
     @property
     def sock(self) -> socket.socket:
@@ -279,6 +304,9 @@ class Bridge:
         #: poll every sender and receiver in the next duty cycle (after driver events)
         self._poll_all = True
         self._io = DatagramIO()
+        self._keyring = KeyringWatch(keyring_path(context.keyring))
+        self._next_keyring_check_ns = 0
+        self._drop_reports = DropReports()
         #: wakes the loop when a publisher commits a frame where a sender waits for data, or
         #: subscribers read up to where a status message falls due
         self._watcher = new_log_watcher()
@@ -360,17 +388,23 @@ class Bridge:
         into = LossFilter(dataclasses.replace(spec, seed=spec.seed * 1000 + count + 1))
         return (out if spec.outgoing else None), (into if spec.incoming else None)
 
+    def _sealer(self, uri: ChannelUri) -> _io.Sealer | None:
+        """A new Sealer for an authenticated channel, None for plaintext (KeyringError when
+        the keyring cannot seal its key)."""
+        return None if uri.key is None else new_sealer(self._keyring.keyring(), uri.key)
+
     def _add_sender(self, event: cp.OnNetworkPublication) -> None:
         uri = ChannelUri.parse(event.channel)
-        key = uri.endpoint_key()
+        key = (*uri.endpoint_key(), uri.key or "")
         channel = self.send_channels.get(key)
         if channel is None:
+            sealer = self._sealer(uri)
             transport = open_send(uri, self.context.netbridge_socket_buffer)
             tracker = (DestinationTracker(dynamic=transport.control_mode == "dynamic")
                        if transport.control_mode else None)
             channel = SendChannel(event.channel, transport, self._add_counters(
-                SEND_CHANNEL_STAT, uri.canonical(), SEND_STATS), *self._loss_filters(),
-                tracker=tracker)
+                SEND_CHANNEL_STAT, uri.canonical(), SEND_STATS + (SEAL_STATS if sealer else ())),
+                *self._loss_filters(), tracker=tracker, key=uri.key, sealer=sealer)
             self.send_channels[key] = channel
             self._poller = None
         log = LogBuffer.open(self.client.directory / event.log_file)
@@ -414,7 +448,7 @@ class Bridge:
         error = ""
         try:
             channel = self._receive_channel(event.channel)
-        except OSError as e:  # e.g. another process holds the address: the error names it
+        except (OSError, KeyringError) as e:  # e.g. another process holds the address
             error = str(e)
         else:
             channel.receiver.add_subscription(event.stream_id)
@@ -429,7 +463,14 @@ class Bridge:
         key = uri.endpoint_key()
         channel = self.receive_channels.get(key)
         if channel is not None:
+            if channel.key != uri.key:
+                keyed = f"keyed with {channel.key!r}" if channel.key else "not keyed"
+                wants = f"names key {uri.key!r}" if uri.key else "names no key"
+                raise KeyringError(f"endpoint {uri.params.get('endpoint', '')} is {keyed} (by "
+                                   f"the channel it was opened for, {channel.channel!r}); "
+                                   f"this channel {wants}: an endpoint is keyed or not")
             return channel
+        sealer = self._sealer(uri)
         transport = open_receive(uri, self.context.netbridge_socket_buffer)
         window = uri.int_param("rcv-wnd", _default_window(transport.sock))
         multicast = transport.control_address is not None
@@ -442,7 +483,8 @@ class Bridge:
             control_address=transport.control_address,
             nak_delay=multicast_nak_delay(random.Random()) if multicast else None)
         channel = ReceiveChannel(channel_text, transport, receiver, self._add_counters(
-            RECEIVE_CHANNEL_STAT, uri.canonical(), RECEIVE_STATS), *self._loss_filters())
+            RECEIVE_CHANNEL_STAT, uri.canonical(), RECEIVE_STATS + (SEAL_STATS if sealer else ())),
+            *self._loss_filters(), key=uri.key, sealer=sealer)
         holder.append(channel)
         self.receive_channels[key] = channel
         self._poller = None
@@ -615,7 +657,8 @@ class Bridge:
         spin = sender.sender.spin_send() if channel.loss_out is None else None
         if spin is None:
             return None
-        return native_send(channel.sock.fileno(), sender.log, spin, sender.sender.destinations)
+        return native_send(channel.sock.fileno(), sender.log, spin, sender.sender.destinations,
+                           channel.sealer)
 
     def _on_data_sent(self, sender: Sender, now: int, scan: Scan) -> bool:
         """Account for the DATA a native send scanned and sent for ``sender``. Returns
@@ -667,6 +710,9 @@ class Bridge:
         if now >= self._next_service_ns:
             self._next_service_ns = now + _SERVICE_INTERVAL_NS
             work += self.client._service()
+        if now >= self._next_keyring_check_ns:
+            self._next_keyring_check_ns = now + _KEYRING_CHECK_NS
+            self._reread_keyring()
         if self._events:  # channels, destinations, subscriptions changed: poll everything
             self._poll_all = True
             deadline = now
@@ -677,6 +723,8 @@ class Bridge:
                 self._on_driver_event(event)
             except OSError as e:  # e.g. an endpoint another process holds: report, go on
                 print(f"netbridge: {type(event).__name__}: {e}", file=sys.stderr)
+            except KeyringError as e:  # a publication whose key cannot seal: it never connects
+                self._report(f"{type(event).__name__}: {e}")
         channels: list[ReceiveChannel | SendChannel] = [*self.send_channels.values(),
                                                          *self.receive_channels.values()]
         for channel in channels:
@@ -686,7 +734,7 @@ class Bridge:
                 for data, address in loss.due(now):
                     work += 1
                     if outgoing:
-                        send_to(channel.sock, data, address)
+                        send_to(channel.sock, data, address, channel.sealer)
                     elif isinstance(channel, SendChannel):
                         self._on_control(channel, now, memoryview(data), address)
                     else:
@@ -708,11 +756,13 @@ class Bridge:
             if readable is None or channel.sock.fileno() in readable:
                 count, handled = io.receive(
                     channel.sock, now, functools.partial(receiver.on_datagram, now), receiver,
-                    channel.loss_in)
+                    channel.loss_in, channel.sealer, self._drops_of(channel, now))
             control = channel.transport.control_sock  # multicast: others' NAKs
             if control is not None and (readable is None or control.fileno() in readable):
                 heard = io.receive(control, now, functools.partial(self._on_nak_heard,
-                                                                   receiver, now))[0]
+                                                                   receiver, now),
+                                   sealer=channel.sealer,
+                                   on_drops=self._drops_of(channel, now))[0]
                 count += heard
                 handled += heard
             # data placed in order natively changes no timer: only the others need a poll
@@ -726,10 +776,49 @@ class Bridge:
             if readable is None or send_channel.sock.fileno() in readable:
                 count = io.receive(
                     send_channel.sock, now, functools.partial(self._on_control, send_channel, now),
-                    loss=send_channel.loss_in)[0]
+                    loss=send_channel.loss_in, sealer=send_channel.sealer,
+                    on_drops=self._drops_of(send_channel, now))[0]
             send_channel.heard = count > 0
             control_count += count
         return data + control_count
+
+    def _drops_of(self, channel: SendChannel | ReceiveChannel, now: int
+                  ) -> Callable[[list[tuple[int, object]]], None] | None:
+        """What a keyed channel's receive does with the datagrams that did not open: the
+        error log hears of a few (DropReports); the Sealer counted them all."""
+        if channel.sealer is None:
+            return None
+
+        def report(dropped: list[tuple[int, object]]) -> None:
+            for line in self._drop_reports.reports(now, channel.channel, dropped):
+                self._report(line)
+        return report
+
+    def _report(self, text: str) -> None:
+        """A line for the driver's error log (``shmbus errors``)."""
+        try:
+            self._request(cp.ReportError(self.client.client_id, self._correlation(), text))
+        except ShmbusError as e:
+            print(f"netbridge: {text} (not logged: {e})", file=sys.stderr)
+
+    def _reread_keyring(self) -> None:
+        """Give every keyed channel the keys of a keyring file that changed (its keys stay
+        as they were, and the error log says why, when the new file cannot be used)."""
+        try:
+            keyring = self._keyring.changed()
+        except KeyringError as e:
+            self._report(f"keyring not reread: {e}")
+            return
+        if keyring is None:
+            return
+        channels: list[SendChannel | ReceiveChannel] = [*self.send_channels.values(),
+                                                         *self.receive_channels.values()]
+        for channel in channels:
+            if channel.sealer is not None and channel.key is not None:
+                try:
+                    rekey(channel.sealer, keyring, channel.key)
+                except KeyringError as e:
+                    self._report(f"{channel.channel}: keys unchanged: {e}")
 
     @staticmethod
     def _on_nak_heard(receiver: NetworkReceiver, now: int, data: memoryview,
@@ -759,7 +848,7 @@ class Bridge:
             self._check_closed(sender)
             datagrams, due = sender.sender.poll(now)
             sender.next_poll_ns = due
-            work += self._io.send(channel.sock, datagrams, now, channel.loss_out)
+            work += self._io.send(channel.sock, datagrams, now, channel.loss_out, channel.sealer)
             deadline = min(deadline, due)
             if sender.closed_at_ns is None:
                 # after the end of stream is mirrored the driver frees the counters
@@ -793,12 +882,14 @@ class Bridge:
         if (channel.transport.announce_to is not None and receiver.subscriptions
                 and now >= channel.next_announce_ns):
             channel.next_announce_ns = now + _ANNOUNCE_INTERVAL_NS
-            send_to(channel.sock, self._announcement, channel.transport.announce_to)
+            send_to(channel.sock, self._announcement, channel.transport.announce_to,
+                    channel.sealer)
         if (poll_all or channel.heard or now >= channel.next_poll_ns
                 or any(image.log.subscriber_position() >= image.sm_due_position
                        for image in receiver.images.values())):
             polled = receiver.poll(now)
-            work += self._io.send(channel.sock, polled.datagrams, now, channel.loss_out)
+            work += self._io.send(channel.sock, polled.datagrams, now, channel.loss_out,
+                                  channel.sealer)
             for image_event in polled.events:
                 if isinstance(image_event, ImageUnavailable):
                     self._close_image(channel, image_event.image)
@@ -903,6 +994,7 @@ class Bridge:
             # where data goes: the endpoint or group, or the MDC destinations known now
             "destinations": len(channel.transport.destinations) + (
                 len(channel.tracker.destinations) if channel.tracker is not None else 0),
+            **(seal_counts(channel.sealer) if channel.sealer is not None else {}),
         })
 
     def _mirror_receive(self, channel: ReceiveChannel) -> None:
@@ -925,6 +1017,7 @@ class Bridge:
             "gaps": r.gaps_detected, "bytes lost": r.bytes_lost,
             # the latest round-trip time of the channel's images (the worst of them), 0 if none
             "rtt ns": max((i.rtt_ns or 0 for i in r.images.values()), default=0),
+            **(seal_counts(channel.sealer) if channel.sealer is not None else {}),
         })
 
     def _received(self, image: ReceiverImage) -> ReceivedImage | None:

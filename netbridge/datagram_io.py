@@ -22,6 +22,10 @@ Sending: a :class:`netbridge.shared_log.DataBatch` goes out with one sendmmsg st
 (or, through an outgoing loss filter, datagram by datagram); other datagrams with sendto. A
 full socket buffer is loss, recovered by NAK as any other. (In its busy window the bridge's
 spin sends a publisher's new DATA itself, the same way: see _io.busy_poll.)
+
+Authenticated channels: with a socket's :class:`netbridge._io.Sealer`, every datagram is opened
+natively as it is received (one that does not open is dropped and counted there, and named to
+``on_drops``) and sealed as it is sent, DATA batches natively, others by :func:`send_to`.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from netbridge._io import Sealer
 from netbridge.log_port import Datagrams
 from netbridge.loss_filter import LossFilter
 from netbridge.receiver import NetworkReceiver
@@ -49,16 +54,21 @@ class DatagramIO:
 
     def receive(self, sock: socket.socket, now: int,
                 handle: Callable[[memoryview, object], None],
-                receiver: NetworkReceiver | None = None, loss: LossFilter | None = None
+                receiver: NetworkReceiver | None = None, loss: LossFilter | None = None,
+                sealer: Sealer | None = None,
+                on_drops: Callable[[list[tuple[int, object]]], None] | None = None
                 ) -> tuple[int, int]:
         """Take up to RECEIVE_BATCH datagrams from ``sock``; returns how many came and how many
         of them went to ``handle``. In-order data of ``receiver``'s images is placed natively
         (without a loss filter); every other datagram is handed to ``handle`` with its source,
         in order, as a memoryview valid only until ``handle`` returns (through ``loss`` first
-        when given)."""
+        when given). With ``sealer`` each is opened first; those that do not open go to
+        ``on_drops`` as (drop kind, source)."""
         images = receiver.in_order_images() if receiver is not None and loss is None else []
-        received, in_order, rest = receive_batch(sock.fileno(), self._slots, [
-            (image.log, image.rcv_hwm, image.window_limit) for image in images])
+        received, in_order, rest, dropped = receive_batch(sock.fileno(), self._slots, [
+            (image.log, image.rcv_hwm, image.window_limit) for image in images], sealer)
+        if dropped and on_drops is not None:
+            on_drops(cast("list[tuple[int, object]]", dropped))
         for image, result in zip(images, in_order, strict=True):
             if result is not None:
                 image.on_in_order_data(now, *result)
@@ -77,12 +87,13 @@ class DatagramIO:
     @staticmethod
     def send(sock: socket.socket, datagrams: Sequence[tuple[bytes | memoryview | Datagrams,
                                                             object]],
-             now: int, loss: LossFilter | None = None) -> int:
-        """Send each (datagram or batch of them, destination); returns how many entries."""
+             now: int, loss: LossFilter | None = None, sealer: Sealer | None = None) -> int:
+        """Send each (datagram or batch of them, destination), sealed with ``sealer``;
+        returns how many entries."""
         for data, destination in datagrams:
             each: Sequence[bytes | memoryview]
             if isinstance(data, DataBatch) and loss is None:
-                data.send(sock.fileno(), cast("tuple[str, int]", destination))
+                data.send(sock.fileno(), cast("tuple[str, int]", destination), sealer)
                 continue
             if isinstance(data, bytes | memoryview):
                 each = (data,)
@@ -90,16 +101,19 @@ class DatagramIO:
                 each = data.datagrams()
             for datagram in each:
                 if loss is None:
-                    send_to(sock, datagram, destination)
+                    send_to(sock, datagram, destination, sealer)
                 else:
                     for out, address in loss.send(now, datagram, destination):
-                        send_to(sock, out, address)
+                        send_to(sock, out, address, sealer)
         return len(datagrams)
 
 
-def send_to(sock: socket.socket, data: bytes | memoryview, destination: object) -> None:
-    """sendto that treats a full socket buffer and an unreachable peer as loss (the receiver
-    NAKs it; status messages say who is there)."""
+def send_to(sock: socket.socket, data: bytes | memoryview, destination: object,
+            sealer: Sealer | None = None) -> None:
+    """sendto, sealed with ``sealer``, that treats a full socket buffer and an unreachable
+    peer as loss (the receiver NAKs it; status messages say who is there)."""
+    if sealer is not None:
+        data = sealer.seal(data)
     try:
         sock.sendto(data, destination)  # type: ignore[call-overload]
     except OSError:

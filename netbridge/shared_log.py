@@ -36,8 +36,9 @@ __all__ = [
 _SPAN = struct.Struct("<qq")
 
 #: what _io.busy_poll and send_now take for a sender: (fd, log buffer, term length,
-#: position, limit, mtu, max datagrams, destinations)
-NativeSend = tuple[int, AtomicBuffer, int, int, int, int, int, tuple[object, ...]]
+#: position, limit, mtu, max datagrams, destinations, sealer or None)
+NativeSend = tuple[int, AtomicBuffer, int, int, int, int, int, tuple[object, ...],
+                   _io.Sealer | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +54,12 @@ class DataBatch:
     count: int
     length: int
 
-    def send(self, fd: int, destination: tuple[str, int]) -> int:
-        """sendmmsg the datagrams on socket ``fd`` to a numeric IPv4 (host, port); returns
-        how many went (a full socket buffer is loss). OSError for a bad socket."""
-        sent: int = _io.send_batch(fd, self.buffer, self.spans, destination)
+    def send(self, fd: int, destination: tuple[str, int], sealer: _io.Sealer | None = None
+             ) -> int:
+        """sendmmsg the datagrams on socket ``fd`` to a numeric IPv4 (host, port), each sealed
+        first with ``sealer``; returns how many went (a full socket buffer is loss). OSError
+        for a bad socket."""
+        sent: int = _io.send_batch(fd, self.buffer, self.spans, destination, sealer)
         return sent
 
     def datagrams(self) -> list[memoryview]:
@@ -132,11 +135,12 @@ class SharedPublicationLog:
 
 
 def native_send(fd: int, log: LogBuffer, spin: tuple[int, int, int, int],
-                destinations: Sequence[object]) -> NativeSend:
+                destinations: Sequence[object], sealer: _io.Sealer | None) -> NativeSend:
     """The send that ``_io.busy_poll`` or :func:`send_now` make for a sender on socket
     ``fd``: ``spin`` is :meth:`netbridge.sender.NetworkSender.spin_send`'s (position, limit,
-    mtu, max datagrams); each destination a numeric IPv4 (host, port)."""
-    return (fd, log.buffer, log.descriptor.term_length, *spin, tuple(destinations))
+    mtu, max datagrams); each destination a numeric IPv4 (host, port); ``sealer`` the
+    socket's on an authenticated channel."""
+    return (fd, log.buffer, log.descriptor.term_length, *spin, tuple(destinations), sealer)
 
 
 def send_now(send: NativeSend) -> Scan:
@@ -209,18 +213,21 @@ def walk_frames(datagram: memoryview, term_offset: int, session_id: int, stream_
     return None if isinstance(walked, int) else FrameWalk(*walked)
 
 
-def receive_batch(fd: int, slots: bytearray, places: Sequence[tuple[ImagePort, int, int]]
+def receive_batch(fd: int, slots: bytearray, places: Sequence[tuple[ImagePort, int, int]],
+                  sealer: _io.Sealer | None = None
                   ) -> tuple[int, list[tuple[int, int, int, object] | None],
-                             list[tuple[int, int, tuple[str, int] | None]]]:
+                             list[tuple[int, int, tuple[str, int] | None]],
+                             list[tuple[int, tuple[str, int] | None]] | None]:
     """One recvmmsg into ``slots`` (64 KiB each) with the in-order placements done natively
     (:func:`netbridge.placement.in_order`): ``places`` is (image log, high-water mark, window
-    limit) of each image without an announced end of stream. Returns (datagrams received, per
-    place None or (new high-water mark, datagrams, bytes, source of the latest), the others
-    as (slot offset, length, source) in order)."""
+    limit) of each image without an announced end of stream. With ``sealer`` every datagram
+    is opened first. Returns (datagrams received, per place None or (new high-water mark,
+    datagrams, bytes, source of the latest), the others as (slot offset, length, source) in
+    order, the (drop kind, source) of each that did not open or None)."""
     images = []
     for log, hwm, limit in places:
         assert isinstance(log, SharedImageLog)
         images.append((log._buffer, log.session_id, log.stream_id, log.term_length,
                        log.initial_term_id, hwm, limit))
-    received, in_order, rest = _io.receive_batch(fd, slots, tuple(images))
-    return received, list(in_order), rest
+    received, in_order, rest, dropped = _io.receive_batch(fd, slots, tuple(images), sealer)
+    return received, list(in_order), rest, dropped

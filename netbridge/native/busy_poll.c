@@ -21,23 +21,25 @@ typedef struct {
     int mtu, max_datagrams;
     struct sockaddr_in *destinations;
     Py_ssize_t destination_count;
+    Sealer *sealer; /* an authenticated channel's, or NULL */
     int blocked; /* a committed frame the limit leaves no room for: left to the duty cycle */
 } SpinSend;
 
 static int spin_send_arg(PyObject *item, SpinSend *send)
 {
-    PyObject *log, *destinations;
+    PyObject *log, *destinations, *sealer = Py_None;
     int term_length;
     long long position, limit;
     memset(send, 0, sizeof *send);
     if (!PyTuple_Check(item)) {
         PyErr_Format(PyExc_TypeError, "a send is a tuple (fd, log_buffer, term_length, "
-                     "position, limit, mtu, max_datagrams, destinations), not %R", item);
+                     "position, limit, mtu, max_datagrams, destinations[, sealer]), not %R", item);
         return -1;
     }
-    if (!PyArg_ParseTuple(item, "iO!iLLiiO!", &send->fd, &AtomicBufferType, &log, &term_length,
-                          &position, &limit, &send->mtu, &send->max_datagrams, &PyTuple_Type,
-                          &destinations) ||
+    if (!PyArg_ParseTuple(item, "iO!iLLiiO!|O", &send->fd, &AtomicBufferType, &log,
+                          &term_length, &position, &limit, &send->mtu, &send->max_datagrams,
+                          &PyTuple_Type, &destinations, &sealer) ||
+        sealer_arg(sealer, &send->sealer) < 0 ||
         shmbus->geometry_from((AtomicBuffer *)log, term_length, 0, &send->g) < 0)
         return -1;
     if (position < 0 || position % FRAME_ALIGNMENT || send->mtu < HEADER_LENGTH ||
@@ -63,14 +65,25 @@ static int spin_send_arg(PyObject *item, SpinSend *send)
 }
 
 /* Scans `send` from its position and sends what is committed to each destination (nothing
- * when no whole frame fits its limit); *error is set to the errno of a bad socket. No GIL. */
-static Scan send_committed(const SpinSend *send, Span *spans, int *error)
+ * when no whole frame fits its limit), sealed once for all of them on an authenticated
+ * channel; *error is set to the errno of a bad socket (ENOMEM: sealing failed). `spans` holds
+ * twice max_datagrams. No GIL. */
+static Scan send_committed(SpinSend *send, Span *spans, int *error)
 {
     Scan scan = scan_spans(&send->g, send->position, send->limit, send->mtu,
                            send->max_datagrams, spans);
+    uint8_t *data = send->g.terms;
+    const Span *out = spans;
+    if (send->sealer != NULL && scan.count) {
+        Span *sealed = spans + send->max_datagrams;
+        if ((data = seal_spans(send->sealer, data, spans, scan.count, sealed)) == NULL) {
+            *error = ENOMEM;
+            return scan;
+        }
+        out = sealed;
+    }
     for (Py_ssize_t d = 0; d < send->destination_count && scan.count; d++) {
-        int done = send_spans(send->fd, send->g.terms, spans, scan.count,
-                              &send->destinations[d]);
+        int done = send_spans(send->fd, data, out, scan.count, &send->destinations[d]);
         if (done < 0)
             *error = -done;
     }
@@ -88,7 +101,7 @@ static PyObject *native_send_now(PyObject *m, PyObject *arg)
     int error = 0;
     if (spin_send_arg(arg, &send) < 0)
         goto done;
-    if ((spans = PyMem_Malloc((size_t)send.max_datagrams * sizeof *spans)) == NULL) {
+    if ((spans = PyMem_Malloc((size_t)send.max_datagrams * 2 * sizeof *spans)) == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -110,7 +123,7 @@ done:
  * loop's spin between duty cycles (the netbridge's busy window). Until CLOCK_MONOTONIC reaches
  * until_ns it polls fds without waiting, checks the watches (as LogWatcher.arm takes them) and
  * the senders in `sends`, and yields the CPU. Each of `sends` is (fd, log_buffer, term_length,
- * position, limit, mtu, max_datagrams, destinations): once a publisher commits at `position`,
+ * position, limit, mtu, max_datagrams, destinations[, sealer]): once a publisher commits at `position`,
  * the spin sends that sender's DATA itself (exactly scan_datagrams then send_batch to each
  * numeric IPv4 destination) and returns. found: the readable fds when one is, () when a watch
  * is ready, else None; sent: (index in sends, position after the scan, datagrams, bytes,
@@ -147,7 +160,7 @@ static PyObject *native_busy_poll(PyObject *m, PyObject *args)
         if (sends[i].max_datagrams > max_datagrams)
             max_datagrams = sends[i].max_datagrams;
     }
-    if ((spans = PyMem_Malloc((size_t)max_datagrams * sizeof *spans)) == NULL) {
+    if ((spans = PyMem_Malloc((size_t)max_datagrams * 2 * sizeof *spans)) == NULL) {
         PyErr_NoMemory();
         goto done;
     }

@@ -62,8 +62,41 @@ INTERNAL InOrderImage *insert_in_order(InOrderImage *images, Py_ssize_t count,
 
 /* ---- udp_batches.c --------------------------------------------------------------------------- */
 
+#define UDP_PAYLOAD_MAX 65507
+
 INTERNAL int sockaddr_arg(PyObject *destination, struct sockaddr_in *a);
 INTERNAL int send_spans(int fd, uint8_t *data, const Span *spans, Py_ssize_t count,
                         const struct sockaddr_in *to);
+typedef struct Sealer Sealer;
+/* send_spans, each datagram sealed first when `sealer` is not NULL (into the Sealer's scratch,
+ * `sealed` count spans long for the sealed spans); -ENOMEM when sealing failed. No GIL. */
+INTERNAL int send_sealed(int fd, uint8_t *data, const Span *spans, Py_ssize_t count,
+                         const struct sockaddr_in *to, Sealer *sealer, Span *sealed);
+
+/* ---- sealing.c ------------------------------------------------------------------------------ */
+
+#define HDR_TYPE_SEALED 0x5EA1 /* outside Aeron's frame types */
+#define SEAL_HEADER 44
+#define SEAL_OVERHEAD (SEAL_HEADER + 16)
+/* sealer_open's results: opened, or the kind of drop */
+#define SEAL_OPENED 0
+#define SEAL_PLAINTEXT 1
+#define SEAL_UNKNOWN_KEY 2
+#define SEAL_BAD_TAG 3
+#define SEAL_REPLAYED 4
+
+INTERNAL extern PyTypeObject SealerType;
+
+INTERNAL int sealer_arg(PyObject *obj, Sealer **out);
+/* Seals `length` bytes of `in` into `out` (length + SEAL_OVERHEAD bytes); returns the sealed
+ * length, or -1 (no sealing key, too long, libcrypto failed). No GIL needed. */
+INTERNAL int64_t sealer_seal(Sealer *s, const uint8_t *in, int64_t length, uint8_t *out);
+/* Seals each span of `data` into the Sealer's scratch buffer, which it returns, with `out`
+ * the sealed spans in it; NULL when memory or libcrypto failed. No GIL needed. */
+INTERNAL uint8_t *seal_spans(Sealer *s, const uint8_t *data, const Span *spans, Py_ssize_t count,
+                             Span *out);
+/* Opens the sealed datagram `d` in place (the plaintext at d + SEAL_HEADER, size -
+ * SEAL_OVERHEAD bytes long); returns SEAL_OPENED or the kind of drop, counted. */
+INTERNAL int sealer_open(Sealer *s, uint8_t *d, int64_t size);
 
 #endif /* NETBRIDGE_IO_H */

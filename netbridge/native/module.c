@@ -6,6 +6,7 @@
  *   term_rebuild.c   validate_datagram, insert_frames: the receiver's writing of an image log
  *   udp_batches.c    receive_batch, send_batch: recvmmsg/sendmmsg between sockets and logs
  *   busy_poll.c      busy_poll, send_now: the spin between duty cycles
+ *   sealing.c        Sealer: the AEAD of authenticated channels
  *
  * It shares the log layout and atomics of shmbus.shm._native as header code (shmbus_native.h)
  * and reaches _native's AtomicBuffer type, its checks and the LogWatcher's watches through the
@@ -34,9 +35,15 @@ PyMODINIT_FUNC PyInit__io(void)
                      shmbus->version);
         return NULL;
     }
+    if (PyType_Ready(&SealerType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&io_module);
     if (m == NULL)
         return NULL;
+    if (PyModule_AddObjectRef(m, "Sealer", (PyObject *)&SealerType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddFunctions(m, term_scan_functions) < 0 ||
         PyModule_AddFunctions(m, term_rebuild_functions) < 0 ||
         PyModule_AddFunctions(m, udp_batch_functions) < 0 ||

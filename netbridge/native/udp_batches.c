@@ -23,7 +23,6 @@
 #define UDP_SEGMENT 103
 #endif
 #define GSO_SEGMENTS_MAX 64   /* UDP_MAX_SEGMENTS of the oldest kernels that have it */
-#define UDP_PAYLOAD_MAX 65507
 #define SEND_SPANS_MAX 1024   /* datagrams per sendmmsg at most */
 #define HDR_TYPE_SETUP 0x05
 #define HDR_TYPE_RTTM 0x06
@@ -78,7 +77,11 @@ static int datagram_key(const uint8_t *d, int64_t size, int32_t *session_id, int
     return 0;
 }
 
-/* receive_batch(fd, slots, images) -> (received, in_order, rest)
+/* receive_batch(fd, slots, images, sealer=None) -> (received, in_order, rest, dropped)
+ *
+ * With a Sealer (an authenticated channel's socket), each datagram is opened first: one that
+ * does not open is dropped, counted by the Sealer, and listed in `dropped` as (kind, source)
+ * (None when none was); the rest go on as their plaintext.
  *
  * One recvmmsg (non-blocking) of up to len(slots) // 65536 datagrams (at most 64) into
  * `slots`, 65536 bytes each. `images` is a tuple of (log buffer, session id, stream id, term
@@ -95,10 +98,16 @@ static PyObject *native_receive_batch(PyObject *m, PyObject *args)
 {
     int fd;
     Py_buffer slots;
-    PyObject *image_args;
-    if (!PyArg_ParseTuple(args, "iw*O!", &fd, &slots, &PyTuple_Type, &image_args))
+    PyObject *image_args, *sealer_obj = Py_None;
+    Sealer *sealer;
+    if (!PyArg_ParseTuple(args, "iw*O!|O", &fd, &slots, &PyTuple_Type, &image_args,
+                          &sealer_obj))
         return NULL;
-    PyObject *result = NULL, *in_order = NULL, *rest = NULL;
+    if (sealer_arg(sealer_obj, &sealer) < 0) {
+        PyBuffer_Release(&slots);
+        return NULL;
+    }
+    PyObject *result = NULL, *in_order = NULL, *rest = NULL, *dropped = NULL;
     Py_ssize_t image_count = PyTuple_GET_SIZE(image_args);
     InOrderImage *images = PyMem_Calloc((size_t)(image_count ? image_count : 1),
                                         sizeof(InOrderImage));
@@ -141,8 +150,24 @@ static PyObject *native_receive_batch(PyObject *m, PyObject *args)
         goto done;
     int diverted = 0;
     for (int i = 0; i < received; i++) {
-        const uint8_t *d = iov[i].iov_base;
+        uint8_t *d = iov[i].iov_base;
         int64_t size = msgs[i].msg_len;
+        if (sealer != NULL) {
+            int opened = sealer_open(sealer, d, size);
+            if (opened != SEAL_OPENED) {
+                PyObject *source = source_tuple(&sources[i]);
+                PyObject *entry = source == NULL ? NULL : Py_BuildValue("(iN)", opened, source);
+                if (entry == NULL || (dropped == NULL && (dropped = PyList_New(0)) == NULL) ||
+                    PyList_Append(dropped, entry) < 0) {
+                    Py_XDECREF(entry);
+                    goto done;
+                }
+                Py_DECREF(entry);
+                continue;
+            }
+            d += SEAL_HEADER;
+            size -= SEAL_OVERHEAD;
+        }
         InOrderImage *image = diverted ? NULL : insert_in_order(images, image_count, d, size);
         if (image != NULL) {
             image->datagrams++;
@@ -160,7 +185,7 @@ static PyObject *native_receive_batch(PyObject *m, PyObject *args)
         }
         PyObject *source = source_tuple(&sources[i]);
         PyObject *entry = source == NULL ? NULL : Py_BuildValue(
-            "(nLN)", (Py_ssize_t)(i * BATCH_SLOT), (long long)size, source);
+            "(nLN)", (Py_ssize_t)(d - (uint8_t *)slots.buf), (long long)size, source);
         if (entry == NULL || PyList_Append(rest, entry) < 0) {
             Py_XDECREF(entry);
             goto done;
@@ -184,10 +209,11 @@ static PyObject *native_receive_batch(PyObject *m, PyObject *args)
         }
         PyTuple_SET_ITEM(in_order, i, entry);
     }
-    result = Py_BuildValue("(iOO)", received, in_order, rest);
+    result = Py_BuildValue("(iOOO)", received, in_order, rest, dropped ? dropped : Py_None);
 done:
     Py_XDECREF(in_order);
     Py_XDECREF(rest);
+    Py_XDECREF(dropped);
     PyMem_Free(images);
     PyBuffer_Release(&slots);
     return result;
@@ -280,7 +306,20 @@ int send_spans(int fd, uint8_t *data, const Span *spans, Py_ssize_t count,
     return sent;
 }
 
-/* send_batch(fd, buffer, spans, destination) -> datagrams sent
+int send_sealed(int fd, uint8_t *data, const Span *spans, Py_ssize_t count,
+                const struct sockaddr_in *to, Sealer *sealer, Span *sealed)
+{
+    if (sealer == NULL)
+        return send_spans(fd, data, spans, count, to);
+    uint8_t *scratch = seal_spans(sealer, data, spans, count, sealed);
+    if (scratch == NULL)
+        return -ENOMEM;
+    return send_spans(fd, scratch, sealed, count, to);
+}
+
+/* send_batch(fd, buffer, spans, destination, sealer=None) -> datagrams sent
+ *
+ * With a Sealer, each datagram goes out sealed (see send_sealed).
  *
  * Sends each (offset, length) span of `buffer` (as scan_datagrams packs them) as one datagram
  * to `destination`, a numeric IPv4 (host, port), straight from the log, non-blocking. Runs of
@@ -292,23 +331,26 @@ int send_spans(int fd, uint8_t *data, const Span *spans, Py_ssize_t count,
 static PyObject *native_send_batch(PyObject *m, PyObject *args)
 {
     int fd;
-    PyObject *obj, *destination;
+    PyObject *obj, *destination, *sealer_obj = Py_None;
     Py_buffer packed;
-    if (!PyArg_ParseTuple(args, "iO!y*O", &fd, &AtomicBufferType, &obj, &packed, &destination))
+    Sealer *sealer;
+    if (!PyArg_ParseTuple(args, "iO!y*O|O", &fd, &AtomicBufferType, &obj, &packed, &destination,
+                          &sealer_obj))
         return NULL;
     AtomicBuffer *ab = (AtomicBuffer *)obj;
     struct sockaddr_in to;
     Py_ssize_t count = packed.len / (Py_ssize_t)sizeof(Span);
     Span *spans = NULL;
     int sent = 0;
-    if (sockaddr_arg(destination, &to) < 0 || shmbus->ab_check(ab, 0, 0, 1) < 0)
+    if (sockaddr_arg(destination, &to) < 0 || shmbus->ab_check(ab, 0, 0, 1) < 0 ||
+        sealer_arg(sealer_obj, &sealer) < 0)
         goto fail;
     if (packed.len % (Py_ssize_t)sizeof(Span)) {
         PyErr_Format(PyExc_ValueError, "spans of %zd bytes are not (offset, length) pairs",
                      packed.len);
         goto fail;
     }
-    spans = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(Span));
+    spans = PyMem_Malloc((size_t)(count ? count : 1) * 2 * sizeof(Span));
     if (spans == NULL) {
         PyErr_NoMemory();
         goto fail;
@@ -326,7 +368,7 @@ static PyObject *native_send_batch(PyObject *m, PyObject *args)
         spans[i].offset = offset;
         spans[i].length = length;
     }
-    sent = send_spans(fd, ab->data, spans, count, &to);
+    sent = send_sealed(fd, ab->data, spans, count, &to, sealer, spans + count);
     if (sent < 0) {
         errno = -sent;
         PyErr_SetFromErrno(PyExc_OSError);
@@ -343,9 +385,11 @@ fail:
 
 PyMethodDef udp_batch_functions[] = {
     {"receive_batch", native_receive_batch, METH_VARARGS,
-     "receive_batch(fd, slots, images) -> (received, in_order, rest): recvmmsg a batch, "
+     "receive_batch(fd, slots, images, sealer=None) -> (received, in_order, rest, dropped): "
+     "recvmmsg a batch, opening sealed datagrams, "
      "inserting in-order DATA natively (see udp_batches.c)"},
     {"send_batch", native_send_batch, METH_VARARGS,
-     "send_batch(fd, buffer, spans, destination) -> int: sendmmsg spans of buffer"},
+     "send_batch(fd, buffer, spans, destination, sealer=None) -> int: sendmmsg spans of "
+     "buffer, sealed with a sealer"},
     {NULL, NULL, 0, NULL},
 };

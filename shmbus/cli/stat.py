@@ -60,6 +60,7 @@ Every document is one JSON object on one line, with these common keys::
 
     {"kind": "publication" | "image",
      "stream_id": 7, "session_id": -77, "channel": "aeron:ipc", "registration_id": 5,
+     "authentication": null | "plaintext" | "key prod-a",   # udp: sealed with that key?
      "publisher_pid": 4240 | null, "publisher_name": "pub" | null,
      "pub_pos": 43008 | null, "pub_lmt": 43008 | null,      # null for an image
      "position_source": "log" | "counter",  # pub-pos (an image: rcv-pos) read live from
@@ -731,10 +732,23 @@ class StreamView:
     def state(self) -> str:
         return self.verdict.state
 
+    @property
+    def authentication(self) -> str | None:
+        """On a udp channel, "key <name>" when its datagrams are sealed with that keyring
+        entry, else "plaintext"; None on IPC (or an unknown channel)."""
+        try:
+            uri = ChannelUri.parse(self.channel or "")
+        except ChannelUriError:
+            return None
+        if uri.is_ipc:
+            return None
+        return f"key {uri.key}" if uri.key else "plaintext"
+
     def to_json(self) -> dict[str, Any]:
         v = self.verdict
         return {"kind": self.kind, "stream_id": self.stream_id, "session_id": self.session_id,
-                "channel": self.channel, "registration_id": self.registration_id,
+                "channel": self.channel, "authentication": self.authentication,
+                "registration_id": self.registration_id,
                 "publisher_pid": self.publisher_pid, "publisher_name": self.publisher_name,
                 "pub_pos": self.pub_pos, "pub_lmt": self.pub_lmt,
                 "position_source": self.position_source, "window": self.window,
@@ -755,6 +769,9 @@ class StreamView:
                          for s in self.subscribers) or "none"
         head = (f"stream {_opt(self.stream_id)} session {self.session_id} "
                 f"{self.channel or '?'}")
+        if self.authentication is not None:
+            head += (f" (authenticated, {self.authentication})"
+                     if self.authentication != "plaintext" else " (plaintext)")
         if self.receiver is not None:
             r = self.receiver
             head += (f" image from {r.source or '?'}: rcv-pos {_num(r.position)}, rcv-hwm "

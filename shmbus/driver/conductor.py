@@ -41,6 +41,7 @@ from shmbus.driver.log_history import (
 )
 from shmbus.driver.network_image import NetworkImage
 from shmbus.driver.system_counters import SystemCounter
+from shmbus.keyring import KeyringError, keyring_path, load_keyring
 from shmbus.shm import control_protocol as cp
 from shmbus.shm.block_ring import BlockRing, ring_path
 from shmbus.shm.broadcast import BroadcastTransmitter
@@ -542,6 +543,11 @@ class DriverConductor:
             image.closing_since_ms = self._now_ms()
         self._send(cp.OnOperationSuccess(command.correlation_id))
 
+    def _on_report_error(self, command: cp.ReportError) -> None:
+        self._require_bridge(command.client_id)
+        self.error_log.record(f"netbridge: {command.error}")
+        self._send(cp.OnOperationSuccess(command.correlation_id))
+
     def _require_bridge(self, client_id: int) -> None:
         if client_id != self.bridge_client_id:
             raise CommandError(cp.GENERIC_ERROR, "only the registered netbridge may do this")
@@ -556,6 +562,7 @@ class DriverConductor:
         cp.CreateImage: _on_create_image,
         cp.CloseImage: _on_close_image,
         cp.ReceiveChannelStatus: _on_receive_channel_status,
+        cp.ReportError: _on_report_error,
         cp.ClientConnect: _on_client_connect,
         cp.AddPublication: _on_add_publication,
         cp.AddExclusivePublication: _on_add_publication,
@@ -570,6 +577,11 @@ class DriverConductor:
     def _parse_channel(self, channel: str, stream_id: int) -> ChannelUri:
         uri = ChannelUri.parse(channel)
         check_addresses(uri, channel)
+        if uri.key is not None:  # the netbridge seals with it: a missing key fails here, clearly
+            try:
+                load_keyring(keyring_path(self.context.keyring)).keys_of(uri.key)
+            except KeyringError as e:
+                raise CommandError(cp.INVALID_CHANNEL, f"channel {channel!r}: {e}") from None
         if stream_id == 0:  # the wire format holds any other 32-bit signed integer
             raise CommandError(cp.INVALID_CHANNEL,
                                "stream_id 0 is reserved: a stream id is a non-zero 32-bit "

@@ -326,6 +326,19 @@ class ReceiveChannelStatus(Command):
 
 
 @dataclass(frozen=True)
+class ReportError(Command):
+    """The netbridge's note for the driver's error log (``shmbus errors``): e.g. datagrams it
+    dropped on an authenticated channel, at most a few per source a second. Answered by
+    OnOperationSuccess."""
+
+    TYPE_ID: ClassVar[int] = 0x24
+    FORMAT: ClassVar[struct.Struct] = struct.Struct("<qq")
+    client_id: int
+    correlation_id: int
+    error: str
+
+
+@dataclass(frozen=True)
 class CloseImage(Command):
     """The image ended (end of stream or liveness timeout)."""
 
@@ -432,7 +445,7 @@ MESSAGES: dict[int, type[Message]] = {
                 OnAvailableImage, OnPublicationReady, OnOperationSuccess, OnUnavailableImage,
                 OnExclusivePublicationReady, OnSubscriptionReady, OnClientTimeout, OnClientReady,
                 RegisterBridge, AddCounter, RemoveCounter, CreateImage, CloseImage,
-                ReceiveChannelStatus,
+                ReceiveChannelStatus, ReportError,
                 OnCounterReady, OnImageReady,
                 OnNetworkPublication, OnNetworkPublicationClosed, OnReceiveChannel,
                 OnReceiveChannelClosed, OnImageSubscribers, AddDestination, RemoveDestination,
