@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The C sources of shmbus.shm._native and netbridge._io: a change rebuilds them.
 NATIVE := $(wildcard shmbus/shm/native/*.[ch] netbridge/native/*.[ch])
 
-.PHONY: test typecheck demo bench lint clean system-deps
+.PHONY: test typecheck demo bench lint clean system-deps build-deps
 
 # Tools the tests use beyond pip, installed when missing (CI runs as root on Debian).
 system-deps:
@@ -21,7 +21,12 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml setup.py $(NATIVE)
+# netbridge._io links OpenSSL's libcrypto (sealed datagrams): its headers before anything compiles.
+build-deps:
+	@test -f /usr/include/openssl/evp.h || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libssl-dev >/dev/null; }
+
+$(STAMP): $(BIN)/python pyproject.toml setup.py $(NATIVE) | build-deps
 	$(BIN)/pip install --quiet -e '.[dev,bench,spark]'
 	touch $(STAMP)
 
