@@ -90,14 +90,27 @@ class Sealer:
     sealing.c): ``keys`` are (key id, 32-byte secret, seals), the last that seals seals.
     ValueError for bad keys."""
 
-    sealed: int
-    opened: int
-    bad_tag: int
-    unknown_key: int
-    replayed: int
-    plaintext: int
-    session: bytes
-
+    @property
+    def sealed(self) -> int:
+        """Datagrams sealed."""
+    @property
+    def opened(self) -> int:
+        """Datagrams opened."""
+    @property
+    def bad_tag(self) -> int:
+        """Dropped: the tag did not verify, or the envelope was malformed."""
+    @property
+    def unknown_key(self) -> int:
+        """Dropped: sealed with a key id this channel does not have."""
+    @property
+    def replayed(self) -> int:
+        """Dropped: seen already, older than the replay window, or stamped out of the skew."""
+    @property
+    def plaintext(self) -> int:
+        """Dropped: not sealed."""
+    @property
+    def session(self) -> bytes:
+        """This sealer's random 16-byte session id."""
     def __init__(self, keys: list[tuple[int, bytes, bool]], max_skew_ns: int = ...) -> None: ...
     def set_keys(self, keys: list[tuple[int, bytes, bool]], /) -> None:
         """Replace the keys; peers of keys no longer given are forgotten."""

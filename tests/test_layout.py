@@ -1,7 +1,7 @@
 """The import rules that keep the three processes apart, read from the source (no imports run).
 
 * The plain settings and values of the top package (context, errors, codes, channel_uri,
-  idle_strategy) and shmbus/shm/ (what every process maps, with the control protocol
+  idle_strategy, keyring) and shmbus/shm/ (what every process maps, with the control protocol
   ``shmbus.shm.control_protocol``) are what every process may share.
 * shmbus/driver/ (the driver process) imports no client module: only itself, shmbus/shm/ and
   the plain settings; never the top package itself, whose __init__ pulls in the client.
@@ -35,7 +35,7 @@ import shmbus
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN_SETTINGS = {f"shmbus.{name}" for name in
-                  ("context", "errors", "codes", "channel_uri", "idle_strategy")}
+                  ("context", "errors", "codes", "channel_uri", "idle_strategy", "keyring")}
 PUBLIC = {"shmbus": {*shmbus.__all__, "spark"}, "netbridge": set(netbridge.__all__)}
 
 

@@ -185,8 +185,8 @@ def test_receive_batch_takes_at_most_a_batch_and_hands_back_sources_in_order(
         out.sendto(struct.pack("<i", i), into.getsockname())
     slots = bytearray(RECEIVE_BATCH * 65536)
     select.select([into], [], [], 1)
-    received, in_order, rest = _io.receive_batch(into.fileno(), slots, ())
-    assert received == len(rest) and in_order == ()
+    received, in_order, rest, dropped = _io.receive_batch(into.fileno(), slots, ())
+    assert received == len(rest) and in_order == () and dropped is None
     assert [struct.unpack_from("<i", slots, offset)[0] for offset, _, _ in rest] == list(
         range(received))
     assert {(size, source) for _, size, source in rest} == {(4, out.getsockname())}
