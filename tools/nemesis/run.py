@@ -4,7 +4,8 @@
                                 [--subscribers 8]
 
 Runs as root (it mounts a small tmpfs for the bus directory). Writers (tools/nemesis/workers.py)
-publish on an IPC stream and on a UDP stream through the netbridge: exclusive and concurrent
+publish on an IPC stream and on an authenticated UDP stream (``key=``: every datagram sealed)
+through the netbridge: exclusive and concurrent
 publications, whole messages in offer_many batches or claimed one at a time, and fragmented
 ones; every message carries writer id, incarnation, sequence number and CRC32. Readers: a
 tethered and an untethered IPC subscriber, a UDP subscriber, a spy on the UDP publication, a
@@ -30,7 +31,8 @@ nemesis:
 * ``kill-netbridge``: SIGKILLs the netbridge (the driver starts another);
 * ``fill-disk``: fills the bus tmpfs with a ballast file for a while, then frees it.
 * ``kill-responder``: SIGKILLs one of the request/reply responders, two on aeron:ipc and two
-  on aeron:udp through the netbridge (tools/nemesis/calls.py), while a caller on each keeps
+  on authenticated aeron:udp through the netbridge (tools/nemesis/calls.py), while a caller
+  on each keeps
   calling; starts it again.
 
 A restarted or rebuilt writer is a new publication: a new incarnation, sequence from 0.
@@ -129,10 +131,21 @@ TERM_LENGTH = 256 * 1024
 MIN_FRAME = 64  # the smallest message (24 bytes) takes a 64-byte frame
 TMPFS_MB = 96
 LOSS = "drop=0.02,dup=0.02,reorder=0.02,delay=0.002,direction=both"
+#: the keyring entry the UDP channels are sealed with
+KEY_NAME = "nemesis"
 
 
 def udp_channel(port: int) -> str:
-    return f"aeron:udp?endpoint=127.0.0.1:{port}"
+    """The UDP stream's and service's channel: authenticated (every datagram sealed)."""
+    return f"aeron:udp?endpoint=127.0.0.1:{port}|key={KEY_NAME}"
+
+
+def write_keyring(directory: Path) -> Path:
+    """A keyring (mode 0600) with the key the UDP channels name, made as a user makes it."""
+    path = directory / "keyring"
+    subprocess.run([sys.executable, "-m", "shmbus", "keygen", KEY_NAME, "--keyring", str(path)],
+                   check=True, capture_output=True, timeout=60)
+    return path
 
 
 def call_channels(port: int, response_port: int) -> list[tuple[str, str, str]]:
@@ -628,7 +641,7 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
             publication_unblock_timeout=1.0, publication_linger_timeout=1.0,
             untethered_window_limit_timeout=1.0, untethered_resting_timeout=1.0,
             ipc_term_length=TERM_LENGTH, udp_term_length=TERM_LENGTH,
-            driver_idle_timeout=3600.0,
+            driver_idle_timeout=3600.0, keyring=str(write_keyring(Path(tmp))),
             netbridge_loss=f"{LOSS},seed={seed}")
         ledger_path = str(Path(tmp) / "ledger")
         specs = writer_specs(publishers, port)
