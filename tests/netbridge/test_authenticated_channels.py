@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 import shmbus
 from netbridge import _io
-from netbridge.frames import SetupFrame, data_frame, encode_datagram
+from netbridge.frames import Nak, SetupFrame, StatusMessage, data_frame, encode_datagram
+from shmbus.cli import app
 from shmbus.keyring import load_keyring, new_key_line
 from shmbus.shm.cnc import ERROR_LOG
 from shmbus.shm.error_log import read_error_log
@@ -56,6 +58,8 @@ class Relay:
         self.address = self.sock.getsockname()
         self.endpoint = endpoint
         self.recorded: list[bytes] = []
+        #: what the subscriber's netbridge sends back (status messages, NAKs)
+        self.control: list[bytes] = []
         self._keep = keep
         self._publisher: tuple[str, int] | None = None
         self._stop = threading.Event()
@@ -69,6 +73,8 @@ class Relay:
             data, source = self.sock.recvfrom(65536)
             if source == self.endpoint:
                 if self._publisher is not None:
+                    if len(self.control) < self._keep:
+                        self.control.append(data)
                     self.sock.sendto(data, self._publisher)
                 continue
             self._publisher = source
@@ -81,6 +87,12 @@ class Relay:
         while len(self.recorded) < count and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(self.recorded) >= count
+
+    @property
+    def publisher(self) -> tuple[str, int]:
+        """Where the publisher's netbridge sends from (it hears status messages there)."""
+        assert self._publisher is not None
+        return self._publisher
 
     def close(self) -> None:
         self._stop.set()
@@ -180,14 +192,33 @@ def test_a_stranger_cannot_write_into_a_keyed_stream_and_every_drop_is_counted(
                 send("bad tag", datagram[:len(datagram) // 2])
             for datagram in recorded[40:60]:  # replayed as they were
                 send("replayed", datagram)
+            # at the sender: a forged status message and NAK (plaintext), and replayed
+            # status messages, which would steer its limit and retransmissions
+            session_id = struct.unpack_from("<i", relay.control[0], 44 + 8)[0]
+            at_sender = relay.publisher
+            forged_sm = StatusMessage(session_id=session_id, stream_id=7, consumption_term_id=0,
+                                      consumption_term_offset=0, receiver_window=1 << 30,
+                                      receiver_id=99).encode()
+            forged_nak = Nak(session_id=session_id, stream_id=7, term_id=0, term_offset=0,
+                             length=4096).encode()
+            replays = relay.control[:5]
+            assert replays
+            for datagram in (forged_sm, forged_nak, *replays):
+                strangers["replayed"].sendto(datagram, at_sender)
+            at_a = {"dropped plaintext": 2, "dropped replayed": len(replays),
+                    "dropped unknown key": 0, "dropped bad tag": 0}  # while the stream runs
+            got_a = wait_counters(ctx_a, at_a)
+            assert {k: v for k, v in got_a.items() if k.startswith("dropped")} == at_a, got_a
+            streams = CliRunner().invoke(app, ["streams", "--dir", ctx_a.dir])
+            assert f"|key={KEY} (authenticated, key {KEY})" in streams.output, streams.output
             summary = sub.get(150)
             assert pub.get(150) == count
         assert summary == {"received": count, "out_of_order": 0, "bad_checksum": 0, "images": 1}
         expected = {f"dropped {kind}": n for kind, n in sent.items()}
         assert {k: v for k, v in wait_counters(ctx_b, expected).items()
                 if k.startswith("dropped")} == expected
-        assert {k: v for k, v in channel_counters(ctx_a).items()
-                if k.startswith("dropped")} == dict.fromkeys(expected, 0)
+        exposition = CliRunner().invoke(app, ["stat", "--dir", ctx_b.dir, "--openmetrics"])
+        assert 'name="dropped bad tag"' in exposition.output
         texts = error_texts(ctx_b)
         for kind, stranger in strangers.items():
             port = stranger.getsockname()[1]
