@@ -462,8 +462,12 @@ class Bridge:
         uri = ChannelUri.parse(channel_text)
         key = uri.endpoint_key()
         channel = self.receive_channels.get(key)
+        if (channel is not None and channel.key != uri.key and channel.idle_since_ns is not None
+                and not channel.receiver.images):
+            self._close_receive_channel(key)  # lingering, unused: opened again with this key
+            channel = None
         if channel is not None:
-            if channel.key != uri.key:
+            if channel.key != uri.key:  # the driver refuses this first: a safety net
                 keyed = f"keyed with {channel.key!r}" if channel.key else "not keyed"
                 wants = f"names key {uri.key!r}" if uri.key else "names no key"
                 raise KeyringError(f"endpoint {uri.params.get('endpoint', '')} is {keyed} (by "

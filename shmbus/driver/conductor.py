@@ -341,6 +341,8 @@ class DriverConductor:
             uri.int_param("session-id") if "session-id" in uri.params else None,
             uri.endpoint_key(), spy=uri.spy, simulate_connection=uri.bool_param("ssc", False),
             group=uri.params.get(CONSUMER_GROUP), join_position=uri.join_position)
+        if link.is_network:
+            self._check_endpoint_key(link.endpoint_key, uri.key)
         if link.is_network and not self._wanted(link.endpoint_key, link.stream_id, ready_only=True):
             self._ensure_bridge()
             if self.bridge_client_id is not None or self.context.netbridge_auto_start:
@@ -352,6 +354,20 @@ class DriverConductor:
                 return
             self._send(cp.OnReceiveChannel(0, link.stream_id, link.channel))
         self._activate_subscription(link)
+
+    def _check_endpoint_key(self, endpoint_key: tuple[str, ...], key: str | None) -> None:
+        """An endpoint is keyed or not (the netbridge has one socket, one sealer, for it):
+        CommandError when a subscription on it names another key than those before it."""
+        links = [*self.subscriptions.values(), *(w for w, _ in self._awaiting_endpoint.values())]
+        for other in links:
+            if other.is_network and other.endpoint_key == endpoint_key:
+                theirs = ChannelUri.parse(other.channel).key
+                if theirs != key:
+                    keyed = f"keyed with {theirs!r}" if theirs else "not keyed"
+                    raise CommandError(cp.INVALID_CHANNEL, (
+                        f"endpoint {endpoint_key[1]} is {keyed} by subscription "
+                        f"{other.registration_id} ({other.channel!r}); this one names "
+                        f"{f'key {key!r}' if key else 'no key'}: an endpoint is keyed or not"))
 
     def _wanted(self, endpoint_key: tuple[str, ...], stream_id: int,
                 ready_only: bool = False) -> bool:
