@@ -325,11 +325,13 @@ def test_an_endpoint_is_keyed_or_not_and_a_key_the_keyring_lacks_is_refused_at_o
 
 def check_keyed_endpoints(context: shmbus.Context, keyring: Path, port: int) -> None:
     with shmbus.connect(context) as bus:
-        bus.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}|key={KEY}", 1)
+        keyed = bus.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}|key={KEY}", 1)
         for stream_id in (1, 2):  # the same stream, or another on the same endpoint
             with pytest.raises(shmbus.RegistrationError,
                                match=f"keyed with '{KEY}'.*names no key"):
                 bus.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", stream_id)
+        keyed.close()  # the endpoint lingers keyed a while; a plain channel opens it again
+        bus.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 2).close()
         with pytest.raises(shmbus.RegistrationError, match="holds no key named 'missing'"):
             bus.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}|key=missing", 3)
     keyring.chmod(0o644)
