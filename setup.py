@@ -27,7 +27,7 @@ setup(
             include_dirs=["shmbus/shm/native"],
             depends=CORE_HEADERS + sorted(glob("netbridge/native/*.h")),
             extra_compile_args=FLAGS,
-            libraries=["crypto"],  # OpenSSL's libcrypto: ChaCha20-Poly1305 (sealing.c)
+            libraries=["crypto"],  # OpenSSL's libcrypto: AES-256-GCM (sealing.c)
         ),
     ]
 )

@@ -86,7 +86,7 @@ def busy_poll(
 # -- sealed datagrams (authenticated channels) ----------------------------------------------
 
 class Sealer:
-    """Seals and opens one socket's datagrams with ChaCha20-Poly1305 (netbridge/native/
+    """Seals and opens one socket's datagrams with AES-256-GCM (netbridge/native/
     sealing.c): ``keys`` are (key id, 32-byte secret, seals), the last that seals seals.
     ValueError for bad keys."""
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from shmbus.channel_uri import KEY_NAME
 
-#: bytes in a secret (ChaCha20-Poly1305's key size)
+#: bytes in a secret (an AES-256 key)
 SECRET_LENGTH = 32
 _RECEIVE_ONLY = "receive-only"
 
