@@ -3,9 +3,11 @@ user does, and the writer and reader of a stream over any channel (used by netbr
 fanout.py). Each member function runs in a spawned member process (see harness.run_processes)
 and imports only shmbus's public API.
 
-Messages carry their sequence number at their head and their tail (harness.codec); the writer
-sends for a fixed duration, then a STOP message; every reader checks every message, so a lost,
-duplicated, reordered or torn message fails the run.
+Messages carry their sequence number at their head and their tail (harness.codec), or with
+``checked`` (the per-message path only) are harness.Checked messages: a sequence number and a
+CRC-32 of every byte, both checked per message. The writer sends for a fixed duration, then a
+STOP message; every reader checks every message, so a lost, duplicated, reordered or torn
+message fails the run.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tools.bench.harness import STOP, BenchError, Counter, codec, deadline_after
+from tools.bench.harness import STOP, BenchError, Checked, Counter, codec, deadline_after
 
 BATCH_ROWS = 1024  # rows of an offer_many array, and the poll_batch limit
 FRAME_HEADER = 32  # bytes of a data frame's header: longer payloads than mtu - 32 fragment
@@ -29,6 +31,25 @@ def max_payload(uri: str) -> int:
 
     mtu = re.search(r"[?|]mtu=(\d+)", uri)
     return (int(mtu.group(1)) if mtu else shmbus.Context().mtu) - FRAME_HEADER
+
+
+def _channel_params(uri: str) -> tuple[str, frozenset[str]]:
+    base, _, query = uri.partition("?")
+    return base, frozenset(query.split("|") if query else ())
+
+
+def seal_drops(bus: Any, uri: str) -> dict[str, int] | None:
+    """The netbridge's "dropped <kind>" channel counters of ``uri`` on ``bus`` (the counters
+    ``shmbus stat`` lists), summed by kind. Only an authenticated channel has them (its
+    Sealer counts the datagrams it refuses), so None means that the netbridge does not seal
+    ``uri``'s datagrams."""
+    want = _channel_params(uri)
+    found: dict[str, int] = {}
+    for counter in bus.counters.counters():
+        kind, sep, channel = counter.label.partition(": ")
+        if sep and kind.startswith("dropped ") and _channel_params(channel) == want:
+            found[kind] = found.get(kind, 0) + counter.value
+    return found or None
 
 
 def connect_publication(bus: Any, uri: str, stream_id: int, deadline_ns: int,
@@ -57,10 +78,12 @@ def await_image(subscription: Any, deadline_ns: int) -> Any:
 
 def stream_writer(start: Any, context: Any, uri: str, stream_id: int, size: int,
                   duration_s: float, timeout_s: float, done: Any, batch: bool,
-                  destinations: tuple[str, ...] = ()) -> dict[str, Any]:
+                  destinations: tuple[str, ...] = (), checked: bool = False
+                  ) -> dict[str, Any]:
     """Send size-byte messages for duration_s (offer per message, or offer_many of
     (BATCH_ROWS, size) arrays with batch), then STOP; keep the publication until done (its
-    wait(timeout)) says every reader has everything. destinations: see connect_publication.
+    wait(timeout)) says every reader has everything. destinations: see connect_publication;
+    checked: Checked messages (sequence number and CRC-32) on the per-message path.
     Returns sent (messages before STOP) and t0 (CLOCK_MONOTONIC ns at the start)."""
     import shmbus
 
@@ -71,6 +94,10 @@ def stream_writer(start: Any, context: Any, uri: str, stream_id: int, size: int,
         publish, publish_many = publication.publish, publication.publish_many
         pack = codec(size).pack_into
         message = bytearray(size)
+        checked = checked and not batch
+        if checked:
+            messages = Checked(size)
+            write, message = messages.write, messages.message()
         block = np.zeros((BATCH_ROWS, size), np.uint8)
         words = block.view("<i8")
         ramp = np.arange(BATCH_ROWS, dtype=np.int64)
@@ -87,6 +114,14 @@ def stream_writer(start: Any, context: Any, uri: str, stream_id: int, size: int,
                 if sent != BATCH_ROWS:
                     publish_many(block[max(sent, 0):], timeout=timeout_s)
                 seq += BATCH_ROWS
+        elif checked:
+            while True:
+                write(message, seq)
+                if offer(message) < 0:
+                    publish(message, timeout=timeout_s)
+                seq += 1
+                if not seq & 127 and time.monotonic_ns() >= end_ns:
+                    break
         else:
             while True:
                 pack(message, 0, seq, seq)
@@ -95,7 +130,10 @@ def stream_writer(start: Any, context: Any, uri: str, stream_id: int, size: int,
                 seq += 1
                 if not seq & 127 and time.monotonic_ns() >= end_ns:
                     break
-        pack(message, 0, STOP, STOP)
+        if checked:
+            write(message, STOP)
+        else:
+            pack(message, 0, STOP, STOP)
         publish(message, timeout=timeout_s)
         # keep the publication until the reader has everything (then close it)
         done.wait(timeout_s)
@@ -155,10 +193,14 @@ class BatchCheck(Counter):
 
 
 def stream_reader(start: Any, context: Any, uri: str, stream_id: int, size: int,
-                  timeout_s: float, done: Any, batch: bool) -> dict[str, Any]:
+                  timeout_s: float, done: Any, batch: bool,
+                  checked: bool = False) -> dict[str, Any]:
     """Read stream_writer's messages until STOP, checking each (``for message in
-    Subscription.messages()``, or Image.poll_batch with BatchCheck), then done.set(). Returns
-    received (in order), errors, first_bad and t1 (CLOCK_MONOTONIC ns when STOP arrived)."""
+    Subscription.messages()``, or Image.poll_batch with BatchCheck), then done.set(). With
+    ``checked`` (the writer's too; per-message path only) each message's sequence number and
+    CRC-32 are checked. Returns received (in order), errors, first_bad, t1
+    (CLOCK_MONOTONIC ns when STOP arrived) and seal_drops (see seal_drops: None on a
+    plaintext channel)."""
     import shmbus
 
     unpack = codec(size).unpack_from
@@ -168,7 +210,22 @@ def stream_reader(start: Any, context: Any, uri: str, stream_id: int, size: int,
         check = BatchCheck(size, size > max_payload(uri))
         start.ready(bus.driver_pid)
         deadline = deadline_after(timeout_s)
-        if not batch:
+        if not batch and checked:
+            expected = 0
+            check_message = Checked(size).check
+            for message in subscription.messages(timeout=timeout_s):  # asleep while empty
+                seq, ok = check_message(message)
+                if seq == expected and ok:
+                    expected += 1
+                elif seq == STOP and ok:
+                    check.stopped = True
+                    break
+                else:
+                    check.expected = expected
+                    check.bad(seq, f"CRC ok: {ok}")
+                    expected = check.expected
+            check.expected = expected
+        elif not batch:
             expected = 0
             for message in subscription.messages(timeout=timeout_s):  # asleep while empty
                 head, tail = unpack(message)
@@ -189,6 +246,7 @@ def stream_reader(start: Any, context: Any, uri: str, stream_id: int, size: int,
                 raise BenchError(f"reader timed out after {check.expected} messages")
         t1 = time.monotonic_ns()
         done.set()
+        sealed = seal_drops(bus, uri)  # the receive channel is still there
     if batch:
         check.finish()
-    return check.result(t1)
+    return {**check.result(t1), "seal_drops": sealed}

@@ -12,33 +12,46 @@ The first table is the summary: 32 B and 4 KiB msg/s, the 32 B round trip's p50 
 pings a second, and the CPU of each side's bridge and driver; its targets are checked at the
 end.
 
+Authenticated channels: the same measurements on the default channel with ``|key=bench``
+(channel ``keyed``: both netbridges seal and open every datagram, ChaCha20-Poly1305), beside
+pyzmq with CURVE security (the same loops as plaintext zmq; the binding end the CURVE server).
+The run makes its own keyring: a fresh key named ``bench`` (shmbus.keyring.new_key_line) in a
+0600 file in its temporary directory, Context.keyring of both buses. The second table sets
+each authenticated row beside its plaintext twin: msg/s (ping-pong: p50), the ratio, and
+authenticated shmbus over zmq CURVE. Each shmbus run also reads its netbridge's channel
+counters (members.seal_drops): a keyed channel that the netbridge did not seal, or a
+plaintext one that it did, fails the run; datagrams it refused are reported (seal_drops).
+
 Every measurement runs in two fresh processes (multiprocessing, spawn) that the parent starts
 and watches; the two drivers and their netbridges are started once and serve every shmbus run
 (each run on its own stream id and UDP port, so each run gets fresh logs and images).
 
 Throughput: the writer sends for a fixed duration, then a STOP message; the rate is messages /
 (time the reader saw STOP - time the writer started), CLOCK_MONOTONIC in both processes. Every
-message carries its sequence number at its head and its tail, and the reader checks both for
-every message: a run that loses, duplicates, reorders or tears a message fails instead of
-reporting a number.
+message is checked by the reader: a run that loses, duplicates, reorders or tears a message
+fails instead of reporting a number.
 
-* shmbus offer/messages(): ExclusivePublication.offer() per message; ``for message in
-  Subscription.messages()``, each message copied out as bytes (reassembled from its fragments
-  when it is over mtu - 32: 4 KiB with the default mtu 1408) and checked.
-* shmbus offer_many/poll_batch: offer_many() of a (1024, size) uint8 array, poll_batch() with
-  the checks done by numpy over each batch.
-* zmq PUSH/PULL tcp://: send(copy=True) of a reused buffer; recv() (recv(copy=False) for 4 KiB).
-  The pair exchanges a hello before the clock starts.
+* shmbus offer/messages(): ExclusivePublication.offer() per message (publish() when
+  back-pressured); ``for message in Subscription.messages()``, each message copied out as bytes
+  (reassembled from its fragments when it is over mtu - 32: 4 KiB with the default mtu 1408)
+  and checked in Python: its sequence number and a CRC-32 of every byte (harness.Checked).
+* shmbus offer_many/poll_batch: offer_many() of a (1024, size) uint8 array carrying the
+  sequence number at each message's head and tail, poll_batch() with those checked by numpy
+  over each batch (no Python step per message).
+* zmq PUSH/PULL tcp://: send(copy=True) of a reused buffer; recv() (recv(copy=False) for 4 KiB),
+  each message checked as offer/messages()'s (sequence number and CRC-32). The pair exchanges
+  a hello before the clock starts (with CURVE: after the handshake).
 
 Ping-pong: 32 B messages echoed, --rate pings a second (default 10,000: paced on a fixed
 schedule, not saturated; 0: back-to-back); the pinger times each round trip (perf_counter_ns),
-drops the first 10% (at most 1000) as warm-up and checks every echo's sequence number. shmbus
-uses two streams on two UDP channels: ping (bus A -> bus B) and pong (bus B -> bus A). zmq
-uses one PAIR socket pair over TCP.
+drops the first 10% (at most 1000) as warm-up; each side checks every ping or echo (sequence
+number and CRC-32, harness.checked_ping_loop). shmbus uses two streams on two UDP channels:
+ping (bus A -> bus B) and pong (bus B -> bus A). zmq uses one PAIR socket pair over TCP.
 
 Channels: each shmbus measurement runs on the default channel (a plain endpoint URI: term
-4 MiB, mtu 1408, receiver window 2 MiB) and on a loopback-tuned one (mtu 65504, rcv-wnd
-2 MiB, term 4 MiB; --tuned changes it, --channels picks).
+4 MiB, mtu 1408, receiver window 2 MiB), on the same with key=bench (authenticated) and on a
+loopback-tuned one (mtu 65504, rcv-wnd 2 MiB, term 4 MiB; --tuned changes it, --channels
+picks: default, keyed, tuned).
 
 Idle strategies: a back-pressured shmbus writer sleeps in publish() / publish_many(), woken
 when the bridge's sender moves; the readers and the ping-pong sides block in Subscription.wait()
@@ -80,13 +93,13 @@ from tools.bench.harness import (
     RTT_SIZE,
     STOP,
     BenchError,
+    Checked,
     Member,
     Options,
     Unavailable,
     add_run_options,
     attempt,
     child_pids,
-    codec,
     deadline_after,
     median_row,
     percentiles_us,
@@ -99,11 +112,12 @@ from tools.bench.members import (
     BATCH_ROWS,
     await_image,
     connect_publication,
+    seal_drops,
     stream_reader,
     stream_writer,
 )
 from tools.bench.network import free_tcp_port, free_udp_ports
-from tools.bench.peers import zmq_pull_reader, zmq_push_writer, zmq_tcp_rtt
+from tools.bench.peers import curve_keys, zmq_pull_reader, zmq_push_writer, zmq_tcp_rtt
 from tools.bench.report import (
     add_ratios,
     fmt,
@@ -126,6 +140,10 @@ SHM = "shmbus offer/messages()"
 SHM_BATCH = "shmbus offer_many/poll_batch"
 ZMQ = "zmq PUSH/PULL tcp://"
 ZMQ_PP = "zmq PAIR tcp://"
+ZMQ_CURVE = "zmq PUSH/PULL tcp:// CURVE"
+ZMQ_PP_CURVE = "zmq PAIR tcp:// CURVE"
+#: each authenticated zmq transport and its plaintext twin (same loops, CURVE security added)
+CURVE_TWINS = {ZMQ_CURVE: ZMQ, ZMQ_PP_CURVE: ZMQ_PP}
 AERON = "Aeron C streaming_publisher -> rate_subscriber"
 AERON_PP = "Aeron C cping/cpong"
 PEERS = (ZMQ, ZMQ_PP)
@@ -152,6 +170,11 @@ DEFAULT_CHANNEL = ChannelConfig("default")
 #: real network an mtu above the path MTU would be fragmented) and a 2 MiB receiver window
 TUNED_CHANNEL = ChannelConfig("mtu 64K, rcv-wnd 2M",
                               "mtu=65504|rcv-wnd=2097152|term-length=4194304")
+#: the name of the key that seals the authenticated channel, in the run's own keyring
+KEY_NAME = "bench"
+#: the default channel, authenticated: every datagram sealed with ChaCha20-Poly1305 under the
+#: keyring's key KEY_NAME (netbridge/sealing.py); nothing else differs from DEFAULT_CHANNEL
+KEYED_CHANNEL = ChannelConfig(f"default, key={KEY_NAME}", f"key={KEY_NAME}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,11 +196,26 @@ class Buses:
         return out
 
 
-def start_buses(root: Path, term_length: int) -> Buses:
+def make_keyring(root: Path) -> Path:
+    """The run's keyring: ``root/keyring``, mode 0600, one fresh key named KEY_NAME
+    (shmbus.keyring.new_key_line); both buses read it."""
+    from shmbus.keyring import new_key_line
+
+    path = root / "keyring"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(new_key_line(KEY_NAME) + "\n")
+    return path
+
+
+def start_buses(root: Path, term_length: int, keyring: Path) -> Buses:
+    """Bus A and bus B under ``root``, each with its driver process (which starts its
+    netbridge), both with ``keyring`` (Context.keyring) for the authenticated channel."""
     import shmbus
 
     contexts = tuple(shmbus.Context(dir=str(root / name), embedded_driver=False,
-                                    driver_idle_timeout=600, ipc_term_length=term_length)
+                                    driver_idle_timeout=600, ipc_term_length=term_length,
+                                    keyring=str(keyring))
                      for name in ("a", "b"))
     drivers: list[subprocess.Popen[bytes]] = []
     try:
@@ -229,18 +267,19 @@ def _shm_ping(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
                     raise BenchError("no pong before the deadline")
             return got.pop()
 
-        out = ping_loop(send, recv, duration_s, rate)
+        out = ping_loop(send, recv, duration_s, rate, checked=True)
         done.wait(timeout_s)
+        out["seal_drops"] = seal_drops(bus, pong_uri)  # what bus A receives on
     return out
 
 
 def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id: int,
               timeout_s: float, done: Any) -> dict[str, Any]:
     """Echo each ping on bus B from inside the poll handler (no copy) until STOP, checking
-    sequence numbers: received, errors."""
+    each one's sequence number and CRC-32 (harness.Checked): received, errors."""
     import shmbus
 
-    unpack = codec(RTT_SIZE).unpack_from
+    check = Checked(RTT_SIZE).check
     expected = errors = 0
     stopped = False
     with shmbus.connect(context) as bus:
@@ -249,13 +288,13 @@ def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
 
         def on_ping(buffer: memoryview, header: Any) -> None:
             nonlocal expected, errors, stopped
-            head, tail = unpack(buffer)
-            if head == STOP:
+            seq, ok = check(buffer)
+            if seq == STOP and ok:
                 stopped = True
                 return
-            if head != expected or tail != head:
+            if seq != expected or not ok:
                 errors += 1
-            expected = head + 1
+            expected = seq + 1
             if offer(buffer) < 0:
                 publish(buffer, timeout=timeout_s)
 
@@ -265,7 +304,8 @@ def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
             if not poll(on_ping, 1, timeout=0.1) and time.monotonic_ns() > deadline:
                 raise BenchError(f"ponger timed out after {expected} pings")
         done.set()
-    return {"received": expected, "errors": errors}
+        sealed = seal_drops(bus, ping_uri)  # what bus B receives on
+    return {"received": expected, "errors": errors, "seal_drops": sealed}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,19 +325,23 @@ def run_throughput(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
     run = next(_RUN_IDS)
     done = ctx.Event()
     watch = None
-    if transport == ZMQ:
+    if transport in (ZMQ, ZMQ_CURVE):
+        curve = curve_keys() if transport == ZMQ_CURVE else None
         endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
         writer = Member("writer", zmq_push_writer, (endpoint, size, opt.duration_s,
-                                                    opt.timeout_s, done))
-        reader = Member("reader", zmq_pull_reader, (endpoint, size, opt.timeout_s, done))
+                                                    opt.timeout_s, done, curve))
+        reader = Member("reader", zmq_pull_reader, (endpoint, size, opt.timeout_s, done,
+                                                    curve))
     else:
         assert config is not None
         uri = config.uri(free_udp_ports(1)[0])
         batch = transport == SHM_BATCH
+        # checked: sequence number and CRC-32 of every message (the per-message path)
         writer = Member("writer", stream_writer, (buses.contexts[0], uri, 1000 + run, size,
-                                                  opt.duration_s, opt.timeout_s, done, batch))
+                                                  opt.duration_s, opt.timeout_s, done, batch,
+                                                  (), True))
         reader = Member("reader", stream_reader, (buses.contexts[1], uri, 1000 + run, size,
-                                                  opt.timeout_s, done, batch))
+                                                  opt.timeout_s, done, batch, True))
         watch = buses.sides
     out = run_processes(ctx, [reader, writer], 2 * opt.timeout_s + opt.duration_s + 30, watch)
     w, r = out.results["writer"], out.results["reader"]
@@ -305,8 +349,34 @@ def run_throughput(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
         raise BenchError(f"sent {w['sent']}, received {r['received']} in order, {r['errors']} "
                          f"bad; first: {r['first_bad']}")
     seconds = (r["t1"] - w["t0"]) / 1e9
-    return {"messages": w["sent"], "seconds": seconds, "msgs_per_s": w["sent"] / seconds,
-            "mb_per_s": w["sent"] * size / seconds / 1e6, "cores": out.cores}
+    return {"messages": w["sent"], "received": r["received"], "errors": r["errors"],
+            **_sealing(config, [r.get("seal_drops")]), "seconds": seconds,
+            "msgs_per_s": w["sent"] / seconds, "mb_per_s": w["sent"] * size / seconds / 1e6,
+            "cpu_us_per_msg": _cpu_seconds(out) / w["sent"] * 1e6, "cores": out.cores}
+
+
+def _cpu_seconds(out: Any) -> float:
+    """CPU seconds of every process of a measurement: writer and reader (zmq's I/O threads
+    are theirs), each bus's driver and netbridge (the labels of run_processes; SIDES only
+    name the same processes again, by side)."""
+    return sum(c for label, c in out.cores.items()
+               if label not in SIDES and c is not None) * out.wall_s
+
+
+def _sealing(config: ChannelConfig | None, drops: list[dict[str, int] | None]
+             ) -> dict[str, Any]:
+    """A shmbus run's ``sealed`` (whether the netbridges sealed the receiving channels: see
+    members.seal_drops) and ``seal_drops`` (datagrams they refused); BenchError when a keyed
+    channel was not sealed, or a plaintext one was. Nothing for the other transports."""
+    if config is None:
+        return {}
+    sealed = [d is not None for d in drops]
+    keyed = "key=" in config.params
+    if any(s != keyed for s in sealed):
+        raise BenchError(f"channel [{config.name}]: the netbridge "
+                         f"{'did not seal' if keyed else 'sealed'} its datagrams")
+    return {"sealed": keyed,
+            "seal_drops": sum(sum(d.values()) for d in drops if d is not None)}
 
 
 def run_latency(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
@@ -324,12 +394,13 @@ def run_latency(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
     run = next(_RUN_IDS)
     done = ctx.Event()
     watch = None
-    if transport == ZMQ_PP:
+    if transport in (ZMQ_PP, ZMQ_PP_CURVE):
+        curve = curve_keys() if transport == ZMQ_PP_CURVE else None
         endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
         pinger = Member("ping", zmq_tcp_rtt, (endpoint, True, opt.rate, opt.duration_s,
-                                              opt.timeout_s, done))
+                                              opt.timeout_s, done, curve, True))
         ponger = Member("pong", zmq_tcp_rtt, (endpoint, False, None, opt.duration_s,
-                                              opt.timeout_s, done))
+                                              opt.timeout_s, done, curve, True))
     else:
         assert config is not None
         ping_uri, pong_uri = (config.uri(port) for port in free_udp_ports(2))
@@ -344,8 +415,11 @@ def run_latency(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
     errors = ping["errors"] + pong["errors"]
     if errors or pong["received"] != len(samples):
         raise BenchError(f"{len(samples)} pings, {pong['received']} echoed, {errors} bad")
-    return {**percentiles_us(samples), "pings_per_s": ping["pings_per_s"],
-            "pace": _pace_name(opt.rate), "cores": out.cores}
+    return {**percentiles_us(samples), "pings": len(samples), "echoed": pong["received"],
+            "errors": errors, **_sealing(config, [ping.get("seal_drops"),
+                                                  pong.get("seal_drops")]),
+            "pings_per_s": ping["pings_per_s"], "pace": _pace_name(opt.rate),
+            "cores": out.cores}
 
 
 def _pace_name(rate: int | None) -> str:
@@ -367,10 +441,12 @@ def _row(rows: list[dict[str, Any]], test: str, transport: str, channel: str,
 def evaluate_targets(rows: list[dict[str, Any]], channels: list[str]) -> list[dict[str, Any]]:
     """The netbridge's targets, each as {target, value, goal, status: PASS / FAIL / n/a}: on the
     default channel 32 B >= 3 M msg/s, >= 0.8x Aeron C and >= 2.5x zmq; 4 KiB >= 250 MB/s;
-    ping-pong p50 <= 100 us; on the tuned one (any other of ``channels``) 4 KiB >= 1x zmq."""
+    ping-pong p50 <= 100 us; on the tuned one (any other of ``channels`` but the keyed one)
+    4 KiB >= 1x zmq; then authenticated_targets."""
     targets: list[dict[str, Any]] = []
     default = DEFAULT_CHANNEL.name
-    tuned = next((name for name in channels if name != default), None)
+    tuned = next((name for name in channels if name not in (default, KEYED_CHANNEL.name)),
+                 None)
     checks: list[tuple[str, str, str, int, str, float, str]] = []  # name, test, .., field, goal
     for transport in (SHM, SHM_BATCH):
         checks += [
@@ -398,7 +474,107 @@ def evaluate_targets(rows: list[dict[str, Any]], channels: list[str]) -> list[di
             row = _row(rows, "throughput", transport, tuned, 4096)
             targets.append(_target(f"4 KiB {transport} >= 1x zmq [{tuned}]",
                                    None if row is None else row.get("x_zmq"), 1.0, ">="))
+    return targets + authenticated_targets(rows, channels)
+
+
+def authenticated_targets(rows: list[dict[str, Any]], channels: list[str]
+                          ) -> list[dict[str, Any]]:
+    """The targets of authenticated channels (issue 34), on the keyed default channel: at 32 B
+    and 4 KiB, each shmbus way >= 0.7x its plaintext msg/s and offer/messages() (a Python step
+    per message, like zmq's loop) >= 3x zmq CURVE's msg/s; the ping-pong p50 <= 1.2x the
+    plaintext p50 (see add_authenticated_ratios)."""
+    keyed = KEYED_CHANNEL.name
+    if keyed not in channels:
+        return []
+    targets: list[dict[str, Any]] = []
+
+    def value(test: str, transport: str, size: int, key: str) -> float | None:
+        row = _row(rows, test, transport, keyed, size)
+        return None if row is None else row.get(key)
+
+    for size in SIZES:
+        for transport in (SHM, SHM_BATCH):
+            targets.append(_target(f"{size_name(size)} {transport} >= 0.7x plaintext [{keyed}]",
+                                   value("throughput", transport, size, "x_plain"), 0.7, ">="))
+        targets.append(_target(f"{size_name(size)} {SHM} >= 3x zmq CURVE [{keyed}]",
+                               value("throughput", SHM, size, "x_curve"), 3.0, ">="))
+    targets.append(_target(f"ping-pong p50 <= 1.2x plaintext [{keyed}]",
+                           value("ping-pong", SHM, RTT_SIZE, "x_plain"), 1.2, "<="))
     return targets
+
+
+def add_authenticated_ratios(rows: list[dict[str, Any]]) -> None:
+    """On each ok authenticated row (shmbus on KEYED_CHANNEL, zmq with CURVE): ``x_plain``,
+    against its plaintext twin (shmbus on DEFAULT_CHANNEL, zmq without CURVE): msg/s over the
+    twin's for throughput, p50 over the twin's p50 for ping-pong (lower is better); and on
+    the shmbus ones ``x_curve``, against zmq CURVE at the same size: msg/s over CURVE's, or
+    CURVE's p50 over the row's (higher is better, as x zmq)."""
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        if r["channel"] == KEYED_CHANNEL.name:
+            twin = _row(rows, r["test"], r["transport"], DEFAULT_CHANNEL.name, r["size"])
+            curve = _row(rows, r["test"], ZMQ_CURVE if r["test"] == "throughput"
+                         else ZMQ_PP_CURVE, "-", r["size"])
+        elif r["transport"] in CURVE_TWINS:
+            twin = _row(rows, r["test"], CURVE_TWINS[r["transport"]], "-", r["size"])
+            curve = None
+        else:
+            continue
+        throughput = r["test"] == "throughput"
+        if twin is not None:
+            r["x_plain"] = (r["msgs_per_s"] / twin["msgs_per_s"] if throughput
+                            else r["p50_us"] / twin["p50_us"])
+        if curve is not None:
+            r["x_curve"] = (r["msgs_per_s"] / curve["msgs_per_s"] if throughput
+                            else curve["p50_us"] / r["p50_us"])
+
+
+def authenticated_table(rows: list[dict[str, Any]], sizes: tuple[int, ...]) -> str:
+    """The authenticated channels' table (markdown): for each size and way of sending its
+    plaintext and authenticated msg/s (shmbus: the default channel without and with
+    key=KEY_NAME; zmq: without and with CURVE), their ratio and the authenticated shmbus row
+    over zmq CURVE; then the same for the ping-pong's p50."""
+    keyed, plain = KEYED_CHANNEL.name, DEFAULT_CHANNEL.name
+    headers = ["loopback, one stream", "plaintext", f"authenticated (key={KEY_NAME} / CURVE)",
+               "authenticated / plaintext", "authenticated x zmq CURVE",
+               "CPU us/msg, all processes: plaintext / authenticated"]
+    lines = []
+    pairs = [(SHM, plain, SHM, keyed), (SHM_BATCH, plain, SHM_BATCH, keyed),
+             (ZMQ, "-", ZMQ_CURVE, "-")]
+    for size in sizes:
+        for base, base_channel, transport, channel in pairs:
+            b = _row(rows, "throughput", base, base_channel, size)
+            r = _row(rows, "throughput", transport, channel, size)
+            if b is None and r is None:
+                continue
+            lines.append([f"{size_name(size)} msg/s: {_AUTH_LABELS[base]}",
+                          "-" if b is None else fmt_rate(b["msgs_per_s"]),
+                          "-" if r is None else fmt_rate(r["msgs_per_s"]),
+                          fmt((r or {}).get("x_plain"), 2), fmt((r or {}).get("x_curve"), 2),
+                          f"{fmt((b or {}).get('cpu_us_per_msg'), 2)} / "
+                          f"{fmt((r or {}).get('cpu_us_per_msg'), 2)}"])
+    for base, base_channel, transport, channel in ((SHM, plain, SHM, keyed),
+                                                   (ZMQ_PP, "-", ZMQ_PP_CURVE, "-")):
+        b = _row(rows, "ping-pong", base, base_channel, RTT_SIZE)
+        r = _row(rows, "ping-pong", transport, channel, RTT_SIZE)
+        if b is None and r is None:
+            continue
+        pace = (b or r or {}).get("pace", "-")
+        lines.append([f"RTT p50 us ({RTT_SIZE} B at {pace}): {_AUTH_LABELS[base]}",
+                      "-" if b is None else f"{b['p50_us']:,.1f}",
+                      "-" if r is None else f"{r['p50_us']:,.1f}",
+                      fmt((r or {}).get("x_plain"), 2), fmt((r or {}).get("x_curve"), 2),
+                      "-"])
+    return markdown_table(headers, lines, range(1, len(headers)))
+
+
+_AUTH_LABELS = {
+    SHM: "shmbus offer/messages()",
+    SHM_BATCH: "shmbus offer_many/poll_batch",
+    ZMQ: "pyzmq PUSH/PULL tcp://",
+    ZMQ_PP: "pyzmq PAIR tcp://",
+}
 
 
 def _target(name: str, value: float | None, goal: float, sense: str) -> dict[str, Any]:
@@ -426,7 +602,7 @@ def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...],
     ways = [(AERON, AERON_PP, DEFAULT_CHANNEL.name)]
     ways += [(t, SHM if t == SHM else None, channel) for channel in channels
              for t in (SHM, SHM_BATCH)]
-    ways.append((ZMQ, ZMQ_PP, "-"))
+    ways += [(ZMQ, ZMQ_PP, "-"), (ZMQ_CURVE, ZMQ_PP_CURVE, "-")]
     lines = []
     for transport, latency, channel in ways:
         if not any(r["transport"] == transport and r["channel"] == channel for r in rows):
@@ -450,21 +626,24 @@ _SUMMARY_LABELS = {
     SHM: "shmbus over two netbridges: offer/messages()",
     SHM_BATCH: "shmbus over two netbridges: offer_many/poll_batch",
     ZMQ: "pyzmq PUSH/PULL tcp://; RTT PAIR tcp://",
+    ZMQ_CURVE: "pyzmq PUSH/PULL tcp:// CURVE; RTT PAIR tcp:// CURVE",
 }
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     headers = ["test", "transport", "channel", "size", "pace", "msgs/s", "MB/s", "x zmq",
-               "p50 us", "p99 us", "max us", f"cores: {' / '.join(SIDES)}", "check"]
+               "x plain", "x CURVE", "cpu us/msg", "p50 us", "p99 us", "max us",
+               f"cores: {' / '.join(SIDES)}", "check"]
     lines = []
     for r in rows:
         lines.append([
             r["test"], r["transport"], r["channel"], str(r["size"]), r.get("pace", "-"),
             fmt(r.get("msgs_per_s")), fmt(r.get("mb_per_s"), 1), fmt(r.get("x_zmq"), 2),
+            fmt(r.get("x_plain"), 2), fmt(r.get("x_curve"), 2), fmt(r.get("cpu_us_per_msg"), 2),
             fmt(r.get("p50_us"), 1), fmt(r.get("p99_us"), 1), fmt(r.get("max_us"), 1),
             _sides_cell(r), {"ok": "ok", "n/a": "n/a"}.get(r["status"], "FAILED"),
         ])
-    return text_table(headers, lines, {3, 5, 6, 7, 8, 9, 10},
+    return text_table(headers, lines, {3, 5, 6, 7, 8, 9, 10, 11, 12, 13},
                       [(r["test"], r["size"]) for r in rows])
 
 
@@ -485,20 +664,35 @@ notes:
     blocking calls with timeouts (and libzmq's I/O thread). Aeron C: two aeronmd (threading
     SHARED, default back-off idle), the samples busy-spin.
   throughput: offer/messages() = ExclusivePublication.offer / Subscription.messages(), every
-    message copied out as bytes (reassembled when fragmented) and checked; batch = offer_many of
-    ({BATCH_ROWS}, size) uint8 arrays / Image.poll_batch(limit {BATCH_ROWS}), numpy checks.
-    zmq PUSH/PULL: send(copy=True) of a reused buffer, recv() (copy=False for 4 KiB).
+    message copied out as bytes (reassembled when fragmented) and its sequence number and
+    CRC-32 checked (a Python step per message); batch = offer_many of ({BATCH_ROWS}, size) uint8
+    arrays / Image.poll_batch(limit {BATCH_ROWS}), numpy checks of the sequence number at head
+    and tail (no Python step per message). zmq PUSH/PULL: send(copy=True) of a reused buffer,
+    recv() (copy=False for 4 KiB), each message checked as offer/messages()'s.
     Aeron C: streaming_publisher -L size -m N (its own total: N over the time to offer them).
+  authenticated: [{KEYED_CHANNEL.name}] is the default channel with key={KEY_NAME}: both
+    netbridges seal and open every datagram (ChaCha20-Poly1305, OpenSSL libcrypto) with the
+    key of that name in the run's keyring (a fresh key in a 0600 file in a temporary
+    directory, Context.keyring of both buses); zmq CURVE: the same loops as zmq's, the
+    binding end a CURVE server (curve_server, curve_secretkey/publickey), the connecting end
+    its client (curve_serverkey, curve_publickey/secretkey), the handshake done before the
+    clock starts.
   ping-pong: {RTT_SIZE} B round trips in microseconds, first 10% (<= 1000) dropped, paced
     as "pace" says (pings sent on a fixed schedule; a late pong delays only its own ping).
     shmbus: two streams (ping A -> B, pong B -> A) on two UDP channels; zmq: PAIR over tcp://;
+    every ping and pong's sequence number and CRC-32 checked (shmbus and zmq);
     Aeron C: cping/cpong, which have no pacing (back-to-back, busy-spinning;
     {AERON_ROUND_TRIPS_PER_S:,} round trips per second of the run's duration).
   x zmq: throughput msgs/s / zmq's msgs/s at the same size; ping-pong zmq p50 / p50.
+  x plain (authenticated rows): msgs/s / the plaintext twin's (shmbus [default], zmq without
+    CURVE); ping-pong: p50 / the twin's p50 (lower is better). x CURVE (authenticated shmbus
+    rows): msgs/s / zmq CURVE's at the same size; ping-pong: CURVE's p50 / p50.
   cores: CPU time / wall time of each side's netbridge and driver (Aeron: its drivers, which
     do the bridges' work), from the start of the measurement to its end (100% = one core).
-  every shmbus and zmq message carries its sequence number at head and tail, checked by every
-    reader (Aeron's samples count messages only).
+  cpu us/msg (throughput): CPU seconds of every process of the run (writer, reader, both
+    drivers and netbridges; zmq: writer and reader, their I/O threads included) per message.
+  every shmbus and zmq message is checked by its reader: sequence number and CRC-32 of every
+    byte (batch rows: the sequence number at head and tail; Aeron's samples count only).
   MB = 10^6 payload bytes."""
 
 
@@ -512,13 +706,13 @@ def format_targets(targets: list[dict[str, Any]]) -> str:
 
 
 def _channel_configs(names: str, tuned_params: str) -> list[ChannelConfig]:
-    configs = {"default": DEFAULT_CHANNEL, "tuned": ChannelConfig(
+    configs = {"default": DEFAULT_CHANNEL, "keyed": KEYED_CHANNEL, "tuned": ChannelConfig(
         TUNED_CHANNEL.name if tuned_params == TUNED_CHANNEL.params else tuned_params,
         tuned_params)}
     out = []
     for name in names.split(","):
         if name not in configs:
-            raise SystemExit(f"--channels: unknown channel {name!r} (default, tuned)")
+            raise SystemExit(f"--channels: unknown channel {name!r} (default, keyed, tuned)")
         out.append(configs[name])
     return out
 
@@ -526,9 +720,10 @@ def _channel_configs(names: str, tuned_params: str) -> list[ChannelConfig]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_options(parser, 2.0, "per throughput and ping-pong run")
-    parser.add_argument("--channels", default="default,tuned",
+    parser.add_argument("--channels", default="default,keyed,tuned",
                         help="shmbus channel configurations to run, comma-separated: default "
-                             "(plain endpoint URI) and/or tuned (default: both)")
+                             f"(plain endpoint URI), keyed (the same with key={KEY_NAME}: "
+                             "authenticated; zmq CURVE runs beside it), tuned (default: all)")
     parser.add_argument("--tuned", default=TUNED_CHANNEL.params, metavar="PARAMS",
                         help=f"URI parameters of the tuned channel (default "
                              f"{TUNED_CHANNEL.params!r})")
@@ -591,7 +786,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.aeron_bin is not None and (wanted(AERON) or wanted(AERON_PP)):
         aeron = AeronC(args.aeron_binaries, root / "aeron")
     shm_ways = [t for t in (SHM, SHM_BATCH) if wanted(t)]
-    buses = start_buses(root, 1024 * 1024)
+    # zmq CURVE runs beside the authenticated channel, zmq beside any
+    zmq_ways = [t for t in (ZMQ, *([ZMQ_CURVE] if KEYED_CHANNEL in configs else []))
+                if wanted(t)]
+    zmq_pp_ways = [t for t in (ZMQ_PP, *([ZMQ_PP_CURVE] if KEYED_CHANNEL in configs else []))
+                   if wanted(t)]
+    buses = start_buses(root, 1024 * 1024, make_keyring(root))
     # the measurements, as (key, thunk); repeats are interleaved, so that a burst of load
     # elsewhere on the machine hits every transport alike rather than one of them
     plan: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
@@ -602,9 +802,10 @@ def main(argv: list[str] | None = None) -> int:
                 plan.append((_key("throughput", transport, config.name, size),
                              lambda t=transport, c=config, s=size:
                              run_throughput(ctx, buses, aeron, t, c, s, opt)))
-        if wanted(ZMQ):
-            plan.append((_key("throughput", ZMQ, "-", size),
-                         lambda s=size: run_throughput(ctx, buses, aeron, ZMQ, None, s, opt)))
+        for transport in zmq_ways:
+            plan.append((_key("throughput", transport, "-", size),
+                         lambda t=transport, s=size:
+                         run_throughput(ctx, buses, aeron, t, None, s, opt)))
     if not args.no_latency:
         for config in configs:
             aeron_too = aeron is not None and config == DEFAULT_CHANNEL
@@ -612,9 +813,9 @@ def main(argv: list[str] | None = None) -> int:
                 plan.append((_key("ping-pong", transport, config.name, RTT_SIZE),
                              lambda t=transport, c=config:
                              run_latency(ctx, buses, aeron, t, c, opt)))
-        if wanted(ZMQ_PP):
-            plan.append((_key("ping-pong", ZMQ_PP, "-", RTT_SIZE),
-                         lambda: run_latency(ctx, buses, aeron, ZMQ_PP, None, opt)))
+        for transport in zmq_pp_ways:
+            plan.append((_key("ping-pong", transport, "-", RTT_SIZE),
+                         lambda t=transport: run_latency(ctx, buses, aeron, t, None, opt)))
     runs: list[list[dict[str, Any]]] = [[] for _ in plan]
     try:
         for _ in range(repeat):
@@ -628,10 +829,14 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     load_after = os.getloadavg()
     rows = [median_row(r) for r in runs]
+    for row, done in zip(rows, runs, strict=True):  # datagrams refused in any of the runs
+        if row["status"] == "ok" and "seal_drops" in row:
+            row["seal_drops"] = sum(r["seal_drops"] for r in done)
     # x zmq: msgs/s over zmq's at the same size; for ping-pong zmq's p50 over the row's
     add_ratios(rows, "x_zmq", lambda r: r["transport"] in PEERS, lambda r: (r["test"], r["size"]),
                lambda r, zmq: (r["msgs_per_s"] / zmq["msgs_per_s"] if r["test"] == "throughput"
                                else zmq["p50_us"] / r["p50_us"]))
+    add_authenticated_ratios(rows)  # x plain and x CURVE
     channel_names = [c.name for c in configs]
     targets = evaluate_targets(rows, channel_names)
 
@@ -642,6 +847,12 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(summary_table(rows, tuple(args.sizes), channel_names))
     print()
+    if KEYED_CHANNEL in configs:
+        print(f"authenticated channels: shmbus on the default channel without and with "
+              f"key={KEY_NAME}, pyzmq without and with CURVE")
+        print()
+        print(authenticated_table(rows, tuple(args.sizes)))
+        print()
     print(format_table(rows))
     print()
     channels = "\n".join(f"    [{c.name}] {c.uri(0).replace(':0', ':PORT')}" for c in configs)
@@ -657,6 +868,7 @@ def main(argv: list[str] | None = None) -> int:
         report_json = {
             "settings": {"duration_s": duration, "repeat": repeat, "rate": opt.rate,
                          "channels": {c.name: c.params for c in configs},
+                         "key_name": KEY_NAME,
                          "aeron_bin": None if args.aeron_bin is None else str(args.aeron_bin),
                          "load_before": load_before, "load_after": load_after, **machine()},
             "rows": rows,

@@ -6,8 +6,9 @@ congestion control BLOCK). A missing package raises ImportError in the member: t
 
 On one host (ipc.py) a link is made in the parent (make_peer_link) and each member opens its
 end (open_peer) as send / recv / close; messages are harness.Checked, sent and checked a round
-at a time (tools/bench/rounds.py, every byte checked). Over TCP (netbridge.py) messages carry
-their sequence number at head and tail (harness.codec).
+at a time (tools/bench/rounds.py, every byte checked). Over TCP (netbridge.py) messages are
+harness.Checked (sequence number and CRC-32 of every byte, checked per message), optionally
+with CURVE security (curve_keys, CurveKeys).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,9 @@ from tools.bench.harness import (
     RTT_SIZE,
     STOP,
     BenchError,
+    Checked,
+    Unavailable,
     async_round_trips,
-    codec,
     deadline_after,
     ping_loop,
     pong_loop,
@@ -370,7 +372,35 @@ def zmq_async_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, dura
 # ---------------------------------------------------------------------------------------------
 
 
-def _zmq_socket(kind: str, endpoint: str, bind: bool, timeout_s: float) -> tuple[Any, Any]:
+@dataclass(frozen=True)
+class CurveKeys:
+    """The CURVE keys of one pyzmq connection (Z85, as zmq.curve_keypair() makes them): the
+    server's (the end that binds) and the client's (the end that connects). Made in the
+    parent with :func:`curve_keys` and handed to both members."""
+
+    server_public: bytes
+    server_secret: bytes = field(repr=False)
+    client_public: bytes = b""
+    client_secret: bytes = field(default=b"", repr=False)
+
+
+def curve_keys() -> CurveKeys:
+    """Fresh server and client key pairs; Unavailable when pyzmq or its libzmq lacks CURVE."""
+    try:
+        import zmq
+    except ImportError as e:
+        raise Unavailable(f"pyzmq: {e}") from None
+    if not zmq.has("curve"):
+        raise Unavailable(f"libzmq {zmq.zmq_version()} was built without CURVE")
+    server_public, server_secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    return CurveKeys(server_public, server_secret, client_public, client_secret)
+
+
+def _zmq_socket(kind: str, endpoint: str, bind: bool, timeout_s: float,
+                curve: CurveKeys | None = None) -> tuple[Any, Any]:
+    """A pyzmq socket of ``kind`` bound to (bind) or connected to ``endpoint``, with timeouts;
+    with ``curve``, CURVE security set before it binds (the server) or connects (the client)."""
     import zmq
 
     zctx = zmq.Context()
@@ -379,6 +409,14 @@ def _zmq_socket(kind: str, endpoint: str, bind: bool, timeout_s: float) -> tuple
     sock.setsockopt(zmq.LINGER, ms)
     sock.setsockopt(zmq.SNDTIMEO, ms)
     sock.setsockopt(zmq.RCVTIMEO, ms)
+    if curve is not None and bind:
+        sock.curve_server = True
+        sock.curve_secretkey = curve.server_secret
+        sock.curve_publickey = curve.server_public
+    elif curve is not None:
+        sock.curve_serverkey = curve.server_public
+        sock.curve_publickey = curve.client_public
+        sock.curve_secretkey = curve.client_secret
     if bind:
         sock.bind(endpoint)
     else:
@@ -387,25 +425,28 @@ def _zmq_socket(kind: str, endpoint: str, bind: bool, timeout_s: float) -> tuple
 
 
 def zmq_push_writer(start: Any, endpoint: str, size: int, duration_s: float,
-                    timeout_s: float, done: Any) -> dict[str, Any]:
-    """PUSH (connects) size-byte messages for duration_s, then STOP: sent, t0."""
-    zctx, sock = _zmq_socket("PUSH", endpoint, False, timeout_s)
+                    timeout_s: float, done: Any, curve: CurveKeys | None = None
+                    ) -> dict[str, Any]:
+    """PUSH (connects; with ``curve`` a CURVE client) size-byte Checked messages (sequence
+    number and CRC-32, harness.Checked) for duration_s, then STOP: sent, t0."""
+    zctx, sock = _zmq_socket("PUSH", endpoint, False, timeout_s, curve)
     send = sock.send
-    send(b"hello")  # connected before the clock starts
-    pack = codec(size).pack_into
-    message = bytearray(size)
+    send(b"hello")  # connected (and, with CURVE, the handshake done) before the clock starts
+    messages = Checked(size)
+    write = messages.write
+    message = messages.message()
     start.ready()
     t0 = time.monotonic_ns()
     end_ns = t0 + int(duration_s * 1e9)
     seq = 0
     try:
         while True:
-            pack(message, 0, seq, seq)
+            write(message, seq)
             send(message)
             seq += 1
             if not seq & 127 and time.monotonic_ns() >= end_ns:
                 break
-        pack(message, 0, STOP, STOP)
+        write(message, STOP)
         send(message)
     except Exception as e:
         raise BenchError(f"send failed after {seq} messages: {e!r}") from e
@@ -416,10 +457,11 @@ def zmq_push_writer(start: Any, endpoint: str, size: int, duration_s: float,
 
 
 def zmq_pull_reader(start: Any, endpoint: str, size: int, timeout_s: float,
-                    done: Any) -> dict[str, Any]:
-    """PULL (binds) until STOP, checking every message (recv(copy=False) from 4 KiB):
-    received, errors, first_bad, t1."""
-    zctx, sock = _zmq_socket("PULL", endpoint, True, timeout_s)
+                    done: Any, curve: CurveKeys | None = None) -> dict[str, Any]:
+    """PULL (binds; with ``curve`` a CURVE server) until STOP, checking every message's
+    sequence number and CRC-32 (recv(copy=False) from 4 KiB): received, errors, first_bad,
+    t1."""
+    zctx, sock = _zmq_socket("PULL", endpoint, True, timeout_s, curve)
     sock_recv = sock.recv
     if sock_recv() != b"hello":
         raise BenchError("no hello")
@@ -428,21 +470,21 @@ def zmq_pull_reader(start: Any, endpoint: str, size: int, timeout_s: float,
             return sock_recv(copy=False)
     else:
         recv = sock_recv
-    unpack = codec(size).unpack_from
+    check = Checked(size).check
     start.ready()
     expected = errors = 0
     first_bad = None
     try:
         while True:
-            head, tail = unpack(recv())
-            if head == expected and tail == head:
+            seq, ok = check(recv())
+            if seq == expected and ok:
                 expected += 1
-            elif head == STOP:
+            elif seq == STOP and ok:
                 break
             else:
                 errors += 1
-                first_bad = first_bad or f"expected {expected}, got head {head} tail {tail}"
-                expected = head + 1
+                first_bad = first_bad or f"expected {expected}, got {seq} (CRC ok: {ok})"
+                expected = seq + 1
     except Exception as e:
         raise BenchError(f"receive failed after {expected} messages: {e!r}") from e
     t1 = time.monotonic_ns()
@@ -453,11 +495,13 @@ def zmq_pull_reader(start: Any, endpoint: str, size: int, timeout_s: float,
 
 
 def zmq_tcp_rtt(start: Any, endpoint: str, pinger: bool, rate: int | None, duration_s: float,
-                timeout_s: float, done: Any) -> dict[str, Any]:
+                timeout_s: float, done: Any, curve: CurveKeys | None = None,
+                checked: bool = False) -> dict[str, Any]:
     """A PAIR pinger (pinger=True: connects; harness.ping_loop at ``rate`` pings a second,
     None: back-to-back) or ponger (binds; harness.pong_loop) over tcp://, a hello each way
-    before the clock starts."""
-    zctx, sock = _zmq_socket("PAIR", endpoint, not pinger, timeout_s)
+    before the clock starts; with ``curve`` CURVE security (the ponger the server), with
+    ``checked`` Checked pings (sequence number and CRC-32, see harness.ping_loop)."""
+    zctx, sock = _zmq_socket("PAIR", endpoint, not pinger, timeout_s, curve)
     send, recv = sock.send, sock.recv
     if pinger:
         send(b"hello")
@@ -466,7 +510,8 @@ def zmq_tcp_rtt(start: Any, endpoint: str, pinger: bool, rate: int | None, durat
     if not pinger:
         send(b"hello")
     start.ready()
-    out = ping_loop(send, recv, duration_s, rate) if pinger else pong_loop(send, recv)
+    out = (ping_loop(send, recv, duration_s, rate, checked) if pinger
+           else pong_loop(send, recv, checked))
     if not pinger:
         done.set()
     done.wait(timeout_s)
