@@ -20,7 +20,9 @@ Failures raise subclasses of :class:`ShmbusError`: DriverUnavailableError (no dr
 startable), DriverTimeoutError (the driver stopped answering; every later call of that client
 raises it, unless it was connected with ``reconnect=True``: then it waits for a new driver,
 re-adds everything and reports a :class:`Reconnected`), RegistrationError (the driver
-refused a channel), PublicationError, ClientClosedError. Every name in ``__all__`` is public;
+refused a channel), PublicationError, ClientClosedError, UntrustedSourceError
+(``objects()`` on an ``aeron:udp`` channel without ``key=``: unpickling would run a stranger's
+code; ``trust_unkeyed_network=True`` lets it through). Every name in ``__all__`` is public;
 everything else is private.
 """
 
@@ -52,6 +54,7 @@ from shmbus.errors import (
     RequestTimeoutError,
     ResponderLostError,
     ShmbusError,
+    UntrustedSourceError,
 )
 from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.history_merge import HistoryGapError
@@ -130,6 +133,7 @@ __all__ = [
     "ShmbusError",
     "SleepingIdleStrategy",
     "Subscription",
+    "UntrustedSourceError",
     "YieldingIdleStrategy",
     "ResponderLostError",
     "Responder",

@@ -63,3 +63,22 @@ class RemoteError(RequestError):
     def __init__(self, remote: str, service: str) -> None:
         self.remote = remote
         super().__init__(f"the responder of {service} raised {remote}")
+
+
+class UntrustedSourceError(ShmbusError):
+    """A message was refused before any of its bytes were decoded, because decoding it would
+    run code its sender chose and the sender may be any host: ``objects()`` on an aeron:udp
+    channel without ``key=`` (see shmbus/source_trust.py). ``channel`` is the subscription's,
+    ``source`` the image's source identity ("host:port", "ipc"); the message names the key and
+    the keyword argument that let it through."""
+
+    def __init__(self, channel: str, source: str, option: str) -> None:
+        self.channel = channel
+        self.source = source
+        self.option = option
+        super().__init__(
+            f"refused to unpickle a message from {source} on {channel!r}: an aeron:udp channel "
+            f"without key= takes datagrams from any host that can reach its endpoint, and "
+            f"unpickling runs code of the sender's choosing. Seal the channel with a key "
+            f"(add |key=<name> to the channel on both sides; see 'shmbus keygen'), or pass "
+            f"{option}=True to objects() if every host that can reach it is trusted")

@@ -14,6 +14,7 @@ from shmbus.image import FragmentBatch, Image
 from shmbus.large_messages import MessageView, take_view, views, views_async
 from shmbus.object_messages import decode_object
 from shmbus.shm._native import AtomicBuffer, SubscriptionCore
+from shmbus.source_trust import refusal, unkeyed_network
 from shmbus.table_messages import decode_table
 
 ImageHandler = Callable[[Image], Any]
@@ -160,14 +161,22 @@ class Subscription(SubscriptionCore):
         transform, hold = _array_reading(copy, out)
         return views(self, timeout, transform, hold)
 
-    def objects(self, timeout: float | None = 1.0, copy: bool = False) -> Iterator[Any]:
+    def objects(self, timeout: float | None = 1.0, copy: bool = False, *,
+                trust_unkeyed_network: bool = False) -> Iterator[Any]:
         """Python objects sent with ``publish_object`` (pickle protocol 5). Unpickling runs
         code of the writer's choosing: read only from writers you trust. Out-of-band buffers
         of a large object (numpy arrays inside it) are read-only views valid until the next
         object is asked for, as in :meth:`arrays`; ``copy=True`` to keep them (the shared memory
-        is then released at once)."""
-        return views(self, timeout, lambda view: decode_object(view.buffer,
-                                                               copy or not view.zero_copy),
+        is then released at once).
+
+        On an ``aeron:udp`` channel (or a spy on one) without ``key=``, any host that can send
+        a datagram to the endpoint is a writer, so each message there is refused before any of
+        it is decoded: :class:`~shmbus.errors.UntrustedSourceError`, naming the channel and the
+        image's source (the refused message is consumed; the next call reads on). Name a key on
+        the channel (``|key=<name>``: its datagrams are sealed), or pass
+        ``trust_unkeyed_network=True`` when every host that can reach the endpoint is trusted.
+        IPC and keyed channels need nothing (see shmbus/source_trust.py)."""
+        return views(self, timeout, self._object_reading(copy, trust_unkeyed_network),
                      hold=not copy)
 
     def arrays_async(self, timeout: float | None = None, copy: bool = False,
@@ -176,12 +185,25 @@ class Subscription(SubscriptionCore):
         transform, hold = _array_reading(copy, out)
         return views_async(self, timeout, transform, hold)
 
-    def objects_async(self, timeout: float | None = None,
-                      copy: bool = False) -> AsyncIterator[Any]:
-        """:meth:`objects`, awaited (``timeout`` None: until the subscription is closed)."""
-        return views_async(self, timeout,
-                           lambda view: decode_object(view.buffer, copy or not view.zero_copy),
+    def objects_async(self, timeout: float | None = None, copy: bool = False, *,
+                      trust_unkeyed_network: bool = False) -> AsyncIterator[Any]:
+        """:meth:`objects`, awaited (``timeout`` None: until the subscription is closed); the
+        same refusal of unkeyed network channels and the same ``trust_unkeyed_network``."""
+        return views_async(self, timeout, self._object_reading(copy, trust_unkeyed_network),
                            hold=not copy)
+
+    def _object_reading(self, copy: bool, trust_unkeyed_network: bool
+                        ) -> Callable[[MessageView], Any]:
+        """The transform of :func:`views` for ``objects()``: a message's object, or, on an
+        unkeyed network channel not trusted, UntrustedSourceError before anything is read."""
+        if trust_unkeyed_network or not unkeyed_network(self.channel):
+            return lambda view: decode_object(view.buffer, copy or not view.zero_copy)
+
+        def refuse(view: MessageView) -> Any:
+            image = self.image_by_session_id(view.session_id)
+            raise refusal(self.channel, f"session {view.session_id} (its image is gone)"
+                          if image is None else image.source_identity)
+        return refuse
 
     def tables(self, timeout: float | None = 1.0, copy: bool = False) -> Iterator[Any]:
         """pyarrow Tables sent with ``publish_table`` (a RecordBatch comes out as a Table).

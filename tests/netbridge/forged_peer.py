@@ -1,0 +1,95 @@
+"""A stranger on the network: a plain UDP socket that speaks just enough of Aeron's wire
+protocol (netbridge/frames.py) to have a netbridge place its bytes in a subscriber's log.
+
+No bus, no driver: the peer sends a hand-made SETUP until the netbridge answers with a status
+message (its image is made), then DATA frames, one whole message each, one after another in
+the term. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+
+from netbridge.frames import (
+    MalformedFrame,
+    SetupFrame,
+    StatusMessage,
+    align,
+    data_frame,
+    decode_frames,
+    encode_datagram,
+)
+
+TERM_LENGTH = 1 << 16
+MTU = 1408
+#: how often the SETUP is sent again while no status message has come back
+_SETUP_EVERY_S = 0.1
+
+
+@dataclass
+class ForgedPeer:
+    """One forged publication (session ``session_id`` on ``stream_id``) sending from ``sock``
+    to a netbridge's ``endpoint`` (host, port)."""
+
+    sock: socket.socket
+    endpoint: tuple[str, int]
+    stream_id: int
+    session_id: int = 0x5EED
+    term_offset: int = 0
+    status_messages: list[StatusMessage] = field(default_factory=list)
+
+    @property
+    def source_identity(self) -> str:
+        """What the netbridge names this peer as: the socket's ``host:port``."""
+        host, port = self.sock.getsockname()[:2]
+        return f"{host}:{port}"
+
+    def setup(self, timeout: float = 20.0) -> None:
+        """Send SETUP until a status message for this session comes back (the netbridge made
+        the image); AssertionError after ``timeout`` seconds."""
+        frame = SetupFrame(term_offset=self.term_offset, session_id=self.session_id,
+                           stream_id=self.stream_id, initial_term_id=0, active_term_id=0,
+                           term_length=TERM_LENGTH, mtu=MTU)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.sock.sendto(encode_datagram([frame]), self.endpoint)
+            if self.receive(_SETUP_EVERY_S):
+                return
+        raise AssertionError(f"no status message from {self.endpoint} within {timeout} s")
+
+    def receive(self, seconds: float) -> bool:
+        """Read what the netbridge sends back for up to ``seconds``; True once a status
+        message for this session came."""
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(remaining)
+            try:
+                datagram = self.sock.recv(65536)
+            except TimeoutError:
+                break
+            try:
+                frames = list(decode_frames(datagram))
+            except MalformedFrame:
+                continue
+            for frame in frames:
+                if isinstance(frame, StatusMessage) and frame.session_id == self.session_id:
+                    self.status_messages.append(frame)
+                    return True
+        return False
+
+    def send(self, message: bytes) -> None:
+        """Send ``message`` as one whole DATA frame at the next offset of the term."""
+        frame = data_frame(term_offset=self.term_offset, session_id=self.session_id,
+                           stream_id=self.stream_id, term_id=0, payload=message)
+        assert frame.frame_length <= MTU, f"a message of {len(message)} bytes is past the MTU"
+        self.sock.sendto(encode_datagram([frame]), self.endpoint)
+        self.term_offset += align(frame.frame_length)
+
+
+def udp_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A UDP socket bound to a free port of ``host``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((host, 0))
+    return sock

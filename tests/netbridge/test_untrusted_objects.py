@@ -1,0 +1,126 @@
+"""No code from the network by default: a stranger's pickle never runs in ``objects()``.
+
+A subscriber reads ``objects()`` on an unkeyed ``aeron:udp`` channel; a plain UDP socket in
+this test (no bus) makes the netbridge take its hand-made SETUP and DATA frames, the DATA
+carrying an object message whose unpickling would create a marker file. The real driver,
+netbridge and sockets; the only thing forged is the sender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pathlib
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shmbus
+from shmbus.keyring import new_key_line
+from shmbus.object_messages import object_parts
+from tests.conftest import start_driver, stop_driver
+from tests.netbridge.forged_peer import ForgedPeer, udp_socket
+from tests.netbridge.test_end_to_end import free_udp_port
+
+pytestmark = pytest.mark.timeout(120)
+STREAM = 4101
+
+
+class Marker:
+    """Unpickled, it creates the file ``path``: the stranger's code, made harmless."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return pathlib.Path.touch, (pathlib.Path(self.path),)
+
+
+def marker_message(path: Path) -> bytes:
+    """An object message (shmbus/object_messages.py) whose pickle touches ``path``."""
+    return b"".join(bytes(part) for part in object_parts(Marker(path)))
+
+
+def wait_for_image(sub: shmbus.Subscription, timeout: float = 20.0) -> shmbus.Image:
+    deadline = time.monotonic() + timeout
+    while not sub.images:
+        assert time.monotonic() < deadline, "the netbridge made no image of the forged SETUP"
+        sub.wait(0.05)
+    return sub.images[0]
+
+
+def test_a_forged_pickle_on_an_unkeyed_udp_channel_is_refused_and_never_runs(
+        bus_context, driver, tmp_path) -> None:
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    marker = tmp_path / "pwned"
+    with shmbus.connect(bus_context) as bus, bus.add_subscription(channel, STREAM) as sub, \
+            udp_socket() as sock:
+        peer = ForgedPeer(sock, ("127.0.0.1", port), STREAM)
+        peer.setup()
+        image = wait_for_image(sub)
+        assert image.source_identity == peer.source_identity
+        peer.send(marker_message(marker))
+        with pytest.raises(shmbus.UntrustedSourceError) as refused:
+            next(sub.objects(timeout=10))
+        assert not marker.exists()
+        error = refused.value
+        assert (error.channel, error.source) == (channel, peer.source_identity)
+        text = str(error)
+        for named in (channel, peer.source_identity, "trust_unkeyed_network=True", "key="):
+            assert named in text, named
+
+        # asyncio refuses the same way
+        peer.send(marker_message(marker))
+
+        async def read_one() -> Any:
+            async for obj in sub.objects_async(timeout=10):
+                return obj
+            return None
+
+        with pytest.raises(shmbus.UntrustedSourceError, match="trust_unkeyed_network"):
+            asyncio.run(read_one())
+        assert not marker.exists()
+
+        # the control: opted in, the same bytes do run (this test's forgery is real)
+        peer.send(marker_message(marker))
+        obj = next(sub.objects(timeout=10, trust_unkeyed_network=True))
+        assert obj is None and marker.exists()  # (Path.touch returns None)
+
+
+def keyed_context(context: shmbus.Context, folder: Path, name: str) -> shmbus.Context:
+    """``context`` with a keyring (mode 0600) holding a fresh key ``name``."""
+    path = folder / "keyring"
+    path.write_text(new_key_line(name) + "\n")
+    path.chmod(0o600)
+    return dataclasses.replace(context, keyring=str(path))
+
+
+def test_a_spy_on_an_unkeyed_udp_channel_refuses_too_and_a_keyed_channel_reads(
+        bus_context, tmp_path) -> None:
+    """The rule goes by the subscription's channel: a spy on an unkeyed UDP publication
+    refuses (its channel could carry anyone's data) unless opted in; objects cross a keyed
+    channel with no opt-in (the netbridges seal its datagrams)."""
+    context = keyed_context(bus_context, tmp_path, "objects-test")
+    unkeyed = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}|ssc=true"  # the spy connects
+    keyed = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}|key=objects-test"
+    process = start_driver(context)
+    try:
+        with shmbus.connect(context) as bus:
+            with bus.add_publication(unkeyed, STREAM) as pub, \
+                    bus.add_subscription("aeron-spy:" + unkeyed, STREAM) as spy:
+                wait_for_image(spy)
+                pub.publish_object({"n": 1}, timeout=10)
+                with pytest.raises(shmbus.UntrustedSourceError, match="trust_unkeyed_network"):
+                    next(spy.objects(timeout=10))
+                pub.publish_object({"n": 2}, timeout=10)
+                assert next(spy.objects(timeout=10, trust_unkeyed_network=True)) == {"n": 2}
+            with bus.add_subscription(keyed, STREAM) as sub, \
+                    bus.add_publication(keyed, STREAM) as pub:
+                wait_for_image(sub)
+                pub.publish_object({"n": 3}, timeout=10)
+                assert next(sub.objects(timeout=10)) == {"n": 3}
+    finally:
+        stop_driver(process)
