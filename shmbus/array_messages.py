@@ -2,7 +2,16 @@
 
 The header says what numpy's ``.npy`` header says (``descr``, ``fortran_order``, ``shape``:
 structured, datetime and every other non-object dtype), after a 12-byte prefix (magic
-``SBAR``, version, header length), padded so the data starts 64-byte aligned. Pure functions:
+``SBAR``, version, header length), padded so the data starts 64-byte aligned.
+
+A reader builds nothing but plain bytes from a message, whoever wrote it: the header is parsed
+as literals only (at most ``MAX_HEADER_LENGTH`` bytes), its dtype must be one of numpy's own
+fixed-size kinds (bool, integers, floats, complex, datetime, timedelta, bytes, str, void, and
+structures and subarrays of them: :func:`plain_dtype`), never an object dtype, a dtype holding
+objects in a field or a user-defined dtype (numpy would save those by pickling), and its shape
+a tuple of at most ``MAX_DIMS`` lengths >= 0. Anything else is refused with ValueError before an
+array is made, so the bytes of a message are never taken for pointers or run as code. Pure
+functions:
 :func:`array_parts` for a writer, :func:`decode_array` (a view or a new copy) and
 :func:`copy_array_into` (into a caller's array) for a reader; the publication and subscription
 methods (``publish_array``, ``arrays``) sit on top.
@@ -21,14 +30,42 @@ import numpy as np
 _PREFIX = struct.Struct("<4sHHI")
 _MAGIC = b"SBAR"
 _ALIGN = 64
+#: The longest header (prefix included) a writer makes and a reader parses: numpy's .npy reader
+#: has such a limit too (10000 by default), as parsing literals costs what they are long.
+MAX_HEADER_LENGTH = 1 << 16
+#: The most dimensions an array message has (numpy's own limit).
+MAX_DIMS = 64
+#: The classes of numpy's own fixed-size dtypes: their values are bytes, nothing else.
+_PLAIN_DTYPES = frozenset(type(np.dtype(code)) for code in "?bhilqpBHILQPefdgFDGSUVMm")
+
+
+def plain_dtype(dtype: np.dtype[Any]) -> bool:
+    """True when an array of ``dtype`` holds only bytes: one of numpy's fixed-size dtypes
+    (bool, integers, floats, complex, datetime, timedelta, bytes, str, void), or a structure
+    or subarray of them. False for the object dtype, anything holding objects, and dtypes of
+    other classes (numpy's StringDType, user-defined ones)."""
+    if dtype.hasobject or type(dtype) not in _PLAIN_DTYPES:
+        return False
+    if dtype.subdtype is not None:
+        return plain_dtype(dtype.subdtype[0])
+    if dtype.fields is not None:
+        return all(plain_dtype(field[0]) for field in dtype.fields.values())
+    return True
 
 
 def array_header(shape: tuple[int, ...], dtype: np.dtype[Any], fortran_order: bool) -> bytes:
-    """The header of an array message (its length a multiple of 64)."""
-    if dtype.hasobject:
-        raise ValueError(f"an array of dtype {dtype} holds Python objects: publish it with "
-                         f"publish_object")
-    return _header(tuple(int(n) for n in shape), dtype, fortran_order)
+    """The header of an array message (its length a multiple of 64). ValueError for an array
+    no reader would take: a dtype that is not :func:`plain_dtype`, a header past
+    ``MAX_HEADER_LENGTH``."""
+    if not plain_dtype(dtype):
+        what = "holds Python objects" if dtype.hasobject else "is not one of numpy's own " \
+                                                              "fixed-size dtypes"
+        raise ValueError(f"an array of dtype {dtype} {what}: publish it with publish_object")
+    header = _header(tuple(int(n) for n in shape), dtype, fortran_order)
+    if len(header) > MAX_HEADER_LENGTH:
+        raise ValueError(f"the header of an array of dtype {dtype} takes {len(header)} bytes, "
+                         f"more than an array message has room for ({MAX_HEADER_LENGTH})")
+    return header
 
 
 @functools.lru_cache(maxsize=256)
@@ -65,20 +102,49 @@ def header_length(buffer: Any) -> int:
     if magic != _MAGIC or version != 1 or not _PREFIX.size <= length <= len(buffer):
         raise ValueError("not an array message (no SBAR header): was it sent with "
                          "publish_array?")
+    if length > MAX_HEADER_LENGTH:
+        raise ValueError(f"corrupt array message header: {length} bytes, past the "
+                         f"{MAX_HEADER_LENGTH} a writer makes")
     return int(length)
 
 
 @functools.lru_cache(maxsize=256)
 def _fields(text: bytes) -> tuple[np.dtype[Any], tuple[int, ...], bool]:
     """(dtype, shape, Fortran order) of a header's text (parsed once per distinct header: a
-    stream of like arrays pays it once)."""
+    stream of like arrays pays it once). ValueError for anything but the three keys, a
+    :func:`plain_dtype` that an array can have (not a subarray, not a str of length 0), a shape
+    of at most MAX_DIMS lengths >= 0 and a bool."""
     try:
         fields = ast.literal_eval(text.decode("utf-8").strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
+        # (MemoryError and RecursionError: the parser's stack overflowed on deep nesting)
+        raise ValueError(f"corrupt array message header: {type(e).__name__}") from None
+    if not isinstance(fields, dict) or set(fields) != {"descr", "fortran_order", "shape"}:
+        raise ValueError("corrupt array message header: not a dict of descr, fortran_order "
+                         "and shape")
+    shape, fortran = fields["shape"], fields["fortran_order"]
+    if not (isinstance(shape, tuple) and len(shape) <= MAX_DIMS
+            and all(type(n) is int and 0 <= n < 2**63 for n in shape)):
+        raise ValueError(f"corrupt array message header: shape {shape!r:.80} is not a tuple "
+                         f"of at most {MAX_DIMS} lengths >= 0")
+    if not isinstance(fortran, bool):
+        raise ValueError(f"corrupt array message header: fortran_order {fortran!r:.80} is "
+                         f"not a bool")
+    try:  # (numpy's parser of the literals: any failure of it is a corrupt header)
         dtype = np.lib.format.descr_to_dtype(fields["descr"])
-        shape = tuple(int(n) for n in fields["shape"])
-        return dtype, shape, bool(fields["fortran_order"])
-    except (ValueError, SyntaxError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise ValueError(f"corrupt array message header: {e}") from None
+    except Exception as e:
+        raise ValueError(f"corrupt array message header: descr {fields['descr']!r:.80} is "
+                         f"not a dtype ({type(e).__name__})") from None
+    if not plain_dtype(dtype):
+        raise ValueError(f"refused array message: dtype {dtype} "
+                         f"{'holds Python objects' if dtype.hasobject else 'is not plain'}; "
+                         f"an array message carries only numpy's fixed-size dtypes (objects "
+                         f"travel with publish_object)")
+    made = np.empty(0, dtype).dtype
+    if made != dtype:  # a subarray (numpy makes it dimensions), a str or bytes of length 0
+        raise ValueError(f"corrupt array message header: no array has dtype {dtype} (numpy "
+                         f"makes it {made})")
+    return dtype, shape, fortran
 
 
 def decode_array(buffer: Any, copy: bool) -> np.ndarray[Any, Any]:
@@ -92,7 +158,10 @@ def decode_array(buffer: Any, copy: bool) -> np.ndarray[Any, Any]:
         raise ValueError(f"array message of {len(buffer) - length} data bytes, header says "
                          f"{shape} of {dtype} ({nbytes} bytes)")
     if nbytes == 0:
-        empty: np.ndarray[Any, Any] = np.empty(shape, dtype, order="F" if fortran else "C")
+        try:
+            empty: np.ndarray[Any, Any] = np.zeros(shape, dtype, order="F" if fortran else "C")
+        except ValueError as e:  # lengths past what numpy indexes, zero bytes or not
+            raise ValueError(f"corrupt array message header: shape {shape}: {e}") from None
         empty.flags.writeable = copy  # as a view would be
         return empty
     flat = np.frombuffer(buffer, dtype, count=count, offset=length)
