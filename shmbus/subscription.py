@@ -213,18 +213,23 @@ class Subscription(SubscriptionCore):
         :meth:`arrays`; ``copy=True`` for tables to keep (the shared memory is then released
         at once). Ends after ``timeout`` seconds
         without one (None: when closed). ValueError for a message that is not an Arrow IPC
-        stream, ImportError naming pyarrow when it is not installed."""
+        stream, ImportError naming pyarrow when it is not installed (or older than 14.0.1,
+        which ran code from a table's bytes). On a channel other than ``aeron:ipc`` each table
+        is validated in full before it is handed out (any host may have written it: offsets
+        and strings are checked, linear in its bytes); on IPC, where the writers are this
+        user's processes, only its structure is."""
         # (a small message is a private copy already)
-        return views(self, timeout, lambda view: decode_table(view.buffer,
-                                                              copy and view.zero_copy),
-                     hold=not copy)
+        return views(self, timeout, self._table_reading(copy), hold=not copy)
 
     def tables_async(self, timeout: float | None = None,
                      copy: bool = False) -> AsyncIterator[Any]:
         """:meth:`tables`, awaited (``timeout`` None: until the subscription is closed)."""
-        return views_async(self, timeout,
-                           lambda view: decode_table(view.buffer, copy and view.zero_copy),
-                           hold=not copy)
+        return views_async(self, timeout, self._table_reading(copy), hold=not copy)
+
+    def _table_reading(self, copy: bool) -> Callable[[MessageView], Any]:
+        """The transform of :func:`views` for ``tables()``."""
+        validate = not self.channel.startswith("aeron:ipc")
+        return lambda view: decode_table(view.buffer, copy and view.zero_copy, validate)
 
     # -- asyncio ----------------------------------------------------------------------------
 

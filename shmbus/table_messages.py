@@ -8,12 +8,22 @@ the block in place, the data's one copy going straight into shared memory. The r
 the message as an Arrow buffer, so every column buffer of the table is a slice of it: for a
 large message, of the block itself, valid while it is held (as ``arrays()`` views are).
 
-pyarrow is optional (the ``spark`` extra); without it these calls raise ImportError naming it.
+pyarrow is optional (the ``tables`` or ``spark`` extra); without it these calls raise
+ImportError naming it.
+
+Reading a table runs no code from its bytes as long as pyarrow does not: pyarrow before 14.0.1
+unpickled the metadata of a field typed ``arrow.py_extension_type`` (CVE-2023-47248), so these
+calls refuse an older pyarrow (ImportError naming the fix), whether it came with an extra or
+was installed by hand. Extension types the reading process registered itself are its
+own code; never re-enable pyarrow's auto-loading of pickled extension types
+(``PyExtensionType.set_auto_load``) in a process that reads tables from others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -30,15 +40,35 @@ if TYPE_CHECKING:
 _CLAIM_WAIT_S = 0.0005
 
 
+#: The oldest pyarrow these calls take: the first that does not unpickle extension types'
+#: metadata when it reads an IPC stream (CVE-2023-47248).
+MIN_PYARROW = (14, 0, 1)
+_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+
 def require_pyarrow() -> Any:
-    """The pyarrow module; ImportError naming it when it is not installed."""
+    """The pyarrow module; ImportError naming it when it is not installed, or naming the fix
+    when it is older than ``MIN_PYARROW``."""
     try:
         import pyarrow
         import pyarrow.ipc  # noqa: F401  (the IPC stream reader and writer)
     except ImportError as e:
         raise ImportError("publish_table() and tables() need pyarrow, which is not installed: "
-                          "pip install pyarrow (or shmbus[spark])") from e
+                          "pip install pyarrow (or shmbus[tables])") from e
+    check_pyarrow_version(pyarrow.__version__)
     return pyarrow
+
+
+@functools.lru_cache(maxsize=4)
+def check_pyarrow_version(version: str) -> None:
+    """ImportError unless ``version`` is a pyarrow release at least ``MIN_PYARROW`` (one this
+    cannot read counts as older)."""
+    match = _RELEASE.match(version)
+    if match is None or tuple(int(part) for part in match.groups()) < MIN_PYARROW:
+        floor = ".".join(map(str, MIN_PYARROW))
+        raise ImportError(f"publish_table() and tables() need pyarrow >= {floor}, not "
+                          f"{version}: older pyarrow runs code from the bytes of a table it "
+                          f"reads (CVE-2023-47248); pip install 'pyarrow>={floor}'")
 
 
 def _checked(data: Any) -> Any:
@@ -125,14 +155,19 @@ async def publish_table_async(pub: Publication, data: pa.Table | pa.RecordBatch,
     return claim.result
 
 
-def decode_table(buffer: memoryview, copy: bool) -> pa.Table:
+def decode_table(buffer: memoryview, copy: bool, validate: bool = False) -> pa.Table:
     """The table in a table message: its column buffers are slices of ``buffer`` (``copy``
-    False: valid as long as its memory is) or of a private copy. ValueError for a message that
-    is not an IPC stream."""
+    False: valid as long as its memory is) or of a private copy. ``validate``: check every
+    buffer in full (offsets within their data, UTF-8 strings; linear in the table's bytes), so
+    a hostile message cannot make a table that reads outside its memory; without it pyarrow
+    checks only the structure. ValueError for a message that is not a valid IPC stream."""
     pa = require_pyarrow()
     source = pa.py_buffer(bytes(buffer) if copy else buffer)
     try:
-        return pa.ipc.open_stream(source).read_all()
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise ValueError(f"not an Arrow IPC stream (was it sent with publish_table?): "
-                         f"{e}") from None
+        table = pa.ipc.open_stream(source).read_all()
+        if validate:
+            table.validate(full=True)
+    except (pa.ArrowException, OSError) as e:  # (pyarrow reports a bad stream as OSError too)
+        raise ValueError(f"not an Arrow IPC stream, or a corrupt one (was it sent with "
+                         f"publish_table?): {e}") from None
+    return table

@@ -1,20 +1,22 @@
-"""No code from the network by default: a stranger's pickle never runs in ``objects()``.
+"""No code from the network by default: a stranger's pickle never runs in ``objects()``, and
+its arrays and tables are only ever data.
 
-A subscriber reads ``objects()`` on an unkeyed ``aeron:udp`` channel; a plain UDP socket in
-this test (no bus) makes the netbridge take its hand-made SETUP and DATA frames, the DATA
-carrying an object message whose unpickling would create a marker file. The real driver,
-netbridge and sockets; the only thing forged is the sender.
+A subscriber reads an unkeyed ``aeron:udp`` channel; a plain UDP socket in this test (no bus)
+makes the netbridge take its hand-made SETUP and DATA frames, the DATA carrying an object
+message whose unpickling would create a marker file, a table whose field claims pyarrow's
+pickled extension type, an array header naming objects. The real driver, netbridge and
+sockets; the only thing forged is the sender.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import pathlib
 import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 import shmbus
@@ -23,19 +25,11 @@ from shmbus.object_messages import object_parts
 from tests.conftest import start_driver, stop_driver
 from tests.netbridge.forged_peer import ForgedPeer, udp_socket
 from tests.netbridge.test_end_to_end import free_udp_port
+from tests.shmbus.test_hostile_array_headers import forged, header_text
+from tests.shmbus.test_hostile_tables import Marker, pickled_extension_table
 
 pytestmark = pytest.mark.timeout(120)
 STREAM = 4101
-
-
-class Marker:
-    """Unpickled, it creates the file ``path``: the stranger's code, made harmless."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return pathlib.Path.touch, (pathlib.Path(self.path),)
 
 
 def marker_message(path: Path) -> bytes:
@@ -124,3 +118,22 @@ def test_a_spy_on_an_unkeyed_udp_channel_refuses_too_and_a_keyed_channel_reads(
                 assert next(sub.objects(timeout=10)) == {"n": 3}
     finally:
         stop_driver(process)
+
+
+def test_a_forged_table_and_array_on_an_unkeyed_udp_channel_are_only_data(
+        bus_context, driver, tmp_path) -> None:
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    marker = tmp_path / "pwned"
+    with shmbus.connect(bus_context) as bus, bus.add_subscription(channel, STREAM) as sub, \
+            udp_socket() as sock:
+        peer = ForgedPeer(sock, ("127.0.0.1", port), STREAM)
+        peer.setup()
+        wait_for_image(sub)
+        peer.send(pickled_extension_table(marker).to_pybytes())
+        table = next(sub.tables(timeout=10))
+        assert not marker.exists()
+        assert table.schema.field("x").type == pa.binary()
+        peer.send(forged(header_text("|O", (2,)), bytes(16)))
+        with pytest.raises(ValueError, match="refused array message"):
+            next(sub.arrays(timeout=10))
