@@ -46,7 +46,7 @@ from shmbus.image import Image
 from shmbus.late_join import LateJoinSubscription, Recording
 from shmbus.publication import ConcurrentPublication, ExclusivePublication, Publication
 from shmbus.reconnection import DriverLoss, Reconnected
-from shmbus.remote_calls import requester_route, service_channel
+from shmbus.remote_calls import keyed_reply_channel, requester_route, service_channel
 from shmbus.requester import Requester
 from shmbus.responder import RequestHandler, Responder
 from shmbus.responder import group_name as responder_group
@@ -310,13 +310,16 @@ class Client:
         on another host, optionally with ``response-endpoint=host:port`` where its replies come
         back, see shmbus/remote_calls.py): ``request(data, timeout=)`` -> bytes, ``submit``
         for many in flight, ``request_async``. Its replies come on a response stream of its
-        own. ValueError for a channel request/reply does not run on; else raises as
-        add_publication and add_subscription do."""
+        own (over UDP with the service channel's ``key=``, if it names one). ValueError for a
+        channel request/reply does not run on; else raises as add_publication and
+        add_subscription do."""
         channel, reply_to = requester_route(channel)
         publication = self.add_publication(channel, stream_id)
         response_stream_id = response_stream_for(self._correlation())
         try:
-            replies = self.add_subscription(reply_to or RESPONSE_CHANNEL, response_stream_id)
+            replies = self.add_subscription(
+                RESPONSE_CHANNEL if reply_to is None else keyed_reply_channel(reply_to, channel),
+                response_stream_id)
             try:
                 counters = self._add_counters(
                     {type_id: call_label(TYPE_NAMES[type_id], channel, stream_id,
@@ -337,8 +340,11 @@ class Client:
         """A :class:`~shmbus.responder.Responder` answering the service on ``channel`` and
         ``stream_id`` (``aeron:ipc``, or unicast ``aeron:udp?endpoint=host:port`` to serve
         requesters on other hosts) with ``handler(request: bytes) -> bytes``; the responders
-        of a service on this bus share its requests, each to one of them. TypeError for a
-        handler that is not callable, ValueError for a channel request/reply does not run on."""
+        of a service on this bus share its requests, each to one of them. On ``aeron:udp``
+        without ``key=`` only requests whose reply-to is the host they came from are answered
+        (others are counted, ``rr-reflections-refused``); with a key, any, and the replies
+        carry it (shmbus/remote_calls.py). TypeError for a handler that is not callable,
+        ValueError for a channel request/reply does not run on."""
         channel, _ = service_channel(channel, requester=False)
         if not callable(handler):
             raise TypeError(f"handler must be callable, not {type(handler).__name__}")

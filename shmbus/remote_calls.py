@@ -27,13 +27,33 @@ The rules (pure; the one function that opens a socket says so):
 * a reply-to channel taken from a request is exactly ``aeron:udp?endpoint=host:port``: a
   request naming anything else is malformed (so a request cannot make a responder publish to
   an arbitrary channel or stream parameters).
+
+Who may be answered (no reflection). A request is a datagram, and anyone can send one naming
+any reply-to: a responder that answered every request would send its replies (and the SETUPs
+before them) wherever a stranger asks, a reflector aimed at third hosts. So:
+
+* a service channel **without a key**: a request is answered only when its reply-to host is
+  the host the request came from (the source address of its image, ``source_identity``
+  ``host:port``; the ports may differ). The hosts are compared as addresses: a reply-to naming
+  a host name is refused (name ``response-endpoint`` by the address of the interface toward the
+  service, as the default does). Any other request is dropped unanswered, counted
+  (``rr-reflections-refused``), and no publication to its reply-to is made. This stops
+  reflection to a third host, not a stranger: a forged source address still makes an unkeyed
+  responder answer the forged host (and run the handler), so a service open to an untrusted
+  network names a key.
+* a service channel **with a key** (``|key=K``, shmbus/keyring.py): only holders of K can send
+  a request, so any reply-to is answered; the replies go on the reply-to channel plus
+  ``|key=K`` from the responder's own service channel (never from the request, whose reply-to
+  stays exactly ``aeron:udp?endpoint=host:port``), and the requester subscribes to its reply
+  channel with the ``|key=K`` of its service channel: replies are sealed as the requests are.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 
-from shmbus.channel_uri import ChannelUri, ChannelUriError
+from shmbus.channel_uri import KEY, ChannelUri, ChannelUriError
 
 #: The requester's channel parameter naming its response endpoint (host:port).
 RESPONSE_ENDPOINT = "response-endpoint"
@@ -108,6 +128,37 @@ def check_reply_to(channel: str) -> str:
         raise ValueError(f"reply-to {channel!r} is not {_REPLY_TO_PREFIX}host:port")
     check_endpoint(channel[len(_REPLY_TO_PREFIX):], "reply-to")
     return channel
+
+
+def keyed_reply_channel(reply_to: str, service: str) -> str:
+    """The channel replies to ``reply_to`` travel on for the service on ``service`` (a driver
+    channel): ``reply_to`` with the service's ``key=``, or ``reply_to`` itself when the service
+    names none. The key is always the service's own, never anything a request says."""
+    key = ChannelUri.parse(service).key
+    return reply_to if key is None else f"{reply_to}|{KEY}={key}"
+
+
+def may_answer(reply_to: str, source_identity: str, service: str) -> bool:
+    """Whether a responder on ``service`` answers a request naming ``reply_to`` (a checked
+    reply-to channel) that came from ``source_identity`` (its image's ``host:port``): always on
+    a keyed service, else only when the reply-to host is the source's host (as addresses; the
+    ports may differ)."""
+    if ChannelUri.parse(service).key is not None:
+        return True
+    reply_host = _address(reply_to[len(_REPLY_TO_PREFIX):].rpartition(":")[0])
+    return reply_host is not None and reply_host == _address(source_identity.rpartition(":")[0])
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``host`` names (an IPv4-mapped IPv6 address as its IPv4 one), None for a
+    host name or anything else."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 def default_response_endpoint(service_endpoint: str) -> str:

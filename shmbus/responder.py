@@ -22,7 +22,11 @@ response stream, made at the first reply to that requester (waiting up to ``REPL
 for the requester's host to answer its SETUP) and kept while it stays connected; an idle
 serve() closes those that are no longer connected (the requester left). A request without a
 valid reply-to on a UDP service, or with one on an IPC service, is malformed: counted
-(``rr-handler-errors``) and dropped, never answered elsewhere.
+(``rr-handler-errors``) and dropped, never answered elsewhere. On a service channel without a
+key, a request whose reply-to names another host than the one it came from (its image's
+source) is dropped before its handler runs and counted (``rr-reflections-refused``), and no
+publication is made toward that host; on a keyed one, replies carry the service's key (the
+rule and why: shmbus/remote_calls.py).
 """
 
 from __future__ import annotations
@@ -35,11 +39,16 @@ from typing import TYPE_CHECKING, Any
 from shmbus.codes import NOT_CONNECTED
 from shmbus.errors import PublicationError, RegistrationError
 from shmbus.fragment_assembler import FragmentAssembler
-from shmbus.remote_calls import check_reply_to
+from shmbus.remote_calls import check_reply_to, keyed_reply_channel, may_answer
 from shmbus.shm import call_header
 from shmbus.shm._native import answer_requests as _answer_requests
 from shmbus.shm._native import offer_call as _offer_call
-from shmbus.shm.counters import RR_HANDLER_ERRORS, RR_REPLIES_DROPPED, RR_SERVED
+from shmbus.shm.counters import (
+    RR_HANDLER_ERRORS,
+    RR_REFLECTIONS_REFUSED,
+    RR_REPLIES_DROPPED,
+    RR_SERVED,
+)
 from shmbus.subscription_group import GroupSubscription
 
 if TYPE_CHECKING:
@@ -93,6 +102,7 @@ class Responder:
         self._on_close = on_close
         self._replies: dict[Destination, Publication] = {}
         self._member: GroupMemberCore | None = None  # the one polled now
+        self._source = ""  # the source identity of the image polled now (UDP)
         #: a service on aeron:udp: requests name their reply-to channel
         self.remote = remote
         self._sweep_at = 0.0
@@ -152,6 +162,7 @@ class Responder:
         assembler = self._assembler
         for image in self._requests.images:
             member = self._member = image._member
+            self._source = image.source_identity
             fragments += member.poll(assembler, max(1, limit - fragments))
             if fragments >= limit:
                 break
@@ -236,16 +247,21 @@ class Responder:
         self._reply(stream_id, _REPLY, correlation_id, reply)
 
     def _on_remote_request(self, buffer: memoryview, header: Header) -> None:
-        """A request to a service on aeron:udp: answer it on the reply-to channel it names."""
+        """A request to a service on aeron:udp: answer it on the reply-to channel it names,
+        if it may be answered there (see shmbus/remote_calls.py)."""
         try:
             kind, flags, stream_id, correlation_id = call_header.unpack(buffer)
             if kind != _REQUEST or not flags & _REPLY_TO:
                 raise call_header.MalformedCall("not a request with a reply-to")
             channel, at = call_header.read_reply_to(buffer)
-            destination = (check_reply_to(channel), stream_id)
+            reply_to = check_reply_to(channel)
         except ValueError:  # MalformedCall among them
             self._counters.add(RR_HANDLER_ERRORS)
             return
+        if not may_answer(reply_to, self._source, self.channel):
+            self._counters.add(RR_REFLECTIONS_REFUSED)
+            return
+        destination = (keyed_reply_channel(reply_to, self.channel), stream_id)
         member = self._member
         if member is not None and member.handed_on and not flags & call_header.IDEMPOTENT:
             self._reply(destination, call_header.LOST, correlation_id, b"")

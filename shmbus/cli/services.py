@@ -20,6 +20,7 @@ from shmbus.shm.counters import (
     RR_HANDLER_ERRORS,
     RR_IN_FLIGHT,
     RR_LATE,
+    RR_REFLECTIONS_REFUSED,
     RR_REPLIES_DROPPED,
     RR_SERVED,
     RR_TIMED_OUT,
@@ -31,7 +32,8 @@ _LABEL = re.compile(r"^rr-[\w-]+: 0 0 (?P<stream>-?\d+) (?P<channel>\S+) "
 _REQUESTER_TOTALS = {RR_IN_FLIGHT: "in_flight", RR_ANSWERED: "answered", RR_FAILED: "failed",
                      RR_TIMED_OUT: "timed_out", RR_LATE: "late_dropped"}
 _RESPONDER_TOTALS = {RR_SERVED: "served", RR_HANDLER_ERRORS: "handler_errors",
-                     RR_REPLIES_DROPPED: "replies_dropped"}
+                     RR_REPLIES_DROPPED: "replies_dropped",
+                     RR_REFLECTIONS_REFUSED: "reflections_refused"}
 
 
 @dataclass
@@ -58,7 +60,8 @@ class ServiceView:
                 f"{len(self.requester_pids)} requester(s); in flight {t['in_flight']}, "
                 f"answered {t['answered']}, failed {t['failed']}, timed out {t['timed_out']}, "
                 f"late replies dropped {t['late_dropped']}; served {t['served']}, handler "
-                f"errors {t['handler_errors']}, replies dropped {t['replies_dropped']}")
+                f"errors {t['handler_errors']}, replies dropped {t['replies_dropped']}, "
+                f"reflections refused {t['reflections_refused']}")
 
 
 def analyse_services(counters: Iterable[Counter]) -> list[ServiceView]:

@@ -78,8 +78,10 @@ GROUP_ORPHAN = 32
 GROUP_MEMBERS = 33
 GROUP_REDELIVERED = 34
 #: request/reply (shmbus's own): a requester's calls in flight, answered, failed, timed out and
-#: the late replies it dropped; a responder's requests served, handler errors, and the replies
-#: it dropped because their requester was gone. Labels: ``<type>: 0 0 <stream> <channel> ...``
+#: the late replies it dropped; a responder's requests served, handler errors, the replies it
+#: dropped because their requester was gone, and the requests it refused to answer because
+#: their reply-to named another host than theirs on an unkeyed channel (shmbus/remote_calls.py).
+#: Labels: ``<type>: 0 0 <stream> <channel> ...``
 RR_IN_FLIGHT = 40
 RR_ANSWERED = 41
 RR_FAILED = 42
@@ -88,8 +90,9 @@ RR_LATE = 44
 RR_SERVED = 45
 RR_HANDLER_ERRORS = 46
 RR_REPLIES_DROPPED = 47
+RR_REFLECTIONS_REFUSED = 48
 REQUESTER_COUNTERS = (RR_IN_FLIGHT, RR_ANSWERED, RR_FAILED, RR_TIMED_OUT, RR_LATE)
-RESPONDER_COUNTERS = (RR_SERVED, RR_HANDLER_ERRORS, RR_REPLIES_DROPPED)
+RESPONDER_COUNTERS = (RR_SERVED, RR_HANDLER_ERRORS, RR_REPLIES_DROPPED, RR_REFLECTIONS_REFUSED)
 #: The key of a grp-claim counter: the ids of its group's grp-pos and grp-orphan counters, and
 #: the member's token for the group's claim lock.
 GROUP_CLAIM_KEY = struct.Struct("<iiq")
@@ -122,6 +125,7 @@ TYPE_NAMES: dict[int, str] = {
     RR_SERVED: "rr-served",
     RR_HANDLER_ERRORS: "rr-handler-errors",
     RR_REPLIES_DROPPED: "rr-replies-dropped",
+    RR_REFLECTIONS_REFUSED: "rr-reflections-refused",
 }
 
 

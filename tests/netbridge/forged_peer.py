@@ -1,9 +1,11 @@
-"""A stranger on the network: a plain UDP socket that speaks just enough of Aeron's wire
-protocol (netbridge/frames.py) to have a netbridge place its bytes in a subscriber's log.
+"""A stranger on the network: plain UDP sockets that speak just enough of Aeron's wire
+protocol (netbridge/frames.py) to talk to a netbridge.
 
-No bus, no driver: the peer sends a hand-made SETUP until the netbridge answers with a status
-message (its image is made), then DATA frames, one whole message each, one after another in
-the term. Every wait is bounded.
+No bus, no driver. :class:`ForgedPeer` sends: a hand-made SETUP until the netbridge answers
+with a status message (its image is made), then DATA frames, one whole message each, one after
+another in the term. :class:`ForgedReceiver` receives: it answers a publication's SETUP with a
+status message, so the publication connects, and keeps the messages of its DATA frames. Every
+wait is bounded.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from netbridge.frames import (
+    DataHeader,
     MalformedFrame,
     SetupFrame,
     StatusMessage,
@@ -86,6 +89,44 @@ class ForgedPeer:
         assert frame.frame_length <= MTU, f"a message of {len(message)} bytes is past the MTU"
         self.sock.sendto(encode_datagram([frame]), self.endpoint)
         self.term_offset += align(frame.frame_length)
+
+
+@dataclass
+class ForgedReceiver:
+    """A plain socket at an endpoint a publication sends to: it answers each SETUP with a
+    status message (window ``window``) and keeps the payload of each whole DATA frame."""
+
+    sock: socket.socket
+    window: int = 1 << 16
+    messages: list[bytes] = field(default_factory=list)
+    setups: int = 0
+
+    def receive(self, seconds: float, count: int = 1) -> list[bytes]:
+        """Serve for up to ``seconds``, until ``count`` messages came; the messages so far."""
+        deadline = time.monotonic() + seconds
+        while len(self.messages) < count and (remaining := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(remaining)
+            try:
+                datagram, source = self.sock.recvfrom(65536)
+            except TimeoutError:
+                break
+            try:
+                frames = list(decode_frames(datagram))
+            except MalformedFrame:
+                continue
+            for frame in frames:
+                if isinstance(frame, SetupFrame):
+                    self.setups += 1
+                    status = StatusMessage(
+                        session_id=frame.session_id, stream_id=frame.stream_id,
+                        consumption_term_id=frame.active_term_id,
+                        consumption_term_offset=frame.term_offset,
+                        receiver_window=self.window, receiver_id=0x7E57)
+                    self.sock.sendto(encode_datagram([status]), source)
+                elif (isinstance(frame, DataHeader) and not frame.is_padding
+                      and not frame.is_heartbeat and frame.is_begin and frame.is_end):
+                    self.messages.append(bytes(frame.payload))
+        return self.messages
 
 
 def udp_socket(host: str = "127.0.0.1") -> socket.socket:

@@ -84,12 +84,17 @@ def test_a_forged_pickle_on_an_unkeyed_udp_channel_is_refused_and_never_runs(
         assert obj is None and marker.exists()  # (Path.touch returns None)
 
 
-def keyed_context(context: shmbus.Context, folder: Path, name: str) -> shmbus.Context:
-    """``context`` with a keyring (mode 0600) holding a fresh key ``name``."""
+def write_keyring(folder: Path, name: str) -> str:
+    """The path of a new keyring (mode 0600) in ``folder`` holding a fresh key ``name``."""
     path = folder / "keyring"
     path.write_text(new_key_line(name) + "\n")
     path.chmod(0o600)
-    return dataclasses.replace(context, keyring=str(path))
+    return str(path)
+
+
+def keyed_context(context: shmbus.Context, folder: Path, name: str) -> shmbus.Context:
+    """``context`` with a keyring holding a fresh key ``name``."""
+    return dataclasses.replace(context, keyring=write_keyring(folder, name))
 
 
 def test_a_spy_on_an_unkeyed_udp_channel_refuses_too_and_a_keyed_channel_reads(

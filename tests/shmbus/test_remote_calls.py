@@ -69,3 +69,40 @@ def test_a_requester_without_a_response_endpoint_gets_a_free_port_toward_the_ser
     assert rc.requester_route("aeron:ipc") == ("aeron:ipc", None)
     assert rc.requester_route("aeron:udp?endpoint=h:1|response-endpoint=10.0.0.9:77") == (
         "aeron:udp?endpoint=h:1", "aeron:udp?endpoint=10.0.0.9:77")
+
+
+@pytest.mark.parametrize("reply_to, source, answered", [
+    ("aeron:udp?endpoint=10.0.0.1:40124", "10.0.0.1:51234", True),  # the ports may differ
+    ("aeron:udp?endpoint=10.0.0.1:40124", "10.0.0.9:51234", False),  # a third host
+    ("aeron:udp?endpoint=127.0.0.2:40124", "127.0.0.1:51234", False),
+    ("aeron:udp?endpoint=localhost:40124", "127.0.0.1:51234", False),  # names, not addresses
+    ("aeron:udp?endpoint=[::1]:40124", "::1:51234", True),
+    ("aeron:udp?endpoint=[::1]:40124", "[::1]:51234", True),
+    ("aeron:udp?endpoint=10.0.0.1:40124", "::ffff:10.0.0.1:51234", True),  # IPv4-mapped
+    ("aeron:udp?endpoint=[::ffff:10.0.0.1]:40124", "10.0.0.1:51234", True),
+    ("aeron:udp?endpoint=10.0.0.1:40124", "ipc", False),
+    ("aeron:udp?endpoint=10.0.0.1:40124", "", False),
+])
+def test_an_unkeyed_service_answers_only_the_host_a_request_came_from(reply_to, source,
+                                                                      answered):
+    service = "aeron:udp?endpoint=10.0.0.2:40123"
+    assert rc.may_answer(reply_to, source, service) is answered
+    # a keyed service answers every reply-to: the key authenticated the request
+    assert rc.may_answer(reply_to, source, f"{service}|key=prod-a") is True
+
+
+def test_replies_carry_the_key_of_the_service_channel_and_nothing_else():
+    reply_to = "aeron:udp?endpoint=10.0.0.1:40124"
+    assert rc.keyed_reply_channel(reply_to, "aeron:udp?endpoint=10.0.0.2:40123") == reply_to
+    assert rc.keyed_reply_channel(
+        reply_to, "aeron:udp?endpoint=10.0.0.2:40123|mtu=1408|key=prod-a") == (
+        f"{reply_to}|key=prod-a")
+    # the reply-to a request carries stays exactly aeron:udp?endpoint=host:port
+    with pytest.raises(ValueError, match="reply-to"):
+        rc.check_reply_to(f"{reply_to}|key=prod-a")
+    keyed = "aeron:udp?endpoint=127.0.0.1:40123|key=prod-a|response-endpoint=127.0.0.1:7"
+    service, requester_reply_to = rc.requester_route(keyed)
+    assert service == "aeron:udp?endpoint=127.0.0.1:40123|key=prod-a"
+    assert requester_reply_to == "aeron:udp?endpoint=127.0.0.1:7"
+    assert rc.keyed_reply_channel(requester_reply_to, service) == (
+        "aeron:udp?endpoint=127.0.0.1:7|key=prod-a")

@@ -56,11 +56,12 @@ def test_streams_and_stat_show_a_service(bus_context: shmbus.Context, driver: An
     assert len(service["responders"]) == 1 and len(service["requesters"]) == 1
     assert (service["answered"], service["failed"], service["timed_out"],
             service["in_flight"]) == (5, 1, 1, 1)
-    assert service["handler_errors"] == 1
+    assert service["handler_errors"] == 1 and service["reflections_refused"] == 0
     assert (f"service aeron:ipc stream {STREAM}: 1 responder(s)" in text
-            and "in flight 1, answered 5, failed 1, timed out 1" in text)
+            and "in flight 1, answered 5, failed 1, timed out 1" in text
+            and "reflections refused 0" in text)
     types = {c["type"]: c["value"] for c in json.loads(stat.stdout)["counters"]
              if c["stream_id"] == STREAM}
     assert types["rr-answered"] == 5 and types["rr-timed-out"] == 1
-    assert {"rr-served", "rr-handler-errors", "rr-replies-dropped", "rr-in-flight",
-            "rr-failed", "rr-late"} <= set(types)
+    assert {"rr-served", "rr-handler-errors", "rr-replies-dropped", "rr-reflections-refused",
+            "rr-in-flight", "rr-failed", "rr-late"} <= set(types)

@@ -39,6 +39,7 @@ from shmbus.shm.counters import (
     REQUESTER_COUNTERS,
     RESPONDER_COUNTERS,
     RR_IN_FLIGHT,
+    RR_REFLECTIONS_REFUSED,
     RR_REPLIES_DROPPED,
     SECOND_WORD_OFFSET,
     SND_BPE,
@@ -107,11 +108,12 @@ def test_type_ids_are_aerons_and_named() -> None:
     assert (GROUP_POS, GROUP_CLAIM, GROUP_ORPHAN, GROUP_MEMBERS, GROUP_REDELIVERED) == (
         30, 31, 32, 33, 34)
     assert type_name(GROUP_CLAIM) == "grp-claim"
-    # request/reply (shmbus's own): a requester's five, a responder's three
-    assert (*REQUESTER_COUNTERS, *RESPONDER_COUNTERS) == tuple(range(40, 48))
+    # request/reply (shmbus's own): a requester's five, a responder's four
+    assert (*REQUESTER_COUNTERS, *RESPONDER_COUNTERS) == tuple(range(40, 49))
     assert type_name(RR_IN_FLIGHT) == "rr-in-flight"
     assert type_name(RR_REPLIES_DROPPED) == "rr-replies-dropped"
-    assert len(set(TYPE_NAMES.values())) == len(TYPE_NAMES) == 26
+    assert type_name(RR_REFLECTIONS_REFUSED) == "rr-reflections-refused"
+    assert len(set(TYPE_NAMES.values())) == len(TYPE_NAMES) == 27
 
 
 def test_should_allocate_counters_from_zero(manager: CountersManager) -> None:
