@@ -218,7 +218,6 @@ class Subscription(SubscriptionCore):
         is validated in full before it is handed out (any host may have written it: offsets
         and strings are checked, linear in its bytes); on IPC, where the writers are this
         user's processes, only its structure is."""
-        # (a small message is a private copy already)
         return views(self, timeout, self._table_reading(copy), hold=not copy)
 
     def tables_async(self, timeout: float | None = None,
@@ -229,6 +228,7 @@ class Subscription(SubscriptionCore):
     def _table_reading(self, copy: bool) -> Callable[[MessageView], Any]:
         """The transform of :func:`views` for ``tables()``."""
         validate = not self.channel.startswith("aeron:ipc")
+        # (a small message is a private copy already: only a view of a block is copied)
         return lambda view: decode_table(view.buffer, copy and view.zero_copy, validate)
 
     # -- asyncio ----------------------------------------------------------------------------
