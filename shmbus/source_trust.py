@@ -7,11 +7,12 @@ channel's endpoint: any host that can send one there (its source address forged 
 writer. A channel naming a key (``|key=<name>``, shmbus/keyring.py) has its datagrams sealed,
 so only the holders of that key write to it.
 
-The rule: a subscription on ``aeron:udp`` (or a spy on one) without ``key=`` reads objects
+The rule: a subscription on ``aeron:udp`` without ``key=`` reads objects
 only when its reader passes ``trust_unkeyed_network=True``; otherwise each message is refused
 with :class:`~shmbus.errors.UntrustedSourceError` before a byte of it is decoded. The rule
-goes by the subscription's channel, not by an image's claimed source. A channel that does not
-parse counts as unkeyed network (refused). Pure.
+goes by the subscription's channel, not by an image's claimed source. A spy
+(``aeron-spy:aeron:udp?...``) reads this host's own publications, so it is trusted as IPC is.
+A channel that does not parse counts as unkeyed network (refused). Pure.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ TRUST_OPTION = "trust_unkeyed_network"
 
 def unkeyed_network(channel: str) -> bool:
     """True when any host may write what a subscription on ``channel`` reads: ``aeron:udp``
-    (a spy on one too) without ``key=``, or a channel that does not parse."""
+    without ``key=`` (not a spy), or a channel that does not parse."""
     try:
         uri = ChannelUri.parse(channel)
     except ChannelUriError:
         return True
-    return uri.media == "udp" and uri.key is None
+    return uri.media == "udp" and uri.key is None and not uri.spy
 
 
 def refusal(channel: str, source: str) -> UntrustedSourceError:

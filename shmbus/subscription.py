@@ -169,7 +169,7 @@ class Subscription(SubscriptionCore):
         object is asked for, as in :meth:`arrays`; ``copy=True`` to keep them (the shared memory
         is then released at once).
 
-        On an ``aeron:udp`` channel (or a spy on one) without ``key=``, any host that can send
+        On an ``aeron:udp`` channel without ``key=``, any host that can send
         a datagram to the endpoint is a writer, so each message there is refused before any of
         it is decoded: :class:`~shmbus.errors.UntrustedSourceError`, naming the channel and the
         image's source (the refused message is consumed; the next call reads on). Name a key on

@@ -13,7 +13,6 @@ from shmbus.source_trust import TRUST_OPTION, refusal, unkeyed_network
     "aeron:udp?endpoint=10.0.0.2:40123",
     "aeron:udp?endpoint=224.0.1.1:40457|interface=10.0.0.1",
     "aeron:udp?control=10.0.0.1:40001|control-mode=dynamic",
-    "aeron-spy:aeron:udp?endpoint=10.0.0.2:40123",
     "aeron:udp?endpoint=10.0.0.2:40123|consumer-group=rr-5",
     "not a channel",
 ])
@@ -27,8 +26,9 @@ def test_unkeyed_network_channels_and_unparseable_ones_are_untrusted(channel: st
     "aeron:ipc?consumer-group=workers",
     "aeron:udp?endpoint=10.0.0.2:40123|key=prod-a",
     "aeron-spy:aeron:udp?endpoint=10.0.0.2:40123|key=prod-a",
+    "aeron-spy:aeron:udp?endpoint=10.0.0.2:40123",  # this host's own publications
 ])
-def test_ipc_and_keyed_channels_are_trusted(channel: str) -> None:
+def test_ipc_spies_and_keyed_channels_are_trusted(channel: str) -> None:
     assert not unkeyed_network(channel)
 
 

@@ -13,9 +13,9 @@ pings a second, and the CPU of each side's bridge and driver; its targets are ch
 end.
 
 Authenticated channels: the same measurements on the default channel with ``|key=bench``
-(channel ``keyed``: both netbridges seal and open every datagram, ChaCha20-Poly1305), beside
+(channel ``keyed``: both netbridges seal and open every datagram, AES-256-GCM), beside
 pyzmq with CURVE security (the same loops as plaintext zmq; the binding end the CURVE server).
-The run makes its own keyring: a fresh key named ``bench`` (shmbus.keyring.new_key_line) in a
+The run makes its own keyring: a fresh key named ``bench`` (``shmbus keygen``) in a
 0600 file in its temporary directory, Context.keyring of both buses. The second table sets
 each authenticated row beside its plaintext twin: msg/s (ping-pong: p50), the ratio, and
 authenticated shmbus over zmq CURVE. Each shmbus run also reads its netbridge's channel
@@ -172,7 +172,7 @@ TUNED_CHANNEL = ChannelConfig("mtu 64K, rcv-wnd 2M",
                               "mtu=65504|rcv-wnd=2097152|term-length=4194304")
 #: the name of the key that seals the authenticated channel, in the run's own keyring
 KEY_NAME = "bench"
-#: the default channel, authenticated: every datagram sealed with ChaCha20-Poly1305 under the
+#: the default channel, authenticated: every datagram sealed with AES-256-GCM under the
 #: keyring's key KEY_NAME (netbridge/sealing.py); nothing else differs from DEFAULT_CHANNEL
 KEYED_CHANNEL = ChannelConfig(f"default, key={KEY_NAME}", f"key={KEY_NAME}")
 
@@ -197,14 +197,11 @@ class Buses:
 
 
 def make_keyring(root: Path) -> Path:
-    """The run's keyring: ``root/keyring``, mode 0600, one fresh key named KEY_NAME
-    (shmbus.keyring.new_key_line); both buses read it."""
-    from shmbus.keyring import new_key_line
-
+    """The run's keyring: ``root/keyring`` with one fresh key named KEY_NAME, made as a user
+    makes it (``shmbus keygen``: mode 0600); both buses read it."""
     path = root / "keyring"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(new_key_line(KEY_NAME) + "\n")
+    subprocess.run([sys.executable, "-m", "shmbus", "keygen", KEY_NAME, "--keyring", str(path)],
+                   check=True, capture_output=True, timeout=60)
     return path
 
 
@@ -671,7 +668,7 @@ notes:
     recv() (copy=False for 4 KiB), each message checked as offer/messages()'s.
     Aeron C: streaming_publisher -L size -m N (its own total: N over the time to offer them).
   authenticated: [{KEYED_CHANNEL.name}] is the default channel with key={KEY_NAME}: both
-    netbridges seal and open every datagram (ChaCha20-Poly1305, OpenSSL libcrypto) with the
+    netbridges seal and open every datagram (AES-256-GCM, OpenSSL libcrypto) with the
     key of that name in the run's keyring (a fresh key in a 0600 file in a temporary
     directory, Context.keyring of both buses); zmq CURVE: the same loops as zmq's, the
     binding end a CURVE server (curve_server, curve_secretkey/publickey), the connecting end

@@ -589,8 +589,8 @@ def test_streams_of_a_network_publication_and_image() -> None:
     assert image.verdict.sentence == (
         "receiving; slowest subscriber pid 4242 (w), 1000 B behind rcv-pos; 1000 B between "
         "rcv-pos and rcv-hwm (loss being repaired)")
-    assert image.line().startswith(f"stream 9 session -5 {udp} (plaintext) image from 127.0.0.1:4000: "
-                                   f"rcv-pos 4,000, rcv-hwm 5,000")
+    assert image.line().startswith(f"stream 9 session -5 {udp} (plaintext) image from "
+                                   f"127.0.0.1:4000: rcv-pos 4,000, rcv-hwm 5,000")
     views = {v.counter.counter_id: v for v in busstat.describe_counters(snap)}
     assert (views[15].stream_id, views[15].session_id, views[15].channel) == (9, -5, udp)
     assert (views[15].client_pid, views[10].client_pid, views[13].client_pid) == (4242, 4240,
