@@ -38,7 +38,8 @@ def channel_counters(context: shmbus.Context) -> dict[str, int]:
 @pytest.mark.parametrize("loss", ["", "drop=0.05,dup=0.05,reorder=0.05,seed=11"],
                          ids=["clean", "5%-loss-dup-reorder"])
 def test_a_million_messages_cross_exactly_once_in_order(shm_dir, loss: str) -> None:
-    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, loss)
+    # the endpoint's counters are read after its subscriber left: it lingers that long
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, loss, netbridge_endpoint_linger=60.0)
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     spawn = mp.get_context("spawn")
     try:
