@@ -100,6 +100,22 @@ class Relay:
         self.sock.close()
 
 
+def keyed_stream(pool: Any, spawn: Any, ctx_a: shmbus.Context, ctx_b: shmbus.Context,
+                 relay: Relay, count: int) -> tuple[Any, Any]:
+    """``count`` checked messages on stream 7 of a keyed channel, bus A to bus B through
+    ``relay``, paced at 15,000 a second (so faults strike mid-stream): the subscriber's and
+    the publisher's async results."""
+    host, port = relay.endpoint
+    ready = spawn.Manager().Event()
+    sub = pool.apply_async(bridge_workers.subscribe, (
+        ctx_b, f"aeron:udp?endpoint={host}:{port}|key={KEY}", 7, count, 120, ready))
+    assert ready.wait(30)
+    pub = pool.apply_async(bridge_workers.publish, (
+        ctx_a, f"aeron:udp?endpoint={relay.address[0]}:{relay.address[1]}|key={KEY}", 7, count,
+        120, 15_000))
+    return sub, pub
+
+
 def channel_counters(context: shmbus.Context) -> dict[str, int]:
     with shmbus.connect(context) as bus:
         return {c.label.split(":")[0]: c.value for c in bus.counters.counters()
@@ -160,14 +176,7 @@ def test_a_stranger_cannot_write_into_a_keyed_stream_and_every_drop_is_counted(
                  for kind in ("plaintext", "unknown key", "bad tag", "replayed")}
     try:
         with spawn.Pool(2) as pool:
-            ready = spawn.Manager().Event()
-            sub = pool.apply_async(bridge_workers.subscribe, (
-                ctx_b, f"aeron:udp?endpoint={endpoint[0]}:{endpoint[1]}|key={KEY}", 7, count,
-                120, ready))
-            assert ready.wait(30)
-            pub = pool.apply_async(bridge_workers.publish, (
-                ctx_a, f"aeron:udp?endpoint={relay.address[0]}:{relay.address[1]}|key={KEY}",
-                7, count, 120, 15_000))  # paced: the stranger strikes mid-stream
+            sub, pub = keyed_stream(pool, spawn, ctx_a, ctx_b, relay, count)
             relay.wait_recorded(200, 30)
             recorded = list(relay.recorded)
             sent = {"plaintext": 0, "unknown key": 0, "bad tag": 0, "replayed": 0}
@@ -280,14 +289,7 @@ def test_a_key_rotated_under_load_loses_duplicates_and_reorders_nothing(
     spawn = mp.get_context("spawn")
     try:
         with spawn.Pool(2) as pool:
-            ready = spawn.Manager().Event()
-            sub = pool.apply_async(bridge_workers.subscribe, (
-                ctx_b, f"aeron:udp?endpoint={endpoint[0]}:{endpoint[1]}|key={KEY}", 7, count,
-                120, ready))
-            assert ready.wait(30)
-            pub = pool.apply_async(bridge_workers.publish, (
-                ctx_a, f"aeron:udp?endpoint={relay.address[0]}:{relay.address[1]}|key={KEY}",
-                7, count, 120, 15_000))  # about 8 s of stream
+            sub, pub = keyed_stream(pool, spawn, ctx_a, ctx_b, relay, count)
             relay.wait_recorded(100, 30)
             for lines in ([old, new + " receive-only"], [old, new], [new]):
                 time.sleep(1.5)  # the netbridges look at the keyring every second
