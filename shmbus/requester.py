@@ -452,7 +452,9 @@ class Requester:
             self._counters.add(RR_LATE)
             return
         with self._lock:
-            if correlation_id == self._alone:  # a lone call's, not in the table yet
+            # a lone call's, not in the table yet (0: no lone call, and no call has id 0; a
+            # second reply to it is late, as any reply to a settled call)
+            if self._alone and correlation_id == self._alone and self._alone_early is None:
                 self._alone_early = (kind, correlation_id, message[_HEADER_LENGTH:])
                 return
             if self._table.on_reply(kind, correlation_id,

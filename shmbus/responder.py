@@ -226,7 +226,8 @@ class Responder:
                 kind = 0
         else:
             kind = 0
-        if kind != _REQUEST or flags & _REPLY_TO:  # malformed, not a request, or not for IPC
+        # malformed, not a request, or not for IPC (a reply-to, or flags version 1 has not)
+        if kind != _REQUEST or flags & ~call_header.IDEMPOTENT:
             self._counters.add(RR_HANDLER_ERRORS)
             return
         member = self._member
