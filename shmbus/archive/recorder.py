@@ -69,7 +69,7 @@ from shmbus.client import Client, connect
 from shmbus.context import Context
 from shmbus.idle_strategy import BackoffIdleStrategy
 from shmbus.image import FragmentBatch, Image
-from shmbus.large_messages import LARGE_FLAG
+from shmbus.large_messages import REFERENCE_FLAGS
 from shmbus.shm.log_buffer import (
     END_FLAG,
     HDR_TYPE_PAD,
@@ -550,7 +550,10 @@ class Recorder:
             return
         large: dict[int, memoryview] = {}
         try:
-            for k in np.flatnonzero(batch.flags & LARGE_FLAG).tolist():
+            # (reference frames: whole-message frames with the large flag; on a fragment
+            # the flag means nothing, see shmbus/large_messages.py)
+            for k in np.flatnonzero((batch.flags & REFERENCE_FLAGS) == REFERENCE_FLAGS
+                                    ).tolist():
                 # the block is held while this recorder's position is before its frame
                 block = image._large_view(bytes(batch.payload(k)))
                 if block is None:
