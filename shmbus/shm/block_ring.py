@@ -122,20 +122,25 @@ class BlockRingFullError(Exception):
     """No room in the ring until readers move on (back-pressure)."""
 
 
+class CorruptReferenceError(ValueError):
+    """A large-message reference no writer of the ring made; the message names what is wrong.
+    Readers drop its frame (poll and take alike) and raise this once."""
+
+
 def encode_reference(ring_position: int, length: int) -> bytes:
     """The payload of the log frame that refers to a block."""
     return _REFERENCE.pack(_REFERENCE_MAGIC, 1, 0, ring_position, length)
 
 
 def decode_reference(payload: bytes | memoryview) -> tuple[int, int]:
-    """(ring position, payload length) of a reference frame's payload; ValueError if it is
-    not one."""
+    """(ring position, payload length) of a reference frame's payload; CorruptReferenceError
+    (a ValueError) if it is not one."""
     if len(payload) != REFERENCE_LENGTH:
-        raise ValueError(f"a large-message reference has {REFERENCE_LENGTH} bytes, "
-                         f"not {len(payload)}")
+        raise CorruptReferenceError(f"a large-message reference has {REFERENCE_LENGTH} bytes, "
+                                    f"not {len(payload)}")
     magic, version, _, ring_position, length = _REFERENCE.unpack(payload)
     if magic != _REFERENCE_MAGIC or version != 1 or ring_position < 0 or length < 0:
-        raise ValueError(f"not a large-message reference: {bytes(payload)!r}")
+        raise CorruptReferenceError(f"not a large-message reference: {bytes(payload)!r}")
     return ring_position, length
 
 
@@ -454,7 +459,8 @@ class BlockRing:
         driver freed it: its reader was no longer counted, dropped as dead or resting), or the
         ring is closed (its image closed meanwhile).
 
-        ValueError, naming the ring and what is wrong, for a reference no writer of this ring
+        CorruptReferenceError (a ValueError), naming the ring and what is wrong, for a
+        reference no writer of this ring
         made: not a reference, not at the start of a block of that length, past the end of
         the ring or past what writers reserved, into a ring no writer used, or into a ring
         file whose size is not the one its header says (cut short or replaced). A reader must
@@ -497,9 +503,9 @@ class BlockRing:
         finally:
             self.leave()
 
-    def _not_a_block(self, ring_position: int, length: int, why: str) -> ValueError:
-        return ValueError(f"corrupt large-message reference to ring position {ring_position}, "
-                          f"{length} bytes, in {self.path}: {why}")
+    def _not_a_block(self, ring_position: int, length: int, why: str) -> CorruptReferenceError:
+        return CorruptReferenceError(f"corrupt large-message reference to ring position "
+                                     f"{ring_position}, {length} bytes, in {self.path}: {why}")
 
     # -- the driver -----------------------------------------------------------------------------
 

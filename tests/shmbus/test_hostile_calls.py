@@ -26,8 +26,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmbus
+from shmbus.large_messages import REFERENCE_FLAGS
 from shmbus.remote_calls import check_reply_to
 from shmbus.responder import Responder
+from shmbus.shm import block_ring as br
 from shmbus.shm import call_header as ch
 from shmbus.shm.counters import RR_HANDLER_ERRORS, RR_LATE, RR_REFLECTIONS_REFUSED
 from tests.shmbus.driver.test_driver_processes import wait_until
@@ -43,16 +45,22 @@ MALFORMED = [(ch.REPLY, 0, ch.VERSION), (ch.ERROR, 0, ch.VERSION), (0, 0, ch.VER
              (ch.REQUEST, 0x04, ch.VERSION), (ch.REQUEST, 0x80 | ch.IDEMPOTENT, ch.VERSION),
              None]
 
+#: payloads of large-message reference frames no writer made (shmbus/shm/block_ring.py)
+REFERENCES = [b"", b"SHBL", bytes(24), br.encode_reference(1 << 40, 10),
+              br.encode_reference(4097, 10), br.encode_reference(0, 2**62)]
+
 hostile_requests = st.lists(st.one_of(
     st.tuples(st.just("malformed"), st.sampled_from(MALFORMED), st.binary(max_size=40)),
     st.tuples(st.just("garbage"), st.sampled_from([0, 5, 15, 9000, 20_000]), st.binary()),
     st.tuples(st.just("unknown-id"), st.sampled_from([0, ch.IDEMPOTENT]), st.binary(max_size=40)),
+    st.tuples(st.just("corrupt-reference"), st.sampled_from(REFERENCES), st.just(b"")),
 ), max_size=6)
 hostile_replies = st.lists(st.one_of(
     st.tuples(st.just("malformed"), st.sampled_from(MALFORMED), st.binary(max_size=40)),
     st.tuples(st.just("request"), st.sampled_from([0, ch.IDEMPOTENT]), st.binary(max_size=40)),
     st.tuples(st.just("unknown-id"), st.sampled_from([ch.REPLY, ch.ERROR, ch.LOST]),
               st.sampled_from([0, 2**40, 2**63 - 1, -1])),
+    st.tuples(st.just("corrupt-reference"), st.sampled_from(REFERENCES), st.just(b"")),
 ), max_size=6)
 
 
@@ -62,6 +70,17 @@ def bus_context(bus_context):
     trip: a client timed out mid-example has its claimed requests handed on (answered again,
     counted twice), which is not what this test is about."""
     return bus_context.with_(client_liveness_timeout=10.0)
+
+
+def forge_reference(publication: Any, payload: bytes) -> None:
+    """Append a large-message reference frame of ``payload``, as a writer of the log may."""
+    result, frame_offset = publication._claim(len(payload), 0)
+    assert result > 0
+    view = publication._claim_view(frame_offset, len(payload))
+    view[:] = payload
+    view.release()
+    publication.log.buffer.put_bytes(frame_offset + 5, bytes([REFERENCE_FLAGS]))
+    publication._commit(frame_offset)
 
 
 def malformed(shape: tuple[int, int, int] | None, rest: bytes, response_stream: int) -> bytes:
@@ -79,9 +98,15 @@ def test_hostile_requests_and_replies_are_counted_and_real_calls_answered(bus_co
         raw_replies = bus.add_publication(ch.RESPONSE_CHANNEL, requester.response_stream_id)
         stop = threading.Event()
 
+        served: list[BaseException] = []
+
         def serve() -> None:
-            while not stop.is_set():
-                responder.serve(timeout=0.05)
+            try:
+                while not stop.is_set():
+                    responder.serve(timeout=0.05)
+            except BaseException as e:  # a hostile request must not end the serve loop
+                served.append(e)
+                raise
 
         server = threading.Thread(target=serve, daemon=True)
         server.start()
@@ -137,6 +162,10 @@ def test_hostile_requests_and_replies_are_counted_and_real_calls_answered(bus_co
             late = requester._counters.get(RR_LATE)
             want_errors = want_late = 0
             for kind, shape, rest in replies:
+                if kind == "corrupt-reference":
+                    forge_reference(raw_replies, shape)
+                    want_late += 1
+                    continue
                 if kind == "malformed":
                     message = malformed(shape, rest, 0)
                 elif kind == "request":
@@ -146,6 +175,10 @@ def test_hostile_requests_and_replies_are_counted_and_real_calls_answered(bus_co
                 assert raw_replies.publish(message, timeout=5) > 0
                 want_late += 1
             for kind, shape, rest in requests:
+                if kind == "corrupt-reference":
+                    forge_reference(raw_requests, shape)
+                    want_errors += 1
+                    continue
                 if kind == "malformed":
                     message = malformed(shape, rest, response)
                     want_errors += 1
@@ -171,6 +204,7 @@ def test_hostile_requests_and_replies_are_counted_and_real_calls_answered(bus_co
                 print("\n".join(log))
             assert requester._counters.get(RR_LATE) - late == want_late
             assert requester.in_flight == 0
+            assert not served, served
 
         try:
             check()

@@ -8,11 +8,11 @@ version, a position not at a block, past the ring's end or past what writers res
 length no block has, or a second reference to a live block. Readers: ``poll`` with a fragment
 assembler, ``controlled_poll``, ``messages()`` (the native take) and ``take_view``.
 
-Property: each reader gets exactly the messages written before the first frame no writer could
-have made (a duplicate reference is a message the writer sent twice: its block's bytes again),
-then a ValueError naming the corrupt reference, every time it reads on; never a crash, a
-silent stop, a wrong message, or a large flag on anything but a whole-message frame taken for
-a message.
+Property: each reader gets exactly the messages written (a duplicate reference is a message
+the writer sent twice: its block's bytes again), and in their place, for each frame no writer
+could have made, one CorruptReferenceError (a ValueError) naming the corrupt reference, the
+frame dropped; never a crash, a reader stopped for good, a wrong message, or a large flag on
+anything but a whole-message frame taken for a message.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from __future__ import annotations
 import mmap
 import struct
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import shmbus
 from shmbus import ExclusivePublication, Image, Subscription
 from shmbus.fragment_assembler import FragmentAssembler
 from shmbus.large_messages import LARGE_FLAG
@@ -33,6 +35,7 @@ from shmbus.shm import block_ring as br
 from shmbus.shm._native import AtomicBuffer
 from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG, LogBuffer
 from shmbus.shm.position import Position
+from tests.shmbus.driver.test_driver_processes import wait_until
 
 TERM = 64 * 1024  # max message length 8 KiB: longer messages go to the ring
 RING_MAX = 1 << 20
@@ -188,9 +191,9 @@ def assembled(frames: list[tuple[Any, ...]]) -> list[bytes | str]:
 
 
 def taken(frames: list[tuple[Any, ...]]) -> list[bytes | str]:
-    """What messages() (the native take) gives: whole messages up to the first corrupt frame,
-    then ERROR; a first fragment whose message another first fragment interrupts is
-    dropped, and so is a fragment with no first fragment before it."""
+    """What messages() (the native take) gives: whole messages, ERROR for each corrupt frame
+    (raised, the frame dropped); a first fragment whose message another first fragment
+    interrupts is dropped, and so is a fragment with no first fragment before it."""
     out: list[bytes | str] = []
     i = 0
     while i < len(frames):
@@ -199,7 +202,7 @@ def taken(frames: list[tuple[Any, ...]]) -> list[bytes | str]:
         if frame[0] == "msg":
             out.append(frame[1])
         elif frame[0] == "corrupt":
-            return [*out, ERROR]
+            out.append(ERROR)
         elif frame[1] & BEGIN_FLAG:
             partial = frame[2]
             while i < len(frames):
@@ -215,19 +218,17 @@ def taken(frames: list[tuple[Any, ...]]) -> list[bytes | str]:
     return out
 
 
-def read_all(take: Any, stop_at_error: bool, limit: int = 1000) -> list[bytes | str]:
+def read_all(take: Any, limit: int = 1000) -> list[bytes | str]:
     """What ``take()`` (the messages of one read, None when it read nothing) gives until it
-    reads nothing (or raises, with ``stop_at_error``); ERROR for each ValueError, which must
-    name the reference. At most ``limit`` reads."""
+    reads nothing; ERROR for each CorruptReferenceError, which must name the reference. At
+    most ``limit`` reads."""
     got: list[bytes | str] = []
     for _ in range(limit):
         try:
             messages = take()
-        except ValueError as e:
+        except br.CorruptReferenceError as e:
             assert "large-message reference" in str(e), str(e)
             got.append(ERROR)
-            if stop_at_error:
-                return got
             continue
         if messages is None:
             return got
@@ -287,13 +288,10 @@ def test_every_reader_gets_the_messages_and_a_named_error_for_each_corrupt_refer
             expected = {"poll": assembled(frames), "controlled_poll": assembled(frames),
                         "take_view": assembled(frames), "messages": taken(frames)}
             for name, take in readers.items():
-                # the polls (take_view's too) consume the frame they failed on, as any
-                # handler error; the native take (messages()) stays there, naming it each time
-                stays = name == "messages"
-                got = read_all(take, stop_at_error=stays)
-                assert got == expected[name], name
-                if stays and got and got[-1] == ERROR:
-                    assert read_all(take, stop_at_error=True) == [ERROR], name
+                # every reader drops the corrupt frame, raising once (polls as for any
+                # handler error), and reads on
+                assert read_all(take) == expected[name], name
+                assert read_all(take) == [], name
         finally:
             bus.close()
 
@@ -310,9 +308,40 @@ def test_a_reference_to_a_later_block_is_refused_until_a_writer_makes_that_block
             early, late = reader_apis(bus)["poll"], reader_apis(bus)["poll"]
             tail = bus.ring.buffer.get_int64_acquire(br._TAIL)
             bus.forge(br.encode_reference(tail, 10_000))
-            assert read_all(early, stop_at_error=False) == [ERROR]
+            assert read_all(early) == [ERROR]
             message = b"later" * 2000
             assert bus.publication.offer(message) > 0
-            assert read_all(late, stop_at_error=False) == [message, message]
+            assert read_all(late) == [message, message]
         finally:
             bus.close()
+
+
+def test_a_group_member_drops_a_corrupt_reference_naming_it_and_reads_on(bus_context,
+                                                                          driver) -> None:
+    """The same for a subscription group's members (their own native take): the message
+    before, one error naming the reference (the message done: the group's claim moves on),
+    the message after."""
+    with shmbus.connect(bus_context) as bus:
+        member = bus.add_subscription("aeron:ipc", 61, group="g")
+        pub = bus.add_exclusive_publication("aeron:ipc", 61)
+        wait_until(lambda: pub.is_connected and member.images, 10, "the member")
+        pub.publish(b"before", timeout=5)
+        result, frame_offset = pub._claim(br.REFERENCE_LENGTH, 0)
+        view = pub._claim_view(frame_offset, br.REFERENCE_LENGTH)
+        view[:] = br.encode_reference(1 << 40, 10)
+        view.release()
+        pub.log.buffer.put_bytes(frame_offset + FLAGS_OFFSET,
+                                 bytes([BEGIN_FLAG | END_FLAG | LARGE_FLAG]))
+        pub._commit(frame_offset)
+        pub.publish(b"after", timeout=5)
+        got: list[bytes | str] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 3:
+            assert time.monotonic() < deadline, got
+            try:
+                for message in member.messages(timeout=0.1):
+                    got.append(message)
+            except br.CorruptReferenceError as e:
+                assert "no writer used the ring" in str(e)
+                got.append(ERROR)
+        assert got == [b"before", ERROR, b"after"]

@@ -371,6 +371,13 @@ static PyObject *group_take(GroupMemberCore *self, PyObject *Py_UNUSED(ignored))
                 Py_CLEAR(message);
                 PyErr_SetString(PyExc_RuntimeError, "a claimed large message's block was "
                                 "freed: this member was dropped as dead");
+            } else if (message == NULL && PyErr_ExceptionMatches(PyExc_ValueError)) {
+                /* a reference no writer made (CorruptReferenceError): the message is done,
+                 * the error raised once, as poll does */
+                self->handed_on = 0;
+                STORE_RELEASE(self->start, position >= end ? (int64_t)GROUP_IDLE : position);
+                if (position >= end)
+                    group_go_idle(self);
             }
             if (message == NULL)
                 return NULL;

@@ -455,6 +455,10 @@ PyObject *image_take(ImageCore *self)
             if (message != NULL) {
                 prefetch_message(self, term, offset + aligned);
                 consume(self, position + aligned);
+            } else if (PyErr_ExceptionMatches(PyExc_ValueError)) {
+                /* a reference no writer made (CorruptReferenceError): dropped, the error
+                 * raised once, as poll does; staying there would stop the reader for good */
+                consume(self, position + aligned);
             }
             return message;
         }
