@@ -206,9 +206,13 @@ class ChannelUri:
                                   f"subscriptions only")
         if value == "earliest":
             return
-        if not value.isdigit() or int(value) % 32:
+        # ASCII digits only (str.isdigit takes '²', which int() refuses), and a position an
+        # int64 holds (19 digits at most: int() of thousands is an error of its own)
+        if (not (value.isascii() and value.isdigit()) or len(value) > 19
+                or int(value) >= 2**63 or int(value) % 32):
             raise ChannelUriError(f"channel {uri!r}: {JOIN_POSITION}={value!r} must be "
-                                  f"'earliest' or a stream position (a multiple of 32 >= 0)")
+                                  f"'earliest' or a stream position (a multiple of 32, "
+                                  f"0 <= position < 2**63)")
 
     @property
     def join_position(self) -> int | str | None:

@@ -120,7 +120,9 @@ class Image(ImageCore):
         # large messages (shmbus/large_messages.py): the block ring, opened on first use; the
         # reference last resolved; whether a MessageView holds this image's position
         self._blocks: BlockRing | None = None
-        with contextlib.suppress(FileNotFoundError):  # mapped now: see Publication._bind
+        # mapped now (see Publication._bind); a ring file that is not one (cut short) is named
+        # by the first large message read (_ring), small ones flow meanwhile
+        with contextlib.suppress(FileNotFoundError, ValueError):
             self._blocks = BlockRing.open(ring_path(log.path))
         self._last_reference = b""
         self._held = False

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from shmbus.publication import Publication
     from shmbus.subscription import Subscription
 
-#: the frame flags of a reference frame: a whole message (B, E) that refers to a block
+#: the frame flags of a reference frame: a whole message (B, E) that refers to a block. On a
+#: fragment (not both B and E) the large flag means nothing and is ignored, as unknown flags are
 LARGE_FLAG = 0x01
 REFERENCE_FLAGS = 0x80 | 0x40 | LARGE_FLAG
 _FLAGS_OFFSET = 5
@@ -374,7 +375,7 @@ def _take_from(image: Image) -> MessageView | None:
         assembler = image._view_assembler = FragmentAssembler(whole)
 
     def peek(buffer: memoryview, header: Any) -> int:
-        if header.flags & LARGE_FLAG:
+        if header.flags & REFERENCE_FLAGS == REFERENCE_FLAGS:  # (not on a fragment: ignored)
             found.append((None, header.session_id, header.position, header.reserved_value))
             return codes.Action.ABORT
         assembler(buffer, header)

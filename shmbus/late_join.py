@@ -106,13 +106,17 @@ class LateJoinSubscription:
                  merge_window: int | None = None, catch_up: float | None = None) -> None:
         if from_position is not None and last is not None:
             raise ValueError("give from_position or last, not both")
-        if isinstance(from_position, str) and from_position != "start":
+        # (an int, not a bool; a float or anything else used to read from the start)
+        if from_position is not None and from_position != "start" and (
+                not isinstance(from_position, int) or isinstance(from_position, bool)):
             raise ValueError(f"from_position={from_position!r} must be a stream position "
                              f"(int >= 0) or 'start'")
-        if isinstance(from_position, int) and (from_position < 0 or from_position % 32):
+        if isinstance(from_position, int) and not 0 <= from_position < 2**63 or (
+                isinstance(from_position, int) and from_position % 32):
             raise ValueError(f"from_position={from_position} must be a stream position: an "
-                             f"int >= 0, a multiple of 32 (a message's start)")
-        if last is not None and (not isinstance(last, int) or last < 0):
+                             f"int >= 0 (below 2**63), a multiple of 32 (a message's start)")
+        if last is not None and (not isinstance(last, int) or isinstance(last, bool)
+                                 or last < 0):
             raise ValueError(f"last={last!r} must be an int >= 0")
         self._uri = ChannelUri.parse(channel)
         if JOIN_POSITION in self._uri.params:

@@ -58,6 +58,7 @@ from shmbus.pending_calls import PendingCall, PendingCalls
 from shmbus.shm import call_header
 from shmbus.shm._native import await_reply as _await_reply
 from shmbus.shm._native import offer_call as _offer_call
+from shmbus.shm.block_ring import CorruptReferenceError
 from shmbus.shm.counters import (
     RR_ANSWERED,
     RR_FAILED,
@@ -231,8 +232,12 @@ class Requester:
                         look = self._first_look_s
                         if timeout is not None and timeout < look:
                             look = timeout
-                        reply = _await_reply(self._replies, correlation_id, look,
-                                             self._on_reply)
+                        try:
+                            reply = _await_reply(self._replies, correlation_id, look,
+                                                 self._on_reply)
+                        except CorruptReferenceError:  # a reply frame no writer made:
+                            self._counters.add(RR_LATE)  # dropped (read past), counted
+                            reply = None
                         if reply is not None:
                             self._alone = 0
                             # answered is counted by readers only (the holder of the turn,
@@ -282,8 +287,12 @@ class Requester:
         while not pending.settled:
             # natively: take replies, spin for Context.wait_spin, then sleep; another call's
             # reply (or an error reply) goes to on_other, and None comes back
-            reply = _await_reply(replies, correlation_id, min(deadline, check_at) - now,
-                                 on_other)
+            try:
+                reply = _await_reply(replies, correlation_id, min(deadline, check_at) - now,
+                                     on_other)
+            except CorruptReferenceError:  # a reply frame no writer made: dropped, counted
+                self._counters.add(RR_LATE)
+                reply = None
             if reply is not None:
                 with self._lock:
                     if self._open.pop(correlation_id, None) is not None:
@@ -437,7 +446,14 @@ class Requester:
 
     def _read_replies(self) -> None:
         take = self._replies._take
-        while (message := take()) is not None:
+        while True:
+            try:
+                message = take()
+            except CorruptReferenceError:  # a reply frame no writer made: dropped, counted
+                self._counters.add(RR_LATE)
+                continue
+            if message is None:
+                return
             self._on_reply_message(message)
 
     def _on_reply_message(self, message: bytes) -> None:
@@ -452,7 +468,9 @@ class Requester:
             self._counters.add(RR_LATE)
             return
         with self._lock:
-            if correlation_id == self._alone:  # a lone call's, not in the table yet
+            # a lone call's, not in the table yet (0: no lone call, and no call has id 0; a
+            # second reply to it is late, as any reply to a settled call)
+            if self._alone and correlation_id == self._alone and self._alone_early is None:
                 self._alone_early = (kind, correlation_id, message[_HEADER_LENGTH:])
                 return
             if self._table.on_reply(kind, correlation_id,

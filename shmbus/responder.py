@@ -43,6 +43,7 @@ from shmbus.remote_calls import check_reply_to, keyed_reply_channel, may_answer
 from shmbus.shm import call_header
 from shmbus.shm._native import answer_requests as _answer_requests
 from shmbus.shm._native import offer_call as _offer_call
+from shmbus.shm.block_ring import CorruptReferenceError
 from shmbus.shm.counters import (
     RR_HANDLER_ERRORS,
     RR_REFLECTIONS_REFUSED,
@@ -144,6 +145,9 @@ class Responder:
                     self._member = member
                     try:
                         fragments += member.poll(self._assembler, 1)
+                    except CorruptReferenceError:  # its frame dropped: malformed, counted
+                        self._counters.add(RR_HANDLER_ERRORS)
+                        fragments += 1
                     finally:
                         self._member = None
                 elif outcome != _ANSWER_REPLIED:  # malformed, or answered from this side
@@ -163,7 +167,11 @@ class Responder:
         for image in self._requests.images:
             member = self._member = image._member
             self._source = image.source_identity
-            fragments += member.poll(assembler, max(1, limit - fragments))
+            try:
+                fragments += member.poll(assembler, max(1, limit - fragments))
+            except CorruptReferenceError:  # its frame dropped: malformed, counted
+                self._counters.add(RR_HANDLER_ERRORS)
+                fragments += 1
             if fragments >= limit:
                 break
         self._member = None
@@ -226,7 +234,8 @@ class Responder:
                 kind = 0
         else:
             kind = 0
-        if kind != _REQUEST or flags & _REPLY_TO:  # malformed, not a request, or not for IPC
+        # malformed, not a request, or not for IPC (a reply-to, or flags version 1 has not)
+        if kind != _REQUEST or flags & ~call_header.IDEMPOTENT:
             self._counters.add(RR_HANDLER_ERRORS)
             return
         member = self._member

@@ -4,7 +4,7 @@ On the bus a large message (longer than the log's max message length, see docs/p
 Large messages) is a 64-byte reference frame in the log (flags B, E and 0x01) whose payload
 refers to a shared-memory block that is freed once every reader moved past it. A recording
 keeps the frame where it was, so every message keeps its stream position, but the frame's
-32-byte payload becomes a *recorded reference* to the payload's bytes copied into the side
+24-byte payload becomes a *recorded reference* to the payload's bytes copied into the side
 file of the segment that holds the frame::
 
     <dir>/<id>/<base>.seg      the frames (the large message's frame at its stream position)

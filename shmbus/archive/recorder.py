@@ -69,7 +69,7 @@ from shmbus.client import Client, connect
 from shmbus.context import Context
 from shmbus.idle_strategy import BackoffIdleStrategy
 from shmbus.image import FragmentBatch, Image
-from shmbus.large_messages import LARGE_FLAG
+from shmbus.large_messages import REFERENCE_FLAGS
 from shmbus.shm.log_buffer import (
     END_FLAG,
     HDR_TYPE_PAD,
@@ -550,18 +550,25 @@ class Recorder:
             return
         large: dict[int, memoryview] = {}
         try:
-            for k in np.flatnonzero(batch.flags & LARGE_FLAG).tolist():
+            # (reference frames: whole-message frames with the large flag; on a fragment
+            # the flag means nothing, see shmbus/large_messages.py)
+            for k in np.flatnonzero((batch.flags & REFERENCE_FLAGS) == REFERENCE_FLAGS
+                                    ).tolist():
                 # the block is held while this recorder's position is before its frame
-                block = image._large_view(bytes(batch.payload(k)))
+                try:
+                    block = image._large_view(bytes(batch.payload(k)))
+                    why = ("was freed before the recorder copied it (the driver stopped "
+                           "counting this recorder)")
+                except ValueError as e:  # a reference no writer of the ring made
+                    block, why = None, f"is not one: {e}"
                 if block is None:
                     # freed: the driver no longer counted this recorder (it stalled past the
-                    # liveness timeout); what came before the message is recorded
+                    # liveness timeout), or corrupt; what came before the message is recorded
                     term_base = batch.position & ~writer._term_mask
                     self._error = RecordingError(
                         f"session {batch.session_id}: the large message at position "
-                        f"{term_base + int(batch.offsets[k]) - HEADER_LENGTH} was "
-                        f"freed before the recorder copied it (the driver stopped counting "
-                        f"this recorder); the recording stops before it")
+                        f"{term_base + int(batch.offsets[k]) - HEADER_LENGTH} {why}; the "
+                        f"recording stops before it")
                     if k == 0:
                         return
                     batch = FragmentBatch(batch.term, batch.offsets[:k], batch.lengths[:k],

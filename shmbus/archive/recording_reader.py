@@ -32,7 +32,7 @@ from shmbus.archive.catalog import (
     record_times,
 )
 from shmbus.archive.large_payloads import large_path, resolve_large
-from shmbus.large_messages import LARGE_FLAG
+from shmbus.large_messages import REFERENCE_FLAGS
 from shmbus.shm.log_buffer import (
     BEGIN_FLAG,
     END_FLAG,
@@ -291,7 +291,8 @@ def _assemble(block: np.ndarray, scan: FrameScan, position: int, lo: int, hi: in
                      + (msg_positions >> descriptor.position_bits)).astype(np.int32),
         "term_offsets": (msg_positions & (descriptor.term_length - 1)).astype(np.int32),
         "reserved_values": reserved,
-        "large": (flags[starts] & LARGE_FLAG) != 0,
+        # (whole-message frames with the large flag: on a fragment it means nothing)
+        "large": (flags[starts] & REFERENCE_FLAGS) == REFERENCE_FLAGS,
     }
     return columns, offsets, data, pending
 

@@ -3,7 +3,9 @@ IPC publication's log, and pinning that position against cleaning (docs/protocol
 control).
 
 A log keeps what lies between its clean position (everything before it was zeroed for reuse)
-and its producer position. A subscriber may join anywhere in that range at a frame boundary.
+and its producer position. A subscriber may join anywhere in that range where a message (its
+first frame) or padding starts, or at its end: not at a later fragment of a message, whose
+rest the reader would drop.
 Publishers clean the log themselves, natively, under the log's flow-control lock and only
 from the counted set they read under its seqlock, so the driver pins a join in three steps:
 set the new reader's counter, publish the counted set that includes it (a publisher's clean
@@ -20,9 +22,11 @@ import os
 import time
 
 from shmbus.shm.log_buffer import (
+    BEGIN_FLAG,
     FC_CLEAN_POSITION_OFFSET,
     FC_LOCK_OFFSET,
     FRAME_ALIGNMENT,
+    HDR_TYPE_PAD,
     HEADER_LENGTH,
     PARTITION_COUNT,
     LogBuffer,
@@ -55,7 +59,8 @@ def retained_range(log: LogBuffer) -> tuple[int, int]:
 
 def check_join(log: LogBuffer, position: int) -> int:
     """Return ``position`` if a reader may start there now: within the retained range and at
-    the start of a frame (its header names this very position, session and stream).
+    the start of a message's first frame or of padding (its header names this very position,
+    session and stream), or at the end.
 
     Raises JoinPositionGone otherwise, naming the range the log holds.
     """
@@ -72,10 +77,13 @@ def check_join(log: LogBuffer, position: int) -> int:
     if position % FRAME_ALIGNMENT:
         raise JoinPositionGone(f"join-position {position} is not a frame boundary (a multiple "
                                f"of {FRAME_ALIGNMENT}); {where}")
-    if position < end and not _frame_starts_at(log, position):
+    if position < end and not _message_starts_at(log, position):
         clean = settled_clean_position(log)
         if clean > position:  # a clean was zeroing it as we looked
             raise _cleaned_while_joining(log, position, clean)
+        if _frame_starts_at(log, position):
+            raise JoinPositionGone(f"join-position {position} is inside a message (a later "
+                                   f"fragment of one that starts before it); {where}")
         raise JoinPositionGone(f"join-position {position} is not the start of a frame of "
                                f"the stream; {where}")
     return position
@@ -86,6 +94,16 @@ def _cleaned_while_joining(log: LogBuffer, position: int, clean: int) -> JoinPos
     return JoinPositionGone(f"join-position {position} is gone (cleaned while joining): session "
                             f"{d.session_id} stream {d.stream_id} holds positions {clean} to "
                             f"{log.producer_position()}")
+
+
+def _message_starts_at(log: LogBuffer, position: int) -> bool:
+    """A frame starts at ``position`` and it is a message's first (flag B) or padding."""
+    if not _frame_starts_at(log, position):
+        return False
+    term_length = log.term_length
+    offset = (position // term_length) % PARTITION_COUNT * term_length + position % term_length
+    word = log.buffer.get_int32(offset + 4)  # version, flags, type (u16)
+    return bool(word >> 8 & BEGIN_FLAG) or (word >> 16 & 0xFFFF) == HDR_TYPE_PAD
 
 
 def _frame_starts_at(log: LogBuffer, position: int) -> bool:

@@ -122,20 +122,25 @@ class BlockRingFullError(Exception):
     """No room in the ring until readers move on (back-pressure)."""
 
 
+class CorruptReferenceError(ValueError):
+    """A large-message reference no writer of the ring made; the message names what is wrong.
+    Readers drop its frame (poll and take alike) and raise this once."""
+
+
 def encode_reference(ring_position: int, length: int) -> bytes:
     """The payload of the log frame that refers to a block."""
     return _REFERENCE.pack(_REFERENCE_MAGIC, 1, 0, ring_position, length)
 
 
 def decode_reference(payload: bytes | memoryview) -> tuple[int, int]:
-    """(ring position, payload length) of a reference frame's payload; ValueError if it is
-    not one."""
+    """(ring position, payload length) of a reference frame's payload; CorruptReferenceError
+    (a ValueError) if it is not one."""
     if len(payload) != REFERENCE_LENGTH:
-        raise ValueError(f"a large-message reference has {REFERENCE_LENGTH} bytes, "
-                         f"not {len(payload)}")
+        raise CorruptReferenceError(f"a large-message reference has {REFERENCE_LENGTH} bytes, "
+                                    f"not {len(payload)}")
     magic, version, _, ring_position, length = _REFERENCE.unpack(payload)
     if magic != _REFERENCE_MAGIC or version != 1 or ring_position < 0 or length < 0:
-        raise ValueError(f"not a large-message reference: {bytes(payload)!r}")
+        raise CorruptReferenceError(f"not a large-message reference: {bytes(payload)!r}")
     return ring_position, length
 
 
@@ -229,7 +234,12 @@ class BlockRing:
         path = Path(path)
         fd = os.open(path, os.O_RDWR)
         try:
-            mapping = mmap.mmap(fd, os.fstat(fd).st_size)
+            size = os.fstat(fd).st_size
+            if size < HEADER_PAGE + 2 * PAGE or size % PAGE:
+                # (a ring is its header page and two blocks' worth of whole pages at least)
+                raise ValueError(f"block ring {path}: {size} bytes, not a header page and "
+                                 f"whole pages of ring (cut short, or not a ring)")
+            mapping = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
             raise
@@ -447,23 +457,55 @@ class BlockRing:
     def view(self, reference: bytes | memoryview) -> memoryview | None:
         """The read-only payload a reference frame refers to; None when the block is gone (the
         driver freed it: its reader was no longer counted, dropped as dead or resting), or the
-        ring is closed (its image closed meanwhile)."""
+        ring is closed (its image closed meanwhile).
+
+        CorruptReferenceError (a ValueError), naming the ring and what is wrong, for a
+        reference no writer of this ring
+        made: not a reference, not at the start of a block of that length, past the end of
+        the ring or past what writers reserved, into a ring no writer used, or into a ring
+        file whose size is not the one its header says (cut short or replaced). A reader must
+        not stop there as at a freed block: nothing would ever move it on. (A block freed
+        while this looks is told by the free head having passed it.)"""
         ring_position, length = decode_reference(reference)
+        if ring_position % PAGE or length > self.max_message_length or (
+                ring_position % self.capacity + BLOCK_HEADER + length > self.capacity):
+            raise self._not_a_block(ring_position, length, "not a block start, or past the "
+                                    f"end of the ring of {self.capacity} bytes")
         if not self.enter():
             return None
         try:
-            if (self.buffer.get_int64_acquire(_HEAD) > ring_position
-                    or ring_position + length > self.buffer.get_int64_acquire(_TAIL)):
+            b = self.buffer
+            if not self._ready:
+                self._next_look = 0.0  # a reference is worth a look now
+                if not self._is_ready():
+                    raise self._not_a_block(ring_position, length, "no writer used the ring")
+            if b.get_int64(_CAPACITY) != self.capacity:
+                raise self._not_a_block(ring_position, length, f"the ring's header says "
+                                        f"{b.get_int64(_CAPACITY)} bytes of ring, the file "
+                                        f"holds {self.capacity}")
+            if b.get_int64_acquire(_HEAD) > ring_position:
                 return None
+            tail = b.get_int64_acquire(_TAIL)
+            if ring_position + BLOCK_HEADER + length > tail:
+                raise self._not_a_block(ring_position, length, f"past what writers reserved "
+                                        f"(to ring position {tail})")
             at = HEADER_PAGE + ring_position % self.capacity
-            if (self.buffer.get_int64_acquire(at + _STATE) == FREE
-                    or self.buffer.get_int64(at + _LENGTH) != length):
-                return None
+            if (b.get_int64_acquire(at + _STATE) not in (FILLING, COMMITTED)
+                    or b.get_int64(at + _LENGTH) != length
+                    or b.get_int64(at + _SPAN) != _span(length)):
+                if b.get_int64_acquire(_HEAD) > ring_position:
+                    return None  # freed (and reused) while we looked
+                raise self._not_a_block(ring_position, length, "no block of that length "
+                                        "starts there")
             start = at + BLOCK_HEADER
             # (the mapping outlives close while this view of it is held: see _unmap)
             return self._memory[start:start + length].toreadonly()
         finally:
             self.leave()
+
+    def _not_a_block(self, ring_position: int, length: int, why: str) -> CorruptReferenceError:
+        return CorruptReferenceError(f"corrupt large-message reference to ring position "
+                                     f"{ring_position}, {length} bytes, in {self.path}: {why}")
 
     # -- the driver -----------------------------------------------------------------------------
 

@@ -9,7 +9,8 @@ offset length field
 0      1      kind: 1 request, 2 reply, 3 error (the body is the remote error, UTF-8),
               4 lost (the responder holding the request left before answering)
 1      1      flags: bit 0 idempotent (a request that may run again elsewhere);
-              bit 1 reply-to (a request over UDP: the extension below follows)
+              bit 1 reply-to (a request over UDP: the extension below follows);
+              any other bit makes the message malformed (dropped and counted)
 2      2      version (1)
 4      4      the requester's response stream id (requests; 0 in replies)
 8      8      the requester's correlation id for the call
@@ -41,6 +42,8 @@ KINDS = frozenset({REQUEST, REPLY, ERROR, LOST})
 
 IDEMPOTENT = 0x01
 REPLY_TO = 0x02
+#: The flags of version 1; a header with any other bit set is malformed.
+KNOWN_FLAGS = IDEMPOTENT | REPLY_TO
 _REPLY_TO_LENGTH = struct.Struct("<H")
 #: The longest reply-to channel a request may carry, bytes.
 MAX_REPLY_TO = 255
@@ -103,7 +106,7 @@ def unpack(message: bytes | memoryview) -> tuple[int, int, int, int]:
     :func:`decode` without making an object (the calls' hot path); MalformedCall as decode."""
     if len(message) >= HEADER_LENGTH:
         kind, flags, version, stream_id, correlation_id = _unpack_from(message)
-        if version == VERSION and kind in KINDS:
+        if version == VERSION and kind in KINDS and not flags & ~KNOWN_FLAGS:
             return kind, flags, stream_id, correlation_id
     header = decode(message)  # raises, naming what is wrong
     return header.kind, header.flags, header.response_stream_id, header.correlation_id
@@ -119,6 +122,9 @@ def decode(message: bytes | memoryview) -> CallHeader:
         raise MalformedCall(f"call header version {version}, expected {VERSION}")
     if kind not in KINDS:
         raise MalformedCall(f"unknown call kind {kind}")
+    if flags & ~KNOWN_FLAGS:
+        raise MalformedCall(f"unknown call flags 0x{flags & ~KNOWN_FLAGS:02x} (version {VERSION} "
+                            f"has 0x{KNOWN_FLAGS:02x})")
     return CallHeader(kind, flags, stream_id, correlation_id)
 
 

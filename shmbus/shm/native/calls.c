@@ -44,11 +44,13 @@ static void pack_header(uint8_t *head, int kind, int flags, int32_t stream_id,
     wr_i64(head + 8, correlation_id);
 }
 
-/* The header's fields; 0 when `message` is too short or of another version. */
+/* The header's fields; 0 when `message` is too short, of another version, or has a flag
+ * version 1 does not know (malformed: call_header.decode names it). */
 static int parse_header(const uint8_t *message, Py_ssize_t length, int *kind, int *flags,
                         int32_t *stream_id, int64_t *correlation_id)
 {
-    if (length < CALL_HEADER_LENGTH || rd_u16(message + 2) != CALL_VERSION)
+    if (length < CALL_HEADER_LENGTH || rd_u16(message + 2) != CALL_VERSION ||
+        (message[1] & ~(CALL_IDEMPOTENT | CALL_REPLY_TO)))
         return 0;
     *kind = message[0];
     *flags = message[1];

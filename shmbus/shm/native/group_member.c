@@ -286,7 +286,7 @@ int group_next_message(PyObject *member, const uint8_t **payload, int32_t *lengt
         }
         uint8_t flags = frame[FLAGS_OFFSET];
         *handed_on = self->handed_on;
-        if (!(flags & BEGIN_FLAG) || (flags & LARGE_FLAG))
+        if (!(flags & BEGIN_FLAG) || IS_REFERENCE(flags))
             return 2;
         if (!(flags & END_FLAG)) {
             int32_t stop;
@@ -365,12 +365,19 @@ static PyObject *group_take(GroupMemberCore *self, PyObject *Py_UNUSED(ignored))
         total += length - HEADER_LENGTH;
         if (!(flags & END_FLAG))
             continue;
-        if (flags & LARGE_FLAG) {  /* one reference frame: the message is in its block */
+        if (IS_REFERENCE(flags)) {  /* one reference frame: the message is in its block */
             message = large_bytes(image, frame, length);
             if (message == Py_None) {
                 Py_CLEAR(message);
                 PyErr_SetString(PyExc_RuntimeError, "a claimed large message's block was "
                                 "freed: this member was dropped as dead");
+            } else if (message == NULL && PyErr_ExceptionMatches(PyExc_ValueError)) {
+                /* a reference no writer made (CorruptReferenceError): the message is done,
+                 * the error raised once, as poll does */
+                self->handed_on = 0;
+                STORE_RELEASE(self->start, position >= end ? (int64_t)GROUP_IDLE : position);
+                if (position >= end)
+                    group_go_idle(self);
             }
             if (message == NULL)
                 return NULL;

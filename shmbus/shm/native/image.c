@@ -161,7 +161,7 @@ PyObject *large_bytes(ImageCore *self, const uint8_t *frame, int32_t length)
 /* Calls handler(memoryview, header) for one fragment; returns its result (new ref) or NULL. */
 PyObject *deliver(ImageCore *self, PyObject *handler, uint8_t *frame, int32_t length)
 {
-    PyObject *view = (frame[FLAGS_OFFSET] & LARGE_FLAG)
+    PyObject *view = IS_REFERENCE(frame[FLAGS_OFFSET])
         ? resolve_large(self, large_payload_str, frame, length)
         : PyMemoryView_FromMemory((char *)frame + HEADER_LENGTH, length - HEADER_LENGTH,
                                   PyBUF_READ);
@@ -444,7 +444,7 @@ PyObject *image_take(ImageCore *self)
             continue;
         }
         if (flags & END_FLAG) {
-            PyObject *message = (flags & LARGE_FLAG)
+            PyObject *message = IS_REFERENCE(flags)
                 ? large_bytes(self, frame, length)
                 : PyBytes_FromStringAndSize((char *)frame + HEADER_LENGTH,
                                             length - HEADER_LENGTH);
@@ -454,6 +454,10 @@ PyObject *image_take(ImageCore *self)
             }
             if (message != NULL) {
                 prefetch_message(self, term, offset + aligned);
+                consume(self, position + aligned);
+            } else if (PyErr_ExceptionMatches(PyExc_ValueError)) {
+                /* a reference no writer made (CorruptReferenceError): dropped, the error
+                 * raised once, as poll does; staying there would stop the reader for good */
                 consume(self, position + aligned);
             }
             return message;

@@ -64,6 +64,11 @@
  * shmbus/shm/block_ring.py): the reader resolves it through Image._large_payload */
 #define LARGE_FLAG 0x01
 #define UNFRAGMENTED 0xC0
+/* the flags of a reference frame: the large flag means a reference on a whole-message frame
+ * only; on a fragment it is ignored, as other unknown flags are (every reader agrees: poll,
+ * take, take_view, group members) */
+#define IS_REFERENCE(flags) \
+    (((flags) & (UNFRAGMENTED | LARGE_FLAG)) == (UNFRAGMENTED | LARGE_FLAG))
 
 /* metadata offsets, relative to the start of the metadata section */
 #define META_TAIL_COUNTERS 0

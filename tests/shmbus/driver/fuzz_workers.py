@@ -64,6 +64,10 @@ def _channel(rng: random.Random, stream_hint: int) -> str:
         "aeron:udp", f"aeron:ipc?{stream_hint}", "", "\x00" * 5, "é" * 40,
         "aeron:ipc?" + "|".join(f"tags={i}" for i in range(200)),
         rng.randbytes(rng.randrange(60)).decode("latin-1"),
+        # join positions: gone, past the end, inside a frame, and values no int64 holds
+        "aeron:ipc?join-position=" + rng.choice(
+            ["earliest", "0", "32", "33", "-32", "²", "٣٢", "9" * 4400, str(2**63),
+             str(2**64 - 32), str(32 * rng.getrandbits(20))]),
     ])
 
 

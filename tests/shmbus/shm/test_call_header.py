@@ -1,9 +1,10 @@
-"""The request/reply call header: round trips, and malformed headers named."""
+"""The request/reply call header: round trips, and malformed headers named (hostile ones too:
+cut short, unknown kind, version or flags, a reply-to extension of a bad length)."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmbus.shm import call_header as ch
@@ -61,3 +62,67 @@ def test_malformed_reply_to_extensions_are_named():
         ch.read_reply_to(head + (2).to_bytes(2, "little") + b"\xff\xfe")
     with pytest.raises(ValueError, match="at most 255"):
         ch.encode_reply_to("aeron:udp?endpoint=" + "h" * 250 + ":1")
+
+
+# -- hostile headers: anything a writer of the stream may put there ------------------------------
+
+KNOWN_FLAGS = ch.IDEMPOTENT | ch.REPLY_TO
+
+
+def header_bytes() -> st.SearchStrategy[bytes]:
+    """Headers near the valid ones (each field valid or not, cut short or not) and garbage."""
+    fields = st.tuples(st.sampled_from([0, *sorted(ch.KINDS), 5, 255]),
+                       st.sampled_from([0, ch.IDEMPOTENT, ch.REPLY_TO, KNOWN_FLAGS, 0x04, 0x80,
+                                        0xFF]),
+                       st.sampled_from([ch.VERSION, 0, 2, 0xFFFF]),
+                       st.integers(-2**31, 2**31 - 1), st.integers(-2**63, 2**63 - 1))
+    whole = fields.map(lambda f: ch.HEADER.pack(*f))
+    return st.one_of(
+        st.tuples(whole, st.one_of(st.just(ch.HEADER_LENGTH), st.integers(0, ch.HEADER_LENGTH)),
+                  st.binary(max_size=8)).map(
+            lambda t: t[0][:t[1]] + (t[2] if t[1] == ch.HEADER_LENGTH else b"")),
+        st.binary(max_size=40))
+
+
+@given(header_bytes())
+@settings(max_examples=500)
+def test_a_header_is_taken_only_whole_of_this_version_and_a_known_kind_and_flags(message):
+    """decode and unpack agree: a header of 16 bytes or more, version 1, a known kind, only
+    known flags is taken as written; anything else is MalformedCall naming what is wrong."""
+    valid = (len(message) >= ch.HEADER_LENGTH and message[2:4] == b"\x01\x00"
+             and message[0] in ch.KINDS and not message[1] & ~KNOWN_FLAGS)
+    try:
+        header = ch.decode(message)
+    except ch.MalformedCall as e:
+        assert not valid
+        assert any(word in str(e) for word in ("at least 16 bytes", "version", "kind",
+                                               "flags")), str(e)
+        try:
+            ch.unpack(message)
+        except ch.MalformedCall as again:
+            assert str(again) == str(e)
+        else:
+            raise AssertionError("unpack took what decode refused")
+        return
+    assert valid
+    kind, flags, _, stream_id, correlation_id = ch.HEADER.unpack_from(message)
+    assert header == ch.CallHeader(kind, flags, stream_id, correlation_id)
+    assert ch.unpack(message) == (kind, flags, stream_id, correlation_id)
+
+
+@given(st.binary(max_size=4), st.integers(0, 0xFFFF), st.binary(max_size=300))
+@settings(max_examples=300)
+def test_a_reply_to_extension_is_read_within_its_request_or_named(cut, length, rest):
+    """Whatever follows a REPLY_TO header, read_reply_to gives the channel its length names and
+    where the caller's data starts, within the message; or MalformedCall: cut short, a length
+    past the message or past 255, not UTF-8."""
+    head = ch.encode_request(9, -9, reply_to="aeron:udp?endpoint=h:1")[:ch.HEADER_LENGTH]
+    message = head + (length.to_bytes(2, "little") + rest if len(cut) % 2 else cut[:1])
+    try:
+        channel, at = ch.read_reply_to(message)
+    except ch.MalformedCall as e:
+        assert any(word in str(e) for word in ("at least 18 bytes", "does not fit",
+                                               "not UTF-8")), str(e)
+        return
+    assert len(cut) % 2 and length <= ch.MAX_REPLY_TO and at == ch.HEADER_LENGTH + 2 + length
+    assert at <= len(message) and channel.encode() == rest[:length]
