@@ -90,7 +90,8 @@ Every document is one JSON object on one line, with these common keys::
      "large_message_in_use": 0,     # of which blocks not yet read by every counted subscriber
      "large_message_warm_bound": 0, # the most the ring keeps warm: a share of the bus
                                     # filesystem's free space (at most 64 MiB), or two of its
-                                    # longest message; 0 until measured (a block placed)
+                                    # longest message; 0: not measured (no block placed
+                                    # since the ring was idle or gave its warm pages back)
      "large_message_warm_bytes": 0} # the bytes of its warm beginning kept allocated now
 
 A subscriber's ``lag`` is pub-pos (an image: rcv-pos) minus its position; ``counted`` is
@@ -737,7 +738,7 @@ class StreamView:
     large_message_in_use: int = 0
     #: the bound of the block ring's warm beginning: the most it keeps allocated for reuse (a
     #: share of the bus filesystem's free space, or two of the longest message; 0: not
-    #: measured yet)
+    #: measured, as after the ring was idle or gave its warm pages back)
     large_message_warm_bound: int = 0
     #: the bytes of the warm beginning the ring keeps allocated now
     large_message_warm_bytes: int = 0
@@ -807,10 +808,11 @@ class StreamView:
             slowest = next((s for s in self.subscribers if s.counted), None)
             held = (f", held by {slowest.who}" if slowest and self.large_message_in_use
                     else "")
+            bound = (f" of at most {format_bytes(self.large_message_warm_bound)}"
+                     if self.large_message_warm_bound else "")
             head += (f", large messages {format_bytes(self.large_message_in_use)} in use"
                      f"{held} ({format_bytes(self.large_message_bytes)} of shared memory, "
-                     f"{format_bytes(self.large_message_warm_bytes)} kept warm of at most "
-                     f"{format_bytes(self.large_message_warm_bound)})")
+                     f"{format_bytes(self.large_message_warm_bytes)} kept warm{bound})")
         groups = "".join(f"; {g.line()}" for g in self.groups)
         return f"{head}; subscribers: {subs}{groups} => {self.verdict.sentence}"
 

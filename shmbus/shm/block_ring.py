@@ -45,14 +45,15 @@ end of the ring is preceded by a free padding block up to the end.
   what the bus's logs leave free of it).
 * The driver gives warm pages back under the reserve lock (so no writer places a block
   meanwhile), lowering the allocated mark before the pages go and bumping the warm generation
-  (writers' populated marks are stale then): once the ring has been empty and idle for
-  ``WARM_IDLE_S`` (5 s), what lies past its share of the free space now (no floor: nothing is
-  being written); and when the driver cannot create a file of the bus (a log, a block ring)
-  for lack of room, every page no live block holds (:meth:`BlockRing.give_back_warm`; the
-  limit goes back to not measured, and the next writer measures it with the room left then),
-  before it tries once more. A new driver gives back the
-  warm pages of a dead driver's rings before it removes their files (their clients may map
-  them until they hear of it), so they do not hold the room its cnc.dat and logs need.
+  (writers' populated marks are stale then), and the limit goes back to not measured (the
+  next writer measures it with the room there is then, at least what is still allocated):
+  once the ring has been empty and idle for ``WARM_IDLE_S`` (5 s), what lies past its share
+  of the free space now (no floor: nothing is being written); and when the driver cannot
+  create a file of the bus (a log, a block ring) for lack of room, every page no live block
+  holds (:meth:`BlockRing.give_back_warm`), before it tries once more. A new driver gives
+  back the warm pages of a dead driver's rings before it removes their files (their clients
+  may map them until they hear of it), so they do not hold the room its cnc.dat and logs
+  need.
 * Within the warm beginning a block goes round in its cycle (:func:`cycle_length`: the first
   ``CYCLE_BYTES``, 16 MiB, or two blocks when they are longer than 8 MiB) whenever readers
   have left the whole cycle, so the memory a writer fills next is what its readers just left,
@@ -105,8 +106,8 @@ _WARM_ALLOCATED = 256
 _WRITER_WAITING = 320
 #: the size of the warm beginning (0: not measured yet). Written under the reserve lock only:
 #: writers set it from warm_bound where the ring grows (never below two of the longest block
-#: reserved, nor below the pages known allocated), the driver lowers it when it gives warm
-#: pages back (idle, or another file of the bus needs the room)
+#: reserved, nor below the pages known allocated), the driver sets it back to 0 when it gives
+#: warm pages back (idle, or another file of the bus needs the room)
 _WARM_LIMIT = 384
 #: how many times the driver gave warm pages back (writers' populated marks are stale then)
 _WARM_GENERATION = 448
@@ -117,7 +118,8 @@ _ROOM_WAKE = 512
 #: room for two of it. Writers raise it under the reserve lock
 _LONGEST_SPAN = 576
 
-#: seconds an empty ring keeps a warm beginning past WARM_BYTES before the driver gives it back
+#: seconds an empty ring keeps its warm beginning past its share of the free space before the
+#: driver gives that back
 WARM_IDLE_S = 5.0
 
 #: the least ring a stream of blocks of at most half the warm beginning goes round in (see
@@ -614,7 +616,8 @@ class BlockRing:
     def _cool_down(self) -> bool:
         """(The driver, on an empty ring idle for WARM_IDLE_S.) Keep no more of the warm
         beginning than its share of the free space now (warm_bound with no floor: no message
-        is being written) and give back the rest: under the reserve lock (no writer is
+        is being written), give back the rest, and leave the limit to be measured again by
+        the next writer (with the room there is then): under the reserve lock (no writer is
         placing a block), and only while the ring is still empty, so no block lies there.
         False when a writer held the lock (the next reclaim tries again)."""
         b = self.buffer
@@ -622,27 +625,28 @@ class BlockRing:
         if not warm:
             return True
         keep = min(warm, warm_bound(self._free(), self.warm_share, 0, self.capacity))
-        if keep == warm:
-            return True
         if not b.compare_and_set_int64(_LOCK, 0, os.getpid()):
             return False  # a writer is reserving: not idle after all
         try:
             if b.get_int64_acquire(_TAIL) == b.get_int64_acquire(_HEAD):
                 self._lower_warm(keep)
-                self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + keep, self.capacity - keep)
+                if keep < warm:
+                    self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + keep,
+                                       self.capacity - keep)
         finally:
             b.put_int64_release(_LOCK, 0)
         return True
 
     def _lower_warm(self, keep: int) -> None:
-        """(Under the reserve lock, before pages past ``keep`` are given back.) The warm
-        beginning ends at ``keep`` (0: measured again by the next writer): the allocated
-        mark first, so no writer skips allocating a page about to go, and writers' populated
-        marks are made stale."""
+        """(Under the reserve lock, before pages past ``keep`` are given back.) The pages
+        known allocated end at ``keep`` at most, and the limit goes back to not measured (the
+        next writer measures it, at least what is allocated): the allocated mark first, so no
+        writer skips allocating a page about to go; writers' populated marks are made
+        stale."""
         b = self.buffer
         if b.get_int64_acquire(_WARM_ALLOCATED) > keep:
             b.put_int64_release(_WARM_ALLOCATED, keep)
-        b.put_int64_release(_WARM_LIMIT, keep)
+        b.put_int64_release(_WARM_LIMIT, 0)
         b.put_int64_release(_WARM_GENERATION, b.get_int64(_WARM_GENERATION) + 1)
 
     def give_back_warm(self) -> int:

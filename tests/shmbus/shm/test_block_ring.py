@@ -97,8 +97,8 @@ def test_blocks_keep_their_bytes_and_the_warm_mark_covers_only_allocated_pages(o
             # idle: the driver gives back the warm beginning past WARM_BYTES
             ring._tail_moved_at -= br.WARM_IDLE_S + 1
             ring.reclaim(position, position)
-            assert ring.warm_limit() <= br.WARM_BYTES
-            assert warm_mark(ring) <= ring.warm_limit()
+            assert ring.warm_limit() == 0, "to be measured again by the next writer"
+            assert warm_mark(ring) <= br.WARM_BYTES
             held = os.fstat(ring._fd).st_blocks * 512
             assert held <= br.HEADER_PAGE + br.WARM_BYTES, f"{held} bytes held once idle"
             # and writers start over from there: blocks keep their bytes
@@ -285,12 +285,20 @@ def test_a_ring_measured_on_a_fuller_tmpfs_keeps_less(tmp_path) -> None:
             assert ring.warm_limit() <= br.warm_bound(8 * MIB, 0.25, 0) + br._span(300_000)
             ring.reclaim(position, position)
             assert held(ring) <= br.HEADER_PAGE + 2 * MIB + br._span(300_000)
-            # the filler goes; idle, the driver keeps what a quarter of it allows (here all)
+            # the filler goes; idle, the driver keeps what a quarter of it allows (here all),
+            # and the next writer measures the limit again: a quarter of the room there is now
             filler.unlink()
-            before = ring.warm_limit()
+            before, mark = held(ring), warm_mark(ring)
             ring._tail_moved_at -= br.WARM_IDLE_S + 1
             ring.reclaim(position, position)
-            assert ring.warm_limit() == before
+            assert (held(ring), warm_mark(ring), ring.warm_limit()) == (before, mark, 0)
+            start = ring.reserve(300_000, pid)
+            position += 64
+            ring.commit(start, position)
+            assert ring.warm_limit() == br.warm_bound(free_bytes(mount) + held(ring), 0.25,
+                                                      300_000)
+            assert ring.warm_limit() > 7 * MIB
+            ring.reclaim(position, position)
             # a new filler: idle, the driver gives back past a quarter of what is free now
             with open(filler, "wb") as f:
                 os.posix_fallocate(f.fileno(), 0, 28 * MIB)
@@ -302,8 +310,9 @@ def test_a_ring_measured_on_a_fuller_tmpfs_keeps_less(tmp_path) -> None:
             ring._tail_moved_at -= br.WARM_IDLE_S + 1
             ring.reclaim(position, position)
             quarter = br.warm_bound(free_bytes(mount) + held(ring), 0.25, 0)
-            assert ring.warm_limit() <= max(quarter, br.PAGE)
-            assert held(ring) <= br.HEADER_PAGE + ring.warm_limit()
+            assert quarter < 2 * MIB
+            assert ring.warm_limit() == 0 and warm_mark(ring) <= quarter
+            assert held(ring) <= br.HEADER_PAGE + quarter
         finally:
             ring.close()
 
