@@ -593,7 +593,10 @@ def test_a_full_speed_large_stream_on_a_64_mib_tmpfs_leaves_room_for_new_streams
     mib = 1 << 20
     length = 2 * mib
     with mounted_tmpfs(tmp_path / "docker", "64m") as mount:
-        context = bus_context.with_(dir=str(mount / "bus"), reconnect=True)
+        # (a client is timed out after 10 s without a heartbeat, not 2: on a loaded 2-core
+        # machine a process may wait that long for a CPU)
+        context = bus_context.with_(dir=str(mount / "bus"), reconnect=True,
+                                    client_liveness_timeout=10.0)
         logs = Path(context.dir) / "logs"
         driver = start_driver(context)  # (a cnc.dat of the default size)
         try:
