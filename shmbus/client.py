@@ -213,7 +213,8 @@ class Client:
                                registration_id=ready.registration_id,
                                on_close=self._on_publication_close,
                                on_destination=self._on_destination,
-                               counters=self.counters.values)
+                               counters=self.counters.values,
+                               warm_share=self.context.large_message_warm_share)
             publication._wait_spin_ns = round(self.context.wait_spin * 1e9)
             publication._wake_driver = self._ring_driver
             self._publications[ready.registration_id] = publication

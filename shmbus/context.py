@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from shmbus.shm.block_ring import WARM_SHARE
 from shmbus.shm.log_buffer import (
     MTU_DEFAULT,
     TERM_LENGTH_DEFAULT,
@@ -32,6 +33,8 @@ def default_directory() -> str:
 
 #: settings that may be 0 seconds (every other time must be positive)
 _MAY_BE_ZERO = frozenset({"netbridge_busy_window", "wait_spin"})
+#: float settings that are not times (checked on their own)
+_NOT_TIMES = frozenset({"large_message_warm_share"})
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,14 @@ class Context:
     #: memory until used) twice this in address space. UDP channels are limited by their term
     #: length (term length / 8, at most 16 MiB)
     max_large_message_length: int = 1 << 30
+    #: the share (0 < share <= 1) of the free space of the bus's filesystem (measured when a
+    #: block ring grows, the ring's own pages counted as free) that each IPC publication's block
+    #: ring may keep allocated for reuse: its "warm" beginning, at most 64 MiB, where a stream of
+    #: large messages reuses the same pages (no allocation, zeroing or page faults per message),
+    #: but never less than room for two of the stream's longest message. The rest is left for
+    #: the driver's own files and new logs; the driver takes warm pages back when it cannot
+    #: create a log for lack of room, and once a ring has been idle 5 s
+    large_message_warm_share: float = WARM_SHARE
     #: the keyring file of authenticated channels (``key=`` in an aeron:udp channel; see
     #: shmbus/keyring.py): read by the driver and its netbridge. Empty:
     #: ``~/.config/shmbus/keyring``. It must be the user's own, mode 0600
@@ -123,11 +134,16 @@ class Context:
         if not 0 < self.max_large_message_length <= 1 << 40:
             raise ValueError(f"max_large_message_length must be 1 byte to 1 TiB, not "
                              f"{self.max_large_message_length!r}")
+        if not 0 < self.large_message_warm_share <= 1:
+            raise ValueError(f"large_message_warm_share must be a share of the free space, "
+                             f"0 < share <= 1, not {self.large_message_warm_share!r}")
         for term_length in (self.ipc_term_length, self.udp_term_length):
             check_term_length(term_length)
             check_mtu(self.mtu, term_length)
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in _NOT_TIMES:
+                continue
             if f.type == "float" and not (value > 0 or value == 0 and f.name in _MAY_BE_ZERO):
                 raise ValueError(f"{f.name} must be a positive number of seconds, not {value!r}")
 

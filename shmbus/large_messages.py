@@ -46,11 +46,11 @@ _ROOM_WAIT_S = 0.0005
 
 
 def open_ring(log_path: Any, channel: str, limit: int, length: int, what: str,
-              limit_name: str) -> BlockRing:
+              limit_name: str, warm_share: float) -> BlockRing:
     """The block ring beside a publication's log; ValueError for a log without one (a UDP
     channel: its max message length is its own; a log no driver made)."""
     try:
-        return BlockRing.open(ring_path(log_path))
+        return BlockRing.open(ring_path(log_path), warm_share)
     except FileNotFoundError:
         raise ValueError(
             f"{what} of {length} bytes exceeds the {limit_name} of {limit} bytes of "

@@ -23,7 +23,7 @@ from shmbus.errors import PublicationError
 from shmbus.large_messages import LargeClaim, offer_large, open_ring
 from shmbus.object_messages import object_parts
 from shmbus.shm._native import AtomicBuffer, PublicationCore
-from shmbus.shm.block_ring import BlockRing, ring_path
+from shmbus.shm.block_ring import WARM_SHARE, BlockRing, ring_path
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 from shmbus.table_messages import publish_table, publish_table_async
@@ -139,8 +139,12 @@ class Publication(PublicationCore):
         on_close: Any = None,
         on_destination: Any = None,
         counters: AtomicBuffer | None = None,
+        warm_share: float = WARM_SHARE,
     ) -> None:
         self._blocks: BlockRing | None = None
+        #: the share of the bus's free space its block ring may keep warm
+        #: (Context.large_message_warm_share)
+        self._warm_share = warm_share
         #: held while the ring is swapped or closed, and by a large offer from its check
         #: that the ring is still this one to its commit (large_messages.offer_reference)
         self._ring_lock = threading.Lock()
@@ -164,7 +168,7 @@ class Publication(PublicationCore):
         # the log's block ring, mapped now (no memory until a writer uses it): a driver that
         # dies may have its files removed by the next one before this client hears of it
         try:
-            blocks: BlockRing | None = BlockRing.open(ring_path(log.path))
+            blocks: BlockRing | None = BlockRing.open(ring_path(log.path), self._warm_share)
         except FileNotFoundError:  # a UDP publication has none
             blocks = None
         with self._ring_lock:
@@ -219,11 +223,11 @@ class Publication(PublicationCore):
                 if claim:
                     self._blocks = open_ring(self.log.path, self.channel,
                                              self.max_payload_length, length, "claim",
-                                             "max payload (mtu - 32)")
+                                             "max payload (mtu - 32)", self._warm_share)
                 else:
                     self._blocks = open_ring(self.log.path, self.channel,
                                              self.max_message_length, length, "message",
-                                             "max message length")
+                                             "max message length", self._warm_share)
             return self._blocks
 
     def _publish_refused(self, buffers: tuple[Buffer, ...], result: int, timeout: float | None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tempfile
@@ -26,17 +27,24 @@ def shm_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 512 KiB tmpfs mounted for the test (needs root, as CI and this machine have)."""
-    mount_point = tmp_path / "tiny"
+@contextlib.contextmanager
+def mounted_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's syntax: "512k", "24m") mounted on the new directory
+    ``mount_point`` while the block runs (needs root, as CI and this machine have)."""
     mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount_point)],
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
                    check=True)
     try:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KiB tmpfs mounted for the test."""
+    with mounted_tmpfs(tmp_path / "tiny", "512k") as mount_point:
+        yield mount_point
 
 
 @pytest.fixture

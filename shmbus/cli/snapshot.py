@@ -44,7 +44,7 @@ from pathlib import Path
 from shmbus.driver.ipc_flow_control import ipc_window
 from shmbus.errors import ShmbusError
 from shmbus.shm._native import AtomicBuffer, epoch_ms
-from shmbus.shm.block_ring import bytes_in_use
+from shmbus.shm.block_ring import ring_usage
 from shmbus.shm.cnc import (
     CNC_FILE,
     COUNTERS_METADATA,
@@ -147,6 +147,10 @@ class LogInfo:
     large_message_bytes: int = 0
     #: of which blocks not yet freed (not yet read by every counted subscriber)
     large_message_in_use: int = 0
+    #: the bound of its warm beginning (the ring bytes it may keep for reuse; 0: not measured
+    #: yet), and the bytes of it the ring keeps allocated
+    large_message_warm_bound: int = 0
+    large_message_warm_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -521,12 +525,14 @@ def read_log_infos(logs_dir: Path) -> dict[int, LogInfo]:
                            IS_CONNECTED_OFFSET, PUBLICATION_WINDOW_OFFSET, FC_WINDOW_OFFSET,
                            INITIAL_TERM_ID_OFFSET))
         if term_length > 0:
+            ring = logs_dir / (name[:-4] + ".blocks")
+            usage = ring_usage(ring)
             infos[registration_id] = LogInfo(registration_id, session_id, stream_id,
                                              term_length, mtu, connected == 1,
                                              fc_window or window or ipc_window(term_length),
                                              initial_term_id, str(logs_dir / name),
-                                             _allocated(logs_dir / (name[:-4] + ".blocks")),
-                                             bytes_in_use(logs_dir / (name[:-4] + ".blocks")))
+                                             _allocated(ring), usage.in_use, usage.warm_bound,
+                                             usage.warm_bytes)
     return infos
 
 

@@ -83,7 +83,16 @@ Every document is one JSON object on one line, with these common keys::
      "verdict": "held by subscriber pid 4242 (worker-3), 32 KiB behind; window 32 KiB",
      "subscribers": [{"subscription_id": 4, "client_id": 2, "pid": 4242, "name": "worker-3",
                       "counter_id": 11, "position": 10240, "lag": 32768,
-                      "counted": true}]}
+                      "counted": true}],
+     "groups": [...],           # consumer groups on the log (see GroupView)
+     "large_message_bytes": 0,      # IPC: shared memory its block ring holds (the file's
+                                    # allocated bytes: blocks, and warm pages kept for reuse)
+     "large_message_in_use": 0,     # of which blocks not yet read by every counted subscriber
+     "large_message_warm_bound": 0, # the most the ring keeps warm: a share of the bus
+                                    # filesystem's free space (at most 64 MiB), or two of its
+                                    # longest message; 0: not measured (no block placed
+                                    # since the ring was idle or gave its warm pages back)
+     "large_message_warm_bytes": 0} # the bytes of its warm beginning kept allocated now
 
 A subscriber's ``lag`` is pub-pos (an image: rcv-pos) minus its position; ``counted`` is
 whether the log's flow control counts it (a resting untethered subscriber does not hold the
@@ -727,6 +736,12 @@ class StreamView:
     large_message_bytes: int = 0
     #: bytes of blocks not yet read by every counted subscriber
     large_message_in_use: int = 0
+    #: the bound of the block ring's warm beginning: the most it keeps allocated for reuse (a
+    #: share of the bus filesystem's free space, or two of the longest message; 0: not
+    #: measured, as after the ring was idle or gave its warm pages back)
+    large_message_warm_bound: int = 0
+    #: the bytes of the warm beginning the ring keeps allocated now
+    large_message_warm_bytes: int = 0
 
     @property
     def state(self) -> str:
@@ -760,7 +775,9 @@ class StreamView:
                 "subscribers": [s.to_json() for s in self.subscribers],
                 "groups": [g.to_json() for g in self.groups],
                 "large_message_bytes": self.large_message_bytes,
-                "large_message_in_use": self.large_message_in_use}
+                "large_message_in_use": self.large_message_in_use,
+                "large_message_warm_bound": self.large_message_warm_bound,
+                "large_message_warm_bytes": self.large_message_warm_bytes}
 
     def line(self) -> str:
         """The one-line text form ``shmbus streams`` prints."""
@@ -791,8 +808,11 @@ class StreamView:
             slowest = next((s for s in self.subscribers if s.counted), None)
             held = (f", held by {slowest.who}" if slowest and self.large_message_in_use
                     else "")
+            bound = (f" of at most {format_bytes(self.large_message_warm_bound)}"
+                     if self.large_message_warm_bound else "")
             head += (f", large messages {format_bytes(self.large_message_in_use)} in use"
-                     f"{held} ({format_bytes(self.large_message_bytes)} of shared memory)")
+                     f"{held} ({format_bytes(self.large_message_bytes)} of shared memory, "
+                     f"{format_bytes(self.large_message_warm_bytes)} kept warm{bound})")
         groups = "".join(f"; {g.line()}" for g in self.groups)
         return f"{head}; subscribers: {subs}{groups} => {self.verdict.sentence}"
 
@@ -1017,7 +1037,9 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
                 "log" if registration_id in snapshot.live or registration_id in
                 snapshot.live_images else "counter",
                 info.large_message_bytes if info else 0,
-                info.large_message_in_use if info else 0))
+                info.large_message_in_use if info else 0,
+                info.large_message_warm_bound if info else 0,
+                info.large_message_warm_bytes if info else 0))
     return views
 
 

@@ -8,6 +8,7 @@ never blocks, except to resolve the host names of a udp channel being added.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import subprocess
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from shmbus.channel_uri import CONSUMER_GROUP, ChannelUri, ChannelUriError
 from shmbus.context import Context
@@ -70,6 +71,7 @@ from shmbus.shm.position import Position
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer, RingBufferCorruptError
 
 LOGS_DIR = "logs"
+_T = TypeVar("_T")
 #: a subscription waiting for the netbridge to take its endpoint is refused after this share of
 #: the driver timeout (how long clients wait for an answer), so that it hears why
 _BRIDGE_ANSWER_SHARE = 0.8
@@ -524,10 +526,11 @@ class DriverConductor:
         uri = ChannelUri.parse(command.channel)
         image_id = command.correlation_id
         log_file = f"{LOGS_DIR}/{image_id}.log"
-        log = LogBuffer.create(self.directory / log_file, term_length=command.term_length,
-                               initial_term_id=command.initial_term_id, mtu=command.mtu,
-                               session_id=command.session_id, stream_id=command.stream_id,
-                               registration_id=image_id)
+        log = self._create_with_room(lambda: LogBuffer.create(
+            self.directory / log_file, term_length=command.term_length,
+            initial_term_id=command.initial_term_id, mtu=command.mtu,
+            session_id=command.session_id, stream_id=command.stream_id,
+            registration_id=image_id))
         label = (f"{image_id} {command.session_id} {command.stream_id} {uri.canonical()} "
                  f"{command.source_identity}")
         hwm = self.counters.allocate(f"rcv-hwm: {label}", RCV_HWM, registration_id=image_id,
@@ -630,10 +633,11 @@ class DriverConductor:
         else:
             session_id = self._new_session_id(command.stream_id)
         log_file = f"{LOGS_DIR}/{registration_id}.log"
-        log = LogBuffer.create(self.directory / log_file, term_length=term_length,
-                               initial_term_id=self._random.randint(-(2**31), 2**31 - 1),
-                               mtu=mtu, session_id=session_id, stream_id=command.stream_id,
-                               registration_id=registration_id)
+        initial_term_id = self._random.randint(-(2**31), 2**31 - 1)
+        log = self._create_with_room(lambda: LogBuffer.create(
+            self.directory / log_file, term_length=term_length, initial_term_id=initial_term_id,
+            mtu=mtu, session_id=session_id, stream_id=command.stream_id,
+            registration_id=registration_id))
         label = f"{registration_id} {session_id} {command.stream_id} {uri.canonical()}"
         counter_ids: list[int] = []
         try:
@@ -656,8 +660,9 @@ class DriverConductor:
             endpoint_key=uri.endpoint_key())
         if uri.is_ipc:
             try:
-                blocks = BlockRing.create(ring_path(self.directory / log_file),
-                                          self.context.max_large_message_length)
+                blocks = self._create_with_room(lambda: BlockRing.create(
+                    ring_path(self.directory / log_file), self.context.max_large_message_length,
+                    self.context.large_message_warm_share))
             except OSError:
                 for counter_id in counter_ids:
                     self.counters.free(counter_id)
@@ -687,6 +692,27 @@ class DriverConductor:
             if self._matches(link, publication):
                 self._link(publication, link)
         return publication
+
+    def _create_with_room(self, create: Callable[[], _T]) -> _T:
+        """``create()`` a file of the bus (a log, a block ring); when the filesystem has no
+        room for it (ENOSPC), the block rings first give back the warm pages no live block
+        holds (BlockRing.give_back_warm), then it is tried once more: a second failure, or a
+        first one with nothing to give back, is the error as it is (with the sizes)."""
+        try:
+            return create()
+        except OSError as e:
+            if e.errno != errno.ENOSPC or not self._give_back_warm():
+                raise
+        return create()
+
+    def _give_back_warm(self) -> int:
+        """Every block ring's warm pages that no live block holds go back to the filesystem;
+        returns the bytes given back (also counted)."""
+        freed = sum(p.blocks.give_back_warm() for p in self.publications
+                    if p.blocks is not None)
+        if freed:
+            self._add(SystemCounter.WARM_BYTES_GIVEN_BACK, freed)
+        return freed
 
     def _remove_owner(self, publication: IpcPublication, registration_id: int) -> bool:
         """Drop an owner; when the last one goes, a network publication's stream ends."""

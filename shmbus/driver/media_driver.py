@@ -6,7 +6,8 @@ exits on its own after ``driver_idle_timeout`` seconds without a client.
 
 A driver holds an exclusive flock on ``driver.lock`` for its whole life: a second driver on a
 live directory is refused, and a dead driver's lock is released by the kernel, so the next
-driver knows the directory's files are stale and cleans them up.
+driver knows the directory's files are stale and cleans them up (first giving back the warm
+pages of their block rings, which its clients may still map).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from shmbus.driver.conductor import LOGS_DIR, DriverConductor
 from shmbus.driver.system_counters import allocate_system_counters
 from shmbus.errors import ShmbusError
 from shmbus.shm._native import epoch_ms
+from shmbus.shm.block_ring import BlockRing
 from shmbus.shm.broadcast import BroadcastTransmitter
 from shmbus.shm.bus_directory import prepare_directory
 from shmbus.shm.cnc import (
@@ -80,6 +82,7 @@ class Driver:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         try:
+            self._give_back_dead_rings()
             self._remove_files()
             (self.directory / LOGS_DIR).mkdir(mode=0o700)  # before clients can find the bus
             now = epoch_ms()
@@ -140,6 +143,21 @@ class Driver:
             self._remove_files()
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
+
+    def _give_back_dead_rings(self) -> None:
+        """A dead driver's block rings stay in memory while its clients map them (until they
+        hear of the new driver and let go): their warm pages, which no writer will reuse, go
+        back before the files are removed, so they do not hold the room the new cnc.dat and
+        logs need (BlockRing.give_back_warm)."""
+        for path in sorted((self.directory / LOGS_DIR).glob("*.blocks")):
+            try:
+                ring = BlockRing.open(path)
+            except (OSError, ValueError):  # gone meanwhile, or not a ring
+                continue
+            try:
+                ring.give_back_warm()
+            finally:
+                ring.close()
 
     def _remove_files(self) -> None:
         (self.directory / "cnc.dat").unlink(missing_ok=True)

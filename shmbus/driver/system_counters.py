@@ -24,6 +24,9 @@ class SystemCounter(enum.IntEnum):
     PUBLICATIONS = 5
     #: subscriptions added
     SUBSCRIPTIONS = 6
+    #: bytes of block rings' warm pages given back so that a file of the bus could be created
+    #: (a log or block ring that did not fit at first)
+    WARM_BYTES_GIVEN_BACK = 7
 
     @property
     def label(self) -> str:

@@ -25,18 +25,35 @@ end of the ring is preceded by a free padding block up to the end.
   the free head is release-stored. A FILLING block of a dead writer is committed at
   the producer position (its reference, if any, lies before it). Readers holding a block
   hold their position before its reference frame, so they hold the block.
-* The warm beginning is ``WARM_BYTES`` (64 MiB) of the ring, or, after longer messages, room
-  for two of the longest one reserved (a header field writers raise under the lock, at most
-  the whole ring). Blocks of at most half of it stay there (a writer waits for room there
-  rather than take cold pages, so readers and writer overlap on two blocks); it is allocated
-  once (a mark in the header) and mapped once per copying writer, so a stream of long messages
-  reuses the same pages and pays no allocation, zeroing or page fault per message. Its
-  /dev/shm cost: a stream of 256 MiB messages holds 512 MiB and 16 KiB while it runs. Where
-  /dev/shm cannot hold a second block the writer waits until the ring is empty and reuses the
-  first: one block at a time, so a 256 MiB message needs 256 MiB and 8 KiB free (Docker's
-  default 64 MiB /dev/shm takes messages up to what the bus's logs leave free of it). Once
-  the ring has been empty and idle for ``WARM_IDLE_S`` (5 s), the driver gives back what lies
-  past ``WARM_BYTES``.
+* The warm beginning is the part of the ring, from its start, whose pages are kept once used:
+  blocks of at most half of it stay there (a writer waits for room there rather than take
+  cold pages, so readers and writer overlap on two blocks); it is allocated once (a mark in
+  the header) and mapped once per copying writer, so a stream of long messages reuses the same
+  pages and pays no allocation, zeroing or page fault per message. Its size (the warm limit, a
+  header field) is bounded by what the machine has (:func:`warm_bound`): at most
+  ``WARM_BYTES`` (64 MiB) and at most a share (``Context.large_message_warm_share``, a
+  quarter by default) of the free space of the bus's filesystem, this ring's own pages counted
+  as free, but never less than room for two of the longest message reserved (at most the
+  whole ring). A writer measures it (``statvfs``) when the ring grows: when the limit is not
+  measured yet or too small for two of its blocks (it is raised), and when its block allocates
+  pages past the allocated mark (it is lowered to the bound, never below that block or the
+  mark). So a quarter is left for the driver's own files and new logs, and what one ring
+  keeps shrinks the share of the next. Its /dev/shm cost: a stream of 256 MiB messages holds
+  512 MiB and 16 KiB while it runs. Where /dev/shm cannot hold a second block the writer
+  waits until the ring is empty and reuses the first: one block at a time, so a 256 MiB
+  message needs 256 MiB and 8 KiB free (Docker's default 64 MiB /dev/shm takes messages up to
+  what the bus's logs leave free of it).
+* The driver gives warm pages back under the reserve lock (so no writer places a block
+  meanwhile), lowering the allocated mark before the pages go and bumping the warm generation
+  (writers' populated marks are stale then), and the limit goes back to not measured (the
+  next writer measures it with the room there is then, at least what is still allocated):
+  once the ring has been empty and idle for ``WARM_IDLE_S`` (5 s), what lies past its share
+  of the free space now (no floor: nothing is being written); and when the driver cannot
+  create a file of the bus (a log, a block ring) for lack of room, every page no live block
+  holds (:meth:`BlockRing.give_back_warm`), before it tries once more. A new driver gives
+  back the warm pages of a dead driver's rings before it removes their files (their clients
+  may map them until they hear of it), so they do not hold the room its cnc.dat and logs
+  need.
 * Within the warm beginning a block goes round in its cycle (:func:`cycle_length`: the first
   ``CYCLE_BYTES``, 16 MiB, or two blocks when they are longer than 8 MiB) whenever readers
   have left the whole cycle, so the memory a writer fills next is what its readers just left,
@@ -45,7 +62,10 @@ end of the ring is preceded by a free padding block up to the end.
   refused sleeps on the ring's room word (bounded), which the driver bumps once it freed
   blocks while a writer waited.
 
-Every field another process writes is read and written through :class:`AtomicBuffer`.
+Every field another process writes is read and written through :class:`AtomicBuffer`; who
+writes each header field is said where it is defined (the reserve tail, the warm limit and
+the allocated mark only under the reserve lock, the free head and the warm generation only
+by the driver).
 """
 
 from __future__ import annotations
@@ -57,6 +77,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from shmbus.shm._native import AtomicBuffer, signal_word, wait_word
@@ -64,34 +85,56 @@ from shmbus.shm._native import AtomicBuffer, signal_word, wait_word
 PAGE = mmap.PAGESIZE
 HEADER_PAGE = 4096
 BLOCK_HEADER = 64
-#: the beginning of a ring whose memory is kept once used (freed blocks there are reused as
-#: they are: no allocation, no zeroing, no page faults); the rest is given back when freed
+#: the most of a ring's beginning whose memory is kept once used for blocks of up to half of it
+#: (freed blocks there are reused as they are: no allocation, no zeroing, no page faults), where
+#: the bus's filesystem has room for it (see warm_bound); the rest is given back when freed
 WARM_BYTES = 64 << 20
+#: the share of the free space of the bus's filesystem a ring's warm beginning may take
+#: (Context.large_message_warm_share)
+WARM_SHARE = 0.25
 MAGIC = 0x314B4C4253424D53  # "SMBSBLK1"
 
 # ring header fields (each on its own cache line)
 _MAGIC, _CAPACITY, _MAX_MESSAGE = 0, 8, 16
 _LOCK, _TAIL, _HEAD = 64, 128, 192
-#: ring bytes from 0 known allocated (at most WARM_BYTES, never given back): no fallocate there
+#: ring bytes from 0 known allocated (at most the warm limit): writers skip fallocate there.
+#: Written under the reserve lock only: writers raise it as they allocate from it, the driver
+#: lowers it before it gives pages below it back
 _WARM_ALLOCATED = 256
 #: 1 while a writer found no room (readers then wake the driver as they move); the driver
 #: clears it when it frees
 _WRITER_WAITING = 320
-#: the size of the warm beginning (0: WARM_BYTES): writers raise it (under the lock) to hold two
-#: of the longest message they reserve, the driver lowers it once the ring is empty and idle
+#: the size of the warm beginning (0: not measured yet). Written under the reserve lock only:
+#: writers set it from warm_bound where the ring grows (never below two of the longest block
+#: reserved, nor below the pages known allocated), the driver sets it back to 0 when it gives
+#: warm pages back (idle, or another file of the bus needs the room)
 _WARM_LIMIT = 384
-#: how many times the driver lowered the warm limit (writers' populated marks are stale then)
+#: how many times the driver gave warm pages back (writers' populated marks are stale then)
 _WARM_GENERATION = 448
 #: a wake-up word (int32) the driver bumps after freeing blocks while a writer was waiting:
 #: a writer back-pressured by the ring sleeps on it, so it goes on as soon as there is room
 _ROOM_WAKE = 512
+#: the longest block (its span) writers reserved in the ring: the warm limit is never set below
+#: room for two of it. Writers raise it under the reserve lock
+_LONGEST_SPAN = 576
 
-#: seconds an empty ring keeps a warm beginning past WARM_BYTES before the driver gives it back
+#: seconds an empty ring keeps its warm beginning past its share of the free space before the
+#: driver gives that back
 WARM_IDLE_S = 5.0
 
 #: the least ring a stream of blocks of at most half the warm beginning goes round in (see
 #: cycle_length)
 CYCLE_BYTES = 16 << 20
+
+
+def warm_bound(free_bytes: int, share: float, longest: int, capacity: int | None = None) -> int:
+    """The most ring bytes a block ring keeps warm: ``share`` of ``free_bytes`` (the free space
+    of the bus's filesystem, the ring's own pages counted as free), at most WARM_BYTES, but
+    never less than room for two blocks of ``longest`` payload bytes (0: no such floor), and
+    never more than the ring (``capacity``); whole pages."""
+    shared = min(WARM_BYTES, int(max(0, free_bytes) * share) // PAGE * PAGE)
+    bound = max(shared, 2 * _span(longest) if longest > 0 else 0)
+    return bound if capacity is None else min(capacity, bound)
 
 
 def cycle_length(span: int, warm: int) -> int:
@@ -153,27 +196,42 @@ def _span(length: int) -> int:
     return -(-(BLOCK_HEADER + length) // PAGE) * PAGE
 
 
-def bytes_in_use(path: str | os.PathLike[str]) -> int:
-    """Ring bytes held by blocks not yet freed, read through a private read-only map of the
-    header (monitoring: ``shmbus streams``); 0 for a ring never used or gone."""
+@dataclass(frozen=True)
+class RingUsage:
+    """What a block ring's header says of its memory (monitoring: ``shmbus streams``)."""
+
+    #: ring bytes held by blocks not yet freed
+    in_use: int = 0
+    #: the size of its warm beginning now (0: not measured yet, no block placed since the
+    #: driver last gave its warm pages back)
+    warm_bound: int = 0
+    #: ring bytes from its start known allocated and kept for reuse
+    warm_bytes: int = 0
+
+
+def ring_usage(path: str | os.PathLike[str]) -> RingUsage:
+    """The usage of a ring, read through a private read-only map of the header; all 0 for a
+    ring never used or gone."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return 0
+        return RingUsage()
     try:
         if os.fstat(fd).st_blocks == 0:
-            return 0  # never used: its header is a hole (looking would allocate it)
+            return RingUsage()  # never used: its header is a hole (looking would allocate it)
         mapping = mmap.mmap(fd, HEADER_PAGE, access=mmap.ACCESS_COPY)
     except OSError:
-        return 0
+        return RingUsage()
     finally:
         os.close(fd)
     header = AtomicBuffer(mapping)
     try:
         if header.get_int64_acquire(_MAGIC) != MAGIC:
-            return 0
+            return RingUsage()
         head = header.get_int64_acquire(_HEAD)
-        return max(0, header.get_int64_acquire(_TAIL) - head)
+        return RingUsage(max(0, header.get_int64_acquire(_TAIL) - head),
+                         header.get_int64_acquire(_WARM_LIMIT),
+                         header.get_int64_acquire(_WARM_ALLOCATED))
     finally:
         header.release()
         mapping.close()
@@ -188,8 +246,13 @@ class BlockRing:
     """One mapped block ring. The driver :meth:`create` s and :meth:`reclaim` s; writers
     :meth:`reserve`, fill and :meth:`commit` (or :meth:`abandon`); readers :meth:`view`."""
 
-    def __init__(self, path: Path, fd: int, mapping: mmap.mmap) -> None:
+    def __init__(self, path: Path, fd: int, mapping: mmap.mmap,
+                 warm_share: float = WARM_SHARE) -> None:
         self.path = path
+        #: the share of the free space of the bus's filesystem this process lets the warm
+        #: beginning take (see warm_bound): a writer's where the ring grows, the driver's
+        #: when the ring is idle
+        self.warm_share = warm_share
         self._fd = fd
         self._mmap = mapping
         self._memory = memoryview(mapping)
@@ -203,9 +266,11 @@ class BlockRing:
         #: generation of the warm beginning
         self._populated_warm = 0
         self._populated_generation = 0
-        #: (the driver's) the reserve tail last seen, and when it was last seen to move
+        #: (the driver's) the reserve tail last seen, when it was last seen to move, and
+        #: whether the warm beginning was cooled down since (see _cool_down)
         self._seen_tail = -1
         self._tail_moved_at = 0.0
+        self._cooled = False
         # uses of the mapping in progress (enter/leave) and whether close was asked: close
         # may come from the client's conductor thread (a driver restart rebinds the
         # publication) while a writer thread is between reserve and commit
@@ -214,7 +279,8 @@ class BlockRing:
         self.closed = False
 
     @classmethod
-    def create(cls, path: str | os.PathLike[str], max_message_length: int) -> BlockRing:
+    def create(cls, path: str | os.PathLike[str], max_message_length: int,
+               warm_share: float = WARM_SHARE) -> BlockRing:
         """Create the ring file for messages up to ``max_message_length`` bytes: sparse, it
         takes no memory until a writer first uses it (and initialises its header)."""
         path = Path(path)
@@ -226,10 +292,10 @@ class BlockRing:
             os.close(fd)
             path.unlink(missing_ok=True)
             raise
-        return cls(path, fd, mapping)
+        return cls(path, fd, mapping, warm_share)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> BlockRing:
+    def open(cls, path: str | os.PathLike[str], warm_share: float = WARM_SHARE) -> BlockRing:
         """Map an existing ring (FileNotFoundError when its publication has none)."""
         path = Path(path)
         fd = os.open(path, os.O_RDWR)
@@ -243,7 +309,7 @@ class BlockRing:
         except BaseException:
             os.close(fd)
             raise
-        return cls(path, fd, mapping)
+        return cls(path, fd, mapping, warm_share)
 
     def _is_ready(self) -> bool:
         """Whether a writer initialised the header. Until then its page is a hole, and looking
@@ -292,13 +358,13 @@ class BlockRing:
             tail = b.get_int64(_TAIL)
             head = b.get_int64_acquire(_HEAD)
             at = tail % self.capacity
-            warm = self._raise_warm_limit(need)
-            # past the end, or past the warm beginning (WARM_BYTES, whose pages are kept) while
-            # the beginning is free again: start again there (no allocation, no page faults).
+            warm = self._warm_limit_for(need)
+            # past the end, or past the warm beginning (whose pages are kept) while the
+            # beginning is free again: start again there (no allocation, no page faults).
             # A block of at most half the warm beginning always goes there, waiting for room
             # (back-pressure) rather than going on into cold memory: such messages stay within
-            # WARM_BYTES of memory, and a writer ahead of its readers does not pay for fresh
-            # pages on every message
+            # the warm beginning's memory, and a writer ahead of its readers does not pay for
+            # fresh pages on every message
             warm_free = head == tail or (head % self.capacity >= need and head // self.capacity
                                          == tail // self.capacity)
             warm_only = need <= warm // 2
@@ -323,6 +389,7 @@ class BlockRing:
                 b.put_int64_release(_WRITER_WAITING, 1)
                 raise BlockRingFullError
             start = tail + pad
+            self._bound_growth(start % self.capacity, need, warm)
             try:
                 self._allocate(start % self.capacity, need)
             except OSError as e:
@@ -354,26 +421,55 @@ class BlockRing:
         return start
 
     def warm_limit(self) -> int:
-        """The size of the warm beginning now (WARM_BYTES, or more after long messages)."""
-        return self.buffer.get_int64_acquire(_WARM_LIMIT) or WARM_BYTES
+        """The size of the warm beginning now (0: not measured yet; see warm_bound)."""
+        return self.buffer.get_int64_acquire(_WARM_LIMIT)
 
-    def _raise_warm_limit(self, need: int) -> int:
-        """(Under the reserve lock.) The warm beginning, raised to hold two blocks of ``need``
-        bytes (at most the whole ring): a stream of long messages then reuses the same pages
-        instead of taking (zeroed, faulted) fresh ones for each."""
-        warm = self.warm_limit()
-        wanted = min(self.capacity, 2 * need)
-        if wanted > warm:
-            self.buffer.put_int64_release(_WARM_LIMIT, wanted)
-            return wanted
-        return warm
+    def _warm_limit_for(self, need: int) -> int:
+        """(Under the reserve lock.) The warm beginning for a block of ``need`` bytes: as it
+        is, unless not measured yet or too small to hold two such blocks; then measured
+        (:meth:`_bound`) and raised to that, so a stream of long messages reuses the same
+        pages instead of taking (zeroed, faulted) fresh ones for each."""
+        b = self.buffer
+        if need > b.get_int64(_LONGEST_SPAN):
+            b.put_int64_release(_LONGEST_SPAN, need)
+        warm = b.get_int64_acquire(_WARM_LIMIT)
+        if warm and 2 * need <= warm:
+            return warm
+        wanted = max(warm, b.get_int64_acquire(_WARM_ALLOCATED), self._bound())
+        b.put_int64_release(_WARM_LIMIT, wanted)
+        return wanted
+
+    def _bound_growth(self, at: int, need: int, warm: int) -> None:
+        """(Under the reserve lock, before a block of ``need`` bytes at ring offset ``at`` is
+        allocated.) Where the block grows the warm beginning's allocated pages, the bound is
+        measured again: with less free space now, the warm beginning ends sooner (not before
+        this block, nor before the pages already known allocated)."""
+        b = self.buffer
+        allocated = b.get_int64_acquire(_WARM_ALLOCATED)
+        if at <= allocated < min(at + need, warm):
+            bound = self._bound()
+            if bound < warm:
+                b.put_int64_release(_WARM_LIMIT, max(bound, min(at + need, warm)))
+
+    def _bound(self) -> int:
+        """(Under the reserve lock.) warm_bound measured now, for the longest block reserved:
+        the free space of the ring's filesystem (the bus directory's), with this ring's own
+        pages counted as free, so that what it already keeps does not shrink its own share."""
+        longest = self.buffer.get_int64_acquire(_LONGEST_SPAN)
+        return warm_bound(self._free(), self.warm_share, max(0, longest - BLOCK_HEADER),
+                          self.capacity)
+
+    def _free(self) -> int:
+        """The free bytes of the ring's filesystem, and those this ring holds."""
+        st = os.fstatvfs(self._fd)
+        return st.f_bavail * st.f_frsize + os.fstat(self._fd).st_blocks * 512
 
     def _populate(self, ring_position: int, span: int) -> None:
         """Map a reserved block's pages into this process in one call: the writer's copy then
         runs at memory speed instead of taking a page fault per 4 KiB (on fresh pages that
         halves a large message's cost). Only a hint: a kernel without it is left as it is.
-        The warm beginning stays mapped once populated (its pages are never given back), so
-        this process does it there once."""
+        The warm beginning stays mapped once populated (until the driver gives warm pages
+        back: a new generation), so this process does it there once."""
         at = ring_position % self.capacity
         generation = self.buffer.get_int64_acquire(_WARM_GENERATION)
         if generation != self._populated_generation:  # the driver gave warm pages back
@@ -528,8 +624,10 @@ class BlockRing:
         tail = b.get_int64_acquire(_TAIL)
         if tail != self._seen_tail:
             self._seen_tail, self._tail_moved_at = tail, time.monotonic()
-        elif head == tail and time.monotonic() - self._tail_moved_at > WARM_IDLE_S:
-            self._cool_down()
+            self._cooled = False
+        elif (head == tail and not self._cooled
+              and time.monotonic() - self._tail_moved_at > WARM_IDLE_S):
+            self._cooled = self._cool_down()
         while head < tail:
             at = HEADER_PAGE + head % self.capacity
             state = b.get_int64_acquire(at + _STATE)
@@ -557,25 +655,61 @@ class BlockRing:
             signal_word(b, _ROOM_WAKE)
         return freed
 
-    def _cool_down(self) -> None:
-        """(The driver, on an empty ring idle for WARM_IDLE_S.) Give back the warm beginning
-        past WARM_BYTES: under the reserve lock (no writer is placing a block), and only while
-        the ring is still empty, so no block lies there."""
+    def _cool_down(self) -> bool:
+        """(The driver, on an empty ring idle for WARM_IDLE_S.) Keep no more of the warm
+        beginning than its share of the free space now (warm_bound with no floor: no message
+        is being written), give back the rest, and leave the limit to be measured again by
+        the next writer (with the room there is then): under the reserve lock (no writer is
+        placing a block), and only while the ring is still empty, so no block lies there.
+        False when a writer held the lock (the next reclaim tries again)."""
         b = self.buffer
-        if b.get_int64_acquire(_WARM_LIMIT) <= WARM_BYTES:
-            return
-        pid = os.getpid()
-        if not b.compare_and_set_int64(_LOCK, 0, pid):
-            return  # a writer is reserving: not idle after all
+        warm = b.get_int64_acquire(_WARM_LIMIT)
+        if not warm:
+            return True
+        keep = min(warm, warm_bound(self._free(), self.warm_share, 0, self.capacity))
+        if not b.compare_and_set_int64(_LOCK, 0, os.getpid()):
+            return False  # a writer is reserving: not idle after all
         try:
-            if b.get_int64_acquire(_TAIL) != b.get_int64_acquire(_HEAD):
-                return
-            b.put_int64_release(_WARM_LIMIT, 0)
-            if b.get_int64_acquire(_WARM_ALLOCATED) > WARM_BYTES:
-                b.put_int64_release(_WARM_ALLOCATED, WARM_BYTES)
-            b.put_int64_release(_WARM_GENERATION, b.get_int64(_WARM_GENERATION) + 1)
-            self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + WARM_BYTES,
-                               self.capacity - WARM_BYTES)
+            if b.get_int64_acquire(_TAIL) == b.get_int64_acquire(_HEAD):
+                self._lower_warm(keep)
+                if keep < warm:
+                    self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + keep,
+                                       self.capacity - keep)
+        finally:
+            b.put_int64_release(_LOCK, 0)
+        return True
+
+    def _lower_warm(self, keep: int) -> None:
+        """(Under the reserve lock, before pages past ``keep`` are given back.) The pages
+        known allocated end at ``keep`` at most, and the limit goes back to not measured (the
+        next writer measures it, at least what is allocated): the allocated mark first, so no
+        writer skips allocating a page about to go; writers' populated marks are made
+        stale."""
+        b = self.buffer
+        if b.get_int64_acquire(_WARM_ALLOCATED) > keep:
+            b.put_int64_release(_WARM_ALLOCATED, keep)
+        b.put_int64_release(_WARM_LIMIT, 0)
+        b.put_int64_release(_WARM_GENERATION, b.get_int64(_WARM_GENERATION) + 1)
+
+    def give_back_warm(self) -> int:
+        """(The driver, when a file of the bus cannot be created for lack of room.) Give back
+        every page of the ring that no live block holds, the warm beginning's too; the next
+        writer measures the warm beginning again (warm_bound, with the room left then).
+        Under the reserve lock (nothing is given back when a live writer keeps it); returns
+        the bytes given back."""
+        self._next_look = 0.0
+        if not self._is_ready():
+            return 0  # never used: it holds nothing
+        b = self.buffer
+        if not self._try_lock(os.getpid()):
+            return 0
+        try:
+            before = os.fstat(self._fd).st_blocks
+            self._lower_warm(0)
+            head = b.get_int64_acquire(_HEAD)
+            for start, end in _unused(head, b.get_int64_acquire(_TAIL) - head, self.capacity):
+                self._mmap.madvise(mmap.MADV_REMOVE, HEADER_PAGE + start, end - start)
+            return max(0, before - os.fstat(self._fd).st_blocks) * 512
         finally:
             b.put_int64_release(_LOCK, 0)
 
@@ -643,6 +777,20 @@ class BlockRing:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _unused(head: int, in_use: int, capacity: int) -> list[tuple[int, int]]:
+    """The ring offsets [start, end) that no live block holds: those outside the ``in_use``
+    bytes from ring position ``head``."""
+    if in_use <= 0:
+        return [(0, capacity)]
+    if in_use >= capacity:
+        return []
+    first = head % capacity
+    end = first + in_use
+    if end > capacity:
+        return [(end - capacity, first)]
+    return [(start, stop) for start, stop in ((0, first), (end, capacity)) if stop > start]
 
 
 def pid_alive(pid: int) -> bool:

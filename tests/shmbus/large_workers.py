@@ -258,3 +258,101 @@ def frame_reader(context: shmbus.Context, stream: int, count: int, order: str,
                          "out_order_kept": bool(out.flags.f_contiguous if order == "F"
                                                 else out.flags.c_contiguous)})
     guard(results, "read", name, body)
+
+
+#: the writer id of the message that ends a stream of streaming_writer (its seq: how many
+#: messages were accepted before it)
+END_WRITER = 2
+
+
+def streaming_writer(context: shmbus.Context, stream: int, length: int, stop: Any,
+                     results: Any, timeout: float) -> None:
+    """Publish writer 1's messages of ``length`` bytes on an exclusive publication as fast as
+    they are accepted until ``stop`` is set, then an END_WRITER message. A message not accepted
+    (back-pressure or no subscriber through a driver restart: publish's timeout; no room for
+    its block: OSError ENOSPC, nothing reserved) is published again with the same sequence
+    number, after a short sleep. Reports the sessions it published into and how many offers
+    each kind of refusal took; everything is bounded by ``timeout`` seconds."""
+    import errno
+
+    name = "streaming writer"
+
+    def body() -> None:
+        deadline = time.monotonic() + timeout
+        with shmbus.connect(context) as bus:
+            pub = bus.add_exclusive_publication("aeron:ipc", stream)
+            results.put({"kind": "writer-ready", "name": name})
+            _connected(pub)
+            sessions: dict[int, list[int]] = {}
+            refused = {"enospc": 0, "timeout": 0}
+            seq = 0
+            while True:
+                last = stop.is_set()
+                data = message(END_WRITER, seq, 100) if last else message(1, seq, length)
+                while True:
+                    assert time.monotonic() < deadline, f"seq {seq} not accepted: {refused}"
+                    session_id = pub.session_id
+                    try:
+                        pub.publish(data, timeout=2.0)
+                        break
+                    except shmbus.PublicationError as e:
+                        if e.code == shmbus.CLOSED:
+                            raise
+                        refused["timeout"] += 1
+                    except OSError as e:
+                        if e.errno != errno.ENOSPC:
+                            raise
+                        refused["enospc"] += 1
+                        time.sleep(0.02)
+                if last:
+                    break
+                sessions.setdefault(session_id, [seq, seq])[1] = seq
+                seq += 1
+            results.put({"kind": "written", "name": name, "count": seq, "sessions": sessions,
+                         "refused": refused, "reconnects": bus.reconnects})
+    guard(results, "written", name, body)
+
+
+def streaming_reader(context: shmbus.Context, stream: int, results: Any,
+                     timeout: float) -> None:
+    """Read streaming_writer's messages as views until its END_WRITER message, checking each
+    (length, checksum) and its sequence: consecutive within a session; a new session (the
+    publication rebound to a new driver's log) may start further on (what the old log held
+    unread is lost with it), never before. Reports ``reader-ready``, ``reader-streaming``
+    after 5 messages, then what it read."""
+    name = "streaming reader"
+
+    def body() -> None:
+        deadline = time.monotonic() + timeout
+        with shmbus.connect(context) as bus:
+            sub = bus.add_subscription("aeron:ipc", stream)
+            results.put({"kind": "reader-ready", "name": name})
+            count, last, session = 0, -1, None
+            sessions: dict[int, list[int]] = {}
+            jumps: list[tuple[int, int]] = []
+            while True:
+                assert time.monotonic() < deadline, f"{count} messages read, last {last}"
+                view = sub.take_view()
+                if view is None:
+                    sub.wait(0.05)
+                    continue
+                with view:
+                    writer_id, seq = check(view.buffer)
+                    if writer_id == END_WRITER:
+                        assert seq == last + 1, f"the end after {seq} messages, {last} read last"
+                        break
+                    if view.session_id == session:
+                        assert seq == last + 1, f"seq {seq} after {last} in one session"
+                    else:
+                        assert seq > last, f"seq {seq} after {last} in a new session"
+                        if seq != last + 1:
+                            jumps.append((last, seq))
+                        session = view.session_id
+                    sessions.setdefault(session, [seq, seq])[1] = seq
+                    last = seq
+                    count += 1
+                    if count == 5:
+                        results.put({"kind": "reader-streaming", "name": name})
+            results.put({"kind": "read", "name": name, "count": count, "last": last,
+                         "sessions": sessions, "jumps": jumps, "reconnects": bus.reconnects})
+    guard(results, "read", name, body)

@@ -23,7 +23,7 @@ import pytest
 
 import shmbus
 from shmbus.shm.block_ring import BlockRing
-from tests.conftest import driver_serves, start_driver, stop_driver
+from tests.conftest import driver_serves, mounted_tmpfs, start_driver, stop_driver
 from tests.shmbus import large_workers as lw
 from tests.shmbus.driver import driver_workers as dw
 from tests.shmbus.driver.test_driver_processes import TINY_LENGTHS, free_bytes, wait_until
@@ -559,3 +559,122 @@ def test_a_dev_shm_that_holds_one_block_takes_a_stream_of_them_one_at_a_time(bus
         driver.terminate()
         driver.join(10)
         assert not list((mount / "bus").rglob("*.blocks")), "a block ring left behind"
+
+
+def small_stream(bus: shmbus.Client, stream_id: int, term_length: int | None = None
+                 ) -> tuple[shmbus.Publication, shmbus.Subscription]:
+    """A new stream (its own log: an exclusive publication) and a subscription to it, which
+    reads one message, checked."""
+    channel = "aeron:ipc" if term_length is None else f"aeron:ipc?term-length={term_length}"
+    pub = bus.add_exclusive_publication(channel, stream_id)
+    sub = bus.add_subscription("aeron:ipc", stream_id)
+    connected(pub)
+    pub.publish(lw.message(3, stream_id, 200), timeout=10)
+    assert [lw.check(m) for m in sub.messages(timeout=1.0)] == [(3, stream_id)]
+    return pub, sub
+
+
+def test_a_full_speed_large_stream_on_a_64_mib_tmpfs_leaves_room_for_new_streams_and_a_driver(
+        bus_context, procs, tmp_path):
+    """Docker's 64 MiB /dev/shm: a writer process publishes 2 MiB messages as fast as a reader
+    process takes them. Its block ring keeps warm at most a quarter of what is free; new
+    streams with 3 MiB logs are created beside it until the tmpfs is full (the ring gives
+    back its warm pages when a log does not fit: more are created than fit beside a quarter
+    kept), and those that do not fit are refused with the sizes; they go, the driver is
+    killed and a new one (a cnc.dat of 4 MiB) takes over; new streams fit again, and the
+    large stream goes on in the new driver's log. Every message is checked (checksum, and
+    sequence: in order, nothing lost within a log)."""
+    from shmbus.driver.system_counters import SystemCounter
+    from shmbus.shm import block_ring as br
+    from shmbus.shm import control_protocol as cp
+    from shmbus.shm.log_buffer import log_length
+    from tests.shmbus.driver.test_driver_processes import CTX
+
+    mib = 1 << 20
+    length = 2 * mib
+    with mounted_tmpfs(tmp_path / "docker", "64m") as mount:
+        # (a client is timed out after 10 s without a heartbeat, not 2: on a loaded 2-core
+        # machine a process may wait that long for a CPU)
+        context = bus_context.with_(dir=str(mount / "bus"), reconnect=True,
+                                    client_liveness_timeout=10.0)
+        logs = Path(context.dir) / "logs"
+        driver = start_driver(context)  # (a cnc.dat of the default size)
+        try:
+            stop = CTX.Event()
+            procs.start(lw.streaming_reader, context, 51, procs.queue, 150)
+            procs.wait("reader-ready")
+            procs.start(lw.streaming_writer, context, 51, length, stop, procs.queue, 150)
+            procs.wait("writer-ready")
+            procs.wait("reader-streaming")
+            (ring,) = [p for p in rings(context) if br.ring_usage(p).warm_bound]
+            # a quarter of what the cnc.dat and the stream's log leave free (measured where
+            # the ring grew, a block at a time, so within a block of it)
+            quarter = br.warm_bound(free_bytes(mount) + ring.stat().st_blocks * 512, 0.25,
+                                    length)
+            assert quarter < 16 * mib
+
+            def warm_within_its_bound() -> None:
+                usage = br.ring_usage(ring)
+                assert usage.warm_bytes <= usage.warm_bound <= quarter + br._span(length), (
+                    usage, quarter)
+
+            warm_within_its_bound()
+            with shmbus.connect(context) as bus:
+                # new streams of 3 MiB logs (one every 0.2 s at most) until three tries in a row
+                # (0.5 s apart: the reader may still hold blocks past a lowered bound) do not fit
+                big = log_length(1 << 20)
+                streams: list[tuple[shmbus.Publication, shmbus.Subscription]] = []
+                refused: list[shmbus.RegistrationError] = []
+                deadline = time.monotonic() + 60
+                while len(refused) < 3 and time.monotonic() < deadline:
+                    try:
+                        streams.append(small_stream(bus, 60 + len(streams), 1 << 20))
+                        refused.clear()
+                    except shmbus.RegistrationError as e:
+                        refused.append(e)
+                        time.sleep(0.3)
+                    warm_within_its_bound()
+                    time.sleep(0.2)
+                assert len(refused) == 3, f"{len(streams)} streams, {refused}"
+                for error in refused:  # the error as it was: what was needed and what was free
+                    assert error.code == cp.STORAGE_SPACE
+                    match = re.search(r"(\d+) bytes needed, (\d+) bytes free", str(error))
+                    assert match and int(match[1]) == big > int(match[2]), str(error)
+                    assert "cannot create log" in str(error)
+                given = bus.counters.get_value(SystemCounter.WARM_BYTES_GIVEN_BACK.value)
+                assert given > 0, "no warm pages given back"
+                # beside a ring keeping a quarter of what the cnc.dat and the stream's log (and
+                # this client's first) leave free, fewer fit (about 15 here); beside its live
+                # blocks only, about 18
+                beside_a_quarter = int((64 * mib - 4_337_664 - 2 * log_length(65536)) * 0.75
+                                       ) // big
+                assert len(streams) >= beside_a_quarter + 2, (len(streams), given)
+                for pub, sub in streams:
+                    pub.close()
+                    sub.close()
+                streams.clear()
+                wait_until(lambda: len(list(logs.glob("*.log"))) <= 2, 10,
+                           "the new streams' logs deleted")
+
+                # the driver dies; a new one takes over, the clients reconnect
+                driver.kill()
+                driver.wait(10)
+                driver = start_driver(context)
+                wait_until(lambda: bus.reconnects == 1, 30, "this client's reconnection")
+                for n in range(3):
+                    streams.append(small_stream(bus, 80 + n))
+                    streams.append(small_stream(bus, 90 + n, 1 << 20))
+                wait_until(lambda: any(br.ring_usage(p).warm_bound for p in rings(context)), 20,
+                           "the large stream in the new driver's log")
+                (ring,) = [p for p in rings(context) if br.ring_usage(p).warm_bound]
+                warm_within_its_bound()
+            stop.set()
+            (written,) = procs.wait("written", timeout=60)
+            (read,) = procs.wait("read", timeout=60)
+        finally:
+            stop_driver(driver)
+    assert written["reconnects"] == read["reconnects"] == 1, (written, read)
+    assert read["last"] == written["count"] - 1, (written, read)
+    assert len(read["sessions"]) == 2, read
+    assert len(read["jumps"]) <= 1, read  # (what the dead driver's log held unread)
+    assert read["count"] >= 20, read

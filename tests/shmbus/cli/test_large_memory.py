@@ -1,13 +1,19 @@
-"""`shmbus streams` shows the shared memory large messages hold per stream, and who holds it."""
+"""`shmbus streams` shows the shared memory large messages hold per stream, who holds it, and
+how much of it the block ring keeps warm within its bound."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
 import shmbus
 from shmbus.cli.snapshot import read_snapshot
 from shmbus.cli.stat import analyse_streams
-from tests.shmbus.driver.test_driver_processes import wait_until
+from shmbus.shm import block_ring as br
+from tests.conftest import driver_serves, mounted_tmpfs
+from tests.shmbus.driver import driver_workers as dw
+from tests.shmbus.driver.test_driver_processes import TINY_LENGTHS, wait_until
 
 
 def publication_view(context: shmbus.Context, stream_id: int):
@@ -42,4 +48,40 @@ def test_streams_show_large_message_memory_while_a_view_holds_it(bus_context, dr
                 break
         wait_until(lambda: publication_view(bus_context, 31).large_message_in_use == 0, 5,
                    "every block freed")
-        assert publication_view(bus_context, 31).large_message_bytes <= (64 << 20) + 4096
+        done = publication_view(bus_context, 31)
+        assert done.large_message_bytes <= (64 << 20) + 4096
+        # (/dev/shm has far more than 4 x 64 MiB free: the bound is WARM_BYTES)
+        assert done.large_message_warm_bound == br.WARM_BYTES
+        assert 32 << 20 < done.large_message_warm_bytes <= done.large_message_warm_bound
+        document = done.to_json()
+        assert document["large_message_warm_bound"] == br.WARM_BYTES
+        assert document["large_message_warm_bytes"] == done.large_message_warm_bytes
+        assert "kept warm of at most 64 MiB" in done.line()
+
+
+def test_streams_show_the_warm_bound_of_a_small_tmpfs(bus_context, procs, tmp_path) -> None:
+    """On a 32 MiB tmpfs the ring's warm beginning is bounded by a quarter of what is free."""
+    with mounted_tmpfs(tmp_path / "small", "32m") as mount:
+        context = bus_context.with_(dir=str(mount / "bus"), max_large_message_length=4 << 20)
+        driver = procs.start(dw.run_driver, context, TINY_LENGTHS)
+        wait_until(lambda: driver_serves(context, driver.pid) or not driver.is_alive(), 20,
+                   "the driver on the small tmpfs")
+        with shmbus.connect(context) as bus:
+            pub = bus.add_exclusive_publication("aeron:ipc", 32)
+            sub = bus.add_subscription("aeron:ipc", 32)
+            wait_until(lambda: pub.is_connected, 10, "the subscriber")
+            for i in range(20):
+                pub.publish(bytes([i]) * 500_000)
+                assert [m[0] for m in sub.messages(timeout=1.0)] == [i]
+            wait_until(lambda: publication_view(context, 32).large_message_in_use == 0, 5,
+                       "every block freed")
+            view = publication_view(context, 32)
+            st = os.statvfs(mount)
+            quarter = br.warm_bound(st.f_bavail * st.f_frsize + view.large_message_bytes, 0.25,
+                                    0)
+            span = br._span(500_000)
+            assert quarter - span <= view.large_message_warm_bound <= quarter + span
+            assert 0 < view.large_message_warm_bytes <= view.large_message_warm_bound
+            assert view.large_message_bytes <= br.HEADER_PAGE + view.large_message_warm_bound
+        driver.terminate()
+        driver.join(10)

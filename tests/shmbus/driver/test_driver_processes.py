@@ -29,7 +29,7 @@ from shmbus.shm import control_protocol as cp
 from shmbus.shm.cnc import CncLengths
 from shmbus.shm.counters import PUB_LIMIT, PUB_POS, SUB_POS
 from shmbus.shm.log_buffer import align, log_length
-from tests.conftest import driver_serves, start_driver, stop_driver
+from tests.conftest import driver_serves, mounted_tmpfs, start_driver, stop_driver
 from tests.shmbus.driver import driver_workers as dw
 
 CTX = mp.get_context("spawn")
@@ -560,6 +560,144 @@ def test_full_tmpfs_refuses_a_log_with_sizes_and_leaves_nothing_behind(bus_conte
         driver.join(10)
     assert driver.exitcode == 0
     assert not (Path(context.dir) / "cnc.dat").exists()
+
+
+def fill_warm_beginning(bus: shmbus.Client, stream_id: int, first_seq: int = 0
+                        ) -> tuple[shmbus.Publication, shmbus.Subscription, int]:
+    """A stream of 1 MiB large messages whose writer runs ahead of its reader until the block
+    ring refuses it, then read, each checked: the ring's warm beginning is as large as its
+    bound lets it be, and every block is free again. Returns (publication, subscription, the
+    next sequence number)."""
+    from tests.shmbus import large_workers as lw
+
+    pub = bus.add_exclusive_publication("aeron:ipc", stream_id)
+    sub = bus.add_subscription("aeron:ipc", stream_id)
+    wait_until(lambda: pub.is_connected, 10, "the subscriber")
+    seq = first_seq
+    while seq - first_seq < 100:
+        result = pub.offer(lw.message(1, seq, 1 << 20))
+        if result < 0:
+            assert result == shmbus.BACK_PRESSURED, shmbus.result_name(result)
+            break
+        seq += 1
+    assert seq - first_seq >= 4, "the warm beginning held fewer than 4 blocks"
+    got = [lw.check(m) for m in sub.messages(timeout=1.0)]
+    assert got == [(1, n) for n in range(first_seq, seq)]
+    return pub, sub, seq
+
+
+def warm_context(context: shmbus.Context, mount: Path) -> shmbus.Context:
+    """Rings that may keep 90% of the free space warm (the default keeps a quarter) on a bus
+    in ``mount``: one stream takes nearly all of it."""
+    return context.with_(dir=str(mount / "bus"), large_message_warm_share=0.9,
+                         max_large_message_length=16 << 20)
+
+
+def test_a_log_that_does_not_fit_beside_warm_pages_gets_them_back(bus_context, procs, tmp_path):
+    """A ring keeping most of a 24 MiB tmpfs warm: a new 1 MiB-term log (3 MiB) does not fit
+    beside it, so the driver has the ring give back the pages no live block holds and creates
+    it (counted); the large stream goes on, every message checked. A log that does not fit
+    even then is refused as before, with the sizes."""
+    from shmbus.shm.block_ring import ring_usage
+    from tests.shmbus import large_workers as lw
+
+    with mounted_tmpfs(tmp_path / "small", "24m") as mount:
+        context = warm_context(bus_context, mount)
+        driver = procs.start(dw.run_driver, context, TINY_LENGTHS)
+        wait_until(lambda: driver_serves(context, driver.pid) or not driver.is_alive(), 20,
+                   "the driver on the small tmpfs")
+        try:
+            with shmbus.connect(context) as bus:
+                pub, sub, seq = fill_warm_beginning(bus, 91)
+                ring = Path(context.dir) / "logs" / f"{pub.registration_id}.blocks"
+                warm = ring_usage(ring).warm_bytes
+                big = log_length(1 << 20)
+                assert free_bytes(mount) < big < free_bytes(mount) + warm, (warm, big)
+                assert system_counter(bus, SystemCounter.WARM_BYTES_GIVEN_BACK) == 0
+                other = bus.add_exclusive_publication("aeron:ipc?term-length=1048576", 92)
+                assert (Path(context.dir) / "logs" / f"{other.registration_id}.log").exists()
+                given = system_counter(bus, SystemCounter.WARM_BYTES_GIVEN_BACK)
+                assert given >= big - free_bytes(mount), given
+                assert ring_usage(ring).warm_bytes == 0
+                # the large stream goes on (its ring measures its bound again: less room now)
+                for n in range(seq, seq + 5):
+                    pub.publish(lw.message(1, n, 1 << 20), timeout=10)
+                    assert [lw.check(m) for m in sub.messages(timeout=1.0)] == [(1, n)]
+                usage = ring_usage(ring)
+                assert 0 < usage.warm_bound <= 0.9 * (free_bytes(mount) + usage.warm_bytes
+                                                      + 2 * (1 << 20) + 8192)
+                with pytest.raises(shmbus.RegistrationError) as info:
+                    bus.add_exclusive_publication("aeron:ipc?term-length=16777216", 93)
+                assert info.value.code == cp.STORAGE_SPACE
+                assert re.search(r"\d+ bytes needed, \d+ bytes free", str(info.value))
+        finally:
+            driver.terminate()
+            driver.join(10)
+        assert driver.exitcode == 0
+
+
+def test_an_image_that_does_not_fit_beside_warm_pages_gets_them_back(bus_context, procs,
+                                                                     tmp_path):
+    """The netbridge's image of a udp stream (a 3 MiB log) does not fit beside a ring keeping
+    most of a 24 MiB tmpfs warm: the driver has the ring give back its warm pages and creates
+    it (it used to fail: "cannot create an image: ... No space left on device")."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        channel = f"aeron:udp?endpoint=127.0.0.1:{probe.getsockname()[1]}"
+    with mounted_tmpfs(tmp_path / "small", "24m") as mount:
+        context = warm_context(bus_context, mount).with_(udp_term_length=1 << 20)
+        driver = procs.start(dw.run_driver, context, TINY_LENGTHS)
+        wait_until(lambda: driver_serves(context, driver.pid) or not driver.is_alive(), 20,
+                   "the driver on the small tmpfs")
+        try:
+            with shmbus.connect(context) as bus:
+                udp = bus.add_exclusive_publication(channel, 96)
+                fill_warm_beginning(bus, 95)
+                assert free_bytes(mount) < log_length(1 << 20)
+                sub = bus.add_subscription(channel, 96)
+                checker = dw.Checker(writers={7}, stream_id=96)
+                wait_until(lambda: sub.images, 20, "the image",
+                           poll=lambda: sub.poll(checker, 1))
+                assert system_counter(bus, SystemCounter.WARM_BYTES_GIVEN_BACK) > 0
+                wait_until(lambda: udp.is_connected, 10, "the udp stream connected")
+                for i in range(20):
+                    udp.publish(dw.make_message(7, i), timeout=5)
+                wait_until(lambda: checker.count == 20, 10, "20 messages over udp",
+                           poll=lambda: sub.poll(checker, 10))
+                assert checker.error_count == 0, checker.errors
+        finally:
+            driver.terminate()
+            driver.join(10)
+        assert driver.exitcode == 0
+
+
+def test_a_new_driver_gets_back_the_warm_pages_of_a_dead_driver_s_rings(bus_context, procs,
+                                                                          tmp_path):
+    """A driver killed while a client keeps its ring's warm beginning (most of a 24 MiB
+    tmpfs) mapped: the ring file is gone once the next driver cleans up, but its pages stay
+    while the client maps it, so the next driver gives them back first, and its cnc.dat of
+    the default size (4 MiB) fits."""
+    with mounted_tmpfs(tmp_path / "small", "24m") as mount:
+        context = warm_context(bus_context, mount)
+        dead = procs.start(dw.run_driver, context, TINY_LENGTHS)
+        wait_until(lambda: driver_serves(context, dead.pid) or not dead.is_alive(), 20,
+                   "the first driver")
+        bus = shmbus.connect(context)
+        try:
+            pub, _, _ = fill_warm_beginning(bus, 94)
+            assert free_bytes(mount) < 4 << 20, "no room for a default cnc.dat (4337664 bytes)"
+            os.kill(dead.pid, signal.SIGKILL)
+            dead.join(10)
+            new = procs.start(dw.run_driver, context, CncLengths())
+            wait_until(lambda: driver_serves(context, new.pid) or not new.is_alive(), 20,
+                       "the new driver")
+            assert new.is_alive(), f"the new driver exited with {new.exitcode}"
+            new.terminate()
+            new.join(10)
+        finally:
+            bus.close()
 
 
 # -- closing releases the client's mappings ------------------------------------------------------

@@ -2,9 +2,11 @@
 
 Random reserve / fill / commit / free sequences on a real ring file in /dev/shm: every live
 block keeps its bytes; the warm beginning's allocation mark only ever covers allocated pages
-(no hole below it, it never passes the warm limit: WARM_BYTES, or two of the longest block
-reserved), so writers may skip allocating there; once every block is freed, the ring holds no
-memory past the warm beginning, and once the empty ring has been idle, none past WARM_BYTES.
+(no hole below it, it never passes the warm limit: at most WARM_BYTES, or two of the longest
+block reserved), so writers may skip allocating there; once every block is freed, the ring
+holds no memory past the warm beginning, and once the empty ring has been idle, none past
+WARM_BYTES. The warm beginning's bound (warm_bound) on small tmpfs mounts: a share of the free
+space, and what the driver takes back when the room is needed (give_back_warm).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmbus.shm import block_ring as br
+from tests.conftest import mounted_tmpfs
 
 MIB = 1 << 20
 SIZES = [100, 300_000, 5 * MIB, 20 * MIB, 39 * MIB]
@@ -78,8 +81,9 @@ def test_blocks_keep_their_bytes_and_the_warm_mark_covers_only_allocated_pages(o
                     live = live[done:]
                 mark = warm_mark(ring)
                 longest = max((ln for ln, _ in ops[:tag + 1]), default=0)
-                assert ring.warm_limit() == max(br.WARM_BYTES, min(
-                    ring.capacity, 2 * -(-(br.BLOCK_HEADER + longest) // br.PAGE) * br.PAGE))
+                floor = min(ring.capacity, 2 * br._span(longest))
+                # (at most WARM_BYTES where /dev/shm's free space allows: it is shared)
+                assert floor <= ring.warm_limit() <= max(br.WARM_BYTES, floor)
                 assert mark <= ring.warm_limit()
                 assert allocated_at_least(ring, mark, live), "a hole below the warm mark"
                 for start, length, _, tag in live:
@@ -93,7 +97,7 @@ def test_blocks_keep_their_bytes_and_the_warm_mark_covers_only_allocated_pages(o
             # idle: the driver gives back the warm beginning past WARM_BYTES
             ring._tail_moved_at -= br.WARM_IDLE_S + 1
             ring.reclaim(position, position)
-            assert ring.warm_limit() == br.WARM_BYTES
+            assert ring.warm_limit() == 0, "to be measured again by the next writer"
             assert warm_mark(ring) <= br.WARM_BYTES
             held = os.fstat(ring._fd).st_blocks * 512
             assert held <= br.HEADER_PAGE + br.WARM_BYTES, f"{held} bytes held once idle"
@@ -166,5 +170,218 @@ def test_small_blocks_go_round_in_the_cycle_once_free_and_a_refused_writer_is_wo
             ring.reclaim(blocks[in_cycle + 2][1], position)  # nobody waiting: no wake-up
             assert ring.room_seen() == seen + 1
             ring.wait_for_room(seen, 10.0)  # the word moved: returns at once
+        finally:
+            ring.close()
+
+
+# -- the warm beginning's bound ------------------------------------------------------------------
+
+def test_warm_bound_is_a_share_of_the_free_space_at_most_warm_bytes() -> None:
+    gib = 1 << 30
+    assert br.warm_bound(gib, 0.25, 0) == br.WARM_BYTES, "plenty free: WARM_BYTES"
+    assert br.warm_bound(100 * MIB, 0.25, 0) == 25 * MIB
+    assert br.warm_bound(100 * MIB, 0.5, 0) == 50 * MIB
+    assert br.warm_bound(100 * MIB, 1.0, 0) == br.WARM_BYTES
+    assert br.warm_bound(0, 0.25, 0) == 0
+    assert br.warm_bound(-5, 0.25, 0) == 0, "a failed measurement is no room"
+    # whole pages, rounded down
+    assert br.warm_bound(10 * br.PAGE + 3, 1.0, 0) == 10 * br.PAGE
+    assert br.warm_bound(4 * br.PAGE - 1, 0.25, 0) == 0
+
+
+def test_warm_bound_never_leaves_less_than_two_of_the_longest_message_nor_more_than_the_ring(
+        ) -> None:
+    two = 2 * br._span(MIB)
+    assert two == 2 * (MIB + br.PAGE)  # (its 64-byte header takes a page more)
+    assert br.warm_bound(4 * MIB, 0.25, MIB) == two, "a quarter is less than two blocks"
+    assert br.warm_bound(0, 0.25, MIB) == two, "no room at all: still the floor"
+    assert br.warm_bound(100 * MIB, 0.25, MIB) == 25 * MIB
+    assert br.warm_bound(1 << 40, 0.25, 40 * MIB) == 2 * br._span(40 * MIB), "past WARM_BYTES"
+    assert br.warm_bound(1 << 40, 0.25, 1, capacity=8 * MIB) == 8 * MIB
+    assert br.warm_bound(0, 0.25, 40 * MIB, capacity=50 * MIB) == 50 * MIB
+    assert br.warm_bound(1 << 40, 0.25, 0, capacity=None) == br.WARM_BYTES
+
+
+def test_unused_ring_offsets_are_those_outside_the_live_blocks() -> None:
+    assert br._unused(0, 0, 100) == [(0, 100)]
+    assert br._unused(250, 0, 100) == [(0, 100)], "empty: all of it"
+    assert br._unused(210, 30, 100) == [(0, 10), (40, 100)]
+    assert br._unused(200, 30, 100) == [(30, 100)]
+    assert br._unused(270, 30, 100) == [(0, 70)]
+    assert br._unused(280, 40, 100) == [(20, 80)], "wrapped"
+    assert br._unused(280, 100, 100) == [], "full"
+
+
+def held(ring: br.BlockRing) -> int:
+    return os.fstat(ring._fd).st_blocks * 512
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_on_a_small_tmpfs_the_warm_beginning_is_a_quarter_of_the_free_space(tmp_path) -> None:
+    """A 32 MiB tmpfs: 1 MiB blocks stay in a warm beginning of a quarter of what is free (the
+    ring's own pages counted), so at most that much is kept once they are freed; a longer
+    message raises it to two of it, and smaller ones after never lower it below that."""
+    with mounted_tmpfs(tmp_path / "small", "32m") as mount:
+        ring = br.BlockRing.create(mount / "x.blocks", 8 * MIB)
+        try:
+            pid, position = os.getpid(), 0
+            span = br._span(MIB)
+            blocks: list[tuple[int, int]] = []
+            for _ in range(40):  # writer far ahead of its readers: the warm beginning fills
+                try:
+                    start = ring.reserve(MIB, pid)
+                except br.BlockRingFullError:
+                    break
+                position += 64
+                ring.commit(start, position)
+                blocks.append((start, position))
+            quarter = br.warm_bound(free_bytes(mount) + held(ring), 0.25, 0)
+            assert 7 * MIB <= quarter <= 8 * MIB
+            warm = ring.warm_limit()
+            # (measured as it grew: within a block of the quarter of what is free now)
+            assert quarter - span <= warm <= quarter + span, (warm, quarter)
+            assert all(start % ring.capacity + span <= warm for start, _ in blocks)
+            assert len(blocks) == warm // span, "back-pressured at the end of the warm beginning"
+            ring.reclaim(position, position)
+            assert held(ring) <= br.HEADER_PAGE + warm
+            # a longer message: two of it, more than the quarter
+            start = ring.reserve(6 * MIB, pid)
+            position += 64
+            ring.commit(start, position)
+            assert ring.warm_limit() == 2 * br._span(6 * MIB)
+            ring.reclaim(position, position)
+            for _ in range(30):
+                start = ring.reserve(MIB, pid)
+                position += 64
+                ring.commit(start, position)
+                ring.reclaim(position, position)
+                assert ring.warm_limit() >= 2 * br._span(6 * MIB)
+        finally:
+            ring.close()
+
+
+def test_a_ring_measured_on_a_fuller_tmpfs_keeps_less(tmp_path) -> None:
+    """A quarter of what is free where the ring grows: another file taking most of the room
+    first leaves the ring a smaller warm beginning; the driver, idle, keeps a quarter of what
+    is free then."""
+    with mounted_tmpfs(tmp_path / "small", "32m") as mount:
+        filler = mount / "filler"
+        with open(filler, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, 24 * MIB)
+        ring = br.BlockRing.create(mount / "x.blocks", 8 * MIB)
+        try:
+            pid, position = os.getpid(), 0
+            for _ in range(20):
+                try:
+                    start = ring.reserve(300_000, pid)
+                except br.BlockRingFullError:
+                    break
+                position += 64
+                ring.commit(start, position)
+            assert ring.warm_limit() <= br.warm_bound(8 * MIB, 0.25, 0) + br._span(300_000)
+            ring.reclaim(position, position)
+            assert held(ring) <= br.HEADER_PAGE + 2 * MIB + br._span(300_000)
+            # the filler goes; idle, the driver keeps what a quarter of it allows (here all),
+            # and the next writer measures the limit again: a quarter of the room there is now
+            filler.unlink()
+            before, mark = held(ring), warm_mark(ring)
+            ring._tail_moved_at -= br.WARM_IDLE_S + 1
+            ring.reclaim(position, position)
+            assert (held(ring), warm_mark(ring), ring.warm_limit()) == (before, mark, 0)
+            start = ring.reserve(300_000, pid)
+            position += 64
+            ring.commit(start, position)
+            assert ring.warm_limit() == br.warm_bound(free_bytes(mount) + held(ring), 0.25,
+                                                      300_000)
+            assert ring.warm_limit() > 7 * MIB
+            ring.reclaim(position, position)
+            # a new filler: idle, the driver gives back past a quarter of what is free now
+            with open(filler, "wb") as f:
+                os.posix_fallocate(f.fileno(), 0, 28 * MIB)
+            start = ring.reserve(300_000, pid)
+            position += 64
+            ring.commit(start, position)
+            ring.reclaim(position, position)
+            ring.reclaim(position, position)
+            ring._tail_moved_at -= br.WARM_IDLE_S + 1
+            ring.reclaim(position, position)
+            quarter = br.warm_bound(free_bytes(mount) + held(ring), 0.25, 0)
+            assert quarter < 2 * MIB
+            assert ring.warm_limit() == 0 and warm_mark(ring) <= quarter
+            assert held(ring) <= br.HEADER_PAGE + quarter
+        finally:
+            ring.close()
+
+
+def test_give_back_warm_keeps_live_blocks_and_lets_writers_start_over(tmp_path) -> None:
+    """What the driver does when a file of the bus does not fit: every page no live block
+    holds goes back (warm ones too), live blocks keep their bytes, and writers go on: the
+    next one measures the warm beginning again and allocates the pages it uses."""
+    with mounted_tmpfs(tmp_path / "small", "32m") as mount:
+        ring = br.BlockRing.create(mount / "x.blocks", 4 * MIB)
+        try:
+            pid, position = os.getpid(), 0
+            live: list[tuple[int, int, int, int]] = []
+            for tag in range(6):
+                start = ring.reserve(MIB, pid)
+                payload = ring.payload(start, MIB)
+                payload[0] = payload[-1] = tag
+                payload.release()
+                position += 64
+                ring.commit(start, position)
+                live.append((start, MIB, position, tag))
+            ring.reclaim(live[3][2], position)  # the first four freed, kept warm
+            live = live[4:]
+            assert warm_mark(ring) >= 6 * br._span(MIB)
+            before = held(ring)
+            freed = ring.give_back_warm()
+            assert freed == before - held(ring) == 4 * br._span(MIB)
+            assert warm_mark(ring) == 0 and ring.warm_limit() == 0
+            assert allocated_at_least(ring, 0, live)
+            for start, length, _, tag in live:
+                view = ring.payload(start, length)
+                assert view[0] == view[-1] == tag
+                view.release()
+            assert ring.give_back_warm() == 0, "nothing more to give"
+            for tag in range(6, 16):  # writers go on, every block's pages allocated
+                start = ring.reserve(MIB, pid, populate=True)
+                assert ring.warm_limit() >= 2 * br._span(MIB)
+                assert allocated_at_least(ring, warm_mark(ring), [*live, (start, MIB, 0, 0)])
+                payload = ring.payload(start, MIB)
+                payload[0] = payload[-1] = tag
+                payload.release()
+                position += 64
+                ring.commit(start, position)
+                live.append((start, MIB, position, tag))
+                ring.reclaim(live[-3][2], position)
+                live = live[-2:]
+                for start, length, _, tag in live:
+                    view = ring.payload(start, length)
+                    assert view[0] == view[-1] == tag
+                    view.release()
+        finally:
+            ring.close()
+
+
+def test_give_back_warm_waits_for_no_writer_and_skips_a_ring_never_used(tmp_path) -> None:
+    with mounted_tmpfs(tmp_path / "small", "8m") as mount:
+        ring = br.BlockRing.create(mount / "x.blocks", MIB)
+        try:
+            assert ring.give_back_warm() == 0
+            assert held(ring) == 0, "looking allocated nothing"
+            start = ring.reserve(300_000, os.getpid())
+            ring.commit(start, 64)
+            ring.reclaim(64, 64)
+            assert held(ring) > br.HEADER_PAGE
+            # a live writer (this process, another thread) holds the reserve lock: no change
+            ring.buffer.put_int64_release(br._LOCK, os.getpid())
+            assert ring.give_back_warm() == 0
+            ring.buffer.put_int64_release(br._LOCK, 0)
+            assert ring.give_back_warm() > 0
+            assert held(ring) == br.HEADER_PAGE
         finally:
             ring.close()
