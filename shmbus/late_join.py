@@ -259,19 +259,26 @@ class LateJoinSubscription:
         then live, per session. The payload is valid only during the call. Returns how many.
 
         Raises HistoryGapError when a session's history is lost, and what the live
-        subscription's poll raises.
+        subscription's poll raises: ClientTimeoutError when the driver timed the client out,
+        also from the poll whose handler was running meanwhile (a process stopped past its
+        liveness), since the live messages it was handed may have been reused under it.
         """
         if self._closed:
             return 0
         self._handler = handler
         count = 0
+        live = self._live
+        live_before = self.live_messages
         try:
-            if self._live is not None:
+            if live is not None:
+                live._check_client()  # the images are read directly: the lease, as poll does
                 self._check_images()
             for session in list(self._sessions.values()):
                 if count >= limit:
                     break
                 count += self._poll_session(session, limit - count)
+            if live is not None and self.live_messages != live_before:
+                live._check_client()  # stopped in the handler past the liveness: torn
             if self._live is None and (
                     self.behind <= self.merge_window or (
                         self.catch_up is not None

@@ -7,12 +7,15 @@ asked for: nothing lost, duplicated or reordered at the seam.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 import shmbus
@@ -274,6 +277,41 @@ def test_a_joiner_that_dies_holding_the_publisher_lets_it_go(
             time.sleep(0.05)
     finally:
         stream.close()
+
+
+def test_a_joiner_stopped_past_its_liveness_in_a_live_message_raises(
+        bus_context, driver, procs, shm_dir) -> None:
+    """A joiner stopped (SIGSTOP) inside the handler of a live message, past its client
+    liveness timeout, is dropped by the driver and the publisher laps the log under it: the
+    message it then reads may be torn, so the poll it was stopped in must raise
+    ClientTimeoutError (as a plain subscription's does), never return as if it were whole.
+    The nemesis' late joiner met this as a corrupt message (issue 35)."""
+    directory = shm_dir / "rec"
+    stream = Stream(procs, bus_context, directory, "aeron:ipc", writers=1)
+    try:
+        stream.wait_recorded(1, 256 * 1024)
+        reports = procs.private()
+        joiner = procs.start(lw.stop_in_live, bus_context, str(directory), reports.queue)
+        deadline = time.monotonic() + 60
+        while psutil.Process(joiner.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline, "the joiner never stopped itself"
+            time.sleep(0.01)
+        # dropped by the driver, its log lapped by the publisher (which the recorder paces)
+        recorded = RecordingReader(directory, 0).stop_position
+        time.sleep(bus_context.client_liveness_timeout * 2)
+        reader = RecordingReader(directory, 0)
+        while reader.stop_position < recorded + 4 * bus_context.ipc_term_length:
+            assert time.monotonic() < deadline, "the publisher stayed held by the stopped joiner"
+            time.sleep(0.05)
+        os.kill(joiner.pid, signal.SIGCONT)
+        [report] = reports.wait("stopped-in-live")
+    finally:
+        stream.close()
+    assert report["outcome"] == "ClientTimeoutError", (
+        f"the poll returned after its client was timed out (the message read after the stop "
+        f"was {'whole' if report['whole'] else 'torn'}; later polls handed out "
+        f"{report['later']})")
+    assert report["later"] == [], "a poll after the one it was stopped in handed messages out"
 
 
 def test_over_udp_with_loss(procs, shm_dir) -> None:

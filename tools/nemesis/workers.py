@@ -362,6 +362,11 @@ def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, result
                         check = SubscriberCheck()
                         try:
                             _late_join(client, recorder, directory, spec, rng, check)
+                        except shmbus.ClientTimeoutError:
+                            # paused past its liveness in a poll: what that poll handed out
+                            # may have been reused under it (torn), as for any reader
+                            check.on_rebuild("ClientTimeoutError")
+                            raise
                         finally:
                             _add_check(total, check)
             except (*REBUILD, shmbus.HistoryGapError, shmbus.RecordingError) as e:
