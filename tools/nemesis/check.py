@@ -181,10 +181,15 @@ class SubscriberCheck:
 # -- the rules ---------------------------------------------------------------------------------
 
 FINISHED, KILLED_MID_OFFER, KILLED_MID_CLAIM = 1, 2, 3
-DRIVER_LOST, TIMED_OUT, REFUSED = 4, 5, 6  # the writer rebuilt its client
+#: the writer rebuilt its client: the driver died or was being replaced; the driver timed the
+#: client out; the driver refused its publication (RegistrationError: the disk is full); its
+#: publication was closed under it (the client failed between two of its checks); a publication
+#: error (a claim closed under it)
+DRIVER_LOST, TIMED_OUT, REFUSED, CLOSED, PUBLICATION_FAILED = 4, 5, 6, 7, 8
 ENDINGS = {0: "?", FINISHED: "finished", KILLED_MID_OFFER: "killed mid-offer",
            KILLED_MID_CLAIM: "killed mid-claim", DRIVER_LOST: "rebuilt: driver lost",
-           TIMED_OUT: "rebuilt: client timed out", REFUSED: "rebuilt: refused"}
+           TIMED_OUT: "rebuilt: client timed out", REFUSED: "rebuilt: refused",
+           CLOSED: "rebuilt: closed under it", PUBLICATION_FAILED: "rebuilt: publication error"}
 
 
 @dataclass(frozen=True)

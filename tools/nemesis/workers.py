@@ -32,9 +32,11 @@ from typing import Any
 
 import shmbus
 from tools.nemesis.check import (
+    CLOSED,
     DRIVER_LOST,
     FINISHED,
     HEAD,
+    PUBLICATION_FAILED,
     REFUSED,
     TIMED_OUT,
     SubscriberCheck,
@@ -46,6 +48,9 @@ REBUILD = (shmbus.DriverTimeoutError, shmbus.ClientTimeoutError, shmbus.DriverUn
            shmbus.ClientClosedError, shmbus.RegistrationError, shmbus.PublicationError)
 PROBE_STREAM = 9  # the stream a writer polls to hear of a dead driver (nobody publishes on it)
 IDLE_S = 0.001
+PACED_S = 0.005  # a paced writer ahead of its rate sleeps this long
+#: the pause after a rebuild; doubled (up to the max) after each incarnation that sent nothing
+REBUILD_PAUSE_S, REBUILD_PAUSE_MAX_S = 0.05, 0.4
 BATCH = 64
 #: a batch of messages this long or longer (large ones, each encoded before the offer and
 #: offered alone) is a few messages
@@ -143,6 +148,8 @@ class WriterSpec:
     min_length: int
     max_length: int
     batch: bool
+    #: messages a second at most (0: as many as the readers take)
+    rate: float = 0.0
 
 
 def run_writer(context: shmbus.Context, ledger_path: str, writers: int, writer: int,
@@ -152,6 +159,7 @@ def run_writer(context: shmbus.Context, ledger_path: str, writers: int, writer: 
     readers can drain it)."""
     ledger = Ledger(ledger_path, writers)
     block = payload_block(seed)
+    pause = REBUILD_PAUSE_S
     try:
         while not stop.is_set():
             incarnation = ledger.begin(writer)
@@ -163,7 +171,11 @@ def run_writer(context: shmbus.Context, ledger_path: str, writers: int, writer: 
             except REBUILD as e:
                 ledger.end(writer, incarnation, _ending(e))
                 ledger.set_phase(writer, IDLE)
-                time.sleep(0.05)
+                # an incarnation that sent nothing (the disk full, the driver starting): wait
+                # longer before the next, up to REBUILD_PAUSE_MAX_S, rather than spin clients
+                sent = ledger.counts(writer, incarnation)[0]
+                pause = REBUILD_PAUSE_S if sent else min(2 * pause, REBUILD_PAUSE_MAX_S)
+                time.sleep(pause)
     except BaseException as e:
         errors.put(f"writer {writer} ({spec.name}): {type(e).__name__}: {e}")
         raise
@@ -174,6 +186,10 @@ def _ending(error: BaseException) -> int:
         return TIMED_OUT
     if isinstance(error, shmbus.DriverTimeoutError | shmbus.DriverUnavailableError):
         return DRIVER_LOST
+    if isinstance(error, shmbus.ClientClosedError):
+        return CLOSED
+    if isinstance(error, shmbus.PublicationError):
+        return PUBLICATION_FAILED
     return REFUSED
 
 
@@ -184,11 +200,15 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
     probe = client.add_subscription("aeron:ipc", PROBE_STREAM)
     lengths = _lengths(spec, writer)
     sequence = 0
+    began = time.monotonic()
     while not stop.is_set():
         probe.poll(_ignore, 1)  # raises DriverTimeoutError when the driver is gone
         if ledger.hold_requested(writer):
             _hold_claim(publication, ledger, writer, incarnation, sequence, block,
                         spec.max_length)
+        if spec.rate and sequence > (time.monotonic() - began) * spec.rate:
+            time.sleep(PACED_S)
+            continue
         count = (BATCH if spec.max_length <= LARGE_BATCH_FROM else LARGE_BATCH) \
             if spec.batch else 1
         messages = [encode(block, writer, incarnation, sequence + i,
@@ -224,29 +244,46 @@ def _claim_and_commit(publication: shmbus.Publication, message: bytes) -> int:
         return 0
     assert claim.buffer is not None
     claim.buffer[:] = message
-    claim.commit()
+    try:
+        claim.commit()
+    except ValueError:  # descheduled past publication_unblock_timeout: the driver padded it
+        return 0
     return 1
 
 
 def _hold_claim(publication: shmbus.Publication, ledger: Ledger, writer: int,
                 incarnation: int, sequence: int, block: bytes, max_length: int) -> None:
     """Claim the next message and hold it, half written, until the orchestrator kills us
-    (bounded: after 30 s the claim is aborted and the request ignored). A writer of large
-    messages claims a large one: a block of its block ring (LargeClaim), killed mid-fill."""
+    (bounded: once it withdraws the request, or after 30 s, the claim is aborted). A writer
+    of large messages claims a large one: a block of its block ring (LargeClaim), killed
+    mid-fill; on a full disk that claim raises OSError (ENOSPC) and is tried again."""
     length = max_length if max_length > publication.max_message_length else HEAD.size + 64
     message = encode(block, writer, incarnation, sequence, length)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def holding() -> bool:
+        return time.monotonic() < deadline and ledger.hold_requested(writer)
+
+    while holding():
         ledger.attempt(writer, incarnation, sequence + 1)
-        claim = publication.try_claim(len(message))
+        try:
+            claim: shmbus.BufferClaim | shmbus.LargeClaim | None = \
+                publication.try_claim(len(message))
+        except OSError as e:  # a large claim, the disk full: refused, nothing reserved
+            if e.errno != errno.ENOSPC:
+                raise
+            claim = None
         if claim:
             assert claim.buffer is not None
             half = max(HEAD.size, length // 2)
             claim.buffer[:half] = message[:half]
             ledger.set_phase(writer, HOLDING_CLAIM)
-            while time.monotonic() < deadline:
+            while holding():
                 time.sleep(0.01)
-            claim.abort()
+            try:
+                claim.abort()
+            except ValueError:  # held past publication_unblock_timeout: the driver padded it
+                pass
             break
         time.sleep(IDLE_S)
     ledger.attempt(writer, incarnation, sequence)
@@ -334,7 +371,10 @@ def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: An
 
 # -- the late joiner ----------------------------------------------------------------------------
 
-LATE_JOIN_WINDOW_S = 4.0  # one recording window of the late joiner
+LATE_JOIN_WINDOW_S = 2.0  # one recording window of the late joiner
+#: the share of joins from a random recorded position (the others: from the window's start,
+#: which replays all of it: each costs the late joiner a check per message it holds)
+LATE_JOIN_FROM_POSITION = 0.9
 LATE_JOIN_LIVE = 200      # live messages a join reads (per session) before it leaves
 LATE_JOIN_READ_S = 3.0    # the longest one join reads
 
@@ -388,7 +428,7 @@ def _late_join(client: shmbus.Client, recorder: shmbus.Recorder, directory: Path
     recorder keeps recording, until every session is live with LATE_JOIN_LIVE messages."""
     recordings = recorder.recordings
     channel, position = spec.channel, "start"
-    if recordings and rng.random() < 0.8:
+    if recordings and rng.random() < LATE_JOIN_FROM_POSITION:
         d = rng.choice(recordings)
         reader = shmbus.RecordingReader(directory, d)
         end = reader.stop_position
