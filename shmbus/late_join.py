@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from shmbus.archive.catalog import RecordingDescriptor, live_position, read_catalog
+from shmbus.archive.large_payloads import RECORDED_REFERENCE_LENGTH
 from shmbus.archive.recording_reader import RecordingReader
 from shmbus.channel_uri import JOIN_POSITION, ChannelUri, ChannelUriError
 from shmbus.fragment_assembler import FragmentAssembler
@@ -346,7 +347,7 @@ class LateJoinSubscription:
             if not n:
                 continue
             offsets = batch.offsets.tolist()
-            ends = message_ends(batch.positions, batch.lengths, mtu).tolist()
+            ends = message_ends(batch.positions, batch.lengths, mtu, batch.large).tolist()
             if sink is not None:  # messages(): bytes, no call per message
                 whole = batch.data.tobytes()
                 sink.extend([whole[offsets[i]:offsets[i + 1]] for i in range(n)])
@@ -490,12 +491,16 @@ def _no_handler(payload: memoryview, info: MessageInfo) -> None:
     """The handler of messages()' polls, never called (they collect bytes)."""
 
 
-def message_ends(positions: np.ndarray, lengths: np.ndarray, mtu: int) -> np.ndarray:
+def message_ends(positions: np.ndarray, lengths: np.ndarray, mtu: int,
+                 large: np.ndarray | None = None) -> np.ndarray:
     """The stream position just after each message (start ``positions``, payload ``lengths``)
     as a publisher with this ``mtu`` frames it: fragments of mtu - 32 payload bytes, each
-    frame 32-byte aligned."""
+    frame 32-byte aligned; a ``large`` one (its payload in shared memory) is one reference
+    frame, whatever its length."""
     chunk = mtu - HEADER_LENGTH
     lengths = lengths.astype(np.int64)
+    if large is not None:
+        lengths = np.where(large, RECORDED_REFERENCE_LENGTH, lengths)
     full = np.maximum(lengths - 1, 0) // chunk  # fragments before the last one
     last = lengths - full * chunk
     ends: np.ndarray = positions + full * align(mtu) + (
