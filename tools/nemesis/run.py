@@ -733,8 +733,10 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
                     round_ = rng.sample(SCHEDULED, len(SCHEDULED))
                     rounds, round_began = rounds + 1, now
                 fault = round_.pop()
-                print(f"[{time.strftime('%H:%M:%S')}] {fault}", flush=True)
+                print(f"[{time.strftime('%H:%M:%S')}] {fault}", end="", flush=True)
+                began = time.monotonic()
                 nemesis.run(fault)
+                print(f" ({time.monotonic() - began:.1f} s)", flush=True)
                 deaths += workers.restart_the_dead()
                 if bus.process is not None and bus.process.poll() is not None:
                     deaths.append(f"the driver died: exit code {bus.process.returncode}")

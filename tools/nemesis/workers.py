@@ -200,6 +200,9 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
     probe = client.add_subscription("aeron:ipc", PROBE_STREAM)
     lengths = _lengths(spec, writer)
     sequence = 0
+    #: messages encoded from ``sequence`` on and not accepted yet: a refused (back-pressured)
+    #: batch is offered again as it is, not encoded again
+    pending: list[bytes] = []
     began = time.monotonic()
     while not stop.is_set():
         probe.poll(_ignore, 1)  # raises DriverTimeoutError when the driver is gone
@@ -211,8 +214,10 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
             continue
         count = (BATCH if spec.max_length <= LARGE_BATCH_FROM else LARGE_BATCH) \
             if spec.batch else 1
-        messages = [encode(block, writer, incarnation, sequence + i,
-                           lengths[(sequence + i) % len(lengths)]) for i in range(count)]
+        pending += [encode(block, writer, incarnation, sequence + i,
+                           lengths[(sequence + i) % len(lengths)])
+                    for i in range(len(pending), count)]
+        messages = pending if len(pending) == count else pending[:count]
         ledger.attempt(writer, incarnation, sequence + count)
         ledger.set_phase(writer, OFFERING)
         try:
@@ -230,6 +235,7 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
         ledger.set_phase(writer, IDLE)
         if accepted:
             sequence += accepted
+            del pending[:accepted]
             ledger.ack(writer, incarnation, sequence)
         else:
             ledger.attempt(writer, incarnation, sequence)
@@ -377,6 +383,7 @@ LATE_JOIN_WINDOW_S = 2.0  # one recording window of the late joiner
 LATE_JOIN_FROM_POSITION = 0.9
 LATE_JOIN_LIVE = 200      # live messages a join reads (per session) before it leaves
 LATE_JOIN_READ_S = 3.0    # the longest one join reads
+LATE_JOIN_PAUSE_S = 0.05  # between two joins (it only records then)
 
 
 def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: Any,
@@ -389,6 +396,7 @@ def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, result
     timed out, the recorder stopped by a full disk: HistoryGapError) rebuilds it."""
     total = SubscriberCheck()
     rng = random.Random(os.getpid())
+    idle = shmbus.SleepingIdleStrategy(IDLE_S)
     try:
         for window in itertools.count():
             last = stop.is_set()
@@ -398,7 +406,10 @@ def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, result
                         directory, spec.channel, spec.stream_id, client=client) as recorder:
                     deadline = time.monotonic() + LATE_JOIN_WINDOW_S
                     while time.monotonic() < deadline:
-                        recorder.poll()
+                        # between joins: recording only (the recorder holds the writers)
+                        pause_until = time.monotonic() + LATE_JOIN_PAUSE_S
+                        while time.monotonic() < pause_until:
+                            idle.idle(recorder.poll())
                         check = SubscriberCheck()
                         try:
                             _late_join(client, recorder, directory, spec, rng, check)
@@ -447,10 +458,11 @@ def _late_join(client: shmbus.Client, recorder: shmbus.Recorder, directory: Path
     with client.add_subscription(channel, spec.stream_id, history=shmbus.Recording(directory),
                                  from_position=position, catch_up=1.0) as sub:
         deadline = time.monotonic() + LATE_JOIN_READ_S
+        idle = shmbus.SleepingIdleStrategy(IDLE_S)
         while time.monotonic() < deadline:
-            sub.poll(handler, 1024)
+            work = sub.poll(handler, 1024)
             check.on_poll_done()
-            recorder.poll()
+            idle.idle(work + recorder.poll())
             states = sub.positions()
             if sub.is_live and all(phase == "done" or live.get(sid, 0) >= LATE_JOIN_LIVE
                                    for sid, (phase, _) in states.items()):
@@ -523,8 +535,12 @@ def _check_recordings(check: SubscriberCheck, directory: Path) -> None:
             return
         session_id = reader.descriptor.session_id
         check.on_new_image(session_id)
-        for message in reader.messages():  # RecordingError on a damaged recording: a breach
-            check.on_message(session_id, message.payload)
+        on_message = check.on_message
+        for batch in reader.read_batches():  # RecordingError on a damaged one: a breach
+            data = batch.data.data  # zero-copy slices
+            offsets = batch.offsets.tolist()
+            for i in range(len(offsets) - 1):
+                on_message(session_id, data[offsets[i]:offsets[i + 1]])
         check.on_poll_done()
 
 
