@@ -180,9 +180,11 @@ def test_a_minute_of_faults_breaches_nothing() -> None:
         r"^(tethered|untethered|udp|spy|recorder|large|late-joiner|recorder-large) +\S+ +(\d+)",
         out, re.M)
     assert len(readers) == 8 and all(int(n) > 0 for _, n in readers), readers
-    total, seconds, per_minute = re.search(
-        r"^messages sent: (\d+) in (\d+) s: ([\d.]+) M a minute$", out, re.M).groups()
+    total, seconds, per_minute, flowing, sampled = re.search(
+        r"^messages sent: (\d+) in (\d+) s: ([\d.]+) M a minute; they flowed in (\d+) of "
+        r"(\d+) seconds$", out, re.M).groups()
     assert int(total) == sum(sent.values()) and int(seconds) >= 50
+    assert int(flowing) > int(sampled) // 2, "the faults' windows took most of the run"
     assert abs(float(per_minute) - int(total) / int(seconds) * 60 / 1e6) < 0.02 + 0.02 * float(
         per_minute)
     found = services(out)

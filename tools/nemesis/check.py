@@ -139,6 +139,8 @@ class SubscriberCheck:
         #: why the subscriber's client was rebuilt: exception name -> count
         self.rebuilds: Counter[str] = Counter()
         self._keys_by_session: dict[int, set[Key]] = {}
+        #: a late joiner's joins (each from a recorded position, history then live)
+        self.joins = 0
         #: (session, writer, incarnation, track) of the last message: most come in runs
         self._last: tuple[int, int, int, Track] | None = None
 

@@ -73,8 +73,9 @@ The rules (a breach of any is printed and the exit status is 1):
 
 At the end it prints, per writer incarnation and per reader: sent, received, lost, duplicated,
 reordered, skipped, corrupt (a writer's incarnations that sent nothing on one line, by how they
-ended), and how often each fault fired; the messages sent and how many a minute the writers
-streamed; per request/reply service the calls answered (the reply, or the RemoteError the
+ended), the late joiner's joins, and how often each fault fired; the messages sent, how many a
+minute the writers streamed and in how many of its seconds they sent any; per request/reply
+service the calls answered (the reply, or the RemoteError the
 request asked for; their mean time) and failed, by error; the bus tmpfs's peak use between
 faults; the CPU seconds of each process alive at the end.
 """
@@ -93,6 +94,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -632,6 +634,34 @@ class Nemesis:
 
 # -- the run -------------------------------------------------------------------------------------
 
+class FlowSampler:
+    """Counts the seconds in which the writers' acked messages grew (a thread reading the
+    ledger once a second): how much of the run the data path carried."""
+
+    def __init__(self, ledger: Ledger, writers: int) -> None:
+        self.ledger, self.writers = ledger, writers
+        self.seconds = self.flowing = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flow-sampler", daemon=True)
+        self._thread.start()
+
+    def _total(self) -> int:
+        return sum(self.ledger.counts(w, i)[0] for w in range(self.writers)
+                   for i in range(self.ledger.incarnations(w)))
+
+    def _run(self) -> None:
+        last = self._total()
+        while not self._stop.wait(1.0):
+            now = self._total()
+            self.seconds += 1
+            self.flowing += now > last
+            last = now
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def collect_sent(ledger: Ledger, writers: int) -> dict[Key, Sent]:
     sent = {}
     for w in range(writers):
@@ -686,6 +716,7 @@ def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[
             f"{r.check.corrupt:>8}{r.check.torn:>5}{r.check.rebuilds.total():>9}"
             f"{nemesis.stops[r.name]:>8}  "
             + ", ".join(f"{reason} {n}" for reason, n in sorted(r.check.rebuilds.items())))
+    lines += [f"{r.name}: {r.check.joins} joins" for r in reports if r.check.joins]
     udp = ", ".join(f"{name} {nemesis.udp[name]}" for name in UDP_STATS)
     lines += ["", "faults fired: " + ", ".join(f"{f}={nemesis.fired[f]}" for f in FAULTS),
               f"udp-loss: {LOSS} ({udp})"]
@@ -714,6 +745,7 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
                           reader_specs(subscribers, port, Path(tmp) / "recordings"),
                           call_channels=call_channels(port, response_port))
         workers.start()
+        flow = FlowSampler(ledger, len(specs))
         nemesis = Nemesis(bus, workers, disk, rng)
         try:
             deadline = time.monotonic() + seconds - 8  # the drain takes the rest
@@ -747,10 +779,12 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
             nemesis.sample_udp()
             deaths += workers.restart_the_dead()
             cpu = workers.cpu_seconds() + bus.cpu_seconds()
+            flow.stop()
             checks = workers.finish(drain_s=3)
             sent = collect_sent(ledger, len(specs))
             held = large_memory_held(context)
         finally:
+            flow.stop()
             bus.stop()
             ledger.close()
         found = deaths + workers.errors_seen()
@@ -771,7 +805,8 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
         print(summary(sent, reports, specs, nemesis))
         streamed = workers.stopped_at - workers.started_at
         print(f"messages sent: {sum(s.acked for s in sent.values())} in {streamed:.0f} s: "
-              f"{sum(s.acked for s in sent.values()) / streamed * 60 / 1e6:.2f} M a minute")
+              f"{sum(s.acked for s in sent.values()) / streamed * 60 / 1e6:.2f} M a minute; "
+              f"they flowed in {flow.flowing} of {flow.seconds} seconds")
         for name, _, _ in workers.call_channels:
             print(calls.summary_line(workers.call_tallies.get(name), name))
         print(f"bus tmpfs: {TMPFS_MB} MiB, at most {peak_used / (1 << 20):.0f} MiB used "

@@ -212,8 +212,9 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
         if spec.rate and sequence > (time.monotonic() - began) * spec.rate:
             time.sleep(PACED_S)
             continue
-        count = (BATCH if spec.max_length <= LARGE_BATCH_FROM else LARGE_BATCH) \
-            if spec.batch else 1
+        # a batch writer offers them in one offer_many; another claims (or offers) them one
+        # by one until one is refused
+        count = BATCH if spec.max_length <= LARGE_BATCH_FROM else LARGE_BATCH
         pending += [encode(block, writer, incarnation, sequence + i,
                            lengths[(sequence + i) % len(lengths)])
                     for i in range(len(pending), count)]
@@ -225,9 +226,13 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
                 result = publication.offer_many(messages)
                 accepted = result if result > 0 else 0
             elif spec.max_length <= publication.max_payload_length:
-                accepted = _claim_and_commit(publication, messages[0])
+                accepted = 0
+                while accepted < count and _claim_and_commit(publication, messages[accepted]):
+                    accepted += 1
             else:
-                accepted = 1 if publication.offer(messages[0]) > 0 else 0
+                accepted = 0
+                while accepted < count and publication.offer(messages[accepted]) > 0:
+                    accepted += 1
         except OSError as e:  # a large message, the disk full: refused, nothing sent
             if e.errno != errno.ENOSPC:
                 raise
@@ -383,7 +388,7 @@ LATE_JOIN_WINDOW_S = 2.0  # one recording window of the late joiner
 LATE_JOIN_FROM_POSITION = 0.9
 LATE_JOIN_LIVE = 200      # live messages a join reads (per session) before it leaves
 LATE_JOIN_READ_S = 3.0    # the longest one join reads
-LATE_JOIN_PAUSE_S = 0.05  # between two joins (it only records then)
+LATE_JOIN_PAUSE_S = 0.1  # between two joins (it only records then)
 
 
 def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: Any,
@@ -420,6 +425,7 @@ def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, result
                             raise
                         finally:
                             _add_check(total, check)
+                            total.joins += 1
             except (*REBUILD, shmbus.HistoryGapError, shmbus.RecordingError) as e:
                 total.on_rebuild(type(e).__name__)
                 time.sleep(0.05)
