@@ -7,13 +7,15 @@ Runs as root (it mounts a small tmpfs for the bus directory). Writers (tools/nem
 publish on an IPC stream and on an authenticated UDP stream (``key=``: every datagram sealed)
 through the netbridge: exclusive and concurrent
 publications, whole messages in offer_many batches or claimed one at a time, and fragmented
-ones; every message carries writer id, incarnation, sequence number and CRC32. Readers: a
+ones, and large ones (100 B to 200 KB, paced at 200 a second); every message carries writer
+id, incarnation, sequence number and CRC32. Readers: a
 tethered and an untethered IPC subscriber, a UDP subscriber, a spy on the UDP publication, a
 recorder (shmbus.Recorder on the IPC stream, in 2-second windows, each read back with
 RecordingReader and checked, then deleted: the disk holds one window), a tethered reader and
 a recorder of the large-message stream (payloads recorded out of line, read back the same
-way); a late joiner (its own Recorder, in 4-second windows, and joins one after another with
-history from a random recorded position or the start, then live: shmbus.Recording); more
+way); a late joiner (its own Recorder, in 2-second windows, and joins one after another, 0.1 s
+apart, with history from a random recorded position or the start, then live:
+shmbus.Recording); more
 tethered ones beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
 datagrams both ways for the whole run (the netbridge's loss filter; it counts as fired once the
 netbridge's receivers report gaps, read with ``shmbus stat``). In shuffled rounds, with pauses
