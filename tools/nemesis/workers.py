@@ -386,6 +386,8 @@ LATE_JOIN_WINDOW_S = 2.0  # one recording window of the late joiner
 #: the share of joins from a random recorded position (the others: from the window's start,
 #: which replays all of it: each costs the late joiner a check per message it holds)
 LATE_JOIN_FROM_POSITION = 0.9
+#: recorded bytes (over the window's recordings) past which no join is from the start
+LATE_JOIN_START_MAX = 4 << 20
 LATE_JOIN_LIVE = 200      # live messages a join reads (per session) before it leaves
 LATE_JOIN_READ_S = 3.0    # the longest one join reads
 LATE_JOIN_PAUSE_S = 0.1  # between two joins (it only records then)
@@ -445,7 +447,11 @@ def _late_join(client: shmbus.Client, recorder: shmbus.Recorder, directory: Path
     recorder keeps recording, until every session is live with LATE_JOIN_LIVE messages."""
     recordings = recorder.recordings
     channel, position = spec.channel, "start"
-    if recordings and rng.random() < LATE_JOIN_FROM_POSITION:
+    # from the start only while the window's recordings are short: a join from the start of
+    # seconds of a fast stream replays all of it, its live image holding the writers meanwhile
+    if recordings and (rng.random() < LATE_JOIN_FROM_POSITION or sum(
+            shmbus.RecordingReader(directory, d).stop_position - d.start_position
+            for d in recordings) > LATE_JOIN_START_MAX):
         d = rng.choice(recordings)
         reader = shmbus.RecordingReader(directory, d)
         end = reader.stop_position
