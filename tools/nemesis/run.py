@@ -14,8 +14,8 @@ recorder (shmbus.Recorder on the IPC stream, in 2-second windows, each read back
 RecordingReader and checked, then deleted: the disk holds one window), a tethered reader and
 a recorder of the large-message stream (payloads recorded out of line, read back the same
 way); a late joiner (its own Recorder, in 2-second windows, and joins one after another, 0.1 s
-apart, with history from a random recorded position or the start (while the window holds
-at most 4 MiB), then live: shmbus.Recording); more
+apart, with history from a random recorded position or, while the window holds at most 8 MiB,
+often from the start, then live: shmbus.Recording); more
 tethered ones beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
 datagrams both ways for the whole run (the netbridge's loss filter; it counts as fired once the
 netbridge's receivers report gaps, read with ``shmbus stat``). In shuffled rounds, with pauses

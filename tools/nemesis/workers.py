@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import shmbus
+from shmbus.archive.catalog import live_position, read_catalog
 from tools.nemesis.check import (
     CLOSED,
     DRIVER_LOST,
@@ -383,11 +384,11 @@ def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: An
 # -- the late joiner ----------------------------------------------------------------------------
 
 LATE_JOIN_WINDOW_S = 2.0  # one recording window of the late joiner
-#: the share of joins from a random recorded position (the others: from the window's start,
-#: which replays all of it: each costs the late joiner a check per message it holds)
-LATE_JOIN_FROM_POSITION = 0.9
-#: recorded bytes (over the window's recordings) past which no join is from the start
-LATE_JOIN_START_MAX = 4 << 20
+#: while a window's recordings hold at most LATE_JOIN_START_MAX bytes, this share of joins is
+#: from the start (which replays all of it: a check per message, and the live image holds the
+#: writers until the replay reaches it); the others, and all later, from a random recorded
+#: position
+LATE_JOIN_FROM_START, LATE_JOIN_START_MAX = 0.3, 8 << 20
 LATE_JOIN_LIVE = 200      # live messages a join reads (per session) before it leaves
 LATE_JOIN_READ_S = 3.0    # the longest one join reads
 LATE_JOIN_PAUSE_S = 0.1  # between two joins (it only records then)
@@ -427,7 +428,6 @@ def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, result
                             raise
                         finally:
                             _add_check(total, check)
-                            total.joins += 1
             except (*REBUILD, shmbus.HistoryGapError, shmbus.RecordingError) as e:
                 total.on_rebuild(type(e).__name__)
                 time.sleep(0.05)
@@ -444,22 +444,27 @@ def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, result
 def _late_join(client: shmbus.Client, recorder: shmbus.Recorder, directory: Path,
                spec: ReaderSpec, rng: random.Random, check: SubscriberCheck) -> None:
     """One join from a random position of a random recording (or the start), read while the
-    recorder keeps recording, until every session is live with LATE_JOIN_LIVE messages."""
+    recorder keeps recording, until every session is live with LATE_JOIN_LIVE messages; none
+    while nothing is being recorded (the recorder has no image yet)."""
     recordings = recorder.recordings
+    if not recordings:
+        return  # (the recorder has no image yet, or lost them: nothing to join from)
     channel, position = spec.channel, "start"
-    # from the start only while the window's recordings are short: a join from the start of
-    # seconds of a fast stream replays all of it, its live image holding the writers meanwhile
-    if recordings and (rng.random() < LATE_JOIN_FROM_POSITION or sum(
-            shmbus.RecordingReader(directory, d).stop_position - d.start_position
-            for d in recordings) > LATE_JOIN_START_MAX):
+    # from the start only while the window's recordings (those it stopped too: a join from the
+    # start replays them whole) are short
+    if rng.random() >= LATE_JOIN_FROM_START or sum(
+            live_position(directory, d) - d.start_position
+            for d in read_catalog(directory)) > LATE_JOIN_START_MAX:
         d = rng.choice(recordings)
         reader = shmbus.RecordingReader(directory, d)
         end = reader.stop_position
         positions = reader.read_batch(max(d.start_position, end - rng.choice([4096, 65536])),
                                       end).positions
-        if len(positions):
-            channel = f"{spec.channel}?session-id={d.session_id}"
-            position = int(rng.choice(positions))
+        if not len(positions):
+            return  # nothing recorded there yet
+        channel = f"{spec.channel}?session-id={d.session_id}"
+        position = int(rng.choice(positions))
+    check.joins += 1
     live: dict[int, int] = {}
 
     def handler(payload: memoryview, info: shmbus.MessageInfo) -> None:
@@ -484,6 +489,7 @@ def _late_join(client: shmbus.Client, recorder: shmbus.Recorder, directory: Path
 def _add_check(total: SubscriberCheck, join: SubscriberCheck) -> None:
     """Sum one join's checks into the late joiner's report (each join is its own images)."""
     join.finish()
+    total.joins += join.joins
     total.corrupt += join.corrupt
     total.torn += join.torn
     for key, track in join.tracks.items():
