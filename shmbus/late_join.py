@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from shmbus.archive.catalog import RecordingDescriptor, live_position, read_catalog
+from shmbus.archive.large_payloads import RECORDED_REFERENCE_LENGTH
 from shmbus.archive.recording_reader import RecordingReader
 from shmbus.channel_uri import JOIN_POSITION, ChannelUri, ChannelUriError
 from shmbus.fragment_assembler import FragmentAssembler
@@ -263,19 +264,26 @@ class LateJoinSubscription:
         then live, per session. The payload is valid only during the call. Returns how many.
 
         Raises HistoryGapError when a session's history is lost, and what the live
-        subscription's poll raises.
+        subscription's poll raises: ClientTimeoutError when the driver timed the client out,
+        also from the poll whose handler was running meanwhile (a process stopped past its
+        liveness), since the live messages it was handed may have been reused under it.
         """
         if self._closed:
             return 0
         self._handler = handler
         count = 0
+        live = self._live
+        live_before = self.live_messages
         try:
-            if self._live is not None:
+            if live is not None:
+                live._check_client()  # the images are read directly: the lease, as poll does
                 self._check_images()
             for session in list(self._sessions.values()):
                 if count >= limit:
                     break
                 count += self._poll_session(session, limit - count)
+            if live is not None and self.live_messages != live_before:
+                live._check_client()  # stopped in the handler past the liveness: torn
             if self._live is None and (
                     self.behind <= self.merge_window or (
                         self.catch_up is not None
@@ -343,7 +351,7 @@ class LateJoinSubscription:
             if not n:
                 continue
             offsets = batch.offsets.tolist()
-            ends = message_ends(batch.positions, batch.lengths, mtu).tolist()
+            ends = message_ends(batch.positions, batch.lengths, mtu, batch.large).tolist()
             if sink is not None:  # messages(): bytes, no call per message
                 whole = batch.data.tobytes()
                 sink.extend([whole[offsets[i]:offsets[i + 1]] for i in range(n)])
@@ -487,12 +495,16 @@ def _no_handler(payload: memoryview, info: MessageInfo) -> None:
     """The handler of messages()' polls, never called (they collect bytes)."""
 
 
-def message_ends(positions: np.ndarray, lengths: np.ndarray, mtu: int) -> np.ndarray:
+def message_ends(positions: np.ndarray, lengths: np.ndarray, mtu: int,
+                 large: np.ndarray | None = None) -> np.ndarray:
     """The stream position just after each message (start ``positions``, payload ``lengths``)
     as a publisher with this ``mtu`` frames it: fragments of mtu - 32 payload bytes, each
-    frame 32-byte aligned."""
+    frame 32-byte aligned; a ``large`` one (its payload in shared memory) is one reference
+    frame, whatever its length."""
     chunk = mtu - HEADER_LENGTH
     lengths = lengths.astype(np.int64)
+    if large is not None:
+        lengths = np.where(large, RECORDED_REFERENCE_LENGTH, lengths)
     full = np.maximum(lengths - 1, 0) // chunk  # fragments before the last one
     last = lengths - full * chunk
     ends: np.ndarray = positions + full * align(mtu) + (

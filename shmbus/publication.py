@@ -196,7 +196,10 @@ class Publication(PublicationCore):
         past it, on an IPC channel, a shared-memory block (a :class:`LargeClaim`, up to
         ``Context.max_large_message_length``) that the log refers to once committed. Either
         is falsy with ``result`` set to the code when the claim failed (back-pressure,
-        rotation, not connected, closed).
+        rotation, not connected, closed). A large claim raises OSError (ENOSPC, naming the
+        bytes needed and free) when /dev/shm cannot hold its block (nothing is claimed), and
+        ValueError past ``Context.max_large_message_length`` or on a channel without a block
+        ring (UDP), as ``offer`` of such a message does.
         """
         if length > self.max_payload_length:
             return LargeClaim(self, length, reserved_value)

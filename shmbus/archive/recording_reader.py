@@ -172,6 +172,9 @@ class MessageBatch:
     term_offsets: np.ndarray    # int32
     reserved_values: np.ndarray  # int64
     record_times: np.ndarray    # int64
+    #: bool per message: it went through shared memory (a large message); its frame is a
+    #: reference frame, its payload came from the side file. None: no message was large
+    large: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -219,7 +222,10 @@ class MessageBatch:
                    np.concatenate([b.term_ids for b in batches]),
                    np.concatenate([b.term_offsets for b in batches]),
                    np.concatenate([b.reserved_values for b in batches]),
-                   np.concatenate([b.record_times for b in batches]))
+                   np.concatenate([b.record_times for b in batches]),
+                   None if all(b.large is None for b in batches) else np.concatenate(
+                       [np.zeros(len(b), bool) if b.large is None else b.large
+                        for b in batches]))
 
 
 class Message(NamedTuple):
@@ -403,10 +409,12 @@ class RecordingReader:
                                                   columns["large"],
                                                   large_path(d, self.directory, base))
                     lengths = np.diff(offsets).astype(np.int32)
+                large = columns["large"]
                 batch = MessageBatch(d.recording_id, d.session_id, d.stream_id,
                                      columns["positions"], lengths, offsets, data,
                                      columns["term_ids"], columns["term_offsets"],
-                                     columns["reserved_values"], times)
+                                     columns["reserved_values"], times,
+                                     large if large.any() else None)
                 yield from _split(batch, BATCH_DATA_LIMIT)
             chain_end = pos + scan.end
             if chain_end >= read_end:
@@ -456,7 +464,8 @@ def _split(batch: MessageBatch, limit: int) -> Iterator[MessageBatch]:
                            batch.positions[first:last], batch.lengths[first:last], offsets,
                            batch.data[base:int(batch.offsets[last])],
                            batch.term_ids[first:last], batch.term_offsets[first:last],
-                           batch.reserved_values[first:last], batch.record_times[first:last])
+                           batch.reserved_values[first:last], batch.record_times[first:last],
+                           None if batch.large is None else batch.large[first:last])
         first = last
 
 

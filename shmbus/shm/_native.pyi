@@ -93,7 +93,10 @@ class PublicationCore:
     def is_connected(self) -> bool: ...
     def offer(self, *buffers: Buffer, reserved_value: int = 0) -> int:
         """One message gathered from 1 to 16 buffers: the new position (> 0) or a negative
-        code. ValueError over max_message_length, TypeError for a non-buffer."""
+        code. Past max_message_length, on IPC, a large message (a block of the block ring):
+        OSError (ENOSPC, naming the bytes needed and free) when /dev/shm cannot hold it, then
+        nothing is sent; ValueError past Context.max_large_message_length or on a channel
+        without a block ring (UDP). TypeError for a non-buffer."""
     def publish(self, *buffers: Buffer, timeout: float | None = 1.0,
                 reserved_value: int = 0) -> int:
         """offer until accepted (sleeping while back-pressured, after a spin of
@@ -108,8 +111,8 @@ class PublicationCore:
     def offer_many(self, messages: Sequence[Buffer] | Buffer, /) -> int:
         """How many messages were appended from the front (>= 1), a negative code when none
         was, 0 for an empty batch. A message past max_message_length goes alone on the
-        large-message path: first, it is the one appended; further along, the batch ends
-        before it (stream order holds)."""
+        large-message path: first, it is the one appended (raising as offer does, OSError
+        on a full /dev/shm); further along, the batch ends before it (stream order holds)."""
     def _claim(self, length: int, reserved_value: int = 0, /) -> tuple[int, int]:
         """(new position or code, frame offset into the log; -1 on a code)."""
     def _claim_view(self, frame_offset: int, length: int, /) -> memoryview: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import struct
 import time
 import traceback
@@ -113,3 +114,45 @@ def reprocess(context: shmbus.Context, stream_id: int, group: str, joined: Any, 
                     reports.put({"kind": "taken", "pid": os.getpid(), "taken": taken})
     except BaseException:
         reports.put({"kind": "error", "name": "reprocess", "exception": traceback.format_exc()})
+
+
+def stop_in_live(context: shmbus.Context, directory: str, reports: Any) -> None:
+    """Join with history; in the handler of the first live message stop this process
+    (SIGSTOP: the test resumes it past the client liveness timeout, the log lapped under it),
+    then read that message. Reports how the poll it stopped in ended, whether the message it
+    read after the stop was whole, and whether any later poll handed anything out."""
+    stopped: list[bool] = []  # the message read after the stop: whole?
+    later: list[str] = []     # what later polls handed out
+
+    def handler(payload: memoryview, info: shmbus.MessageInfo) -> None:
+        if stopped:
+            later.append(bytes(payload).hex()[:32])
+        elif not info.replayed:
+            os.kill(os.getpid(), signal.SIGSTOP)
+            try:
+                check(payload)
+                stopped.append(True)
+            except AssertionError:
+                stopped.append(False)
+
+    try:
+        outcome = "returned"
+        with shmbus.connect(context) as bus:
+            sub = bus.add_subscription("aeron:ipc", 1001, history=shmbus.Recording(directory),
+                                       from_position="start", catch_up=1.0)
+            deadline = time.monotonic() + 60
+            try:
+                while not stopped and time.monotonic() < deadline:
+                    sub.poll(handler, 64)
+                # resumed, the poll it stopped in returned: poll on a while
+                later_until = time.monotonic() + 2
+                while time.monotonic() < later_until:
+                    sub.poll(handler, 64)
+                    time.sleep(0.01)
+            except shmbus.ClientTimeoutError:
+                outcome = "ClientTimeoutError"
+        reports.put({"kind": "stopped-in-live", "outcome": outcome,
+                     "whole": stopped[0] if stopped else None, "later": later[:5]})
+    except BaseException:
+        reports.put({"kind": "error", "name": "stopped joiner",
+                     "exception": traceback.format_exc()})

@@ -7,17 +7,21 @@ asked for: nothing lost, duplicated or reordered at the seam.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 import shmbus
 from shmbus.archive.catalog import read_catalog
 from shmbus.archive.recording_reader import RecordingReader, replay
+from shmbus.shm.log_buffer import max_message_length
 from tests.conftest import stop_driver
 from tests.netbridge.test_end_to_end import bus_pair, free_udp_port
 from tests.shmbus import late_join_workers as lw
@@ -274,6 +278,85 @@ def test_a_joiner_that_dies_holding_the_publisher_lets_it_go(
             time.sleep(0.05)
     finally:
         stream.close()
+
+
+def test_a_joiner_stopped_past_its_liveness_in_a_live_message_raises(
+        bus_context, driver, procs, shm_dir) -> None:
+    """A joiner stopped (SIGSTOP) inside the handler of a live message, past its client
+    liveness timeout, is dropped by the driver and the publisher laps the log under it: the
+    message it then reads may be torn, so the poll it was stopped in must raise
+    ClientTimeoutError (as a plain subscription's does), never return as if it were whole.
+    The nemesis' late joiner met this as a corrupt message (issue 35)."""
+    directory = shm_dir / "rec"
+    stream = Stream(procs, bus_context, directory, "aeron:ipc", writers=1)
+    try:
+        stream.wait_recorded(1, 256 * 1024)
+        reports = procs.private()
+        joiner = procs.start(lw.stop_in_live, bus_context, str(directory), reports.queue)
+        deadline = time.monotonic() + 60
+        while psutil.Process(joiner.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline, "the joiner never stopped itself"
+            time.sleep(0.01)
+        # dropped by the driver, its log lapped by the publisher (which the recorder paces)
+        recorded = RecordingReader(directory, 0).stop_position
+        time.sleep(bus_context.client_liveness_timeout * 2)
+        reader = RecordingReader(directory, 0)
+        while reader.stop_position < recorded + 4 * bus_context.ipc_term_length:
+            assert time.monotonic() < deadline, "the publisher stayed held by the stopped joiner"
+            time.sleep(0.05)
+        os.kill(joiner.pid, signal.SIGCONT)
+        [report] = reports.wait("stopped-in-live")
+    finally:
+        stream.close()
+    assert report["outcome"] == "ClientTimeoutError", (
+        f"the poll returned after its client was timed out (the message read after the stop "
+        f"was {'whole' if report['whole'] else 'torn'}; later polls handed out "
+        f"{report['later']})")
+    assert report["later"] == [], "a poll after the one it was stopped in handed messages out"
+
+
+def test_a_replay_that_ends_in_a_large_message_goes_on_from_its_reference_frame(
+        bus_context, driver, shm_dir) -> None:
+    """A large message is a 64-byte reference frame in the log and in the recording, whatever
+    its length: a replay whose batch ends with one goes on (and goes live) just after that
+    frame. (It took the message's length for its frames, jumped that far ahead and handed
+    out nothing more.) Each message's end_position is the end of its frame."""
+    directory = shm_dir / "rec"
+    large = max_message_length(bus_context.ipc_term_length) + 1000
+
+    def payload(i: int) -> bytes:
+        return i.to_bytes(4, "little") * ((large if i % 10 == 9 else 48) // 4)
+
+    with shmbus.connect(bus_context) as bus, \
+            shmbus.Recorder(directory, "aeron:ipc", STREAM, client=bus) as recorder:
+        pub = bus.add_exclusive_publication("aeron:ipc", STREAM)
+        sent: list[int] = []  # the position after each message
+        deadline = time.monotonic() + 30
+
+        def publish_to(count: int) -> None:
+            while len(sent) < count:
+                assert time.monotonic() < deadline, "the publisher was never connected"
+                result = pub.offer(payload(len(sent)))
+                if result > 0:
+                    sent.append(result)
+                recorder.poll()
+
+        publish_to(40)  # the 40th (index 39) is large: the recording ends with it
+        while max(recorder.positions.values()) < sent[-1]:
+            assert time.monotonic() < deadline, "not recorded"
+            recorder.poll()
+        got: list[tuple[int, int, bool]] = []
+        with bus.add_subscription("aeron:ipc", STREAM, history=shmbus.Recording(directory),
+                                  from_position="start") as late:
+            while len(got) < 80:
+                assert time.monotonic() < deadline, f"only {len(got)} messages: {got[-3:]}"
+                late.poll(lambda p, info: got.append((int.from_bytes(p[:4], "little"),
+                                                      info.end_position, info.replayed)), 100)
+                publish_to(min(80, len(sent) + 1))
+                recorder.poll()
+    assert [i for i, _, _ in got] == list(range(80))
+    assert [end for _, end, _ in got] == sent, "an end_position is not its frame's end"
+    assert got[39][2] and not got[-1][2], "not replayed, then live"
 
 
 def test_over_udp_with_loss(procs, shm_dir) -> None:

@@ -6,8 +6,9 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from tools.nemesis import check, run
+from tools.nemesis import calls, check, run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -122,8 +123,42 @@ def test_each_rule_is_named_when_broken() -> None:
     assert "t: 1 corrupt messages" in line
 
 
+#: how a service's failures may end (the summary's failure kinds): documented errors, or the
+#: calls open when the caller's client failed (rebuild)
+CALL_FAILURES = {"NoResponderError", "ResponderLostError", "RequestTimeoutError", "rebuild"}
+SERVICE_LINE = re.compile(
+    r"^request/reply \((?P<name>[a-z-]+)\): calls (?P<calls>\d+), answered (?P<answered>\d+) "
+    r"\((?P<share>\d+)%: (?P<replies>\d+) replies, (?P<raised>\d+) RemoteError as asked; mean "
+    r"[\d.]+ ms\), failed (?P<failed>\d+) \((?P<kinds>[^)]*)\)", re.M)
+
+
+def services(out: str) -> dict[str, dict[str, Any]]:
+    """Each service's summary line: counts, and its failures by kind."""
+    found = {}
+    for m in SERVICE_LINE.finditer(out):
+        numbers = {k: int(v) for k, v in m.groupdict().items() if k not in ("name", "kinds")}
+        kinds = dict((k, int(n)) for k, n in re.findall(r"(\w+) (\d+)", m["kinds"]))
+        found[m["name"]] = {**numbers, "kinds": kinds}
+    return found
+
+
+def test_a_service_summary_counts_answers_and_failures_by_kind() -> None:
+    tally = {"calls": 20, "answered": 12, "failed RemoteError": 3,
+             "failed NoResponderError": 4, "failed rebuild": 1,
+             "rebuilt after DriverTimeoutError": 1, calls.LATENCY_US: 15 * 2000}
+    line = calls.summary_line(tally, "caller-udp")
+    assert line == ("request/reply (caller-udp): calls 20, answered 15 (75%: 12 replies, 3 "
+                    "RemoteError as asked; mean 2.0 ms), failed 5 (NoResponderError 4, "
+                    "rebuild 1), rebuilt after DriverTimeoutError 1")
+    assert calls.call_breaches(tally, "caller-udp") == []
+    assert services(line)["caller-udp"] == {
+        "calls": 20, "answered": 15, "share": 75, "replies": 12, "raised": 3, "failed": 5,
+        "kinds": {"NoResponderError": 4, "rebuild": 1}}
+
+
 def test_a_minute_of_faults_breaches_nothing() -> None:
-    """The 60-second run: every fault fired, every writer sent and was received, no breach."""
+    """The 60-second run: every fault fired, every writer sent and was received, no breach;
+    the summary's rate, services and resources lines are there and add up."""
     result = subprocess.run([sys.executable, "-m", "tools.nemesis.run", "--seconds", "60",
                              "--seed", "16"], cwd=ROOT, capture_output=True, text=True,
                             timeout=300)
@@ -145,3 +180,22 @@ def test_a_minute_of_faults_breaches_nothing() -> None:
         r"^(tethered|untethered|udp|spy|recorder|large|late-joiner|recorder-large) +\S+ +(\d+)",
         out, re.M)
     assert len(readers) == 8 and all(int(n) > 0 for _, n in readers), readers
+    total, seconds, per_minute, flowing, sampled = re.search(
+        r"^messages sent: (\d+) in (\d+) s: ([\d.]+) M a minute; they flowed in (\d+) of "
+        r"(\d+) seconds$", out, re.M).groups()
+    assert int(total) == sum(sent.values()) and int(seconds) >= 50
+    assert int(flowing) > int(sampled) // 2, "the faults' windows took most of the run"
+    assert abs(float(per_minute) - int(total) / int(seconds) * 60 / 1e6) < 0.02 + 0.02 * float(
+        per_minute)
+    found = services(out)
+    assert sorted(found) == ["caller", "caller-udp"], out[-3000:]
+    for name, service in found.items():
+        assert service["answered"] > 0, (name, service)
+        assert service["answered"] == service["replies"] + service["raised"]
+        assert service["answered"] + service["failed"] == service["calls"], (name, service)
+        assert set(service["kinds"]) <= CALL_FAILURES, (name, service)
+        assert sum(service["kinds"].values()) == service["failed"]
+    assert re.search(r"^bus tmpfs: \d+ MiB, at most \d+ MiB used between faults$", out, re.M)
+    cpu = dict(re.findall(r"([a-z0-9-]+) (\d+)", re.search(r"^cpu s \(.*\): (.*)$", out,
+                                                           re.M)[1]))
+    assert {"driver", "late-joiner", "writer-0", "caller-udp"} <= set(cpu), cpu

@@ -1,6 +1,7 @@
 """Request/reply under the nemesis: responder processes and a caller, and the rule they keep.
 
-The callers (``run_caller``) make calls one after another (paced) on ``CALL_STREAM``, one on
+The callers (``run_caller``) make calls one after another on ``CALL_STREAM`` (paced; after a
+failed call, which a fault's window makes, a caller backs off for FAILED_PAUSE_S), one on
 ``aeron:ipc`` and one on a UDP channel through the netbridge (the service's endpoint and the
 caller's response endpoint on loopback, so requests and replies cross the netbridge both
 ways, under its loss filter and its kills), each request
@@ -34,6 +35,11 @@ REBUILD = (shmbus.DriverTimeoutError, shmbus.ClientTimeoutError, shmbus.DriverUn
            shmbus.ClientClosedError, shmbus.RegistrationError)
 DOCUMENTED = (shmbus.NoResponderError, shmbus.ResponderLostError, shmbus.RequestTimeoutError)
 CALL_TIMEOUT = 5.0
+#: the pause after a call, paced (about 300 calls a second at most: the calls must not starve
+#: the writers and readers of the two cores the nemesis runs on); after one that failed (no
+#: responder, the bus rebuilt: a fault's window) a caller backs off as a real one would, so a
+#: window of faults costs a few calls, not a hundred a second
+ANSWERED_PAUSE_S, FAILED_PAUSE_S = 0.003, 0.1
 
 
 def make_request(seq: int, rng: random.Random) -> bytes:
@@ -84,11 +90,12 @@ def run_caller(context: shmbus.Context, seed: int, stop: Any, results: Any,
                     request = make_request(seq, rng)
                     seq += 1
                     tally["calls"] += 1
+                    began = time.monotonic()
                     outcome = _call(client, request, seq - 1)
                     tally[outcome] += 1
-                    # paced (about 300 calls a second): the calls must not starve the writers
-                    # and readers of the two cores the nemesis runs on
-                    time.sleep(0.01 if outcome.startswith("failed ") else 0.003)
+                    if outcome in ANSWERS:
+                        tally[LATENCY_US] += int((time.monotonic() - began) * 1e6)
+                    time.sleep(ANSWERED_PAUSE_S if outcome in ANSWERS else FAILED_PAUSE_S)
         except REBUILD as error:
             tally[f"rebuilt after {type(error).__name__}"] += 1
             tally["failed rebuild"] += tally["calls"] - _settled(tally)
@@ -97,6 +104,12 @@ def run_caller(context: shmbus.Context, seed: int, stop: Any, results: Any,
             errors.put(f"{name}: {error!r}")
             time.sleep(0.2)
     results.put((name, dict(tally)))
+
+
+#: the outcomes that are the service's answer: its reply, or the error the request asked for
+ANSWERS = ("answered", "failed RemoteError")
+#: the tally's sum of the answered calls' durations (microseconds)
+LATENCY_US = "answer time us"
 
 
 def _call(client: shmbus.Requester, request: bytes, seq: int) -> str:
@@ -138,7 +151,26 @@ def call_breaches(tally: dict[str, int] | None, name: str = "caller") -> list[st
 
 
 def summary_line(tally: dict[str, int] | None, name: str = "caller") -> str:
+    """``request/reply (<name>): calls N, answered A (P%: R replies, E RemoteError as asked;
+    mean M ms), failed F (<kind> n, ...), rebuilt after <error> n, ...`` (a failure that made
+    the caller rebuild is ``rebuild``: the calls it had open when its client failed)."""
     if tally is None:
         return f"request/reply ({name}): no tally"
-    return f"request/reply ({name}): " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items()))
+    counts = Counter(tally)
+    calls = counts["calls"]
+    replies, raised = counts["answered"], counts["failed RemoteError"]
+    answered = replies + raised
+    failures = {outcome.removeprefix("failed "): n for outcome, n in sorted(counts.items())
+                if outcome.startswith("failed ") and outcome != "failed RemoteError" and n}
+    failed = sum(failures.values())
+    mean_ms = counts[LATENCY_US] / answered / 1000 if answered else 0.0
+    share = 100 * answered / calls if calls else 0.0
+    line = (f"request/reply ({name}): calls {calls}, answered {answered} ({share:.0f}%: "
+            f"{replies} replies, {raised} RemoteError as asked; mean {mean_ms:.1f} ms), "
+            f"failed {failed} (" + ", ".join(f"{k} {n}" for k, n in failures.items()) + ")")
+    rebuilt = [f"{outcome} {n}" for outcome, n in sorted(counts.items())
+               if outcome.startswith("rebuilt after ")]
+    breaches = [f"{outcome} {n}" for outcome, n in sorted(counts.items())
+                if outcome.startswith("breach: ")]
+    return ", ".join([line, *rebuilt, *breaches])
 

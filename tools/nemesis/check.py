@@ -21,6 +21,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 HEAD = struct.Struct("<HHQI")  # writer, incarnation, sequence, crc32
+HEAD_SIZE = HEAD.size
+_unpack_head = HEAD.unpack_from
+_crc32 = zlib.crc32
 BLOCK_LENGTH = 1 << 16
 MAX_GAPS = 64  # gap ranges remembered per writer incarnation (to tell reordered from dup)
 
@@ -76,6 +79,11 @@ class Track:
 
     def on_message(self, sequence: int) -> None:
         self.received += 1
+        if sequence == self._next:  # (the common case first: the next one, in order)
+            self._next = sequence + 1
+            if sequence > self.last:
+                self.last = sequence
+            return
         if self._next is None:  # the first message of an image
             if self.last < 0:
                 self.first = sequence
@@ -85,8 +93,6 @@ class Track:
             else:
                 self.skipped += sequence - self.last - 1
             self._next = sequence + 1
-        elif sequence == self._next:
-            self._next += 1
         elif sequence > self._next:
             self.lost += sequence - self._next
             if len(self._gaps) < MAX_GAPS:
@@ -133,18 +139,34 @@ class SubscriberCheck:
         #: why the subscriber's client was rebuilt: exception name -> count
         self.rebuilds: Counter[str] = Counter()
         self._keys_by_session: dict[int, set[Key]] = {}
+        #: a late joiner's joins (each from a recorded position, history then live)
+        self.joins = 0
+        #: (session, writer, incarnation, track) of the last message: most come in runs
+        self._last: tuple[int, int, int, Track] | None = None
 
     def on_message(self, session_id: int, message: bytes | memoryview) -> None:
-        decoded = decode(message)
-        if decoded is None:
+        # decode(), inline: every reader calls this for every message
+        if len(message) < HEAD_SIZE:
             self._suspect_this_poll += 1
             return
-        writer, incarnation, sequence = decoded
+        writer, incarnation, sequence, crc = _unpack_head(message)
+        if _crc32(message[HEAD_SIZE:], _crc32(message[:12])) != crc:
+            self._suspect_this_poll += 1
+            return
+        last = self._last
+        if last is not None and last[0] == session_id and last[1] == writer \
+                and last[2] == incarnation:
+            last[3].on_message(sequence)
+            return
         key = (writer, incarnation)
         track = self.tracks.get(key)
         if track is None:
             track = self.tracks[key] = Track()
-        self._keys_by_session.setdefault(session_id, set()).add(key)
+        keys = self._keys_by_session.get(session_id)
+        if keys is None:
+            keys = self._keys_by_session[session_id] = set()
+        keys.add(key)
+        self._last = (session_id, writer, incarnation, track)
         track.on_message(sequence)
 
     def on_new_image(self, session_id: int) -> None:
@@ -176,15 +198,21 @@ class SubscriberCheck:
         for track in self.tracks.values():
             track.end_image()
         self._keys_by_session.clear()
+        self._last = None
 
 
 # -- the rules ---------------------------------------------------------------------------------
 
 FINISHED, KILLED_MID_OFFER, KILLED_MID_CLAIM = 1, 2, 3
-DRIVER_LOST, TIMED_OUT, REFUSED = 4, 5, 6  # the writer rebuilt its client
+#: the writer rebuilt its client: the driver died or was being replaced; the driver timed the
+#: client out; the driver refused its publication (RegistrationError: the disk is full); its
+#: publication was closed under it (the client failed between two of its checks); a publication
+#: error (a claim closed under it)
+DRIVER_LOST, TIMED_OUT, REFUSED, CLOSED, PUBLICATION_FAILED = 4, 5, 6, 7, 8
 ENDINGS = {0: "?", FINISHED: "finished", KILLED_MID_OFFER: "killed mid-offer",
            KILLED_MID_CLAIM: "killed mid-claim", DRIVER_LOST: "rebuilt: driver lost",
-           TIMED_OUT: "rebuilt: client timed out", REFUSED: "rebuilt: refused"}
+           TIMED_OUT: "rebuilt: client timed out", REFUSED: "rebuilt: refused",
+           CLOSED: "rebuilt: closed under it", PUBLICATION_FAILED: "rebuilt: publication error"}
 
 
 @dataclass(frozen=True)

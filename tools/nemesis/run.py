@@ -7,18 +7,21 @@ Runs as root (it mounts a small tmpfs for the bus directory). Writers (tools/nem
 publish on an IPC stream and on an authenticated UDP stream (``key=``: every datagram sealed)
 through the netbridge: exclusive and concurrent
 publications, whole messages in offer_many batches or claimed one at a time, and fragmented
-ones; every message carries writer id, incarnation, sequence number and CRC32. Readers: a
+ones, and large ones (100 B to 200 KB, paced at 200 a second); every message carries writer
+id, incarnation, sequence number and CRC32. Readers: a
 tethered and an untethered IPC subscriber, a UDP subscriber, a spy on the UDP publication, a
 recorder (shmbus.Recorder on the IPC stream, in 2-second windows, each read back with
 RecordingReader and checked, then deleted: the disk holds one window), a tethered reader and
 a recorder of the large-message stream (payloads recorded out of line, read back the same
-way); a late joiner (its own Recorder, in 4-second windows, and joins one after another with
-history from a random recorded position or the start, then live: shmbus.Recording); more
+way); a late joiner (its own Recorder, in 2-second windows, and joins one after another, 0.1 s
+apart, with history from a random recorded position or, while the window holds at most 8 MiB,
+often from the start, then live: shmbus.Recording); more
 tethered ones beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
 datagrams both ways for the whole run (the netbridge's loss filter; it counts as fired once the
-netbridge's receivers report gaps, read with ``shmbus stat``). In a shuffled round, with pauses
-between (a run ends only after a whole round, so every fault fires at least once), the
-nemesis:
+netbridge's receivers report gaps, read with ``shmbus stat``). In shuffled rounds, with pauses
+of 2 to 5 s between faults (each fault's window is short: the data path carries most of the
+run; every round runs to its end, so every fault fires at least once, and another starts while
+one as long as the last can end by the deadline), the nemesis:
 
 * ``kill-writer-mid-offer``: SIGKILLs a writer inside offer/offer_many, starts it again;
 * ``kill-writer-mid-claim``: has an IPC writer claim and half-fill a message, SIGKILLs it
@@ -29,7 +32,11 @@ nemesis:
 * ``kill-driver``: SIGKILLs the driver and starts a new one (clients see DriverTimeoutError
   and rebuild);
 * ``kill-netbridge``: SIGKILLs the netbridge (the driver starts another);
-* ``fill-disk``: fills the bus tmpfs with a ballast file for a while, then frees it.
+* ``fill-disk``: fills the bus tmpfs with a ballast file for FILL_HOLD_S (1 s), then frees
+  it. The tmpfs (TMPFS_MB) is sized for the bus's own memory, so that only the ballast fills
+  it: the large stream's block ring keeps up to 64 MiB warm, and an old ring stays until
+  every process that mapped it lets go (after a driver kill, two or three at once). A large
+  offer or claim on the full disk raises OSError (ENOSPC): refused, tried again.
 * ``kill-responder``: SIGKILLs one of the request/reply responders, two on aeron:ipc and two
   on authenticated aeron:udp through the netbridge (tools/nemesis/calls.py), while a caller
   on each keeps
@@ -67,7 +74,12 @@ The rules (a breach of any is printed and the exit status is 1):
    started again, and reported).
 
 At the end it prints, per writer incarnation and per reader: sent, received, lost, duplicated,
-reordered, skipped, corrupt, and how often each fault fired.
+reordered, skipped, corrupt (a writer's incarnations that sent nothing on one line, by how they
+ended), the late joiner's joins, and how often each fault fired; the messages sent, how many a
+minute the writers streamed and in how many of its seconds they sent any; per request/reply
+service the calls answered (the reply, or the RemoteError the
+request asked for; their mean time) and failed, by error; the bus tmpfs's peak use between
+faults; the CPU seconds of each process alive at the end.
 """
 
 from __future__ import annotations
@@ -84,6 +96,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -128,8 +141,18 @@ IPC_STREAM, UDP_STREAM = 1001, 2001
 #: large messages (past the log's max message: shared-memory blocks) on a stream of their own
 LARGE_STREAM = 1003
 TERM_LENGTH = 256 * 1024
+#: large messages a second at most (of 100 B to 200 KB)
+LARGE_RATE = 200.0
 MIN_FRAME = 64  # the smallest message (24 bytes) takes a 64-byte frame
-TMPFS_MB = 96
+#: the bus tmpfs: the logs (a few MiB), the CnC file (4 MiB), and the large-message stream's
+#: block ring, which keeps up to 64 MiB warm (shmbus/shm/block_ring.py) for each publication
+#: that wrote one: after a driver kill, or a rebuilt large writer, the old ring stays until
+#: every process that mapped it lets go, so two or three of them at once
+TMPFS_MB = 320
+#: how long fill-disk holds the bus tmpfs full
+FILL_HOLD_S = 1.0
+#: the pause between two faults (uniform): the data path carries most of the run
+PAUSE_S = (2.0, 5.0)
 LOSS = "drop=0.02,dup=0.02,reorder=0.02,delay=0.002,direction=both"
 #: the keyring entry the UDP channels are sealed with
 KEY_NAME = "nemesis"
@@ -168,8 +191,10 @@ def writer_specs(count: int, port: int) -> list[WriterSpec]:
                    False),
         WriterSpec("ipc-concurrent-batch", "aeron:ipc", IPC_STREAM, False, 24, 400, True),
         WriterSpec("udp-concurrent-fragmented", udp, UDP_STREAM, False, 1500, 6000, False),
-        # large messages (most past the log's max) mixed with small ones in offer_many batches
-        WriterSpec("ipc-exclusive-large", "aeron:ipc", LARGE_STREAM, True, 100, 600_000, True),
+        # large messages (most past the log's max, 32 KiB) mixed with small ones in offer_many
+        # batches; paced: each costs a copy and CRCs of up to 200 KB in Python
+        WriterSpec("ipc-exclusive-large", "aeron:ipc", LARGE_STREAM, True, 100, 200_000, True,
+                   rate=LARGE_RATE),
     ]
     return [kinds[i % len(kinds)] for i in range(count)]
 
@@ -195,6 +220,15 @@ def reader_specs(count: int, port: int, recordings: Path) -> list[ReaderSpec]:
 
 
 # -- the bus under attack ------------------------------------------------------------------------
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User and system CPU seconds of process ``pid`` (None: it is gone)."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except (psutil.NoSuchProcess, ValueError):
+        return None
+    return float(times.user + times.system)
+
 
 @contextlib.contextmanager
 def small_tmpfs(root: Path, megabytes: int) -> Iterator[Path]:
@@ -253,6 +287,14 @@ class Bus:
             self.restarts_refused += 1
             time.sleep(0.5)
 
+    def cpu_seconds(self) -> list[tuple[str, float]]:
+        """(name, CPU seconds) of the driver and its netbridge now."""
+        if self.process is None:
+            return []
+        found = [("driver", cpu_seconds(self.process.pid))]
+        found += [("netbridge", cpu_seconds(b.pid)) for b in self.netbridges()]
+        return [(name, seconds) for name, seconds in found if seconds is not None]
+
     def keep_log(self) -> Path:
         """A copy of the drivers' output that outlives the run's directory."""
         kept = Path(tempfile.gettempdir()) / f"nemesis-driver-{os.getpid()}.log"
@@ -310,8 +352,22 @@ class Workers:
         self.stop_reading = self.mp.Event()
         self.results = self.mp.Queue()
         self.errors = self.mp.Queue()
+        #: monotonic seconds: the workers started; the writers were told to stop
+        self.started_at = self.stopped_at = 0.0
+
+    def cpu_seconds(self) -> list[tuple[str, float]]:
+        """(name, CPU seconds) of each worker process alive now (a process killed and
+        started again counts from its new start)."""
+        named = ([(f"writer-{i}", p) for i, p in enumerate(self.writer_processes)]
+                 + [(spec.name, p) for spec, p in zip(self.readers, self.reader_processes,
+                                                       strict=True)]
+                 + [(f"responder-{i}", p) for i, p in enumerate(self.responder_processes)]
+                 + [(self.call_channels[i][0], p) for i, p in enumerate(self.caller_processes)])
+        return [(name, seconds) for name, process in named
+                if (seconds := cpu_seconds(process.pid)) is not None]
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         self.reader_processes = [self._reader(i) for i in range(len(self.readers))]
         self.writer_processes = [self._writer(i) for i in range(len(self.writers))]
         self.responder_processes = [self._responder(i)
@@ -396,6 +452,7 @@ class Workers:
     def finish(self, drain_s: float) -> dict[str, SubscriberCheck]:
         """Stop writing, let readers drain, collect their checks, end every process."""
         self.stop_writing.set()
+        self.stopped_at = time.monotonic()
         time.sleep(drain_s)
         self.stop_reading.set()
         checks: dict[str, SubscriberCheck] = {}
@@ -562,7 +619,7 @@ class Nemesis:
         self.fired["kill-responder"] += 1
 
     def fill_disk(self) -> None:
-        """Fill the bus tmpfs with a ballast file, hold it full for 2 s, free it."""
+        """Fill the bus tmpfs with a ballast file, hold it full for FILL_HOLD_S, free it."""
         ballast = self.disk / "ballast"
         chunk = b"\xa5" * (1 << 20)
         with open(ballast, "wb", buffering=0) as f:
@@ -572,12 +629,40 @@ class Nemesis:
             except OSError as e:
                 if e.errno != errno.ENOSPC:
                     raise
-        time.sleep(2.0)
+        time.sleep(FILL_HOLD_S)
         self.fired["fill-disk"] += 1
         ballast.unlink()
 
 
 # -- the run -------------------------------------------------------------------------------------
+
+class FlowSampler:
+    """Counts the seconds in which the writers' acked messages grew (a thread reading the
+    ledger once a second): how much of the run the data path carried."""
+
+    def __init__(self, ledger: Ledger, writers: int) -> None:
+        self.ledger, self.writers = ledger, writers
+        self.seconds = self.flowing = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flow-sampler", daemon=True)
+        self._thread.start()
+
+    def _total(self) -> int:
+        return sum(self.ledger.counts(w, i)[0] for w in range(self.writers)
+                   for i in range(self.ledger.incarnations(w)))
+
+    def _run(self) -> None:
+        last = self._total()
+        while not self._stop.wait(1.0):
+            now = self._total()
+            self.seconds += 1
+            self.flowing += now > last
+            last = now
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
 
 def collect_sent(ledger: Ledger, writers: int) -> dict[Key, Sent]:
     sent = {}
@@ -604,13 +689,23 @@ def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[
     lines = ["writer incarnations (received/lost/dup/reordered/skipped summed over readers):",
              f"{'writer':<34}{'inc':>4}{'sent':>10}{'received':>11}{'lost':>6}{'dup':>5}"
              f"{'reord':>6}{'skipped':>9}  ending"]
-    for (w, i), s in sorted(sent.items()):
-        tracks = [r.check.tracks.get((w, i), Track()) for r in reports]
-        lines.append(
-            f"{w:>2} {specs[w].name:<31}{i:>4}{s.acked:>10}"
-            f"{sum(t.received for t in tracks):>11}{sum(t.lost for t in tracks):>6}"
-            f"{sum(t.duplicated for t in tracks):>5}{sum(t.reordered for t in tracks):>6}"
-            f"{sum(t.skipped for t in tracks):>9}  {ENDINGS[s.ending]}")
+    for w in sorted({w for w, _ in sent}):
+        idle: Counter[str] = Counter()  # incarnations that sent nothing, by how they ended
+        for i in sorted(i for writer, i in sent if writer == w):
+            s = sent[(w, i)]
+            tracks = [r.check.tracks.get((w, i), Track()) for r in reports]
+            if not s.acked and not any(t.received for t in tracks):
+                idle[ENDINGS[s.ending]] += 1
+                continue
+            lines.append(
+                f"{w:>2} {specs[w].name:<31}{i:>4}{s.acked:>10}"
+                f"{sum(t.received for t in tracks):>11}{sum(t.lost for t in tracks):>6}"
+                f"{sum(t.duplicated for t in tracks):>5}{sum(t.reordered for t in tracks):>6}"
+                f"{sum(t.skipped for t in tracks):>9}  {ENDINGS[s.ending]}")
+        if idle:
+            lines.append(f"{w:>2} {specs[w].name:<31} and {idle.total()} incarnations that "
+                         f"sent nothing: " + ", ".join(f"{ending} {n}" for ending, n in
+                                                      sorted(idle.items())))
     lines += ["", "readers:",
               f"{'reader':<16}{'kind':<12}{'received':>11}{'lost':>6}{'dup':>5}{'reord':>6}"
               f"{'skipped':>10}{'corrupt':>8}{'torn':>5}{'rebuilds':>9}{'stopped':>8}  why rebuilt"]
@@ -623,10 +718,10 @@ def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[
             f"{r.check.corrupt:>8}{r.check.torn:>5}{r.check.rebuilds.total():>9}"
             f"{nemesis.stops[r.name]:>8}  "
             + ", ".join(f"{reason} {n}" for reason, n in sorted(r.check.rebuilds.items())))
-    total_sent = sum(s.acked for s in sent.values())
+    lines += [f"{r.name}: {r.check.joins} joins" for r in reports if r.check.joins]
     udp = ", ".join(f"{name} {nemesis.udp[name]}" for name in UDP_STATS)
     lines += ["", "faults fired: " + ", ".join(f"{f}={nemesis.fired[f]}" for f in FAULTS),
-              f"udp-loss: {LOSS} ({udp})", f"messages sent: {total_sent}"]
+              f"udp-loss: {LOSS} ({udp})"]
     return "\n".join(lines)
 
 
@@ -652,30 +747,46 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
                           reader_specs(subscribers, port, Path(tmp) / "recordings"),
                           call_channels=call_channels(port, response_port))
         workers.start()
+        flow = FlowSampler(ledger, len(specs))
         nemesis = Nemesis(bus, workers, disk, rng)
         try:
             deadline = time.monotonic() + seconds - 8  # the drain takes the rest
             round_: list[str] = []
             deaths: list[str] = []
+            peak_used = 0  # bytes used on the bus tmpfs, sampled before each fault
+            rounds, round_began = 0, 0.0
             time.sleep(2)
-            while time.monotonic() < deadline or round_:  # the last round runs to its end
+            while True:
                 if not round_:
+                    # every round runs to its end; another starts while one as long as the
+                    # last can end by the deadline (so every fault fires at least once, and a
+                    # run takes about as long as asked)
+                    now = time.monotonic()
+                    if rounds and now + (now - round_began) > deadline:
+                        break
                     round_ = rng.sample(SCHEDULED, len(SCHEDULED))
+                    rounds, round_began = rounds + 1, now
                 fault = round_.pop()
-                print(f"[{time.strftime('%H:%M:%S')}] {fault}", flush=True)
+                print(f"[{time.strftime('%H:%M:%S')}] {fault}", end="", flush=True)
+                began = time.monotonic()
                 nemesis.run(fault)
+                print(f" ({time.monotonic() - began:.1f} s)", flush=True)
                 deaths += workers.restart_the_dead()
                 if bus.process is not None and bus.process.poll() is not None:
                     deaths.append(f"the driver died: exit code {bus.process.returncode}")
                     bus.start()
-                time.sleep(min(rng.uniform(0.5, 2.5), max(0.0, deadline - time.monotonic())))
-            time.sleep(3)  # quiet: rebuilt clients settle before the end
+                time.sleep(min(rng.uniform(*PAUSE_S), max(0.0, deadline - time.monotonic())))
+                peak_used = max(peak_used, shutil.disk_usage(disk).used)
+            time.sleep(max(3.0, deadline - time.monotonic()))  # rebuilt clients settle
             nemesis.sample_udp()
             deaths += workers.restart_the_dead()
+            cpu = workers.cpu_seconds() + bus.cpu_seconds()
+            flow.stop()
             checks = workers.finish(drain_s=3)
             sent = collect_sent(ledger, len(specs))
             held = large_memory_held(context)
         finally:
+            flow.stop()
             bus.stop()
             ledger.close()
         found = deaths + workers.errors_seen()
@@ -694,8 +805,17 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
         for name, _, _ in workers.call_channels:
             found += calls.call_breaches(workers.call_tallies.get(name), name)
         print(summary(sent, reports, specs, nemesis))
+        streamed = workers.stopped_at - workers.started_at
+        print(f"messages sent: {sum(s.acked for s in sent.values())} in {streamed:.0f} s: "
+              f"{sum(s.acked for s in sent.values()) / streamed * 60 / 1e6:.2f} M a minute; "
+              f"they flowed in {flow.flowing} of {flow.seconds} seconds")
         for name, _, _ in workers.call_channels:
             print(calls.summary_line(workers.call_tallies.get(name), name))
+        print(f"bus tmpfs: {TMPFS_MB} MiB, at most {peak_used / (1 << 20):.0f} MiB used "
+              f"between faults")
+        print("cpu s (processes alive at the end): "
+              + ", ".join(f"{name} {seconds:.0f}" for name, seconds in
+                          sorted(cpu, key=lambda c: -c[1])))
         for note in nemesis.notes:
             print(f"note: {note}")
         if bus.restarts_refused:

@@ -31,10 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import shmbus
+from shmbus.archive.catalog import live_position, read_catalog
 from tools.nemesis.check import (
+    CLOSED,
     DRIVER_LOST,
     FINISHED,
     HEAD,
+    PUBLICATION_FAILED,
     REFUSED,
     TIMED_OUT,
     SubscriberCheck,
@@ -46,6 +49,9 @@ REBUILD = (shmbus.DriverTimeoutError, shmbus.ClientTimeoutError, shmbus.DriverUn
            shmbus.ClientClosedError, shmbus.RegistrationError, shmbus.PublicationError)
 PROBE_STREAM = 9  # the stream a writer polls to hear of a dead driver (nobody publishes on it)
 IDLE_S = 0.001
+PACED_S = 0.005  # a paced writer ahead of its rate sleeps this long
+#: the pause after a rebuild; doubled (up to the max) after each incarnation that sent nothing
+REBUILD_PAUSE_S, REBUILD_PAUSE_MAX_S = 0.05, 0.4
 BATCH = 64
 #: a batch of messages this long or longer (large ones, each encoded before the offer and
 #: offered alone) is a few messages
@@ -143,6 +149,8 @@ class WriterSpec:
     min_length: int
     max_length: int
     batch: bool
+    #: messages a second at most (0: as many as the readers take)
+    rate: float = 0.0
 
 
 def run_writer(context: shmbus.Context, ledger_path: str, writers: int, writer: int,
@@ -152,6 +160,7 @@ def run_writer(context: shmbus.Context, ledger_path: str, writers: int, writer: 
     readers can drain it)."""
     ledger = Ledger(ledger_path, writers)
     block = payload_block(seed)
+    pause = REBUILD_PAUSE_S
     try:
         while not stop.is_set():
             incarnation = ledger.begin(writer)
@@ -163,7 +172,11 @@ def run_writer(context: shmbus.Context, ledger_path: str, writers: int, writer: 
             except REBUILD as e:
                 ledger.end(writer, incarnation, _ending(e))
                 ledger.set_phase(writer, IDLE)
-                time.sleep(0.05)
+                # an incarnation that sent nothing (the disk full, the driver starting): wait
+                # longer before the next, up to REBUILD_PAUSE_MAX_S, rather than spin clients
+                sent = ledger.counts(writer, incarnation)[0]
+                pause = REBUILD_PAUSE_S if sent else min(2 * pause, REBUILD_PAUSE_MAX_S)
+                time.sleep(pause)
     except BaseException as e:
         errors.put(f"writer {writer} ({spec.name}): {type(e).__name__}: {e}")
         raise
@@ -174,6 +187,10 @@ def _ending(error: BaseException) -> int:
         return TIMED_OUT
     if isinstance(error, shmbus.DriverTimeoutError | shmbus.DriverUnavailableError):
         return DRIVER_LOST
+    if isinstance(error, shmbus.ClientClosedError):
+        return CLOSED
+    if isinstance(error, shmbus.PublicationError):
+        return PUBLICATION_FAILED
     return REFUSED
 
 
@@ -184,15 +201,25 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
     probe = client.add_subscription("aeron:ipc", PROBE_STREAM)
     lengths = _lengths(spec, writer)
     sequence = 0
+    #: messages encoded from ``sequence`` on and not accepted yet: a refused (back-pressured)
+    #: batch is offered again as it is, not encoded again
+    pending: list[bytes] = []
+    began = time.monotonic()
     while not stop.is_set():
         probe.poll(_ignore, 1)  # raises DriverTimeoutError when the driver is gone
         if ledger.hold_requested(writer):
             _hold_claim(publication, ledger, writer, incarnation, sequence, block,
                         spec.max_length)
-        count = (BATCH if spec.max_length <= LARGE_BATCH_FROM else LARGE_BATCH) \
-            if spec.batch else 1
-        messages = [encode(block, writer, incarnation, sequence + i,
-                           lengths[(sequence + i) % len(lengths)]) for i in range(count)]
+        if spec.rate and sequence > (time.monotonic() - began) * spec.rate:
+            time.sleep(PACED_S)
+            continue
+        # a batch writer offers them in one offer_many; another claims (or offers) them one
+        # by one until one is refused
+        count = BATCH if spec.max_length <= LARGE_BATCH_FROM else LARGE_BATCH
+        pending += [encode(block, writer, incarnation, sequence + i,
+                           lengths[(sequence + i) % len(lengths)])
+                    for i in range(len(pending), count)]
+        messages = pending if len(pending) == count else pending[:count]
         ledger.attempt(writer, incarnation, sequence + count)
         ledger.set_phase(writer, OFFERING)
         try:
@@ -200,9 +227,13 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
                 result = publication.offer_many(messages)
                 accepted = result if result > 0 else 0
             elif spec.max_length <= publication.max_payload_length:
-                accepted = _claim_and_commit(publication, messages[0])
+                accepted = 0
+                while accepted < count and _claim_and_commit(publication, messages[accepted]):
+                    accepted += 1
             else:
-                accepted = 1 if publication.offer(messages[0]) > 0 else 0
+                accepted = 0
+                while accepted < count and publication.offer(messages[accepted]) > 0:
+                    accepted += 1
         except OSError as e:  # a large message, the disk full: refused, nothing sent
             if e.errno != errno.ENOSPC:
                 raise
@@ -210,6 +241,7 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
         ledger.set_phase(writer, IDLE)
         if accepted:
             sequence += accepted
+            del pending[:accepted]
             ledger.ack(writer, incarnation, sequence)
         else:
             ledger.attempt(writer, incarnation, sequence)
@@ -224,29 +256,46 @@ def _claim_and_commit(publication: shmbus.Publication, message: bytes) -> int:
         return 0
     assert claim.buffer is not None
     claim.buffer[:] = message
-    claim.commit()
+    try:
+        claim.commit()
+    except ValueError:  # descheduled past publication_unblock_timeout: the driver padded it
+        return 0
     return 1
 
 
 def _hold_claim(publication: shmbus.Publication, ledger: Ledger, writer: int,
                 incarnation: int, sequence: int, block: bytes, max_length: int) -> None:
     """Claim the next message and hold it, half written, until the orchestrator kills us
-    (bounded: after 30 s the claim is aborted and the request ignored). A writer of large
-    messages claims a large one: a block of its block ring (LargeClaim), killed mid-fill."""
+    (bounded: once it withdraws the request, or after 30 s, the claim is aborted). A writer
+    of large messages claims a large one: a block of its block ring (LargeClaim), killed
+    mid-fill; on a full disk that claim raises OSError (ENOSPC) and is tried again."""
     length = max_length if max_length > publication.max_message_length else HEAD.size + 64
     message = encode(block, writer, incarnation, sequence, length)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def holding() -> bool:
+        return time.monotonic() < deadline and ledger.hold_requested(writer)
+
+    while holding():
         ledger.attempt(writer, incarnation, sequence + 1)
-        claim = publication.try_claim(len(message))
+        try:
+            claim: shmbus.BufferClaim | shmbus.LargeClaim | None = \
+                publication.try_claim(len(message))
+        except OSError as e:  # a large claim, the disk full: refused, nothing reserved
+            if e.errno != errno.ENOSPC:
+                raise
+            claim = None
         if claim:
             assert claim.buffer is not None
             half = max(HEAD.size, length // 2)
             claim.buffer[:half] = message[:half]
             ledger.set_phase(writer, HOLDING_CLAIM)
-            while time.monotonic() < deadline:
+            while holding():
                 time.sleep(0.01)
-            claim.abort()
+            try:
+                claim.abort()
+            except ValueError:  # held past publication_unblock_timeout: the driver padded it
+                pass
             break
         time.sleep(IDLE_S)
     ledger.attempt(writer, incarnation, sequence)
@@ -334,9 +383,15 @@ def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: An
 
 # -- the late joiner ----------------------------------------------------------------------------
 
-LATE_JOIN_WINDOW_S = 4.0  # one recording window of the late joiner
+LATE_JOIN_WINDOW_S = 2.0  # one recording window of the late joiner
+#: while a window's recordings hold at most LATE_JOIN_START_MAX bytes, this share of joins is
+#: from the start (which replays all of it: a check per message, and the live image holds the
+#: writers until the replay reaches it); the others, and all later, from a random recorded
+#: position
+LATE_JOIN_FROM_START, LATE_JOIN_START_MAX = 0.3, 8 << 20
 LATE_JOIN_LIVE = 200      # live messages a join reads (per session) before it leaves
 LATE_JOIN_READ_S = 3.0    # the longest one join reads
+LATE_JOIN_PAUSE_S = 0.1  # between two joins (it only records then)
 
 
 def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: Any,
@@ -349,6 +404,7 @@ def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, result
     timed out, the recorder stopped by a full disk: HistoryGapError) rebuilds it."""
     total = SubscriberCheck()
     rng = random.Random(os.getpid())
+    idle = shmbus.SleepingIdleStrategy(IDLE_S)
     try:
         for window in itertools.count():
             last = stop.is_set()
@@ -358,10 +414,18 @@ def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, result
                         directory, spec.channel, spec.stream_id, client=client) as recorder:
                     deadline = time.monotonic() + LATE_JOIN_WINDOW_S
                     while time.monotonic() < deadline:
-                        recorder.poll()
+                        # between joins: recording only (the recorder holds the writers)
+                        pause_until = time.monotonic() + LATE_JOIN_PAUSE_S
+                        while time.monotonic() < pause_until:
+                            idle.idle(recorder.poll())
                         check = SubscriberCheck()
                         try:
                             _late_join(client, recorder, directory, spec, rng, check)
+                        except shmbus.ClientTimeoutError:
+                            # paused past its liveness in a poll: what that poll handed out
+                            # may have been reused under it (torn), as for any reader
+                            check.on_rebuild("ClientTimeoutError")
+                            raise
                         finally:
                             _add_check(total, check)
             except (*REBUILD, shmbus.HistoryGapError, shmbus.RecordingError) as e:
@@ -380,18 +444,27 @@ def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, result
 def _late_join(client: shmbus.Client, recorder: shmbus.Recorder, directory: Path,
                spec: ReaderSpec, rng: random.Random, check: SubscriberCheck) -> None:
     """One join from a random position of a random recording (or the start), read while the
-    recorder keeps recording, until every session is live with LATE_JOIN_LIVE messages."""
+    recorder keeps recording, until every session is live with LATE_JOIN_LIVE messages; none
+    while nothing is being recorded (the recorder has no image yet)."""
     recordings = recorder.recordings
+    if not recordings:
+        return  # (the recorder has no image yet, or lost them: nothing to join from)
     channel, position = spec.channel, "start"
-    if recordings and rng.random() < 0.8:
+    # from the start only while the window's recordings (those it stopped too: a join from the
+    # start replays them whole) are short
+    if rng.random() >= LATE_JOIN_FROM_START or sum(
+            live_position(directory, d) - d.start_position
+            for d in read_catalog(directory)) > LATE_JOIN_START_MAX:
         d = rng.choice(recordings)
         reader = shmbus.RecordingReader(directory, d)
         end = reader.stop_position
         positions = reader.read_batch(max(d.start_position, end - rng.choice([4096, 65536])),
                                       end).positions
-        if len(positions):
-            channel = f"{spec.channel}?session-id={d.session_id}"
-            position = int(rng.choice(positions))
+        if not len(positions):
+            return  # nothing recorded there yet
+        channel = f"{spec.channel}?session-id={d.session_id}"
+        position = int(rng.choice(positions))
+    check.joins += 1
     live: dict[int, int] = {}
 
     def handler(payload: memoryview, info: shmbus.MessageInfo) -> None:
@@ -402,10 +475,11 @@ def _late_join(client: shmbus.Client, recorder: shmbus.Recorder, directory: Path
     with client.add_subscription(channel, spec.stream_id, history=shmbus.Recording(directory),
                                  from_position=position, catch_up=1.0) as sub:
         deadline = time.monotonic() + LATE_JOIN_READ_S
+        idle = shmbus.SleepingIdleStrategy(IDLE_S)
         while time.monotonic() < deadline:
-            sub.poll(handler, 1024)
+            work = sub.poll(handler, 1024)
             check.on_poll_done()
-            recorder.poll()
+            idle.idle(work + recorder.poll())
             states = sub.positions()
             if sub.is_live and all(phase == "done" or live.get(sid, 0) >= LATE_JOIN_LIVE
                                    for sid, (phase, _) in states.items()):
@@ -415,6 +489,7 @@ def _late_join(client: shmbus.Client, recorder: shmbus.Recorder, directory: Path
 def _add_check(total: SubscriberCheck, join: SubscriberCheck) -> None:
     """Sum one join's checks into the late joiner's report (each join is its own images)."""
     join.finish()
+    total.joins += join.joins
     total.corrupt += join.corrupt
     total.torn += join.torn
     for key, track in join.tracks.items():
@@ -478,8 +553,12 @@ def _check_recordings(check: SubscriberCheck, directory: Path) -> None:
             return
         session_id = reader.descriptor.session_id
         check.on_new_image(session_id)
-        for message in reader.messages():  # RecordingError on a damaged recording: a breach
-            check.on_message(session_id, message.payload)
+        on_message = check.on_message
+        for batch in reader.read_batches():  # RecordingError on a damaged one: a breach
+            data = batch.data.data  # zero-copy slices
+            offsets = batch.offsets.tolist()
+            for i in range(len(offsets) - 1):
+                on_message(session_id, data[offsets[i]:offsets[i + 1]])
         check.on_poll_done()
 
 
