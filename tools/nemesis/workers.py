@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import shmbus
-from shmbus.archive.catalog import live_position, read_catalog
 from tools.nemesis.check import (
     CLOSED,
     DRIVER_LOST,
@@ -441,6 +440,18 @@ def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, result
         raise
 
 
+def recorded_bytes(directory: str) -> int:
+    """The bytes every recording in ``directory`` holds, stopped ones too (ids run from 0)."""
+    total = 0
+    for recording_id in itertools.count():
+        try:
+            reader = shmbus.RecordingReader(directory, recording_id)
+        except shmbus.RecordingError:
+            return total
+        total += reader.stop_position - reader.start_position
+    return total
+
+
 def _late_join(client: shmbus.Client, recorder: shmbus.Recorder, directory: Path,
                spec: ReaderSpec, rng: random.Random, check: SubscriberCheck) -> None:
     """One join from a random position of a random recording (or the start), read while the
@@ -452,9 +463,7 @@ def _late_join(client: shmbus.Client, recorder: shmbus.Recorder, directory: Path
     channel, position = spec.channel, "start"
     # from the start only while the window's recordings (those it stopped too: a join from the
     # start replays them whole) are short
-    if rng.random() >= LATE_JOIN_FROM_START or sum(
-            live_position(directory, d) - d.start_position
-            for d in read_catalog(directory)) > LATE_JOIN_START_MAX:
+    if rng.random() >= LATE_JOIN_FROM_START or recorded_bytes(directory) > LATE_JOIN_START_MAX:
         d = rng.choice(recordings)
         reader = shmbus.RecordingReader(directory, d)
         end = reader.stop_position
