@@ -155,19 +155,30 @@ async def publish_table_async(pub: Publication, data: pa.Table | pa.RecordBatch,
     return claim.result
 
 
+def _check_names(field: pa.Field) -> None:
+    """Decode the name of ``field`` and of every field nested in its type, as reading values
+    does (UnicodeDecodeError for one that is not UTF-8: validate() leaves names unchecked)."""
+    _ = field.name
+    for i in range(field.type.num_fields):
+        _check_names(field.type.field(i))
+
+
 def decode_table(buffer: memoryview, copy: bool, validate: bool = False) -> pa.Table:
     """The table in a table message: its column buffers are slices of ``buffer`` (``copy``
     False: valid as long as its memory is) or of a private copy. ``validate``: check every
-    buffer in full (offsets within their data, UTF-8 strings; linear in the table's bytes), so
-    a hostile message cannot make a table that reads outside its memory; without it pyarrow
-    checks only the structure. ValueError for a message that is not a valid IPC stream."""
+    buffer in full (offsets within their data, UTF-8 strings and field names; linear in the
+    table's bytes), so a hostile message cannot make a table that reads outside its memory or
+    fails when read; without it pyarrow checks only the structure. ValueError for a message
+    that is not a valid IPC stream."""
     pa = require_pyarrow()
     source = pa.py_buffer(bytes(buffer) if copy else buffer)
     try:
         table = pa.ipc.open_stream(source).read_all()
         if validate:
             table.validate(full=True)
-    except (pa.ArrowException, OSError) as e:  # (pyarrow reports a bad stream as OSError too)
+            for field in table.schema:
+                _check_names(field)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # (a bad stream: OSError)
         raise ValueError(f"not an Arrow IPC stream, or a corrupt one (was it sent with "
                          f"publish_table?): {e}") from None
     return table

@@ -125,6 +125,18 @@ def test_random_bytes_give_a_value_error_or_a_valid_table(data: bytes) -> None:
     read_or_refuse(data)
 
 
+def test_a_nested_field_name_that_is_not_utf8_is_refused_when_validating() -> None:
+    """validate() leaves names unchecked, and reading the values decodes them."""
+    table = pa.table({"s": pa.array([{"zq": 1}], pa.struct([("zq", pa.int64())]))})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    data = sink.getvalue().to_pybytes()
+    assert data.count(b"zq") == 1
+    with pytest.raises(ValueError, match="utf-8"):
+        decode_table(memoryview(data.replace(b"zq", b"\x80q")), copy=False, validate=True)
+
+
 def test_the_unmutated_streams_read_back_exactly() -> None:
     for table, message in zip(TABLES, MESSAGES, strict=True):
         assert decode_table(memoryview(message), copy=False, validate=True).equals(table)
