@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import shmbus
+from tests.netbridge import bridge_workers
 
 
 def read_objects(context: shmbus.Context, channel: str, stream_id: int, count: int,
@@ -34,5 +35,5 @@ def publish_objects(context: shmbus.Context, channel: str, stream_id: int,
             time.sleep(0.01)
         for obj in objects:
             publication.publish_object(obj)
-        time.sleep(0.5)
+        assert bridge_workers.wait_sent(bus, publication, max(0.0, deadline - time.monotonic()))
         return len(objects)
