@@ -97,10 +97,10 @@ from netbridge.transport import (
     parse_address,
 )
 from shmbus import Client
-from shmbus.channel_uri import ChannelUri
-from shmbus.context import Context
-from shmbus.errors import RegistrationError, ShmbusError
-from shmbus.keyring import keyring_path
+from shmbus.settings.channel_uri import ChannelUri
+from shmbus.settings.context import Context
+from shmbus.settings.errors import RegistrationError, ShmbusError
+from shmbus.settings.keyring import keyring_path
 from shmbus.shm import _native
 from shmbus.shm import control_protocol as cp
 from shmbus.shm.counters import FC_RCV_POS, FC_RECEIVERS, RCV_CC_WINDOW

@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from netbridge.loss_filter import LossSpec, LossSpecError
-from shmbus.context import Context
-from shmbus.errors import ShmbusError
+from shmbus.settings.context import Context
+from shmbus.settings.errors import ShmbusError
 
 app = typer.Typer(add_completion=False, help="Carry a bus's udp channels over the network.")
 

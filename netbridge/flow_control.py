@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from netbridge.frames import SM_FLAG_EOS, StatusMessage
-from shmbus.channel_uri import ChannelUri, parse_flow_control
+from shmbus.settings.channel_uri import ChannelUri, parse_flow_control
 from shmbus.shm.log_buffer import compute_position
 
 __all__ = [

@@ -101,7 +101,7 @@ from netbridge.frames import (
 from netbridge.log_port import ImagePort, position_of, term_id_of, valid_geometry
 from netbridge.loss_detector import NAK_RETRY_NS_DEFAULT, LossDetector
 from netbridge.placement import Placement, placement
-from shmbus.channel_uri import CONGESTION_CONTROLS
+from shmbus.settings.channel_uri import CONGESTION_CONTROLS
 
 __all__ = [
     "IMAGE_LIVENESS_TIMEOUT_NS_DEFAULT",

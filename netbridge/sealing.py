@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from netbridge._io import Sealer
-from shmbus.keyring import Keyring, KeyringError, load_keyring
+from shmbus.settings.keyring import Keyring, KeyringError, load_keyring
 
 #: what each of the Sealer's drop kinds (receive_batch's ``dropped``) is called in counters
 #: and the error log, by kind number (netbridge/native/io.h, SEAL_*)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from shmbus.channel_uri import ChannelUri
+from shmbus.settings.channel_uri import ChannelUri
 
 
 def parse_address(text: str) -> tuple[str, int]:

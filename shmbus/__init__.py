@@ -29,9 +29,19 @@ everything else is private.
 from shmbus.archive.catalog import DiskFullError, RecordingError
 from shmbus.archive.recorder import Recorder
 from shmbus.archive.recording_reader import RecordingReader
-from shmbus.channel_uri import ChannelUriError
-from shmbus.client import Client, connect
-from shmbus.codes import (
+from shmbus.calls.requester import Call, Requester
+from shmbus.calls.responder import Responder
+from shmbus.client.client import Client, connect
+from shmbus.client.reconnection import (
+    LostImage,
+    Reconnected,
+    RenewedPublication,
+    RenewedSubscription,
+)
+from shmbus.history.history_merge import HistoryGapError
+from shmbus.history.late_join import LateJoinSubscription, MessageInfo, Recording
+from shmbus.settings.channel_uri import ChannelUriError
+from shmbus.settings.codes import (
     ADMIN_ACTION,
     BACK_PRESSURED,
     CLOSED,
@@ -40,8 +50,8 @@ from shmbus.codes import (
     Action,
     result_name,
 )
-from shmbus.context import Context
-from shmbus.errors import (
+from shmbus.settings.context import Context
+from shmbus.settings.errors import (
     ClientClosedError,
     ClientTimeoutError,
     DriverTimeoutError,
@@ -56,32 +66,27 @@ from shmbus.errors import (
     ShmbusError,
     UntrustedSourceError,
 )
-from shmbus.fragment_assembler import FragmentAssembler
-from shmbus.history_merge import HistoryGapError
-from shmbus.idle_strategy import (
+from shmbus.settings.idle_strategy import (
     BackoffIdleStrategy,
     BusySpinIdleStrategy,
     NoOpIdleStrategy,
     SleepingIdleStrategy,
     YieldingIdleStrategy,
 )
-from shmbus.image import FragmentBatch, Image
-from shmbus.large_messages import LargeClaim, MessageView
-from shmbus.late_join import LateJoinSubscription, MessageInfo, Recording
-from shmbus.publication import (
+from shmbus.shm._native import AtomicBuffer, Header
+from shmbus.shm.log_buffer import LogBuffer, LogBufferError
+from shmbus.streams.fragment_assembler import FragmentAssembler
+from shmbus.streams.image import FragmentBatch, Image, MessageView
+from shmbus.streams.large_messages import LargeClaim
+from shmbus.streams.publication import (
     ArrayClaim,
     BufferClaim,
     ConcurrentPublication,
     ExclusivePublication,
     Publication,
 )
-from shmbus.reconnection import LostImage, Reconnected, RenewedPublication, RenewedSubscription
-from shmbus.requester import Call, Requester
-from shmbus.responder import Responder
-from shmbus.shm._native import AtomicBuffer, Header
-from shmbus.shm.log_buffer import LogBuffer, LogBufferError
-from shmbus.subscription import Subscription
-from shmbus.subscription_group import GroupImage, GroupSubscription
+from shmbus.streams.subscription import Subscription
+from shmbus.streams.subscription_group import GroupImage, GroupSubscription
 
 __all__ = [
     "ADMIN_ACTION",

@@ -652,9 +652,9 @@ class _Publisher:
     def publish(self, batches: Iterator[pa.RecordBatch], batch_id: int) -> ShmbusCommitMessage:
         from pyspark import TaskContext
 
-        from shmbus import codes
-        from shmbus.errors import PublicationError
-        from shmbus.idle_strategy import BackoffIdleStrategy
+        from shmbus.settings import codes
+        from shmbus.settings.errors import PublicationError
+        from shmbus.settings.idle_strategy import BackoffIdleStrategy
 
         task = TaskContext.get()
         partition_id = task.partitionId() if task is not None else 0

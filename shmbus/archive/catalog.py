@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from shmbus.errors import ShmbusError
+from shmbus.settings.errors import ShmbusError
 
 CATALOG_FILE = "catalog.json"
 LOCK_FILE = ".recorder.lock"

@@ -65,11 +65,10 @@ from shmbus.archive.large_payloads import (
     large_path,
 )
 from shmbus.archive.recording_reader import CHUNK_LENGTH, _read_block, scan_frames
-from shmbus.client import Client, connect
-from shmbus.context import Context
-from shmbus.idle_strategy import BackoffIdleStrategy
-from shmbus.image import FragmentBatch, Image
-from shmbus.large_messages import REFERENCE_FLAGS
+from shmbus.client.client import Client, connect
+from shmbus.settings.context import Context
+from shmbus.settings.idle_strategy import BackoffIdleStrategy
+from shmbus.shm.block_ring import REFERENCE_FLAGS
 from shmbus.shm.log_buffer import (
     END_FLAG,
     HDR_TYPE_PAD,
@@ -77,6 +76,7 @@ from shmbus.shm.log_buffer import (
     UNFRAGMENTED,
     encode_data_header,
 )
+from shmbus.streams.image import FragmentBatch, Image
 
 FSYNC_POLICIES = ("none", "segment", "write")
 
@@ -551,7 +551,7 @@ class Recorder:
         large: dict[int, memoryview] = {}
         try:
             # (reference frames: whole-message frames with the large flag; on a fragment
-            # the flag means nothing, see shmbus/large_messages.py)
+            # the flag means nothing, see shmbus/streams/large_messages.py)
             for k in np.flatnonzero((batch.flags & REFERENCE_FLAGS) == REFERENCE_FLAGS
                                     ).tolist():
                 # the block is held while this recorder's position is before its frame

@@ -32,7 +32,7 @@ from shmbus.archive.catalog import (
     record_times,
 )
 from shmbus.archive.large_payloads import large_path, resolve_large
-from shmbus.large_messages import REFERENCE_FLAGS
+from shmbus.shm.block_ring import REFERENCE_FLAGS
 from shmbus.shm.log_buffer import (
     BEGIN_FLAG,
     END_FLAG,

@@ -16,9 +16,9 @@ from rich.text import Text
 from shmbus.cli import snapshot as bussnapshot
 from shmbus.cli import stat as busstat
 from shmbus.cli.services import analyse_services
-from shmbus.context import Context
 from shmbus.driver.media_driver import DriverAlreadyRunningError, run_driver
-from shmbus.keyring import KeyringError, keyring_path, load_keyring, new_key_line
+from shmbus.settings.context import Context
+from shmbus.settings.keyring import KeyringError, keyring_path, load_keyring, new_key_line
 
 app = typer.Typer(help="shmbus: a shared-memory message bus (Aeron's design, in Python).",
                   no_args_is_help=True, add_completion=False)
@@ -384,7 +384,7 @@ def record(
 
     from shmbus.archive.catalog import RecordingError
     from shmbus.archive.recorder import Recorder
-    from shmbus.errors import ShmbusError
+    from shmbus.settings.errors import ShmbusError
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -436,7 +436,7 @@ def replay(
     import shmbus
     from shmbus.archive.recording_reader import RecordingReader
     from shmbus.archive.recording_reader import replay as replay_recording
-    from shmbus.errors import ShmbusError
+    from shmbus.settings.errors import ShmbusError
 
     try:
         reader = RecordingReader(directory, recording)

@@ -1,7 +1,7 @@
 """Request/reply services as ``shmbus streams`` shows them, from the ``rr-*`` counters.
 
 A service is a channel and stream id. Each requester and each responder keeps its own
-counters (shmbus/call_counters.py; their labels carry stream, channel and role), and the
+counters (shmbus/calls/call_counters.py; their labels carry stream, channel and role), and the
 driver frees them when their client goes away, so the live responders of a service are the
 responders with counters, and the totals are over the live requesters and responders.
 Pure: computed from one snapshot's counters.

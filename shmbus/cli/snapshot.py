@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shmbus.driver.ipc_flow_control import ipc_window
-from shmbus.errors import ShmbusError
+from shmbus.settings.errors import ShmbusError
 from shmbus.shm._native import AtomicBuffer, epoch_ms
 from shmbus.shm.block_ring import ring_usage
 from shmbus.shm.cnc import (

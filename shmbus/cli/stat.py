@@ -133,9 +133,9 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from shmbus.channel_uri import ChannelUri, ChannelUriError
 from shmbus.cli.snapshot import BusSnapshot
 from shmbus.cli.snapshot import read_snapshot as read_snapshot  # its home before snapshot.py
+from shmbus.settings.channel_uri import ChannelUri, ChannelUriError
 from shmbus.shm.counters import (
     CLIENT_HEARTBEAT,
     FC_RCV_POS,

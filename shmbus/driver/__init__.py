@@ -3,6 +3,6 @@
 It owns the bus directory: the conductor serves the clients' commands
 (``shmbus.shm.control_protocol``), links publications to subscriptions, runs IPC flow control
 and tethering, cleans and unblocks logs, times out clients, and keeps the system counters. It
-imports the shared structures (``shmbus.shm``) and plain settings (``shmbus.context``,
-``shmbus.channel_uri``), never the client.
+imports the shared structures (``shmbus.shm``) and plain settings (``shmbus.settings.context``,
+``shmbus.settings.channel_uri``), never the client.
 """

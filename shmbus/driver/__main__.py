@@ -2,7 +2,7 @@
 
 import sys
 
-from shmbus.context import Context
 from shmbus.driver.media_driver import run_driver
+from shmbus.settings.context import Context
 
 run_driver(Context.from_json(sys.argv[1]) if len(sys.argv) > 1 else Context(), embedded=True)

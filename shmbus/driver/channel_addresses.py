@@ -2,9 +2,9 @@
 subscription or destination is added: every ``endpoint`` and ``control`` host resolves, and
 ``interface`` is one of this host's IPv4 addresses. Runs in the driver process.
 
-Parsing (shmbus.channel_uri) only checks the shape of ``host:port``; whether a name resolves
-is a fact of the host at the moment of adding, so the driver asks, as Aeron's does: a channel
-that cannot resolve is refused then, instead of a publication that never connects.
+Parsing (shmbus.settings.channel_uri) only checks the shape of ``host:port``; whether a name
+resolves is a fact of the host at the moment of adding, so the driver asks, as Aeron's does: a
+channel that cannot resolve is refused then, instead of a publication that never connects.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import socket
 
 import psutil
 
-from shmbus.channel_uri import ChannelUri, ChannelUriError
+from shmbus.settings.channel_uri import ChannelUri, ChannelUriError
 
 
 def check_addresses(uri: ChannelUri, channel: str) -> None:

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shmbus.channel_uri import CONSUMER_GROUP, ChannelUri, ChannelUriError
-from shmbus.context import Context
 from shmbus.driver.channel_addresses import check_addresses
 from shmbus.driver.group_claims import SubscriptionGroup
 from shmbus.driver.ipc_flow_control import IpcFlowControl
@@ -42,7 +40,9 @@ from shmbus.driver.log_history import (
 )
 from shmbus.driver.network_image import NetworkImage
 from shmbus.driver.system_counters import SystemCounter
-from shmbus.keyring import KeyringError, keyring_path, load_keyring
+from shmbus.settings.channel_uri import CONSUMER_GROUP, ChannelUri, ChannelUriError
+from shmbus.settings.context import Context
+from shmbus.settings.keyring import KeyringError, keyring_path, load_keyring
 from shmbus.shm import control_protocol as cp
 from shmbus.shm.block_ring import BlockRing, ring_path
 from shmbus.shm.broadcast import BroadcastTransmitter

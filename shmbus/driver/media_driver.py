@@ -19,10 +19,10 @@ import signal
 import threading
 from pathlib import Path
 
-from shmbus.context import Context
 from shmbus.driver.conductor import LOGS_DIR, DriverConductor
 from shmbus.driver.system_counters import allocate_system_counters
-from shmbus.errors import ShmbusError
+from shmbus.settings.context import Context
+from shmbus.settings.errors import ShmbusError
 from shmbus.shm._native import epoch_ms
 from shmbus.shm.block_ring import BlockRing
 from shmbus.shm.broadcast import BroadcastTransmitter

@@ -155,6 +155,11 @@ _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _SPAN, _STATE, _RELEASE_POSITION, _LENGTH, _PID = 0, 8, 16, 24, 32
 FILLING, COMMITTED, FREE = 1, 2, 3
 
+#: the frame flags of a reference frame: a whole message (B, E) that refers to a block. On a
+#: fragment (not both B and E) the large flag means nothing and is ignored, as unknown flags are
+LARGE_FLAG = 0x01
+REFERENCE_FLAGS = 0x80 | 0x40 | LARGE_FLAG
+
 #: the reference frame's payload: magic, version, ring position of the block, payload length
 _REFERENCE = struct.Struct("<4sHHqq")
 REFERENCE_LENGTH = _REFERENCE.size

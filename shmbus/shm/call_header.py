@@ -17,7 +17,7 @@ offset length field
 ====== ====== ===================================================================
 
 The reply-to extension, in a request with flag bit 1 only (a requester on another host,
-shmbus/remote_calls.py): at offset 16 a u16 length n, then n bytes of UTF-8, the channel to
+shmbus/calls/remote_calls.py): at offset 16 a u16 length n, then n bytes of UTF-8, the channel to
 answer on (``aeron:udp?endpoint=host:port``, nothing else), then the caller's data. IPC
 requests never carry it, so their layout and cost are unchanged.
 

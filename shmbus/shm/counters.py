@@ -80,7 +80,8 @@ GROUP_REDELIVERED = 34
 #: request/reply (shmbus's own): a requester's calls in flight, answered, failed, timed out and
 #: the late replies it dropped; a responder's requests served, handler errors, the replies it
 #: dropped because their requester was gone, and the requests it refused to answer because
-#: their reply-to named another host than theirs on an unkeyed channel (shmbus/remote_calls.py).
+#: their reply-to named another host than theirs on an unkeyed channel
+#: (shmbus/calls/remote_calls.py).
 #: Labels: ``<type>: 0 0 <stream> <channel> ...``
 RR_IN_FLIGHT = 40
 RR_ANSWERED = 41

@@ -21,7 +21,7 @@ import shmbus
 from netbridge import _io
 from netbridge.frames import Nak, SetupFrame, StatusMessage, data_frame, encode_datagram
 from shmbus.cli import app
-from shmbus.keyring import load_keyring, new_key_line
+from shmbus.settings.keyring import load_keyring, new_key_line
 from shmbus.shm.cnc import ERROR_LOG
 from shmbus.shm.error_log import read_error_log
 from tests.conftest import start_driver, stop_driver
@@ -160,7 +160,7 @@ class Exploit:
 
 
 def object_message(obj: Any) -> bytes:
-    from shmbus.object_messages import object_parts
+    from shmbus.codecs.object_messages import object_parts
     return b"".join(bytes(part) for part in object_parts(obj))
 
 

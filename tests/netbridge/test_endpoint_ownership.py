@@ -16,7 +16,7 @@ import pytest
 
 import shmbus
 from netbridge.transport import open_receive
-from shmbus.channel_uri import ChannelUri
+from shmbus.settings.channel_uri import ChannelUri
 from shmbus.shm import control_protocol as cp
 from tests.conftest import start_driver, stop_driver
 from tests.netbridge import bridge_workers

@@ -13,7 +13,7 @@ from netbridge.flow_control import (
     strategy_for,
 )
 from netbridge.frames import SM_FLAG_EOS, StatusMessage
-from shmbus.channel_uri import ChannelUri
+from shmbus.settings.channel_uri import ChannelUri
 
 TERM = 64 * 1024
 INITIAL = 100

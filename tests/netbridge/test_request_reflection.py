@@ -1,4 +1,4 @@
-"""A responder on aeron:udp is no reflector (shmbus/remote_calls.py): on an unkeyed service a
+"""A responder on aeron:udp is no reflector (shmbus/calls/remote_calls.py): on an unkeyed service a
 request whose reply-to names another host than the one it came from is dropped, counted
 (``rr-reflections-refused``) and nothing goes to that host; a request naming its own host is
 answered; on a keyed service every reply-to is answered, and the replies carry the key.

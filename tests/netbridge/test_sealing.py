@@ -22,7 +22,7 @@ from netbridge.sealing import (
     new_sealer,
     rekey,
 )
-from shmbus.keyring import KeyringError, new_key_line, parse_keyring
+from shmbus.settings.keyring import KeyringError, new_key_line, parse_keyring
 
 OPENED, PLAINTEXT, UNKNOWN_KEY, BAD_TAG, REPLAYED = range(5)
 HEADER, OVERHEAD = 44, 60

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pytest
 
 import shmbus
-from shmbus.keyring import new_key_line
-from shmbus.object_messages import object_parts
+from shmbus.codecs.object_messages import object_parts
+from shmbus.settings.keyring import new_key_line
 from tests.conftest import start_driver, stop_driver
 from tests.netbridge.forged_peer import ForgedPeer, udp_socket
 from tests.netbridge.test_end_to_end import free_udp_port
@@ -33,7 +33,7 @@ STREAM = 4101
 
 
 def marker_message(path: Path) -> bytes:
-    """An object message (shmbus/object_messages.py) whose pickle touches ``path``."""
+    """An object message (shmbus/codecs/object_messages.py) whose pickle touches ``path``."""
     return b"".join(bytes(part) for part in object_parts(Marker(path)))
 
 

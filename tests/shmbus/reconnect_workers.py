@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import shmbus
-from shmbus import codes
+from shmbus.settings import codes
 from tests.shmbus.driver import driver_workers as dw
 
 

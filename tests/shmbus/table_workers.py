@@ -154,7 +154,7 @@ def table_writer(context: shmbus.Context, stream: int, seeds: list[int], use_asy
 
 
 def _longer(data: Any, pub: Any) -> bool:
-    from shmbus.table_messages import stream_length
+    from shmbus.codecs.table_messages import stream_length
     return stream_length(data) > pub.max_message_length
 
 

@@ -1,6 +1,6 @@
 """numpy arrays and Python objects as messages: exact round trips, property-tested.
 
-The codec (shmbus/array_messages.py, shmbus/object_messages.py) against numpy's own idea of
+The codec (shmbus/codecs/array_messages.py, object_messages.py) against numpy's own idea of
 equality, byte for byte; then through a bus (``publish_array``/``arrays``,
 ``publish_object``/``objects``) in one process and across processes, small messages in the log
 and large ones through shared memory.
@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import shmbus
-from shmbus.array_messages import array_parts, copy_array_into, decode_array
-from shmbus.object_messages import decode_object, object_parts
+from shmbus.codecs.array_messages import array_parts, copy_array_into, decode_array
+from shmbus.codecs.object_messages import decode_object, object_parts
 from tests.shmbus import large_workers as lw
 from tests.shmbus.driver.test_driver_processes import wait_until
 

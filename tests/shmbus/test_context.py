@@ -1,4 +1,4 @@
-"""Context settings that are checked on their own (shmbus/context.py)."""
+"""Context settings that are checked on their own (shmbus/settings/context.py)."""
 
 from __future__ import annotations
 

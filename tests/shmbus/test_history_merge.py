@@ -1,4 +1,4 @@
-"""The handover rule (shmbus.history_merge) against a model: a session's messages (some of
+"""The handover rule (shmbus.history.history_merge) against a model: a session's messages (some of
 several frames), a recording that grows by whole messages, a live image that joins at any
 frame boundary the log holds, replay steps cut at any message, and live reads. Whatever the
 order, every message from the requested position on is handed out once, in order."""
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shmbus.history_merge import HistoryGapError, Phase, SessionMerge
+from shmbus.history.history_merge import HistoryGapError, Phase, SessionMerge
 
 FRAME = 32
 

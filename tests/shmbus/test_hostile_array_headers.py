@@ -1,4 +1,4 @@
-"""Array messages from a hostile writer (shmbus/array_messages.py): a header naming objects,
+"""Array messages from a hostile writer (shmbus/codecs/array_messages.py): a header naming objects,
 a structure holding them, a dtype numpy would pickle, deep nesting, absurd shapes, or random
 and mutated bytes gives a clean ValueError or a correct array, never an object array, never a
 crash. Property-tested with hypothesis, then through a bus (``arrays()``)."""
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shmbus
-from shmbus.array_messages import (
+from shmbus.codecs.array_messages import (
     MAX_HEADER_LENGTH,
     array_parts,
     copy_array_into,

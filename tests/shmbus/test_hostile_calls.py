@@ -1,5 +1,5 @@
 """Hostile call headers against a requester and a responder (shmbus/shm/call_header.py,
-shmbus/requester.py, shmbus/responder.py, shmbus/shm/native/calls.c).
+shmbus/calls/requester.py, shmbus/calls/responder.py, shmbus/shm/native/calls.c).
 
 * On a real bus (a driver process; requester and responder in this process, the responder
   serving on a thread): a raw publication on the request stream writes requests cut short, of
@@ -26,11 +26,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmbus
-from shmbus.large_messages import REFERENCE_FLAGS
-from shmbus.remote_calls import check_reply_to
-from shmbus.responder import Responder
+from shmbus.calls.remote_calls import check_reply_to
+from shmbus.calls.responder import Responder
 from shmbus.shm import block_ring as br
 from shmbus.shm import call_header as ch
+from shmbus.shm.block_ring import REFERENCE_FLAGS
 from shmbus.shm.counters import RR_HANDLER_ERRORS, RR_LATE, RR_REFLECTIONS_REFUSED
 from tests.shmbus.driver.test_driver_processes import wait_until
 

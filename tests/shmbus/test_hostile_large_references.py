@@ -1,5 +1,5 @@
 """Hostile large-message reference frames in a log, read by every reader API
-(shmbus/large_messages.py, shmbus/image.py, shmbus/shm/block_ring.py).
+(shmbus/streams/large_messages.py, shmbus/streams/image.py, shmbus/shm/block_ring.py).
 
 In one process, without a driver: a log and its block ring, an exclusive publication that
 writes small and large messages, and among them frames a hostile (or broken) writer of the same
@@ -29,12 +29,12 @@ from hypothesis import strategies as st
 
 import shmbus
 from shmbus import ExclusivePublication, Image, Subscription
-from shmbus.fragment_assembler import FragmentAssembler
-from shmbus.large_messages import LARGE_FLAG
 from shmbus.shm import block_ring as br
 from shmbus.shm._native import AtomicBuffer
+from shmbus.shm.block_ring import LARGE_FLAG
 from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG, LogBuffer
 from shmbus.shm.position import Position
+from shmbus.streams.fragment_assembler import FragmentAssembler
 from tests.shmbus.driver.test_driver_processes import wait_until
 
 TERM = 64 * 1024  # max message length 8 KiB: longer messages go to the ring

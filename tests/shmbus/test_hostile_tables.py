@@ -1,5 +1,5 @@
-"""Table messages from a hostile writer (shmbus/table_messages.py): a field typed as pyarrow's
-pickled extension type never unpickles, a pyarrow that would is refused, and random or
+"""Table messages from a hostile writer (shmbus/codecs/table_messages.py): a field typed as
+pyarrow's pickled extension type never unpickles, a pyarrow that would is refused, and random or
 mutated IPC streams give a clean ValueError or a table that reads within its memory."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmbus.table_messages import check_pyarrow_version, decode_table, serialize
+from shmbus.codecs.table_messages import check_pyarrow_version, decode_table, serialize
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,4 +1,4 @@
-"""The keyring file (shmbus/keyring.py) and ``shmbus keygen``."""
+"""The keyring file (shmbus/settings/keyring.py) and ``shmbus keygen``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shmbus.channel_uri import ChannelUri, ChannelUriError
 from shmbus.cli import app
-from shmbus.keyring import KeyringError, keyring_path, load_keyring, new_key_line, parse_keyring
+from shmbus.settings.channel_uri import ChannelUri, ChannelUriError
+from shmbus.settings.keyring import (
+    KeyringError,
+    keyring_path,
+    load_keyring,
+    new_key_line,
+    parse_keyring,
+)
 
 SECRET = base64.b64encode(bytes(32)).decode()
 

@@ -251,10 +251,10 @@ def test_a_publication_closed_under_a_large_offer_or_claim_refuses_cleanly(small
         writer.join(10)
         assert not writer.is_alive()
         assert len(outcome) == 1 and isinstance(outcome[0], shmbus.PublicationError), outcome
-        assert outcome[0].code == shmbus.codes.CLOSED
+        assert outcome[0].code == shmbus.settings.codes.CLOSED
         with pytest.raises(shmbus.PublicationError) as info:
             claim.commit()
-        assert info.value.code == shmbus.codes.CLOSED
+        assert info.value.code == shmbus.settings.codes.CLOSED
         got = [bytes(m) for m in sub.messages(timeout=0.5)]
         assert got == sent
 

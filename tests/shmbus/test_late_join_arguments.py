@@ -1,4 +1,4 @@
-"""A late joiner's from_position and last, whatever a caller passes (shmbus/late_join.py):
+"""A late joiner's from_position and last, whatever a caller passes (shmbus/history/late_join.py):
 taken exactly when from_position is a stream position (an int, not a bool, 0 <= p < 2**63, a
 multiple of 32) or 'start', and last an int >= 0; anything else is a ValueError naming the
 argument, before anything is read (a float used to mean 'from the start')."""
@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmbus.channel_uri import ChannelUriError
-from shmbus.late_join import LateJoinSubscription, Recording
+from shmbus.history.late_join import LateJoinSubscription, Recording
+from shmbus.settings.channel_uri import ChannelUriError
 
 #: a channel a late joiner refuses after its arguments are checked: reaching this refusal
 #: means the arguments were taken

@@ -9,13 +9,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from shmbus.errors import (
+from shmbus.calls.pending_calls import PendingCall, PendingCalls
+from shmbus.settings.errors import (
     NoResponderError,
     RemoteError,
     RequestTimeoutError,
     ResponderLostError,
 )
-from shmbus.pending_calls import PendingCall, PendingCalls
 from shmbus.shm import call_header
 
 

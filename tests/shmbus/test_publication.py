@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmbus
-from shmbus.publication import BufferClaim
 from shmbus.shm import _native
 from shmbus.shm._native import PublicationCore
 from shmbus.shm.log_buffer import (
@@ -23,6 +22,7 @@ from shmbus.shm.log_buffer import (
     PROGRESS_WAITERS_OFFSET,
     TAIL_COUNTERS_OFFSET,
 )
+from shmbus.streams.publication import BufferClaim
 from tests.standalone_stream import StandaloneStream
 
 TERM = 65536

@@ -1,5 +1,5 @@
 """Which channels request/reply runs on, and the reply-to channels a responder accepts from a
-request (shmbus/remote_calls.py): every refusal names what is wrong."""
+request (shmbus/calls/remote_calls.py): every refusal names what is wrong."""
 
 from __future__ import annotations
 

@@ -355,7 +355,7 @@ def test_closing_during_a_lone_call_fails_it_and_counts_it(bus_context, driver, 
 def _no_backstop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Waits of this process's requesters look again only after 60 s: a call that fails
     sooner learned of its departed responder from the driver's wake-up, not from a timer."""
-    from shmbus import requester
+    from shmbus.calls import requester
 
     monkeypatch.setattr(requester, "_BACKSTOP_S", 60.0)
     monkeypatch.setattr(requester, "_IN_FLIGHT_AFTER_S", 60.0)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import shmbus
-from shmbus.requester import CONNECT_WAIT_S
+from shmbus.calls.requester import CONNECT_WAIT_S
 from shmbus.shm import call_header
 from shmbus.shm.counters import (
     RR_FAILED,

@@ -1,12 +1,12 @@
-"""Which subscriptions may unpickle what they read (shmbus/source_trust.py): the channel decides,
-and the refusal names the channel, the source and the opt-in."""
+"""Which subscriptions may unpickle what they read (shmbus/codecs/source_trust.py): the channel
+decides, and the refusal names the channel, the source and the opt-in."""
 
 from __future__ import annotations
 
 import pytest
 
 import shmbus
-from shmbus.source_trust import TRUST_OPTION, refusal, unkeyed_network
+from shmbus.codecs.source_trust import TRUST_OPTION, refusal, unkeyed_network
 
 
 @pytest.mark.parametrize("channel", [

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import shmbus
-from shmbus.channel_uri import CONSUMER_GROUP
+from shmbus.settings.channel_uri import CONSUMER_GROUP
 from shmbus.shm.counters import GROUP_CLAIM, GROUP_MEMBERS, GROUP_POS, GROUP_REDELIVERED
 from tests.shmbus import group_workers as gw
 

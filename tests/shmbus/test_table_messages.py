@@ -1,6 +1,6 @@
-"""Arrow tables as messages (``publish_table``/``tables()``, shmbus/table_messages.py): random
-schemas round-trip exactly across real processes, small ones in the log and large ones written
-in place into a block and read as views of it."""
+"""Arrow tables as messages (``publish_table``/``tables()``, shmbus/codecs/table_messages.py):
+random schemas round-trip exactly across real processes, small ones in the log and large ones
+written in place into a block and read as views of it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import shmbus
-from shmbus.table_messages import decode_table, stream_length
+from shmbus.codecs.table_messages import decode_table, stream_length
 from tests.conftest import start_driver, stop_driver
 from tests.shmbus import table_workers as tw
 from tests.shmbus.driver.test_driver_processes import wait_until
@@ -108,7 +108,7 @@ def test_without_pyarrow_the_error_names_it(tmp_path):
         "import sys\n"
         "sys.modules['pyarrow'] = None\n"
         "import shmbus\n"
-        "from shmbus.table_messages import decode_table, require_pyarrow\n"
+        "from shmbus.codecs.table_messages import decode_table, require_pyarrow\n"
         "for call in (require_pyarrow, lambda: decode_table(memoryview(b'x'), False)):\n"
         "    try:\n"
         "        call()\n"

@@ -1,6 +1,6 @@
 /*
  * FragmentAssembler: reassembly of fragmented messages, per session, in front of a fragment
- * handler (shmbus/fragment_assembler.py).
+ * handler (shmbus/streams/fragment_assembler.py).
  *
  * Runs in client processes, called by the image readers on the thread that polls, with the GIL
  * held.

@@ -1,5 +1,5 @@
 /*
- * The request/reply call path's hot loop (shmbus/requester.py, shmbus/responder.py): the
+ * The request/reply call path's hot loop (shmbus/calls/requester.py, shmbus/calls/responder.py): the
  * 16-byte call header (shmbus/shm/call_header.py, docs/protocol.md) packed and parsed here, so
  * a call costs no struct.pack/unpack and no Python call per fragment.
  *
@@ -24,9 +24,9 @@
 #define CALL_REQUEST 1
 #define CALL_REPLY 2
 #define CALL_IDEMPOTENT 0x01
-#define CALL_REPLY_TO 0x02    /* a request over UDP (shmbus/remote_calls.py) */
+#define CALL_REPLY_TO 0x02    /* a request over UDP (shmbus/calls/remote_calls.py) */
 
-/* What answer_request did (shmbus/responder.py names them). */
+/* What answer_request did (shmbus/calls/responder.py names them). */
 #define ANSWER_NOTHING 0   /* nothing to claim */
 #define ANSWER_REPLIED 1   /* answered: the reply was offered */
 #define ANSWER_DELIVER 2   /* the next message is for poll(handler, 1) (see group_next_message) */

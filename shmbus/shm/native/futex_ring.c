@@ -9,7 +9,7 @@
  * each image (image->sleeping too, so a closed image takes its count back), read the words,
  * look for data, then submit; disarm cancels a wait still pending and takes the counts back.
  *
- * Used by asyncio subscribers (shmbus/async_waits.py, SubscriptionCore._arm_watcher) and the
+ * Used by asyncio subscribers (shmbus/streams/async_waits.py, SubscriptionCore._arm_watcher) and the
  * netbridge's poll loop, on the thread that holds the GIL; the kernel does the waiting.
  */
 #include "types.h"

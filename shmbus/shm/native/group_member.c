@@ -1,6 +1,6 @@
 /*
  * GroupMemberCore: one member of a subscription group, competing consumers that claim whole
- * messages at a shared position (shmbus/subscription_group.py); the driver's side of the same
+ * messages at a shared position (shmbus/streams/subscription_group.py); the driver's side of the same
  * records is shmbus/driver/group_claims.py.
  *
  * Runs in client processes, on the thread that polls, with the GIL held (handlers are Python

@@ -4,7 +4,7 @@
  * reads up to a threshold (progress watches: logs' progress words), so that an event loop can
  * block in poll() on its sockets and that eventfd. The netbridge arms one for its senders and
  * receivers (netbridge/bridge.py); an asyncio subscriber arms one where io_uring's futex wait
- * is missing (SubscriptionCore._arm_watcher, shmbus/async_waits.py).
+ * is missing (SubscriptionCore._arm_watcher, shmbus/streams/async_waits.py).
  *
  * arm/disarm/close run on the owner's thread with the GIL held; watcher_main is the watcher's
  * own thread and never takes the GIL. watch_arg and watch_ready are also netbridge._io's

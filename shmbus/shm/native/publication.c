@@ -282,7 +282,7 @@ static int64_t append_pieces(PublicationCore *self, const Piece *pieces, Py_ssiz
 }
 
 /* A message longer than max_message does not go into the log: Publication._offer_large puts
- * it in a shared-memory block and offers a reference frame (shmbus/large_messages.py). Only
+ * it in a shared-memory block and offers a reference frame (shmbus/streams/large_messages.py). Only
  * such a message pays the Python call; the log's own path is unchanged. `publish_timeout` is
  * NULL for offer(), the timeout (or None) for publish(). */
 static PyObject *offer_large(PublicationCore *self, PyObject *const *args, Py_ssize_t nargs,

@@ -529,7 +529,7 @@ static PyGetSetDef sub_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-/* _arm_watcher(watcher) -> bool: asyncio's wait for this subscription (shmbus/async_waits.py):
+/* _arm_watcher(watcher) -> bool: asyncio's wait for this subscription (shmbus/streams/async_waits.py):
  * arms a FutexRing or a LogWatcher on the wake word and the images' data words; False when
  * there is something to read already (or an error to raise). */
 static PyObject *sub_arm_watcher(SubscriptionCore *self, PyObject *arg)

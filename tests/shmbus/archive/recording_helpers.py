@@ -14,7 +14,6 @@ import numpy as np
 
 from shmbus.archive.catalog import ACTIVE, CatalogWriter, RecordingDescriptor
 from shmbus.archive.recorder import _RecordingWriter
-from shmbus.image import FragmentBatch
 from shmbus.shm.log_buffer import (
     BEGIN_FLAG,
     END_FLAG,
@@ -25,6 +24,7 @@ from shmbus.shm.log_buffer import (
     align,
     encode_data_header,
 )
+from shmbus.streams.image import FragmentBatch
 
 
 class FakeLog:

@@ -10,8 +10,8 @@ import pytest
 import shmbus
 from shmbus import Recorder, RecordingReader
 from shmbus.archive.catalog import read_catalog
-from shmbus.large_messages import REFERENCE_FLAGS
 from shmbus.shm import block_ring as br
+from shmbus.shm.block_ring import REFERENCE_FLAGS
 from tests.shmbus.driver.test_driver_processes import wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import shmbus
-from shmbus import codes
+from shmbus.settings import codes
 from shmbus.shm.log_buffer import UNFRAGMENTED
 
 HEAD = struct.Struct("<HHIQ")  # writer, flags, crc32, seq

@@ -13,11 +13,11 @@ import pytest
 
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.driver.log_history import JoinPositionGone, pin_join
-from shmbus.publication import ExclusivePublication
 from shmbus.shm._native import AtomicBuffer
 from shmbus.shm.counters import COUNTER_LENGTH
 from shmbus.shm.log_buffer import FC_CLEAN_POSITION_OFFSET, FC_LOCK_OFFSET, LogBuffer
 from shmbus.shm.position import Position
+from shmbus.streams.publication import ExclusivePublication
 
 TERM = 65536
 WINDOW = TERM // 2

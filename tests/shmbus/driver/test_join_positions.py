@@ -1,5 +1,5 @@
 """Join positions against a model (shmbus/driver/log_history.py: retained_range, check_join;
-shmbus/channel_uri.py: the join-position parameter).
+shmbus/settings/channel_uri.py: the join-position parameter).
 
 In one process, the driver's part played by the test: a log written with messages of random
 lengths (fragmented ones, padding at term ends), cleaned behind a reader to a random position.
@@ -28,7 +28,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shmbus import ExclusivePublication, Image, Subscription
-from shmbus.channel_uri import ChannelUri, ChannelUriError
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.driver.log_history import (
     JoinPositionGone,
@@ -36,6 +35,7 @@ from shmbus.driver.log_history import (
     clean_position,
     retained_range,
 )
+from shmbus.settings.channel_uri import ChannelUri, ChannelUriError
 from shmbus.shm._native import AtomicBuffer
 from shmbus.shm.log_buffer import FRAME_ALIGNMENT, HEADER_LENGTH, LogBuffer, align
 from shmbus.shm.position import Position

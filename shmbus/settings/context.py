@@ -126,7 +126,7 @@ class Context:
     #: create a log for lack of room, and once a ring has been idle 5 s
     large_message_warm_share: float = WARM_SHARE
     #: the keyring file of authenticated channels (``key=`` in an aeron:udp channel; see
-    #: shmbus/keyring.py): read by the driver and its netbridge. Empty:
+    #: shmbus/settings/keyring.py): read by the driver and its netbridge. Empty:
     #: ``~/.config/shmbus/keyring``. It must be the user's own, mode 0600
     keyring: str = ""
 

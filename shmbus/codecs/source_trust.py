@@ -4,12 +4,12 @@
 ``aeron:ipc`` every writer is a process of the bus's own user (the bus directory is private,
 mode 0700). On an ``aeron:udp`` channel the netbridge places whatever datagrams reach the
 channel's endpoint: any host that can send one there (its source address forged or not) is a
-writer. A channel naming a key (``|key=<name>``, shmbus/keyring.py) has its datagrams sealed,
-so only the holders of that key write to it.
+writer. A channel naming a key (``|key=<name>``, shmbus/settings/keyring.py) has its datagrams
+sealed, so only the holders of that key write to it.
 
 The rule: a subscription on ``aeron:udp`` without ``key=`` reads objects
 only when its reader passes ``trust_unkeyed_network=True``; otherwise each message is refused
-with :class:`~shmbus.errors.UntrustedSourceError` before a byte of it is decoded. The rule
+with :class:`~shmbus.settings.errors.UntrustedSourceError` before a byte of it is decoded. The rule
 goes by the subscription's channel, not by an image's claimed source. A spy
 (``aeron-spy:aeron:udp?...``) reads this host's own publications, so it is trusted as IPC is.
 A channel that does not parse counts as unkeyed network (refused). Pure.
@@ -17,8 +17,8 @@ A channel that does not parse counts as unkeyed network (refused). Pure.
 
 from __future__ import annotations
 
-from shmbus.channel_uri import ChannelUri, ChannelUriError
-from shmbus.errors import UntrustedSourceError
+from shmbus.settings.channel_uri import ChannelUri, ChannelUriError
+from shmbus.settings.errors import UntrustedSourceError
 
 #: The keyword argument of ``objects()`` and ``objects_async()`` that lets an unkeyed network
 #: channel's messages be unpickled.

@@ -4,7 +4,7 @@ A requester publishes each request on the service's stream with a 16-byte call h
 (shmbus/shm/call_header.py: its correlation id and the requester's own response stream) and
 reads the replies on that response stream, which only it subscribes to: a reply goes to the
 requester that asked, and is matched to its call by correlation id, never by order. The calls
-in flight live in a :class:`~shmbus.pending_calls.PendingCalls` table.
+in flight live in a :class:`~shmbus.calls.pending_calls.PendingCalls` table.
 
 Waiting follows the subscriptions' rules: a caller spins for ``Context.wait_spin``, then
 sleeps until the responder's reply wakes it. Many threads may share one requester: whichever
@@ -22,7 +22,7 @@ finds no responder connected and fails every call in flight with ResponderLostEr
 the others. The waits still look at least every ``_BACKSTOP_S`` (a wake-up that never comes:
 a log rebound to a restarted driver).
 
-Across hosts (a service on ``aeron:udp``, shmbus/remote_calls.py) the same requester sends
+Across hosts (a service on ``aeron:udp``, shmbus/calls/remote_calls.py) the same requester sends
 each request with the reply-to extension naming its response channel, a UDP endpoint of its
 own host, and reads its replies from the network image there. Its request publication is
 connected while the service's host has a responder subscribed (the netbridge there sends
@@ -46,15 +46,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from shmbus.codes import ADMIN_ACTION, BACK_PRESSURED, CLOSED, NOT_CONNECTED
-from shmbus.errors import (
+from shmbus.calls.pending_calls import PendingCall, PendingCalls
+from shmbus.settings.codes import ADMIN_ACTION, BACK_PRESSURED, CLOSED, NOT_CONNECTED
+from shmbus.settings.errors import (
     ClientClosedError,
     PublicationError,
     RequestTimeoutError,
     ResponderLostError,
     ShmbusError,
 )
-from shmbus.pending_calls import PendingCall, PendingCalls
 from shmbus.shm import call_header
 from shmbus.shm._native import await_reply as _await_reply
 from shmbus.shm._native import offer_call as _offer_call
@@ -69,10 +69,10 @@ from shmbus.shm.counters import (
 from shmbus.shm.log_buffer import IS_CONNECTED_OFFSET
 
 if TYPE_CHECKING:
-    from shmbus.call_counters import CallCounters
-    from shmbus.publication import Publication
+    from shmbus.calls.call_counters import CallCounters
     from shmbus.shm._native import Buffer  # a type of the stub only
-    from shmbus.subscription import Subscription
+    from shmbus.streams.publication import Publication
+    from shmbus.streams.subscription import Subscription
 
 #: The default deadline of a call, seconds.
 DEFAULT_CALL_TIMEOUT = 5.0

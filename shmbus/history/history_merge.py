@@ -2,7 +2,7 @@
 live image, by stream position, with no gap and no duplicate.
 
 Sans-IO: a small state machine told what the recording holds and where the live image joined;
-it answers how far to replay and where the live image must start. ``shmbus.late_join`` does
+it answers how far to replay and where the live image must start. ``shmbus.history.late_join`` does
 the reading.
 
 Positions are stream positions of the session. ``position`` is always the end of the last
@@ -20,7 +20,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shmbus.errors import ShmbusError
+from shmbus.settings.errors import ShmbusError
 
 
 class Phase(enum.Enum):

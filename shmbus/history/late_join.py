@@ -10,13 +10,13 @@ position each log still holds (``join-position=earliest``), which is mostly behi
 replay: the live image is moved up to where the replay got and read from there. A live image
 that joined ahead of the replay (a udp image, which joins at its live end; or a replay that
 fell behind again) waits, holding its publisher back, while the recording is read up to its
-join position. The rule is ``shmbus.history_merge``.
+join position. The rule is ``shmbus.history.history_merge``.
 
 While the replay is behind, :attr:`LateJoinSubscription.behind` says by how many bytes; a
 live stream faster than the replay only delays the live subscription (the recording keeps
 everything), it never loses a message. When a session's history is lost (the recording
 stopped, later ones start further on, and the log no longer holds the range) a read raises
-:class:`~shmbus.history_merge.HistoryGapError` naming the positions.
+:class:`~shmbus.history.history_merge.HistoryGapError` naming the positions.
 
 Runs in the application's process; reads the recording's files and the live logs.
 """
@@ -34,16 +34,15 @@ import numpy as np
 from shmbus.archive.catalog import RecordingDescriptor, live_position, read_catalog
 from shmbus.archive.large_payloads import RECORDED_REFERENCE_LENGTH
 from shmbus.archive.recording_reader import RecordingReader
-from shmbus.channel_uri import JOIN_POSITION, ChannelUri, ChannelUriError
-from shmbus.fragment_assembler import FragmentAssembler
-from shmbus.history_merge import HistoryGapError, Phase, SessionMerge
-from shmbus.image import Image
+from shmbus.history.history_merge import HistoryGapError, Phase, SessionMerge
+from shmbus.settings.channel_uri import JOIN_POSITION, ChannelUri, ChannelUriError
 from shmbus.shm._native import Header
 from shmbus.shm.log_buffer import FRAME_ALIGNMENT, HEADER_LENGTH, align
+from shmbus.streams.fragment_assembler import FragmentAssembler
+from shmbus.streams.image import Image
 
 if TYPE_CHECKING:
-    from shmbus.client import Client
-    from shmbus.subscription import Subscription
+    from shmbus.streams.subscription import Subscription
 
 #: how long an image of a session with no recording yet waits for the recorder to add one
 _RECORDING_WAIT_S = 2.0
@@ -102,7 +101,8 @@ class LateJoinSubscription:
     :meth:`messages` (bytes). Not thread-safe: one reader thread.
     """
 
-    def __init__(self, client: Client, channel: str, stream_id: int, history: Recording, *,
+    def __init__(self, subscribe: Callable[[str, int], Subscription], channel: str,
+                 stream_id: int, history: Recording, *,
                  from_position: int | str | None = None, last: int | None = None,
                  merge_window: int | None = None, catch_up: float | None = None) -> None:
         if from_position is not None and last is not None:
@@ -123,7 +123,8 @@ class LateJoinSubscription:
         if JOIN_POSITION in self._uri.params:
             raise ChannelUriError(f"channel {channel!r}: a late joiner sets {JOIN_POSITION} "
                                   f"itself")
-        self.client = client
+        #: adds the live subscription: the creating client's ``add_subscription``
+        self._subscribe = subscribe
         self.channel = channel
         self.stream_id = stream_id
         self.directory = Path(history.directory)
@@ -391,7 +392,7 @@ class LateJoinSubscription:
         channel = self.channel
         if self._uri.is_ipc:
             channel += ("|" if "?" in channel else "?") + f"{JOIN_POSITION}=earliest"
-        self._live = self.client.add_subscription(channel, self.stream_id)
+        self._live = self._subscribe(channel, self.stream_id)
         self.live_since = time.monotonic()
         self._rescan()
         self._check_images()

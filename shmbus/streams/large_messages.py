@@ -1,44 +1,58 @@
 """Messages longer than the log takes: written into a shared-memory block, referred to from the
 log (the block ring, ``shmbus/shm/block_ring.py``), in stream order with the other messages.
 
-Writers: ``offer``/``publish`` of a message longer than ``max_message_length`` come here from
-the native core (only such messages pay a Python call); ``try_claim`` past the max payload
-returns a :class:`LargeClaim` to fill in place. Readers: the native core hands a reference
-frame to :meth:`ReferenceResolver` methods of the image (``poll`` handlers get a read-only view
-of the block, ``messages()`` a bytes copy); :class:`MessageView` is a view the reader keeps, and
-holding it holds that image's position before the message, so the block is not reused.
+This module is the writer's side, in the client process: ``offer``/``publish`` of a message
+longer than ``max_message_length`` come here from the native core (only such messages pay a
+Python call); ``try_claim`` past the max payload returns a :class:`LargeClaim` to fill in
+place. It works on its publication through :class:`BlockPublisher`, the members it needs.
+The reader's side is the image's (``Image._large_payload`` and :class:`MessageView`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
-from shmbus import codes
-from shmbus.errors import PublicationError
+from shmbus.settings import codes
+from shmbus.settings.errors import PublicationError
 from shmbus.shm.block_ring import (
+    REFERENCE_FLAGS,
     REFERENCE_LENGTH,
     BlockRing,
     BlockRingFullError,
     encode_reference,
     ring_path,
 )
+from shmbus.shm.log_buffer import LogBuffer
 
-if TYPE_CHECKING:
-    from shmbus.image import Image
-    from shmbus.publication import Publication
-    from shmbus.subscription import Subscription
-
-#: the frame flags of a reference frame: a whole message (B, E) that refers to a block. On a
-#: fragment (not both B and E) the large flag means nothing and is ignored, as unknown flags are
-LARGE_FLAG = 0x01
-REFERENCE_FLAGS = 0x80 | 0x40 | LARGE_FLAG
 _FLAGS_OFFSET = 5
+
+
+class BlockPublisher(Protocol):
+    """What the large-message path uses of its publication (a ``Publication``): its log and
+    ring, the native core's claim and commit, and its waits."""
+
+    log: LogBuffer
+    _blocks: BlockRing | None
+    _ring_lock: threading.Lock
+    _default_timeout: float
+    _wake_driver: Callable[[], None]
+
+    @property
+    def is_closed(self) -> bool: ...
+    @property
+    def is_connected(self) -> bool: ...
+    def _block_ring(self, length: int, claim: bool = False) -> BlockRing: ...
+    def _claim(self, length: int, reserved_value: int = 0, /) -> tuple[int, int]: ...
+    def _claim_view(self, frame_offset: int, length: int, /) -> memoryview: ...
+    def _commit(self, frame_offset: int, /) -> None: ...
+    def _sleep_or_raise(self, result: int, deadline: float, timeout: float) -> float: ...
+    def _await_progress(self, timeout: float, /) -> None: ...
 
 #: the longest a writer waiting for room in the ring sleeps between looks: the driver frees
 #: blocks on its duty cycle (the writer rings it first) and wakes it once it did
@@ -84,7 +98,7 @@ def _copy(target: memoryview, at: int, view: memoryview) -> None:
         np.copyto(np.frombuffer(target, np.uint8, n, at), np.frombuffer(view, np.uint8))
 
 
-def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
+def offer_large(pub: BlockPublisher, buffers: tuple[Any, ...], reserved_value: int,
                 publish: bool, timeout: float | None) -> int:
     """offer() (``publish`` False: once, a code when refused) or publish() (retries until
     ``timeout``, raises PublicationError) of a message longer than the log's max message."""
@@ -126,7 +140,7 @@ def offer_large(pub: Publication, buffers: tuple[Any, ...], reserved_value: int,
     return result
 
 
-def _fill_and_offer(pub: Publication, ring: BlockRing, start: int, views: list[memoryview],
+def _fill_and_offer(pub: BlockPublisher, ring: BlockRing, start: int, views: list[memoryview],
                     length: int, reserved_value: int, deadline: float | None,
                     timeout: float | None) -> int:
     try:
@@ -142,7 +156,7 @@ def _fill_and_offer(pub: Publication, ring: BlockRing, start: int, views: list[m
         raise
 
 
-def reserve(pub: Publication, ring: BlockRing, length: int, deadline: float | None,
+def reserve(pub: BlockPublisher, ring: BlockRing, length: int, deadline: float | None,
             populate: bool = False) -> int:
     """A block's ring position, or a negative code: NOT_CONNECTED with no subscriber (nothing
     is copied for nobody), BACK_PRESSURED while the ring is full (until ``deadline``, monotonic
@@ -171,7 +185,7 @@ def reserve(pub: Publication, ring: BlockRing, length: int, deadline: float | No
             ring.wait_for_room(seen, min(_ROOM_WAIT_S, remaining))
 
 
-def offer_reference(pub: Publication, ring: BlockRing, start: int, length: int,
+def offer_reference(pub: BlockPublisher, ring: BlockRing, start: int, length: int,
                     reserved_value: int, deadline: float | None,
                     timeout: float | None) -> int:
     """Append the frame that refers to block ``start`` and commit the block; the new position,
@@ -221,7 +235,7 @@ class LargeClaim:
     committed, 1 before.
     """
 
-    def __init__(self, publication: Publication, length: int, reserved_value: int,
+    def __init__(self, publication: BlockPublisher, length: int, reserved_value: int,
                  deadline: float | None = None) -> None:
         self._publication = publication
         self._length = length
@@ -287,189 +301,3 @@ class LargeClaim:
             self.commit()
         else:
             self.abort()
-
-
-# -- readers ------------------------------------------------------------------------------------
-
-class MessageView:
-    """One message a reader holds: ``buffer`` is a read-only memoryview of it.
-
-    For a large message it is the shared-memory block itself (``zero_copy`` True): holding the
-    view holds the image's position before the message, so the writer cannot reuse the block,
-    and readers after it on that image wait. :meth:`release` (or leaving the ``with``) lets the
-    position move past it; the buffer must not be used after. A small message is a copy
-    (``zero_copy`` False) and holds nothing.
-    """
-
-    __slots__ = {
-        "buffer": "the message, a read-only memoryview",
-        "session_id": "the publishing session",
-        "position": "the stream position just after the message",
-        "reserved_value": "the reserved value of its (last) frame",
-        "zero_copy": "True for a view of shared memory that holds the position",
-        "_image": None,
-    }
-
-    def __init__(self, buffer: memoryview, session_id: int, position: int, reserved_value: int,
-                 image: Image | None) -> None:
-        self.buffer = buffer
-        self.session_id = session_id
-        self.position = position
-        self.reserved_value = reserved_value
-        self.zero_copy = image is not None
-        self._image = image
-
-    def release(self) -> None:
-        """Done with the message: its image's position moves past it. Idempotent."""
-        image, self._image = self._image, None
-        try:
-            self.buffer.release()
-        except BufferError:
-            pass  # an array over it lives on: it may see the block reused from now on
-        if image is not None:
-            image._held = False
-            if not image.is_closed and image.position < self.position:
-                image.position = self.position
-                # the driver frees the block on its next duty cycle; woken now only when a
-                # writer waits for room (a wake can cost a time slice on a busy machine)
-                if image._ring().writer_waiting():
-                    image._wake_driver()
-
-    def __enter__(self) -> MessageView:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def _same(view: MessageView) -> MessageView:
-    return view
-
-
-def take_view(sub: Subscription) -> MessageView | None:
-    """The next whole message of any image not holding a view, or None: large ones as views of
-    their block (held), small ones copied. Images are visited round-robin."""
-    images = sub.images
-    n = len(images)
-    if not n:
-        return None
-    start = sub._round_robin = (sub._round_robin + 1) % n
-    for i in range(n):
-        image = images[(start + i) % n]
-        if not image._held:
-            view = _take_from(image)
-            if view is not None:
-                return view
-    return None
-
-
-def _take_from(image: Image) -> MessageView | None:
-    found = image._view_found
-    assembler = image._view_assembler
-    if assembler is None:
-        from shmbus.fragment_assembler import FragmentAssembler
-
-        def whole(buffer: memoryview, header: Any) -> None:
-            found.append((bytes(buffer), header.session_id, header.position,
-                          header.reserved_value))
-        assembler = image._view_assembler = FragmentAssembler(whole)
-
-    def peek(buffer: memoryview, header: Any) -> int:
-        if header.flags & REFERENCE_FLAGS == REFERENCE_FLAGS:  # (not on a fragment: ignored)
-            found.append((None, header.session_id, header.position, header.reserved_value))
-            return codes.Action.ABORT
-        assembler(buffer, header)
-        return codes.Action.CONTINUE
-
-    while not found and image.controlled_poll(peek, 1):
-        pass
-    if not found:
-        return None
-    data, session_id, position, reserved = found.pop(0)
-    if data is not None:
-        return MessageView(memoryview(data), session_id, position, reserved, None)
-    view = image._large_view(image._last_reference)
-    if view is None:  # freed since the peek: this reader was dropped (see Image._large_payload)
-        return None
-    image._held = True
-    return MessageView(view, session_id, position, reserved, image)
-
-
-def views(sub: Subscription, timeout: float | None,
-          transform: Callable[[MessageView], Any] = _same, hold: bool = True) -> Iterator[Any]:
-    """Messages as :class:`MessageView` (or what ``transform`` makes of each); each is released
-    when the next is asked for (or when the loop ends), or with ``hold`` False (``transform``
-    copies what it keeps) as soon as ``transform`` returns: the writer may then reuse the
-    block while the caller works on the copy. Ends after ``timeout`` seconds with none (None:
-    when closed)."""
-    held: MessageView | None = None
-    deadline = None
-    try:
-        while not sub.is_closed:
-            if held is not None:
-                held.release()
-                held = None
-            view = take_view(sub)
-            if view is not None:
-                deadline = None
-                held = view
-                item = transform(view)
-                if not hold:
-                    held = None
-                    view.release()
-                yield item
-                continue
-            if deadline is None and timeout is not None:
-                deadline = time.monotonic() + timeout
-            remaining = 0.05 if deadline is None else min(deadline - time.monotonic(), 0.05)
-            if remaining <= 0:
-                return
-            if _any_held(sub):  # data waits behind a held view: wait() would not sleep
-                time.sleep(min(remaining, _HELD_WAIT_S))
-            else:
-                sub.wait(remaining)
-    finally:
-        if held is not None:
-            held.release()
-
-
-async def views_async(sub: Subscription, timeout: float | None,
-                      transform: Callable[[MessageView], Any] = _same,
-                      hold: bool = True) -> AsyncIterator[Any]:
-    """:func:`views`, awaiting new messages without blocking the event loop."""
-    held: MessageView | None = None
-    deadline = None
-    try:
-        while not sub.is_closed:
-            if held is not None:
-                held.release()
-                held = None
-            view = take_view(sub)
-            if view is not None:
-                deadline = None
-                held = view
-                item = transform(view)
-                if not hold:
-                    held = None
-                    view.release()
-                yield item
-                continue
-            if deadline is None and timeout is not None:
-                deadline = time.monotonic() + timeout
-            if _any_held(sub):
-                if deadline is not None and time.monotonic() >= deadline:
-                    return
-                await asyncio.sleep(_HELD_WAIT_S)
-            elif not await sub._readable(deadline):
-                return
-    finally:
-        if held is not None:
-            held.release()
-
-
-#: how long a reader sleeps between looks while every message waits behind a held view
-_HELD_WAIT_S = 0.001
-
-
-def _any_held(sub: Subscription) -> bool:
-    return any(image._held for image in sub.images)

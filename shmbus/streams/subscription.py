@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from shmbus.array_messages import check_out, copy_array_into, decode_array
-from shmbus.async_waits import ReadinessWatcher
-from shmbus.image import FragmentBatch, Image
-from shmbus.large_messages import MessageView, take_view, views, views_async
-from shmbus.object_messages import decode_object
+from shmbus.codecs.array_messages import check_out, copy_array_into, decode_array
+from shmbus.codecs.object_messages import decode_object
+from shmbus.codecs.source_trust import refusal, unkeyed_network
+from shmbus.codecs.table_messages import decode_table
 from shmbus.shm._native import AtomicBuffer, SubscriptionCore
-from shmbus.source_trust import refusal, unkeyed_network
-from shmbus.table_messages import decode_table
+from shmbus.streams.async_waits import ReadinessWatcher
+from shmbus.streams.image import FragmentBatch, Image, MessageView
 
 ImageHandler = Callable[[Image], Any]
+
+#: how long a reader sleeps between looks while every message waits behind a held view
+_HELD_WAIT_S = 0.001
+
+
+def _same(view: MessageView) -> MessageView:
+    return view
 
 
 class Subscription(SubscriptionCore):
@@ -130,13 +137,25 @@ class Subscription(SubscriptionCore):
         its image's position stays before it, so the writer cannot reuse the block, and that
         image's later messages wait (other images go on). A small one is a copy. Do not mix
         with ``poll``/``messages()`` while a view is held: they would read it again.
+        Images are visited round-robin.
         """
-        return take_view(self)
+        images = self.images
+        n = len(images)
+        if not n:
+            return None
+        start = self._round_robin = (self._round_robin + 1) % n
+        for i in range(n):
+            image = images[(start + i) % n]
+            if not image._held:
+                view: MessageView | None = image._take_view()
+                if view is not None:
+                    return view
+        return None
 
     def views(self, timeout: float | None = 1.0) -> Iterator[MessageView]:
         """Whole messages as :class:`MessageView`, each released when the next is asked for
         (or the loop ends). Ends after ``timeout`` seconds without one (None: when closed)."""
-        return views(self, timeout)
+        return self._views(timeout)
 
     def arrays(self, timeout: float | None = 1.0, copy: bool = False,
                out: np.ndarray | None = None) -> Iterator[np.ndarray]:
@@ -159,7 +178,7 @@ class Subscription(SubscriptionCore):
         message that is not an array message.
         """
         transform, hold = _array_reading(copy, out)
-        return views(self, timeout, transform, hold)
+        return self._views(timeout, transform, hold)
 
     def objects(self, timeout: float | None = 1.0, copy: bool = False, *,
                 trust_unkeyed_network: bool = False) -> Iterator[Any]:
@@ -171,30 +190,30 @@ class Subscription(SubscriptionCore):
 
         On an ``aeron:udp`` channel without ``key=``, any host that can send
         a datagram to the endpoint is a writer, so each message there is refused before any of
-        it is decoded: :class:`~shmbus.errors.UntrustedSourceError`, naming the channel and the
+        it is decoded: :class:`~shmbus.UntrustedSourceError`, naming the channel and the
         image's source (the refused message is consumed; the next call reads on). Name a key on
         the channel (``|key=<name>``: its datagrams are sealed), or pass
         ``trust_unkeyed_network=True`` when every host that can reach the endpoint is trusted.
-        IPC and keyed channels need nothing (see shmbus/source_trust.py)."""
-        return views(self, timeout, self._object_reading(copy, trust_unkeyed_network),
+        IPC and keyed channels need nothing (see shmbus/codecs/source_trust.py)."""
+        return self._views(timeout, self._object_reading(copy, trust_unkeyed_network),
                      hold=not copy)
 
     def arrays_async(self, timeout: float | None = None, copy: bool = False,
                      out: np.ndarray | None = None) -> AsyncIterator[np.ndarray]:
         """:meth:`arrays`, awaited (``timeout`` None: until the subscription is closed)."""
         transform, hold = _array_reading(copy, out)
-        return views_async(self, timeout, transform, hold)
+        return self._views_async(timeout, transform, hold)
 
     def objects_async(self, timeout: float | None = None, copy: bool = False, *,
                       trust_unkeyed_network: bool = False) -> AsyncIterator[Any]:
         """:meth:`objects`, awaited (``timeout`` None: until the subscription is closed); the
         same refusal of unkeyed network channels and the same ``trust_unkeyed_network``."""
-        return views_async(self, timeout, self._object_reading(copy, trust_unkeyed_network),
+        return self._views_async(timeout, self._object_reading(copy, trust_unkeyed_network),
                            hold=not copy)
 
     def _object_reading(self, copy: bool, trust_unkeyed_network: bool
                         ) -> Callable[[MessageView], Any]:
-        """The transform of :func:`views` for ``objects()``: a message's object, or, on an
+        """The transform of :meth:`_views` for ``objects()``: a message's object, or, on an
         unkeyed network channel not trusted, UntrustedSourceError before anything is read."""
         if trust_unkeyed_network or not unkeyed_network(self.channel):
             return lambda view: decode_object(view.buffer, copy or not view.zero_copy)
@@ -218,18 +237,91 @@ class Subscription(SubscriptionCore):
         is validated in full before it is handed out (any host may have written it: offsets
         and strings are checked, linear in its bytes); on IPC, where the writers are this
         user's processes, only its structure is."""
-        return views(self, timeout, self._table_reading(copy), hold=not copy)
+        return self._views(timeout, self._table_reading(copy), hold=not copy)
 
     def tables_async(self, timeout: float | None = None,
                      copy: bool = False) -> AsyncIterator[Any]:
         """:meth:`tables`, awaited (``timeout`` None: until the subscription is closed)."""
-        return views_async(self, timeout, self._table_reading(copy), hold=not copy)
+        return self._views_async(timeout, self._table_reading(copy), hold=not copy)
 
     def _table_reading(self, copy: bool) -> Callable[[MessageView], Any]:
-        """The transform of :func:`views` for ``tables()``."""
+        """The transform of :meth:`_views` for ``tables()``."""
         validate = not self.channel.startswith("aeron:ipc")
         # (a small message is a private copy already: only a view of a block is copied)
         return lambda view: decode_table(view.buffer, copy and view.zero_copy, validate)
+
+    def _views(self, timeout: float | None, transform: Callable[[MessageView], Any] = _same,
+               hold: bool = True) -> Iterator[Any]:
+        """Messages as :class:`MessageView` (or what ``transform`` makes of each); each is
+        released when the next is asked for (or when the loop ends), or with ``hold`` False
+        (``transform`` copies what it keeps) as soon as ``transform`` returns: the writer may
+        then reuse the block while the caller works on the copy. Ends after ``timeout`` seconds
+        with none (None: when closed)."""
+        held: MessageView | None = None
+        deadline = None
+        try:
+            while not self.is_closed:
+                if held is not None:
+                    held.release()
+                    held = None
+                view = self.take_view()
+                if view is not None:
+                    deadline = None
+                    held = view
+                    item = transform(view)
+                    if not hold:
+                        held = None
+                        view.release()
+                    yield item
+                    continue
+                if deadline is None and timeout is not None:
+                    deadline = time.monotonic() + timeout
+                remaining = 0.05 if deadline is None else min(deadline - time.monotonic(), 0.05)
+                if remaining <= 0:
+                    return
+                if self._holds_a_view():  # data waits behind it: wait() would not sleep
+                    time.sleep(min(remaining, _HELD_WAIT_S))
+                else:
+                    self.wait(remaining)
+        finally:
+            if held is not None:
+                held.release()
+
+    async def _views_async(self, timeout: float | None,
+                           transform: Callable[[MessageView], Any] = _same,
+                           hold: bool = True) -> AsyncIterator[Any]:
+        """:meth:`_views`, awaiting new messages without blocking the event loop."""
+        held: MessageView | None = None
+        deadline = None
+        try:
+            while not self.is_closed:
+                if held is not None:
+                    held.release()
+                    held = None
+                view = self.take_view()
+                if view is not None:
+                    deadline = None
+                    held = view
+                    item = transform(view)
+                    if not hold:
+                        held = None
+                        view.release()
+                    yield item
+                    continue
+                if deadline is None and timeout is not None:
+                    deadline = time.monotonic() + timeout
+                if self._holds_a_view():
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return
+                    await asyncio.sleep(_HELD_WAIT_S)
+                elif not await self._readable(deadline):
+                    return
+        finally:
+            if held is not None:
+                held.release()
+
+    def _holds_a_view(self) -> bool:
+        return any(image._held for image in self.images)
 
     # -- asyncio ----------------------------------------------------------------------------
 
@@ -320,8 +412,9 @@ class Subscription(SubscriptionCore):
 
 def _array_reading(copy: bool, out: np.ndarray | None
                    ) -> tuple[Callable[[MessageView], np.ndarray], bool]:
-    """(transform, hold) of :func:`views` for ``arrays(copy=..., out=...)``: a view held until
-    the next, or a copy (new, or into ``out``) after which the view is released at once."""
+    """(transform, hold) of :meth:`Subscription._views` for ``arrays(copy=..., out=...)``: a
+    view held until the next, or a copy (new, or into ``out``) after which the view is released
+    at once."""
     if out is not None:
         if copy:
             raise ValueError("arrays(copy=True, out=...): out is the copy, pass one of them")

@@ -5,31 +5,35 @@
 :class:`ConcurrentPublication` may be shared by threads and by several processes that map the
 same log: space is claimed with an atomic fetch-add on the term tail, so messages from
 different writers never interleave. Both return Aeron's codes from ``offer`` (see
-:mod:`shmbus.codes`); the append itself runs in the native core.
+:mod:`shmbus.settings.codes`); the append itself runs in the native core.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from shmbus import codes
-from shmbus.array_messages import array_header, array_parts
-from shmbus.async_waits import sleep_on
-from shmbus.errors import PublicationError
-from shmbus.large_messages import LargeClaim, offer_large, open_ring
-from shmbus.object_messages import object_parts
+from shmbus.codecs.array_messages import array_header, array_parts
+from shmbus.codecs.object_messages import object_parts
+from shmbus.codecs.table_messages import serialize, stream_length, write_stream
+from shmbus.settings import codes
+from shmbus.settings.errors import PublicationError
 from shmbus.shm._native import AtomicBuffer, PublicationCore
 from shmbus.shm.block_ring import WARM_SHARE, BlockRing, ring_path
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
-from shmbus.table_messages import publish_table, publish_table_async
+from shmbus.streams.async_waits import sleep_on
+from shmbus.streams.large_messages import LargeClaim, offer_large, open_ring
 
 #: seconds publish(), publish_async() and publish_many() keep trying by default
 DEFAULT_PUBLISH_TIMEOUT = 1.0
+
+#: how long a table writer waiting for a block sleeps between tries
+_CLAIM_WAIT_S = 0.0005
 
 if TYPE_CHECKING:
     import numpy as np
@@ -217,7 +221,7 @@ class Publication(PublicationCore):
     def _offer_large(self, buffers: tuple[Buffer, ...], reserved_value: int, publish: bool,
                      timeout: float | None) -> int:
         """offer() or publish() of a message longer than ``max_message_length`` (the native
-        core calls it): see shmbus/large_messages.py."""
+        core calls it): see shmbus/streams/large_messages.py."""
         return offer_large(self, buffers, reserved_value, publish, timeout)
 
     def _block_ring(self, length: int, claim: bool = False) -> BlockRing:
@@ -286,7 +290,7 @@ class Publication(PublicationCore):
         slice_s = 0.001 if result == codes.NOT_CONNECTED else 0.1
         return min(remaining, slice_s)
 
-    # -- typed messages (shmbus/array_messages.py, shmbus/object_messages.py) -----------------
+    # -- typed messages (shmbus/codecs/array_messages.py, object_messages.py) -----------------
 
     def publish_array(self, array: np.ndarray[Any, Any], timeout: float = DEFAULT_PUBLISH_TIMEOUT,
                       reserved_value: int = 0) -> int:
@@ -342,13 +346,41 @@ class Publication(PublicationCore):
         written in place into a shared-memory block (one copy, into shared memory). Returns
         the new position; raises as :meth:`publish` does, TypeError for another type,
         ImportError naming pyarrow when it is not installed."""
-        return publish_table(self, table, timeout, reserved_value)
+        length = stream_length(table)
+        if length <= self.max_message_length:
+            return self.publish(serialize(table), timeout=timeout, reserved_value=reserved_value)
+        self._block_ring(length)  # (a channel without one: the ValueError naming its limit)
+        claim = LargeClaim(self, length, reserved_value, time.monotonic() + timeout)
+        if not claim:
+            raise PublicationError(claim.result, f"no block for a table of {length} bytes "
+                                   f"within {timeout} s: {codes.result_name(claim.result)}")
+        with claim:
+            assert claim.buffer is not None  # (a claim that succeeded has one)
+            write_stream(claim.buffer, table, length)
+        return claim.result
 
     async def publish_table_async(self, table: pa.Table | pa.RecordBatch,
                                   timeout: float = DEFAULT_PUBLISH_TIMEOUT,
                                   reserved_value: int = 0) -> int:
         """:meth:`publish_table`, awaiting back-pressure without blocking the event loop."""
-        return await publish_table_async(self, table, timeout, reserved_value)
+        length = stream_length(table)
+        if length <= self.max_message_length:
+            return await self.publish_async(serialize(table), timeout=timeout,
+                                            reserved_value=reserved_value)
+        self._block_ring(length)
+        deadline = time.monotonic() + timeout
+        while True:
+            claim = LargeClaim(self, length, reserved_value)
+            if claim:
+                break
+            if claim.result == codes.CLOSED or time.monotonic() >= deadline:
+                raise PublicationError(claim.result, f"no block for a table of {length} bytes "
+                                       f"within {timeout} s: {codes.result_name(claim.result)}")
+            await asyncio.sleep(_CLAIM_WAIT_S)
+        with claim:
+            assert claim.buffer is not None  # (a claim that succeeded has one)
+            write_stream(claim.buffer, table, length)
+        return claim.result
 
     def publish_many(self, messages: Sequence[Buffer] | np.ndarray[Any, Any],
                      timeout: float = DEFAULT_PUBLISH_TIMEOUT) -> int:

@@ -22,13 +22,13 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from shmbus.channel_uri import CONSUMER_GROUP, check_group_name
-from shmbus.image import FragmentBatch, FragmentHandler, Image
+from shmbus.settings.channel_uri import CONSUMER_GROUP, check_group_name
 from shmbus.shm._native import GroupMemberCore, Header
 from shmbus.shm.counters import GROUP_CLAIM_KEY, CountersReader
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
-from shmbus.subscription import Subscription
+from shmbus.streams.image import FragmentBatch, FragmentHandler, Image
+from shmbus.streams.subscription import Subscription
 
 
 def group_channel(channel: str, group: str | None) -> tuple[str, str | None]:

@@ -13,10 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from shmbus.settings import codes
 from shmbus.shm._native import Header, ImageCore
-from shmbus.shm.block_ring import BlockRing, ring_path
+from shmbus.shm.block_ring import REFERENCE_FLAGS, BlockRing, ring_path
 from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG, LogBuffer
 from shmbus.shm.position import Position
+from shmbus.streams.fragment_assembler import FragmentAssembler
 
 FragmentHandler = Callable[[memoryview, Header], Any]
 
@@ -93,6 +95,57 @@ def _nothing() -> None:
     pass
 
 
+class MessageView:
+    """One message a reader holds: ``buffer`` is a read-only memoryview of it.
+
+    For a large message it is the shared-memory block itself (``zero_copy`` True): holding the
+    view holds the image's position before the message, so the writer cannot reuse the block,
+    and readers after it on that image wait. :meth:`release` (or leaving the ``with``) lets the
+    position move past it; the buffer must not be used after. A small message is a copy
+    (``zero_copy`` False) and holds nothing.
+    """
+
+    __slots__ = {
+        "buffer": "the message, a read-only memoryview",
+        "session_id": "the publishing session",
+        "position": "the stream position just after the message",
+        "reserved_value": "the reserved value of its (last) frame",
+        "zero_copy": "True for a view of shared memory that holds the position",
+        "_image": None,
+    }
+
+    def __init__(self, buffer: memoryview, session_id: int, position: int, reserved_value: int,
+                 image: Image | None) -> None:
+        self.buffer = buffer
+        self.session_id = session_id
+        self.position = position
+        self.reserved_value = reserved_value
+        self.zero_copy = image is not None
+        self._image = image
+
+    def release(self) -> None:
+        """Done with the message: its image's position moves past it. Idempotent."""
+        image, self._image = self._image, None
+        try:
+            self.buffer.release()
+        except BufferError:
+            pass  # an array over it lives on: it may see the block reused from now on
+        if image is not None:
+            image._held = False
+            if not image.is_closed and image.position < self.position:
+                image.position = self.position
+                # the driver frees the block on its next duty cycle; woken now only when a
+                # writer waits for room (a wake can cost a time slice on a busy machine)
+                if image._ring().writer_waiting():
+                    image._wake_driver()
+
+    def __enter__(self) -> MessageView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class Image(ImageCore):
     """One publishing session as seen by one subscription.
 
@@ -117,7 +170,7 @@ class Image(ImageCore):
         self.join_position = self.position
         self._batch_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._terms: list[np.ndarray] | None = None
-        # large messages (shmbus/large_messages.py): the block ring, opened on first use; the
+        # large messages (shmbus/shm/block_ring.py): the block ring, opened on first use; the
         # reference last resolved; whether a MessageView holds this image's position
         self._blocks: BlockRing | None = None
         # mapped now (see Publication._bind); a ring file that is not one (cut short) is named
@@ -146,6 +199,37 @@ class Image(ImageCore):
 
     def _large_view(self, reference: bytes) -> memoryview | None:
         return self._ring().view(reference)
+
+    def _take_view(self) -> MessageView | None:
+        """The next whole message as a :class:`MessageView` (see Subscription.take_view), or
+        None."""
+        found = self._view_found
+        assembler = self._view_assembler
+        if assembler is None:
+            def whole(buffer: memoryview, header: Any) -> None:
+                found.append((bytes(buffer), header.session_id, header.position,
+                              header.reserved_value))
+            assembler = self._view_assembler = FragmentAssembler(whole)
+
+        def peek(buffer: memoryview, header: Any) -> int:
+            if header.flags & REFERENCE_FLAGS == REFERENCE_FLAGS:  # (not on a fragment: ignored)
+                found.append((None, header.session_id, header.position, header.reserved_value))
+                return codes.Action.ABORT
+            assembler(buffer, header)
+            return codes.Action.CONTINUE
+
+        while not found and self.controlled_poll(peek, 1):
+            pass
+        if not found:
+            return None
+        data, session_id, position, reserved = found.pop(0)
+        if data is not None:
+            return MessageView(memoryview(data), session_id, position, reserved, None)
+        view = self._large_view(self._last_reference)
+        if view is None:  # freed since the peek: this reader was dropped (_large_payload)
+            return None
+        self._held = True
+        return MessageView(view, session_id, position, reserved, self)
 
     def _large_bytes(self, reference: bytes) -> bytes | None:
         """What ``messages()`` yields for a large message: a copy of its block (None: gone,

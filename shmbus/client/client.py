@@ -30,11 +30,17 @@ from typing import Any, TypeVar, overload
 
 import psutil
 
-from shmbus.call_counters import CallCounters
-from shmbus.call_counters import label as call_label
-from shmbus.channel_uri import with_join_position
-from shmbus.context import Context
-from shmbus.errors import (
+from shmbus.calls.call_counters import CallCounters
+from shmbus.calls.call_counters import label as call_label
+from shmbus.calls.remote_calls import keyed_reply_channel, requester_route, service_channel
+from shmbus.calls.requester import Requester
+from shmbus.calls.responder import RequestHandler, Responder
+from shmbus.calls.responder import group_name as responder_group
+from shmbus.client.reconnection import DriverLoss, Reconnected
+from shmbus.history.late_join import LateJoinSubscription, Recording
+from shmbus.settings.channel_uri import with_join_position
+from shmbus.settings.context import Context
+from shmbus.settings.errors import (
     ClientClosedError,
     ClientTimeoutError,
     DriverTimeoutError,
@@ -42,14 +48,6 @@ from shmbus.errors import (
     RegistrationError,
     ShmbusError,
 )
-from shmbus.image import Image
-from shmbus.late_join import LateJoinSubscription, Recording
-from shmbus.publication import ConcurrentPublication, ExclusivePublication, Publication
-from shmbus.reconnection import DriverLoss, Reconnected
-from shmbus.remote_calls import keyed_reply_channel, requester_route, service_channel
-from shmbus.requester import Requester
-from shmbus.responder import RequestHandler, Responder
-from shmbus.responder import group_name as responder_group
 from shmbus.shm import control_protocol as cp
 from shmbus.shm._native import Heartbeat, epoch_ms
 from shmbus.shm.broadcast import BroadcastReceiver
@@ -76,8 +74,10 @@ from shmbus.shm.doorbell import Doorbell
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer
-from shmbus.subscription import ImageHandler, Subscription
-from shmbus.subscription_group import GroupImage, GroupSubscription, group_channel
+from shmbus.streams.image import Image
+from shmbus.streams.publication import ConcurrentPublication, ExclusivePublication, Publication
+from shmbus.streams.subscription import ImageHandler, Subscription
+from shmbus.streams.subscription_group import GroupImage, GroupSubscription, group_channel
 
 PublicationT = TypeVar("PublicationT", bound=Publication)
 
@@ -118,7 +118,7 @@ class Client:
     it is open, and re-adds every publication and subscription there: the same objects, with
     new registration ids, a new session per publication, images from the new driver as
     usual. ``on_reconnect`` (called on the conductor thread) then receives a
-    :class:`~shmbus.reconnection.Reconnected` saying what was lost; ``reconnects`` counts
+    :class:`~shmbus.client.reconnection.Reconnected` saying what was lost; ``reconnects`` counts
     them. What is lost: messages offered after the driver died and before the client
     noticed (up to driver_timeout) unless a subscriber read them from the old log; after
     that offers are refused until the new publication is connected; a subscriber loses
@@ -257,10 +257,10 @@ class Client:
         The image callbacks run on the client's conductor thread (keep them short; they may
         call the client). With ``group="name"`` (aeron:ipc or aeron:udp) this subscription joins
         that consumer group: each message goes to one member only, at least once (see
-        :class:`~shmbus.subscription_group.GroupSubscription`). ValueError for a bad group name.
+        :class:`~shmbus.GroupSubscription`). ValueError for a bad group name.
 
         Late joiners: with ``history=shmbus.Recording(dir)`` it is a
-        :class:`~shmbus.late_join.LateJoinSubscription`: the recorded messages from
+        :class:`~shmbus.history.late_join.LateJoinSubscription`: the recorded messages from
         ``from_position`` (``"start"``; or the ``last`` n), then live, per session, no gap, no
         duplicate; ``catch_up`` (seconds) bounds how long the replay may chase a faster live
         stream before the live subscription joins anyway (holding its publishers until the
@@ -273,7 +273,7 @@ class Client:
             if group is not None or on_available_image or on_unavailable_image:
                 raise ValueError("a subscription with history takes no group or image "
                                  "callbacks")
-            return LateJoinSubscription(self, channel, stream_id, history,
+            return LateJoinSubscription(self.add_subscription, channel, stream_id, history,
                                         from_position=from_position, last=last,
                                         catch_up=catch_up)
         if last is not None or catch_up is not None:
@@ -306,10 +306,10 @@ class Client:
     # -- request/reply ----------------------------------------------------------------------
 
     def add_requester(self, channel: str, stream_id: int) -> Requester:
-        """A :class:`~shmbus.requester.Requester` calling the service on ``channel`` and
+        """A :class:`~shmbus.calls.requester.Requester` calling the service on ``channel`` and
         ``stream_id`` (``aeron:ipc``, or unicast ``aeron:udp?endpoint=host:port`` for a service
         on another host, optionally with ``response-endpoint=host:port`` where its replies come
-        back, see shmbus/remote_calls.py): ``request(data, timeout=)`` -> bytes, ``submit``
+        back, see shmbus/calls/remote_calls.py): ``request(data, timeout=)`` -> bytes, ``submit``
         for many in flight, ``request_async``. Its replies come on a response stream of its
         own (over UDP with the service channel's ``key=``, if it names one). ValueError for a
         channel request/reply does not run on; else raises as add_publication and
@@ -338,13 +338,13 @@ class Client:
 
     def add_responder(self, channel: str, stream_id: int,
                       handler: RequestHandler) -> Responder:
-        """A :class:`~shmbus.responder.Responder` answering the service on ``channel`` and
+        """A :class:`~shmbus.calls.responder.Responder` answering the service on ``channel`` and
         ``stream_id`` (``aeron:ipc``, or unicast ``aeron:udp?endpoint=host:port`` to serve
         requesters on other hosts) with ``handler(request: bytes) -> bytes``; the responders
         of a service on this bus share its requests, each to one of them. On ``aeron:udp``
         without ``key=`` only requests whose reply-to is the host they came from are answered
         (others are counted, ``rr-reflections-refused``); with a key, any, and the replies
-        carry it (shmbus/remote_calls.py). TypeError for a handler that is not callable,
+        carry it (shmbus/calls/remote_calls.py). TypeError for a handler that is not callable,
         ValueError for a channel request/reply does not run on."""
         channel, _ = service_channel(channel, requester=False)
         if not callable(handler):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shmbus.codes import result_name
+from shmbus.settings.codes import result_name
 
 
 class ShmbusError(Exception):
@@ -10,7 +10,8 @@ class ShmbusError(Exception):
 
 
 class PublicationError(ShmbusError):
-    """An offer or claim could not be made; ``code`` is the negative result (see shmbus.codes)."""
+    """An offer or claim could not be made; ``code`` is the negative result (see
+    shmbus.settings.codes)."""
 
     def __init__(self, code: int, message: str | None = None) -> None:
         self.code = code
@@ -68,7 +69,7 @@ class RemoteError(RequestError):
 class UntrustedSourceError(ShmbusError):
     """A message was refused before any of its bytes were decoded, because decoding it would
     run code its sender chose and the sender may be any host: ``objects()`` on an aeron:udp
-    channel without ``key=`` (see shmbus/source_trust.py). ``channel`` is the subscription's,
+    channel without ``key=`` (see shmbus/codecs/source_trust.py). ``channel`` is the subscription's,
     ``source`` the image's source identity ("host:port", "ipc"); the message names the key and
     the keyword argument that let it through."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shmbus.errors import (
+from shmbus.settings.errors import (
     NoResponderError,
     RemoteError,
     RequestTimeoutError,

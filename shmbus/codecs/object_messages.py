@@ -8,7 +8,7 @@ as those buffers, written once into the message and, on the large-message path, 
 Unpickling runs code the writer chose (any importable callable): only read objects from
 writers you trust. A bus directory is private to its user (mode 0700), so on one bus these are
 your own processes; across hosts, ``Subscription.objects()`` reads them only from a keyed channel
-unless told to trust an unkeyed one (shmbus/source_trust.py).
+unless told to trust an unkeyed one (shmbus/codecs/source_trust.py).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shmbus.channel_uri import KEY_NAME
+from shmbus.settings.channel_uri import KEY_NAME
 
 #: bytes in a secret (an AES-256 key)
 SECRET_LENGTH = 32

@@ -2,7 +2,7 @@
 
 A responder is a member of the service's subscription group (``rr-<stream id>`` on the
 request stream), so the responders of a service share its requests, each to exactly one of
-them (the group's claim, shmbus/subscription_group.py). For each request it calls
+them (the group's claim, shmbus/streams/subscription_group.py). For each request it calls
 ``handler(request: bytes) -> bytes`` and publishes the answer, with the call's correlation
 id, on the response stream the request names: only the requester that asked reads it.
 
@@ -15,7 +15,7 @@ responder's handler, so unless the requester marked it idempotent, it is answere
 whose requester is gone (its response stream has no subscriber) is dropped and counted
 (``rr-replies-dropped``).
 
-Across hosts (a service on ``aeron:udp``, shmbus/remote_calls.py) the group is on the network
+Across hosts (a service on ``aeron:udp``, shmbus/calls/remote_calls.py) the group is on the network
 image of the requests, and each request carries its reply-to channel (the requester's UDP
 response endpoint): the reply goes out on a UDP publication to that channel and the request's
 response stream, made at the first reply to that requester (waiting up to ``REPLY_TIMEOUT``
@@ -26,7 +26,7 @@ valid reply-to on a UDP service, or with one on an IPC service, is malformed: co
 key, a request whose reply-to names another host than the one it came from (its image's
 source) is dropped before its handler runs and counted (``rr-reflections-refused``), and no
 publication is made toward that host; on a keyed one, replies carry the service's key (the
-rule and why: shmbus/remote_calls.py).
+rule and why: shmbus/calls/remote_calls.py).
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shmbus.codes import NOT_CONNECTED
-from shmbus.errors import PublicationError, RegistrationError
-from shmbus.fragment_assembler import FragmentAssembler
-from shmbus.remote_calls import check_reply_to, keyed_reply_channel, may_answer
+from shmbus.calls.remote_calls import check_reply_to, keyed_reply_channel, may_answer
+from shmbus.settings.codes import NOT_CONNECTED
+from shmbus.settings.errors import PublicationError, RegistrationError
 from shmbus.shm import call_header
 from shmbus.shm._native import answer_requests as _answer_requests
 from shmbus.shm._native import offer_call as _offer_call
@@ -50,12 +49,13 @@ from shmbus.shm.counters import (
     RR_REPLIES_DROPPED,
     RR_SERVED,
 )
-from shmbus.subscription_group import GroupSubscription
+from shmbus.streams.fragment_assembler import FragmentAssembler
+from shmbus.streams.subscription_group import GroupSubscription
 
 if TYPE_CHECKING:
-    from shmbus.call_counters import CallCounters
-    from shmbus.publication import Publication
+    from shmbus.calls.call_counters import CallCounters
     from shmbus.shm._native import GroupMemberCore, Header
+    from shmbus.streams.publication import Publication
 
 #: handler(request) -> reply
 RequestHandler = Callable[[bytes], Any]
@@ -257,7 +257,7 @@ class Responder:
 
     def _on_remote_request(self, buffer: memoryview, header: Header) -> None:
         """A request to a service on aeron:udp: answer it on the reply-to channel it names,
-        if it may be answered there (see shmbus/remote_calls.py)."""
+        if it may be answered there (see shmbus/calls/remote_calls.py)."""
         try:
             kind, flags, stream_id, correlation_id = call_header.unpack(buffer)
             if kind != _REQUEST or not flags & _REPLY_TO:

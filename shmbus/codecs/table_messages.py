@@ -21,23 +21,12 @@ own code; never re-enable pyarrow's auto-loading of pickled extension types
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import re
-import time
 from typing import TYPE_CHECKING, Any
-
-from shmbus import codes
-from shmbus.errors import PublicationError
-from shmbus.large_messages import LargeClaim
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from shmbus.publication import Publication
-
-#: how long a writer waiting for a block sleeps between tries
-_CLAIM_WAIT_S = 0.0005
 
 
 #: The oldest pyarrow these calls take: the first that does not unpickle extension types'
@@ -103,56 +92,17 @@ def serialize(data: pa.Table | pa.RecordBatch) -> pa.Buffer:
     return sink.getvalue()
 
 
-def _fill(claim: LargeClaim, data: pa.Table | pa.RecordBatch, length: int) -> None:
-    """Write the stream into the claimed block; ValueError (the claim aborted by the caller's
-    ``with``) if it came out another length than measured."""
+def write_stream(buffer: memoryview, data: pa.Table | pa.RecordBatch, length: int) -> None:
+    """Write ``data``'s IPC stream into ``buffer`` (a claimed block); ValueError if it came out
+    another length than :func:`stream_length` measured."""
     pa = require_pyarrow()
-    sink = pa.FixedSizeBufferWriter(pa.py_buffer(claim.buffer))
+    sink = pa.FixedSizeBufferWriter(pa.py_buffer(buffer))
     _write(pa, data, sink)
     written = sink.tell()
     sink.close()
-    del sink  # (its export of claim.buffer ends here: commit releases the buffer)
+    del sink  # (its export of the buffer ends here: the claim's commit releases it)
     if written != length:
         raise ValueError(f"the table's IPC stream took {written} bytes, measured {length}")
-
-
-def publish_table(pub: Publication, data: pa.Table | pa.RecordBatch, timeout: float,
-                  reserved_value: int) -> int:
-    """Publish ``data`` as one message; the new position. Past the log's max message the stream
-    is written in place into a block. Raises as ``publish`` does."""
-    length = stream_length(data)
-    if length <= pub.max_message_length:
-        return pub.publish(serialize(data), timeout=timeout, reserved_value=reserved_value)
-    pub._block_ring(length)  # (a channel without one: the ValueError naming its limit)
-    claim = LargeClaim(pub, length, reserved_value, time.monotonic() + timeout)
-    if not claim:
-        raise PublicationError(claim.result, f"no block for a table of {length} bytes within "
-                               f"{timeout} s: {codes.result_name(claim.result)}")
-    with claim:
-        _fill(claim, data, length)
-    return claim.result
-
-
-async def publish_table_async(pub: Publication, data: pa.Table | pa.RecordBatch,
-                              timeout: float, reserved_value: int) -> int:
-    """:func:`publish_table`, awaiting back-pressure without blocking the event loop."""
-    length = stream_length(data)
-    if length <= pub.max_message_length:
-        return await pub.publish_async(serialize(data), timeout=timeout,
-                                       reserved_value=reserved_value)
-    pub._block_ring(length)
-    deadline = time.monotonic() + timeout
-    while True:
-        claim = LargeClaim(pub, length, reserved_value)
-        if claim:
-            break
-        if claim.result == codes.CLOSED or time.monotonic() >= deadline:
-            raise PublicationError(claim.result, f"no block for a table of {length} bytes "
-                                   f"within {timeout} s: {codes.result_name(claim.result)}")
-        await asyncio.sleep(_CLAIM_WAIT_S)
-    with claim:
-        _fill(claim, data, length)
-    return claim.result
 
 
 def _check_names(field: pa.Field) -> None:

@@ -41,8 +41,8 @@ before them) wherever a stranger asks, a reflector aimed at third hosts. So:
   reflection to a third host, not a stranger: a forged source address still makes an unkeyed
   responder answer the forged host (and run the handler), so a service open to an untrusted
   network names a key.
-* a service channel **with a key** (``|key=K``, shmbus/keyring.py): only holders of K can send
-  a request, so any reply-to is answered; the replies go on the reply-to channel plus
+* a service channel **with a key** (``|key=K``, shmbus/settings/keyring.py): only holders of K can
+  send a request, so any reply-to is answered; the replies go on the reply-to channel plus
   ``|key=K`` from the responder's own service channel (never from the request, whose reply-to
   stays exactly ``aeron:udp?endpoint=host:port``), and the requester subscribes to its reply
   channel with the ``|key=K`` of its service channel: replies are sealed as the requests are.
@@ -53,7 +53,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from shmbus.channel_uri import KEY, ChannelUri, ChannelUriError
+from shmbus.settings.channel_uri import KEY, ChannelUri, ChannelUriError
 
 #: The requester's channel parameter naming its response endpoint (host:port).
 RESPONSE_ENDPOINT = "response-endpoint"

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shmbus.publication import Publication
-    from shmbus.subscription import Subscription
+    from shmbus.streams.publication import Publication
+    from shmbus.streams.subscription import Subscription
 
 
 @dataclass(frozen=True)
