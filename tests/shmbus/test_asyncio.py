@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 
 import shmbus
-from shmbus.client import async_waits
+from shmbus.streams import async_waits
 from shmbus.shm._native import FutexRing, LogWatcher
 from shmbus.shm.log_buffer import DATA_WAITERS_OFFSET
 from tests.conftest import io_uring_futex_waits

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from shmbus import remote_calls as rc
+from shmbus.calls import remote_calls as rc
 
 
 def test_ipc_and_unicast_udp_services_are_taken():

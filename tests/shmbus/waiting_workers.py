@@ -15,7 +15,7 @@ import types
 from typing import Any
 
 import shmbus
-from shmbus.client import async_waits
+from shmbus.streams import async_waits
 from shmbus.shm._native import LogWatcher
 from shmbus.shm.log_buffer import UNFRAGMENTED
 from tests.shmbus.driver.driver_workers import Checker, _report_errors, make_message
