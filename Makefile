@@ -1,4 +1,5 @@
 # make test: build everything from nothing, type-check, and run the whole suite.
+# make docs: the documentation site into site/ (mkdocs; see mkdocs.yml).
 # make demo: build, then run the main job.
 PY ?= python3
 VENV := .venv
@@ -7,7 +8,7 @@ STAMP := $(VENV)/.installed
 # The C sources of shmbus.shm._native and netbridge._io: a change rebuilds them.
 NATIVE := $(wildcard shmbus/shm/native/*.[ch] netbridge/native/*.[ch])
 
-.PHONY: test typecheck demo bench lint clean system-deps build-deps
+.PHONY: test typecheck docs demo bench lint clean system-deps build-deps
 
 # Tools the tests use beyond pip, installed when missing (CI runs as root on Debian).
 system-deps:
@@ -35,6 +36,11 @@ install: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The documentation site; --strict: a warning (a broken link, a docstring mkdocstrings cannot
+# render) fails the build. NO_MKDOCS_2_WARNING quiets mkdocs-material's banner about MkDocs 2.0.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 test: typecheck system-deps
 	$(BIN)/python -m pytest -q tests
 
@@ -45,7 +51,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tools.bench.ipc
 
 lint: typecheck
-	$(BIN)/ruff check shmbus netbridge tests tools examples
+	$(BIN)/ruff check shmbus netbridge tests tools examples docs/_ext
 
 clean:
-	rm -rf $(VENV) build *.egg-info shmbus/shm/*.so netbridge/*.so
+	rm -rf $(VENV) build site *.egg-info shmbus/shm/*.so netbridge/*.so
