@@ -1,4 +1,4 @@
-# make test: build everything from nothing, type-check, and run the whole suite.
+# make test: build everything from nothing, type-check, build the docs site, and run the whole suite.
 # make docs: the documentation site into site/ (mkdocs; see mkdocs.yml).
 # make demo: build, then run the main job.
 PY ?= python3
@@ -17,6 +17,7 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark >/dev/null; }
 	@command -v ip >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
 	@command -v java >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null; }
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,12 +37,13 @@ install: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The documentation site; --strict: a warning (a broken link, a docstring mkdocstrings cannot
-# render) fails the build. NO_MKDOCS_2_WARNING quiets mkdocs-material's banner about MkDocs 2.0.
+# The site the docs test (tests/docs/) serves and opens in headless Chromium; --strict: a warning
+# (a broken link, a docstring mkdocstrings cannot render) fails the build. NO_MKDOCS_2_WARNING
+# quiets mkdocs-material's banner about MkDocs 2.0.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: typecheck system-deps
+test: typecheck system-deps docs
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)
