@@ -1,4 +1,5 @@
-# make test: build everything from nothing, type-check, and run the whole suite.
+# make test: build everything from nothing, type-check, build the docs site, and run the whole suite.
+# make docs: the documentation site into site/ (mkdocs; see mkdocs.yml).
 # make demo: build, then run the main job.
 PY ?= python3
 VENV := .venv
@@ -7,7 +8,7 @@ STAMP := $(VENV)/.installed
 # The C sources of shmbus.shm._native and netbridge._io: a change rebuilds them.
 NATIVE := $(wildcard shmbus/shm/native/*.[ch] netbridge/native/*.[ch])
 
-.PHONY: test typecheck demo bench lint clean system-deps build-deps
+.PHONY: test typecheck docs demo bench lint clean system-deps build-deps
 
 # Tools the tests use beyond pip, installed when missing (CI runs as root on Debian).
 system-deps:
@@ -16,6 +17,7 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark >/dev/null; }
 	@command -v ip >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
 	@command -v java >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null; }
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,7 +37,13 @@ install: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: typecheck system-deps
+# The site the docs test (tests/docs/) serves and opens in headless Chromium; --strict: a warning
+# (a broken link, a docstring mkdocstrings cannot render) fails the build. NO_MKDOCS_2_WARNING
+# quiets mkdocs-material's banner about MkDocs 2.0.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: typecheck system-deps docs
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)
@@ -45,7 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tools.bench.ipc
 
 lint: typecheck
-	$(BIN)/ruff check shmbus netbridge tests tools examples
+	$(BIN)/ruff check shmbus netbridge tests tools examples docs/_ext
 
 clean:
-	rm -rf $(VENV) build *.egg-info shmbus/shm/*.so netbridge/*.so
+	rm -rf $(VENV) build site *.egg-info shmbus/shm/*.so netbridge/*.so

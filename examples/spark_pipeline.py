@@ -15,7 +15,8 @@
 
 On a cluster (``--master spark://...``), put ``--recordings`` on storage every executor reads
 and give ``--results-channel`` a UDP channel that reaches the subscriber's host (the writers
-run on the executors' hosts, each with its own bus); the README says more.
+run on the executors' hosts, each with its own bus); docs/guides/recordings-and-spark.md says
+more.
 """
 
 from __future__ import annotations

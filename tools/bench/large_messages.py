@@ -13,7 +13,8 @@ says so, copies it out first:
 * shmbus copy: ``pub.publish_array(a)`` (one copy in) and ``sub.arrays(copy=True)`` (a new
   array per message, as a reader that keeps each one does);
 * shmbus copy into out: ``pub.publish_array(a)`` and ``sub.arrays(out=buffer)``, the reader's
-  copy going into one array it owns and reuses (the README's way for a stream of copies);
+  copy going into one array it owns and reuses (docs/guides/large-and-typed-messages.md:
+  the way for a stream of copies);
 * mp.Queue: ``queue.put(a)`` to one queue per reader (pickled), ``queue.get()``;
 * shared_memory by hand: a ``multiprocessing.shared_memory.SharedMemory`` per array, its name
   sent on a queue per reader, readers attach and view it, ack, the writer unlinks it;

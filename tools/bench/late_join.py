@@ -209,9 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live", type=int, default=10_000,
                         help="live messages each joiner reads after the merge")
     parser.add_argument("--catch-up", type=float, default=10.0,
-                        help="catch_up seconds of the late joiner (see README): on a loaded "
-                             "machine the replay may not outrun the publisher; then it joins "
-                             "live after this and holds the publisher until it merges")
+                        help="catch_up seconds of the late joiner (docs/guides/late-joiners.md): "
+                             "on a loaded machine the replay may not outrun the publisher; then "
+                             "it joins live after this and holds the publisher until it merges")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
