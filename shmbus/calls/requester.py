@@ -55,6 +55,7 @@ from shmbus.settings.errors import (
     ResponderLostError,
     ShmbusError,
 )
+from shmbus.settings.timeouts import deadline_after
 from shmbus.shm import call_header
 from shmbus.shm._native import await_reply as _await_reply
 from shmbus.shm._native import offer_call as _offer_call
@@ -111,10 +112,10 @@ class Call:
         return self._pending.settled
 
     def result(self, timeout: float | None = None) -> bytes:
-        """The reply, waiting at most ``timeout`` seconds (None: until the call's own
-        deadline). Raises the call's error (RemoteError, ResponderLostError,
-        NoResponderError, RequestTimeoutError), or TimeoutError when ``timeout`` passes first
-        (the call stays in flight)."""
+        """The reply, waiting at most ``timeout`` seconds (None: until the call settles, which
+        it does by its own deadline at the latest). Raises the call's error (RemoteError,
+        ResponderLostError, NoResponderError, RequestTimeoutError), or TimeoutError when
+        ``timeout`` passes first (the call stays in flight)."""
         pending = self._pending
         if not pending.settled:
             self._requester._wait(pending, timeout)
@@ -179,12 +180,12 @@ class Requester:
     def submit(self, data: Buffer, *, timeout: float | None = DEFAULT_CALL_TIMEOUT,
                idempotent: bool = False) -> Call:
         """Send a request and return at once: the :class:`Call`'s ``result()`` waits for the
-        reply. ``timeout`` (seconds; None: none) is the call's deadline. ``idempotent`` lets a
+        reply. ``timeout`` (seconds; None: forever) is the call's deadline. ``idempotent`` lets a
         request whose responder left be run by another responder instead of failing with
         ResponderLostError. A call with no responder connected fails at once
         (NoResponderError, raised by ``result()``). Raises ClientClosedError once closed."""
         correlation_id = next(self._ids)
-        deadline = float("inf") if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         with self._lock:
             if self._closed:
                 raise ClientClosedError(f"the requester of {self._table.service} is closed")
@@ -383,7 +384,7 @@ class Requester:
 
     def _wait(self, pending: PendingCall, timeout: float | None) -> None:
         """Until ``pending`` settles; TimeoutError if ``timeout`` (seconds) passes first."""
-        until = float("inf") if timeout is None else time.monotonic() + timeout
+        until = deadline_after(timeout)
         replies = self._replies
         while not pending.settled:
             now = time.monotonic()

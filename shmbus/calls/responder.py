@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from shmbus.calls.remote_calls import check_reply_to, keyed_reply_channel, may_answer
 from shmbus.settings.codes import NOT_CONNECTED
 from shmbus.settings.errors import PublicationError, RegistrationError
+from shmbus.settings.timeouts import deadline_after
 from shmbus.shm import call_header
 from shmbus.shm._native import answer_requests as _answer_requests
 from shmbus.shm._native import offer_call as _offer_call
@@ -187,7 +188,7 @@ class Responder:
         """Answer requests as they come, sleeping in between (woken by the requesters), until
         ``timeout`` seconds passed (None: until closed). Returns the requests served."""
         before = self.served
-        deadline = float("inf") if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         requests = self._requests
         poll, wait, monotonic = self.poll, requests.wait, time.monotonic
         # spinning waits (Context.wait_spin): after answering, give the CPU up once before
@@ -215,7 +216,7 @@ class Responder:
         """:meth:`serve` for asyncio: the event loop runs while it waits (the handler runs on
         the loop's thread)."""
         before = self.served
-        deadline = float("inf") if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while not self._closed:
             if self.poll():
                 continue

@@ -101,7 +101,8 @@ class PublicationCore:
                 reserved_value: int = 0) -> int:
         """offer until accepted (sleeping while back-pressured, after a spin of
         _wait_spin_ns): the new position. Accepted at once, one offer; a refusal goes on in
-        Publication._publish_refused, which raises PublicationError after timeout s."""
+        Publication._publish_refused, which raises PublicationError after timeout s (None:
+        never; 0: after the one offer)."""
     @property
     def _wait_spin_ns(self) -> int:
         """ns a back-pressured publish looks for room, yielding, before it sleeps (0: at once;
@@ -208,10 +209,11 @@ class SubscriptionCore:
     @images.setter
     def images(self, value: tuple[ImageCore, ...]) -> None: ...
     def poll(self, handler: Callable[[memoryview, Header], object], fragment_limit: int = 10,
-             timeout: float | None = None) -> int:
-        """Fragments delivered; with a timeout, sleeps until one arrives (at most timeout s)."""
+             timeout: float | None = 0) -> int:
+        """Fragments delivered; with a timeout, sleeps until one arrives (at most timeout s;
+        None: forever; 0: no sleep)."""
     def controlled_poll(self, handler: Callable[[memoryview, Header], object],
-                        fragment_limit: int = 10, timeout: float | None = None) -> int:
+                        fragment_limit: int = 10, timeout: float | None = 0) -> int:
         """Like poll, the handler returning an Action."""
     def wait(self, timeout: float | None = None, /) -> bool:
         """Sleeps until an image has a fragment (True) or timeout seconds pass (False)."""

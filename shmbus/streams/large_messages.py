@@ -20,6 +20,7 @@ import numpy as np
 
 from shmbus.settings import codes
 from shmbus.settings.errors import PublicationError
+from shmbus.settings.timeouts import deadline_after
 from shmbus.shm.block_ring import (
     REFERENCE_FLAGS,
     REFERENCE_LENGTH,
@@ -51,7 +52,8 @@ class BlockPublisher(Protocol):
     def _claim(self, length: int, reserved_value: int = 0, /) -> tuple[int, int]: ...
     def _claim_view(self, frame_offset: int, length: int, /) -> memoryview: ...
     def _commit(self, frame_offset: int, /) -> None: ...
-    def _sleep_or_raise(self, result: int, deadline: float, timeout: float) -> float: ...
+    def _sleep_or_raise(self, result: int, deadline: float, timeout: float | None
+                        ) -> float: ...
     def _await_progress(self, timeout: float, /) -> None: ...
 
 #: the longest a writer waiting for room in the ring sleeps between looks: the driver frees
@@ -120,8 +122,7 @@ def offer_large(pub: BlockPublisher, buffers: tuple[Any, ...], reserved_value: i
         return codes.CLOSED
     deadline = None
     if publish:
-        timeout = pub._default_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
+        deadline = deadline_after(timeout)
     if not ring.enter():  # closed meanwhile: the client is rebinding or closing the publication
         result = codes.CLOSED if pub.is_closed else codes.NOT_CONNECTED
     else:
@@ -219,7 +220,7 @@ def offer_reference(pub: BlockPublisher, ring: BlockRing, start: int, length: in
         if deadline is None:
             ring.abandon(start)
             return result
-        sleep_s = pub._sleep_or_raise(result, deadline, timeout or 0.0)
+        sleep_s = pub._sleep_or_raise(result, deadline, timeout)
         if sleep_s:
             pub._await_progress(sleep_s)
 

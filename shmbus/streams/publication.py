@@ -22,6 +22,7 @@ from shmbus.codecs.object_messages import object_parts
 from shmbus.codecs.table_messages import serialize, stream_length, write_stream
 from shmbus.settings import codes
 from shmbus.settings.errors import PublicationError
+from shmbus.settings.timeouts import deadline_after
 from shmbus.shm._native import AtomicBuffer, PublicationCore
 from shmbus.shm.block_ring import WARM_SHARE, BlockRing, ring_path
 from shmbus.shm.log_buffer import LogBuffer
@@ -240,9 +241,8 @@ class Publication(PublicationCore):
     def _publish_refused(self, buffers: tuple[Buffer, ...], result: int, timeout: float | None,
                          reserved_value: int) -> int:
         """publish's retries after its first offer was refused with ``result``: offer again,
-        sleeping while back-pressured, until accepted or ``timeout`` (None: 1 s) has passed."""
-        timeout = DEFAULT_PUBLISH_TIMEOUT if timeout is None else timeout
-        deadline = time.monotonic() + timeout
+        sleeping while back-pressured, until accepted or ``timeout`` has passed."""
+        deadline = deadline_after(timeout)
         while True:
             sleep_s = self._sleep_or_raise(result, deadline, timeout)
             if sleep_s:
@@ -251,7 +251,7 @@ class Publication(PublicationCore):
             if result > 0:
                 return result
 
-    async def publish_async(self, *buffers: Buffer, timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+    async def publish_async(self, *buffers: Buffer, timeout: float | None = DEFAULT_PUBLISH_TIMEOUT,
                             reserved_value: int = 0) -> int:
         """:meth:`publish`, awaiting back-pressure without blocking the event loop.
 
@@ -259,7 +259,7 @@ class Publication(PublicationCore):
         cancelled await has appended nothing.
         """
         result = self.offer(*buffers, reserved_value=reserved_value)
-        deadline = time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while result <= 0:
             sleep_s = self._sleep_or_raise(result, deadline, timeout)
             if sleep_s:
@@ -267,7 +267,7 @@ class Publication(PublicationCore):
             result = self.offer(*buffers, reserved_value=reserved_value)
         return result
 
-    def _sleep_or_raise(self, result: int, deadline: float, timeout: float) -> float:
+    def _sleep_or_raise(self, result: int, deadline: float, timeout: float | None) -> float:
         """Seconds to sleep after an offer refused with ``result`` (0: retry at once); raises
         :class:`PublicationError` once ``deadline`` (monotonic seconds) has passed."""
         sleep_s = self._sleep_time(result, deadline)
@@ -292,7 +292,8 @@ class Publication(PublicationCore):
 
     # -- typed messages (shmbus/codecs/array_messages.py, object_messages.py) -----------------
 
-    def publish_array(self, array: np.ndarray[Any, Any], timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+    def publish_array(self, array: np.ndarray[Any, Any],
+                      timeout: float | None = DEFAULT_PUBLISH_TIMEOUT,
                       reserved_value: int = 0) -> int:
         """Publish a numpy array with its dtype (structured and datetime too), shape and order
         (C or Fortran; any other layout is sent C-ordered); read it with
@@ -303,7 +304,7 @@ class Publication(PublicationCore):
         return self.publish(header, data, timeout=timeout, reserved_value=reserved_value)
 
     async def publish_array_async(self, array: np.ndarray[Any, Any],
-                                  timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+                                  timeout: float | None = DEFAULT_PUBLISH_TIMEOUT,
                                   reserved_value: int = 0) -> int:
         """:meth:`publish_array`, awaiting back-pressure without blocking the event loop."""
         header, data = array_parts(array)
@@ -311,16 +312,16 @@ class Publication(PublicationCore):
                                         reserved_value=reserved_value)
 
     def claim_array(self, shape: int | tuple[int, ...], dtype: Any, order: str = "C",
-                    timeout: float | None = None) -> ArrayClaim:
+                    timeout: float | None = 0) -> ArrayClaim:
         """Claim room for an array to fill in place (no copy on publish): ``with
         pub.claim_array((1080, 1920, 3), np.uint8, timeout=1.0) as claim:
         render(claim.array)`` publishes it on exit (``Subscription.arrays()`` reads it).
-        ``timeout``: seconds to keep trying while back-pressured or not connected (None: one
-        try, as :meth:`try_claim`). Falsy, with ``result`` the code, when the claim failed;
-        entering a failed claim raises."""
+        ``timeout``: seconds to keep trying while back-pressured or not connected (0: one
+        try, as :meth:`try_claim`; None: until it succeeds). Falsy, with ``result`` the code,
+        when the claim failed; entering a failed claim raises."""
         return ArrayClaim(self, shape, dtype, order, timeout)
 
-    def publish_object(self, obj: Any, timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+    def publish_object(self, obj: Any, timeout: float | None = DEFAULT_PUBLISH_TIMEOUT,
                        reserved_value: int = 0) -> int:
         """Publish a Python object with pickle protocol 5, its large buffers (numpy arrays
         inside it) out of band, written once; read it with ``Subscription.objects()``, which
@@ -331,7 +332,7 @@ class Publication(PublicationCore):
             return self.publish(*parts, timeout=timeout, reserved_value=reserved_value)
         return offer_large(self, tuple(parts), reserved_value, True, timeout)
 
-    async def publish_object_async(self, obj: Any, timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+    async def publish_object_async(self, obj: Any, timeout: float | None = DEFAULT_PUBLISH_TIMEOUT,
                                    reserved_value: int = 0) -> int:
         """:meth:`publish_object`, awaiting back-pressure without blocking the event loop."""
         parts = object_parts(obj)
@@ -340,7 +341,8 @@ class Publication(PublicationCore):
         return await self.publish_async(*parts, timeout=timeout, reserved_value=reserved_value)
 
     def publish_table(self, table: pa.Table | pa.RecordBatch,
-                      timeout: float = DEFAULT_PUBLISH_TIMEOUT, reserved_value: int = 0) -> int:
+                      timeout: float | None = DEFAULT_PUBLISH_TIMEOUT,
+                      reserved_value: int = 0) -> int:
         """Publish a pyarrow Table or RecordBatch as one message in Arrow's IPC stream format;
         read it with ``Subscription.tables()``. Past the log's max message the stream is
         written in place into a shared-memory block (one copy, into shared memory). Returns
@@ -350,7 +352,7 @@ class Publication(PublicationCore):
         if length <= self.max_message_length:
             return self.publish(serialize(table), timeout=timeout, reserved_value=reserved_value)
         self._block_ring(length)  # (a channel without one: the ValueError naming its limit)
-        claim = LargeClaim(self, length, reserved_value, time.monotonic() + timeout)
+        claim = LargeClaim(self, length, reserved_value, deadline_after(timeout))
         if not claim:
             raise PublicationError(claim.result, f"no block for a table of {length} bytes "
                                    f"within {timeout} s: {codes.result_name(claim.result)}")
@@ -360,7 +362,7 @@ class Publication(PublicationCore):
         return claim.result
 
     async def publish_table_async(self, table: pa.Table | pa.RecordBatch,
-                                  timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+                                  timeout: float | None = DEFAULT_PUBLISH_TIMEOUT,
                                   reserved_value: int = 0) -> int:
         """:meth:`publish_table`, awaiting back-pressure without blocking the event loop."""
         length = stream_length(table)
@@ -368,7 +370,7 @@ class Publication(PublicationCore):
             return await self.publish_async(serialize(table), timeout=timeout,
                                             reserved_value=reserved_value)
         self._block_ring(length)
-        deadline = time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while True:
             claim = LargeClaim(self, length, reserved_value)
             if claim:
@@ -383,7 +385,7 @@ class Publication(PublicationCore):
         return claim.result
 
     def publish_many(self, messages: Sequence[Buffer] | np.ndarray[Any, Any],
-                     timeout: float = DEFAULT_PUBLISH_TIMEOUT) -> int:
+                     timeout: float | None = DEFAULT_PUBLISH_TIMEOUT) -> int:
         """``offer_many`` until every message is appended, in order; returns the count.
 
         Messages past ``max_message_length`` may be mixed in: each goes alone on the
@@ -397,12 +399,12 @@ class Publication(PublicationCore):
         if first == total:  # accepted at once: one native call
             return total
         done = max(first, 0)
-        deadline = time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while done < total:
             result = self._offer_many_at(messages, done, total)
             if result > 0:
                 done += result
-                deadline = time.monotonic() + timeout
+                deadline = deadline_after(timeout)
                 continue
             sleep_s = self._sleep_time(result, deadline)
             if sleep_s < 0:
@@ -494,7 +496,7 @@ class ArrayClaim:
     not be used after either."""
 
     def __init__(self, publication: Publication, shape: int | tuple[int, ...], dtype: Any,
-                 order: str, timeout: float | None = None) -> None:
+                 order: str, timeout: float | None = 0) -> None:
         import numpy as np
 
         dtype = np.dtype(dtype)
@@ -547,11 +549,9 @@ _TRANSIENT = (codes.BACK_PRESSURED, codes.NOT_CONNECTED, codes.ADMIN_ACTION)
 def _claim_within(publication: Publication, length: int,
                   timeout: float | None) -> BufferClaim | LargeClaim:
     """try_claim, again every half millisecond while refused for a passing reason, until
-    ``timeout`` seconds have passed (None: once)."""
+    ``timeout`` seconds have passed (0: once; None: forever)."""
+    deadline = deadline_after(timeout)
     claim = publication.try_claim(length)
-    if timeout is None:
-        return claim
-    deadline = time.monotonic() + timeout
     while (not claim and claim.result in _TRANSIENT and time.monotonic() < deadline):
         time.sleep(0.0005)
         claim = publication.try_claim(length)

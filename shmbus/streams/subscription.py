@@ -198,16 +198,16 @@ class Subscription(SubscriptionCore):
         return self._views(timeout, self._object_reading(copy, trust_unkeyed_network),
                      hold=not copy)
 
-    def arrays_async(self, timeout: float | None = None, copy: bool = False,
+    def arrays_async(self, timeout: float | None = 1.0, copy: bool = False,
                      out: np.ndarray | None = None) -> AsyncIterator[np.ndarray]:
-        """:meth:`arrays`, awaited (``timeout`` None: until the subscription is closed)."""
+        """:meth:`arrays`, awaited, with the same ``timeout``."""
         transform, hold = _array_reading(copy, out)
         return self._views_async(timeout, transform, hold)
 
-    def objects_async(self, timeout: float | None = None, copy: bool = False, *,
+    def objects_async(self, timeout: float | None = 1.0, copy: bool = False, *,
                       trust_unkeyed_network: bool = False) -> AsyncIterator[Any]:
-        """:meth:`objects`, awaited (``timeout`` None: until the subscription is closed); the
-        same refusal of unkeyed network channels and the same ``trust_unkeyed_network``."""
+        """:meth:`objects`, awaited, with the same ``timeout``, the same refusal of unkeyed
+        network channels and the same ``trust_unkeyed_network``."""
         return self._views_async(timeout, self._object_reading(copy, trust_unkeyed_network),
                            hold=not copy)
 
@@ -239,9 +239,9 @@ class Subscription(SubscriptionCore):
         user's processes, only its structure is."""
         return self._views(timeout, self._table_reading(copy), hold=not copy)
 
-    def tables_async(self, timeout: float | None = None,
+    def tables_async(self, timeout: float | None = 1.0,
                      copy: bool = False) -> AsyncIterator[Any]:
-        """:meth:`tables`, awaited (``timeout`` None: until the subscription is closed)."""
+        """:meth:`tables`, awaited, with the same ``timeout``."""
         return self._views_async(timeout, self._table_reading(copy), hold=not copy)
 
     def _table_reading(self, copy: bool) -> Callable[[MessageView], Any]:
@@ -326,12 +326,12 @@ class Subscription(SubscriptionCore):
     # -- asyncio ----------------------------------------------------------------------------
 
     async def poll_async(self, handler: Callable[[memoryview, Any], Any],
-                         fragment_limit: int = 10, timeout: float | None = None) -> int:
+                         fragment_limit: int = 10, timeout: float | None = 0) -> int:
         """:meth:`poll`, awaiting (the event loop runs on) until a fragment arrives.
 
         The handler runs on the event loop's thread. Returns the number of fragments, 0 when
-        ``timeout`` seconds passed (None: no limit). Cancelled, it has read nothing. Finding
-        nothing, it sleeps (no CPU) until the writer wakes it.
+        ``timeout`` seconds passed (None: no limit; 0, as for :meth:`poll`: one poll).
+        Cancelled, it has read nothing. Finding nothing, it sleeps (no CPU) until the writer wakes it.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -339,12 +339,12 @@ class Subscription(SubscriptionCore):
             if fragments or self._closed or not await self._readable(deadline):
                 return fragments
 
-    async def messages_async(self, timeout: float | None = None) -> AsyncIterator[bytes]:
+    async def messages_async(self, timeout: float | None = 1.0) -> AsyncIterator[bytes]:
         """Whole messages as bytes, awaited: ``async for message in sub.messages_async()``.
 
-        Ends when none arrives for ``timeout`` seconds (None: only when the subscription is
-        closed). A message is consumed as it is yielded: a cancelled or abandoned loop loses
-        nothing.
+        Ends when none arrives for ``timeout`` seconds, as :meth:`messages` does (None: only
+        when the subscription is closed). A message is consumed as it is yielded: a cancelled
+        or abandoned loop loses nothing.
         """
         take, deadline = self._take, None
         while not self._closed:
@@ -375,8 +375,9 @@ class Subscription(SubscriptionCore):
         return True
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        """``async for message in sub``: :meth:`messages_async` without a timeout."""
-        return self.messages_async()
+        """``async for message in sub``: :meth:`messages_async` until the subscription is
+        closed."""
+        return self.messages_async(timeout=None)
 
     # -- lifecycle --------------------------------------------------------------------------
 

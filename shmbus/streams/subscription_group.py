@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shmbus.settings.channel_uri import CONSUMER_GROUP, check_group_name
+from shmbus.settings.timeouts import deadline_after
 from shmbus.shm._native import GroupMemberCore, Header
 from shmbus.shm.counters import GROUP_CLAIM_KEY, CountersReader
 from shmbus.shm.log_buffer import LogBuffer
@@ -152,19 +153,19 @@ class GroupSubscription(Subscription):
         self.group = group
 
     def poll(self, handler: FragmentHandler, fragment_limit: int = 10,
-             timeout: float | None = None) -> int:
+             timeout: float | None = 0) -> int:
         """Call ``handler(buffer, header)`` for the fragments of whole messages this member
         claims, up to about ``fragment_limit`` in all (a fragmented message is delivered
-        whole); see :meth:`GroupImage.poll`. With ``timeout`` (seconds), sleep until there is
-        something to claim, at most that long. Returns the number of fragments; raises the
-        client's error once it failed (driver or client timeout)."""
+        whole); see :meth:`GroupImage.poll`. With ``timeout`` (seconds; None: forever), sleep
+        until there is something to claim, at most that long. Returns the number of
+        fragments; raises the client's error once it failed (driver or client timeout)."""
         fragments = self._claim(handler, fragment_limit)
         if fragments:
             return fragments
-        if not timeout:
+        if timeout == 0:
             self.wait(0)  # raises the client's failure, as a plain poll does
             return 0
-        deadline = time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while (remaining := deadline - time.monotonic()) > 0 and not self.is_closed:
             self.wait(min(remaining, self._wait_slice_s))
             fragments = self._claim(handler, fragment_limit)
@@ -210,7 +211,7 @@ class GroupSubscription(Subscription):
         return None
 
     def controlled_poll(self, handler: Callable[[memoryview, Header], Any],
-                        fragment_limit: int = 10, timeout: float | None = None) -> int:
+                        fragment_limit: int = 10, timeout: float | None = 0) -> int:
         """Not for group members: raises TypeError."""
         raise TypeError(_WHOLE_CLAIMS)
 

@@ -84,7 +84,7 @@ def test_a_cancelled_await_reads_nothing(bus_context, driver):
             def handler(buffer: memoryview, header: object) -> None:
                 got.append(bytes(buffer))
 
-            waiting = asyncio.ensure_future(sub.poll_async(handler, 10))
+            waiting = asyncio.ensure_future(sub.poll_async(handler, 10, timeout=None))
             await asyncio.sleep(0.05)
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -167,7 +167,8 @@ def test_closing_a_subscription_ends_the_await_on_it(bus_context, driver, waker)
             loop = asyncio.get_running_loop()
             closing = threading.Thread(target=sub.close)
             loop.call_later(0.1, closing.start)
-            got = await asyncio.wait_for(sub.poll_async(lambda b, h: None, 10), timeout=10)
+            got = await asyncio.wait_for(sub.poll_async(lambda b, h: None, 10, timeout=None),
+                                         timeout=10)
             assert got == 0 and sub.is_closed
             closing.join(10)  # the await may end as soon as close() began
             assert sub._readiness._watcher is None, "the closed subscription kept its waker"

@@ -422,6 +422,16 @@ static PyObject *pub_offer(PublicationCore *self, PyObject *const *args, Py_ssiz
     return offer_buffers(self, args, nargs, reserved, NULL);
 }
 
+/* The default timeout of publish(), seconds: a float made once, on first use (NULL on failure,
+ * the exception set). */
+static PyObject *default_publish_timeout(void)
+{
+    static PyObject *seconds = NULL;
+    if (seconds == NULL)
+        seconds = PyFloat_FromDouble(1.0);
+    return seconds;
+}
+
 /* publish(*buffers, timeout=1.0, reserved_value=0) -> int: one offer here; only a refused one
  * goes on in Python (Publication._publish_refused: the deadline, the retries and the sleeps),
  * so a publish accepted at once costs what an offer does. */
@@ -448,8 +458,9 @@ static PyObject *pub_publish(PublicationCore *self, PyObject *const *args, Py_ss
         if (reserved == -1 && PyErr_Occurred())
             return NULL;
     }
-    PyObject *result = offer_buffers(self, args, nargs, reserved,
-                                     timeout != NULL ? timeout : Py_None);
+    if (timeout == NULL && (timeout = default_publish_timeout()) == NULL)
+        return NULL;
+    PyObject *result = offer_buffers(self, args, nargs, reserved, timeout);
     if (result == NULL || PyLong_AsLongLong(result) > 0)
         return result;
     PyObject *buffers = PyTuple_New(nargs);
@@ -460,8 +471,8 @@ static PyObject *pub_publish(PublicationCore *self, PyObject *const *args, Py_ss
     for (Py_ssize_t i = 0; i < nargs; i++)
         PyTuple_SET_ITEM(buffers, i, Py_NewRef(args[i]));
     PyObject *retry = PyObject_CallMethod(
-        (PyObject *)self, "_publish_refused", "NNOL", buffers, result,
-        timeout != NULL ? timeout : Py_None, (long long)reserved);
+        (PyObject *)self, "_publish_refused", "NNOL", buffers, result, timeout,
+        (long long)reserved);
     return retry;
 }
 
@@ -1000,7 +1011,8 @@ static PyMethodDef pub_methods[] = {
      "publish(*buffers, timeout=1.0, reserved_value=0) -> int\n\nOffer until it succeeds, "
      "sleeping while back-pressured (after a short spin, Context.wait_spin); returns the new "
      "position. A back-pressured publisher sleeps (no CPU) until a subscriber moves, woken by "
-     "it. Raises PublicationError with the last code after timeout seconds (None: 1 s), or at "
+     "it. Raises PublicationError with the last code after timeout seconds (None: never; 0: "
+     "after the one offer), or at "
      "once when the publication is closed or its position space is exhausted. Accepted at once, "
      "it costs one offer."},
     {"offer", (PyCFunction)(void (*)(void))pub_offer, METH_FASTCALL | METH_KEYWORDS,

@@ -96,8 +96,8 @@ static double monotonic_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Reads; with a timeout, sleeps until something arrives (or the images change) and reads
- * again, until it got a fragment or the timeout passed. */
+/* Reads; with a timeout (seconds, < 0: forever), sleeps until something arrives (or the
+ * images change) and reads again, until it got a fragment or the timeout passed. */
 static long sub_read_waiting(SubscriptionCore *self, image_reader read, PyObject *handler,
                              long limit, double timeout)
 {
@@ -105,13 +105,14 @@ static long sub_read_waiting(SubscriptionCore *self, image_reader read, PyObject
     for (;;) {
         int32_t seen = self->wake != NULL ? LOAD_ACQUIRE(self->wake) : 0;
         long got = sub_read(self, read, handler, limit);
-        if (got != 0 || timeout <= 0 || limit == 0)
+        if (got != 0 || timeout == 0 || limit == 0 || self->closed)
             return got;
-        double remaining = deadline - monotonic_s();
-        if (remaining <= 0)
+        double remaining = timeout < 0 ? -1 : deadline - monotonic_s();
+        if (timeout > 0 && remaining <= 0)
             return 0;
         PyObject *images = Py_NewRef(self->images);
-        int ready = wait_images(images, self->wake, seen, timeout_to_ns(remaining),
+        int ready = wait_images(images, self->wake, seen,
+                                timeout < 0 ? -1 : timeout_to_ns(remaining),
                                 self->wait_spin_ns);
         Py_DECREF(images);
         if (ready < 0)
@@ -142,7 +143,7 @@ static const char *poll_keywords[] = {"handler", "fragment_limit", "timeout", NU
 static PyObject *sub_poll_with(SubscriptionCore *self, image_reader read, PyObject *const *args,
                                Py_ssize_t nargs, PyObject *kwnames, const char *name)
 {
-    PyObject *handler = NULL, *limit_obj = NULL, *timeout_obj = Py_None;
+    PyObject *handler = NULL, *limit_obj = NULL, *timeout_obj = NULL;
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     if (nargs > 3 || nargs < 1 - nkw) goto usage;
     PyObject *slots[3] = {NULL, NULL, NULL};
@@ -168,13 +169,13 @@ static PyObject *sub_poll_with(SubscriptionCore *self, image_reader read, PyObje
             return NULL;
         }
     }
-    double timeout;
-    if (timeout_arg(timeout_obj, 0, &timeout) < 0)
+    double timeout = 0;  /* not given: no wait; None: forever (-1) */
+    if (timeout_obj != NULL && timeout_arg(timeout_obj, -1, &timeout) < 0)
         return NULL;
     long got = sub_read_waiting(self, read, handler, limit, timeout);
     return got < 0 ? NULL : PyLong_FromLong(got);
 usage:
-    PyErr_Format(PyExc_TypeError, "%s(handler, fragment_limit=10, timeout=None)", name);
+    PyErr_Format(PyExc_TypeError, "%s(handler, fragment_limit=10, timeout=0)", name);
     return NULL;
 }
 
@@ -584,14 +585,14 @@ static PyObject *sub_arm_watcher(SubscriptionCore *self, PyObject *arg)
 
 static PyMethodDef sub_methods[] = {
     {"poll", (PyCFunction)(void (*)(void))sub_poll, METH_FASTCALL | METH_KEYWORDS,
-     "poll(handler, fragment_limit=10, timeout=None) -> int\n\nCall handler(buffer, header) "
+     "poll(handler, fragment_limit=10, timeout=0) -> int\n\nCall handler(buffer, header) "
      "for up to fragment_limit fragments over the images, round-robin from one further along "
-     "each call. With a timeout (seconds), sleep until a fragment arrives, woken by the "
-     "writer, at most that long. Returns the number of fragments (0 when the timeout passed). "
+     "each call. With a timeout (seconds; None: forever), sleep until a fragment arrives, "
+     "woken by the writer, at most that long; 0 never sleeps. Returns the number of fragments (0 when the timeout passed). "
      "Raises the client's error once it is gone (DriverTimeoutError, ClientTimeoutError)."},
     {"controlled_poll", (PyCFunction)(void (*)(void))sub_controlled_poll,
      METH_FASTCALL | METH_KEYWORDS,
-     "controlled_poll(handler, fragment_limit=10, timeout=None) -> int\n\nLike poll, the "
+     "controlled_poll(handler, fragment_limit=10, timeout=0) -> int\n\nLike poll, the "
      "handler returning an Action."},
     {"wait", (PyCFunction)(void (*)(void))sub_wait, METH_FASTCALL,
      "wait(timeout=None) -> bool\n\nSleep until an image has a fragment to read (True) or "
