@@ -14,8 +14,14 @@ from rich.live import Live
 from rich.text import Text
 
 from shmbus.cli import snapshot as bussnapshot
-from shmbus.cli import stat as busstat
+from shmbus.cli.bus_status import EXIT_NO_BUS, EXIT_OK, RUNNING, BusStatus, check_bus
+from shmbus.cli.client_views import client_processes_wanted, list_clients
+from shmbus.cli.counter_views import describe_counters, filter_counters, parse_type
+from shmbus.cli.json_documents import STAT_JSON_EXAMPLE, document, errors_json
+from shmbus.cli.processes import probe_processes
+from shmbus.cli.rendering import clients_table, counters_table, error_lines, header_line
 from shmbus.cli.services import analyse_services
+from shmbus.cli.stream_analysis import analyse_streams
 from shmbus.driver.media_driver import DriverAlreadyRunningError, run_driver
 from shmbus.settings.context import Context
 from shmbus.settings.keyring import KeyringError, keyring_path, load_keyring, new_key_line
@@ -53,10 +59,11 @@ def driver(
     typer.echo("shmbus driver stopped", err=True)
 
 
-# -- looking at a bus: stat, streams, clients, errors (a thin layer over shmbus.cli.stat) ----------
+# -- looking at a bus: stat, streams, clients, errors (a thin layer over the views in shmbus.cli) -
 
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document (shape: "
-                                          "below, and the shmbus.cli.stat module docstring)")]
+                                          "below; every field is described by its JSON Schema, "
+                                          "shmbus/cli/schema/<command>.schema.json)")]
 _JSON_COMMON = ('{"command": ..., "time_ms": ..., "directory": ..., "bus": {...as in '
                 '`shmbus stat --help`...}, ')
 
@@ -74,14 +81,14 @@ def _console() -> Console:
 
 
 def _read(dir: str | None, *, errors: bool = False
-          ) -> tuple[bussnapshot.BusSnapshot, busstat.BusStatus]:
+          ) -> tuple[bussnapshot.BusSnapshot, BusStatus]:
     directory, timeout_ms = _bus_settings(dir)
     try:
         snapshot = bussnapshot.read_snapshot(directory, errors=errors)
     except bussnapshot.BusNotFoundError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(busstat.EXIT_NO_BUS) from None
-    return snapshot, busstat.check_bus(snapshot, timeout_ms)
+        raise typer.Exit(EXIT_NO_BUS) from None
+    return snapshot, check_bus(snapshot, timeout_ms)
 
 
 def _echo_json(doc: dict[str, Any]) -> None:
@@ -99,12 +106,12 @@ _STAT_HELP = (
     "\n\nExit codes: 0 running bus; 1 no bus (stderr says where it looked and how to start a "
     "driver); 3 stale bus."
     "\n\n--json prints one JSON document (with --interval: one per line):"
-    "\n\n" + "\n".join("  " + line for line in busstat.STAT_JSON_EXAMPLE.splitlines()) +
+    "\n\n" + "\n".join("  " + line for line in STAT_JSON_EXAMPLE.splitlines()) +
     "\n\nrate is the change per second since the previous sample (null in the first); "
     "stream_id, session_id and channel are null for counters of no stream; client_pid and "
     "client_name are null for counters no client owns (system counters); reason is null "
     "unless the bus is stale. Times are epoch ms. streams, clients and errors show their JSON "
-    "in their --help; the shmbus.cli.stat module docstring describes all four.")
+    "in their --help; the JSON Schema files in shmbus/cli/schema/ describe all four.")
 
 
 @app.command("stat", help=_STAT_HELP)
@@ -130,7 +137,7 @@ def stat_command(
         "at /metrics) and exit")] = False,
 ) -> None:
     try:
-        type_ids = [busstat.parse_type(t) for t in types or []]
+        type_ids = [parse_type(t) for t in types or []]
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--type") from None
     directory, timeout_ms = _bus_settings(dir)
@@ -144,31 +151,31 @@ def stat_command(
     console = _console()
     live = Live(console=console, auto_refresh=False) if watch and console.is_terminal else None
     previous = None
-    code = busstat.EXIT_OK
+    code = EXIT_OK
     try:
         if live is not None:
             live.start()
         for snapshot in bussnapshot.samples(directory, interval or 1.0, samples):
-            status = busstat.check_bus(snapshot, timeout_ms)
+            status = check_bus(snapshot, timeout_ms)
             code = status.exit_code
-            views = busstat.filter_counters(
-                busstat.describe_counters(snapshot, previous), types=type_ids,
-                streams=streams or (), sessions=sessions or (), channel=channel)
+            views = filter_counters(describe_counters(snapshot, previous), types=type_ids,
+                                    streams=streams or (), sessions=sessions or (),
+                                    channel=channel)
             previous = snapshot
             if as_json:
-                _echo_json(busstat.document("stat", snapshot, status,
-                                            counters=[v.to_json() for v in views]))
+                _echo_json(document("stat", snapshot, status,
+                                    counters=[v.to_json() for v in views]))
                 continue
-            style = "" if status.state == busstat.RUNNING else "bold red"
-            view = Group(Text(busstat.header_line("stat", snapshot, status), style=style),
-                         busstat.counters_table(views))
+            style = "" if status.state == RUNNING else "bold red"
+            view = Group(Text(header_line("stat", snapshot, status), style=style),
+                         counters_table(views))
             if live is not None:
                 live.update(view, refresh=True)
             else:
                 console.print(view)
     except bussnapshot.BusNotFoundError as e:
         typer.echo(f"error: {e}", err=True)
-        code = busstat.EXIT_NO_BUS
+        code = EXIT_NO_BUS
     except KeyboardInterrupt:
         pass
     finally:
@@ -186,10 +193,10 @@ def _print_openmetrics(directory: str, timeout_ms: int) -> None:
         snapshot = bussnapshot.read_snapshot(directory)
     except bussnapshot.BusNotFoundError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(busstat.EXIT_NO_BUS) from None
+        raise typer.Exit(EXIT_NO_BUS) from None
     from shmbus.cli import metrics
 
-    status = busstat.check_bus(snapshot, timeout_ms)
+    status = check_bus(snapshot, timeout_ms)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics.SnapshotCollector(snapshot, status))
     exposition: bytes = generate_latest(registry)  # type: ignore[no-untyped-call]
@@ -267,16 +274,16 @@ def streams_command(
     as_json: JsonOption = False,
 ) -> None:
     snapshot, status = _read(dir)
-    views = [v for v in busstat.analyse_streams(snapshot)
+    views = [v for v in analyse_streams(snapshot)
              if not streams or v.stream_id in streams]
     services = [s for s in analyse_services(snapshot.counters)
                 if not streams or s.stream_id in streams]
     if as_json:
-        _echo_json(busstat.document("streams", snapshot, status,
-                                    streams=[v.to_json() for v in views],
-                                    services=[s.to_json() for s in services]))
+        _echo_json(document("streams", snapshot, status,
+                            streams=[v.to_json() for v in views],
+                            services=[s.to_json() for s in services]))
     else:
-        typer.echo(busstat.header_line("streams", snapshot, status))
+        typer.echo(header_line("streams", snapshot, status))
         for view in views:
             typer.echo(view.line())
         if not views:
@@ -303,17 +310,16 @@ def clients_command(
     as_json: JsonOption = False,
 ) -> None:
     snapshot, status = _read(dir)
-    processes = busstat.probe_processes(busstat.client_processes_wanted(snapshot),
-                                        cpu_interval=cpu_interval)
-    clients = busstat.list_clients(snapshot, processes)
+    processes = probe_processes(client_processes_wanted(snapshot), cpu_interval=cpu_interval)
+    clients = list_clients(snapshot, processes)
     if as_json:
-        _echo_json(busstat.document("clients", snapshot, status,
-                                    clients=[c.to_json() for c in clients]))
+        _echo_json(document("clients", snapshot, status,
+                            clients=[c.to_json() for c in clients]))
     else:
         console = _console()
-        console.print(busstat.header_line("clients", snapshot, status))
+        console.print(header_line("clients", snapshot, status))
         if clients:
-            console.print(busstat.clients_table(clients))
+            console.print(clients_table(clients))
         else:
             console.print("no clients")
     raise typer.Exit(status.exit_code)
@@ -328,11 +334,10 @@ def clients_command(
 def errors_command(dir: DirOption = None, as_json: JsonOption = False) -> None:
     snapshot, status = _read(dir, errors=True)
     if as_json:
-        _echo_json(busstat.document("errors", snapshot, status,
-                                    errors=busstat.errors_json(snapshot.errors)))
+        _echo_json(document("errors", snapshot, status, errors=errors_json(snapshot.errors)))
     else:
-        typer.echo(busstat.header_line("errors", snapshot, status))
-        for line in busstat.error_lines(snapshot.errors):
+        typer.echo(header_line("errors", snapshot, status))
+        for line in error_lines(snapshot.errors):
             typer.echo(line)
     raise typer.Exit(status.exit_code)
 

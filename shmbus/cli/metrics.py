@@ -30,8 +30,12 @@ from collections.abc import Iterable
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from shmbus.cli import stat as busstat
+from shmbus.cli.bus_status import RUNNING, BusStatus, check_bus
+from shmbus.cli.counter_labels import IDLE_CLAIM
+from shmbus.cli.counter_views import CounterView, describe_counters
 from shmbus.cli.snapshot import BusNotFoundError, BusSnapshot, read_snapshot
+from shmbus.cli.stream_analysis import analyse_streams
+from shmbus.cli.stream_views import HELD
 from shmbus.shm.counters import (
     CLIENT_HEARTBEAT,
     FC_RCV_POS,
@@ -66,7 +70,7 @@ def _text(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def _name(view: busstat.CounterView) -> str:
+def _name(view: CounterView) -> str:
     """A total's name: a system counter's label, else the label's text before its colon."""
     c = view.counter
     if c.type_id == SYSTEM:
@@ -74,7 +78,7 @@ def _name(view: busstat.CounterView) -> str:
     return c.label.partition(":")[0] if c.type_id not in TYPE_NAMES else ""
 
 
-def metric_families(snapshot: BusSnapshot, status: busstat.BusStatus) -> list[Metric]:
+def metric_families(snapshot: BusSnapshot, status: BusStatus) -> list[Metric]:
     """The metric families of one snapshot (see the module docstring)."""
     positions = GaugeMetricFamily("shmbus_position_bytes", "A stream position (bytes); "
                                   "pub-pos is the log's tail, read live",
@@ -84,13 +88,13 @@ def metric_families(snapshot: BusSnapshot, status: busstat.BusStatus) -> list[Me
     events = CounterMetricFamily("shmbus_events", "A total: system counters, back-pressure "
                                  "events, redeliveries, channel statistics",
                                  labels=COUNTER_LABELS)
-    for view in busstat.describe_counters(snapshot):
+    for view in describe_counters(snapshot):
         c = view.counter
         labels = [c.type_name, str(c.counter_id), _name(view), _text(view.stream_id),
                   _text(view.session_id), _text(view.channel), _text(view.client_pid),
                   _text(view.client_name)]
         if c.type_id in POSITION_TYPES:
-            if c.value != busstat.IDLE_CLAIM:  # an idle claim record holds no position
+            if c.value != IDLE_CLAIM:  # an idle claim record holds no position
                 positions.add_metric(labels, c.value)
         elif c.type_id in GAUGE_TYPES:
             values.add_metric(labels, c.value)
@@ -102,7 +106,7 @@ def metric_families(snapshot: BusSnapshot, status: busstat.BusStatus) -> list[Me
     held = GaugeMetricFamily("shmbus_publication_held", "1 while the publication is held by "
                              "its slowest reader", labels=(*STREAM_LABELS, "client_pid",
                                                            "client_name"))
-    for stream in busstat.analyse_streams(snapshot):
+    for stream in analyse_streams(snapshot):
         where = [_text(stream.stream_id), str(stream.session_id), _text(stream.channel)]
         for s in stream.subscribers:
             lag.add_metric([*where, str(s.counter_id), _text(s.pid), _text(s.name),
@@ -110,15 +114,14 @@ def metric_families(snapshot: BusSnapshot, status: busstat.BusStatus) -> list[Me
         if stream.kind == "publication":
             held.add_metric([*where, _text(stream.publisher_pid),
                              _text(stream.publisher_name)],
-                            1 if stream.state == busstat.HELD else 0)
+                            1 if stream.state == HELD else 0)
     return [positions, values, events, lag, held, *_bus_families(status)]
 
 
-def _bus_families(status: busstat.BusStatus | None) -> list[Metric]:
+def _bus_families(status: BusStatus | None) -> list[Metric]:
     up = GaugeMetricFamily("shmbus_up", "1 when the bus is running (driver alive and "
                            "heartbeating), else 0",
-                           value=1 if status is not None and status.state == busstat.RUNNING
-                           else 0)
+                           value=1 if status is not None and status.state == RUNNING else 0)
     if status is None:
         return [up]
     age = GaugeMetricFamily("shmbus_driver_heartbeat_age_seconds",
@@ -130,7 +133,7 @@ def _bus_families(status: busstat.BusStatus | None) -> list[Metric]:
 class SnapshotCollector(Collector):
     """The metrics of one snapshot already taken (``shmbus stat --openmetrics``)."""
 
-    def __init__(self, snapshot: BusSnapshot, status: busstat.BusStatus) -> None:
+    def __init__(self, snapshot: BusSnapshot, status: BusStatus) -> None:
         self.snapshot = snapshot
         self.status = status
 
@@ -153,7 +156,7 @@ class BusCollector(Collector):
             snapshot = read_snapshot(self.directory)
         except BusNotFoundError:
             return _bus_families(None)
-        return metric_families(snapshot, busstat.check_bus(snapshot, self.driver_timeout_ms))
+        return metric_families(snapshot, check_bus(snapshot, self.driver_timeout_ms))
 
 
 def bus_registry(directory: str, driver_timeout_ms: int) -> CollectorRegistry:

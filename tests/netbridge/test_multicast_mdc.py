@@ -29,7 +29,9 @@ import pytest
 
 import shmbus
 from netbridge.bridge import RECEIVE_STATS
-from shmbus.cli.stat import SenderView, analyse_streams, read_snapshot
+from shmbus.cli.snapshot import read_snapshot
+from shmbus.cli.stream_analysis import analyse_streams
+from shmbus.cli.stream_views import SenderView
 from shmbus.shm.counters import PUB_POS, RCV_HWM, SUB_POS
 from tests.netbridge import bridge_workers
 from tests.netbridge.bridge_workers import channel_stats, publish_range, wait_sent

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shmbus.cli import stat as busstat
+from shmbus.cli.bus_status import EXIT_NO_BUS
 from shmbus.shm._native import epoch_ms
 from shmbus.shm.cnc import (
     CNC_FILE,
@@ -89,7 +89,7 @@ def test_a_corrupt_cnc_file_is_one_clear_line_and_exit_1(shm_dir: Path, name: st
     directory = corrupt_bus(shm_dir / name, corruption)
     for command in COMMANDS:
         result = run(*command, "--dir", str(directory))
-        assert result.exit_code == busstat.EXIT_NO_BUS, (command, result.output)
+        assert result.exit_code == EXIT_NO_BUS, (command, result.output)
         assert result.stdout == ""
         lines = result.stderr.splitlines()
         assert len(lines) == 1, (command, lines)
@@ -103,6 +103,6 @@ def test_the_installed_script_says_the_same_without_a_traceback(shm_dir: Path) -
         for command in COMMANDS:
             result = subprocess.run([shmbus_executable(), *command, "--dir", str(directory)],
                                     capture_output=True, text=True, timeout=60)
-            assert result.returncode == busstat.EXIT_NO_BUS, (command, result.stderr)
+            assert result.returncode == EXIT_NO_BUS, (command, result.stderr)
             assert "Traceback" not in result.stderr
             assert result.stderr.count("\n") == 1 and str(directory / CNC_FILE) in result.stderr

@@ -9,7 +9,7 @@ import numpy as np
 
 import shmbus
 from shmbus.cli.snapshot import read_snapshot
-from shmbus.cli.stat import analyse_streams
+from shmbus.cli.stream_analysis import analyse_streams
 from shmbus.shm import block_ring as br
 from tests.conftest import driver_serves, mounted_tmpfs
 from tests.shmbus.driver import driver_workers as dw

@@ -4,7 +4,7 @@ A publisher keeps its stream saturated (it offers 100-byte messages as fast as t
 allows; spawn targets in ``tests/shmbus/cli/load_workers.py``) while subscribers read at their
 own pace, one is stopped (SIGSTOP), and on a second pair of buses the stream goes over the
 netbridge on loopback UDP. Every snapshot, as ``stat`` and ``streams`` (and ``export``) take
-it, must keep the rules of :func:`shmbus.cli.stat.stream_problems`: lag >= 0 (behind pub-pos,
+it, must keep the rules of :func:`shmbus.cli.verdicts.stream_problems`: lag >= 0 (behind pub-pos,
 or a network image's rcv-pos), pub-pos less
 than one claim past pub-lmt, free within the window, a held verdict naming the slowest
 counted reader; and stat's counters must show the positions streams shows.
@@ -38,9 +38,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 import shmbus
-from shmbus.cli import stat as busstat
 from shmbus.cli.app import app
+from shmbus.cli.bus_status import EXIT_NO_BUS
 from shmbus.cli.snapshot import BusSnapshot, read_snapshot
+from shmbus.cli.stream_analysis import analyse_streams
+from shmbus.cli.stream_views import StreamView
+from shmbus.cli.verdicts import stream_problems
 from tests.conftest import start_driver, stop_driver
 from tests.shmbus.cli import load_workers
 from tests.shmbus.driver.test_driver_processes import wait_until
@@ -106,14 +109,14 @@ class Workers:
                 process.join(5)
 
 
-def check(snapshot: BusSnapshot) -> list[busstat.StreamView]:
+def check(snapshot: BusSnapshot) -> list[StreamView]:
     """The snapshot's stream views, each checked against the rules, and checked to agree
     with the counters ``stat`` shows from the same snapshot."""
-    views = busstat.analyse_streams(snapshot)
+    views = analyse_streams(snapshot)
     counters = {c.counter_id: c for c in snapshot.counters}
     for view in views:
         assert view.position_source == "log", view.line()
-        assert busstat.stream_problems(view, FRAME) == [], view.line()
+        assert stream_problems(view, FRAME) == [], view.line()
         if view.kind != "publication":
             continue
         (pub_pos,) = [c.value for c in snapshot.counters
@@ -131,8 +134,8 @@ def take(directory: str, count: int, pause: float = 0.005) -> Iterator[BusSnapsh
         time.sleep(pause)
 
 
-def publication(directory: str) -> busstat.StreamView | None:
-    views = [v for v in busstat.analyse_streams(read_snapshot(directory))
+def publication(directory: str) -> StreamView | None:
+    views = [v for v in analyse_streams(read_snapshot(directory))
              if v.kind == "publication"]
     return views[0] if views else None
 
@@ -366,6 +369,6 @@ def test_openmetrics_of_no_bus(shm_dir) -> None:
         generate_latest(bus_registry(nowhere, 1000)).decode()))
     assert families["shmbus_up"][1][0].value == 0
     result = runner.invoke(app, ["stat", "--once", "--openmetrics", "--dir", nowhere])
-    assert result.exit_code == busstat.EXIT_NO_BUS and result.stdout == ""
+    assert result.exit_code == EXIT_NO_BUS and result.stdout == ""
     both = runner.invoke(app, ["stat", "--openmetrics", "--json", "--dir", nowhere])
     assert both.exit_code == 2 and "exclude each other" in both.output

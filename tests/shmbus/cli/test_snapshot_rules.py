@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 
 from shmbus.cli import snapshot as bussnapshot
-from shmbus.cli import stat as busstat
+from shmbus.cli.stream_views import StreamView, SubscriberView, Verdict
+from shmbus.cli.verdicts import stream_problems, verdict
 from shmbus.shm._native import AtomicBuffer
 from shmbus.shm.counters import Counter
 from shmbus.shm.log_buffer import (
@@ -86,74 +87,74 @@ def test_contiguous_end_stops_at_a_gap_or_a_stale_term() -> None:
     assert bussnapshot.contiguous_end(buffer, T - 128, T, 10, 10 * T) == T + 32
 
 
-def sub(pid: int, position: int, pub_pos: int, counted: bool = True) -> busstat.SubscriberView:
-    return busstat.SubscriberView(pid, pid, pid, f"w{pid}", pid, position, pub_pos - position,
-                                  counted=counted)
+def sub(pid: int, position: int, pub_pos: int, counted: bool = True) -> SubscriberView:
+    return SubscriberView(pid, pid, pid, f"w{pid}", pid, position, pub_pos - position,
+                          counted=counted)
 
 
 def test_free_is_the_room_the_counted_readers_leave_and_never_exceeds_the_window() -> None:
     window = 512 * KIB
     # the driver's old sample would say 18.5 MiB "left"; the live tail leaves 100 KiB
-    free = busstat.verdict(1000 * KIB, 1024 * KIB, window, [sub(1, 588 * KIB, 1000 * KIB)])
+    free = verdict(1000 * KIB, 1024 * KIB, window, [sub(1, 588 * KIB, 1000 * KIB)])
     assert (free.state, free.free) == ("free", 100 * KIB)
     assert free.sentence == "free: 100 KiB of window left"
     # pub-lmt not raised yet (publishers raise it when they reach it): the room is the window's
-    lazy = busstat.verdict(1000 * KIB, 1001 * KIB, window, [sub(1, 1000 * KIB, 1000 * KIB)])
+    lazy = verdict(1000 * KIB, 1001 * KIB, window, [sub(1, 1000 * KIB, 1000 * KIB)])
     assert lazy.free == window
 
 
 def test_held_at_the_limit_or_a_window_ahead_names_the_slowest_counted_reader() -> None:
     window = 32 * KIB
-    at_limit = busstat.verdict(100 * KIB + 32, 100 * KIB, window,
-                               [sub(1, 100 * KIB, 100 * KIB + 32), sub(2, 68 * KIB, 100 * KIB)])
+    at_limit = verdict(100 * KIB + 32, 100 * KIB, window,
+                       [sub(1, 100 * KIB, 100 * KIB + 32), sub(2, 68 * KIB, 100 * KIB)])
     assert at_limit.state == "held" and [s.pid for s in at_limit.held_by] == [2]
     assert at_limit.free is None
     # below a limit the slowest reader has not caught up with: it is still a window behind
-    window_behind = busstat.verdict(100 * KIB, 101 * KIB, window, [sub(2, 68 * KIB, 100 * KIB)])
+    window_behind = verdict(100 * KIB, 101 * KIB, window, [sub(2, 68 * KIB, 100 * KIB)])
     assert window_behind.state == "held" and [s.pid for s in window_behind.held_by] == [2]
     # a resting (uncounted) subscriber holds nobody, however far behind
-    resting = busstat.verdict(100 * KIB, 100 * KIB, window,
-                              [sub(3, 0, 100 * KIB, counted=False), sub(4, 90 * KIB, 100 * KIB)])
+    resting = verdict(100 * KIB, 100 * KIB, window,
+                      [sub(3, 0, 100 * KIB, counted=False), sub(4, 90 * KIB, 100 * KIB)])
     assert [s.pid for s in resting.held_by] == [4]
-    alone = busstat.verdict(100 * KIB, 100 * KIB, window, [sub(3, 0, 100 * KIB, counted=False)])
+    alone = verdict(100 * KIB, 100 * KIB, window, [sub(3, 0, 100 * KIB, counted=False)])
     assert alone.state == "not-connected"
 
 
-def stream(subscribers: list[busstat.SubscriberView], pub_pos: int, pub_lmt: int,
-           window: int = 32 * KIB, source: str = "log") -> busstat.StreamView:
-    result = busstat.verdict(pub_pos, pub_lmt, window, subscribers)
-    return busstat.StreamView("publication", 7, -77, "aeron:ipc", 5, 42, "pub", pub_pos,
-                              pub_lmt, window, 2 * window, None, None, tuple(subscribers),
-                              result, (), source)
+def stream(subscribers: list[SubscriberView], pub_pos: int, pub_lmt: int,
+           window: int = 32 * KIB, source: str = "log") -> StreamView:
+    result = verdict(pub_pos, pub_lmt, window, subscribers)
+    return StreamView("publication", 7, -77, "aeron:ipc", 5, 42, "pub", pub_pos,
+                      pub_lmt, window, 2 * window, None, None, tuple(subscribers),
+                      result, (), source)
 
 
 def test_the_rules_pass_a_consistent_view_and_name_each_break() -> None:
     good = stream([sub(1, 68 * KIB, 100 * KIB + 128)], 100 * KIB + 128, 100 * KIB)
-    assert busstat.stream_problems(good, max_claim=160) == []
-    assert busstat.stream_problems(stream([sub(1, 90 * KIB, 100 * KIB)], 100 * KIB,
-                                          110 * KIB), 160) == []
+    assert stream_problems(good, max_claim=160) == []
+    assert stream_problems(stream([sub(1, 90 * KIB, 100 * KIB)], 100 * KIB,
+                                  110 * KIB), 160) == []
 
     ahead = stream([sub(1, 2241209792, 2221867168)], 2221867168, 2241268544, 512 * KIB)
-    assert busstat.stream_problems(ahead, 160) == [  # the stale-sample snapshot
+    assert stream_problems(ahead, 160) == [  # the stale-sample snapshot
         "pid 1 (w1) is 18.4 MiB ahead of pub-pos",
         "free 19866912 is not within the window 524288"]
 
     past = stream([sub(1, 60 * KIB, 100 * KIB)], 100 * KIB, 99 * KIB)
-    assert busstat.stream_problems(past, 160) == [
+    assert stream_problems(past, 160) == [
         "pub-pos 102,400 is a claim or more past pub-lmt 101,376"]
 
-    too_free = dataclasses.replace(good, verdict=busstat.Verdict("free", "free", free=64 * KIB))
-    assert busstat.stream_problems(too_free, 160) == [
+    too_free = dataclasses.replace(good, verdict=Verdict("free", "free", free=64 * KIB))
+    assert stream_problems(too_free, 160) == [
         "free 65536 is not within the window 32768"]
 
     wrong = dataclasses.replace(good, subscribers=(*good.subscribers, sub(2, 0, good.pub_pos)))
-    assert busstat.stream_problems(wrong, 160) == [
+    assert stream_problems(wrong, 160) == [
         "the verdict names a holder that is not the slowest counted reader (at 0): held by "
         "subscriber pid 1 (w1), 32.1 KiB behind; window 32 KiB"]
 
-    nobody = dataclasses.replace(good, verdict=busstat.Verdict("held", "held by ?"))
-    assert busstat.stream_problems(nobody, 160) == ["held, but the verdict names no holder: "
-                                                    "held by ?"]
+    nobody = dataclasses.replace(good, verdict=Verdict("held", "held by ?"))
+    assert stream_problems(nobody, 160) == ["held, but the verdict names no holder: "
+                                            "held by ?"]
     # the driver's sample promises nothing: no rules
-    assert busstat.stream_problems(dataclasses.replace(ahead, position_source="counter"),
-                                   160) == []
+    assert stream_problems(dataclasses.replace(ahead, position_source="counter"),
+                           160) == []

@@ -32,8 +32,14 @@ from typer.testing import CliRunner
 
 import shmbus
 from shmbus.cli import snapshot as bussnapshot
-from shmbus.cli import stat as busstat
 from shmbus.cli.app import app
+from shmbus.cli.bus_status import EXIT_NO_BUS, EXIT_STALE
+from shmbus.cli.counter_views import counter_rates, describe_counters, filter_counters, parse_type
+from shmbus.cli.formatting import format_bytes, format_duration
+from shmbus.cli.json_documents import STAT_JSON_EXAMPLE
+from shmbus.cli.stream_analysis import analyse_streams
+from shmbus.cli.stream_views import ReceiverView, SenderView, SubscriberView
+from shmbus.cli.verdicts import verdict
 from shmbus.shm._native import epoch_ms
 from shmbus.shm.cnc import (
     CNC_FILE,
@@ -279,7 +285,7 @@ def test_streams_names_the_slow_subscriber_as_the_one_holding_the_publisher(scen
     subscribers = {s["pid"]: s for s in stream["subscribers"]}
     assert subscribers[scenario.slow.pid]["lag"] == scenario.pub_pos - scenario.slow_pos
     assert subscribers[scenario.fast.pid]["lag"] == scenario.pub_pos - scenario.fast_pos
-    behind = busstat.format_bytes(scenario.pub_pos - scenario.slow_pos)
+    behind = format_bytes(scenario.pub_pos - scenario.slow_pos)
     expected = (f"held by subscriber pid {scenario.slow.pid} (stat-slow), {behind} behind; "
                 f"window 32 KiB")
     assert stream["verdict"] == expected
@@ -309,7 +315,7 @@ def test_streams_free_and_not_connected(bus_context, driver) -> None:
         views = wait_for(streams, 5.0, "pub-pos to be sampled")
         assert views[20]["state"] == "free"
         assert views[20]["verdict"] == (
-            f"free: {busstat.format_bytes(views[20]['pub_lmt'] - FRAME)} of window left")
+            f"free: {format_bytes(views[20]['pub_lmt'] - FRAME)} of window left")
         assert views[20]["pub_lmt"] - FRAME > WINDOW - WINDOW // 8
         assert views[21]["state"] == "not-connected" and views[21]["subscribers"] == []
         assert views[21]["verdict"].startswith("not connected")
@@ -446,7 +452,7 @@ def test_installed_entry_point_prints_the_documented_json(bus_context, driver) -
     doc = json.loads(result.stdout)
     assert doc["bus"]["driver_pid"] == driver.pid and doc["bus"]["state"] == "running"
     assert 0 <= doc["bus"]["heartbeat_age_ms"] < 5000
-    example = json.loads(busstat.STAT_JSON_EXAMPLE)
+    example = json.loads(STAT_JSON_EXAMPLE)
     assert doc.keys() == example.keys()
     assert doc["bus"].keys() == example["bus"].keys()
     assert all(c.keys() == example["counters"][0].keys() for c in doc["counters"])
@@ -456,7 +462,7 @@ def test_installed_entry_point_prints_the_documented_json(bus_context, driver) -
     missing = subprocess.run([shmbus_executable(), "stat", "--once", "--json", "--dir",
                               bus_context.dir + "-nowhere"], capture_output=True, text=True,
                              timeout=30)
-    assert missing.returncode == busstat.EXIT_NO_BUS and missing.stdout == ""
+    assert missing.returncode == EXIT_NO_BUS and missing.stdout == ""
     assert f"shmbus driver --dir {bus_context.dir}-nowhere" in missing.stderr
 
 
@@ -464,7 +470,7 @@ def test_installed_entry_point_prints_the_documented_json(bus_context, driver) -
 def test_no_bus_says_where_it_looked_and_how_to_start_a_driver(shm_dir, command) -> None:
     nowhere = shm_dir / "nowhere"
     result = run(command, "--dir", str(nowhere))
-    assert result.exit_code == busstat.EXIT_NO_BUS
+    assert result.exit_code == EXIT_NO_BUS
     assert result.stdout == ""
     assert f"no bus at {nowhere}: the directory does not exist" in result.stderr
     assert f"shmbus driver --dir {nowhere}" in result.stderr
@@ -472,7 +478,7 @@ def test_no_bus_says_where_it_looked_and_how_to_start_a_driver(shm_dir, command)
     empty = shm_dir / "empty"
     empty.mkdir()
     result = run(command, "--dir", str(empty), "--json")
-    assert result.exit_code == busstat.EXIT_NO_BUS and result.stdout == ""
+    assert result.exit_code == EXIT_NO_BUS and result.stdout == ""
     assert f"{empty / CNC_FILE} does not exist" in result.stderr
     assert f"shmbus driver --dir {empty}" in result.stderr
     assert not (empty / CNC_FILE).exists()  # looking created nothing
@@ -485,7 +491,7 @@ def test_a_killed_driver_leaves_a_stale_bus(bus_context, driver) -> None:
         driver.wait(10)
         for command in (["stat", "--once"], ["streams"], ["clients"], ["errors"]):
             result = run(*command, "--dir", bus_context.dir)
-            assert result.exit_code == busstat.EXIT_STALE, (command, result.output)
+            assert result.exit_code == EXIT_STALE, (command, result.output)
             assert f"STALE: driver pid {driver.pid}: process is gone" in result.stdout
         doc = json.loads(run("stat", "--once", "--json", "--dir", bus_context.dir).stdout)
         assert doc["bus"]["state"] == "stale"
@@ -509,7 +515,7 @@ def test_old_heartbeat_or_reused_pid_is_stale(shm_dir) -> None:
 
     old = bus("old", 1, now - 60_000)  # pid 1: alive since boot, but silent for 60 s
     result = run("stat", "--once", "--json", "--dir", str(old))
-    assert result.exit_code == busstat.EXIT_STALE
+    assert result.exit_code == EXIT_STALE
     reason = json.loads(result.stdout)["bus"]["reason"]
     assert re.search(r"driver heartbeat is 1 min \d+ s old \(timeout 10.0 s\)", reason)
     assert "process is gone" not in reason
@@ -518,7 +524,7 @@ def test_old_heartbeat_or_reused_pid_is_stale(shm_dir) -> None:
         try:  # a process started after the driver did has only reused its pid
             reused = bus("reused", later.pid, epoch_ms())
             result = run("streams", "--json", "--dir", str(reused))
-            assert result.exit_code == busstat.EXIT_STALE
+            assert result.exit_code == EXIT_STALE
             reason = json.loads(result.stdout)["bus"]["reason"]
             assert "pid now belongs to a process started later" in reason
             assert "heartbeat" not in reason
@@ -530,30 +536,30 @@ def test_old_heartbeat_or_reused_pid_is_stale(shm_dir) -> None:
         f.seek(VERSION_OFFSET)
         f.write(struct.pack("<i", 99))
     result = run("stat", "--once", "--dir", str(foreign))
-    assert result.exit_code == busstat.EXIT_NO_BUS
+    assert result.exit_code == EXIT_NO_BUS
     assert "layout version 99" in result.stderr
 
 
 # -- pure functions ----------------------------------------------------------------------------
 
 
-def sub(pid: int, position: int, pub_pos: int) -> busstat.SubscriberView:
-    return busstat.SubscriberView(pid, pid, pid, f"w{pid}", pid, position, pub_pos - position)
+def sub(pid: int, position: int, pub_pos: int) -> SubscriberView:
+    return SubscriberView(pid, pid, pid, f"w{pid}", pid, position, pub_pos - position)
 
 
 def test_verdicts() -> None:
     mib = 1 << 20
-    held = busstat.verdict(8 * mib, 8 * mib, 4 * mib,
-                           [sub(1, 5 * mib, 8 * mib), sub(4242, 4 * mib + 102 * 1024, 8 * mib)])
+    held = verdict(8 * mib, 8 * mib, 4 * mib,
+                   [sub(1, 5 * mib, 8 * mib), sub(4242, 4 * mib + 102 * 1024, 8 * mib)])
     assert held.state == "held" and [s.pid for s in held.held_by] == [4242]
     assert held.sentence == "held by subscriber pid 4242 (w4242), 3.9 MiB behind; window 4 MiB"
     assert not held.held_by_sender
-    tie = busstat.verdict(100, 100, None, [sub(1, 50, 100), sub(2, 50, 100)])
+    tie = verdict(100, 100, None, [sub(1, 50, 100), sub(2, 50, 100)])
     assert tie.sentence == "held by subscribers pid 1 (w1), pid 2 (w2), 50 B behind"
-    free = busstat.verdict(2 * mib - 2 * mib // 10, 4 * mib, 4 * mib, [sub(1, 0, 0)])
+    free = verdict(2 * mib - 2 * mib // 10, 4 * mib, 4 * mib, [sub(1, 0, 0)])
     assert (free.state, free.held_by) == ("free", ())
     assert free.sentence == "free: 2.2 MiB of window left"
-    assert busstat.verdict(0, 0, 4 * mib, []).state == "not-connected"
+    assert verdict(0, 0, 4 * mib, []).state == "not-connected"
 
 
 def test_streams_of_a_network_publication_and_image() -> None:
@@ -572,18 +578,18 @@ def test_streams_of_a_network_publication_and_image() -> None:
     logs = {5: bussnapshot.LogInfo(5, -77, 9, 65536, 1408, True, 32768)}
     driver = bussnapshot.DriverInfo("cnc.dat", 1, 1, 1, 0, 10_000)
     snap = bussnapshot.BusSnapshot("d", 0, 0.0, driver, tuple(counters), logs)
-    publication, image = busstat.analyse_streams(snap)
+    publication, image = analyse_streams(snap)
     assert (publication.kind, publication.stream_id, publication.session_id) == (
         "publication", 9, -77)
     assert publication.publisher_pid == 4240 and publication.window == 32768
-    assert publication.sender == busstat.SenderView(8000, 8000, 3, True, mtu=1408)
+    assert publication.sender == SenderView(8000, 8000, 3, True, mtu=1408)
     assert publication.verdict.held_by_sender and publication.state == "held"
     assert publication.verdict.sentence == (
         "held by the sender (waiting at snd-lmt for the receivers), 31.2 KiB behind; "
         "window 32 KiB")
     assert "snd-pos 8,000, snd-lmt 8,000" in publication.line()
     assert (image.kind, image.session_id, image.pub_pos) == ("image", -5, None)
-    assert image.receiver == busstat.ReceiverView(5000, 4000, "127.0.0.1:4000")
+    assert image.receiver == ReceiverView(5000, 4000, "127.0.0.1:4000")
     (subscriber,) = image.subscribers
     assert (subscriber.pid, subscriber.name, subscriber.lag) == (4242, "w", 1000)
     assert image.verdict.sentence == (
@@ -591,16 +597,16 @@ def test_streams_of_a_network_publication_and_image() -> None:
         "rcv-pos and rcv-hwm (loss being repaired)")
     assert image.line().startswith(f"stream 9 session -5 {udp} (plaintext) image from "
                                    f"127.0.0.1:4000: rcv-pos 4,000, rcv-hwm 5,000")
-    views = {v.counter.counter_id: v for v in busstat.describe_counters(snap)}
+    views = {v.counter.counter_id: v for v in describe_counters(snap)}
     assert (views[15].stream_id, views[15].session_id, views[15].channel) == (9, -5, udp)
     assert (views[15].client_pid, views[10].client_pid, views[13].client_pid) == (4242, 4240,
                                                                                   None)
-    assert [v.counter.counter_id for v in busstat.filter_counters(
+    assert [v.counter.counter_id for v in filter_counters(
         views.values(), sessions=[-5])] == [13, 14, 15]
 
     alone = dataclasses.replace(snap, logs={5: dataclasses.replace(logs[5],
                                                                    is_connected=False)})
-    assert busstat.analyse_streams(alone)[0].verdict.sentence == (
+    assert analyse_streams(alone)[0].verdict.sentence == (
         "not connected: no receiver has answered the sender")
 
 
@@ -627,7 +633,7 @@ def test_streams_name_the_receiver_that_sets_the_sender_limit(fc: str, holder: s
     logs = {5: bussnapshot.LogInfo(5, -77, 9, 65536, 1408, True, 32768)}
     driver = bussnapshot.DriverInfo("cnc.dat", 1, 1, 1, 0, 10_000)
     snap = bussnapshot.BusSnapshot("d", 0, 0.0, driver, tuple(counters), logs)
-    (publication,) = busstat.analyse_streams(snap)
+    (publication,) = analyse_streams(snap)
     sender = publication.sender
     assert sender is not None and sender.fc_receivers == 2
     assert sender.flow_control == fc.partition(",")[0]
@@ -639,18 +645,18 @@ def test_streams_name_the_receiver_that_sets_the_sender_limit(fc: str, holder: s
     document = publication.to_json()["sender"]
     assert document["holding_receiver"]["address"] == holder
     assert len(document["receivers"]) == 3
-    views = {v.counter.counter_id: v for v in busstat.describe_counters(snap)}
+    views = {v.counter.counter_id: v for v in describe_counters(snap)}
     assert (views[14].stream_id, views[14].session_id, views[14].channel) == (9, -77, udp)
 
 
 def test_formatting_and_type_names() -> None:
-    assert [busstat.format_bytes(n) for n in (0, 1023, 1024, 32768, 4 << 20, 3 << 30)] == [
+    assert [format_bytes(n) for n in (0, 1023, 1024, 32768, 4 << 20, 3 << 30)] == [
         "0 B", "1023 B", "1 KiB", "32 KiB", "4 MiB", "3 GiB"]
-    assert busstat.format_duration(850) == "850 ms"
-    assert busstat.format_duration(12_345) == "12.3 s"
-    assert busstat.parse_type("pub-lmt") == 1 and busstat.parse_type("12") == 12
+    assert format_duration(850) == "850 ms"
+    assert format_duration(12_345) == "12.3 s"
+    assert parse_type("pub-lmt") == 1 and parse_type("12") == 12
     with pytest.raises(ValueError, match="sub-pos"):
-        busstat.parse_type("subpos")
+        parse_type("subpos")
 
 
 def snapshot(counters: list[Counter], monotonic_s: float,
@@ -666,6 +672,6 @@ def test_rates_only_compare_the_same_counter() -> None:
 
     before = snapshot([counter(0, 1000), counter(1, 0)], 10.0)
     after = snapshot([counter(0, 3000), counter(1, 50, registration_id=6)], 10.5)
-    assert busstat.counter_rates(before, after) == {0: 4000.0}  # id 1 was reused
+    assert counter_rates(before, after) == {0: 4000.0}  # id 1 was reused
     restarted = snapshot([counter(0, 3000)], 10.5, start_ms=2)
-    assert busstat.counter_rates(before, restarted) == {}
+    assert counter_rates(before, restarted) == {}
