@@ -331,7 +331,8 @@ class Subscription(SubscriptionCore):
 
         The handler runs on the event loop's thread. Returns the number of fragments, 0 when
         ``timeout`` seconds passed (None: no limit; 0, as for :meth:`poll`: one poll).
-        Cancelled, it has read nothing. Finding nothing, it sleeps (no CPU) until the writer wakes it.
+        Cancelled, it has read nothing. Finding nothing, it sleeps (no CPU) until the writer
+        wakes it.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
