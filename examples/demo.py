@@ -62,7 +62,7 @@ def subscriber(context: shmbus.Context, ready: mp.Barrier) -> dict[str, int]:
             stats["bad_checksum"] += int(np.count_nonzero(crcs != records["crc"]))
             stats["received"] += len(records)
 
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         deadline = time.monotonic() + 120
         while stats["received"] < PUBLISHERS * MESSAGES and time.monotonic() < deadline:
             idle.idle(subscription.poll_batch(on_batch, 4096))

@@ -50,7 +50,7 @@ def worker(context: shmbus.Context, slot: int) -> int:
             done += 1
 
         assembler = shmbus.FragmentAssembler(on_item)
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         while done < ITEMS // WORKERS + (slot < ITEMS % WORKERS) and time.monotonic() < deadline:
             idle.idle(work.poll(assembler, 16))
     return done

@@ -98,7 +98,7 @@ def printer(context: shmbus.Context, channel: str, stop) -> None:
                   f"low {w['low']:9.3f}  high {w['high']:9.3f}", flush=True)
 
         assembler = shmbus.FragmentAssembler(show)
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         while not stop.is_set():
             idle.idle(subscription.poll(assembler, 100))
 

@@ -32,24 +32,12 @@ from shmbus.archive.recording_reader import RecordingReader
 from shmbus.calls.requester import Call, Requester
 from shmbus.calls.responder import Responder
 from shmbus.client.client import Client, connect
-from shmbus.client.reconnection import (
-    LostImage,
-    Reconnected,
-    RenewedPublication,
-    RenewedSubscription,
-)
+from shmbus.client.reconnection import Reconnected
 from shmbus.history.history_merge import HistoryGapError
 from shmbus.history.late_join import LateJoinSubscription, MessageInfo, Recording
+from shmbus.settings import codes
+from shmbus.settings import idle_strategy as idle_strategies
 from shmbus.settings.channel_uri import ChannelUriError
-from shmbus.settings.codes import (
-    ADMIN_ACTION,
-    BACK_PRESSURED,
-    CLOSED,
-    MAX_POSITION_EXCEEDED,
-    NOT_CONNECTED,
-    Action,
-    result_name,
-)
 from shmbus.settings.context import Context
 from shmbus.settings.errors import (
     ClientClosedError,
@@ -66,15 +54,7 @@ from shmbus.settings.errors import (
     ShmbusError,
     UntrustedSourceError,
 )
-from shmbus.settings.idle_strategy import (
-    BackoffIdleStrategy,
-    BusySpinIdleStrategy,
-    NoOpIdleStrategy,
-    SleepingIdleStrategy,
-    YieldingIdleStrategy,
-)
 from shmbus.shm._native import AtomicBuffer, Header
-from shmbus.shm.log_buffer import LogBuffer, LogBufferError
 from shmbus.streams.fragment_assembler import FragmentAssembler
 from shmbus.streams.image import FragmentBatch, Image, MessageView
 from shmbus.streams.large_messages import LargeClaim
@@ -86,20 +66,14 @@ from shmbus.streams.publication import (
     Publication,
 )
 from shmbus.streams.subscription import Subscription
-from shmbus.streams.subscription_group import GroupImage, GroupSubscription
+from shmbus.streams.subscription_group import GroupSubscription
 
 __all__ = [
-    "ADMIN_ACTION",
-    "BACK_PRESSURED",
-    "CLOSED",
-    "MAX_POSITION_EXCEEDED",
-    "NOT_CONNECTED",
-    "Action",
+    "codes",
+    "idle_strategies",
     "ArrayClaim",
     "AtomicBuffer",
-    "BackoffIdleStrategy",
     "BufferClaim",
-    "BusySpinIdleStrategy",
     "ChannelUriError",
     "Client",
     "ClientClosedError",
@@ -112,19 +86,14 @@ __all__ = [
     "ExclusivePublication",
     "FragmentAssembler",
     "FragmentBatch",
-    "GroupImage",
     "GroupSubscription",
     "Header",
     "HistoryGapError",
     "Image",
     "LargeClaim",
     "LateJoinSubscription",
-    "LogBuffer",
-    "LogBufferError",
-    "LostImage",
     "MessageInfo",
     "MessageView",
-    "NoOpIdleStrategy",
     "Publication",
     "PublicationError",
     "Reconnected",
@@ -133,13 +102,9 @@ __all__ = [
     "RecordingReader",
     "Recorder",
     "RegistrationError",
-    "RenewedPublication",
-    "RenewedSubscription",
     "ShmbusError",
-    "SleepingIdleStrategy",
     "Subscription",
     "UntrustedSourceError",
-    "YieldingIdleStrategy",
     "ResponderLostError",
     "Responder",
     "Requester",
@@ -149,5 +114,4 @@ __all__ = [
     "NoResponderError",
     "Call",
     "connect",
-    "result_name",
 ]

@@ -35,7 +35,7 @@ def publish_range(publication: shmbus.Publication, start: int, stop: int, deadli
                   rate: float = 0.0) -> int:
     """Offer messages ``start`` .. ``stop - 1`` from this process until ``deadline``
     (time.monotonic()), at most ``rate`` a second when given; returns the next sequence."""
-    idle = shmbus.BackoffIdleStrategy()
+    idle = shmbus.idle_strategies.BackoffIdleStrategy()
     began = time.monotonic()
     sequence = start
     while sequence < stop and time.monotonic() < deadline:
@@ -47,7 +47,7 @@ def publish_range(publication: shmbus.Publication, start: int, stop: int, deadli
         if result > 0:
             sequence += 1
             idle.reset()
-        elif result == shmbus.ADMIN_ACTION:
+        elif result == shmbus.codes.ADMIN_ACTION:
             continue
         else:
             idle.idle(0)
@@ -93,7 +93,7 @@ def subscribe(context: shmbus.Context, channel: str, stream_id: int, count: int,
         summary["received"] += 1
 
     deadline = time.monotonic() + timeout
-    idle = shmbus.BackoffIdleStrategy()
+    idle = shmbus.idle_strategies.BackoffIdleStrategy()
     with shmbus.connect(context) as bus:
         subscription = bus.add_subscription(
             channel, stream_id, on_available_image=lambda image: summary.__setitem__(
@@ -129,7 +129,7 @@ def subscribe_sessions(context: shmbus.Context, channel: str, stream_id: int, co
         total += 1
 
     deadline = time.monotonic() + timeout
-    idle = shmbus.BackoffIdleStrategy()
+    idle = shmbus.idle_strategies.BackoffIdleStrategy()
     with shmbus.connect(context) as bus:
         subscription = bus.add_subscription(channel, stream_id)
         ready.set()
@@ -174,7 +174,7 @@ def receive(context: shmbus.Context, channel: str, stream_id: int, count: int, t
         summary[key] += 1
 
     deadline = time.monotonic() + timeout
-    idle = shmbus.BackoffIdleStrategy()
+    idle = shmbus.idle_strategies.BackoffIdleStrategy()
     with shmbus.connect(context) as bus:
         subscription = bus.add_subscription(
             channel, stream_id, on_available_image=lambda image: count_image("images"),

@@ -21,7 +21,7 @@ from netbridge.datagram_io import RECEIVE_BATCH, DatagramIO
 from netbridge.frames import encode_datagram, pad_frame
 from netbridge.receiver import NetworkReceiver
 from netbridge.shared_log import DataBatch, sent
-from shmbus import BACK_PRESSURED
+from shmbus.settings.codes import BACK_PRESSURED
 from shmbus.shm import _native
 from tests.conftest import io_uring_futex_waits
 from tests.netbridge.shared_logs import ImageHost, PublicationLog, make_sender

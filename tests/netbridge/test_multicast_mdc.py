@@ -303,7 +303,7 @@ def test_minimum_group_size_keeps_the_publication_unconnected(shm_dir: Path) -> 
         until = time.monotonic() + 1.0
         while time.monotonic() < until:  # ... and still the publication is not connected
             assert not publication.is_connected
-            assert publication.offer(b"too early") == shmbus.NOT_CONNECTED
+            assert publication.offer(b"too early") == shmbus.codes.NOT_CONNECTED
             time.sleep(0.05)
         second = pool.apply_async(bridge_workers.receive, (
             contexts[2], f"aeron:udp?endpoint={group}|interface={hs[2].address}", STREAM,

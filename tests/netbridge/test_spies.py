@@ -59,7 +59,7 @@ def test_a_spy_counts_as_a_connection_only_with_ssc(bus_context, driver) -> None
         while time.monotonic() < until:  # a spy alone: not connected
             plain.poll()
             assert not publication.is_connected
-            assert publication.offer(b"nobody is there") == shmbus.NOT_CONNECTED
+            assert publication.offer(b"nobody is there") == shmbus.codes.NOT_CONNECTED
             time.sleep(0.05)
 
         counted = Reader(bus.add_subscription(f"aeron-spy:{channel}|ssc=true", STREAM))

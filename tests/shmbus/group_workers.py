@@ -123,7 +123,7 @@ def work(context: shmbus.Context, stream_id: int, group: str, record_path: str, 
                     break
             return taken
 
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         deadline = time.monotonic() + 120
         while not stop.is_set() and time.monotonic() < deadline:
             if leave_after is not None and tasks >= leave_after and not subscription.is_closed:

@@ -296,7 +296,7 @@ def streaming_writer(context: shmbus.Context, stream: int, length: int, stop: An
                         pub.publish(data, timeout=2.0)
                         break
                     except shmbus.PublicationError as e:
-                        if e.code == shmbus.CLOSED:
+                        if e.code == shmbus.codes.CLOSED:
                             raise
                         refused["timeout"] += 1
                     except OSError as e:

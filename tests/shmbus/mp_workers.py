@@ -3,7 +3,7 @@
 Every function here runs in a process of its own (multiprocessing "spawn" context), opens the
 stream by path with :class:`StandaloneStream`, and reports back through a multiprocessing
 queue. Every loop is bounded by a deadline; waiting is done with
-:class:`shmbus.BackoffIdleStrategy` (the machine has two cores: no busy-spinning).
+:class:`shmbus.idle_strategies.BackoffIdleStrategy` (the machine has two cores: no busy-spinning).
 
 Message formats (all checksums are zlib.crc32):
 
@@ -85,7 +85,7 @@ def concurrent_writer(directory: str, writer: int, count: int, seed: int, max_le
         pub = stream.publication()
         block = memoryview(random_block(seed))
         rng = tagged_rng(seed, writer)
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         if not start.wait(timeout):
             raise TimeoutError("start event not set")
         deadline = time.monotonic() + timeout
@@ -98,11 +98,11 @@ def concurrent_writer(directory: str, writer: int, count: int, seed: int, max_le
                 result = offer(*parts, reserved_value=reserved)
                 if result > 0:
                     break
-                if result == shmbus.ADMIN_ACTION:
+                if result == shmbus.codes.ADMIN_ACTION:
                     admin += 1
                     continue
-                if result != shmbus.BACK_PRESSURED:
-                    raise RuntimeError(f"offer: {shmbus.result_name(result)}")
+                if result != shmbus.codes.BACK_PRESSURED:
+                    raise RuntimeError(f"offer: {shmbus.codes.result_name(result)}")
                 back_pressured += 1
                 if back_pressured % 64 == 0 and time.monotonic() > deadline:
                     raise TimeoutError(f"back-pressured past the deadline at seq {seq}")
@@ -172,7 +172,7 @@ def tagged_reader(directory: str, writers: int, count: int, seed: int, max_lengt
         image = stream.image(0)
         verifier = TaggedVerifier(writers, seed, max_length)
         assembler = shmbus.FragmentAssembler(verifier)
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         total = writers * count
         fragments = 0
         stream.update_limit([image.position])
@@ -235,7 +235,7 @@ def exclusive_writer(directory: str, count: int, seed: int, batch: int, start: A
         block = memoryview(random_block(seed))
         lengths, offsets = small_shapes(seed, count)
         positions = np.zeros(count, np.int64) if report_positions else None
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         if not start.wait(timeout):
             raise TimeoutError("start event not set")
         deadline = time.monotonic() + timeout
@@ -254,11 +254,11 @@ def exclusive_writer(directory: str, count: int, seed: int, batch: int, start: A
                         done += result
                         idle.reset()
                         continue
-                    if result == shmbus.ADMIN_ACTION:
+                    if result == shmbus.codes.ADMIN_ACTION:
                         admin += 1
                         continue
-                    if result != shmbus.BACK_PRESSURED:
-                        raise RuntimeError(f"offer_many: {shmbus.result_name(result)}")
+                    if result != shmbus.codes.BACK_PRESSURED:
+                        raise RuntimeError(f"offer_many: {shmbus.codes.result_name(result)}")
                     back_pressured += 1
                     if back_pressured % 64 == 0 and time.monotonic() > deadline:
                         raise TimeoutError(f"back-pressured past the deadline at seq {seq}")
@@ -270,11 +270,11 @@ def exclusive_writer(directory: str, count: int, seed: int, batch: int, start: A
                     result = offer(head, body)
                     if result > 0:
                         break
-                    if result == shmbus.ADMIN_ACTION:
+                    if result == shmbus.codes.ADMIN_ACTION:
                         admin += 1
                         continue
-                    if result != shmbus.BACK_PRESSURED:
-                        raise RuntimeError(f"offer: {shmbus.result_name(result)}")
+                    if result != shmbus.codes.BACK_PRESSURED:
+                        raise RuntimeError(f"offer: {shmbus.codes.result_name(result)}")
                     back_pressured += 1
                     if back_pressured % 64 == 0 and time.monotonic() > deadline:
                         raise TimeoutError(f"back-pressured past the deadline at seq {seq}")
@@ -345,7 +345,7 @@ def small_reader(directory: str, count: int, seed: int, ready: Any, results: Any
         image = stream.image(slot)
         report["start_position"] = image.position
         verifier = SmallVerifier(seed, count, first)
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         if flow_control:
             stream.update_limit([image.position])
         ready.set()
@@ -404,7 +404,7 @@ def claiming_writer(directory: str, writer: int, complete: int, claim_length: in
         pub = stream.publication()
         block = memoryview(random_block(seed))
         rng = tagged_rng(seed, writer)
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         deadline = time.monotonic() + timeout
         positions = []
         for seq in range(complete):
@@ -412,14 +412,14 @@ def claiming_writer(directory: str, writer: int, complete: int, claim_length: in
             parts, reserved = make_tagged(block, writer, seq, *shape)
             while (result := pub.offer(*parts, reserved_value=reserved)) <= 0:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"offer: {shmbus.result_name(result)}")
-                if result != shmbus.ADMIN_ACTION:
+                    raise TimeoutError(f"offer: {shmbus.codes.result_name(result)}")
+                if result != shmbus.codes.ADMIN_ACTION:
                     idle.idle(0)
             positions.append(result)
         while not (claim := pub.try_claim(claim_length)):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"try_claim: {shmbus.result_name(claim.result)}")
-            if claim.result != shmbus.ADMIN_ACTION:
+                raise TimeoutError(f"try_claim: {shmbus.codes.result_name(claim.result)}")
+            if claim.result != shmbus.codes.ADMIN_ACTION:
                 idle.idle(0)
         body = block[:claim_length - TAG.size]
         claim.buffer[:TAG.size] = TAG.pack(writer, complete, zlib.crc32(body))
@@ -446,7 +446,7 @@ def watching_reader(directory: str, writers: int, seed: int, max_length: int, re
         image = stream.image(0)
         verifier = TaggedVerifier(writers, seed, max_length)
         assembler = shmbus.FragmentAssembler(verifier)
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         stream.update_limit([image.position])
         ready.set()
         deadline = time.monotonic() + timeout

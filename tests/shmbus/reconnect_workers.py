@@ -43,7 +43,7 @@ def reconnecting_publisher(context: shmbus.Context, stream_id: int, writer: int,
             sessions: dict[int, list[int]] = {}
             refused: dict[str, int] = {}
             ambiguous = 0
-            idle = shmbus.BackoffIdleStrategy()
+            idle = shmbus.idle_strategies.BackoffIdleStrategy()
             seq = 0
             while True:
                 last = stop.is_set()

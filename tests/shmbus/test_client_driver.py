@@ -45,7 +45,7 @@ def test_no_subscriber_is_not_connected(bus_context, driver) -> None:
     with shmbus.connect(bus_context) as bus:
         pub = bus.add_exclusive_publication("aeron:ipc", 8)
         assert not pub.is_connected
-        assert pub.offer(b"x") == shmbus.NOT_CONNECTED
+        assert pub.offer(b"x") == shmbus.codes.NOT_CONNECTED
 
 
 def test_late_subscriber_starts_at_the_current_position(bus_context, driver) -> None:
@@ -207,7 +207,7 @@ def test_client_is_not_usable_after_fork(bus_context, driver) -> None:
         text, offer_result = os.read(read, 1000).decode().split("|")
         os.close(read)
         assert "after fork, call shmbus.connect() again in the child" in text
-        assert int(offer_result) == shmbus.CLOSED
+        assert int(offer_result) == shmbus.codes.CLOSED
 
 
 def test_context_pickles_and_reads_the_environment(monkeypatch, bus_context) -> None:

@@ -191,7 +191,7 @@ def test_a_ring_file_removed_under_a_live_stream_goes_on_in_the_mapped_ring(
         log_path = pub.log.path
         pub.log.path = str(log_path) + ".gone"
         try:
-            assert pub.offer(message) == shmbus.NOT_CONNECTED
+            assert pub.offer(message) == shmbus.codes.NOT_CONNECTED
             with pytest.raises(shmbus.PublicationError, match="block ring is gone"):
                 pub.publish(message)
         finally:
@@ -335,7 +335,7 @@ def test_a_reader_killed_holding_a_view_is_dropped_and_its_block_freed(small_rin
                 seq += 1
             else:
                 refused = result
-        assert refused == shmbus.BACK_PRESSURED
+        assert refused == shmbus.codes.BACK_PRESSURED
         assert ring_in_use(context) > 0
         os.kill(holder.pid, signal.SIGKILL)
         holder.join(5)
@@ -470,7 +470,7 @@ def test_offer_many_takes_a_large_message_alone_and_stops_a_batch_before_one(bus
         assert pub.offer_many([large]) == 1
         sub.close()
         wait_until(lambda: not pub.is_connected, 5, "no subscriber")
-        assert pub.offer_many([large, small]) == shmbus.NOT_CONNECTED
+        assert pub.offer_many([large, small]) == shmbus.codes.NOT_CONNECTED
 
 
 def test_publish_many_names_the_message_a_channel_cannot_take(small_ring_context):

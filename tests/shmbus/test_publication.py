@@ -131,7 +131,7 @@ def test_message_that_just_fits_at_the_end_of_a_term(stream, exclusive) -> None:
         assert pub.offer(filler) > 0
     assert pub.position == TERM - 64
     assert pub.offer(bytes(32)) == TERM  # exactly fills the term
-    assert pub.offer(b"next") == shmbus.ADMIN_ACTION  # full term: rotate, no padding needed
+    assert pub.offer(b"next") == shmbus.codes.ADMIN_ACTION  # full term: rotate, no padding needed
     assert pub.offer(b"next") == TERM + 64
 
 
@@ -141,7 +141,7 @@ def test_message_that_does_not_fit_pads_and_rotates(stream, exclusive) -> None:
     filler = bytes(992 - 32)
     for _ in range(66):
         assert pub.offer(filler) > 0
-    assert pub.offer(bytes(33)) == shmbus.ADMIN_ACTION  # needs 96 bytes, 64 are left
+    assert pub.offer(bytes(33)) == shmbus.codes.ADMIN_ACTION  # needs 96 bytes, 64 are left
     assert pub.position == TERM
     assert pub.offer(bytes(33)) == TERM + 96
     pad = stream.log.buffer.get_bytes(TERM - 64, 8)
@@ -158,14 +158,14 @@ def test_codes_not_connected_back_pressured_closed(stream, exclusive) -> None:
     message = bytes(1000)
     while pub.offer(message) > 0:
         pass
-    assert pub.offer(message) == shmbus.BACK_PRESSURED
+    assert pub.offer(message) == shmbus.codes.BACK_PRESSURED
     assert window <= pub.position < window + 1056
     stream.log.is_connected = False
-    assert pub.offer(message) == shmbus.NOT_CONNECTED
+    assert pub.offer(message) == shmbus.codes.NOT_CONNECTED
     assert not pub.is_connected
     pub.close()
-    assert pub.offer(message) == shmbus.CLOSED
-    assert pub.offer_many([message]) == shmbus.CLOSED
+    assert pub.offer(message) == shmbus.codes.CLOSED
+    assert pub.offer_many([message]) == shmbus.codes.CLOSED
     assert not pub.try_claim(10)
 
 
@@ -184,7 +184,7 @@ def test_max_position_exceeded(shm_dir, exclusive) -> None:
     pub = stream.publication(exclusive)
     assert pub.max_possible_position == TERM * 2**31
     assert pub.offer(bytes(10)) == TERM * 2**31  # the last frame that fits
-    assert pub.offer(bytes(10)) == shmbus.MAX_POSITION_EXCEEDED
+    assert pub.offer(bytes(10)) == shmbus.codes.MAX_POSITION_EXCEEDED
     stream.close()
 
 
@@ -218,7 +218,7 @@ def test_a_claim_open_when_its_publication_closes_is_not_published(stream, exclu
     pub.close()
     with pytest.raises(shmbus.PublicationError, match="closed while this claim was open") as raised:
         claim.commit()
-    assert raised.value.code == shmbus.CLOSED
+    assert raised.value.code == shmbus.codes.CLOSED
     assert drain(stream, stream.image()) == []
 
 
@@ -232,7 +232,7 @@ def test_a_publication_closed_between_the_claim_and_its_buffer_gives_a_failed_cl
     assert result > 0
     pub.close()
     claim = BufferClaim(pub, result, frame_offset, 8)
-    assert not claim and claim.result == shmbus.CLOSED and claim.buffer is None
+    assert not claim and claim.result == shmbus.codes.CLOSED and claim.buffer is None
     with pytest.raises(shmbus.PublicationError):
         claim.__enter__()
     assert drain(stream, stream.image()) == []
@@ -244,7 +244,7 @@ def test_claim_limits_and_failures(stream) -> None:
     stream.log.is_connected = False
     stream.limit.set(0)
     claim = pub.try_claim(10)
-    assert not claim and claim.result == shmbus.NOT_CONNECTED
+    assert not claim and claim.result == shmbus.codes.NOT_CONNECTED
     with pytest.raises(shmbus.PublicationError, match="NOT_CONNECTED"), claim:
         pass
 
@@ -273,15 +273,15 @@ def test_offer_many_stops_at_the_term_end_and_limit(stream, exclusive) -> None:
     pub = stream.publication(exclusive)
     block = np.zeros((200, 480), np.uint8)  # 512-byte frames: 128 fill a term
     assert pub.offer_many(block) == 64  # the window (half a term) stops it
-    assert pub.offer_many(block) == shmbus.BACK_PRESSURED
+    assert pub.offer_many(block) == shmbus.codes.BACK_PRESSURED
     image = stream.image()
     drain(stream, image)
     total = 64
     while total < 300:
         r = pub.offer_many(block[: 300 - total])
-        if r == shmbus.ADMIN_ACTION:
+        if r == shmbus.codes.ADMIN_ACTION:
             continue
-        assert r > 0, shmbus.result_name(r)
+        assert r > 0, shmbus.codes.result_name(r)
         total += r
         drain(stream, image)
     assert image.position == 300 * 512 + (TERM - 128 * 512) * 0
@@ -298,11 +298,11 @@ def test_controlled_poll_actions(stream) -> None:
         value = buffer[0]
         seen.append(value)
         if value == 1 and seen.count(1) == 1:
-            return shmbus.Action.ABORT
+            return shmbus.codes.Action.ABORT
         if value == 3:
-            return shmbus.Action.BREAK
+            return shmbus.codes.Action.BREAK
         if value == 4:
-            return shmbus.Action.COMMIT
+            return shmbus.codes.Action.COMMIT
         return None
 
     assert image.controlled_poll(handler, 10) == 1  # 0, then abort at 1
@@ -421,7 +421,7 @@ def test_offers_read_back_exactly_in_order(ops, limits, exclusive,
                 result = attempt()
                 if result > 0:
                     return
-                assert result in (shmbus.ADMIN_ACTION, shmbus.BACK_PRESSURED), result
+                assert result in (shmbus.codes.ADMIN_ACTION, shmbus.codes.BACK_PRESSURED), result
                 pump()
             pytest.fail("no progress")
 
@@ -466,7 +466,8 @@ def test_offers_read_back_exactly_in_order(ops, limits, exclusive,
                         expected.extend((m, 0) for m in remaining[:result])
                         remaining = remaining[result:]
                     else:
-                        assert result in (shmbus.ADMIN_ACTION, shmbus.BACK_PRESSURED), result
+                        assert result in (shmbus.codes.ADMIN_ACTION,
+                                          shmbus.codes.BACK_PRESSURED), result
                         pump()
         for _ in range(10000):
             before = image.position
@@ -492,7 +493,7 @@ def sleep_at_the_limit(pub: shmbus.Publication, stream: StandaloneStream,
     """Fill ``pub`` to its limit, then a thread sleeps in _await_progress on its log."""
     while pub.offer(b"x" * 1000) > 0:
         pass
-    assert pub.offer(b"x") == shmbus.BACK_PRESSURED
+    assert pub.offer(b"x") == shmbus.codes.BACK_PRESSURED
     sleeper = threading.Thread(target=pub._await_progress, args=(seconds,))
     sleeper.start()
     deadline = time.monotonic() + 5
@@ -528,10 +529,10 @@ def test_a_detached_publication_refuses_offers_then_writes_only_its_new_log(two_
     assert not sleeper.is_alive() and time.monotonic() - began < 5, "sleeper not woken"
     assert progress_waiters(old) == 0
     # refused, not closed; the position stays where the lost log ended
-    assert pub.offer(b"y") == shmbus.NOT_CONNECTED
+    assert pub.offer(b"y") == shmbus.codes.NOT_CONNECTED
     claim = pub.try_claim(10)
-    assert not claim and claim.result == shmbus.NOT_CONNECTED
-    assert pub.offer_many([b"y", b"z"]) == shmbus.NOT_CONNECTED
+    assert not claim and claim.result == shmbus.codes.NOT_CONNECTED
+    assert pub.offer_many([b"y", b"z"]) == shmbus.codes.NOT_CONNECTED
     assert not pub.is_closed and not pub.is_connected and pub.position == reached
     before = time.monotonic()
     pub._await_progress(0.05)  # nothing will ring: it sleeps the timeout, no spinning
@@ -544,7 +545,7 @@ def test_a_detached_publication_refuses_offers_then_writes_only_its_new_log(two_
     assert drain(new, image)[0][0] == b"hello"
     assert old.log.buffer.get_bytes(0, TERM * 3) == old_bytes, "the old log was written"
     pub.close()
-    assert pub.offer(b"y") == shmbus.CLOSED and pub.is_closed
+    assert pub.offer(b"y") == shmbus.codes.CLOSED and pub.is_closed
 
 
 def test_a_sleeper_of_the_old_log_leaves_the_new_logs_waiter_count_alone(two_streams,
@@ -567,7 +568,7 @@ def test_a_sleeper_of_the_old_log_leaves_the_new_logs_waiter_count_alone(two_str
         PublicationCore.__init__(
             pub, old.log.buffer, TERM, 0, 33, 1, 9, old.limit.buffer, old.limit.offset,
             exclusive)
-    assert pub.session_id == 2 and pub.offer(b"x") == shmbus.BACK_PRESSURED
+    assert pub.session_id == 2 and pub.offer(b"x") == shmbus.codes.BACK_PRESSURED
 
 
 def test_a_publisher_asleep_at_its_limit_is_woken_by_wake_log_writers(stream, exclusive):

@@ -170,7 +170,7 @@ def test_requests_while_reconnecting_wait_for_the_new_driver_or_time_out(bus_con
         driver.kill()
         driver.wait(10)
         wait_until(lambda: not sub.images, 10, "the client to notice the driver died")
-        assert kept.offer(b"x") == shmbus.NOT_CONNECTED and kept.position == reached
+        assert kept.offer(b"x") == shmbus.codes.NOT_CONNECTED and kept.position == reached
         assert not kept.is_closed and bus.reconnects == 0
 
         began = time.monotonic()
@@ -178,7 +178,7 @@ def test_requests_while_reconnecting_wait_for_the_new_driver_or_time_out(bus_con
             bus.add_subscription("aeron:ipc", stream)
         assert time.monotonic() - began >= 1.4  # it waited driver_timeout for a new driver
         dropped.close()  # closing works at once while reconnecting
-        assert dropped.is_closed and dropped.offer(b"x") == shmbus.CLOSED
+        assert dropped.is_closed and dropped.offer(b"x") == shmbus.codes.CLOSED
 
         new_driver = start_driver(context)
         try:
@@ -211,7 +211,7 @@ def test_a_client_without_reconnect_still_fails_for_good(bus_context, driver):
         driver.wait(10)
         new_driver = start_driver(context)
         try:
-            wait_until(lambda: pub.offer(b"x") == shmbus.CLOSED, 10, "the publication closed")
+            wait_until(lambda: pub.offer(b"x") == shmbus.codes.CLOSED, 10, "the publication closed")
             with pytest.raises(shmbus.DriverTimeoutError, match="heartbeated"):
                 bus.add_publication("aeron:ipc", 73)
             time.sleep(0.3)  # the new driver is there: this client stays failed

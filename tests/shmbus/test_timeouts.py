@@ -94,7 +94,7 @@ def test_publish_zero_tries_once_and_none_waits_for_a_subscriber(bus: shmbus.Cli
     pub = bus.add_publication("aeron:ipc", 71)
     with pytest.raises(shmbus.PublicationError) as refused:
         pub.publish(b"x", timeout=0)
-    assert refused.value.code == shmbus.NOT_CONNECTED
+    assert refused.value.code == shmbus.codes.NOT_CONNECTED
     subscriptions = []
     joiner = _later(lambda: subscriptions.append(bus.add_subscription("aeron:ipc", 71)))
     assert pub.publish(b"hello", timeout=None) > 0
@@ -105,7 +105,7 @@ def test_publish_zero_tries_once_and_none_waits_for_a_subscriber(bus: shmbus.Cli
 def test_claim_array_tries_once_by_default_and_none_waits(bus: shmbus.Client) -> None:
     pub = bus.add_exclusive_publication("aeron:ipc", 72)
     claim = pub.claim_array((4,), np.int64)
-    assert not claim and claim.result == shmbus.NOT_CONNECTED
+    assert not claim and claim.result == shmbus.codes.NOT_CONNECTED
     subscriptions = []
     joiner = _later(lambda: subscriptions.append(bus.add_subscription("aeron:ipc", 72)))
     with pub.claim_array((4,), np.int64, timeout=None) as claim:

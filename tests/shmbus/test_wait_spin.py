@@ -108,7 +108,7 @@ def test_publish_accepted_at_once_never_enters_the_python_retry(bus_context, dri
                 publication.publish(bytes(32), timeout=0.2)
         assert len(refused) == 1
         buffers, result, timeout, reserved = refused[0]
-        assert buffers == (bytes(32),) and result == shmbus.BACK_PRESSURED
+        assert buffers == (bytes(32),) and result == shmbus.codes.BACK_PRESSURED
         assert (timeout, reserved) == (0.2, 0)
 
 

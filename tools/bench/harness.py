@@ -364,19 +364,20 @@ def offer_until_accepted(offer: Callable[[Any], int], message: Any, idle: Any,
     """Offer ``message`` with a shmbus publication's ``offer`` until accepted: ``idle`` (a
     shmbus idle strategy) backs off while back-pressured, a rotation (ADMIN_ACTION) is retried
     at once. BenchError when the publication refuses for good or at ``deadline_ns``."""
-    from shmbus import ADMIN_ACTION, CLOSED, MAX_POSITION_EXCEEDED, result_name
+    from shmbus import codes
 
     while True:
         result = offer(message)
         if result > 0:
             idle.reset()
             return
-        if result in (CLOSED, MAX_POSITION_EXCEEDED):
-            raise BenchError(f"offer failed: {result_name(result)}")
-        if result != ADMIN_ACTION:
+        if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
+            raise BenchError(f"offer failed: {codes.result_name(result)}")
+        if result != codes.ADMIN_ACTION:
             idle.idle(0)
             if time.monotonic_ns() > deadline_ns:
-                raise BenchError(f"offer not accepted before the deadline: {result_name(result)}")
+                raise BenchError(f"offer not accepted before the deadline: "
+                                 f"{codes.result_name(result)}")
 
 
 def deadline_after(seconds: float) -> int:

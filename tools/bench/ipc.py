@@ -335,7 +335,9 @@ def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], by
 
     deadline = deadline_after(timeout_s + 60)
     poll = subscription.poll
-    idle = shmbus.BusySpinIdleStrategy() if wait == SPIN else shmbus.BackoffIdleStrategy()
+    strategies = shmbus.idle_strategies
+    idle = (strategies.BusySpinIdleStrategy() if wait == SPIN
+            else strategies.BackoffIdleStrategy())
 
     def recv() -> bytes:
         spins = 0
@@ -377,7 +379,7 @@ def _shm_send(publication: Any, wait: str, timeout_s: float) -> Callable[[Any], 
         return publish_one
 
     offer = publication.offer
-    idle = shmbus.BackoffIdleStrategy()
+    idle = shmbus.idle_strategies.BackoffIdleStrategy()
     deadline = deadline_after(timeout_s + 60)
 
     def send(message: Any) -> None:
@@ -431,7 +433,7 @@ def shm_idle(start: Any, bus_spec: Bus, publisher: bool, wait: str, duration_s: 
             poll = subscription.poll
         start.ready(bus.driver_pid)
         end_ns = deadline_after(duration_s)
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         polls = 0
         if not publisher and wait == ASYNCIO:
             async def awaits() -> int:

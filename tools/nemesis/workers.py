@@ -346,7 +346,7 @@ def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: An
     check = SubscriberCheck()
     assembler = shmbus.FragmentAssembler(
         lambda buffer, header: check.on_message(header.session_id, buffer))
-    idle = shmbus.SleepingIdleStrategy(IDLE_S)
+    idle = shmbus.idle_strategies.SleepingIdleStrategy(IDLE_S)
 
     def new_image(image: shmbus.Image) -> None:
         assembler.free_session(image.session_id)  # a rejoin may start mid-message
@@ -403,7 +403,7 @@ def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, result
     timed out, the recorder stopped by a full disk: HistoryGapError) rebuilds it."""
     total = SubscriberCheck()
     rng = random.Random(os.getpid())
-    idle = shmbus.SleepingIdleStrategy(IDLE_S)
+    idle = shmbus.idle_strategies.SleepingIdleStrategy(IDLE_S)
     try:
         for window in itertools.count():
             last = stop.is_set()
@@ -484,7 +484,7 @@ def _late_join(client: shmbus.Client, recorder: shmbus.Recorder, directory: Path
     with client.add_subscription(channel, spec.stream_id, history=shmbus.Recording(directory),
                                  from_position=position, catch_up=1.0) as sub:
         deadline = time.monotonic() + LATE_JOIN_READ_S
-        idle = shmbus.SleepingIdleStrategy(IDLE_S)
+        idle = shmbus.idle_strategies.SleepingIdleStrategy(IDLE_S)
         while time.monotonic() < deadline:
             work = sub.poll(handler, 1024)
             check.on_poll_done()
@@ -525,7 +525,7 @@ def run_recorder(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: 
     window more is recorded after ``stop`` is set. Puts (name, SubscriberCheck) on
     ``results``."""
     check = SubscriberCheck()
-    idle = shmbus.SleepingIdleStrategy(IDLE_S)
+    idle = shmbus.idle_strategies.SleepingIdleStrategy(IDLE_S)
     try:
         for window in itertools.count():
             last = stop.is_set()

@@ -61,7 +61,7 @@ def record(context: Any, directory: str, stream_id: int, stop: Any, reports: Any
 
     try:
         with shmbus.Recorder(directory, "aeron:ipc", stream_id, context=context) as recorder:
-            idle = shmbus.BackoffIdleStrategy()
+            idle = shmbus.idle_strategies.BackoffIdleStrategy()
             deadline = time.monotonic() + 30
             while not recorder.recordings:
                 if time.monotonic() > deadline:

@@ -83,7 +83,7 @@ def publisher(context: shmbus.Context, name: str, stream_id: int, length: int,
             if publication.offer(message) < 0:
                 time.sleep(0.0005)
         while True:
-            while (result := publication.offer(message)) != shmbus.BACK_PRESSURED:
+            while (result := publication.offer(message)) != shmbus.codes.BACK_PRESSURED:
                 if time.monotonic() > deadline:
                     reports.put(("failed", name, os.getpid(), f"offer gave {result}"))
                     return

@@ -4,7 +4,7 @@ Every function here runs in a process of its own (multiprocessing "spawn" contex
 with ``shmbus.connect(context)`` using the test's pickled :class:`shmbus.Context`, and reports
 back through a multiprocessing queue as plain dicts (``kind`` says which report it is). Every
 loop is bounded by a deadline; empty polls and back-pressure idle with
-:class:`shmbus.BackoffIdleStrategy` (the machine has two cores: nothing busy-spins).
+:class:`shmbus.idle_strategies.BackoffIdleStrategy` (the machine has two cores: nothing busy-spins).
 
 Messages (``make_message``): a 16-byte head ``(writer u16, flags u16, crc32 u32, seq u64)``
 then a body cut from a random block shared by every process. The crc covers writer, flags,
@@ -136,7 +136,7 @@ def _wait(event: Any, deadline: float, what: str) -> None:
 def _offer(publication: shmbus.Publication, message: bytes, deadline: float,
            stats: dict[str, int]) -> None:
     """Offer until accepted, idling (back-off) on back-pressure; count what came back."""
-    idle = shmbus.BackoffIdleStrategy()
+    idle = shmbus.idle_strategies.BackoffIdleStrategy()
     while True:
         result = publication.offer(message)
         if result > 0:
@@ -225,7 +225,7 @@ def claim_and_hang(context: shmbus.Context, channel: str, stream_id: int, writer
         results.put({"kind": "committed", "name": name, "count": committed,
                      "registration_id": pub.registration_id, "session_id": pub.session_id})
         _wait(go, deadline, "go")
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         while True:
             claim = pub.try_claim(200)
             if claim:
@@ -256,7 +256,7 @@ def multi_stream_publisher(context: shmbus.Context, stream_ids: list[int], count
             _wait(start, deadline, "start")
             sent = dict.fromkeys(stream_ids, 0)
             held: dict[str, int] = {}
-            idle = shmbus.BackoffIdleStrategy()
+            idle = shmbus.idle_strategies.BackoffIdleStrategy()
             pending = list(stream_ids)
             while pending:
                 if time.monotonic() > deadline:
@@ -302,7 +302,7 @@ def subscriber(context: shmbus.Context, channel: str, stream_id: int, name: str,
             results.put({"kind": "sub-ready", "name": name,
                          "registration_id": sub.registration_id})
             checker = Checker(writers=writers, stream_id=stream_id)
-            idle = shmbus.BackoffIdleStrategy()
+            idle = shmbus.idle_strategies.BackoffIdleStrategy()
             last_message = None
             max_stall = 0.0
 
@@ -360,7 +360,7 @@ def untethered_subscriber(context: shmbus.Context, stream_id: int, slow_sleep: f
                                        on_unavailable_image=unavailable)
             results.put({"kind": "sub-ready", "name": name,
                          "registration_id": sub.registration_id})
-            idle = shmbus.BackoffIdleStrategy()
+            idle = shmbus.idle_strategies.BackoffIdleStrategy()
             first_read = None
             rejoined_count = 0
             while not checker.finished and time.monotonic() < deadline:
@@ -400,7 +400,7 @@ def stalling_subscriber(context: shmbus.Context, channel: str, stream_id: int, r
         results.put({"kind": "sub-ready", "name": name, "registration_id": sub.registration_id,
                      "pid": os.getpid()})
         checker = Checker(stream_id=stream_id)
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         while checker.count < read:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"read {checker.count} of {read} messages")
@@ -420,7 +420,7 @@ def driver_loss_subscriber(context: shmbus.Context, stream_id: int, results: Any
         sub = bus.add_subscription("aeron:ipc", stream_id)
         results.put({"kind": "sub-ready", "name": name, "registration_id": sub.registration_id})
         checker = Checker(stream_id=stream_id)
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         try:
             while time.monotonic() < deadline:
                 idle.idle(sub.poll(checker, 10))
@@ -442,7 +442,7 @@ def multi_stream_subscriber(context: shmbus.Context, stream_ids: list[int], coun
             subs = {s: bus.add_subscription("aeron:ipc", s) for s in stream_ids}
             results.put({"kind": "sub-ready", "name": name, "streams": len(subs)})
             checkers = {s: Checker(writers={s}, stream_id=s) for s in stream_ids}
-            idle = shmbus.BackoffIdleStrategy()
+            idle = shmbus.idle_strategies.BackoffIdleStrategy()
             pending = list(stream_ids)
             while pending and time.monotonic() < deadline:
                 work = 0

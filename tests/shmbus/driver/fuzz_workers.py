@@ -147,7 +147,7 @@ class Fuzzer:
         self.written = 0
 
     def _write(self, msg_type: int, payload: bytes, deadline: float) -> None:
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         while not self.ring.write(msg_type, payload):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the driver stopped reading commands ({self.ring})")

@@ -126,7 +126,7 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str,
                poll: Callable[[], Any] | None = None) -> float:
     """Wait (bounded) until ``condition()``; returns the monotonic time it became true."""
     deadline = time.monotonic() + timeout
-    idle = shmbus.BackoffIdleStrategy()
+    idle = shmbus.idle_strategies.BackoffIdleStrategy()
     while not condition():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
@@ -329,7 +329,7 @@ def test_killed_subscriber_stops_holding_the_publisher_back(bus_context, driver,
         checker = dw.Checker(writers={writer}, stream_id=stream)
         seq = 0
         stalled = None
-        idle = shmbus.BackoffIdleStrategy()
+        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         deadline = time.monotonic() + 30
         limit_id = counters.find(PUB_LIMIT, pub.registration_id)
         # publish until the stalled subscriber holds the publisher back: back-pressured, the
@@ -342,7 +342,7 @@ def test_killed_subscriber_stops_holding_the_publisher_back(bus_context, driver,
                 seq += 1
             live.poll(checker, 100)
             stalled = stalled or victim_reports.poll("stalled")
-            if (stalled and result == shmbus.BACK_PRESSURED and checker.count == seq
+            if (stalled and result == shmbus.codes.BACK_PRESSURED and checker.count == seq
                     and counters.get_value(limit_id) - stalled["position"]
                     >= window - window // 8):
                 break
@@ -577,7 +577,7 @@ def fill_warm_beginning(bus: shmbus.Client, stream_id: int, first_seq: int = 0
     while seq - first_seq < 100:
         result = pub.offer(lw.message(1, seq, 1 << 20))
         if result < 0:
-            assert result == shmbus.BACK_PRESSURED, shmbus.result_name(result)
+            assert result == shmbus.codes.BACK_PRESSURED, shmbus.codes.result_name(result)
             break
         seq += 1
     assert seq - first_seq >= 4, "the warm beginning held fewer than 4 blocks"
