@@ -13,6 +13,7 @@ from shmbus.codecs.array_messages import check_out, copy_array_into, decode_arra
 from shmbus.codecs.object_messages import decode_object
 from shmbus.codecs.source_trust import refusal, unkeyed_network
 from shmbus.codecs.table_messages import decode_table
+from shmbus.settings.timeouts import deadline_after
 from shmbus.shm._native import AtomicBuffer, SubscriptionCore
 from shmbus.streams.async_waits import ReadinessWatcher
 from shmbus.streams.image import FragmentBatch, Image, MessageView
@@ -198,6 +199,10 @@ class Subscription(SubscriptionCore):
         return self._views(timeout, self._object_reading(copy, trust_unkeyed_network),
                      hold=not copy)
 
+    def views_async(self, timeout: float | None = 1.0) -> AsyncIterator[MessageView]:
+        """:meth:`views`, awaited, with the same ``timeout``."""
+        return self._views_async(timeout)
+
     def arrays_async(self, timeout: float | None = 1.0, copy: bool = False,
                      out: np.ndarray | None = None) -> AsyncIterator[np.ndarray]:
         """:meth:`arrays`, awaited, with the same ``timeout``."""
@@ -339,6 +344,17 @@ class Subscription(SubscriptionCore):
             fragments = self.poll(handler, fragment_limit)
             if fragments or self._closed or not await self._readable(deadline):
                 return fragments
+
+    async def wait_async(self, timeout: float | None = None, /) -> bool:
+        """:meth:`wait`, awaited: True once an image may have a fragment to read, False when
+        ``timeout`` seconds passed first (None: no limit). The event loop runs meanwhile."""
+        deadline = None if timeout is None else deadline_after(timeout)
+        while not self._closed:
+            if self.wait(0):
+                return True
+            if not await self._readable(deadline):  # (it may wake with nothing there yet)
+                return False
+        return False
 
     async def messages_async(self, timeout: float | None = 1.0) -> AsyncIterator[bytes]:
         """Whole messages as bytes, awaited: ``async for message in sub.messages_async()``.

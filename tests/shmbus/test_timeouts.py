@@ -9,6 +9,7 @@ later (a subscriber joining, a message arriving), bounded by the test's timeout.
 from __future__ import annotations
 
 import ast
+import asyncio
 import inspect
 import math
 import threading
@@ -131,3 +132,17 @@ def test_poll_does_not_wait_by_default_and_none_waits_for_a_fragment(
     assert sub.poll(handler, 10, timeout=None) == 1
     writer.join()
     assert got == [b"woken"]
+
+
+def test_wait_async_and_views_async_wait_as_their_sync_twins_do(bus: shmbus.Client) -> None:
+    sub = bus.add_subscription("aeron:ipc", 74)
+    pub = bus.add_publication("aeron:ipc", 74)
+
+    async def main() -> list[bytes]:
+        assert await sub.wait_async(0.05) is False
+        writer = _later(lambda: pub.publish(b"awaited", timeout=5))
+        assert await sub.wait_async(None) is True
+        writer.join()
+        return [bytes(view.buffer) async for view in sub.views_async(timeout=0.5)]
+
+    assert asyncio.run(main()) == [b"awaited"]
