@@ -22,8 +22,9 @@ from typing import Any, cast
 
 import pytest
 
-from shmbus import ADMIN_ACTION, ConcurrentPublication, FragmentAssembler, Image
+from shmbus import ConcurrentPublication, FragmentAssembler, Image
 from shmbus.driver.log_unblocker import unblock
+from shmbus.settings.codes import ADMIN_ACTION
 from shmbus.shm._native import AtomicBuffer
 from shmbus.shm.log_buffer import HDR_TYPE_PAD, TAIL_COUNTERS_OFFSET, LogBuffer
 from shmbus.shm.position import Position
