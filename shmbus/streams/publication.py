@@ -79,7 +79,9 @@ class BufferClaim:
         return self.result > 0
 
     def commit(self) -> None:
-        """Publish the claimed frame. Raises ValueError if already committed or aborted, and
+        """Publish the claimed frame. Raises ValueError if already committed or aborted, or if
+        the driver padded the claim over (it was held open past publication_unblock_timeout,
+        its writer descheduled that long: nothing is published, claim again), and
         PublicationError (code CLOSED) if the publication was closed while the claim was open
         (its client closed or failed): the claim was aborted, the message is not published."""
         self._finish(self._publication._commit)

@@ -62,28 +62,64 @@ static void gather_copy(uint8_t *dst, const Piece *pieces, Py_ssize_t *pi, Py_ss
     }
 }
 
-static inline void write_header(PublicationCore *self, uint8_t *frame, int32_t frame_length,
-                                uint8_t flags, uint16_t type, int32_t term_offset,
-                                int32_t term_id, int64_t reserved_value)
+/*
+ * A writer only descheduled past publication_unblock_timeout is not dead, yet the driver's
+ * unblocker (shmbus/driver/log_unblocker.py) pads over its reservation as if it were. So the
+ * two words the unblocker takes are never written with a plain store:
+ *
+ * - the header's first 8 bytes (negative length, version, flags, type) go in with one
+ *   compare-and-set from zero: it fails when the unblocker padded the zero gap this frame was
+ *   to go in (it takes every 32-byte slot of the gap), and nothing of the frame is written;
+ * - the commit is a compare-and-set of the length from negative to positive: it fails when
+ *   the unblocker took the frame to pad it.
+ *
+ * Either way the writer learns its message is not in the log: an offer returns ADMIN_ACTION
+ * (publish tries again: a new reservation, the message appended once), a claim fails, a
+ * commit raises ValueError. The type goes in with the length, so the unblocker's PAD type,
+ * written after it took the frame, is never overwritten by the writer's.
+ */
+#define PADDED_OVER (-1)        /* the header's compare-and-set failed: nothing written */
+#define TAKEN_OVER (-2)         /* the commit's compare-and-set failed: the frame is padding */
+
+static inline int write_header(PublicationCore *self, uint8_t *frame, int32_t frame_length,
+                               uint8_t flags, uint16_t type, int32_t term_offset,
+                               int32_t term_id, int64_t reserved_value)
 {
     /* The negative length goes in first, so a writer that dies here leaves a frame the reader
      * stops at and the driver can later recognise as blocked. */
-    STORE_RELEASE((int32_t *)frame, -frame_length);
-    frame[VERSION_OFFSET] = 0;
-    frame[FLAGS_OFFSET] = flags;
-    memcpy(frame + TYPE_OFFSET, &type, 2);
+    uint8_t first[8];
+    int32_t negative = -frame_length;
+    memcpy(first, &negative, 4);
+    first[VERSION_OFFSET] = 0;
+    first[FLAGS_OFFSET] = flags;
+    memcpy(first + TYPE_OFFSET, &type, 2);
+    int64_t expected = 0, desired;
+    memcpy(&desired, first, 8);
+    if (!CAS((int64_t *)frame, &expected, desired))
+        return PADDED_OVER;
     wr_i32(frame + TERM_OFFSET_OFFSET, term_offset);
     wr_i32(frame + SESSION_ID_OFFSET, self->session_id);
     wr_i32(frame + STREAM_ID_OFFSET, self->stream_id);
     wr_i32(frame + TERM_ID_OFFSET, term_id);
     wr_i64(frame + RESERVED_VALUE_OFFSET, reserved_value);
+    return 0;
 }
 
+/* Publishes a frame whose header holds -frame_length; TAKEN_OVER if the unblocker took it. */
+static inline int commit_frame(uint8_t *frame, int32_t frame_length)
+{
+    int32_t expected = -frame_length;
+    return CAS((int32_t *)frame, &expected, frame_length) ? 0 : TAKEN_OVER;
+}
+
+/* Pads term[offset, offset + length) of this writer's reservation. A failure needs nothing
+ * more: the unblocker padded (or is padding) that space itself. */
 static inline void write_padding(PublicationCore *self, uint8_t *term, int32_t offset,
                                  int32_t length, int32_t term_id)
 {
-    write_header(self, term + offset, length, UNFRAGMENTED, HDR_TYPE_PAD, offset, term_id, 0);
-    STORE_RELEASE((int32_t *)(term + offset), length);
+    if (write_header(self, term + offset, length, UNFRAGMENTED, HDR_TYPE_PAD, offset, term_id,
+                     0) == 0)
+        commit_frame(term + offset, length);
 }
 
 /* Space a message of `length` bytes takes in the term, all fragments included. */
@@ -99,34 +135,45 @@ static inline int32_t required_length(const PublicationCore *self, Py_ssize_t le
     return (int32_t)required;
 }
 
-/* Writes one message (maybe fragmented) at term[offset]; the space is already reserved. */
-static void write_message(PublicationCore *self, uint8_t *term, int32_t offset, int32_t term_id,
-                          const Piece *pieces, Py_ssize_t length, int64_t reserved_value)
+/*
+ * Writes one message (maybe fragmented) at term[*offset]; the space is already reserved.
+ * Returns 0 with *offset past the message, or PADDED_OVER / TAKEN_OVER (see write_header) with
+ * *offset where this writer's space stops being padding: its frames from there on were never
+ * written (see pad_rest).
+ */
+static int write_message(PublicationCore *self, uint8_t *term, int32_t *offset, int32_t term_id,
+                         const Piece *pieces, Py_ssize_t length, int64_t reserved_value)
 {
     Py_ssize_t pi = 0, po = 0;
-    if (length <= self->max_payload) {
-        int32_t frame_length = (int32_t)length + HEADER_LENGTH;
-        write_header(self, term + offset, frame_length, UNFRAGMENTED, HDR_TYPE_DATA, offset,
-                     term_id, reserved_value);
-        gather_copy(term + offset + HEADER_LENGTH, pieces, &pi, &po, length);
-        STORE_RELEASE((int32_t *)(term + offset), frame_length);
-        return;
-    }
     Py_ssize_t remaining = length;
-    uint8_t flags = BEGIN_FLAG;
-    while (remaining > 0) {
+    uint8_t flags = length <= self->max_payload ? UNFRAGMENTED : BEGIN_FLAG;
+    do {
         Py_ssize_t chunk = remaining < self->max_payload ? remaining : self->max_payload;
         int32_t frame_length = (int32_t)chunk + HEADER_LENGTH;
         if (remaining == chunk)
             flags |= END_FLAG;
-        write_header(self, term + offset, frame_length, flags, HDR_TYPE_DATA, offset, term_id,
-                     reserved_value);
-        gather_copy(term + offset + HEADER_LENGTH, pieces, &pi, &po, chunk);
-        STORE_RELEASE((int32_t *)(term + offset), frame_length);
-        offset += (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
+        uint8_t *frame = term + *offset;
+        if (write_header(self, frame, frame_length, flags, HDR_TYPE_DATA, *offset, term_id,
+                         reserved_value) < 0)
+            return PADDED_OVER;
+        gather_copy(frame + HEADER_LENGTH, pieces, &pi, &po, chunk);
+        *offset += (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
+        if (commit_frame(frame, frame_length) < 0)
+            return TAKEN_OVER;
         remaining -= chunk;
         flags = 0;
-    }
+    } while (remaining > 0);
+    return 0;
+}
+
+/* After a TAKEN_OVER at `from`: the unblocker padded that one frame, and the rest of this
+ * writer's reservation, up to `end`, is still zero; pad it now rather than leave readers at
+ * it for another unblock timeout. (After PADDED_OVER the unblocker's padding covers it.) */
+static void pad_rest(PublicationCore *self, uint8_t *term, int status, int32_t from,
+                     int32_t end, int32_t term_id)
+{
+    if (status == TAKEN_OVER && from < end)
+        write_padding(self, term, from, end - from, term_id);
 }
 
 /* Moves the log to the next term (Aeron's rotateLog); safe for concurrent callers. */
@@ -275,8 +322,15 @@ static int64_t append_pieces(PublicationCore *self, const Piece *pieces, Py_ssiz
     status = reserve(self, &s, required, &term_id, &offset);
     if (status < 0)
         return status;
-    write_message(self, term_at(&self->g, s.term_count % PARTITION_COUNT), offset, term_id,
-                  pieces, length, reserved_value);
+    uint8_t *term = term_at(&self->g, s.term_count % PARTITION_COUNT);
+    int32_t at = offset;
+    status = write_message(self, term, &at, term_id, pieces, length, reserved_value);
+    if (status < 0) {
+        /* descheduled past the unblock timeout: the driver padded this message over */
+        pad_rest(self, term, (int)status, at, offset + required, term_id);
+        wake_readers(self);
+        return ADMIN_ACTION;
+    }
     wake_readers(self);
     return term_begin_position(&self->g, term_id) + offset + required;
 }
@@ -513,14 +567,21 @@ static int64_t append_batch(PublicationCore *self, Py_ssize_t count, piece_gette
     status = reserve(self, &s, (int32_t)total, &term_id, &offset);
     uint8_t *term = term_at(&self->g, s.term_count % PARTITION_COUNT);
     if (status == 0) {
+        int32_t end = offset + (int32_t)total;
         for (Py_ssize_t i = 0; i < admitted; i++) {
             Piece p;
             get(ctx, i, &p);
-            write_message(self, term, offset, term_id, &p, p.len, 0);
-            offset += required_length(self, p.len);
+            int rc = write_message(self, term, &offset, term_id, &p, p.len, 0);
+            if (rc < 0) {
+                /* descheduled past the unblock timeout: the driver padded the batch over from
+                 * message i on; those before it are in the log */
+                pad_rest(self, term, rc, offset, end, term_id);
+                admitted = i;
+                break;
+            }
         }
         wake_readers(self);
-        return admitted;
+        return admitted > 0 ? admitted : ADMIN_ACTION;
     }
     return status;
 }
@@ -672,14 +733,23 @@ static PyObject *pub_claim(PublicationCore *self, PyObject *args)
     if (status < 0)
         return Py_BuildValue("(Ln)", (long long)status, (Py_ssize_t)-1);
     int index = s.term_count % PARTITION_COUNT;
-    write_header(self, term_at(&self->g, index) + offset, frame_length, UNFRAGMENTED,
-                 HDR_TYPE_DATA, offset, term_id, reserved);
+    if (write_header(self, term_at(&self->g, index) + offset, frame_length, UNFRAGMENTED,
+                     HDR_TYPE_DATA, offset, term_id, reserved) < 0)
+        /* descheduled past the unblock timeout: the driver padded the reservation over */
+        return Py_BuildValue("(Ln)", (long long)ADMIN_ACTION, (Py_ssize_t)-1);
     Py_ssize_t frame_offset = (Py_ssize_t)index * self->g.term_length + offset;
     return Py_BuildValue("(Ln)", (long long)(term_begin_position(&self->g, term_id) + offset +
                                              required), frame_offset);
 }
 
-static uint8_t *claimed_frame(PublicationCore *self, PyObject *arg)
+#define PADDED_CLAIM "the claim was padded over by the driver: it was held open past " \
+    "publication_unblock_timeout (this writer descheduled that long); nothing was published"
+
+/* The claimed frame at the log offset `arg`, and its (negative) length in *length; NULL with
+ * ValueError when it is not an open claim. A frame the unblocker is padding now (its length
+ * INT32_MIN) is one for `aborting`, none to commit. */
+static uint8_t *claimed_frame(PublicationCore *self, PyObject *arg, int32_t *length,
+                              int aborting)
 {
     if (self->closed) {
         PyErr_SetString(PyExc_ValueError, "the publication is closed (its claims were aborted)");
@@ -695,8 +765,19 @@ static uint8_t *claimed_frame(PublicationCore *self, PyObject *arg)
         return NULL;
     }
     uint8_t *frame = self->g.terms + frame_offset;
-    if (LOAD_ACQUIRE((int32_t *)frame) >= 0) {
-        PyErr_SetString(PyExc_ValueError, "the claim was already committed or aborted");
+    *length = LOAD_ACQUIRE((int32_t *)frame);
+    if (*length == INT32_MIN && !aborting) {  /* the unblocker's mark: it pads it now */
+        PyErr_SetString(PyExc_ValueError, PADDED_CLAIM);
+        return NULL;
+    }
+    if (*length >= 0) {
+        uint16_t type;
+        memcpy(&type, frame + TYPE_OFFSET, 2);
+        PyErr_SetString(PyExc_ValueError,
+                        type == HDR_TYPE_PAD && *length > 0
+                            ? "the claim was already aborted, or padded over by the driver: it "
+                              "was held open past publication_unblock_timeout"
+                            : "the claim was already committed or aborted");
         return NULL;
     }
     return frame;
@@ -704,22 +785,30 @@ static uint8_t *claimed_frame(PublicationCore *self, PyObject *arg)
 
 static PyObject *pub_commit(PublicationCore *self, PyObject *arg)
 {
-    uint8_t *frame = claimed_frame(self, arg);
+    int32_t length;
+    uint8_t *frame = claimed_frame(self, arg, &length, 0);
     if (frame == NULL)
         return NULL;
-    STORE_RELEASE((int32_t *)frame, -rd_i32(frame));
+    if (commit_frame(frame, -length) < 0) {
+        PyErr_SetString(PyExc_ValueError, PADDED_CLAIM);
+        return NULL;
+    }
     wake_readers(self);
     Py_RETURN_NONE;
 }
 
 static PyObject *pub_abort(PublicationCore *self, PyObject *arg)
 {
-    uint8_t *frame = claimed_frame(self, arg);
+    int32_t length;
+    uint8_t *frame = claimed_frame(self, arg, &length, 1);
     if (frame == NULL)
         return NULL;
+    if (length == INT32_MIN)  /* the unblocker is padding it: the same outcome */
+        Py_RETURN_NONE;
+    /* The unblocker, if it takes the frame meanwhile, writes PAD too: the same outcome. */
     uint16_t pad = HDR_TYPE_PAD;
     memcpy(frame + TYPE_OFFSET, &pad, 2);
-    STORE_RELEASE((int32_t *)frame, -rd_i32(frame));
+    commit_frame(frame, -length);
     wake_readers(self);
     Py_RETURN_NONE;
 }
