@@ -63,12 +63,11 @@ from netbridge.frames import HDR_TYPE_SM, SETUP_FLAG_GROUP, SM_FLAG_SETUP, Statu
 from netbridge.log_port import Scan
 from netbridge.loss_detector import multicast_nak_delay
 from netbridge.loss_filter import LossFilter, LossSpec
-from netbridge.receiver import (
-    RECEIVER_WINDOW_DEFAULT,
+from netbridge.receiver import RECEIVER_WINDOW_DEFAULT, NetworkReceiver
+from netbridge.receiver_image import (
     ImageRequest,
     ImageResources,
     ImageUnavailable,
-    NetworkReceiver,
     ReceiverImage,
 )
 from netbridge.sealing import (
