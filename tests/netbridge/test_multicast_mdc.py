@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 import shmbus
-from netbridge.bridge import RECEIVE_STATS
+from netbridge.receive_channels import RECEIVE_STATS
 from shmbus.cli.stat import SenderView, analyse_streams, read_snapshot
 from shmbus.shm.counters import PUB_POS, RCV_HWM, SUB_POS
 from tests.netbridge import bridge_workers
