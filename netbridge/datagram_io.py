@@ -118,3 +118,28 @@ def send_to(sock: socket.socket, data: bytes | memoryview, destination: object,
         sock.sendto(data, destination)  # type: ignore[call-overload]
     except OSError:
         pass
+
+
+def release_held(now: int, sock: socket.socket, sealer: Sealer | None,
+                 loss_out: LossFilter | None, loss_in: LossFilter | None,
+                 deliver: Callable[[bytes, object], None]) -> tuple[int, int | None]:
+    """What a channel's loss filters held back and is due at ``now``: ``loss_out``'s datagrams
+    sent on ``sock`` (sealed with ``sealer``), then ``loss_in``'s handed to ``deliver`` with
+    their source. Returns how many, and when either filter holds the next one (None:
+    neither holds any)."""
+    count = 0
+    deadline: int | None = None
+    for loss, outgoing in ((loss_out, True), (loss_in, False)):
+        if loss is None:
+            continue
+        for data, address in loss.due(now):
+            count += 1
+            if outgoing:
+                send_to(sock, data, address, sealer)
+            else:
+                deliver(data, address)
+        next_loss = loss.next_deadline()
+        if next_loss is not None:
+            deadline = next_loss if deadline is None else min(deadline, next_loss)
+    return count, deadline
+

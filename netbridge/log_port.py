@@ -1,8 +1,8 @@
 """The log port: all the netbridge's sans-IO sender and receiver ask of a log.
 
 :class:`~netbridge.sender.NetworkSender` reads a publication's log through a
-:class:`PublicationPort`; :class:`~netbridge.receiver.ReceiverImage` rebuilds an image's log
-through an :class:`ImagePort`. Both take datagrams and times (ns) from their caller and touch
+:class:`PublicationPort`; :class:`~netbridge.receiver_image.ReceiverImage` rebuilds an image's
+log through an :class:`ImagePort`. Both take datagrams and times (ns) from their caller and touch
 no shared memory, socket or clock of their own. :mod:`netbridge.shared_log` implements the
 ports over shmbus's shared-memory logs (the bridge's); the unit tests implement them over an
 in-memory model (``tests/netbridge/fake_log_port.py``).

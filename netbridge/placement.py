@@ -1,7 +1,7 @@
 """Where a received DATA datagram goes in an image's log: the placement rule, pure.
 
-The receiver (:meth:`netbridge.receiver.ReceiverImage.on_data`) asks :func:`placement` about
-each DATA/PAD datagram that passed :meth:`netbridge.log_port.ImagePort.walk`, then hands what
+The receiver (:meth:`netbridge.receiver_image.ReceiverImage.on_data`) asks :func:`placement`
+about each DATA/PAD datagram that passed :meth:`netbridge.log_port.ImagePort.walk`, then hands what
 is placed to its :class:`~netbridge.loss_detector.LossDetector`, which tracks the gaps and
 says whether the data above the rebuild position is new (a datagram that fills nothing is a
 duplicate too). What is placed is the datagram's bytes [skip, end) at its position + skip.
@@ -10,7 +10,7 @@ duplicate too). What is placed is the datagram's bytes [skip, end) at its positi
 (``netbridge._io.receive_batch``, through :func:`netbridge.shared_log.receive_batch`):
 there :func:`placement` is always :attr:`Placement.PLACE` with nothing skipped, and the loss
 detector only moves the high-water mark (and the rebuild position, without a gap) to the
-datagram's end, which is what :meth:`~netbridge.receiver.ReceiverImage.on_in_order_data`
+datagram's end, which is what :meth:`~netbridge.receiver_image.ReceiverImage.on_in_order_data`
 accounts for. tests/netbridge/test_placement.py checks both against a model.
 """
 

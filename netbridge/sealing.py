@@ -7,18 +7,20 @@ announcements) and opens every datagram it receives, natively in the batch paths
 (netbridge/native/sealing.c). An endpoint is keyed or not by its first channel; a datagram
 that does not open is dropped before any protocol rule sees it, and counted by kind.
 
-Pure but :class:`KeyringWatch` (it stats and reads the keyring file). Runs in the netbridge
-process.
+Pure but :class:`KeyringWatch` (it stats and reads the keyring file) and
+:class:`ChannelSealers` (the bridge's use of it). Runs in the netbridge process.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from netbridge._io import Sealer
+from shmbus.settings.channel_uri import ChannelUri
 from shmbus.settings.keyring import Keyring, KeyringError, load_keyring
 
 #: what each of the Sealer's drop kinds (receive_batch's ``dropped``) is called in counters
@@ -122,5 +124,64 @@ def _address(source: object) -> str:
     return str(source)
 
 
-__all__ = ["DROP_KINDS", "SEAL_STATS", "DropReports", "KeyringError", "KeyringWatch",
-           "new_sealer", "rekey", "seal_counts"]
+class KeyedChannel(Protocol):
+    """A bridge channel as its sealing sees it: the channel text, and for an authenticated one
+    the key it names and its sockets' sealer (both None for plaintext)."""
+
+    @property
+    def channel(self) -> str: ...
+
+    @property
+    def key(self) -> str | None: ...
+
+    @property
+    def sealer(self) -> Sealer | None: ...
+
+
+class ChannelSealers:
+    """The keyring as the bridge's channels use it: a Sealer for each keyed channel it opens,
+    the keys of a keyring file that changed for all of them, and the error-log lines
+    (``report``) about datagrams that did not open."""
+
+    def __init__(self, keyring: KeyringWatch, report: Callable[[str], None]) -> None:
+        self._keyring = keyring
+        self._report = report
+        self._drop_reports = DropReports()
+
+    def sealer(self, uri: ChannelUri) -> Sealer | None:
+        """A new Sealer for an authenticated channel, None for plaintext (KeyringError when
+        the keyring cannot seal its key)."""
+        return None if uri.key is None else new_sealer(self._keyring.keyring(), uri.key)
+
+    def reread(self, channels: Iterable[KeyedChannel]) -> None:
+        """Give every keyed channel the keys of a keyring file that changed (its keys stay
+        as they were, and the error log says why, when the new file cannot be used)."""
+        try:
+            keyring = self._keyring.changed()
+        except KeyringError as e:
+            self._report(f"keyring not reread: {e}")
+            return
+        if keyring is None:
+            return
+        for channel in channels:
+            if channel.sealer is not None and channel.key is not None:
+                try:
+                    rekey(channel.sealer, keyring, channel.key)
+                except KeyringError as e:
+                    self._report(f"{channel.channel}: keys unchanged: {e}")
+
+    def drops_of(self, channel: KeyedChannel, now: int
+                 ) -> Callable[[list[tuple[int, object]]], None] | None:
+        """What a keyed channel's receive does with the datagrams that did not open: the
+        error log hears of a few (DropReports); the Sealer counted them all."""
+        if channel.sealer is None:
+            return None
+
+        def report(dropped: list[tuple[int, object]]) -> None:
+            for line in self._drop_reports.reports(now, channel.channel, dropped):
+                self._report(line)
+        return report
+
+
+__all__ = ["DROP_KINDS", "SEAL_STATS", "ChannelSealers", "DropReports", "KeyedChannel",
+           "KeyringError", "KeyringWatch", "new_sealer", "rekey", "seal_counts"]

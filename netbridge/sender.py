@@ -346,16 +346,8 @@ class NetworkSender:
     def _on_rttm(self, rttm: RttMeasurement, source: object) -> None:
         if not rttm.wants_reply:
             return  # an echo of a measurement this sender never starts
-        reply = RttMeasurement(
-            flags=0,
-            session_id=self.session_id,
-            stream_id=self.stream_id,
-            echo_timestamp=rttm.echo_timestamp,
-            reception_delta=0,
-            receiver_id=rttm.receiver_id,
-        )
         destination = source if source is not None else self.destinations[0]
-        self._emit(self._pending, reply.encode(), destination)
+        self._emit(self._pending, rttm.echo().encode(), destination)
         self.rttm_replies += 1
 
     # -- output ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from netbridge.frames import HDR_TYPE_DATA, HDR_TYPE_PAD
 from netbridge.log_port import FrameWalk, Scan, term_id_of
-from netbridge.receiver import ImageRequest, ImageResources
+from netbridge.receiver_image import ImageRequest, ImageResources
 from netbridge.shared_log import walk_frames
 
 PARTITIONS = 3

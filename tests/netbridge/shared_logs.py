@@ -7,7 +7,7 @@ from __future__ import annotations
 import mmap
 from pathlib import Path
 
-from netbridge.receiver import ImageRequest, ImageResources
+from netbridge.receiver_image import ImageRequest, ImageResources
 from netbridge.sender import NetworkSender
 from netbridge.shared_log import SharedImageLog, SharedPublicationLog
 from shmbus import AtomicBuffer, ExclusivePublication, Image

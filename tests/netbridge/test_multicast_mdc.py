@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 import shmbus
-from netbridge.bridge import RECEIVE_STATS
+from netbridge.receive_channels import RECEIVE_STATS
 from shmbus.cli.snapshot import read_snapshot
 from shmbus.cli.stream_analysis import analyse_streams
 from shmbus.cli.stream_views import SenderView

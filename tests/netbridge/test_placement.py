@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from netbridge.frames import data_frame, encode_datagram
 from netbridge.log_port import FrameWalk, valid_geometry
 from netbridge.placement import Placement, in_order, placement
-from netbridge.receiver import NetworkReceiver, ReceiverImage
+from netbridge.receiver import NetworkReceiver
+from netbridge.receiver_image import ReceiverImage
 from shmbus.shm.log_buffer import LogBufferError, check_mtu, check_term_length
 from tests.netbridge.fake_log_port import FakeImageHost, FakeImageLog
 from tests.netbridge.test_receiver import INITIAL, SENDER, SESSION, STREAM, TERM, setup

@@ -24,13 +24,12 @@ from netbridge.frames import (
     heartbeat,
     pad_frame,
 )
-from netbridge.receiver import (
-    LEAVING_STATUS_MESSAGES,
+from netbridge.receiver import LEAVING_STATUS_MESSAGES, NetworkReceiver
+from netbridge.receiver_image import (
     EndOfStream,
     ImageAvailable,
     ImageUnavailable,
     LossDetected,
-    NetworkReceiver,
 )
 from tests.netbridge.fake_log_port import FakeImageHost, FakeImageLog
 

@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from netbridge.frames import HDR_TYPE_PAD, SetupFrame, StatusMessage, decode_frames
-from netbridge.receiver import (
+from netbridge.receiver import NetworkReceiver
+from netbridge.receiver_image import (
     EndOfStream,
     ImageAvailable,
     ImageUnavailable,
-    NetworkReceiver,
     ReceiverEvent,
 )
 from netbridge.sender import NetworkSender
