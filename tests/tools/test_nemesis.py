@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.nemesis import calls, check, run
+from tools.nemesis.flags import Flag
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -199,3 +201,24 @@ def test_a_minute_of_faults_breaches_nothing() -> None:
     cpu = dict(re.findall(r"([a-z0-9-]+) (\d+)", re.search(r"^cpu s \(.*\): (.*)$", out,
                                                            re.M)[1]))
     assert {"driver", "late-joiner", "writer-0", "caller-udp"} <= set(cpu), cpu
+
+
+def _spin_on_flag(flag: Any) -> None:
+    while not flag.is_set():
+        pass
+
+
+def test_a_worker_killed_while_reading_the_stop_flag_wedges_nothing() -> None:
+    """multiprocessing.Event hung the whole run when a worker was SIGKILLed inside is_set()
+    (it held the Event's lock); the nemesis's flag has no lock to hold."""
+    context = multiprocessing.get_context("spawn")
+    flag = Flag(context)
+    workers = [context.Process(target=_spin_on_flag, args=(flag,)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    workers[0].kill()  # (it is inside is_set() as often as anywhere)
+    workers[0].join(10)
+    flag.set()
+    workers[1].join(10)
+    assert workers[1].exitcode == 0
+    assert flag.is_set() and flag.wait(0)

@@ -120,6 +120,7 @@ from tools.nemesis.check import (
     Track,
     breaches,
 )
+from tools.nemesis.flags import Flag
 from tools.nemesis.workers import (
     HOLDING_CLAIM,
     OFFERING,
@@ -347,9 +348,9 @@ class Workers:
         self.call_tallies: dict[str, dict[str, int]] = {}
         #: the threads' stacks of each reader that sent no report, by name
         self.stuck: dict[str, str] = {}
-        self.stop_writing = self.mp.Event()
-        self.leave = self.mp.Event()
-        self.stop_reading = self.mp.Event()
+        self.stop_writing = Flag(self.mp)
+        self.leave = Flag(self.mp)
+        self.stop_reading = Flag(self.mp)
         self.results = self.mp.Queue()
         self.errors = self.mp.Queue()
         #: monotonic seconds: the workers started; the writers were told to stop
@@ -602,7 +603,7 @@ class Nemesis:
         large writer goes on (the large-memory rule checks the end)."""
         if not any(s.stream_id == LARGE_STREAM for s in self.workers.writers):
             return
-        holding = self.workers.mp.Event()
+        holding = Flag(self.workers.mp)
         process = self.workers.mp.Process(
             target=run_view_holder, name="view-holder",
             args=(self.bus.context, LARGE_STREAM, holding, self.workers.errors), daemon=True)
