@@ -3,9 +3,9 @@
 A :class:`Client` makes publications, subscriptions, requesters and responders and keeps
 them. It is made of: a :class:`~shmbus.client.conductor_proxy.ConductorProxy` (the commands to
 the driver, its answers and events, the heartbeat and the conductor thread), the
-:class:`~shmbus.client.log_mappings.LogMappings` its publications and images share, and, with
-``reconnect=True``, a :class:`~shmbus.client.reconnection.Reconnection` to a new driver once its
-driver died. The driver it talks to is found, or started, by
+:class:`~shmbus.client.log_mappings.LogMappings` its publications and images share, and a
+:class:`~shmbus.client.reconnection.Reconnection` that moves it to a new driver once its driver
+died (with ``reconnect=True``). The driver it talks to is found, or started, by
 :mod:`shmbus.client.driver_launch`.
 
 With ``conductor_thread=False`` (Aeron's invoker mode, for processes with a duty loop of their
