@@ -15,9 +15,9 @@ from collections.abc import Callable
 import pytest
 
 import shmbus
-from shmbus.streams import async_waits
 from shmbus.shm._native import FutexRing, LogWatcher
 from shmbus.shm.log_buffer import DATA_WAITERS_OFFSET
+from shmbus.streams import async_waits
 from tests.conftest import io_uring_futex_waits
 from tests.shmbus.driver import driver_workers as dw
 from tests.shmbus.driver.test_driver_processes import (

@@ -15,9 +15,9 @@ import types
 from typing import Any
 
 import shmbus
-from shmbus.streams import async_waits
 from shmbus.shm._native import LogWatcher
 from shmbus.shm.log_buffer import UNFRAGMENTED
+from shmbus.streams import async_waits
 from tests.shmbus.driver.driver_workers import Checker, _report_errors, make_message
 
 
