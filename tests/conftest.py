@@ -76,7 +76,7 @@ def driver_serves(context, pid: int) -> bool:
     names it)."""
     import os
 
-    from shmbus.client.client import _try_open
+    from shmbus.client.driver_launch import try_open as _try_open
 
     cnc = _try_open(Path(context.dir), context) if os.path.isdir(context.dir) else None
     if cnc is None:

@@ -307,13 +307,21 @@ class Responder:
 
     def _reply_error(self, destination: Destination, correlation_id: int, error: Exception
                      ) -> None:
-        """The handler raised ``error``: the caller gets it as RemoteError."""
+        """The handler raised ``error``: the caller gets it as RemoteError. Called by the
+        native core (calls.c) when the handler it ran raised an Exception, and by the requests
+        handled in Python (_on_request, _on_remote_request)."""
         self._counters.add(RR_HANDLER_ERRORS)
         self._reply(destination, call_header.ERROR, correlation_id,
                     f"{type(error).__qualname__}: {error}".encode())
 
     def _reply(self, destination: Destination, kind: int, correlation_id: int, body: Any
                ) -> None:
+        """Offer the reply ``body`` (of ``kind``) to the call ``correlation_id`` on the reply
+        publication of ``destination``, opened on first use, publishing for up to
+        REPLY_TIMEOUT when back-pressured; a reply that cannot go (the requester is gone, or
+        it timed out) is counted as dropped. Called by the native core (calls.c) when the
+        reply publication is not open yet or refused its offer, and by the requests handled
+        in Python (_on_request, _on_remote_request)."""
         publication = self._replies.get(destination)
         if publication is None:
             try:

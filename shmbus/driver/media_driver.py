@@ -19,7 +19,8 @@ import signal
 import threading
 from pathlib import Path
 
-from shmbus.driver.conductor import LOGS_DIR, DriverConductor
+from shmbus.driver.conductor import DriverConductor
+from shmbus.driver.log_files import LOGS_DIR
 from shmbus.driver.system_counters import allocate_system_counters
 from shmbus.settings.context import Context
 from shmbus.settings.errors import ShmbusError

@@ -191,9 +191,10 @@ class Image(ImageCore):
         return self._blocks
 
     def _large_payload(self, reference: bytes) -> memoryview | None:
-        """What a handler gets for a large message: a read-only view of its block (the native
-        reader calls this for a reference frame). None when the block is gone: the reader
-        stops there, as at a lapped frame, until it hears its image is gone."""
+        """What a handler gets for a large message: a read-only view of its block; called by
+        the native core (image.c) when a poll reaches a reference frame. None when the block
+        is gone: the reader stops there, as at a lapped frame, until it hears its image is
+        gone."""
         self._last_reference = reference
         return self._ring().view(reference)
 
@@ -232,8 +233,9 @@ class Image(ImageCore):
         return MessageView(view, session_id, position, reserved, self)
 
     def _large_bytes(self, reference: bytes) -> bytes | None:
-        """What ``messages()`` yields for a large message: a copy of its block (None: gone,
-        see _large_payload)."""
+        """What ``messages()`` yields for a large message: a copy of its block; called by the
+        native core (image.c) when a take reaches a reference frame (None: gone, see
+        _large_payload)."""
         block = self._ring().view(reference)
         if block is None:
             return None

@@ -223,8 +223,10 @@ class Publication(PublicationCore):
 
     def _offer_large(self, buffers: tuple[Buffer, ...], reserved_value: int, publish: bool,
                      timeout: float | None) -> int:
-        """offer() or publish() of a message longer than ``max_message_length`` (the native
-        core calls it): see shmbus/streams/large_messages.py."""
+        """offer() or publish() of a message longer than ``max_message_length``: called by the
+        native core (publication.c) when the message does not fit in the log. It goes into a
+        block of the publication's block ring and the log gets a reference frame to it (see
+        shmbus/streams/large_messages.py); returns or raises what offer() or publish() do."""
         return offer_large(self, buffers, reserved_value, publish, timeout)
 
     def _block_ring(self, length: int, claim: bool = False) -> BlockRing:
@@ -242,8 +244,10 @@ class Publication(PublicationCore):
 
     def _publish_refused(self, buffers: tuple[Buffer, ...], result: int, timeout: float | None,
                          reserved_value: int) -> int:
-        """publish's retries after its first offer was refused with ``result``: offer again,
-        sleeping while back-pressured, until accepted or ``timeout`` has passed."""
+        """publish's retries after its first offer was refused with ``result``: called by the
+        native core (publication.c) when that offer returned a negative code. Offers again,
+        sleeping while back-pressured, until accepted (the new position) or ``timeout`` has
+        passed (PublicationError)."""
         deadline = deadline_after(timeout)
         while True:
             sleep_s = self._sleep_or_raise(result, deadline, timeout)

@@ -9,7 +9,7 @@ import psutil
 
 import shmbus
 from shmbus.cli.snapshot import read_snapshot
-from shmbus.driver.conductor import BRIDGE_COMMAND
+from shmbus.driver.bridge_link import BRIDGE_COMMAND
 from tests.netbridge.bridge_workers import message
 from tests.netbridge.test_spies import Reader, free_udp_port
 

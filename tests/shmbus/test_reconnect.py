@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import shmbus
-from shmbus.client.client import _try_open
+from shmbus.client.driver_launch import try_open as _try_open
 from shmbus.shm.log_buffer import align
 from tests.conftest import start_driver, stop_driver
 from tests.shmbus import reconnect_workers as rw

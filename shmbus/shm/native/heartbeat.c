@@ -1,7 +1,7 @@
 /*
  * Heartbeat: a native thread that keeps a client alive without the GIL, storing the epoch time
- * in its heartbeat counter (shmbus/client/client.py); and epoch_ms(), the clock it uses, which the
- * driver reads liveness with.
+ * in its heartbeat counter (shmbus/client/conductor_proxy.py); and epoch_ms(), the clock it
+ * uses, which the driver reads liveness with.
  *
  * The client and the driver create it and call epoch_ms with the GIL held; the thread itself
  * never takes the GIL.
