@@ -24,9 +24,9 @@ from shmbus.cli import app
 from shmbus.settings.keyring import load_keyring, new_key_line
 from shmbus.shm.cnc import ERROR_LOG
 from shmbus.shm.error_log import read_error_log
-from tests.conftest import start_driver, stop_driver
-from tests.netbridge import bridge_workers, keyed_workers
-from tests.netbridge.test_end_to_end import free_udp_port
+from tests.support.drivers import start_driver, stop_driver
+from tests.support.networks import free_udp_port
+from tests.support.workers import bridge_workers, keyed_workers
 
 KEY = "e2e"
 SEALED_TYPE = 0x5EA1

@@ -11,11 +11,10 @@ import psutil
 import pytest
 
 import shmbus
-from tests.conftest import stop_driver
-from tests.netbridge import bridge_workers
-from tests.netbridge.test_end_to_end import bus_pair, free_udp_port
-from tests.netbridge.test_endpoint_ownership import bridge_pid
-from tests.netbridge.test_multicast_mdc import wait_for
+from tests.support.drivers import stop_driver
+from tests.support.networks import bridge_pid, bus_pair, free_udp_port
+from tests.support.waits import wait_until
+from tests.support.workers import bridge_workers
 
 PER_PUBLISHER = 100_000
 
@@ -136,8 +135,8 @@ def test_a_sender_held_at_the_end_of_its_window_sleeps(shm_dir) -> None:
         with shmbus.connect(ctx_a) as bus_a, shmbus.connect(ctx_b) as bus_b:
             subscription = bus_b.add_subscription(channel, 6)
             publication = bus_a.add_publication(channel, 6)
-            wait_for(lambda: publication.is_connected and subscription.images, 30,
-                     "the stream to connect")
+            wait_until(lambda: publication.is_connected and subscription.images, 30,
+                       "the stream to connect")
             sent = 0
             with pytest.raises(shmbus.PublicationError):
                 while sent < 10_000:  # publish() waits 0.5 s for room, then raises

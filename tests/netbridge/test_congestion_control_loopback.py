@@ -9,9 +9,9 @@ import time
 import shmbus
 from netbridge.receiver import RECEIVER_WINDOW_DEFAULT
 from shmbus.shm.counters import RCV_CC_WINDOW
-from tests.conftest import start_driver, stop_driver
-from tests.netbridge import bridge_workers
-from tests.netbridge.test_end_to_end import free_udp_port
+from tests.support.drivers import start_driver, stop_driver
+from tests.support.networks import free_udp_port
+from tests.support.workers import bridge_workers
 
 MTU = 1408
 RATE = 4000  # messages a second: a steady stream that a window of one MTU still carries

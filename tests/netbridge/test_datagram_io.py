@@ -23,20 +23,20 @@ from netbridge.receiver import NetworkReceiver
 from netbridge.shared_log import DataBatch, sent
 from shmbus.settings.codes import BACK_PRESSURED
 from shmbus.shm import _native
-from tests.conftest import io_uring_futex_waits
-from tests.netbridge.shared_logs import ImageHost, PublicationLog, make_sender
-from tests.netbridge.test_receiver import (
+from tests.support.sans_io import (
     SESSION,
     STREAM,
     TERM,
     beat,
+    connect,
     data,
     make_receiver,
     payload,
     setup,
     term_id_at,
 )
-from tests.netbridge.test_sender import connect
+from tests.support.shared_logs import ImageHost, PublicationLog, make_sender
+from tests.support.system import io_uring_futex_waits
 
 MS = 1_000_000
 

@@ -4,35 +4,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import socket
-from typing import Any
 
 import pytest
 
 import shmbus
-from tests.conftest import start_driver, stop_driver
-from tests.netbridge import bridge_workers
+from tests.support.drivers import stop_driver
+from tests.support.networks import bus_pair, channel_counters, free_udp_port
+from tests.support.workers import bridge_workers
 
 MESSAGES = 1_000_000
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def bus_pair(shm_dir, loss: str = "", **settings: Any):
-    contexts = [shmbus.Context(dir=str(shm_dir / name), embedded_driver=False,
-                               driver_idle_timeout=600, netbridge_loss=loss,
-                               ipc_term_length=1 << 20, **settings) for name in ("a", "b")]
-    drivers = [start_driver(context) for context in contexts]
-    return contexts, drivers
-
-
-def channel_counters(context: shmbus.Context) -> dict[str, int]:
-    with shmbus.connect(context) as bus:
-        return {c.label.split(":")[0]: c.value for c in bus.counters.counters()
-                if c.type_id >= 100}
 
 
 @pytest.mark.parametrize("loss", ["", "drop=0.05,dup=0.05,reorder=0.05,seed=11"],

@@ -18,24 +18,13 @@ import shmbus
 from netbridge.transport import open_receive
 from shmbus.settings.channel_uri import ChannelUri
 from shmbus.shm import control_protocol as cp
-from tests.conftest import start_driver, stop_driver
-from tests.netbridge import bridge_workers
-from tests.netbridge.test_end_to_end import bus_pair, channel_counters, free_udp_port
-from tests.netbridge.test_multicast_mdc import wait_for
+from tests.support.drivers import start_driver, stop_driver
+from tests.support.networks import bridge_pid, bus_pair, channel_counters, free_udp_port
+from tests.support.waits import wait_until
+from tests.support.workers import bridge_workers
 
 MESSAGES = 20_000
 LINGER = 0.3
-
-
-def bridge_pid(driver: psutil.Popen) -> int:
-    """The pid of the netbridge the driver started (its only python child)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for child in psutil.Process(driver.pid).children():
-            if "netbridge" in " ".join(child.cmdline()):
-                return child.pid
-        time.sleep(0.05)
-    raise AssertionError("the driver started no netbridge")
 
 
 def test_unicast_receive_sockets_do_not_share_their_address() -> None:
@@ -155,8 +144,8 @@ def test_a_send_channel_is_closed_with_its_last_publication_and_opened_again(shm
                 publication.close()
                 # the sender lingers 2 s after its end
                 closed = with_publication - 1
-                wait_for(lambda pid=bridge, closed=closed: udp_sockets(pid) == closed, 20,
-                         "the send socket to close")
+                wait_until(lambda pid=bridge, closed=closed: udp_sockets(pid) == closed, 20,
+                           "the send socket to close")
                 assert "bytes sent" not in channel_counters(ctx_a)  # its counters are freed
     finally:
         for driver in drivers:

@@ -4,7 +4,7 @@ request whose reply-to names another host than the one it came from is dropped, 
 answered; on a keyed service every reply-to is answered, and the replies carry the key.
 
 The forged requests come from plain UDP sockets speaking Aeron's wire protocol by hand
-(tests/netbridge/forged_peer.py) to a real driver and netbridge; the third host is a socket
+(tests/support/forged_peer.py) to a real driver and netbridge; the third host is a socket
 bound to 127.0.0.2, listening. Then real requesters on a second bus, whose response endpoint
 is on 127.0.0.2 while their requests leave from 127.0.0.1.
 """
@@ -22,12 +22,11 @@ import pytest
 import shmbus
 from shmbus.shm import call_header
 from shmbus.shm.counters import RR_REFLECTIONS_REFUSED, RR_SERVED
-from tests.netbridge.forged_peer import ForgedPeer, ForgedReceiver, udp_socket
-from tests.netbridge.test_end_to_end import free_udp_port
-from tests.netbridge.test_untrusted_messages import write_keyring
-from tests.shmbus.driver.test_driver_processes import wait_until
-from tests.shmbus.test_request_reply import counter_total
-from tests.shmbus.test_request_reply_udp import bus_pair_serving
+from tests.support.calls import bus_pair_serving, counter_total
+from tests.support.forged_peer import ForgedPeer, ForgedReceiver, udp_socket
+from tests.support.keyrings import write_keyring
+from tests.support.networks import free_udp_port
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 STREAM = 4201

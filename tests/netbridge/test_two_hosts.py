@@ -10,8 +10,8 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import shmbus
-from tests.conftest import start_driver, stop_driver
-from tests.netbridge import bridge_workers
+from tests.support.drivers import start_driver, stop_driver
+from tests.support.workers import bridge_workers
 from tools.bench.network import hosts
 
 MESSAGES = 300_000

@@ -17,43 +17,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import shmbus
 from shmbus.codecs.array_messages import array_parts, copy_array_into, decode_array
 from shmbus.codecs.object_messages import decode_object, object_parts
-from tests.shmbus import large_workers as lw
-from tests.shmbus.driver.test_driver_processes import wait_until
+from tests.support.messages import arrays
+from tests.support.waits import wait_until
+from tests.support.workers import large_workers as lw
 
 pytestmark = pytest.mark.timeout(300)
-
-DTYPES = st.one_of(
-    hnp.scalar_dtypes(),
-    hnp.datetime64_dtypes(),
-    hnp.timedelta64_dtypes(),
-    hnp.array_dtypes(subtype_strategy=st.one_of(hnp.scalar_dtypes(), hnp.datetime64_dtypes()),
-                     min_size=1, max_size=4),
-    hnp.array_dtypes(subtype_strategy=hnp.scalar_dtypes(), min_size=1, max_size=3).map(
-        lambda d: np.dtype(d.descr, align=True)),
-)
-
-
-@st.composite
-def arrays(draw: Any, max_side: int = 12, max_dims: int = 4) -> np.ndarray:
-    """Arrays of any of DTYPES, 0-d to 4-d, then C-ordered, Fortran-ordered, strided or
-    transposed."""
-    dtype = draw(DTYPES)
-    shape = draw(hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=0, max_side=max_side))
-    array = draw(hnp.arrays(dtype, shape))
-    layout = draw(st.sampled_from(["C", "F", "strided", "transposed"]))
-    if layout == "F":
-        array = np.asfortranarray(array)
-    elif layout == "strided" and array.ndim:
-        array = array[(slice(None, None, 2),) * array.ndim]
-    elif layout == "transposed":
-        array = array.T
-    return array
-
 
 def same(a: np.ndarray, b: np.ndarray) -> None:
     """Equal bit for bit, with the same dtype and shape (a structured array field by field:

@@ -18,14 +18,11 @@ import shmbus
 from shmbus.shm._native import FutexRing, LogWatcher
 from shmbus.shm.log_buffer import DATA_WAITERS_OFFSET
 from shmbus.streams import async_waits
-from tests.conftest import io_uring_futex_waits
-from tests.shmbus.driver import driver_workers as dw
-from tests.shmbus.driver.test_driver_processes import (
-    CTX,
-    assert_clean,
-    wait_until,
-)
-from tests.shmbus.waiting_workers import async_publisher, async_reader
+from tests.support.processes import CTX, assert_clean
+from tests.support.system import io_uring_futex_waits
+from tests.support.waits import wait_until
+from tests.support.workers import driver_workers as dw
+from tests.support.workers.waiting_workers import async_publisher, async_reader
 
 pytestmark = pytest.mark.timeout(120)
 LOOPS = ["asyncio", "uvloop"]

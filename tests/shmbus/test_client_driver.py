@@ -9,17 +9,7 @@ import pytest
 
 import shmbus
 from shmbus.shm import control_protocol as cp
-
-
-def wait_for(condition, timeout: float = 5.0, poll=None) -> None:
-    """Wait until condition() is true, calling poll() meanwhile; fail after timeout."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout} s")
-        if poll is not None:
-            poll()
-        time.sleep(0.001)
+from tests.support.waits import wait_until
 
 
 def test_publish_and_subscribe_through_the_driver(bus_context, driver) -> None:
@@ -28,7 +18,8 @@ def test_publish_and_subscribe_through_the_driver(bus_context, driver) -> None:
         sub = bus.add_subscription("aeron:ipc", 7, on_available_image=lambda i: events.append(
             ("available", i.session_id)))
         pub = bus.add_publication("aeron:ipc", 7)
-        wait_for(lambda: sub.images, poll=lambda: sub.poll(lambda b, h: None, 1))
+        wait_until(lambda: sub.images, 5.0, "the publication's image",
+                   poll=lambda: sub.poll(lambda b, h: None, 1))
         assert pub.is_connected
         assert events == [("available", pub.session_id)]
         got = []
@@ -37,7 +28,8 @@ def test_publish_and_subscribe_through_the_driver(bus_context, driver) -> None:
             message = i.to_bytes(4, "little") * 100
             while pub.offer(message) < 0:
                 sub.poll(assembler, 100)
-        wait_for(lambda: len(got) == 1000, poll=lambda: sub.poll(assembler, 100))
+        wait_until(lambda: len(got) == 1000, 5.0, "a thousand messages",
+                   poll=lambda: sub.poll(assembler, 100))
         assert [int.from_bytes(m[:4], "little") for m in got] == list(range(1000))
 
 
@@ -55,7 +47,8 @@ def test_late_subscriber_starts_at_the_current_position(bus_context, driver) -> 
         for i in range(10):
             pub.publish(bytes([i]))
         late = bus.add_subscription("aeron:ipc", 9)
-        wait_for(lambda: late.images, poll=lambda: late.poll(lambda b, h: None, 1))
+        wait_until(lambda: late.images, 5.0, "the late subscriber's image",
+                   poll=lambda: late.poll(lambda b, h: None, 1))
         assert late.images[0].position == pub.position
         pub.publish(b"after")
         assert list(late.messages(timeout=0.3)) == [b"after"]
@@ -139,7 +132,7 @@ def test_destinations_and_names_that_resolve(bus_context, driver) -> None:
         sub = bus.add_subscription("aeron:udp?endpoint=localhost:40621", 13)
         pub = bus.add_exclusive_publication(
             "aeron:udp?endpoint=localhost:40621|interface=localhost", 13)
-        wait_for(lambda: pub.is_connected, timeout=20)
+        wait_until(lambda: pub.is_connected, 20, "the publication by name to connect")
         pub.publish(b"by name", timeout=5)
         assert list(sub.messages(timeout=2)) == [b"by name"]
         mdc = bus.add_exclusive_publication(
@@ -185,7 +178,8 @@ def test_embedded_driver_starts_and_exits_when_idle(bus_context) -> None:
         second = shmbus.connect(context)  # finds the running driver
         assert second.cnc.pid == pid
         second.close()
-    wait_for(lambda: not os.path.exists(os.path.join(context.dir, "cnc.dat")), timeout=10)
+    wait_until(lambda: not os.path.exists(os.path.join(context.dir, "cnc.dat")), 10,
+               "the idle embedded driver to exit")
 
 
 def test_client_is_not_usable_after_fork(bus_context, driver) -> None:
@@ -258,7 +252,7 @@ def test_a_client_whose_driver_died_lets_go_of_its_files_without_the_garbage_col
     import gc
     import signal
 
-    from tests.conftest import start_driver, stop_driver
+    from tests.support.drivers import start_driver, stop_driver
 
     def mapped_deleted_files() -> list[str]:
         with open("/proc/self/maps") as maps:

@@ -5,7 +5,6 @@ crash. Property-tested with hypothesis, then through a bus (``arrays()``)."""
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import numpy as np
@@ -21,25 +20,10 @@ from shmbus.codecs.array_messages import (
     decode_array,
     plain_dtype,
 )
-from tests.shmbus.driver.test_driver_processes import wait_until
-from tests.shmbus.test_array_messages import arrays
+from tests.support.messages import ARRAY_PREFIX, arrays, forged, header_text
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(300)
-_PREFIX = struct.Struct("<4sHHI")
-
-
-def forged(text: bytes | str, data: bytes = b"", length: int | None = None) -> bytes:
-    """An array message with header text ``text`` (padded so the data is 64-byte aligned, as a
-    writer pads it) and ``data`` after it; ``length`` overrides the header length field."""
-    if isinstance(text, str):
-        text = text.encode("utf-8", "surrogatepass")
-    size = -(-(_PREFIX.size + len(text)) // 64) * 64
-    header = _PREFIX.pack(b"SBAR", 1, 0, size if length is None else length)
-    return header + text.ljust(size - _PREFIX.size) + data
-
-
-def header_text(descr: Any, shape: Any, fortran: Any = False) -> str:
-    return repr({"descr": descr, "fortran_order": fortran, "shape": shape})
 
 
 def decoded_or_refused(buffer: bytes) -> np.ndarray | None:
@@ -234,7 +218,7 @@ def mutated(draw: Any) -> tuple[np.ndarray, bytes, bool]:
     """(an array, its message with the header text mutated, whether the text is unchanged)."""
     array = draw(arrays(max_side=6, max_dims=3))
     header, data = array_parts(array)
-    text = bytearray(header[_PREFIX.size:])
+    text = bytearray(header[ARRAY_PREFIX.size:])
     for _ in range(draw(st.integers(1, 4))):
         kind = draw(st.sampled_from(["byte", "splice", "swap-descr"]))
         at = draw(st.integers(0, len(text) - 1))
@@ -248,7 +232,7 @@ def mutated(draw: Any) -> tuple[np.ndarray, bytes, bool]:
         else:
             text = bytearray(bytes(text).replace(b"'descr': ", b"'descr': '|O', 'x': ", 1))
     text = bytes(text)
-    unchanged = text.rstrip() == header[_PREFIX.size:].rstrip()
+    unchanged = text.rstrip() == header[ARRAY_PREFIX.size:].rstrip()
     return array, forged(text, data.tobytes()), unchanged
 
 

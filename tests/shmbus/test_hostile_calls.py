@@ -32,7 +32,7 @@ from shmbus.shm import block_ring as br
 from shmbus.shm import call_header as ch
 from shmbus.shm.block_ring import REFERENCE_FLAGS
 from shmbus.shm.counters import RR_HANDLER_ERRORS, RR_LATE, RR_REFLECTIONS_REFUSED
-from tests.shmbus.driver.test_driver_processes import wait_until
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 CHANNEL = "aeron:ipc"

@@ -35,7 +35,7 @@ from shmbus.shm.block_ring import LARGE_FLAG
 from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG, LogBuffer
 from shmbus.shm.position import Position
 from shmbus.streams.fragment_assembler import FragmentAssembler
-from tests.shmbus.driver.test_driver_processes import wait_until
+from tests.support.waits import wait_until
 
 TERM = 64 * 1024  # max message length 8 KiB: longer messages go to the ring
 RING_MAX = 1 << 20

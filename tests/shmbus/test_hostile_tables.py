@@ -4,8 +4,6 @@ mutated IPC streams give a clean ValueError or a table that reads within its mem
 
 from __future__ import annotations
 
-import pathlib
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -15,28 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shmbus.codecs.table_messages import check_pyarrow_version, decode_table, serialize
+from tests.support.messages import pickled_extension_table
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class Marker:
-    """Unpickled, it creates the file ``path``: a stranger's code, made harmless."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return pathlib.Path.touch, (pathlib.Path(self.path),)
-
-
-def pickled_extension_table(marker: Path) -> pa.Buffer:
-    """A table message whose one field claims pyarrow's pickled extension type
-    (``arrow.py_extension_type``), its metadata a pickle that touches ``marker``."""
-    field = pa.field("x", pa.binary(), metadata={
-        b"ARROW:extension:name": b"arrow.py_extension_type",
-        b"ARROW:extension:metadata": pickle.dumps(Marker(marker)),
-    })
-    return serialize(pa.table([pa.array([b"a", b"b"])], schema=pa.schema([field])))
 
 
 @pytest.mark.parametrize("validate", [False, True])

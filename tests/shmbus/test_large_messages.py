@@ -23,10 +23,11 @@ import pytest
 
 import shmbus
 from shmbus.shm.block_ring import BlockRing
-from tests.conftest import driver_serves, mounted_tmpfs, start_driver, stop_driver
-from tests.shmbus import large_workers as lw
-from tests.shmbus.driver import driver_workers as dw
-from tests.shmbus.driver.test_driver_processes import TINY_LENGTHS, free_bytes, wait_until
+from tests.support.drivers import TINY_LENGTHS, driver_serves, start_driver, stop_driver
+from tests.support.system import free_bytes, mounted_tmpfs
+from tests.support.waits import wait_until
+from tests.support.workers import driver_workers as dw
+from tests.support.workers import large_workers as lw
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -588,7 +589,7 @@ def test_a_full_speed_large_stream_on_a_64_mib_tmpfs_leaves_room_for_new_streams
     from shmbus.shm import block_ring as br
     from shmbus.shm import control_protocol as cp
     from shmbus.shm.log_buffer import log_length
-    from tests.shmbus.driver.test_driver_processes import CTX
+    from tests.support.processes import CTX
 
     mib = 1 << 20
     length = 2 * mib

@@ -22,10 +22,10 @@ import shmbus
 from shmbus.archive.catalog import read_catalog
 from shmbus.archive.recording_reader import RecordingReader, replay
 from shmbus.shm.log_buffer import max_message_length
-from tests.conftest import stop_driver
-from tests.netbridge.test_end_to_end import bus_pair, free_udp_port
-from tests.shmbus import late_join_workers as lw
-from tests.shmbus.driver.test_driver_processes import CTX, Processes
+from tests.support.drivers import stop_driver
+from tests.support.networks import bus_pair, free_udp_port
+from tests.support.processes import CTX, Processes
+from tests.support.workers import late_join_workers as lw
 
 pytestmark = pytest.mark.timeout(600)
 

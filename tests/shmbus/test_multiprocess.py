@@ -3,8 +3,8 @@ killed mid-append and a reader killed mid-stream.
 
 Every process is started with the "spawn" context and opens the stream by path
 (:class:`StandaloneStream` in the ``shm_dir`` fixture); the spawn targets live in
-``tests/shmbus/mp_workers.py``. Checksums are verified end to end in the reading process, which
-reports a summary back through a queue. Every wait is bounded by a deadline.
+``tests/support/workers/mp_workers.py``. Checksums are verified end to end in the reading
+process, which reports a summary back through a queue. Every wait is bounded by a deadline.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from shmbus.shm.log_buffer import HDR_TYPE_DATA, HDR_TYPE_PAD, align
-from tests.shmbus import mp_workers
-from tests.standalone_stream import StandaloneStream, reader_offset
+from tests.support.standalone_stream import StandaloneStream, reader_offset
+from tests.support.waits import wait_until
+from tests.support.workers import mp_workers
 
 CTX = mp.get_context("spawn")
 SEED = 20240603
@@ -66,14 +67,6 @@ def collect(results: Any, count: int, processes: list[Any], timeout: float) -> l
                     pytest.fail(f"processes exited without reporting: exit codes "
                                 f"{[p.exitcode for p in processes]}")
     return reports
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
 
 
 def join_all(processes: list[Any], timeout: float = 10.0) -> None:

@@ -23,7 +23,7 @@ from shmbus.shm.log_buffer import (
     TAIL_COUNTERS_OFFSET,
 )
 from shmbus.streams.publication import BufferClaim
-from tests.standalone_stream import StandaloneStream
+from tests.support.standalone_stream import StandaloneStream
 
 TERM = 65536
 MTU = 1408

@@ -20,14 +20,11 @@ import pytest
 import shmbus
 from shmbus.client.client import _try_open
 from shmbus.shm.log_buffer import align
-from tests.conftest import start_driver, stop_driver
-from tests.shmbus import reconnect_workers as rw
-from tests.shmbus.driver import driver_workers as dw
-from tests.shmbus.driver.test_driver_processes import (
-    CTX,
-    assert_clean,
-    wait_until,
-)
+from tests.support.drivers import start_driver, stop_driver
+from tests.support.processes import CTX, assert_clean
+from tests.support.waits import wait_until
+from tests.support.workers import driver_workers as dw
+from tests.support.workers import reconnect_workers as rw
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -5,7 +5,7 @@ request in hand (alone: the call fails within the liveness timeout; with another
 a "lost" reply, or the request run again when idempotent), a requester that dies (its replies
 dropped and counted), a call that times out (its late reply dropped and counted).
 
-Responders and requesters are spawn processes (tests/shmbus/rr_workers.py).
+Responders and requesters are spawn processes (tests/support/workers/rr_workers.py).
 """
 
 from __future__ import annotations
@@ -29,37 +29,17 @@ from shmbus.shm.counters import (
     RR_SERVED,
     RR_TIMED_OUT,
 )
-from tests.shmbus import rr_workers as rw
-from tests.shmbus.driver.test_driver_processes import wait_until
+from tests.support.calls import (
+    STREAM,
+    calling_threads,
+    calls_answered,
+    counter_total,
+    no_backstop,
+)
+from tests.support.waits import wait_until
+from tests.support.workers import rr_workers as rw
 
 pytestmark = pytest.mark.timeout(300)
-STREAM = 5001
-
-
-def counter_total(bus: shmbus.Client, type_id: int, stream_id: int = STREAM) -> int:
-    """The sum of the live counters of ``type_id`` on ``stream_id`` (label ``... 0 0 <stream>``)."""
-    total = 0
-    reader = bus.counters
-
-    def visit(counter_id: int, type_: int, key: bytes, label: str) -> None:
-        nonlocal total
-        if type_ == type_id and label.split()[3] == str(stream_id):
-            total += reader.get_value(counter_id)
-
-    reader.for_each(visit)
-    return total
-
-
-def calls_answered(reports: list[dict[str, Any]], pids: set[int]) -> int:
-    """The calls the requesters' reports say were answered, each report checked: no reply
-    wrong or missing, nothing left in flight, every answer from one of ``pids``."""
-    answered = 0
-    for report in reports:
-        assert report["problem_count"] == 0, report["problems"]
-        assert report["in_flight"] == 0
-        assert set(report["by_pid"]) <= pids
-        answered += sum(report["by_pid"].values())
-    return answered
 
 
 def start_responders(procs: Any, context: shmbus.Context, n: int, seconds: float = 60.0,
@@ -352,43 +332,9 @@ def test_closing_during_a_lone_call_fails_it_and_counts_it(bus_context, driver, 
         assert len(outcome) == 1 and isinstance(outcome[0], shmbus.ClientClosedError)
 
 
-def _no_backstop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Waits of this process's requesters look again only after 60 s: a call that fails
-    sooner learned of its departed responder from the driver's wake-up, not from a timer."""
-    from shmbus.calls import requester
-
-    monkeypatch.setattr(requester, "_BACKSTOP_S", 60.0)
-    monkeypatch.setattr(requester, "_IN_FLIGHT_AFTER_S", 60.0)
-
-
-def calling_threads(client: shmbus.Requester, outcomes: dict[str, Any],
-                    requests: dict[str, bytes], async_request: bytes | None = None
-                    ) -> list[threading.Thread]:
-    """A thread (not started) per named request() and, with ``async_request``, one making
-    it with request_async() on its own event loop ("async"): each leaves its reply or its
-    error in ``outcomes`` under its name."""
-
-    def call(name: str, request: bytes) -> None:
-        try:
-            outcomes[name] = client.request(request, timeout=60)
-        except BaseException as error:
-            outcomes[name] = error
-
-    def call_async(request: bytes) -> None:
-        try:
-            outcomes["async"] = asyncio.run(client.request_async(request, timeout=60))
-        except BaseException as error:
-            outcomes["async"] = error
-
-    threads = [threading.Thread(target=call, args=item) for item in requests.items()]
-    if async_request is not None:
-        threads.append(threading.Thread(target=call_async, args=(async_request,)))
-    return threads
-
-
 def test_a_killed_responder_wakes_an_async_caller_and_two_threads_sharing_the_requester(
         bus_context, driver, procs, monkeypatch):
-    _no_backstop(monkeypatch)
+    no_backstop(monkeypatch)
     killed = procs.private()
     start_responders(procs, bus_context, 1, reports=killed)
     with shmbus.connect(bus_context) as bus, bus.add_requester("aeron:ipc", STREAM) as client:
@@ -421,7 +367,7 @@ def test_a_killed_responder_wakes_an_async_caller_and_two_threads_sharing_the_re
 
 
 def test_a_killed_responder_wakes_a_lone_caller(bus_context, driver, procs, monkeypatch):
-    _no_backstop(monkeypatch)
+    no_backstop(monkeypatch)
     killed = procs.private()
     start_responders(procs, bus_context, 1, reports=killed)
     with shmbus.connect(bus_context) as bus, bus.add_requester("aeron:ipc", STREAM) as client:

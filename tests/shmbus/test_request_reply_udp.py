@@ -1,7 +1,7 @@
 """Request/reply across hosts: requesters on bus A call responders on bus B over UDP on
 loopback, each bus with its own driver and netbridge (two bus directories, real processes,
 real sockets). Every reply is checked byte for byte against its request (seq and CRC, see
-tests/shmbus/rr_workers.py) and comes back only to the requester that asked; a pool of
+tests/support/workers/rr_workers.py) and comes back only to the requester that asked; a pool of
 responders on B shares the requests (a subscription group on the network image); and every
 failure is an answer: no responder, a responder SIGKILLed with requests in hand (alone, and in
 a pool), malformed requests and foreign datagrams, bad channels.
@@ -9,13 +9,11 @@ a pool), malformed requests and foreign datagrams, bad channels.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import struct
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,39 +28,20 @@ from shmbus.shm.counters import (
     RR_REPLIES_DROPPED,
     RR_SERVED,
 )
-from tests.conftest import stop_driver
-from tests.netbridge.test_end_to_end import bus_pair, free_udp_port
-from tests.shmbus import rr_workers as rw
-from tests.shmbus.driver.test_driver_processes import wait_until
-from tests.shmbus.test_request_reply import (
+from tests.support.calls import (
+    LIVENESS,
     STREAM,
-    _no_backstop,
+    bus_pair_serving,
     calling_threads,
     calls_answered,
     counter_total,
+    no_backstop,
 )
+from tests.support.networks import free_udp_port
+from tests.support.waits import wait_until
+from tests.support.workers import rr_workers as rw
 
 pytestmark = pytest.mark.timeout(300)
-LIVENESS = 2.0
-#: a publication's connection times out this long after the last status message: far past
-#: the liveness timeout, so a call that fails within that learned it from the responders'
-#: netbridge (a status message with the EOS flag), not from this timeout
-CONNECTION_TIMEOUT = 60.0
-
-
-@contextlib.contextmanager
-def bus_pair_serving(shm_dir: Any, **settings: Any) -> Iterator[Any]:
-    """(context of bus A, context of bus B, the service channel on B's endpoint, the two
-    driver processes), the drivers stopped after."""
-    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, **{
-        "client_liveness_timeout": LIVENESS, "keepalive_interval": 0.1,
-        "timer_interval": 0.02, "publication_connection_timeout": CONNECTION_TIMEOUT,
-        **settings})
-    try:
-        yield ctx_a, ctx_b, f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}", drivers
-    finally:
-        for process in drivers:
-            stop_driver(process)
 
 
 @pytest.fixture
@@ -114,7 +93,7 @@ def test_no_responder_fails_the_call_promptly(buses):
 
 def test_a_lone_responder_killed_with_calls_in_hand_fails_them_within_the_liveness_timeout(
         buses, procs, monkeypatch):
-    _no_backstop(monkeypatch)
+    no_backstop(monkeypatch)
     ctx_a, ctx_b, channel = buses
     killed = procs.private()
     start_responders(procs, ctx_b, channel, 1, reports=killed)
@@ -142,7 +121,7 @@ def test_a_killed_lone_responder_fails_a_lone_caller_threads_and_an_async_caller
         buses, procs, monkeypatch):
     """Callers sharing one requester, each asleep in its own wait (the lone caller's native
     wait, the reader's turn, a follower, the asyncio reader): the kill wakes them all."""
-    _no_backstop(monkeypatch)
+    no_backstop(monkeypatch)
     ctx_a, ctx_b, channel = buses
     killed = procs.private()
     start_responders(procs, ctx_b, channel, 1, reports=killed)

@@ -3,7 +3,7 @@ fragmented tasks, members joining and leaving, a member SIGKILLed mid-stream (at
 only the task in its hand is done twice), and flow control holding the publisher behind the
 group's slowest unfinished claim.
 
-Members and publishers are spawn processes (tests/shmbus/group_workers.py). Every member
+Members and publishers are spawn processes (tests/support/workers/group_workers.py). Every member
 checks each task's length and CRC and records (publisher, seq) in its own file as it is handed
 the task, so the test counts how often every task was handed out, also for a killed member.
 """
@@ -11,12 +11,10 @@ the task, so the test counts how often every task was handed out, also for a kil
 from __future__ import annotations
 
 import collections
-import multiprocessing as mp
 import os
-import queue
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,68 +23,21 @@ import pytest
 import shmbus
 from shmbus.settings.channel_uri import CONSUMER_GROUP
 from shmbus.shm.counters import GROUP_CLAIM, GROUP_MEMBERS, GROUP_POS, GROUP_REDELIVERED
-from tests.shmbus import group_workers as gw
+from tests.support.groups import (
+    STREAM,
+    all_tasks,
+    assert_only_the_task_in_hand_went_twice,
+    collect,
+    counter_values,
+    finish,
+    read_records,
+    redelivered_once_members_are,
+    wait_for_tasks,
+)
+from tests.support.processes import CTX
+from tests.support.workers import group_workers as gw
 
-CTX = mp.get_context("spawn")
-STREAM = 4001
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def start_process() -> Iterator[Callable[..., Any]]:
-    """Starts spawn processes; any still alive at teardown is killed."""
-    started: list[Any] = []
-
-    def start(target: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        process = CTX.Process(target=target, args=args, kwargs=kwargs, daemon=True)
-        process.start()
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        if process.is_alive():
-            process.kill()
-        process.join(10)
-
-
-def read_records(paths: list[Path]) -> dict[Path, list[tuple[int, int]]]:
-    records = {}
-    for path in paths:
-        data = path.read_bytes() if path.exists() else b""
-        size = len(data) - len(data) % gw.RECORD.size
-        records[path] = [gw.RECORD.unpack_from(data, i) for i in range(0, size, gw.RECORD.size)]
-    return records
-
-
-def wait_for_tasks(paths: list[Path], expected: set[tuple[int, int]], timeout: float,
-                   processes: list[Any]) -> dict[Path, list[tuple[int, int]]]:
-    """Wait until every expected task has been recorded by some member."""
-    deadline = time.monotonic() + timeout
-    while True:
-        records = read_records(paths)
-        done = {task for tasks in records.values() for task in tasks}
-        if expected <= done:
-            return records
-        if time.monotonic() > deadline:
-            pytest.fail(f"{len(expected - done)} of {len(expected)} tasks never handed out "
-                        f"within {timeout} s; exit codes {[p.exitcode for p in processes]}")
-        time.sleep(0.05)
-
-
-def collect(results: Any, count: int, timeout: float) -> list[dict]:
-    reports = []
-    deadline = time.monotonic() + timeout
-    while len(reports) < count:
-        try:
-            reports.append(results.get(timeout=max(0.1, deadline - time.monotonic())))
-        except queue.Empty:
-            pytest.fail(f"{len(reports)} of {count} reports within {timeout} s")
-    return reports
-
-
-def counter_values(bus: shmbus.Client, type_id: int) -> list[int]:
-    return [c.value for c in bus.counters.counters() if c.type_id == type_id]
 
 
 def run_group(start_process: Callable[..., Any], context: shmbus.Context, tmp_path: Path, *,
@@ -108,20 +59,6 @@ def run_group(start_process: Callable[..., Any], context: shmbus.Context, tmp_pa
                                          results, stop, **publisher_options)
                            for p in range(publishers)]
     return stop, results, paths, processes, publisher_processes
-
-
-def all_tasks(publishers: int, tasks: int) -> set[tuple[int, int]]:
-    return {(p, s) for p in range(publishers) for s in range(tasks)}
-
-
-def finish(stop: Any, results: Any, processes: list[Any], reports_expected: int) -> list[dict]:
-    stop.set()
-    reports = collect(results, reports_expected, 60)
-    for process in processes:
-        process.join(30)
-    errors = [e for r in reports for e in r.get("errors", [])]
-    assert errors == []
-    return reports
 
 
 @pytest.mark.parametrize("lengths, fragment_limit, messages",
@@ -202,32 +139,6 @@ def test_a_member_sigkilled_mid_claim_has_only_the_task_in_its_hand_done_twice(
     finish(stop, results, members[1:] + pubs, 3 + 1)
     assert_only_the_task_in_hand_went_twice(records, all_tasks(1, tasks), in_hand, paths[0],
                                             50, redelivered)
-
-
-def redelivered_once_members_are(context: shmbus.Context, members: int) -> list[int]:
-    """Wait (10 s at most) until the group has ``members`` members (the driver timed a killed
-    one's client out); then the group's redelivered counters."""
-    with shmbus.connect(context) as bus:
-        deadline = time.monotonic() + 10
-        while counter_values(bus, GROUP_MEMBERS) != [members]:
-            assert time.monotonic() < deadline, counter_values(bus, GROUP_MEMBERS)
-            time.sleep(0.05)
-        return counter_values(bus, GROUP_REDELIVERED)
-
-
-def assert_only_the_task_in_hand_went_twice(
-        records: dict[Path, list[tuple[int, int]]], expected: set[tuple[int, int]],
-        in_hand: tuple[int, int], victim: Path, victim_tasks: int,
-        redelivered: list[int]) -> None:
-    """The rule: a task is done once its handler returns; a victim killed inside the handler
-    of the task in its hand leaves that task, and only it, to go to another member too."""
-    handed = collections.Counter(t for tasks_ in records.values() for t in tasks_)
-    assert set(handed) == expected, "a task was lost"
-    twice = {task for task, n in handed.items() if n > 1}
-    assert twice == {in_hand} and handed[in_hand] == 2
-    assert len(records[victim]) == victim_tasks
-    # what was handed on: the task in hand and the rest of the victim's claim
-    assert redelivered and redelivered[0] >= 1
 
 
 def test_flow_control_holds_the_publisher_behind_the_groups_oldest_unfinished_claim(

@@ -23,7 +23,7 @@ from shmbus.driver.group_claims import (
 from shmbus.shm._native import GroupMemberCore
 from shmbus.shm.counters import SECOND_WORD_OFFSET
 from shmbus.shm.position import Position
-from tests.standalone_stream import StandaloneStream
+from tests.support.standalone_stream import StandaloneStream
 
 TERM_LENGTH = 65536
 GROUP_SLOT, ORPHAN_SLOT, MEMBERS_SLOT, REDELIVERED_SLOT, FIRST_CLAIM_SLOT = 10, 11, 12, 13, 16

@@ -21,12 +21,7 @@ import pytest
 
 import shmbus
 from shmbus.shm.counters import GROUP_CLAIM, GROUP_MEMBERS, GROUP_POS
-from tests.conftest import stop_driver
-from tests.netbridge.test_end_to_end import bus_pair, free_udp_port
-from tests.shmbus import group_workers as gw
-from tests.shmbus import test_subscription_group as groups
-from tests.shmbus.test_subscription_group import (
-    CTX,
+from tests.support.groups import (
     STREAM,
     all_tasks,
     assert_only_the_task_in_hand_went_twice,
@@ -36,8 +31,9 @@ from tests.shmbus.test_subscription_group import (
     redelivered_once_members_are,
     wait_for_tasks,
 )
-
-start_process = groups.start_process  # the fixture: spawn processes, killed at teardown
+from tests.support.networks import bus_pair, free_udp_port, stop_drivers
+from tests.support.processes import CTX
+from tests.support.workers import group_workers as gw
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,8 +48,7 @@ def buses(shm_dir: Path) -> Any:
     try:
         yield ctx_a, ctx_b, f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     finally:
-        for process in drivers:
-            stop_driver(process)
+        stop_drivers(drivers)
 
 
 def start_group(start_process: Callable[..., Any], buses: Any, tmp_path: Path, *,

@@ -14,9 +14,9 @@ import pytest
 
 import shmbus
 from shmbus.codecs.table_messages import decode_table, stream_length
-from tests.conftest import start_driver, stop_driver
-from tests.shmbus import table_workers as tw
-from tests.shmbus.driver.test_driver_processes import wait_until
+from tests.support.drivers import start_driver, stop_driver
+from tests.support.waits import wait_until
+from tests.support.workers import table_workers as tw
 
 pytestmark = pytest.mark.timeout(300)
 

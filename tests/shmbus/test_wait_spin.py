@@ -17,9 +17,10 @@ import pytest
 
 import shmbus
 from shmbus.shm.log_buffer import DATA_WAITERS_OFFSET, DATA_WAKE_OFFSET, PARTITION_COUNT
-from tests.shmbus.driver.driver_workers import make_message
-from tests.shmbus.driver.test_driver_processes import Processes, wait_until
-from tests.shmbus.waiting_workers import blocking_reader, waiting_reader
+from tests.support.processes import Processes
+from tests.support.waits import wait_until
+from tests.support.workers.driver_workers import make_message
+from tests.support.workers.waiting_workers import blocking_reader, waiting_reader
 
 pytestmark = pytest.mark.timeout(120)
 

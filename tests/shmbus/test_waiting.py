@@ -20,13 +20,10 @@ import pytest
 
 import shmbus
 from shmbus.shm.log_buffer import FC_LOCK_OFFSET
-from tests.shmbus.driver import driver_workers as dw
-from tests.shmbus.driver.test_driver_processes import (
-    CTX,
-    assert_clean,
-    wait_until,
-)
-from tests.shmbus.waiting_workers import blocking_reader, hands_off_subscriber
+from tests.support.processes import CTX, assert_clean
+from tests.support.waits import wait_until
+from tests.support.workers import driver_workers as dw
+from tests.support.workers.waiting_workers import blocking_reader, hands_off_subscriber
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,7 +1,7 @@
 """The monitor under load: real processes on a real bus, hundreds of snapshots, each checked.
 
 A publisher keeps its stream saturated (it offers 100-byte messages as fast as the window
-allows; spawn targets in ``tests/shmbus/cli/load_workers.py``) while subscribers read at their
+allows; spawn targets in ``tests/support/workers/load_workers.py``) while subscribers read at their
 own pace, one is stopped (SIGSTOP), and on a second pair of buses the stream goes over the
 netbridge on loopback UDP. Every snapshot, as ``stat`` and ``streams`` (and ``export``) take
 it, must keep the rules of :func:`shmbus.cli.verdicts.stream_problems`: lag >= 0 (behind pub-pos,
@@ -22,7 +22,6 @@ import queue
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,9 +43,10 @@ from shmbus.cli.snapshot import BusSnapshot, read_snapshot
 from shmbus.cli.stream_analysis import analyse_streams
 from shmbus.cli.stream_views import StreamView
 from shmbus.cli.verdicts import stream_problems
-from tests.conftest import start_driver, stop_driver
-from tests.shmbus.cli import load_workers
-from tests.shmbus.driver.test_driver_processes import wait_until
+from tests.support.drivers import start_driver, stop_driver
+from tests.support.networks import free_udp_port
+from tests.support.waits import wait_until
+from tests.support.workers import load_workers
 
 CTX = mp.get_context("spawn")
 STREAM = 7
@@ -223,12 +223,6 @@ def test_a_saturated_stream_with_a_slow_then_a_stopped_subscriber(bus_context, d
 
 
 # -- a network publication over loopback -------------------------------------------------------
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_a_saturated_network_publication(shm_dir) -> None:

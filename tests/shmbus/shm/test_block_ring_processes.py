@@ -31,6 +31,7 @@ import numpy as np
 
 from shmbus.shm import block_ring as br
 from shmbus.shm._native import AtomicBuffer
+from tests.support.waits import time_left, wait_until
 
 MAX_MESSAGE = 256 * 1024
 RUN_S = 2.0
@@ -124,10 +125,15 @@ def entry(ctl: AtomicBuffer, seq: int) -> tuple[int, int] | None:
 
 
 def wait_for(ctl: AtomicBuffer, word: int, value: int, deadline: float) -> None:
-    while ctl.get_int64_acquire(word) < value:
-        assert time.monotonic() < deadline, f"the child stopped (word {word})"
+    """Wait until the child has set control word ``word`` to ``value`` or more; it failed
+    (its ERROR word set) fails the test at once."""
+    def reached() -> bool:
         assert not ctl.get_int64_acquire(ERROR), "the child failed"
-        os.sched_yield()
+        return ctl.get_int64_acquire(word) >= value
+
+    # a handshake step: the child answers within microseconds unless descheduled
+    wait_until(reached, time_left(deadline), f"the child to set word {word} to {value}",
+               longest_pause=0.0005)
 
 
 def test_views_stay_exact_while_the_driver_frees_and_reuses_around_them(shm_dir: Path) -> None:

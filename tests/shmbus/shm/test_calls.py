@@ -17,7 +17,7 @@ import shmbus
 from shmbus.shm import call_header
 from shmbus.shm._native import answer_request, await_reply, offer_call
 from shmbus.shm.log_buffer import IS_CONNECTED_OFFSET
-from tests.shmbus.driver.test_driver_processes import wait_until
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 CHANNEL = "aeron:ipc"

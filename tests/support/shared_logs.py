@@ -14,7 +14,7 @@ from shmbus import AtomicBuffer, ExclusivePublication, Image
 from shmbus.driver.ipc_flow_control import IpcFlowControl
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
-from tests.netbridge.test_sender import DEST, INITIAL, MTU, SESSION, STREAM, TERM
+from tests.support.sans_io import DEST, INITIAL, MTU, SESSION, STREAM, TERM
 
 
 class PublicationLog:

@@ -18,7 +18,7 @@ import shmbus
 from shmbus.shm._native import LogWatcher
 from shmbus.shm.log_buffer import UNFRAGMENTED
 from shmbus.streams import async_waits
-from tests.shmbus.driver.driver_workers import Checker, _report_errors, make_message
+from tests.support.workers.driver_workers import Checker, _report_errors, make_message
 
 
 def blocking_reader(context: shmbus.Context, stream_id: int, expected: int, results: Any,

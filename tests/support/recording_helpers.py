@@ -6,9 +6,12 @@ Also the spawn targets of the recording tests (a publisher process).
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -155,3 +158,12 @@ def publish_numbered(context, stream_id: int, count: int, length: int, ready, do
             publication.publish(payload, timeout=20.0, reserved_value=i)
         done.set()
         time.sleep(0.5)
+
+
+def bus_env(context: Any) -> dict[str, str]:
+    """This process's environment with ``context``'s settings as SHMBUS_* variables: a
+    ``shmbus`` command run with it (``shmbus record``, ``shmbus replay``) uses that bus."""
+    env = dict(os.environ)
+    for name, value in dataclasses.asdict(context).items():
+        env[f"SHMBUS_{name.upper()}"] = str(int(value)) if isinstance(value, bool) else str(value)
+    return env

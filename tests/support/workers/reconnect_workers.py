@@ -1,7 +1,7 @@
 """Spawn targets for tests/shmbus/test_reconnect.py: clients that outlive their driver.
 
 Each connects with the test's pickled Context (``reconnect=True``), streams or reads the
-sequenced, crc'd messages of :mod:`tests.shmbus.driver.driver_workers`, and reports through a
+sequenced, crc'd messages of :mod:`tests.support.workers.driver_workers`, and reports through a
 queue as plain dicts: ``*-ready``, ``*-reconnected`` (the Reconnected report as a dict) and a
 final ``pub``/``sub`` summary with the first and last sequence number seen per session. Every
 loop is bounded by a deadline; nothing busy-spins.
@@ -16,7 +16,7 @@ from typing import Any
 
 import shmbus
 from shmbus.settings import codes
-from tests.shmbus.driver import driver_workers as dw
+from tests.support.workers import driver_workers as dw
 
 
 def _on_reconnect(results: Any, kind: str) -> Any:

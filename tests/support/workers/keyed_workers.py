@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 import shmbus
-from tests.netbridge import bridge_workers
+from tests.support.workers import bridge_workers
 
 
 def read_objects(context: shmbus.Context, channel: str, stream_id: int, count: int,

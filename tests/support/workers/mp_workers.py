@@ -30,7 +30,7 @@ import numpy as np
 
 import shmbus
 from shmbus.shm.log_buffer import align
-from tests.standalone_stream import StandaloneStream, reader_offset
+from tests.support.standalone_stream import StandaloneStream, reader_offset
 
 TAG = struct.Struct("<HII")  # writer id, sequence, crc32 of the rest of the payload
 SMALL = struct.Struct("<II")  # sequence, crc32 of the rest of the payload

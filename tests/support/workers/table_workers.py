@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 import shmbus
-from tests.shmbus.large_workers import guard
+from tests.support.workers.large_workers import guard
 
 #: rows of table_for(seed): small ones in the log, large ones (test bus: 8 KiB max message)
 #: through a block
