@@ -3,7 +3,7 @@ offer_call writes, await_reply's hand-off of other messages, answer_request's ou
 malformed request and a reply that is not a buffer, a fragmented request answered natively, and
 the watched word that ends a wait.
 
-Across processes, the same paths run in tests/shmbus/test_request_reply.py.
+Across processes, the same paths run in tests/shmbus/calls/test_request_reply.py.
 """
 
 from __future__ import annotations

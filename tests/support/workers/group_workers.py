@@ -1,4 +1,4 @@
-"""Spawn targets for tests/shmbus/test_subscription_group.py: publishers and group members.
+"""Spawn targets for tests/shmbus/streams/test_subscription_group.py: publishers and group members.
 
 Every function runs in a process of its own (multiprocessing "spawn"), connects to the test
 bus with the Context it is given and reports through a multiprocessing queue. Loops are

@@ -1,4 +1,4 @@
-"""Spawn targets for tests/shmbus/test_multiprocess.py.
+"""Spawn targets for tests/shmbus/streams/test_multiprocess.py.
 
 Every function here runs in a process of its own (multiprocessing "spawn" context), opens the
 stream by path with :class:`StandaloneStream`, and reports back through a multiprocessing

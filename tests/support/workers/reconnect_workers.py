@@ -1,4 +1,4 @@
-"""Spawn targets for tests/shmbus/test_reconnect.py: clients that outlive their driver.
+"""Spawn targets for tests/shmbus/client/test_reconnect.py: clients that outlive their driver.
 
 Each connects with the test's pickled Context (``reconnect=True``), streams or reads the
 sequenced, crc'd messages of :mod:`tests.support.workers.driver_workers`, and reports through a

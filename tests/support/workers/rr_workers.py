@@ -1,4 +1,4 @@
-"""Spawn targets for tests/shmbus/test_request_reply.py: responders and requesters.
+"""Spawn targets for tests/shmbus/calls/test_request_reply.py: responders and requesters.
 
 Each runs in a process of its own (multiprocessing "spawn"), connects with the Context it is
 given and reports through a multiprocessing queue as dicts (``kind`` says which report).

@@ -1,4 +1,4 @@
-"""Spawn targets for tests/shmbus/test_waiting.py and test_asyncio.py: clients that sleep
+"""Spawn targets for tests/shmbus/streams/test_waiting.py and test_asyncio.py: clients that sleep
 (or await) instead of polling.
 
 Each function runs in a process of its own (multiprocessing "spawn"), connects with

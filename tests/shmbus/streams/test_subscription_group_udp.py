@@ -4,7 +4,7 @@ each publisher goes to exactly one member, checked by length and CRC, through ma
 rotations of small terms (the receiver's window and term cleaning follow the group's claims);
 a member SIGKILLed mid-claim has only the task in its hand done twice.
 
-Processes and records as in tests/shmbus/test_subscription_group.py (group_workers.py).
+Processes and records as in tests/shmbus/streams/test_subscription_group.py (group_workers.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each message is consumed as it is handed out, so a loop left early loses nothing
 nothing twice. An owned image (a driver counter) publishes its position in runs, at most a
 sixteenth of a term behind what it has read, and all of it once it finds nothing more or its
 iterator goes. Real processes read with messages() in test_waiting.py, test_asyncio.py and
-test_client_driver.py; here the reader is driven step by step against a model.
+../client/test_client_driver.py; here the reader is driven step by step against a model.
 """
 
 from __future__ import annotations
