@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PATHS = {"publish() 32 B", "messages() 32 B", "offer() 32 B", "poll(handler) + bytes 32 B",
          "publish_many([m]) 32 B", "poll(handler) reading Header 32 B",
          "poll_batch 32 B (per message)", "publish() 4 KiB",

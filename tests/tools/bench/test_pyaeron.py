@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PYAERON_RUNS = sys.version_info >= (3, 12) and subprocess.run(
     [sys.executable, "-c", "import pyaeron"], capture_output=True).returncode == 0
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SIDES = ("bridge A", "bridge B", "driver A", "driver B")
 SHM, SHM_BATCH = "shmbus offer/messages()", "shmbus offer_many/poll_batch"
 ZMQ, ZMQ_CURVE = "zmq PUSH/PULL tcp://", "zmq PUSH/PULL tcp:// CURVE"

@@ -10,7 +10,7 @@ from typing import Any
 
 from tools.nemesis import calls, check, run
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 BLOCK = check.payload_block(7)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tools.bench import large_messages
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_a_short_run_measures_every_method(tmp_path: Path) -> None:
