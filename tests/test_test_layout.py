@@ -6,6 +6,8 @@
 * Outside tests/support/, a module of tests/ is a test module, a conftest.py or an
   __init__.py; at the top of tests/ also a script run on its own (a module with an
   ``if __name__ == "__main__":`` block: wheel_smoke.py).
+* A process a test spawns runs a function of tests/support/workers/, never one of a test
+  module (the child imports the module of its target).
 * The test tree mirrors the repository: a test module in tests/<folder>/ tests what is in
   <folder>/ (tests/shmbus/streams/ shmbus/streams/, tests/netbridge/ netbridge/,
   tests/tools/bench/ tools/bench/, tests/docs/ docs/). tests/support/ holds no test.
@@ -95,6 +97,34 @@ def _helpers_outside_support(root: Path) -> list[str]:
     return found
 
 
+#: the calls that start a process with a target given first (``procs.start(target, ...)``,
+#: ``start_process(target, ...)``, ``pool.apply_async(target, ...)``) or as ``target=`` of
+#: a ``Process``
+_STARTS = {"start", "start_process", "apply_async", "apply", "map_async", "starmap_async"}
+
+
+def _spawn_targets_in_tests(root: Path) -> list[str]:
+    """``file:line`` for each process started with a function of the test module itself."""
+    found = []
+    for path in _tests_modules(root):
+        if not _is_test(path):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        own = {node.name for node in tree.body
+               if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            name = (node.func.attr if isinstance(node.func, ast.Attribute)
+                    else node.func.id if isinstance(node.func, ast.Name) else "")
+            targets = [k.value for k in node.keywords if k.arg == "target"] if (
+                name == "Process") else node.args[:1] if name in _STARTS else []
+            found += [f"{_where(root, path)}:{node.lineno} spawns {target.id}"
+                      for target in targets
+                      if isinstance(target, ast.Name) and target.id in own]
+    return sorted(found)
+
+
 def _unmirrored_tests(root: Path) -> list[str]:
     """The test modules whose folder mirrors no folder of the repository, or that sit at the
     top of the mirror of a folder split into subfolders without naming one of its modules."""
@@ -145,6 +175,10 @@ def test_helpers_and_spawn_targets_are_in_tests_support() -> None:
     assert _helpers_outside_support(ROOT) == []
 
 
+def test_spawned_processes_run_functions_of_tests_support_workers() -> None:
+    assert _spawn_targets_in_tests(ROOT) == []
+
+
 def test_the_test_tree_mirrors_the_repository() -> None:
     assert _unmirrored_tests(ROOT) == []
     mirrors = {path.relative_to(ROOT / "tests").parent.as_posix()
@@ -191,7 +225,13 @@ def test_the_rules_refuse_what_they_must(tmp_path: Path) -> None:
             "from tests.conftest import start_driver\nfrom tests.support.waits import x\n"
             "def f():\n    from . import test_publication\n"),
         "tests/shmbus/streams/test_publication.py": (
-            "import tests.shmbus.test_spark\nfrom .test_image import helper\n"),
+            "import tests.shmbus.test_spark\nfrom .test_image import helper\n"
+            "import multiprocessing, threading\nfrom tests.support.workers import w\n"
+            "def child():\n    pass\n"
+            "def test_x(procs, start_process):\n"
+            "    multiprocessing.get_context('spawn').Process(target=child).start()\n"
+            "    procs.start(child, 1)\n    start_process(w.child)\n"
+            "    threading.Thread(target=child).start()\n    procs.start(w.child)\n"),
         "tests/shmbus/nowhere/__init__.py": "",
         "tests/shmbus/nowhere/test_x.py": "",
         "tests/netbridge/test_frames.py": "from tests.shmbus.streams import image_workers\n",
@@ -208,6 +248,10 @@ def test_the_rules_refuse_what_they_must(tmp_path: Path) -> None:
         "tests/shmbus/streams/test_publication.py:1 imports tests.shmbus.test_spark",
         "tests/shmbus/streams/test_publication.py:2 imports tests.shmbus.streams.test_image",
         "tests/support/waits.py:1 imports tests.shmbus.streams.test_image",
+    ]
+    assert _spawn_targets_in_tests(tmp_path) == [
+        "tests/shmbus/streams/test_publication.py:8 spawns child",
+        "tests/shmbus/streams/test_publication.py:9 spawns child",
     ]
     assert _helpers_outside_support(tmp_path) == [
         "tests/shmbus/streams/image_workers.py is a helper: it belongs in tests/support/",

@@ -10,10 +10,8 @@ import mmap
 import multiprocessing as mp
 import os
 import signal
-import struct
 import threading
 import time
-import zlib
 from pathlib import Path
 
 import psutil
@@ -26,14 +24,13 @@ from shmbus.shm.counters import (
     COUNTER_LENGTH,
     METADATA_LENGTH,
     RECORD_RECLAIMED,
-    SUB_POS,
     CountersManager,
 )
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
+from tests.support.workers import reclaim_workers as rw
 
-STREAM = 5
-MESSAGE = struct.Struct("<QI")  # sequence, crc32 of the sequence's bytes
+STREAM = rw.STREAM
 
 
 class Clock:
@@ -110,78 +107,15 @@ def test_a_heartbeat_stops_writing_a_counter_that_is_no_longer_its_own() -> None
         clock.now_ms += 1001
         assert manager.allocate("someone's position", registration_id=43) == counter_id
         manager.values.put_int64_release(manager.counter_offset(counter_id), 12345)
-        time.sleep(0.1)  # ten intervals
+        # a negative check, watched for ten heartbeat intervals: the counter is no longer its
+        # own, so the heartbeat writes nothing (the thread leaves its loop; nothing shows when)
+        time.sleep(0.1)
         assert manager.get_value(counter_id) == 12345
     finally:
         heartbeat.stop()
 
 
 # -- real processes ------------------------------------------------------------------------------
-
-def message(seq: int) -> bytes:
-    return MESSAGE.pack(seq, zlib.crc32(struct.pack("<Q", seq)))
-
-
-def check(data: bytes) -> int:
-    """The sequence number of a whole, uncorrupted message; -1 otherwise."""
-    if len(data) != MESSAGE.size:
-        return -1
-    seq, crc = MESSAGE.unpack(data)
-    return seq if crc == zlib.crc32(data[:8]) else -1
-
-
-def counter_ids(bus: shmbus.Client, subscription: shmbus.Subscription) -> set[int]:
-    """The client's heartbeat counter and the subscription's sub-pos counters."""
-    found = {c.counter_id for c in bus.counters.counters()
-             if c.type_id == SUB_POS and c.registration_id == subscription.registration_id}
-    return found | {bus.heartbeat_counter_id}
-
-
-def stopping_reader(context: shmbus.Context, stop_at: int, report: mp.Queue) -> None:
-    """Reads in order and stops itself (SIGSTOP) inside the handler of message ``stop_at``;
-    once resumed, reports how its polls ended and what each delivered after the stop."""
-    with shmbus.connect(context) as bus:
-        subscription = bus.add_subscription("aeron:ipc", STREAM)
-        while not subscription.images:
-            time.sleep(0.01)
-        report.put(counter_ids(bus, subscription))
-        seen: list[tuple[int, int]] = []  # (poll number, sequence)
-        polls = 0
-
-        def handler(buffer: memoryview, header: shmbus.Header) -> None:
-            seq = check(bytes(buffer))
-            seen.append((polls, seq))
-            if seq == stop_at:
-                os.kill(os.getpid(), signal.SIGSTOP)
-
-        deadline = time.monotonic() + 60
-        outcome = "no error"
-        try:
-            while time.monotonic() < deadline:
-                polls += 1
-                subscription.poll(handler, 16, timeout=0.1)
-        except shmbus.ClientTimeoutError:
-            outcome = "ClientTimeoutError"
-        sequences = [seq for _, seq in seen]
-        stopped = sequences.index(stop_at) if stop_at in sequences else len(seen)
-        report.put((outcome, sequences[:stopped + 1] == list(range(stop_at + 1)),
-                    seen[stopped][0] if stopped < len(seen) else -1, polls, seen[stopped + 1:]))
-
-
-def steady_reader(context: shmbus.Context, count: int, report: mp.Queue) -> None:
-    """Joins late and reads until message ``count - 1``, checking order and checksums."""
-    with shmbus.connect(context) as bus:
-        subscription = bus.add_subscription("aeron:ipc", STREAM)
-        while not subscription.images:
-            time.sleep(0.01)
-        report.put(counter_ids(bus, subscription))
-        seen: list[int] = []
-        deadline = time.monotonic() + 60
-        while (not seen or seen[-1] < count - 1) and time.monotonic() < deadline:
-            subscription.poll(lambda buffer, header: seen.append(check(bytes(buffer))), 64,
-                              timeout=0.1)
-        report.put(seen)
-
 
 def test_a_reader_stopped_past_its_liveness_leaves_the_next_owner_of_its_counters_alone(
         bus_context: shmbus.Context, driver) -> None:
@@ -194,8 +128,8 @@ def test_a_reader_stopped_past_its_liveness_leaves_the_next_owner_of_its_counter
     processes = []
     try:
         with shmbus.connect(bus_context) as bus:
-            publication = bus.add_exclusive_publication("aeron:ipc", STREAM)
-            processes.append(spawn.Process(target=stopping_reader,
+            publication = bus.add_exclusive_publication("aeron:ipc", rw.STREAM)
+            processes.append(spawn.Process(target=rw.stopping_reader,
                                            args=(bus_context, stop_at, stopped_report)))
             processes[0].start()
             stopped_ids = stopped_report.get(timeout=30)
@@ -203,7 +137,7 @@ def test_a_reader_stopped_past_its_liveness_leaves_the_next_owner_of_its_counter
             deadline = time.monotonic() + 60
             while psutil.Process(processes[0].pid).status() != psutil.STATUS_STOPPED:
                 assert time.monotonic() < deadline, "the reader never stopped itself"
-                if publication.offer(message(seq)) > 0:
+                if publication.offer(rw.message(seq)) > 0:
                     seq += 1
                 else:
                     time.sleep(0.001)
@@ -214,13 +148,13 @@ def test_a_reader_stopped_past_its_liveness_leaves_the_next_owner_of_its_counter
                           for c in stopped_ids):
                 assert time.monotonic() < deadline + 30, "the stopped reader was never dropped"
                 time.sleep(0.05)
-            processes.append(spawn.Process(target=steady_reader,
+            processes.append(spawn.Process(target=rw.steady_reader,
                                            args=(bus_context, total, steady_report)))
             processes[1].start()
             steady_ids = steady_report.get(timeout=30)
             assert stopped_ids & steady_ids, "the new reader did not get a reclaimed counter id"
             while seq < total:
-                publication.publish(message(seq), timeout=10)
+                publication.publish(rw.message(seq), timeout=10)
                 seq += 1
                 if seq == total // 2:
                     os.kill(processes[0].pid, signal.SIGCONT)
