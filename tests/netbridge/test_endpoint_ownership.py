@@ -18,7 +18,7 @@ import shmbus
 from netbridge.transport import open_receive
 from shmbus.settings.channel_uri import ChannelUri
 from shmbus.shm import control_protocol as cp
-from tests.support.drivers import start_driver, stop_driver
+from tests.support.drivers import stop_driver
 from tests.support.networks import bridge_pid, bus_pair, channel_counters, free_udp_port
 from tests.support.waits import wait_until
 from tests.support.workers import bridge_workers
@@ -49,11 +49,7 @@ def test_unicast_receive_sockets_do_not_share_their_address() -> None:
 
 
 def test_an_endpoint_held_by_another_bus_is_refused_until_it_lets_go(shm_dir) -> None:
-    contexts = [shmbus.Context(dir=str(shm_dir / name), embedded_driver=False,
-                               driver_idle_timeout=600, ipc_term_length=1 << 20,
-                               netbridge_endpoint_linger=LINGER) for name in ("a", "b")]
-    ctx_a, ctx_b = contexts
-    drivers = [start_driver(context) for context in contexts]
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, netbridge_endpoint_linger=LINGER)
     port = free_udp_port()
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
     spawn = mp.get_context("spawn")

@@ -36,15 +36,14 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-import shmbus
 from shmbus.cli.app import app
 from shmbus.cli.bus_status import EXIT_NO_BUS
 from shmbus.cli.snapshot import BusSnapshot, read_snapshot
 from shmbus.cli.stream_analysis import analyse_streams
 from shmbus.cli.stream_views import StreamView
 from shmbus.cli.verdicts import stream_problems
-from tests.support.drivers import start_driver, stop_driver
-from tests.support.networks import free_udp_port
+from tests.support.drivers import stop_driver
+from tests.support.networks import bus_pair, free_udp_port
 from tests.support.waits import wait_until
 from tests.support.workers import load_workers
 
@@ -131,7 +130,7 @@ def check(snapshot: BusSnapshot) -> list[StreamView]:
 def take(directory: str, count: int, pause: float = 0.005) -> Iterator[BusSnapshot]:
     for _ in range(count):
         yield read_snapshot(directory)
-        time.sleep(pause)
+        time.sleep(pause)  # pacing: snapshots spread over the load, not a wait
 
 
 def publication(directory: str) -> StreamView | None:
@@ -226,10 +225,7 @@ def test_a_saturated_stream_with_a_slow_then_a_stopped_subscriber(bus_context, d
 
 
 def test_a_saturated_network_publication(shm_dir) -> None:
-    contexts = [shmbus.Context(dir=str(shm_dir / name), embedded_driver=False,
-                               driver_idle_timeout=600, ipc_term_length=1 << 20,
-                               udp_term_length=1 << 20) for name in ("a", "b")]
-    drivers = [start_driver(context) for context in contexts]
+    contexts, drivers = bus_pair(shm_dir, udp_term_length=1 << 20)
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     try:
         with Workers() as w:
