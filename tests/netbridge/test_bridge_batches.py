@@ -5,6 +5,7 @@ an idle netbridge sleeps."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 
 import psutil
@@ -17,6 +18,12 @@ from tests.support.waits import wait_until
 from tests.support.workers import bridge_workers
 
 PER_PUBLISHER = 100_000
+
+
+def mapped_logs(pid: int, directory: str) -> list[str]:
+    """The logs of the bus in ``directory`` that process ``pid`` maps."""
+    logs = os.path.join(directory, "logs") + os.sep
+    return [m.path for m in psutil.Process(pid).memory_maps() if m.path.startswith(logs)]
 
 
 def cpu_seconds(process: psutil.Process, seconds: float) -> float:
@@ -86,7 +93,7 @@ def test_an_idle_bridge_sleeps(shm_dir, busy_window: float) -> None:
             assert got == [b"hello"]
             bridges = [psutil.Process(bridge_pid(driver)) for driver in drivers]
             before = [sum(bridge.cpu_times()[:2]) for bridge in bridges]
-            time.sleep(2)
+            time.sleep(2)  # the window measured: what the idle bridges use meanwhile
             used = [sum(bridge.cpu_times()[:2]) - b for bridge, b in zip(bridges, before,
                                                                            strict=True)]
             assert all(u < 0.2 for u in used), used
@@ -173,7 +180,9 @@ def test_bridges_let_logs_they_sleep_on_go_and_serve_the_next_stream(shm_dir) ->
                 pids = pids or [bridge_pid(driver) for driver in drivers]
                 publication.close()
                 subscription.close()
-                time.sleep(0.5)  # the image ends, its log is closed; the sender lingers
+                # the image ends and B's bridge lets its log go (A's sender lingers)
+                wait_until(lambda b=pids[1]: not mapped_logs(b, ctx_b.dir), 30,
+                           "B's netbridge to let the ended image's log go")
         assert [bridge_pid(driver) for driver in drivers] == pids
     finally:
         for driver in drivers:

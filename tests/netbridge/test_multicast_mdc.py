@@ -337,20 +337,22 @@ def test_mdc_manual_destinations_added_and_removed_while_streaming(shm_dir: Path
         assert send_stat(contexts[0], "destinations") == 1
         send(0, added)
         publication.add_destination(destinations[1])
-        time.sleep(0.5)  # the new destination gets a SETUP at the position reached
-        assert send_stat(contexts[0], "destinations") == 2
+        # the new destination gets a SETUP at the position reached
+        wait_until(lambda: send_stat(contexts[0], "destinations") == 2, 20,
+                   "the second destination added")
         send(added, removed, rate=5_000)
         end_of_span = publication.position
         publication.remove_destination(destinations[0])
-        time.sleep(0.5)
-        assert send_stat(contexts[0], "destinations") == 1
+        wait_until(lambda: send_stat(contexts[0], "destinations") == 1, 20,
+                   "the first destination removed")
         send(removed, count, rate=5_000)
         got_exactly(second.get(60), added, count)
         with shmbus.connect(contexts[1]) as host_1:
             wait_until(lambda: largest(host_1, SUB_POS) == end_of_span, 20,
                        "host 1 to read its span")
+            # a negative check, watched for three heartbeat intervals (100 ms): nothing (no
+            # data, no heartbeat) reached host 1 after it was removed
             time.sleep(0.3)
-            # nothing (no data, no heartbeat) reached host 1 after it was removed
             assert largest(host_1, RCV_HWM) == end_of_span
         stop.set()
         got_exactly(first.get(30), 0, removed)

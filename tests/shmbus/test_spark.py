@@ -267,8 +267,8 @@ def test_spark_batch_read_equals_the_recorded_messages(spark, bus_context, drive
         wait_until(lambda: len(recorder.recordings) == 2, DEADLINE_S, "images", poll=recorder.poll)
         for i, payload in enumerate(random_payloads(40, 1200, max_length=5000)):
             publication = publications[i % 2]
-            while publication.offer(payload, reserved_value=i) < 0:
-                recorder.poll()
+            wait_until(lambda p=publication, m=payload, r=i: p.offer(m, reserved_value=r) > 0,
+                       DEADLINE_S, f"room for message {i}", poll=recorder.poll)
         ends = {p.session_id: p.position for p in publications}
         wait_until(lambda: all(recorder.positions[r.recording_id] >= ends[r.session_id]
                                for r in recorder.recordings), DEADLINE_S, "recorded",

@@ -1,7 +1,6 @@
 """Test helpers for recordings: a log laid out in memory as a publisher lays it out, polled the
-way ``Image.poll_batch`` polls it, so the recorder's writer is tested without a bus.
-
-Also the spawn targets of the recording tests (a publisher process).
+way ``Image.poll_batch`` polls it, so the recorder's writer is tested without a bus; and the
+environment a ``shmbus`` command needs to find a test's bus.
 """
 
 from __future__ import annotations
@@ -141,23 +140,6 @@ def random_payloads(seed: int, count: int, max_length: int = 6000) -> list[bytes
     rng = random.Random(seed)
     lengths = [0, 1, 31, 32, 100, 1375, 1376, 1377, 2800, max_length]
     return [rng.randbytes(rng.choice(lengths)) for _ in range(count)]
-
-
-# -- spawn targets ------------------------------------------------------------------------------
-
-
-def publish_numbered(context, stream_id: int, count: int, length: int, ready, done) -> None:
-    """Publish ``count`` messages ``i.to_bytes(4) * ...`` of ``length`` bytes, then set done."""
-    import shmbus
-
-    with shmbus.connect(context) as bus:
-        publication = bus.add_exclusive_publication("aeron:ipc", stream_id)
-        ready.set()
-        for i in range(count):
-            payload = (i.to_bytes(4, "little") * (length // 4 + 1))[:length]
-            publication.publish(payload, timeout=20.0, reserved_value=i)
-        done.set()
-        time.sleep(0.5)
 
 
 def bus_env(context: Any) -> dict[str, str]:

@@ -54,3 +54,17 @@ def time_left(deadline: float) -> float:
     """The seconds from now to the monotonic ``deadline`` (0 once it passed): a timeout for
     one of several waits that share a deadline."""
     return max(0.0, deadline - time.monotonic())
+
+
+async def await_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
+    """:func:`wait_until` for a coroutine: the event loop runs between looks (every 5 ms)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.005)

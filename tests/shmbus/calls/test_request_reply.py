@@ -36,6 +36,7 @@ from tests.support.calls import (
     counter_total,
     no_backstop,
 )
+from tests.support.sleepers import subscription_sleepers
 from tests.support.waits import wait_until
 from tests.support.workers import rr_workers as rw
 
@@ -338,6 +339,8 @@ def test_a_killed_responder_wakes_an_async_caller_and_two_threads_sharing_the_re
     killed = procs.private()
     start_responders(procs, bus_context, 1, reports=killed)
     with shmbus.connect(bus_context) as bus, bus.add_requester("aeron:ipc", STREAM) as client:
+        first = rw.make_request(5, 0, 0, 64)  # answered: the replies' image, where callers sleep
+        rw.check_reply(first, client.request(first, timeout=10))
         hang = client.submit(rw.make_command(5, 0, b"hang"), timeout=60)
         victim = killed.wait("in-hand", timeout=30)[0]
         outcomes: dict[str, BaseException | bytes] = {}
@@ -347,7 +350,12 @@ def test_a_killed_responder_wakes_an_async_caller_and_two_threads_sharing_the_re
         for caller in callers:
             caller.start()
         wait_until(lambda: client.in_flight == 4, 10, "four calls in flight")
-        time.sleep(0.2)  # each caller asleep: one holds the reader's turn, one follows
+        # each caller asleep: one holds the reader's turn and the asyncio reader await the
+        # replies' log (counted there as its sleepers), one follows (on the requester)
+        wait_until(lambda: client._followers + subscription_sleepers(client._replies)
+                   == len(callers), 10,
+                   lambda: f"every caller asleep ({client._followers} following, "
+                           f"{subscription_sleepers(client._replies)} on the replies' log)")
         os.kill(victim["pid"], signal.SIGKILL)
         killed_at = time.monotonic()
         for caller in callers:

@@ -38,6 +38,7 @@ from tests.support.calls import (
     no_backstop,
 )
 from tests.support.networks import free_udp_port
+from tests.support.sleepers import subscription_sleepers
 from tests.support.waits import wait_until
 from tests.support.workers import rr_workers as rw
 
@@ -138,7 +139,12 @@ def test_a_killed_lone_responder_fails_a_lone_caller_threads_and_an_async_caller
         for caller in callers[1:]:
             caller.start()
         wait_until(lambda: client.in_flight == 4, 10, "four calls in flight")
-        time.sleep(0.2)  # each caller asleep
+        # each caller asleep: the lone caller (holding the reader's turn) and the asyncio
+        # reader on the replies' log (counted there as its sleepers), the threads following
+        wait_until(lambda: client._followers + subscription_sleepers(client._replies)
+                   == len(callers), 10,
+                   lambda: f"every caller asleep ({client._followers} following, "
+                           f"{subscription_sleepers(client._replies)} on the replies' log)")
         os.kill(victim["pid"], signal.SIGKILL)
         killed_at = time.monotonic()
         for caller in callers:

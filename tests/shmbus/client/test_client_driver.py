@@ -26,8 +26,8 @@ def test_publish_and_subscribe_through_the_driver(bus_context, driver) -> None:
         assembler = shmbus.FragmentAssembler(lambda b, h: got.append(bytes(b)))
         for i in range(1000):  # 450 KB through a 32 KB window: publish and read in turn
             message = i.to_bytes(4, "little") * 100
-            while pub.offer(message) < 0:
-                sub.poll(assembler, 100)
+            wait_until(lambda m=message: pub.offer(m) > 0, 10, f"room for message {i}",
+                       poll=lambda: sub.poll(assembler, 100))
         wait_until(lambda: len(got) == 1000, 5.0, "a thousand messages",
                    poll=lambda: sub.poll(assembler, 100))
         assert [int.from_bytes(m[:4], "little") for m in got] == list(range(1000))

@@ -211,7 +211,9 @@ def test_a_client_without_reconnect_still_fails_for_good(bus_context, driver):
             wait_until(lambda: pub.offer(b"x") == shmbus.codes.CLOSED, 10, "the publication closed")
             with pytest.raises(shmbus.DriverTimeoutError, match="heartbeated"):
                 bus.add_publication("aeron:ipc", 73)
-            time.sleep(0.3)  # the new driver is there: this client stays failed
+            # a negative check, watched for three keepalive intervals of the client: the new
+            # driver is there, and this client stays failed
+            time.sleep(3 * context.keepalive_interval)
             assert pub.is_closed and bus.reconnects == 0 and reports == []
         finally:
             stop_driver(new_driver)

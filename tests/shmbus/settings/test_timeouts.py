@@ -2,8 +2,8 @@
 once, a number is a deadline in seconds; and every ``_async`` twin takes its sync twin's
 arguments and defaults.
 
-Each "forever" is checked by a call that waits for something another thread does a moment
-later (a subscriber joining, a message arriving), bounded by the test's timeout.
+Each "forever" is checked by a call that waits for something another thread does once the
+call is asleep (a subscriber joining, a message arriving), bounded by the test's timeout.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ import pytest
 
 import shmbus
 from shmbus.settings.timeouts import deadline_after
+from tests.support.sleepers import subscription_sleepers, writers_asleep
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-#: how long the helper thread waits before it does what the waiting call waits for
-LATER_S = 0.3
 
 
 def test_none_is_forever_zero_is_now_and_a_number_is_a_deadline() -> None:
@@ -76,9 +75,11 @@ def test_every_async_twin_takes_its_sync_twins_arguments_and_defaults() -> None:
         assert _parameters(getattr(cls, name)) == expected, f"{cls.__name__}.{name}"
 
 
-def _later(action: Callable[[], object]) -> threading.Thread:
+def _later(asleep: Callable[[], bool], action: Callable[[], object]) -> threading.Thread:
+    """A thread that runs ``action`` once the waiting call is asleep (``asleep()``): what it
+    waits for comes only while it waits."""
     def run() -> None:
-        time.sleep(LATER_S)  # (the waiting call is asleep by now: what it waits for comes later)
+        wait_until(asleep, 10, "the waiting call to sleep")
         action()
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -97,7 +98,8 @@ def test_publish_zero_tries_once_and_none_waits_for_a_subscriber(bus: shmbus.Cli
         pub.publish(b"x", timeout=0)
     assert refused.value.code == shmbus.codes.NOT_CONNECTED
     subscriptions = []
-    joiner = _later(lambda: subscriptions.append(bus.add_subscription("aeron:ipc", 71)))
+    joiner = _later(lambda: writers_asleep(pub.log) > 0,
+                    lambda: subscriptions.append(bus.add_subscription("aeron:ipc", 71)))
     assert pub.publish(b"hello", timeout=None) > 0
     joiner.join()
     assert list(subscriptions[0].messages(timeout=5)) == [b"hello"]
@@ -108,7 +110,17 @@ def test_claim_array_tries_once_by_default_and_none_waits(bus: shmbus.Client) ->
     claim = pub.claim_array((4,), np.int64)
     assert not claim and claim.result == shmbus.codes.NOT_CONNECTED
     subscriptions = []
-    joiner = _later(lambda: subscriptions.append(bus.add_subscription("aeron:ipc", 72)))
+    refused = [0]  # claim_array's retries sleep in Python: counted here, as they are refused
+    try_claim = pub.try_claim
+
+    def counted_try_claim(length: int) -> object:
+        claim = try_claim(length)
+        refused[0] += not claim
+        return claim
+
+    pub.try_claim = counted_try_claim  # type: ignore[method-assign]
+    joiner = _later(lambda: refused[0] >= 2,
+                    lambda: subscriptions.append(bus.add_subscription("aeron:ipc", 72)))
     with pub.claim_array((4,), np.int64, timeout=None) as claim:
         claim.array[:] = [1, 2, 3, 4]
     joiner.join()
@@ -128,7 +140,8 @@ def test_poll_does_not_wait_by_default_and_none_waits_for_a_fragment(
 
     assert sub.poll(handler, 10) == 0
     assert sub.poll(handler, 10, timeout=0) == 0
-    writer = _later(lambda: pub.publish(b"woken", timeout=5))
+    writer = _later(lambda: subscription_sleepers(sub) > 0,
+                    lambda: pub.publish(b"woken", timeout=5))
     assert sub.poll(handler, 10, timeout=None) == 1
     writer.join()
     assert got == [b"woken"]

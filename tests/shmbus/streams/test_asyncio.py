@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 
 import shmbus
 from shmbus.shm._native import FutexRing, LogWatcher
-from shmbus.shm.log_buffer import DATA_WAITERS_OFFSET
 from shmbus.streams import async_waits
 from tests.support.processes import CTX, assert_clean
+from tests.support.sleepers import readers_asleep
 from tests.support.system import io_uring_futex_waits
-from tests.support.waits import wait_until
+from tests.support.waits import await_until, wait_until
 from tests.support.workers import driver_workers as dw
 from tests.support.workers.waiting_workers import async_publisher, async_reader
 
@@ -82,7 +80,8 @@ def test_a_cancelled_await_reads_nothing(bus_context, driver):
                 got.append(bytes(buffer))
 
             waiting = asyncio.ensure_future(sub.poll_async(handler, 10, timeout=None))
-            await asyncio.sleep(0.05)
+            (image,) = sub.images
+            await await_until(lambda: readers_asleep(image.log) == 1, 10, "the await asleep")
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
@@ -122,18 +121,6 @@ def waker(request, monkeypatch):
     return request.param
 
 
-def _sleepers(image: shmbus.Image) -> int:
-    """How many readers the image's log counts as asleep (a writer wakes them)."""
-    return image.log.buffer.get_int32_acquire(image.log.meta_offset + DATA_WAITERS_OFFSET)
-
-
-async def _until(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
-    return condition()
-
-
 def test_an_await_counts_itself_asleep_only_while_it_waits(bus_context, driver, waker):
     async def main() -> None:
         with shmbus.connect(bus_context) as bus:
@@ -143,14 +130,17 @@ def test_an_await_counts_itself_asleep_only_while_it_waits(bus_context, driver, 
             (image,) = sub.images
             waiting = asyncio.ensure_future(sub.poll_async(lambda b, h: None, 10, timeout=0.5))
             # (the thread waker counts itself, and uncounts itself, on its own thread)
-            assert await _until(lambda: _sleepers(image) == 1), "the await is not counted"
+            await await_until(lambda: readers_asleep(image.log) == 1, 2.0,
+                              "the await to count itself asleep")
             assert await waiting == 0
-            assert await _until(lambda: _sleepers(image) == 0), "a timed-out await stays counted"
+            await await_until(lambda: readers_asleep(image.log) == 0, 2.0,
+                              "the timed-out await to uncount itself")
             waiting = asyncio.ensure_future(sub.poll_async(lambda b, h: None, 10, timeout=5))
-            assert await _until(lambda: _sleepers(image) == 1)
+            await await_until(lambda: readers_asleep(image.log) == 1, 2.0, "the await asleep")
             pub.publish(dw.make_message(1, 0))
             assert await waiting == 1
-            assert await _until(lambda: _sleepers(image) == 0)
+            await await_until(lambda: readers_asleep(image.log) == 0, 2.0,
+                              "the woken await to uncount itself")
 
     asyncio.run(main())
 

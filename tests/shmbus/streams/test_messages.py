@@ -23,6 +23,8 @@ from shmbus.shm._native import SubscriptionCore
 from shmbus.shm.counters import COUNTER_LENGTH, METADATA_LENGTH, CountersManager
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
+from tests.support.sleepers import readers_asleep
+from tests.support.waits import wait_until
 
 TERM = 64 * 1024
 MTU = 1408
@@ -137,7 +139,7 @@ def test_a_fragmented_message_is_handed_out_only_whole(tmp_path: Path) -> None:
     reader = threading.Thread(target=lambda: got.extend(
         stream.subscription.messages(timeout=5)))
     reader.start()
-    time.sleep(0.05)  # asleep in messages()
+    wait_until(lambda: readers_asleep(stream.log) == 1, 10, "the reader asleep in messages()")
     term.put_int32_release(last, length)
     stream.offer(b"after")  # a commit wakes the sleeping reader
     reader.join(10)

@@ -19,11 +19,12 @@ from shmbus.shm import _native
 from shmbus.shm._native import PublicationCore
 from shmbus.shm.log_buffer import (
     ACTIVE_TERM_COUNT_OFFSET,
-    PROGRESS_WAITERS_OFFSET,
     TAIL_COUNTERS_OFFSET,
 )
 from shmbus.streams.publication import BufferClaim
+from tests.support.sleepers import writers_asleep
 from tests.support.standalone_stream import StandaloneStream
+from tests.support.waits import wait_until
 
 TERM = 65536
 MTU = 1408
@@ -484,10 +485,6 @@ def test_offers_read_back_exactly_in_order(ops, limits, exclusive,
 # -- a publication moved to a new driver's log (reconnect) ---------------------------------------
 
 
-def progress_waiters(stream: StandaloneStream) -> int:
-    return stream.log.buffer.get_int32_acquire(stream.log.meta_offset + PROGRESS_WAITERS_OFFSET)
-
-
 def sleep_at_the_limit(pub: shmbus.Publication, stream: StandaloneStream,
                        seconds: float) -> threading.Thread:
     """Fill ``pub`` to its limit, then a thread sleeps in _await_progress on its log."""
@@ -496,10 +493,7 @@ def sleep_at_the_limit(pub: shmbus.Publication, stream: StandaloneStream,
     assert pub.offer(b"x") == shmbus.codes.BACK_PRESSURED
     sleeper = threading.Thread(target=pub._await_progress, args=(seconds,))
     sleeper.start()
-    deadline = time.monotonic() + 5
-    while progress_waiters(stream) != 1 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert progress_waiters(stream) == 1
+    wait_until(lambda: writers_asleep(stream.log) == 1, 5, "the thread asleep at the limit")
     return sleeper
 
 
@@ -527,7 +521,7 @@ def test_a_detached_publication_refuses_offers_then_writes_only_its_new_log(two_
     pub._detach()
     sleeper.join(5)
     assert not sleeper.is_alive() and time.monotonic() - began < 5, "sleeper not woken"
-    assert progress_waiters(old) == 0
+    assert writers_asleep(old.log) == 0
     # refused, not closed; the position stays where the lost log ended
     assert pub.offer(b"y") == shmbus.codes.NOT_CONNECTED
     claim = pub.try_claim(10)
@@ -558,11 +552,11 @@ def test_a_sleeper_of_the_old_log_leaves_the_new_logs_waiter_count_alone(two_str
     pub._rebind(new.log, new.limit, new.positions, 5)
     sleeper.join(5)
     assert not sleeper.is_alive()
-    assert (progress_waiters(old), progress_waiters(new)) == (0, 0)
+    assert (writers_asleep(old.log), writers_asleep(new.log)) == (0, 0)
     # a sleeper of the new log counts there, and takes its count back on waking
     second = sleep_at_the_limit(pub, new, 0.2)
     second.join(5)
-    assert not second.is_alive() and progress_waiters(new) == 0
+    assert not second.is_alive() and writers_asleep(new.log) == 0
     # a failed initialisation leaves the publication as it was
     with pytest.raises(ValueError, match="mtu"):
         PublicationCore.__init__(
@@ -579,6 +573,6 @@ def test_a_publisher_asleep_at_its_limit_is_woken_by_wake_log_writers(stream, ex
     _native.wake_log_writers(stream.log.buffer)
     sleeper.join(5)
     assert not sleeper.is_alive()
-    assert progress_waiters(stream) == 0
+    assert writers_asleep(stream.log) == 0
     with pytest.raises(TypeError, match="wake_log_writers"):
         _native.wake_log_writers(b"not a log")  # type: ignore[arg-type]

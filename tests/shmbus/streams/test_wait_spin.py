@@ -12,12 +12,14 @@ import dataclasses
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
 import shmbus
-from shmbus.shm.log_buffer import DATA_WAITERS_OFFSET, DATA_WAKE_OFFSET, PARTITION_COUNT
+from shmbus.shm.log_buffer import DATA_WAKE_OFFSET, PARTITION_COUNT
 from tests.support.processes import Processes
+from tests.support.sleepers import cpu_seconds, readers_asleep
 from tests.support.waits import wait_until
 from tests.support.workers.driver_workers import make_message
 from tests.support.workers.waiting_workers import blocking_reader, waiting_reader
@@ -25,31 +27,25 @@ from tests.support.workers.waiting_workers import blocking_reader, waiting_reade
 pytestmark = pytest.mark.timeout(120)
 
 
-def _data_waiters(publication: shmbus.Publication) -> int:
-    """Readers of ``publication``'s log now counted as asleep on its data word."""
-    meta = publication.term_length * PARTITION_COUNT
-    return publication.log.buffer.get_int32_acquire(meta + DATA_WAITERS_OFFSET)
-
-
 def _sleeping_within(publication: shmbus.Publication, seconds: float) -> float | None:
     """Seconds until a reader of ``publication`` counts as asleep, or None within ``seconds``."""
     start = time.monotonic()
     while time.monotonic() - start < seconds:
-        if _data_waiters(publication):
+        if readers_asleep(publication.log):
             return time.monotonic() - start
         time.sleep(0.005)
     return None
 
 
 def _start_waiting_reader(bus: shmbus.Client, procs: Processes, context: shmbus.Context,
-                          stream: int) -> shmbus.Publication:
+                          stream: int) -> tuple[shmbus.Publication, Any]:
     """A publication on ``stream`` once a reader process (waiting_reader) subscribed with
-    ``context`` is connected to it."""
+    ``context`` is connected to it, and the reader process."""
     publication = bus.add_exclusive_publication("aeron:ipc", stream)
-    procs.start(waiting_reader, context, stream, procs.queue, 30.0)
+    reader = procs.start(waiting_reader, context, stream, procs.queue, 30.0)
     procs.wait("sub-ready")
     wait_until(lambda: publication.is_connected, 10, "the reader's image")
-    return publication
+    return publication, reader
 
 
 @pytest.mark.parametrize("wait_spin", [0.0, 0.6], ids=["no-spin", "spin-0.6s"])
@@ -58,7 +54,7 @@ def test_a_waiting_reader_spins_for_wait_spin_then_sleeps(bus_context, driver, p
     stream = 71
     reader_context = dataclasses.replace(bus_context, wait_spin=wait_spin)
     with shmbus.connect(bus_context) as bus:
-        publication = _start_waiting_reader(bus, procs, reader_context, stream)
+        publication, _ = _start_waiting_reader(bus, procs, reader_context, stream)
         asleep_after = _sleeping_within(publication, 10.0)
         assert asleep_after is not None, "the reader never went to sleep"
         if wait_spin:
@@ -76,12 +72,15 @@ def test_a_message_within_the_spin_is_taken_without_a_sleep(bus_context, driver,
     stream = 72
     reader_context = dataclasses.replace(bus_context, wait_spin=5.0)
     with shmbus.connect(bus_context) as bus:
-        publication = _start_waiting_reader(bus, procs, reader_context, stream)
-        time.sleep(0.2)  # the reader is in messages(), spinning
-        assert _data_waiters(publication) == 0
+        publication, reader = _start_waiting_reader(bus, procs, reader_context, stream)
+        # the reader is in messages(), spinning: past its start-up it runs on the CPU, and
+        # nothing but the spin does (its 5 s leave room for a loaded machine)
+        spun = cpu_seconds(reader.pid) + 0.1
+        wait_until(lambda: cpu_seconds(reader.pid) >= spun, 4, "the reader to spin in messages()")
+        assert readers_asleep(publication.log) == 0
         publication.publish(b"in the spin")
         (got,) = procs.wait("got", timeout=30)
-        assert _data_waiters(publication) == 0
+        assert readers_asleep(publication.log) == 0
     assert got["message"] == b"in the spin"
 
 
@@ -142,19 +141,19 @@ def test_a_sleeping_reader_costs_its_writer_one_wake_up_not_one_per_message(
         procs.wait("sub-ready")
         wait_until(lambda: publication.is_connected, 10, "the reader's image")
         procs.wait("quiet", timeout=30)  # now in messages(), asleep once counted
-        wait_until(lambda: _data_waiters(publication) == 1, 10, "the reader asleep")
+        wait_until(lambda: readers_asleep(publication.log) == 1, 10, "the reader asleep")
         os.kill(reader.pid, signal.SIGSTOP)
         try:
             before = _data_word(publication)
             for seq in range(burst):
                 publication.publish(make_message(1, seq))
             bumps = _data_word(publication) - before
-            assert _data_waiters(publication) == 1  # stopped: woken, not yet running
+            assert readers_asleep(publication.log) == 1  # stopped: woken, not yet running
         finally:
             os.kill(reader.pid, signal.SIGCONT)
         assert bumps == 1, f"{bumps} wake-ups for {burst} messages to one stopped sleeper"
         # it reads the burst, then sleeps again (a new arm): that sleep is woken too
-        wait_until(lambda: _data_waiters(publication) == 1, 30, "the reader asleep again")
+        wait_until(lambda: readers_asleep(publication.log) == 1, 30, "the reader asleep again")
         publication.publish(make_message(1, burst))
         (report,) = procs.wait("sub", timeout=30)
     assert not report["timed_out"] and report["error_count"] == 0, report

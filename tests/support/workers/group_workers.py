@@ -104,7 +104,7 @@ def work(context: shmbus.Context, stream_id: int, group: str, record_path: str, 
             if release is not None:
                 release.wait(60)
             else:
-                time.sleep(60)
+                time.sleep(60)  # parked with the task in hand, until the test kills it
 
     with shmbus.connect(context) as bus:
         subscription = bus.add_subscription(channel, stream_id, group=group)

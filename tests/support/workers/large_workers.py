@@ -137,7 +137,7 @@ def half_filled_writer(context: shmbus.Context, stream: int, writer_id: int, siz
         half = claim_length // 2
         claim.buffer[:half] = data[:half]
         results.put({"kind": "filling", "name": f"writer {writer_id}", "pid": os.getpid()})
-        time.sleep(600)
+        time.sleep(600)  # parked with the block half made, until the test kills it
     guard(results, "filling", f"writer {writer_id}", body)
 
 
@@ -157,7 +157,7 @@ def holder(context: shmbus.Context, stream: int, results: Any) -> None:
         writer_id, seq = check(view.buffer)
         results.put({"kind": "holding", "name": "holder", "zero_copy": view.zero_copy,
                      "seq": seq, "position": sub.images[0].position})
-        time.sleep(600)
+        time.sleep(600)  # parked holding the view, until the test kills it
     guard(results, "holding", "holder", body)
 
 

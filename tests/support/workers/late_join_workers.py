@@ -94,8 +94,7 @@ def hold(context: shmbus.Context, directory: str, reports: Any) -> None:
             image = sub.live_subscription.images[0]
             reports.put({"kind": "holding", "join": image.join_position,
                          "replayed_to": sub.positions()[image.session_id][1]})
-            while True:
-                time.sleep(1)
+            time.sleep(300)  # parked, never reading again, until the test kills it
     except BaseException:
         reports.put({"kind": "error", "name": "holder", "exception": traceback.format_exc()})
 

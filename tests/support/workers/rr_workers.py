@@ -64,9 +64,9 @@ def responder(context: shmbus.Context, stream_id: int, results: Any, seconds: fl
             raise ValueError(f"refused {body[:10]!r}")
         if body.startswith(b"hang"):
             results.put({"kind": "in-hand", "name": name, "pid": os.getpid()})
-            time.sleep(60)
+            time.sleep(60)  # parked with the request in hand, until the test kills it
         if body.startswith(b"slow"):
-            time.sleep(0.5)
+            time.sleep(0.5)  # a slow handler: what the test times its calls against
         return answer(request)
 
     with shmbus.connect(context) as bus, bus.add_responder(channel, stream_id, handler) as svc:
@@ -119,4 +119,4 @@ def hanging_requester(context: shmbus.Context, stream_id: int, results: Any, cal
         futures = [client.submit(make_command(9, s, b"slow"), timeout=60)
                    for s in range(calls)]
         results.put({"kind": "submitted", "pid": os.getpid(), "calls": len(futures)})
-        time.sleep(60)
+        time.sleep(60)  # parked with its calls in flight, until the test kills it

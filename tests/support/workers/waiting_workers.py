@@ -143,7 +143,10 @@ def async_publisher(context: shmbus.Context, stream_id: int, count: int, results
         ticker = asyncio.ensure_future(_tick(ticks))
         with shmbus.connect(context) as bus:
             pub = bus.add_exclusive_publication("aeron:ipc", stream_id)
+            connect_by = time.monotonic() + 30
             while not pub.is_connected:
+                if time.monotonic() > connect_by:
+                    raise TimeoutError("no subscriber within 30 s")
                 await asyncio.sleep(0.01)
             began = time.monotonic()
             for seq in range(count):
