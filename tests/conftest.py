@@ -1,16 +1,18 @@
-"""Shared fixtures: a fresh directory under /dev/shm for each test that needs one."""
+"""Fixtures of every test: a fresh bus directory and its settings, a driver process, a tiny
+tmpfs. What tests share beyond fixtures is in tests/support/."""
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+from tests.support.drivers import start_driver, stop_driver
+from tests.support.system import mounted_tmpfs
 
 # Hypothesis' per-example deadline measures this machine's load, not the code: off everywhere.
 settings.register_profile("shmbus", deadline=None)
@@ -25,19 +27,6 @@ def shm_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def mounted_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` (mount's syntax: "512k", "24m") mounted on the new directory
-    ``mount_point`` while the block runs (needs root, as CI and this machine have)."""
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
-                   check=True)
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 @pytest.fixture
@@ -57,67 +46,6 @@ def bus_context(shm_dir: Path):
                    publication_linger_timeout=1.0, untethered_window_limit_timeout=0.5,
                    untethered_resting_timeout=1.0, ipc_term_length=65536,
                    driver_idle_timeout=600.0, timer_interval=0.02, embedded_driver=False)
-
-
-def io_uring_futex_waits() -> bool:
-    """Whether this kernel lets a FutexRing be made (io_uring with futex waits, Linux 6.7+),
-    so that shmbus.shm.log_watchers picks it over the LogWatcher thread."""
-    from shmbus.shm._native import FutexRing
-
-    try:
-        FutexRing().close()
-    except OSError:
-        return False
-    return True
-
-
-def driver_serves(context, pid: int) -> bool:
-    """True once the driver process ``pid`` serves ``context.dir`` (its CnC file is ready and
-    names it)."""
-    import os
-
-    from shmbus.client.driver_launch import try_open as _try_open
-
-    cnc = _try_open(Path(context.dir), context) if os.path.isdir(context.dir) else None
-    if cnc is None:
-        return False
-    try:
-        return cnc.pid == pid
-    finally:
-        cnc.close()
-
-
-def start_driver(context, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
-    """Start a driver process for ``context.dir`` and wait until it serves (20 s at most).
-
-    ``prefix`` runs it through another command, e.g. ``("ip", "netns", "exec", name)``.
-    """
-    import time
-
-    process = subprocess.Popen([*prefix, *context.driver_command()])
-    deadline = time.monotonic() + 20
-    while True:
-        if driver_serves(context, process.pid):
-            return process
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"test driver did not start (exit code {process.returncode})")
-        time.sleep(0.01)
-
-
-def stop_driver(process: subprocess.Popen) -> int | None:
-    """SIGTERM a driver (it removes its files and stops its netbridge), SIGKILL if stuck;
-    returns its exit code."""
-    import signal
-
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return process.returncode
 
 
 @pytest.fixture

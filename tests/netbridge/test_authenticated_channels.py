@@ -24,27 +24,18 @@ from shmbus.cli import app
 from shmbus.settings.keyring import load_keyring, new_key_line
 from shmbus.shm.cnc import ERROR_LOG
 from shmbus.shm.error_log import read_error_log
-from tests.conftest import start_driver, stop_driver
-from tests.netbridge import bridge_workers, keyed_workers
-from tests.netbridge.test_end_to_end import free_udp_port
+from tests.support.drivers import start_driver, stop_driver
+from tests.support.keyrings import keyring_at
+from tests.support.networks import bus_pair, channel_counters, free_udp_port
+from tests.support.workers import bridge_workers, keyed_workers
 
 KEY = "e2e"
 SEALED_TYPE = 0x5EA1
 
 
 
-def keyring_at(path: Path, *lines: str) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write("".join(line + "\n" for line in lines))
-    return path
-
-
 def keyed_buses(shm_dir: Path, keyring: Path) -> tuple[list[shmbus.Context], list[Any]]:
-    contexts = [shmbus.Context(dir=str(shm_dir / name), embedded_driver=False,
-                               driver_idle_timeout=600, ipc_term_length=1 << 20,
-                               keyring=str(keyring)) for name in ("a", "b")]
-    return contexts, [start_driver(context) for context in contexts]
+    return bus_pair(shm_dir, keyring=str(keyring))
 
 
 class Relay:
@@ -114,12 +105,6 @@ def keyed_stream(pool: Any, spawn: Any, ctx_a: shmbus.Context, ctx_b: shmbus.Con
         ctx_a, f"aeron:udp?endpoint={relay.address[0]}:{relay.address[1]}|key={KEY}", 7, count,
         120, 15_000))
     return sub, pub
-
-
-def channel_counters(context: shmbus.Context) -> dict[str, int]:
-    with shmbus.connect(context) as bus:
-        return {c.label.split(":")[0]: c.value for c in bus.counters.counters()
-                if c.type_id >= 100}
 
 
 def wait_counters(context: shmbus.Context, expected: dict[str, int],
@@ -292,7 +277,9 @@ def test_a_key_rotated_under_load_loses_duplicates_and_reorders_nothing(
             sub, pub = keyed_stream(pool, spawn, ctx_a, ctx_b, relay, count)
             relay.wait_recorded(100, 30)
             for lines in ([old, new + " receive-only"], [old, new], [new]):
-                time.sleep(1.5)  # the netbridges look at the keyring every second
+                # pacing: the netbridges look at the keyring every second, and nothing shows
+                # that one has reread it; each step of the rotation outlasts that
+                time.sleep(1.5)
                 keyring_at(keyring, *lines)
             summary = sub.get(150)
             assert pub.get(150) == count

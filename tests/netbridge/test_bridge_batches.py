@@ -5,19 +5,25 @@ an idle netbridge sleeps."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 
 import psutil
 import pytest
 
 import shmbus
-from tests.conftest import stop_driver
-from tests.netbridge import bridge_workers
-from tests.netbridge.test_end_to_end import bus_pair, free_udp_port
-from tests.netbridge.test_endpoint_ownership import bridge_pid
-from tests.netbridge.test_multicast_mdc import wait_for
+from tests.support.drivers import stop_driver
+from tests.support.networks import bridge_pid, bus_pair, free_udp_port
+from tests.support.waits import wait_until
+from tests.support.workers import bridge_workers
 
 PER_PUBLISHER = 100_000
+
+
+def mapped_logs(pid: int, directory: str) -> list[str]:
+    """The logs of the bus in ``directory`` that process ``pid`` maps."""
+    logs = os.path.join(directory, "logs") + os.sep
+    return [m.path for m in psutil.Process(pid).memory_maps() if m.path.startswith(logs)]
 
 
 def cpu_seconds(process: psutil.Process, seconds: float) -> float:
@@ -87,7 +93,7 @@ def test_an_idle_bridge_sleeps(shm_dir, busy_window: float) -> None:
             assert got == [b"hello"]
             bridges = [psutil.Process(bridge_pid(driver)) for driver in drivers]
             before = [sum(bridge.cpu_times()[:2]) for bridge in bridges]
-            time.sleep(2)
+            time.sleep(2)  # the window measured: what the idle bridges use meanwhile
             used = [sum(bridge.cpu_times()[:2]) - b for bridge, b in zip(bridges, before,
                                                                            strict=True)]
             assert all(u < 0.2 for u in used), used
@@ -136,8 +142,8 @@ def test_a_sender_held_at_the_end_of_its_window_sleeps(shm_dir) -> None:
         with shmbus.connect(ctx_a) as bus_a, shmbus.connect(ctx_b) as bus_b:
             subscription = bus_b.add_subscription(channel, 6)
             publication = bus_a.add_publication(channel, 6)
-            wait_for(lambda: publication.is_connected and subscription.images, 30,
-                     "the stream to connect")
+            wait_until(lambda: publication.is_connected and subscription.images, 30,
+                       "the stream to connect")
             sent = 0
             with pytest.raises(shmbus.PublicationError):
                 while sent < 10_000:  # publish() waits 0.5 s for room, then raises
@@ -174,7 +180,9 @@ def test_bridges_let_logs_they_sleep_on_go_and_serve_the_next_stream(shm_dir) ->
                 pids = pids or [bridge_pid(driver) for driver in drivers]
                 publication.close()
                 subscription.close()
-                time.sleep(0.5)  # the image ends, its log is closed; the sender lingers
+                # the image ends and B's bridge lets its log go (A's sender lingers)
+                wait_until(lambda b=pids[1]: not mapped_logs(b, ctx_b.dir), 30,
+                           "B's netbridge to let the ended image's log go")
         assert [bridge_pid(driver) for driver in drivers] == pids
     finally:
         for driver in drivers:

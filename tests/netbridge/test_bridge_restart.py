@@ -10,8 +10,8 @@ import psutil
 import shmbus
 from shmbus.cli.snapshot import read_snapshot
 from shmbus.driver.bridge_link import BRIDGE_COMMAND
-from tests.netbridge.bridge_workers import message
-from tests.netbridge.test_spies import Reader, free_udp_port
+from tests.support.networks import Reader, free_udp_port
+from tests.support.workers.bridge_workers import message
 
 STREAM = 11
 COUNT = 4_000

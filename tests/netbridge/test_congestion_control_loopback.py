@@ -9,9 +9,9 @@ import time
 import shmbus
 from netbridge.receiver import RECEIVER_WINDOW_DEFAULT
 from shmbus.shm.counters import RCV_CC_WINDOW
-from tests.conftest import start_driver, stop_driver
-from tests.netbridge import bridge_workers
-from tests.netbridge.test_end_to_end import free_udp_port
+from tests.support.drivers import stop_driver
+from tests.support.networks import bus_pair, free_udp_port
+from tests.support.workers import bridge_workers
 
 MTU = 1408
 RATE = 4000  # messages a second: a steady stream that a window of one MTU still carries
@@ -32,12 +32,7 @@ def sample(bus: shmbus.Client) -> tuple[int | None, int]:
 
 
 def test_cubic_backs_off_while_datagrams_are_lost_and_recovers_after(shm_dir) -> None:
-    contexts = [shmbus.Context(dir=str(shm_dir / name), embedded_driver=False,
-                               driver_idle_timeout=600, netbridge_loss=loss,
-                               ipc_term_length=1 << 20)
-                for name, loss in (("a", LOSS), ("b", ""))]
-    ctx_a, ctx_b = contexts
-    drivers = [start_driver(context) for context in contexts]
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, loss=(LOSS, ""))
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}|cc=cubic"
     spawn = mp.get_context("spawn")
     samples: list[tuple[float, int, int]] = []  # (time, window, gaps) once the image is there

@@ -23,20 +23,22 @@ from netbridge.receiver import NetworkReceiver
 from netbridge.shared_log import DataBatch, sent
 from shmbus.settings.codes import BACK_PRESSURED
 from shmbus.shm import _native
-from tests.conftest import io_uring_futex_waits
-from tests.netbridge.shared_logs import ImageHost, PublicationLog, make_sender
-from tests.netbridge.test_receiver import (
+from tests.support.sans_io import (
     SESSION,
     STREAM,
     TERM,
     beat,
+    connect,
     data,
     make_receiver,
     payload,
     setup,
     term_id_at,
 )
-from tests.netbridge.test_sender import connect
+from tests.support.shared_logs import ImageHost, PublicationLog, make_sender
+from tests.support.sleepers import readers_asleep
+from tests.support.system import io_uring_futex_waits
+from tests.support.waits import wait_until
 
 MS = 1_000_000
 
@@ -169,7 +171,8 @@ def test_readers_asleep_on_an_image_wake_when_the_batch_path_places_data(
         reader = threading.Thread(target=lambda: woke.append(
             _native.wait_for_data((subscriber,), 10.0)))
         reader.start()
-        time.sleep(0.2)  # asleep by now
+        wait_until(lambda: readers_asleep(subscriber.log) == 1, 10,
+                   "the reader asleep on the image")
         out.sendto(frame(0, 4), into.getsockname())
         receive_all(io, into, 1, MS, receiver)
         reader.join(5)

@@ -4,35 +4,16 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import socket
-from typing import Any
 
 import pytest
 
 import shmbus
-from tests.conftest import start_driver, stop_driver
-from tests.netbridge import bridge_workers
+from tests.support.drivers import stop_driver
+from tests.support.networks import bus_pair, channel_counters, free_udp_port
+from tests.support.waits import wait_until
+from tests.support.workers import bridge_workers
 
 MESSAGES = 1_000_000
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def bus_pair(shm_dir, loss: str = "", **settings: Any):
-    contexts = [shmbus.Context(dir=str(shm_dir / name), embedded_driver=False,
-                               driver_idle_timeout=600, netbridge_loss=loss,
-                               ipc_term_length=1 << 20, **settings) for name in ("a", "b")]
-    drivers = [start_driver(context) for context in contexts]
-    return contexts, drivers
-
-
-def channel_counters(context: shmbus.Context) -> dict[str, int]:
-    with shmbus.connect(context) as bus:
-        return {c.label.split(":")[0]: c.value for c in bus.counters.counters()
-                if c.type_id >= 100}
 
 
 @pytest.mark.parametrize("loss", ["", "drop=0.05,dup=0.05,reorder=0.05,seed=11"],
@@ -104,10 +85,10 @@ def test_hostile_datagrams_are_counted_and_dropped(shm_dir) -> None:
                         attacker.sendto(hostile[sent % len(hostile)], ("127.0.0.1", port))
                     sub.poll(assembler, 50)
             assert got == [bridge_workers.message(i) for i in range(2000)]
-            time.sleep(0.3)  # the bridge mirrors its counters every duty cycle
-            stats = {c.label.split(":")[0]: c.value for c in bus_b.counters.counters()
-                     if c.type_id >= 100}
-            assert stats["invalid datagrams"] > 0
+            # the bridge mirrors its counters every duty cycle
+            wait_until(lambda: any(c.label.startswith("invalid datagrams:") and c.value > 0
+                                   for c in bus_b.counters.counters() if c.type_id >= 100),
+                       10, "the hostile datagrams counted as invalid")
             assert bus_b.cnc.pid == drivers[1].pid and drivers[1].poll() is None
     finally:
         for process in drivers:

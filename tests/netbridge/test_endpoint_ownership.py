@@ -18,24 +18,13 @@ import shmbus
 from netbridge.transport import open_receive
 from shmbus.settings.channel_uri import ChannelUri
 from shmbus.shm import control_protocol as cp
-from tests.conftest import start_driver, stop_driver
-from tests.netbridge import bridge_workers
-from tests.netbridge.test_end_to_end import bus_pair, channel_counters, free_udp_port
-from tests.netbridge.test_multicast_mdc import wait_for
+from tests.support.drivers import stop_driver
+from tests.support.networks import bridge_pid, bus_pair, channel_counters, free_udp_port
+from tests.support.waits import wait_until
+from tests.support.workers import bridge_workers
 
 MESSAGES = 20_000
 LINGER = 0.3
-
-
-def bridge_pid(driver: psutil.Popen) -> int:
-    """The pid of the netbridge the driver started (its only python child)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for child in psutil.Process(driver.pid).children():
-            if "netbridge" in " ".join(child.cmdline()):
-                return child.pid
-        time.sleep(0.05)
-    raise AssertionError("the driver started no netbridge")
 
 
 def test_unicast_receive_sockets_do_not_share_their_address() -> None:
@@ -60,11 +49,7 @@ def test_unicast_receive_sockets_do_not_share_their_address() -> None:
 
 
 def test_an_endpoint_held_by_another_bus_is_refused_until_it_lets_go(shm_dir) -> None:
-    contexts = [shmbus.Context(dir=str(shm_dir / name), embedded_driver=False,
-                               driver_idle_timeout=600, ipc_term_length=1 << 20,
-                               netbridge_endpoint_linger=LINGER) for name in ("a", "b")]
-    ctx_a, ctx_b = contexts
-    drivers = [start_driver(context) for context in contexts]
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, netbridge_endpoint_linger=LINGER)
     port = free_udp_port()
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
     spawn = mp.get_context("spawn")
@@ -155,8 +140,8 @@ def test_a_send_channel_is_closed_with_its_last_publication_and_opened_again(shm
                 publication.close()
                 # the sender lingers 2 s after its end
                 closed = with_publication - 1
-                wait_for(lambda pid=bridge, closed=closed: udp_sockets(pid) == closed, 20,
-                         "the send socket to close")
+                wait_until(lambda pid=bridge, closed=closed: udp_sockets(pid) == closed, 20,
+                           "the send socket to close")
                 assert "bytes sent" not in channel_counters(ctx_a)  # its counters are freed
     finally:
         for driver in drivers:

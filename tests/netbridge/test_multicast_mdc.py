@@ -33,9 +33,10 @@ from shmbus.cli.snapshot import read_snapshot
 from shmbus.cli.stream_analysis import analyse_streams
 from shmbus.cli.stream_views import SenderView
 from shmbus.shm.counters import PUB_POS, RCV_HWM, SUB_POS
-from tests.netbridge import bridge_workers
-from tests.netbridge.bridge_workers import channel_stats, publish_range, wait_sent
-from tools.bench.network import Host, host_buses
+from tests.support.networks import Host, host_buses
+from tests.support.waits import wait_until
+from tests.support.workers import bridge_workers
+from tests.support.workers.bridge_workers import channel_stats, publish_range, wait_sent
 
 #: messages of the multicast tests, as many as the issue asks for (about 12 s each here)
 MULTICAST = 500_000
@@ -56,18 +57,6 @@ def workers(processes: int) -> Iterator[tuple[Any, Any]]:
         yield pool, manager
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``condition`` every 20 ms until it is truthy; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-
-
 def wait_listening(contexts: list[shmbus.Context], ready: list[Any]) -> None:
     """Wait until each subscriber worker has subscribed (its ``ready`` Event) and each host's
     netbridge listens on the channel (it made the channel's counters): a stream that starts
@@ -76,8 +65,8 @@ def wait_listening(contexts: list[shmbus.Context], ready: list[Any]) -> None:
     for context in contexts:
         # the bridge subscribes the stream right after it made the channel's last counter,
         # before it reads the socket again
-        wait_for(lambda c=context: set(RECEIVE_STATS) <= set(channel_stats(c)), 20,
-                 f"the netbridge of {context.dir} to listen")
+        wait_until(lambda c=context: set(RECEIVE_STATS) <= set(channel_stats(c)), 20,
+                   f"the netbridge of {context.dir} to listen")
 
 
 def largest(bus: shmbus.Client, type_id: int) -> int | None:
@@ -298,8 +287,8 @@ def test_minimum_group_size_keeps_the_publication_unconnected(shm_dir: Path) -> 
             count, 60, ready[0]))
         assert ready[0].wait(30)
         # the one receiver builds its image and answers with status messages ...
-        wait_for(lambda: channel_stats(contexts[0]).get("sms received", 0) > 5, 20,
-                 "status messages from the first receiver")
+        wait_until(lambda: channel_stats(contexts[0]).get("sms received", 0) > 5, 20,
+                   "status messages from the first receiver")
         until = time.monotonic() + 1.0
         while time.monotonic() < until:  # ... and still the publication is not connected
             assert not publication.is_connected
@@ -309,7 +298,7 @@ def test_minimum_group_size_keeps_the_publication_unconnected(shm_dir: Path) -> 
             contexts[2], f"aeron:udp?endpoint={group}|interface={hs[2].address}", STREAM,
             count, 60, ready[1]))
         assert ready[1].wait(30)
-        wait_for(lambda: publication.is_connected, 20, "the publication to connect")
+        wait_until(lambda: publication.is_connected, 20, "the publication to connect")
         assert publish_range(publication, 0, count, time.monotonic() + 30) == count
         got_exactly(first.get(60), 0, count)
         got_exactly(second.get(60), 0, count)
@@ -344,24 +333,26 @@ def test_mdc_manual_destinations_added_and_removed_while_streaming(shm_dir: Path
             assert wait_sent(bus, publication, 20)
 
         publication.add_destination(destinations[0])
-        wait_for(lambda: publication.is_connected, 20, "the first destination")
+        wait_until(lambda: publication.is_connected, 20, "the first destination")
         assert send_stat(contexts[0], "destinations") == 1
         send(0, added)
         publication.add_destination(destinations[1])
-        time.sleep(0.5)  # the new destination gets a SETUP at the position reached
-        assert send_stat(contexts[0], "destinations") == 2
+        # the new destination gets a SETUP at the position reached
+        wait_until(lambda: send_stat(contexts[0], "destinations") == 2, 20,
+                   "the second destination added")
         send(added, removed, rate=5_000)
         end_of_span = publication.position
         publication.remove_destination(destinations[0])
-        time.sleep(0.5)
-        assert send_stat(contexts[0], "destinations") == 1
+        wait_until(lambda: send_stat(contexts[0], "destinations") == 1, 20,
+                   "the first destination removed")
         send(removed, count, rate=5_000)
         got_exactly(second.get(60), added, count)
         with shmbus.connect(contexts[1]) as host_1:
-            wait_for(lambda: largest(host_1, SUB_POS) == end_of_span, 20,
-                     "host 1 to read its span")
+            wait_until(lambda: largest(host_1, SUB_POS) == end_of_span, 20,
+                       "host 1 to read its span")
+            # a negative check, watched for three heartbeat intervals (100 ms): nothing (no
+            # data, no heartbeat) reached host 1 after it was removed
             time.sleep(0.3)
-            # nothing (no data, no heartbeat) reached host 1 after it was removed
             assert largest(host_1, RCV_HWM) == end_of_span
         stop.set()
         got_exactly(first.get(30), 0, removed)
@@ -434,7 +425,7 @@ def test_mdc_dynamic_a_late_receiver_joins_and_a_killed_one_is_dropped(shm_dir: 
         wait_listening([contexts[1]], ready[:1])
         publication = bus.add_exclusive_publication(
             f"aeron:udp?control={control}|control-mode=dynamic", STREAM)
-        wait_for(lambda: publication.is_connected, 20, "host 1 to announce itself")
+        wait_until(lambda: publication.is_connected, 20, "host 1 to announce itself")
         deadline = time.monotonic() + 90
 
         def send(start: int, stop_at: int) -> None:
@@ -445,15 +436,15 @@ def test_mdc_dynamic_a_late_receiver_joins_and_a_killed_one_is_dropped(shm_dir: 
         second = pool.apply_async(bridge_workers.receive, (
             contexts[2], channels[1], STREAM, count, 60, ready[1]))
         wait_listening([contexts[2]], ready[1:])
-        wait_for(lambda: send_stat(contexts[0], "destinations") == 2, 20,
-                 "host 2 to become a destination")
+        wait_until(lambda: send_stat(contexts[0], "destinations") == 2, 20,
+                   "host 2 to become a destination")
         with shmbus.connect(contexts[2]) as host_2:  # its image, from the position reached
-            wait_for(lambda: largest(host_2, SUB_POS) == publication.position, 20,
-                     "host 2's image")
+            wait_until(lambda: largest(host_2, SUB_POS) == publication.position, 20,
+                       "host 2's image")
         send(joined, killed)
         with shmbus.connect(contexts[1]) as host_1:
-            wait_for(lambda: largest(host_1, SUB_POS) == publication.position, 20,
-                     "host 1 to read everything sent so far")
+            wait_until(lambda: largest(host_1, SUB_POS) == publication.position, 20,
+                       "host 1 to read everything sent so far")
         kill_host(contexts[1])
         stop.set()
         got_exactly(first.get(30), 0, killed)

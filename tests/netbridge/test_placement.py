@@ -14,8 +14,8 @@ from netbridge.placement import Placement, in_order, placement
 from netbridge.receiver import NetworkReceiver
 from netbridge.receiver_image import ReceiverImage
 from shmbus.shm.log_buffer import LogBufferError, check_mtu, check_term_length
-from tests.netbridge.fake_log_port import FakeImageHost, FakeImageLog
-from tests.netbridge.test_receiver import INITIAL, SENDER, SESSION, STREAM, TERM, setup
+from tests.support.fake_log_port import FakeImageHost, FakeImageLog
+from tests.support.sans_io import INITIAL, SENDER, SESSION, STREAM, TERM, setup
 
 MS = 1_000_000
 

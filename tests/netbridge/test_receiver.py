@@ -1,5 +1,5 @@
 """The sans-IO receiver (netbridge.receiver), driven by a fake clock and hand-made datagrams;
-what it rebuilds in in-memory image logs (tests/netbridge/fake_log_port.py) is read back as a
+what it rebuilds in in-memory image logs (tests/support/fake_log_port.py) is read back as a
 subscriber would. No shared memory.
 """
 
@@ -21,7 +21,6 @@ from netbridge.frames import (
     data_frame,
     decode_frames,
     encode_datagram,
-    heartbeat,
     pad_frame,
 )
 from netbridge.receiver import LEAVING_STATUS_MESSAGES, NetworkReceiver
@@ -31,16 +30,24 @@ from netbridge.receiver_image import (
     ImageUnavailable,
     LossDetected,
 )
-from tests.netbridge.fake_log_port import FakeImageHost, FakeImageLog
+from tests.support.fake_log_port import FakeImageHost, FakeImageLog
+from tests.support.sans_io import (
+    INITIAL,
+    MTU,
+    RECEIVER_ID,
+    SENDER,
+    SESSION,
+    STREAM,
+    TERM,
+    beat,
+    data,
+    make_receiver,
+    payload,
+    setup,
+    term_id_at,
+)
 
-TERM = 64 * 1024
-INITIAL = 0x7FFF_FFFE  # term ids wrap to negative after two terms
-SESSION = 0x1234
-STREAM = 1001
-MTU = 1408
 MS = 1_000_000
-SENDER = ("10.0.0.1", 50000)
-RECEIVER_ID = 0x5EED
 WINDOW = TERM // 2  # the default window, capped at half the term
 
 
@@ -61,40 +68,6 @@ def host() -> ImageHost:
     return ImageHost()
 
 
-def term_id_at(position: int) -> int:
-    return ((INITIAL + position // TERM + 2**31) % 2**32) - 2**31
-
-
-def setup(position: int = 0, *, session_id: int = SESSION, stream_id: int = STREAM,
-          term_length: int = TERM, mtu: int = MTU) -> bytes:
-    return SetupFrame(
-        term_offset=position % term_length, session_id=session_id, stream_id=stream_id,
-        initial_term_id=INITIAL, active_term_id=term_id_at(position), term_length=term_length,
-        mtu=mtu,
-    ).encode()
-
-
-def data(position: int, *payloads: bytes, session_id: int = SESSION) -> bytes:
-    """A datagram of DATA frames, one per payload, from ``position`` on, as a sender packs."""
-    frames = []
-    for payload in payloads:
-        frames.append(data_frame(term_offset=position % TERM, session_id=session_id,
-                                 stream_id=STREAM, term_id=term_id_at(position),
-                                 payload=payload))
-        position += (32 + len(payload) + 31) & ~31
-    return encode_datagram(frames)
-
-
-def beat(position: int, *, eos: bool = False, session_id: int = SESSION) -> bytes:
-    return heartbeat(term_offset=position % TERM, session_id=session_id, stream_id=STREAM,
-                     term_id=term_id_at(position), end_of_stream=eos).encode()
-
-
-def payload(i: int, size: int = 96) -> bytes:
-    """``size`` bytes of ``i``; the default makes a 128-byte frame."""
-    return bytes([i % 256]) * size
-
-
 def frames_out(result) -> list:
     return [(f, dest) for d, dest in result.datagrams for f in decode_frames(d)]
 
@@ -105,12 +78,6 @@ def sms(result) -> list[StatusMessage]:
 
 def naks(result) -> list[Nak]:
     return [f for f, _ in frames_out(result) if isinstance(f, Nak)]
-
-
-def make_receiver(host: ImageHost, **kwargs: object) -> NetworkReceiver:
-    receiver = NetworkReceiver(host, receiver_id=RECEIVER_ID, **kwargs)  # type: ignore[arg-type]
-    receiver.add_subscription(STREAM)
-    return receiver
 
 
 def joined(host: ImageHost, position: int = 0, **kwargs: object) -> NetworkReceiver:

@@ -118,12 +118,12 @@ def test_a_plain_aeron_datagram_is_dropped_as_plaintext() -> None:
 def test_a_datagram_stamped_out_of_the_skew_or_before_the_receiver_started_is_a_replay() -> None:
     sender = _io.Sealer(KEYS)
     early = sender.seal(b"recorded before the receiver started")
-    time.sleep(0.002)
+    time.sleep(0.002)  # the clock is what is tested: the receiver starts after the stamp
     receiver = _io.Sealer(KEYS, max_skew_ns=1_000_000_000)
     assert receiver.open(early)[0] == REPLAYED
     strict = _io.Sealer(KEYS, max_skew_ns=1_000_000)
     late = sender.seal(b"late")
-    time.sleep(0.01)
+    time.sleep(0.01)  # the clock is what is tested: the datagram ages past the 1 ms skew
     assert strict.open(late)[0] == REPLAYED
 
 

@@ -1,5 +1,5 @@
 """The sans-IO sender (netbridge.sender), driven by a fake clock over an in-memory publication
-log (tests/netbridge/fake_log_port.py): no shared memory.
+log (tests/support/fake_log_port.py): no shared memory.
 """
 
 from __future__ import annotations
@@ -20,30 +20,26 @@ from netbridge.frames import (
     Nak,
     RttMeasurement,
     SetupFrame,
-    StatusMessage,
     decode_frames,
 )
 from netbridge.log_port import PublicationPort
 from netbridge.sender import NetworkSender
-from tests.netbridge.fake_log_port import FakePublicationLog
+from tests.support.fake_log_port import FakePublicationLog
+from tests.support.sans_io import (
+    CONTROL,
+    DEST,
+    INITIAL,
+    MTU,
+    SESSION,
+    STREAM,
+    TERM,
+    connect,
+    publication_log,
+    sm,
+    term_id_at,
+)
 
-TERM = 64 * 1024
-INITIAL = 0x7FFF_FFFE  # term ids wrap to negative after two terms
-SESSION = 0x1234
-STREAM = 1001
-MTU = 1408
 MS = 1_000_000
-DEST = ("10.0.0.2", 40123)
-CONTROL = ("10.0.0.2", 40123)
-
-
-def term_id_at(position: int, initial: int = INITIAL, term_length: int = TERM) -> int:
-    return ((initial + position // term_length + 2**31) % 2**32) - 2**31
-
-
-def publication_log(*, initial_term_id: int = INITIAL) -> FakePublicationLog:
-    return FakePublicationLog(term_length=TERM, initial_term_id=initial_term_id,
-                              session_id=SESSION, stream_id=STREAM, mtu=MTU)
 
 
 @pytest.fixture
@@ -53,15 +49,6 @@ def pub() -> Iterator[FakePublicationLog]:
 
 def make_sender(log: PublicationPort, **kwargs: object) -> NetworkSender:
     return NetworkSender(log, destination=DEST, **kwargs)  # type: ignore[arg-type]
-
-
-def sm(position: int, window: int = 32 * 1024, *, flags: int = 0,
-       session_id: int = SESSION, receiver_id: int = 77) -> bytes:
-    return StatusMessage(
-        flags=flags, session_id=session_id, stream_id=STREAM,
-        consumption_term_id=term_id_at(position), consumption_term_offset=position % TERM,
-        receiver_window=window, receiver_id=receiver_id,
-    ).encode()
 
 
 def nak(position: int, length: int, *, term_id: int | None = None) -> bytes:
@@ -82,12 +69,6 @@ def data_headers(out: list) -> list[DataHeader]:
             if isinstance(frame, DataHeader) and frame.frame_length:
                 found.append(frame)
     return found
-
-
-def connect(sender: NetworkSender, now: int = 0, window: int = 32 * 1024) -> None:
-    """Run the handshake: the first poll sends SETUP, a status message ends the setup phase."""
-    sender.poll(now)
-    sender.on_datagram(now, sm(sender.sender_position, window), CONTROL)
 
 
 # --- handshake ---------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Messages published to the sender's log must come out of the receiver's image log, read and
 reassembled as a subscriber would, exactly once, in order and intact, whatever the link does:
 loss, duplication and reordering in both directions (seeded, so every failure replays). Both
-logs are in memory (tests/netbridge/fake_log_port.py).
+logs are in memory (tests/support/fake_log_port.py).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from netbridge.receiver_image import (
     ReceiverEvent,
 )
 from netbridge.sender import NetworkSender
-from tests.netbridge.fake_log_port import FakeImageHost
-from tests.netbridge.test_sender import INITIAL, SESSION, STREAM, TERM, publication_log
+from tests.support.fake_log_port import FakeImageHost
+from tests.support.sans_io import INITIAL, SESSION, STREAM, TERM, publication_log
 
 MS = 1_000_000
 US = 1_000

@@ -7,42 +7,14 @@ has no receiver, so the only readers are the spies.
 
 from __future__ import annotations
 
-import socket
 import time
-import zlib
 
 import shmbus
-from tests.netbridge.bridge_workers import message, publish_range
+from tests.support.networks import Reader, free_udp_port
+from tests.support.workers.bridge_workers import publish_range
 
 STREAM = 9
 COUNT = 5_000
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Reader:
-    """Polls a subscription and checks each message's sequence and crc32."""
-
-    def __init__(self, subscription: shmbus.Subscription) -> None:
-        self.subscription = subscription
-        self.sequences: list[int] = []
-        self.bad = 0
-        self.assembler = shmbus.FragmentAssembler(self._on_message)
-
-    def _on_message(self, buffer: memoryview, header: shmbus.Header) -> None:
-        data = bytes(buffer)
-        sequence = int.from_bytes(data[:8], "little")
-        if zlib.crc32(data[12:]) != int.from_bytes(data[8:12], "little") or (
-                data != message(sequence)):
-            self.bad += 1
-        self.sequences.append(sequence)
-
-    def poll(self) -> int:
-        return self.subscription.poll(self.assembler, 256)
 
 
 def test_a_spy_counts_as_a_connection_only_with_ssc(bus_context, driver) -> None:

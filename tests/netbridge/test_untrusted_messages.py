@@ -21,12 +21,11 @@ import pytest
 
 import shmbus
 from shmbus.codecs.object_messages import object_parts
-from shmbus.settings.keyring import new_key_line
-from tests.conftest import start_driver, stop_driver
-from tests.netbridge.forged_peer import ForgedPeer, udp_socket
-from tests.netbridge.test_end_to_end import free_udp_port
-from tests.shmbus.test_hostile_array_headers import forged, header_text
-from tests.shmbus.test_hostile_tables import Marker, pickled_extension_table
+from tests.support.drivers import start_driver, stop_driver
+from tests.support.forged_peer import ForgedPeer, udp_socket
+from tests.support.keyrings import write_keyring
+from tests.support.messages import Marker, forged, header_text, pickled_extension_table
+from tests.support.networks import free_udp_port
 
 pytestmark = pytest.mark.timeout(120)
 STREAM = 4101
@@ -82,14 +81,6 @@ def test_a_forged_pickle_on_an_unkeyed_udp_channel_is_refused_and_never_runs(
         peer.send(marker_message(marker))
         obj = next(sub.objects(timeout=10, trust_unkeyed_network=True))
         assert obj is None and marker.exists()  # (Path.touch returns None)
-
-
-def write_keyring(folder: Path, name: str) -> str:
-    """The path of a new keyring (mode 0600) in ``folder`` holding a fresh key ``name``."""
-    path = folder / "keyring"
-    path.write_text(new_key_line(name) + "\n")
-    path.chmod(0o600)
-    return str(path)
 
 
 def keyed_context(context: shmbus.Context, folder: Path, name: str) -> shmbus.Context:

@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,16 +28,17 @@ import pytest
 import shmbus
 from netbridge.frames import decode_frames
 from netbridge.receiver import RECEIVER_WINDOW_DEFAULT
-from tests.conftest import stop_driver
-from tests.netbridge import bridge_workers
-from tests.netbridge.pcap import read_udp
-from tests.netbridge.test_aeron_capture import (
+from tests.support.drivers import stop_driver
+from tests.support.networks import bus_pair, free_udp_port
+from tests.support.pcap import read_udp
+from tests.support.waits import time_left, wait_until
+from tests.support.wireshark import (
     COLUMNS,
     EXTRA_COLUMNS,
     Decoded,
     expected_columns,
 )
-from tests.netbridge.test_end_to_end import bus_pair, free_udp_port
+from tests.support.workers import bridge_workers
 
 MESSAGES = 20_000  # every 1000th is a 3000-byte message: 20 of them in three fragments
 STREAM = 5
@@ -100,13 +101,6 @@ def capturing(tshark: str, port: int, path: Path) -> Iterator[None]:
     assert path.is_file() and path.stat().st_size > 24, f"empty capture: {''.join(stderr)}"
 
 
-def wait_for(condition: Callable[[], bool], deadline: float, what: str,
-             work: Callable[[], object] = lambda: time.sleep(0.005)) -> None:
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        work()
-
-
 def receive_counters(bus: shmbus.Client) -> dict[str, int]:
     return {c.label.split(":")[0]: c.value for c in bus.counters.counters() if c.type_id >= 100}
 
@@ -125,14 +119,15 @@ def run_traffic(ctx_a: shmbus.Context, ctx_b: shmbus.Context, channel: str) -> d
                  "term_length": publication.term_length, "mtu": publication.mtu,
                  "initial_term_id": publication.initial_term_id}
 
-        def poll() -> None:
-            if not subscription.poll(assembler, 256):
-                time.sleep(0.001)
+        def poll() -> int:
+            return subscription.poll(assembler, 256)
 
-        wait_for(lambda: publication.is_connected and bool(subscription.images), deadline,
-                 "the publication to connect through the bridges", poll)
+        wait_until(lambda: publication.is_connected and bool(subscription.images),
+                   time_left(deadline), "the publication to connect through the bridges",
+                   poll=poll)
         idle_until = time.monotonic() + 0.35  # idle and connected: heartbeats every 100 ms
-        wait_for(lambda: time.monotonic() > idle_until, deadline, "the idle time", poll)
+        wait_until(lambda: time.monotonic() > idle_until, time_left(deadline), "the idle time",
+                   poll=poll)
 
         sent = 0
         while sent < MESSAGES:
@@ -141,18 +136,21 @@ def run_traffic(ctx_a: shmbus.Context, ctx_b: shmbus.Context, channel: str) -> d
                 sent += 1
             else:
                 subscription.poll(assembler, 256)
-        wait_for(lambda: len(got) >= MESSAGES, deadline, f"{MESSAGES} messages", poll)
+        wait_until(lambda: len(got) >= MESSAGES, time_left(deadline), f"{MESSAGES} messages",
+                   poll=poll)
         assert got == [bridge_workers.message(i) for i in range(MESSAGES)]
 
         # the receiving bridge measures RTT once a second: wait for a request and its echo
-        wait_for(lambda: receive_counters(bus_b).get("rtt ns", 0) > 0, deadline,
-                 "an RTT measurement (counter 'rtt ns')", poll)
+        wait_until(lambda: receive_counters(bus_b).get("rtt ns", 0) > 0, time_left(deadline),
+                   "an RTT measurement (counter 'rtt ns')", poll=poll)
 
         (image,) = subscription.images
         publication.close()
-        wait_for(lambda: image.is_end_of_stream, deadline, "the end of stream", poll)
+        wait_until(lambda: image.is_end_of_stream, time_left(deadline), "the end of stream",
+                   poll=poll)
         linger = time.monotonic() + 0.6  # EOS heartbeats every 100 ms, EOS SMs every 200 ms
-        wait_for(lambda: time.monotonic() > linger, deadline, "the EOS linger", poll)
+        wait_until(lambda: time.monotonic() > linger, time_left(deadline), "the EOS linger",
+                   poll=poll)
         facts.update(receive_counters(bus_b))
     return facts
 

@@ -6,13 +6,9 @@ The Spark tests need Java: without ``java`` they fail, saying so (they are not s
 
 from __future__ import annotations
 
-import os
 import pickle
-import shutil
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,20 +20,10 @@ import shmbus
 import shmbus.spark as ss
 from shmbus.archive.recorder import Recorder
 from shmbus.archive.recording_reader import RecordingReader
-from tests.shmbus.archive.recording_helpers import FakeLog, random_payloads, start_recording
+from tests.support.recording_helpers import FakeLog, random_payloads, start_recording
+from tests.support.waits import wait_until
 
 DEADLINE_S = 30.0
-
-
-def wait_for(condition, timeout: float = DEADLINE_S, poll=None, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not met within {timeout} s")
-        if poll is not None:
-            poll()
-        else:
-            time.sleep(0.002)
 
 
 def rows_of(batches) -> list[tuple[int, int, bytes]]:
@@ -231,8 +217,8 @@ def test_writer_publishes_each_row_with_its_tag(bus_context, driver) -> None:
                 task = threading.Thread(target=lambda out=results: out.append(
                     writer.write(iter(table.to_batches(max_chunksize=50)))))
                 task.start()
-                wait_for(lambda n=attempt: len(got) == 160 * (n + 1),
-                         poll=lambda: subscription.poll(assembler, 100), what="every row")
+                wait_until(lambda n=attempt: len(got) == 160 * (n + 1), DEADLINE_S, "every row",
+                           poll=lambda: subscription.poll(assembler, 100))
                 task.join(DEADLINE_S)
                 (message,) = results
                 assert (message.partition_id, message.batch_id, message.rows) == (0, 9, 160)
@@ -244,7 +230,8 @@ def test_writer_publishes_each_row_with_its_tag(bus_context, driver) -> None:
                 ss.SCHEMA.add("text", "string"), False)
             got.clear()
             strings.write(iter([pa.record_batch({"text": pa.array(["a", None, "ccc"])})]))
-            wait_for(lambda: len(got) == 2, poll=lambda: subscription.poll(assembler, 10))
+            wait_until(lambda: len(got) == 2, DEADLINE_S, "the two messages published",
+                       poll=lambda: subscription.poll(assembler, 10))
             assert [(m, ss.decode_reserved_value(rv)[2]) for m, rv in got] == [(b"a", 0),
                                                                                (b"ccc", 2)]
             # nobody subscribed: the task fails after publish_timeout, saying why
@@ -271,50 +258,21 @@ def test_the_spark_guide_states_the_delivery_guarantee_word_for_word() -> None:
 # -- real Spark ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def spark():
-    java = shutil.which("java", path=os.pathsep.join(filter(None, [
-        os.path.join(os.environ.get("JAVA_HOME", ""), "bin"), os.environ.get("PATH")])))
-    if java is None:
-        pytest.fail("java is not installed: the Spark tests need a Java 17 (or 21) runtime on "
-                    "PATH or in JAVA_HOME, e.g. apt-get install openjdk-17-jre-headless")
-    version = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
-    if version.returncode != 0:
-        pytest.fail(f"{java} -version failed: {version.stderr}")
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("shmbus-tests")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.pyspark.python", sys.executable)
-               .config("spark.pyspark.driver.python", sys.executable)
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    ss.register(session)
-    try:
-        yield session
-    finally:
-        session.stop()
-
-
 def test_spark_batch_read_equals_the_recorded_messages(spark, bus_context, driver,
                                                        tmp_path) -> None:
     directory = tmp_path / "rec"
     with shmbus.connect(bus_context) as bus:
         recorder = Recorder(directory, "aeron:ipc", 43, client=bus, segment_length=131072)
         publications = [bus.add_exclusive_publication("aeron:ipc", 43) for _ in range(2)]
-        wait_for(lambda: len(recorder.recordings) == 2, poll=recorder.poll, what="images")
+        wait_until(lambda: len(recorder.recordings) == 2, DEADLINE_S, "images", poll=recorder.poll)
         for i, payload in enumerate(random_payloads(40, 1200, max_length=5000)):
             publication = publications[i % 2]
-            while publication.offer(payload, reserved_value=i) < 0:
-                recorder.poll()
+            wait_until(lambda p=publication, m=payload, r=i: p.offer(m, reserved_value=r) > 0,
+                       DEADLINE_S, f"room for message {i}", poll=recorder.poll)
         ends = {p.session_id: p.position for p in publications}
-        wait_for(lambda: all(recorder.positions[r.recording_id] >= ends[r.session_id]
-                             for r in recorder.recordings), poll=recorder.poll, what="recorded")
+        wait_until(lambda: all(recorder.positions[r.recording_id] >= ends[r.session_id]
+                               for r in recorder.recordings), DEADLINE_S, "recorded",
+                   poll=recorder.poll)
         recorder.close()
     expected = sorted((m.position, m.session_id, m.reserved_value, m.payload)
                       for rid in (0, 1) for m in RecordingReader(directory, rid).messages())
@@ -400,12 +358,11 @@ def test_spark_stream_write_publishes_every_row_to_a_live_subscriber(spark, bus_
                  .option("stream_id", 44)
                  .option("checkpointLocation", str(tmp_path / "checkpoint"))
                  .trigger(availableNow=True).start())
-        wait_for(lambda: not query.isActive and not subscription.poll(assembler, 1000),
-                 timeout=120, poll=lambda: subscription.poll(assembler, 1000),
-                 what="the query to finish")
+        wait_until(lambda: not query.isActive and not subscription.poll(assembler, 1000), 120,
+                   "the query to finish", poll=lambda: subscription.poll(assembler, 1000))
         assert query.exception() is None
-        wait_for(lambda: len(got) >= 3000, poll=lambda: subscription.poll(assembler, 1000),
-                 what="every row")
+        wait_until(lambda: len(got) >= 3000, DEADLINE_S, "every row",
+                   poll=lambda: subscription.poll(assembler, 1000))
     keep = ss.ReplayFilter()
     kept = [(m, ss.decode_reserved_value(rv)) for m, rv in got if keep(rv)]
     assert sorted(m for m, _ in kept) == sorted(m for _, m, _ in log.messages)

@@ -7,7 +7,6 @@ recording_helpers.py) and need no bus; the later ones record real streams throug
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import signal
@@ -34,20 +33,10 @@ from shmbus.archive.catalog import (
 from shmbus.archive.recorder import Recorder, recover_directory, recover_recording
 from shmbus.archive.recording_reader import RecordingReader, scan_frames
 from shmbus.shm.log_buffer import HEADER_LENGTH, encode_data_header
-from tests.shmbus.archive.recording_helpers import FakeLog, random_payloads, start_recording
+from tests.support.recording_helpers import FakeLog, bus_env, random_payloads, start_recording
+from tests.support.waits import wait_until
 
 DEADLINE_S = 20.0
-
-
-def wait_for(condition, timeout: float = DEADLINE_S, poll=None, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not met within {timeout} s")
-        if poll is not None:
-            poll()
-        else:
-            time.sleep(0.002)
 
 
 def finish(catalog, writer, reason: str = "test"):
@@ -327,20 +316,14 @@ def test_position_file_and_index_formats(tmp_path) -> None:
 # -- through the bus ----------------------------------------------------------------------------
 
 
-def bus_env(context: shmbus.Context) -> dict[str, str]:
-    env = dict(os.environ)
-    for name, value in dataclasses.asdict(context).items():
-        env[f"SHMBUS_{name.upper()}"] = str(int(value)) if isinstance(value, bool) else str(value)
-    return env
-
-
 def test_records_every_session_with_fragments_and_term_rotations(bus_context, driver,
                                                                  tmp_path) -> None:
     with shmbus.connect(bus_context) as bus:
         recorder = Recorder(tmp_path / "rec", "aeron:ipc", 31, client=bus,
                             segment_length=131072, fsync="segment")
         publications = [bus.add_exclusive_publication("aeron:ipc", 31) for _ in range(3)]
-        wait_for(lambda: len(recorder.recordings) == 3, poll=recorder.poll, what="3 images")
+        wait_until(lambda: len(recorder.recordings) == 3, DEADLINE_S, "3 images",
+                   poll=recorder.poll)
         sent: dict[int, list[tuple[bytes, int]]] = {p.session_id: [] for p in publications}
         rng = random.Random(11)
         for i, payload in enumerate(random_payloads(12, 1500, max_length=8000)):
@@ -351,13 +334,13 @@ def test_records_every_session_with_fragments_and_term_rotations(bus_context, dr
                 assert time.monotonic() < deadline, "back-pressured for too long"
             sent[publication.session_id].append((payload, i))
         ends = {p.session_id: p.position for p in publications}
-        wait_for(lambda: all(recorder.positions[r.recording_id] >= ends[r.session_id]
-                             for r in recorder.recordings), poll=recorder.poll,
-                 what="everything recorded")
+        wait_until(lambda: all(recorder.positions[r.recording_id] >= ends[r.session_id]
+                               for r in recorder.recordings), DEADLINE_S,
+                   "everything recorded", poll=recorder.poll)
         for publication in publications:
             publication.close()
-        wait_for(lambda: not recorder.recordings, poll=recorder.poll,
-                 what="recordings stopped when their images went away")
+        wait_until(lambda: not recorder.recordings, DEADLINE_S,
+                   "recordings stopped when their images went away", poll=recorder.poll)
         recorder.close()
         logs = {p.session_id: p.log.descriptor for p in publications}
     catalog = read_catalog(tmp_path / "rec")
@@ -384,7 +367,7 @@ def test_sigkilled_recorder_loses_nothing_it_wrote(bus_context, driver, tmp_path
     try:
         with shmbus.connect(bus_context) as bus:
             publication = bus.add_exclusive_publication("aeron:ipc", 32)
-            wait_for(lambda: publication.is_connected, what="the recorder subscribed")
+            wait_until(lambda: publication.is_connected, DEADLINE_S, "the recorder subscribed")
             sent = []
             seen_live = 0
             deadline = time.monotonic() + DEADLINE_S
@@ -418,13 +401,13 @@ def test_sigkilled_recorder_loses_nothing_it_wrote(bus_context, driver, tmp_path
     try:
         with shmbus.connect(bus_context) as bus:
             publication = bus.add_exclusive_publication("aeron:ipc", 32)
-            wait_for(lambda: len(read_catalog(directory)) == 2 if os.path.exists(
-                directory / CATALOG_FILE) else False, what="the second recording")
+            wait_until(lambda: len(read_catalog(directory)) == 2 if os.path.exists(
+                directory / CATALOG_FILE) else False, DEADLINE_S, "the second recording")
             for i in range(50):
                 publication.publish(i.to_bytes(4, "little"), timeout=DEADLINE_S)
             second = read_catalog(directory)[1]
-            wait_for(lambda: live_position(directory, second) >= publication.position,
-                     what="recorded")
+            wait_until(lambda: live_position(directory, second) >= publication.position,
+                       DEADLINE_S, "recorded")
             recorder.send_signal(signal.SIGTERM)
             _, err = recorder.communicate(timeout=DEADLINE_S)
     finally:
@@ -444,7 +427,7 @@ def test_full_file_system_stops_the_recording_cleanly(bus_context, driver, tiny_
     with shmbus.connect(bus_context) as bus:
         recorder = Recorder(directory, "aeron:ipc", 33, client=bus, segment_length=65536)
         publication = bus.add_exclusive_publication("aeron:ipc", 33)
-        wait_for(lambda: recorder.recordings, poll=recorder.poll, what="the image")
+        wait_until(lambda: recorder.recordings, DEADLINE_S, "the image", poll=recorder.poll)
         error = None
         deadline = time.monotonic() + DEADLINE_S
         while error is None:
@@ -489,8 +472,8 @@ def test_replay_republishes_from_a_position(bus_context, driver, tmp_path) -> No
         assembler = shmbus.FragmentAssembler(
             lambda b, h: got.append((bytes(b), h.reserved_value)))
         try:
-            wait_for(lambda: len(got) >= 150, poll=lambda: subscription.poll(assembler, 100),
-                     what="the replayed messages")
+            wait_until(lambda: len(got) >= 150, DEADLINE_S, "the replayed messages",
+                       poll=lambda: subscription.poll(assembler, 100))
             _, err = replay.communicate(timeout=DEADLINE_S)
         finally:
             if replay.poll() is None:

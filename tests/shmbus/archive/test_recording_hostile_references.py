@@ -12,7 +12,7 @@ from shmbus import Recorder, RecordingReader
 from shmbus.archive.catalog import read_catalog
 from shmbus.shm import block_ring as br
 from shmbus.shm.block_ring import REFERENCE_FLAGS
-from tests.shmbus.driver.test_driver_processes import wait_until
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 STREAM = 57

@@ -36,10 +36,10 @@ from shmbus.archive.large_payloads import (
 from shmbus.archive.recorder import recover_directory
 from shmbus.archive.recording_reader import _read_block, replay
 from shmbus.shm.log_buffer import HEADER_LENGTH, max_message_length
-from tests.shmbus.archive import large_recording_workers as lw
-from tests.shmbus.archive.test_recording import bus_env
-from tests.shmbus.driver.test_driver_processes import CTX, wait_until
-from tests.shmbus.test_spark import spark  # noqa: F401  (the session's Spark fixture)
+from tests.support.processes import CTX
+from tests.support.recording_helpers import bus_env
+from tests.support.waits import wait_until
+from tests.support.workers import large_recording_workers as lw
 
 pytestmark = pytest.mark.timeout(300)
 

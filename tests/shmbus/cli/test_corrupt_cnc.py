@@ -26,7 +26,7 @@ from shmbus.shm.cnc import (
     CncFile,
     CncLengths,
 )
-from tests.shmbus.cli.test_stat import run, shmbus_executable
+from tests.support.commands import run, shmbus_executable
 
 LENGTHS = CncLengths(to_driver_capacity=1024, to_clients_capacity=1024, counters=16,
                      error_log=4096)

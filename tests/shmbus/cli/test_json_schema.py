@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,6 +26,7 @@ from shmbus.cli.bus_status import RUNNING, STALE, BusStatus
 from shmbus.cli.json_documents import COMMANDS, document, load_schema, schema_path
 from shmbus.cli.stream_analysis import analyse_streams
 from shmbus.shm.counters import Counter
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 STREAM = 41
@@ -50,13 +50,6 @@ def run_json(*args: str) -> list[dict[str, Any]]:
     result = CliRunner().invoke(app, [*args, "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return [json.loads(line) for line in result.stdout.splitlines()]
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 # -- the schemas themselves --------------------------------------------------------------------
@@ -144,8 +137,8 @@ def test_real_documents_match_their_schemas_and_mutated_ones_do_not(
         subscriber = bus.add_subscription("aeron:ipc", STREAM)
         member = bus.add_subscription("aeron:ipc", STREAM, group="workers")
         publication = bus.add_publication("aeron:ipc", STREAM)
-        wait_for(lambda: subscriber.images and member.images and publication.is_connected,
-                 "the images")
+        wait_until(lambda: subscriber.images and member.images and publication.is_connected,
+                   10, "the images")
         publication.publish(bytes(100), timeout=5)
         for bad in (lambda: bus.add_publication("aeron:ipc", 0),
                     lambda: bus.add_subscription("aeron:ipx", 3)):

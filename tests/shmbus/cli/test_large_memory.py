@@ -11,9 +11,10 @@ import shmbus
 from shmbus.cli.snapshot import read_snapshot
 from shmbus.cli.stream_analysis import analyse_streams
 from shmbus.shm import block_ring as br
-from tests.conftest import driver_serves, mounted_tmpfs
-from tests.shmbus.driver import driver_workers as dw
-from tests.shmbus.driver.test_driver_processes import TINY_LENGTHS, wait_until
+from tests.support.drivers import TINY_LENGTHS, driver_serves
+from tests.support.system import mounted_tmpfs
+from tests.support.waits import wait_until
+from tests.support.workers import driver_workers as dw
 
 
 def publication_view(context: shmbus.Context, stream_id: int):

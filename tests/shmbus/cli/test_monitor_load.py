@@ -1,7 +1,7 @@
 """The monitor under load: real processes on a real bus, hundreds of snapshots, each checked.
 
 A publisher keeps its stream saturated (it offers 100-byte messages as fast as the window
-allows; spawn targets in ``tests/shmbus/cli/load_workers.py``) while subscribers read at their
+allows; spawn targets in ``tests/support/workers/load_workers.py``) while subscribers read at their
 own pace, one is stopped (SIGSTOP), and on a second pair of buses the stream goes over the
 netbridge on loopback UDP. Every snapshot, as ``stat`` and ``streams`` (and ``export``) take
 it, must keep the rules of :func:`shmbus.cli.verdicts.stream_problems`: lag >= 0 (behind pub-pos,
@@ -22,7 +22,6 @@ import queue
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,16 +36,16 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-import shmbus
 from shmbus.cli.app import app
 from shmbus.cli.bus_status import EXIT_NO_BUS
 from shmbus.cli.snapshot import BusSnapshot, read_snapshot
 from shmbus.cli.stream_analysis import analyse_streams
 from shmbus.cli.stream_views import StreamView
 from shmbus.cli.verdicts import stream_problems
-from tests.conftest import start_driver, stop_driver
-from tests.shmbus.cli import load_workers
-from tests.shmbus.driver.test_driver_processes import wait_until
+from tests.support.drivers import stop_driver
+from tests.support.networks import bus_pair, free_udp_port
+from tests.support.waits import wait_until
+from tests.support.workers import load_workers
 
 CTX = mp.get_context("spawn")
 STREAM = 7
@@ -131,7 +130,7 @@ def check(snapshot: BusSnapshot) -> list[StreamView]:
 def take(directory: str, count: int, pause: float = 0.005) -> Iterator[BusSnapshot]:
     for _ in range(count):
         yield read_snapshot(directory)
-        time.sleep(pause)
+        time.sleep(pause)  # pacing: snapshots spread over the load, not a wait
 
 
 def publication(directory: str) -> StreamView | None:
@@ -225,17 +224,8 @@ def test_a_saturated_stream_with_a_slow_then_a_stopped_subscriber(bus_context, d
 # -- a network publication over loopback -------------------------------------------------------
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_a_saturated_network_publication(shm_dir) -> None:
-    contexts = [shmbus.Context(dir=str(shm_dir / name), embedded_driver=False,
-                               driver_idle_timeout=600, ipc_term_length=1 << 20,
-                               udp_term_length=1 << 20) for name in ("a", "b")]
-    drivers = [start_driver(context) for context in contexts]
+    contexts, drivers = bus_pair(shm_dir, udp_term_length=1 << 20)
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     try:
         with Workers() as w:

@@ -1,7 +1,7 @@
 """``shmbus stat``, ``streams``, ``clients`` and ``errors`` against real buses.
 
 The scenario: a driver, one publisher and two subscribers, each a process of its own (spawn;
-targets in ``tests/shmbus/cli/stat_workers.py``). The subscribers stop polling after different
+targets in ``tests/support/workers/stat_workers.py``). The subscribers stop polling after different
 numbers of messages and report their Image.position; the publisher then offers until the
 slow one holds it back and reports its position and limit. The commands run through their
 real entry point (typer's runner on ``shmbus.cli.app.app``, and once as ``.venv/bin/shmbus``)
@@ -22,17 +22,15 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 import shmbus
 from shmbus.cli import snapshot as bussnapshot
-from shmbus.cli.app import app
 from shmbus.cli.bus_status import EXIT_NO_BUS, EXIT_STALE
 from shmbus.cli.counter_views import counter_rates, describe_counters, filter_counters, parse_type
 from shmbus.cli.formatting import format_bytes, format_duration
@@ -52,7 +50,9 @@ from shmbus.shm.cnc import (
 )
 from shmbus.shm.counters import COUNTER_LENGTH, Counter
 from shmbus.shm.ring_buffer import CONSUMER_HEARTBEAT_OFFSET, TRAILER_LENGTH
-from tests.shmbus.cli import stat_workers
+from tests.support.commands import run, shmbus_executable
+from tests.support.waits import wait_until
+from tests.support.workers import stat_workers
 
 CTX = mp.get_context("spawn")
 STREAM = 7
@@ -64,7 +64,7 @@ WINDOW = 32768          # term length 65536 (bus_context) / 2
 WORKER_TIMEOUT = 30.0
 
 pytestmark = pytest.mark.timeout(120)
-runner = CliRunner()
+
 
 
 @pytest.fixture
@@ -74,26 +74,10 @@ def bus_context(bus_context):
     return bus_context.with_(client_liveness_timeout=10.0)
 
 
-def run(*args: str) -> Any:
-    """Run a command through typer's runner; stdout and stderr are kept apart."""
-    return runner.invoke(app, list(args), catch_exceptions=False)
-
-
 def run_json(*args: str) -> dict[str, Any]:
     result = run(*args, "--json")
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 # -- the scenario ------------------------------------------------------------------------------
@@ -175,7 +159,7 @@ def settled_stat(scenario: Scenario) -> dict[str, Any]:
         doc = run_json("stat", "--once", "--dir", scenario.directory)
         pub_pos = [c for c in doc["counters"] if c["type"] == "pub-pos"]
         return doc if pub_pos and pub_pos[0]["value"] == scenario.pub_pos else None
-    return wait_for(sample, 5.0, "the driver's pub-pos sample to settle")
+    return wait_until(sample, 5.0, "the driver's pub-pos sample to settle")
 
 
 # -- stat --------------------------------------------------------------------------------------
@@ -303,8 +287,8 @@ def test_streams_free_and_not_connected(bus_context, driver) -> None:
         subscription = bus.add_subscription("aeron:ipc", 20)
         free = bus.add_exclusive_publication("aeron:ipc", 20)
         lonely = bus.add_exclusive_publication("aeron:ipc", 21)
-        wait_for(lambda: subscription.poll(lambda b, h: None, 1) or subscription.images, 5.0,
-                 "the image")
+        wait_until(lambda: subscription.poll(lambda b, h: None, 1) or subscription.images, 5.0,
+                   "the image")
         free.publish(bytes(MESSAGE))
 
         def streams() -> dict[int, dict] | None:
@@ -312,7 +296,7 @@ def test_streams_free_and_not_connected(bus_context, driver) -> None:
             views = {s["stream_id"]: s for s in doc["streams"]}
             return views if views[20]["pub_pos"] == FRAME else None
 
-        views = wait_for(streams, 5.0, "pub-pos to be sampled")
+        views = wait_until(streams, 5.0, "pub-pos to be sampled")
         assert views[20]["state"] == "free"
         assert views[20]["verdict"] == (
             f"free: {format_bytes(views[20]['pub_lmt'] - FRAME)} of window left")
@@ -346,7 +330,7 @@ def test_clients_lists_the_processes_and_flags_one_that_was_killed(scenario) -> 
     assert clients[scenario.slow.pid]["subscriptions"] == [STREAM]
 
     os.kill(scenario.slow.pid, signal.SIGKILL)
-    wait_for(lambda: not scenario.slow.is_alive(), 5.0, "the killed subscriber to die")
+    wait_until(lambda: not scenario.slow.is_alive(), 5.0, "the killed subscriber to die")
     # before the driver's liveness timeout (10 s here): the counters are still there
     killed = run("clients", "--dir", scenario.directory)
     assert killed.exit_code == 0
@@ -436,13 +420,6 @@ def test_commands_never_write_to_cnc_dat(scenario, monkeypatch) -> None:
 
 
 # -- the real entry point, no bus, stale bus ---------------------------------------------------
-
-
-def shmbus_executable() -> str:
-    """The installed ``shmbus`` script of this interpreter's environment (.venv/bin/shmbus)."""
-    script = Path(sys.executable).with_name("shmbus")
-    assert script.exists(), f"no shmbus script next to {sys.executable}: run `make test`"
-    return str(script)
 
 
 def test_installed_entry_point_prints_the_documented_json(bus_context, driver) -> None:

@@ -22,7 +22,7 @@ def handler(request: bytes) -> bytes:
     if request == b"raise":
         raise KeyError("no such key")
     if request == b"slow":
-        time.sleep(0.3)
+        time.sleep(0.3)  # a slow handler: its call is in flight meanwhile (what is shown)
     return request
 
 

@@ -2,7 +2,7 @@
 
 Every client process is started with the "spawn" context and connects with
 ``shmbus.connect(context)`` using the test's pickled ``bus_context``; the spawn targets live in
-``tests/shmbus/driver/driver_workers.py`` and report back through a queue. Every message carries a
+``tests/support/workers/driver_workers.py`` and report back through a queue. Every message carries a
 writer id, a sequence number and a crc32 that the reading process checks (see
 ``driver_workers.Checker``). Every wait is bounded by a deadline; the ``driver`` fixture runs the
 driver in its own process.
@@ -10,15 +10,11 @@ driver in its own process.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import queue
 import re
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,120 +25,21 @@ from shmbus.shm import control_protocol as cp
 from shmbus.shm.cnc import CncLengths
 from shmbus.shm.counters import PUB_LIMIT, PUB_POS, SUB_POS
 from shmbus.shm.log_buffer import align, log_length
-from tests.conftest import driver_serves, mounted_tmpfs, start_driver, stop_driver
-from tests.shmbus.driver import driver_workers as dw
+from tests.support.drivers import (
+    TINY_LENGTHS,
+    driver_serves,
+    start_driver,
+    stop_driver,
+    system_counter,
+)
+from tests.support.processes import CTX, assert_clean
+from tests.support.system import free_bytes, mounted_tmpfs
+from tests.support.waits import wait_until
+from tests.support.workers import driver_workers as dw
 
-CTX = mp.get_context("spawn")
 MAX_FRAME = align(dw.HEAD.size + dw.MAX_BODY + 32)
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class Reports:
-    """Reports that spawned processes put on one queue (dicts; ``kind`` says which report)."""
-
-    def __init__(self, started: list[Any]) -> None:
-        self.queue: Any = CTX.Queue()
-        self._started = started
-        self._pending: list[dict[str, Any]] = []
-
-    def _exit_codes(self) -> list[tuple[str, int | None]]:
-        return [(p.name, p.exitcode) for p in self._started]
-
-    def _receive(self, timeout: float) -> bool:
-        try:
-            report = self.queue.get(timeout=timeout) if timeout > 0 else self.queue.get_nowait()
-        except queue.Empty:
-            return False
-        if "exception" in report:
-            pytest.fail(f"{report['name']} failed: {report['exception']}")
-        self._pending.append(report)
-        return True
-
-    def _take(self, kind: str, n: int) -> list[dict[str, Any]] | None:
-        matching = [r for r in self._pending if r["kind"] == kind]
-        if len(matching) < n:
-            return None
-        taken = matching[:n]
-        self._pending = [r for r in self._pending if not any(r is t for t in taken)]
-        return taken
-
-    def poll(self, kind: str) -> dict[str, Any] | None:
-        """A report of ``kind`` if one has arrived, without waiting."""
-        while self._receive(0):
-            pass
-        taken = self._take(kind, 1)
-        return taken[0] if taken else None
-
-    def wait(self, kind: str, n: int = 1, timeout: float = 30.0,
-             between: Callable[[], Any] | None = None) -> list[dict[str, Any]]:
-        """``n`` reports of ``kind`` within ``timeout`` s; ``between()`` runs every ~2 ms."""
-        deadline = time.monotonic() + timeout
-        while True:
-            taken = self._take(kind, n)
-            if taken is not None:
-                return taken
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                pytest.fail(f"{kind!r}: fewer than {n} reports within {timeout} s; exit codes "
-                            f"{self._exit_codes()}")
-            if not self._receive(min(remaining, 0.002 if between else 0.2)):
-                if between is not None:
-                    between()
-                elif all(not p.is_alive() for p in self._started) and not self._receive(1.0):
-                    pytest.fail(f"{kind!r}: every process exited; exit codes "
-                                f"{self._exit_codes()}")
-
-
-class Processes(Reports):
-    """Spawned client processes, reporting on ``queue``.
-
-    A process the test kills gets a queue of its own (``private()``): a process killed while
-    its queue's feeder thread holds the queue's shared write lock would block every other
-    writer of that queue for good.
-    """
-
-    def __init__(self) -> None:
-        self.started: list[Any] = []
-        super().__init__(self.started)
-
-    def private(self) -> Reports:
-        return Reports(self.started)
-
-    def start(self, target: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        process = CTX.Process(target=target, args=args, kwargs=kwargs, daemon=True)
-        process.start()
-        self.started.append(process)
-        return process
-
-    def close(self) -> None:
-        for process in self.started:
-            if process.is_alive():
-                process.kill()
-            process.join(10)
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str,
-               poll: Callable[[], Any] | None = None) -> float:
-    """Wait (bounded) until ``condition()``; returns the monotonic time it became true."""
-    deadline = time.monotonic() + timeout
-    idle = shmbus.idle_strategies.BackoffIdleStrategy()
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        if poll is not None:
-            poll()
-        idle.idle(0)
-    return time.monotonic()
-
-
-def system_counter(bus: shmbus.Client, counter: SystemCounter) -> int:
-    return bus.counters.get_value(counter.value)
-
-
-def assert_clean(report: dict[str, Any]) -> None:
-    assert report["error_count"] == 0, report["errors"]
-    assert not report.get("timed_out"), f"{report.get('name')} timed out: {report['count']}"
 
 
 # -- 1. three subscribers at different speeds ----------------------------------------------------
@@ -294,9 +191,9 @@ def test_publisher_killed_mid_offer_is_unblocked_and_others_flow(bus_context, dr
         assert victim.exitcode == -signal.SIGKILL
         resume.set()  # the rest of its messages land behind the dead writer's frame
         unblock = bus_context.publication_unblock_timeout
-        unblocked = wait_until(
-            lambda: system_counter(bus, SystemCounter.UNBLOCKED_PUBLICATIONS) >= 1,
-            unblock + 5.0, "the unblocked-publications counter to move")
+        wait_until(lambda: system_counter(bus, SystemCounter.UNBLOCKED_PUBLICATIONS) >= 1,
+                   unblock + 5.0, "the unblocked-publications counter to move")
+        unblocked = time.monotonic()
         (received,) = procs.wait("sub", timeout=30)
         (published,) = procs.wait("pub", timeout=10)
         assert system_counter(bus, SystemCounter.UNBLOCKED_PUBLICATIONS) == 1
@@ -366,8 +263,9 @@ def test_killed_subscriber_stops_holding_the_publisher_back(bus_context, driver,
                 return True
             return False
 
-        freed = wait_until(lambda: counters.get_value(limit_id) > held, liveness + 5.0,
-                           "pub-lmt to move past the dead subscriber's window", poll=offered)
+        wait_until(lambda: counters.get_value(limit_id) > held, liveness + 5.0,
+                   "pub-lmt to move past the dead subscriber's window", poll=offered)
+        freed = time.monotonic()
         assert liveness - 0.5 <= freed - killed <= liveness + 3.0
         wait_until(offered, 5.0, "offers to succeed again")
         assert system_counter(bus, SystemCounter.CLIENT_TIMEOUTS) == timeouts + 1
@@ -478,15 +376,6 @@ def test_a_hundred_streams_between_four_processes(bus_context, driver, procs):
 
 # -- 7. bad input: a tiny tmpfs --------------------------------------------------------------------
 
-TINY_LENGTHS = CncLengths(to_driver_capacity=16384, to_clients_capacity=16384, counters=64,
-                          error_log=8192)
-
-
-def free_bytes(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
 def test_driver_refuses_a_tmpfs_too_small_for_its_cnc_file(bus_context, tiny_tmpfs):
     from shmbus.driver.media_driver import Driver
 
@@ -568,7 +457,7 @@ def fill_warm_beginning(bus: shmbus.Client, stream_id: int, first_seq: int = 0
     ring refuses it, then read, each checked: the ring's warm beginning is as large as its
     bound lets it be, and every block is free again. Returns (publication, subscription, the
     next sequence number)."""
-    from tests.shmbus import large_workers as lw
+    from tests.support.workers import large_workers as lw
 
     pub = bus.add_exclusive_publication("aeron:ipc", stream_id)
     sub = bus.add_subscription("aeron:ipc", stream_id)
@@ -599,7 +488,7 @@ def test_a_log_that_does_not_fit_beside_warm_pages_gets_them_back(bus_context, p
     it (counted); the large stream goes on, every message checked. A log that does not fit
     even then is refused as before, with the sizes."""
     from shmbus.shm.block_ring import ring_usage
-    from tests.shmbus import large_workers as lw
+    from tests.support.workers import large_workers as lw
 
     with mounted_tmpfs(tmp_path / "small", "24m") as mount:
         context = warm_context(bus_context, mount)

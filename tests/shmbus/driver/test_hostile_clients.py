@@ -1,5 +1,5 @@
 """The driver against a client process of the same user that writes garbage commands and
-scribbles on cnc.dat (tests/shmbus/driver/fuzz_workers.py), while a publisher and a subscriber
+scribbles on cnc.dat (tests/support/workers/fuzz_workers.py), while a publisher and a subscriber
 on the same bus stream: the driver neither dies nor hangs, counts and logs every bad command,
 and the stream arrives exact (sequence numbers and checksums checked by the subscriber).
 """
@@ -15,14 +15,11 @@ import shmbus
 from shmbus.driver.system_counters import SystemCounter
 from shmbus.shm.counters import CLIENT_HEARTBEAT
 from shmbus.shm.error_log import read_error_log
-from tests.shmbus.driver import driver_workers as dw
-from tests.shmbus.driver import fuzz_workers as fw
-from tests.shmbus.driver.test_driver_processes import (
-    CTX,
-    assert_clean,
-    system_counter,
-    wait_until,
-)
+from tests.support.drivers import system_counter
+from tests.support.processes import CTX, assert_clean
+from tests.support.waits import wait_until
+from tests.support.workers import driver_workers as dw
+from tests.support.workers import fuzz_workers as fw
 
 #: Commands the fuzzer writes (about 10 s here; raise it to fuzz longer).
 FUZZ_COMMANDS = int(os.environ.get("SHMBUS_FUZZ_COMMANDS", 20_000))

@@ -1,6 +1,6 @@
 """IpcFlowControl against a real log and counters, the driver's side of the native limit.
 
-The publisher's own raise is exercised with real processes in tests/shmbus/test_waiting.py;
+The publisher's own raise is exercised with real processes in tests/shmbus/streams/test_waiting.py;
 here the owner's calls are checked, including positions no honest reader would write.
 """
 

@@ -12,8 +12,8 @@ import pytest
 import shmbus
 from shmbus.archive.catalog import RecordingError
 from shmbus.archive.recording_reader import RecordingReader
-from tests.shmbus import late_join_workers as lw
-from tests.shmbus.driver.test_driver_processes import CTX, Processes
+from tests.support.processes import CTX, Processes
+from tests.support.workers import late_join_workers as lw
 
 pytestmark = pytest.mark.timeout(300)
 

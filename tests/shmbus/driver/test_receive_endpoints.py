@@ -15,7 +15,7 @@ import shmbus
 from shmbus.shm import control_protocol as cp
 from shmbus.shm.cnc import ERROR_LOG
 from shmbus.shm.error_log import read_error_log
-from tests.conftest import start_driver, stop_driver
+from tests.support.drivers import start_driver, stop_driver
 
 CHANNEL = "aeron:udp?endpoint=127.0.0.1:40555"
 HELD = "udp endpoint 127.0.0.1:40555 is already bound by pid 4242 (other: netbridge)"

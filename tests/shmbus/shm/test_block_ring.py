@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmbus.shm import block_ring as br
-from tests.conftest import mounted_tmpfs
+from tests.support.system import free_bytes, mounted_tmpfs
 
 MIB = 1 << 20
 SIZES = [100, 300_000, 5 * MIB, 20 * MIB, 39 * MIB]
@@ -214,11 +214,6 @@ def test_unused_ring_offsets_are_those_outside_the_live_blocks() -> None:
 
 def held(ring: br.BlockRing) -> int:
     return os.fstat(ring._fd).st_blocks * 512
-
-
-def free_bytes(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 def test_on_a_small_tmpfs_the_warm_beginning_is_a_quarter_of_the_free_space(tmp_path) -> None:

@@ -26,6 +26,7 @@ from shmbus.shm.broadcast import (
     CopyBroadcastReceiver,
     broadcast_buffer_length,
 )
+from tests.support.workers import broadcast_workers as bw
 
 CAPACITY = 1024
 MSG_TYPE = 7
@@ -236,43 +237,21 @@ def test_received_messages_are_intact_in_order_and_lost_only_when_lapped(
 
 # -- real processes ----------------------------------------------------------------------------
 
-MP_CAPACITY = 4096
 MP_MESSAGES = 20_000
-_PREFIX = struct.Struct("<qI")
-
-
-def _transmit(path: str, count: int, start_flag_offset: int) -> None:
-    """Child process: wait for the go flag, then transmit ``count`` checksummed messages."""
-    with open(path, "r+b") as f:
-        memory = mmap.mmap(f.fileno(), 0)
-    buffer = AtomicBuffer(memory)
-    transmitter = BroadcastTransmitter(buffer, 0, broadcast_buffer_length(MP_CAPACITY))
-    deadline = time.monotonic() + 20
-    while buffer.get_int64_acquire(start_flag_offset) == 0:
-        if time.monotonic() > deadline:
-            raise SystemExit(3)
-        time.sleep(0.001)
-    for seq in range(count):
-        body = bytes([seq % 251]) * (seq % 97)
-        transmitter.transmit(MSG_TYPE, _PREFIX.pack(seq, zlib.crc32(body)) + body)
-        if seq % 100 == 99:
-            time.sleep(0.0005)                 # paced, so the receiver is lapped many times
-    buffer.release()
-    memory.close()
 
 
 def test_slow_receiver_in_another_process_is_lapped_detects_it_and_resumes(
         shm_dir: Path) -> None:
     path = shm_dir / "broadcast.dat"
-    flag = broadcast_buffer_length(MP_CAPACITY)
+    flag = broadcast_buffer_length(bw.MP_CAPACITY)
     with open(path, "wb") as f:
         f.truncate(flag + 64)
     with open(path, "r+b") as f:
         memory = mmap.mmap(f.fileno(), 0)
     buffer = AtomicBuffer(memory)
-    receiver = BroadcastReceiver(buffer, 0, broadcast_buffer_length(MP_CAPACITY))
+    receiver = BroadcastReceiver(buffer, 0, broadcast_buffer_length(bw.MP_CAPACITY))
     proc = multiprocessing.get_context("spawn").Process(
-        target=_transmit, args=(str(path), MP_MESSAGES, flag), daemon=True)
+        target=bw.transmit, args=(str(path), MP_MESSAGES, flag), daemon=True)
     seqs: list[int] = []
     laps_at_gaps: list[tuple[int, int, int]] = []
     try:
@@ -286,8 +265,8 @@ def test_slow_receiver_in_another_process_is_lapped_detects_it_and_resumes(
             if not receiver.receive_next():
                 time.sleep(0.0005)
                 continue
-            seq, crc = _PREFIX.unpack_from(receiver.buffer)
-            body = receiver.buffer[_PREFIX.size:]
+            seq, crc = bw.PREFIX.unpack_from(receiver.buffer)
+            body = receiver.buffer[bw.PREFIX.size:]
             assert body == bytes([seq % 251]) * (seq % 97) and zlib.crc32(body) == crc
             assert seq > last
             if seq != last + 1:

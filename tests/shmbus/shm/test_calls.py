@@ -3,7 +3,7 @@ offer_call writes, await_reply's hand-off of other messages, answer_request's ou
 malformed request and a reply that is not a buffer, a fragmented request answered natively, and
 the watched word that ends a wait.
 
-Across processes, the same paths run in tests/shmbus/test_request_reply.py.
+Across processes, the same paths run in tests/shmbus/calls/test_request_reply.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import shmbus
 from shmbus.shm import call_header
 from shmbus.shm._native import answer_request, await_reply, offer_call
 from shmbus.shm.log_buffer import IS_CONNECTED_OFFSET
-from tests.shmbus.driver.test_driver_processes import wait_until
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 CHANNEL = "aeron:ipc"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import mmap
 import multiprocessing
 import os
-import random
 import struct
 import time
 import zlib
@@ -30,6 +29,7 @@ from shmbus.shm.ring_buffer import (
     align,
     ring_buffer_length,
 )
+from tests.support.workers import ring_buffer_workers as rw
 
 CAPACITY = 1024
 MSG_TYPE = 7
@@ -495,57 +495,26 @@ def test_scribbled_record_lengths_cost_records_never_memory_or_liveness(
 
 PRODUCERS = 3
 MESSAGES = 20_000
-MP_CAPACITY = 64 * 1024
-_PREFIX = struct.Struct("<iiI")
-
-
-def _message(producer_id: int, seq: int, rng: random.Random) -> bytes:
-    body = rng.randbytes(rng.randrange(0, 48))
-    crc = zlib.crc32(struct.pack("<ii", producer_id, seq) + body)
-    return _PREFIX.pack(producer_id, seq, crc) + body
-
-
-def _produce(path: str, producer_id: int, count: int, timeout_s: float) -> None:
-    """Child process: write ``count`` messages, backing off while the ring is full."""
-    deadline = time.monotonic() + timeout_s
-    with open(path, "r+b") as f:
-        memory = mmap.mmap(f.fileno(), 0)
-    buffer = AtomicBuffer(memory)
-    ring = ManyToOneRingBuffer(buffer)
-    rng = random.Random(producer_id)
-    for seq in range(count):
-        message = _message(producer_id, seq, rng)
-        failures = 0
-        while not ring.write(producer_id + 1, message):
-            failures += 1
-            if failures & 0xFF == 0 and time.monotonic() > deadline:
-                raise SystemExit(3)
-            if failures < 20:
-                os.sched_yield()
-            else:
-                time.sleep(0.0002)
-    buffer.release()
-    memory.close()
 
 
 def test_three_producer_processes_one_consumer(shm_dir: Path) -> None:
     path = shm_dir / "ring.dat"
     with open(path, "wb") as f:
-        f.truncate(ring_buffer_length(MP_CAPACITY))
+        f.truncate(ring_buffer_length(rw.MP_CAPACITY))
     with open(path, "r+b") as f:
         memory = mmap.mmap(f.fileno(), 0)
     buffer = AtomicBuffer(memory)
     ring = ManyToOneRingBuffer(buffer)
 
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_produce, args=(str(path), i, MESSAGES, 40.0), daemon=True)
+    procs = [ctx.Process(target=rw.produce, args=(str(path), i, MESSAGES, 40.0), daemon=True)
              for i in range(PRODUCERS)]
     next_seq = [0] * PRODUCERS
     errors: list[str] = []
 
     def on_message(msg_type: int, payload: memoryview) -> None:
-        producer_id, seq, crc = _PREFIX.unpack_from(payload)
-        body = bytes(payload[_PREFIX.size:])
+        producer_id, seq, crc = rw.PREFIX.unpack_from(payload)
+        body = bytes(payload[rw.PREFIX.size:])
         if msg_type != producer_id + 1 or seq != next_seq[producer_id]:
             errors.append(f"producer {producer_id}: got seq {seq}, expected "
                           f"{next_seq[producer_id]} (type {msg_type})")

@@ -1,0 +1,218 @@
+"""Subscription groups across real processes on a real bus: each task to exactly one member,
+fragmented tasks, members joining and leaving, a member SIGKILLed mid-stream (at least once:
+only the task in its hand is done twice), and flow control holding the publisher behind the
+group's slowest unfinished claim.
+
+Members and publishers are spawn processes (tests/support/workers/group_workers.py). Every member
+checks each task's length and CRC and records (publisher, seq) in its own file as it is handed
+the task, so the test counts how often every task was handed out, also for a killed member.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shmbus
+from shmbus.settings.channel_uri import CONSUMER_GROUP
+from shmbus.shm.counters import GROUP_CLAIM, GROUP_MEMBERS, GROUP_POS, GROUP_REDELIVERED
+from tests.support.groups import (
+    STREAM,
+    all_tasks,
+    assert_only_the_task_in_hand_went_twice,
+    collect,
+    counter_values,
+    finish,
+    read_records,
+    redelivered_once_members_are,
+    wait_for_tasks,
+)
+from tests.support.processes import CTX
+from tests.support.workers import group_workers as gw
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def run_group(start_process: Callable[..., Any], context: shmbus.Context, tmp_path: Path, *,
+              members: int, publishers: int, tasks: int, lengths: tuple[int, int],
+              fragment_limit: int = 16, options: dict[int, dict[str, Any]] | None = None,
+              **publisher_options: Any) -> tuple[Any, Any, list[Path], list[Any], Any]:
+    """Start the members (waiting until they joined; ``options`` by member index), then the
+    publishers."""
+    stop, results = CTX.Event(), CTX.Queue()
+    paths = [tmp_path / f"member-{i}.rec" for i in range(members)]
+    processes = []
+    for i, path in enumerate(paths):
+        joined = CTX.Event()
+        processes.append(start_process(gw.work, context, STREAM, "workers", str(path), stop,
+                                       lengths, results, fragment_limit=fragment_limit,
+                                       joined=joined, **(options or {}).get(i, {})))
+        assert joined.wait(30), f"member {i} did not join"
+    publisher_processes = [start_process(gw.publish, context, STREAM, p, tasks, lengths,
+                                         results, stop, **publisher_options)
+                           for p in range(publishers)]
+    return stop, results, paths, processes, publisher_processes
+
+
+@pytest.mark.parametrize("lengths, fragment_limit, messages",
+                         [((gw.HEAD.size, 200), 16, False), ((900, 6000), 2, False),
+                          ((900, 6000), 8, True)],
+                         ids=["small", "fragmented", "fragmented-messages"])
+def test_four_members_get_each_task_of_each_publisher_exactly_once(
+        driver: Any, bus_context: shmbus.Context, tmp_path: Path,
+        start_process: Callable[..., Any], lengths: tuple[int, int],
+        fragment_limit: int, messages: bool) -> None:
+    publishers, tasks = 2, 3000 if lengths[1] < 1000 else 400
+    stop, results, paths, members, pubs = run_group(
+        start_process, bus_context, tmp_path, members=4, publishers=publishers, tasks=tasks,
+        lengths=lengths, fragment_limit=fragment_limit,
+        options={i: {"messages": messages} for i in range(4)})
+    records = wait_for_tasks(paths, all_tasks(publishers, tasks), 120, members + pubs)
+    with shmbus.connect(bus_context) as bus:
+        assert counter_values(bus, GROUP_MEMBERS) == [4]
+    reports = finish(stop, results, members + pubs, 4 + publishers)
+    handed = collections.Counter(t for tasks_ in records.values() for t in tasks_)
+    assert set(handed) == all_tasks(publishers, tasks)
+    assert max(handed.values()) == 1, "a task was handed to two members"
+    assert sum(r["tasks"] for r in reports if "tasks" in r) == publishers * tasks
+    # within one member, each publisher's tasks come in publication order
+    for tasks_ in records.values():
+        for p in range(publishers):
+            seqs = [s for q, s in tasks_ if q == p]
+            assert seqs == sorted(seqs)
+    assert sum(1 for tasks_ in records.values() if tasks_) >= 2
+
+
+def test_members_joining_and_leaving_mid_stream_lose_nothing_and_repeat_nothing(
+        driver: Any, bus_context: shmbus.Context, tmp_path: Path,
+        start_process: Callable[..., Any]) -> None:
+    tasks, lengths = 6000, (gw.HEAD.size, 64)
+    resume = CTX.Event()
+    stop, results, paths, members, pubs = run_group(
+        start_process, bus_context, tmp_path, members=2, publishers=1, tasks=tasks,
+        lengths=lengths, options={1: {"leave_after": 300}}, pause_at=tasks // 2, resume=resume,
+        pace_after_pause_s=0.001)
+    wait_for_tasks(paths, all_tasks(1, tasks // 2), 60, members + pubs)
+    # a member joins between the halves (when the leaver has left)
+    late = tmp_path / "late.rec"
+    joined = CTX.Event()
+    members.append(start_process(gw.work, bus_context, STREAM, "workers", str(late), stop,
+                                 lengths, results, joined=joined))
+    assert joined.wait(30)
+    paths.append(late)
+    resume.set()
+    records = wait_for_tasks(paths, all_tasks(1, tasks), 120, members + pubs)
+    with shmbus.connect(bus_context) as bus:
+        assert counter_values(bus, GROUP_MEMBERS) == [2]  # one left, one joined
+        assert counter_values(bus, GROUP_REDELIVERED) == [0]
+    finish(stop, results, members + pubs, 4)
+    handed = collections.Counter(t for tasks_ in records.values() for t in tasks_)
+    assert max(handed.values()) == 1 and len(handed) == tasks
+    assert 300 <= len(records[paths[1]]) < tasks  # the leaver did its part, then stopped
+    assert records[late], "the member that joined got no task"
+
+
+def test_a_member_sigkilled_mid_claim_has_only_the_task_in_its_hand_done_twice(
+        driver: Any, bus_context: shmbus.Context, tmp_path: Path,
+        start_process: Callable[..., Any]) -> None:
+    tasks, lengths = 4000, (gw.HEAD.size, 100)
+    holding, go = CTX.Event(), CTX.Event()
+    go.set()  # paced from the first task: the victim gets its 50 however it is scheduled
+    stop, results, paths, members, pubs = run_group(
+        start_process, bus_context, tmp_path, members=4, publishers=1, tasks=tasks,
+        lengths=lengths, options={0: {"hold_at": 50, "holding": holding}},
+        pause_at=0, resume=go, pace_after_pause_s=0.0001)
+    assert holding.wait(60), "the victim never reached its 50th task"
+    victim = members[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(10)
+    in_hand = read_records([paths[0]])[paths[0]][-1]
+    records = wait_for_tasks(paths, all_tasks(1, tasks), 120, members + pubs)
+    redelivered = redelivered_once_members_are(bus_context, 3)
+    finish(stop, results, members[1:] + pubs, 3 + 1)
+    assert_only_the_task_in_hand_went_twice(records, all_tasks(1, tasks), in_hand, paths[0],
+                                            50, redelivered)
+
+
+def test_flow_control_holds_the_publisher_behind_the_groups_oldest_unfinished_claim(
+        driver: Any, bus_context: shmbus.Context, tmp_path: Path,
+        start_process: Callable[..., Any]) -> None:
+    lengths = (gw.HEAD.size, 64)
+    stop, release, holding, results = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Queue()
+    paths = [tmp_path / "slow.rec", tmp_path / "fast.rec"]
+    processes = []
+    with shmbus.connect(bus_context) as bus:
+        publication = bus.add_publication(gw.CHANNEL, STREAM)
+        # the slow member alone gets task 0, and holds it (and its claim) unfinished
+        for path, options in zip(paths, ({"hold_at": 1, "holding": holding, "release": release,
+                                          "fragment_limit": 4}, {}), strict=True):
+            joined = CTX.Event()
+            processes.append(start_process(gw.work, bus_context, STREAM, "workers", str(path),
+                                           stop, lengths, results, joined=joined, **options))
+            assert joined.wait(30)
+            if not holding.is_set():
+                deadline = time.monotonic() + 10
+                while publication.offer(gw.make_task(0, 0, lengths)) < 0:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                assert holding.wait(30)
+        claim_start = min(counter_values(bus, GROUP_CLAIM))
+        seq = 1
+        # the fast member takes everything else; the publisher must stop a window past the
+        # slow member's claim, however far the group position goes
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < 1.0:
+            assert time.monotonic() < deadline + 30
+            if publication.offer(gw.make_task(0, seq, lengths)) > 0:
+                seq += 1
+                quiet_since = time.monotonic()
+            else:
+                time.sleep(0.01)
+        window = publication.log.publication_window
+        assert publication.position_limit <= claim_start + window
+        assert publication.position > claim_start + window - 256
+        assert counter_values(bus, GROUP_POS)[0] > claim_start
+        assert min(counter_values(bus, GROUP_CLAIM)) == claim_start
+        # the slow member finishes: the publisher goes on
+        release.set()
+        total = seq + 2000
+        for rest in range(seq, total):
+            publication.publish(gw.make_task(0, rest, lengths), timeout=30)
+        records = wait_for_tasks(paths, all_tasks(1, total), 60, processes)
+    stop.set()
+    collect(results, 2, 60)
+    handed = collections.Counter(t for tasks_ in records.values() for t in tasks_)
+    assert len(handed) == total and max(handed.values()) == 1
+
+
+def test_bad_group_arguments_are_refused_with_the_reason(
+        driver: Any, bus_context: shmbus.Context) -> None:
+    with shmbus.connect(bus_context) as bus:
+        with pytest.raises(ValueError, match="group name 'a b'"):
+            bus.add_subscription("aeron:ipc", STREAM, group="a b")
+        with pytest.raises(ValueError, match="names a consumer-group already"):
+            bus.add_subscription(f"aeron:ipc?{CONSUMER_GROUP}=x", STREAM, group="y")
+        with pytest.raises(shmbus.RegistrationError, match="consumer-group is for aeron:ipc "
+                                                          "and aeron:udp subscriptions, not"):
+            bus.add_subscription("aeron-spy:aeron:udp?endpoint=127.0.0.1:40999", STREAM,
+                                 group="w")
+        member = bus.add_subscription(f"aeron:ipc?{CONSUMER_GROUP}=w", STREAM)
+        assert isinstance(member, shmbus.GroupSubscription) and member.group == "w"
+        with pytest.raises(TypeError, match="poll"):
+            member.controlled_poll(lambda b, h: None)
+        with pytest.raises(TypeError, match="poll"):
+            member.poll_batch(lambda batch: None)
+        # nothing was left behind by the refusals: one group, one member
+        bus.add_publication("aeron:ipc", STREAM)
+        deadline = time.monotonic() + 5
+        while not member.images:
+            assert time.monotonic() < deadline
+            member.poll(lambda b, h: None)
+        assert counter_values(bus, GROUP_MEMBERS) == [1]

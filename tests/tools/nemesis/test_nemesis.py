@@ -1,0 +1,224 @@
+"""tools/nemesis: its checker on made-up sequences, and a 60-second run of the real thing."""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tools.nemesis import calls, check, run
+from tools.nemesis.flags import Flag
+
+ROOT = Path(__file__).resolve().parents[3]
+
+BLOCK = check.payload_block(7)
+
+
+def message(sequence: int, writer: int = 1, incarnation: int = 0, length: int = 40) -> bytes:
+    return check.encode(BLOCK, writer, incarnation, sequence, length)
+
+
+def fed(sequences: list[int], *, new_image_before: int | None = None) -> check.Track:
+    """The track of writer 1 incarnation 0 after a subscriber got these sequences (a new
+    image of its session starting before index ``new_image_before``)."""
+    subscriber = check.SubscriberCheck()
+    for i, sequence in enumerate(sequences):
+        if i == new_image_before:
+            subscriber.on_new_image(5)
+        subscriber.on_message(5, message(sequence))
+    return subscriber.tracks[(1, 0)]
+
+
+def counts(track: check.Track) -> tuple[int, int, int, int, int]:
+    return track.received, track.lost, track.duplicated, track.reordered, track.skipped
+
+
+def test_messages_round_trip_and_a_bad_crc_or_short_message_is_corrupt() -> None:
+    assert check.decode(message(12345, writer=3, incarnation=2, length=300)) == (3, 2, 12345)
+    bad = bytearray(message(9))
+    bad[-1] ^= 1
+    subscriber = check.SubscriberCheck()
+    for data in (bytes(bad), message(9)[:10], message(0)):
+        subscriber.on_message(5, data)
+    subscriber.finish()
+    assert subscriber.corrupt == 2 and counts(subscriber.tracks[(1, 0)]) == (1, 0, 0, 0, 0)
+
+
+def test_corrupt_messages_of_a_poll_that_raised_client_timeout_are_torn_others_corrupt(
+        ) -> None:
+    """A reader paused past its liveness inside a poll is dropped and may be handed memory the
+    writer reused; that poll raises ClientTimeoutError when it resumes. Corrupt messages of
+    that poll are torn; of any poll that returned, corrupt."""
+    subscriber = check.SubscriberCheck()
+    subscriber.on_message(5, message(0))
+    subscriber.on_message(5, b"x" * 40)  # poll 1: corrupt, paused, then it raised
+    subscriber.on_rebuild("ClientTimeoutError")
+    assert (subscriber.corrupt, subscriber.torn) == (0, 1)
+    assert subscriber.tracks[(1, 0)].dropped
+    subscriber.on_message(5, b"y" * 40)  # poll 2: corrupt, and it returned
+    subscriber.on_poll_done()
+    subscriber.on_poll_done()
+    subscriber.on_message(5, b"z" * 40)  # poll 4: corrupt, then a driver timeout
+    subscriber.on_poll_done()
+    subscriber.on_rebuild("DriverTimeoutError")
+    assert (subscriber.corrupt, subscriber.torn) == (2, 1)
+
+
+def test_the_checker_reports_a_gap_a_dup_and_a_reorder() -> None:
+    assert counts(fed([0, 1, 2, 3])) == (4, 0, 0, 0, 0)
+    assert counts(fed([0, 1, 4, 5])) == (4, 2, 0, 0, 0)  # 2 and 3 lost
+    assert counts(fed([0, 1, 1, 2])) == (4, 0, 1, 0, 0)
+    assert counts(fed([0, 2, 1, 3])) == (4, 0, 0, 1, 0)  # 1 came late: reordered, not lost
+    assert counts(fed([0, 3, 1, 1])) == (4, 1, 1, 1, 0)  # 2 still lost, 1 once late, then dup
+
+
+def test_a_jump_between_images_is_skipped_and_going_back_is_a_duplicate() -> None:
+    assert counts(fed([0, 1, 7, 8], new_image_before=2)) == (4, 0, 0, 0, 5)
+    assert counts(fed([0, 1, 1, 2], new_image_before=2)) == (4, 0, 1, 0, 0)
+    track = fed([0, 1, 7], new_image_before=2)
+    assert track.interrupted == 1 and (track.first, track.last) == (0, 7)
+
+
+def report(name: str, kind: str, sequences: list[int], writer: int = 1) -> check.SubscriberReport:
+    subscriber = check.SubscriberCheck()
+    for sequence in sequences:
+        subscriber.on_message(5, message(sequence, writer=writer))
+    return check.SubscriberReport(name, kind, frozenset({writer}), subscriber)
+
+
+def test_each_rule_is_named_when_broken() -> None:
+    finished = {(1, 0): check.Sent(acked=5, attempted=5, ending=check.FINISHED)}
+    assert check.breaches(finished, [report("t", "tethered", [0, 1, 2, 3, 4])], 10) == []
+    [line] = check.breaches(finished, [report("t", "tethered", [0, 1, 2])], 10)
+    assert "t from writer 1 incarnation 0 (finished): the last 2 of 5 acked" in line
+    assert check.breaches(finished, [report("u", "untethered", [0, 1, 2])], 10) == []
+    [line] = check.breaches(finished, [report("s", "spy", [0, 1, 3, 4])], 10)
+    assert "1 lost within an image" in line
+    [line] = check.breaches(finished, [report("n", "network", [0, 2, 1, 3, 4])], 10)
+    assert "1 reordered" in line
+    [line] = check.breaches(finished, [report("n", "network", [0, 1, 2, 3, 4, 4])], 10)
+    assert "1 duplicated" in line
+    [line] = check.breaches(finished, [report("t", "tethered", [0, 1, 2, 3, 4, 5])], 10)
+    assert "sequence 5 received, only 5 attempted" in line
+    [line] = check.breaches(finished, [report("t", "tethered", [0, 1, 2, 3, 4], writer=2)],
+                            10)
+    assert "no writer sent" in line
+    killed = {(1, 0): check.Sent(acked=5, attempted=6, ending=check.KILLED_MID_CLAIM)}
+    assert check.breaches(killed, [report("t", "tethered", [0, 1, 2, 3, 4])], 10) == []
+    [line] = check.breaches(killed, [report("t", "tethered", [0, 1, 2])], 10)
+    assert "2 messages acked before the kill never arrived" in line
+    lost_driver = {(1, 0): check.Sent(acked=50, attempted=50, ending=check.DRIVER_LOST)}
+    assert check.breaches(lost_driver, [report("t", "tethered", list(range(40)))], 10) == []
+    [line] = check.breaches(lost_driver, [report("t", "tethered", list(range(39)))], 10)
+    assert "11 acked messages lost when the writer's client was rebuilt, more than the " \
+           "bound 10" in line
+    dropped = report("t", "tethered", [0, 1, 2])
+    dropped.check.on_rebuild("ClientTimeoutError")
+    assert check.breaches(killed, [dropped], 10) == []  # it was not following the writer
+    corrupt = report("t", "tethered", [0, 1, 2, 3, 4])
+    corrupt.check.on_message(5, b"garbage that is long enough")
+    corrupt.check.finish()
+    [line] = check.breaches(finished, [corrupt], 10)
+    assert "t: 1 corrupt messages" in line
+
+
+#: how a service's failures may end (the summary's failure kinds): documented errors, or the
+#: calls open when the caller's client failed (rebuild)
+CALL_FAILURES = {"NoResponderError", "ResponderLostError", "RequestTimeoutError", "rebuild"}
+SERVICE_LINE = re.compile(
+    r"^request/reply \((?P<name>[a-z-]+)\): calls (?P<calls>\d+), answered (?P<answered>\d+) "
+    r"\((?P<share>\d+)%: (?P<replies>\d+) replies, (?P<raised>\d+) RemoteError as asked; mean "
+    r"[\d.]+ ms\), failed (?P<failed>\d+) \((?P<kinds>[^)]*)\)", re.M)
+
+
+def services(out: str) -> dict[str, dict[str, Any]]:
+    """Each service's summary line: counts, and its failures by kind."""
+    found = {}
+    for m in SERVICE_LINE.finditer(out):
+        numbers = {k: int(v) for k, v in m.groupdict().items() if k not in ("name", "kinds")}
+        kinds = dict((k, int(n)) for k, n in re.findall(r"(\w+) (\d+)", m["kinds"]))
+        found[m["name"]] = {**numbers, "kinds": kinds}
+    return found
+
+
+def test_a_service_summary_counts_answers_and_failures_by_kind() -> None:
+    tally = {"calls": 20, "answered": 12, "failed RemoteError": 3,
+             "failed NoResponderError": 4, "failed rebuild": 1,
+             "rebuilt after DriverTimeoutError": 1, calls.LATENCY_US: 15 * 2000}
+    line = calls.summary_line(tally, "caller-udp")
+    assert line == ("request/reply (caller-udp): calls 20, answered 15 (75%: 12 replies, 3 "
+                    "RemoteError as asked; mean 2.0 ms), failed 5 (NoResponderError 4, "
+                    "rebuild 1), rebuilt after DriverTimeoutError 1")
+    assert calls.call_breaches(tally, "caller-udp") == []
+    assert services(line)["caller-udp"] == {
+        "calls": 20, "answered": 15, "share": 75, "replies": 12, "raised": 3, "failed": 5,
+        "kinds": {"NoResponderError": 4, "rebuild": 1}}
+
+
+def test_a_minute_of_faults_breaches_nothing() -> None:
+    """The 60-second run: every fault fired, every writer sent and was received, no breach;
+    the summary's rate, services and resources lines are there and add up."""
+    result = subprocess.run([sys.executable, "-m", "tools.nemesis.run", "--seconds", "60",
+                             "--seed", "16"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr[-4000:]
+    assert out.rstrip().endswith("no breach")
+    fired = dict(re.findall(r"([a-z-]+)=(\d+)", re.search(r"faults fired: (.*)", out)[1]))
+    assert sorted(fired) == sorted(run.FAULTS)
+    assert all(int(n) >= 1 for n in fired.values()), fired
+    rows = re.findall(r"^ ?(\d+) (\S+) +(\d+) +(\d+) +(\d+) ", out, re.M)
+    sent = {int(w): 0 for w in range(7)}
+    received = dict(sent)
+    for writer, _, _, s, r in rows:
+        sent[int(writer)] += int(s)
+        received[int(writer)] += int(r)
+    assert all(n > 0 for n in sent.values()), sent
+    assert all(n > 0 for n in received.values()), received
+    readers = re.findall(
+        r"^(tethered|untethered|udp|spy|recorder|large|late-joiner|recorder-large) +\S+ +(\d+)",
+        out, re.M)
+    assert len(readers) == 8 and all(int(n) > 0 for _, n in readers), readers
+    total, seconds, per_minute, flowing, sampled = re.search(
+        r"^messages sent: (\d+) in (\d+) s: ([\d.]+) M a minute; they flowed in (\d+) of "
+        r"(\d+) seconds$", out, re.M).groups()
+    assert int(total) == sum(sent.values()) and int(seconds) >= 50
+    assert int(flowing) > int(sampled) // 2, "the faults' windows took most of the run"
+    assert abs(float(per_minute) - int(total) / int(seconds) * 60 / 1e6) < 0.02 + 0.02 * float(
+        per_minute)
+    found = services(out)
+    assert sorted(found) == ["caller", "caller-udp"], out[-3000:]
+    for name, service in found.items():
+        assert service["answered"] > 0, (name, service)
+        assert service["answered"] == service["replies"] + service["raised"]
+        assert service["answered"] + service["failed"] == service["calls"], (name, service)
+        assert set(service["kinds"]) <= CALL_FAILURES, (name, service)
+        assert sum(service["kinds"].values()) == service["failed"]
+    assert re.search(r"^bus tmpfs: \d+ MiB, at most \d+ MiB used between faults$", out, re.M)
+    cpu = dict(re.findall(r"([a-z0-9-]+) (\d+)", re.search(r"^cpu s \(.*\): (.*)$", out,
+                                                           re.M)[1]))
+    assert {"driver", "late-joiner", "writer-0", "caller-udp"} <= set(cpu), cpu
+
+
+def _spin_on_flag(flag: Any) -> None:
+    while not flag.is_set():
+        pass
+
+
+def test_a_worker_killed_while_reading_the_stop_flag_wedges_nothing() -> None:
+    """multiprocessing.Event hung the whole run when a worker was SIGKILLed inside is_set()
+    (it held the Event's lock); the nemesis's flag has no lock to hold."""
+    context = multiprocessing.get_context("spawn")
+    flag = Flag(context)
+    workers = [context.Process(target=_spin_on_flag, args=(flag,)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    workers[0].kill()  # (it is inside is_set() as often as anywhere)
+    workers[0].join(10)
+    flag.set()
+    workers[1].join(10)
+    assert workers[1].exitcode == 0
+    assert flag.is_set() and flag.wait(0)
