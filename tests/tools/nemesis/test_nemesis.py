@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.workers.flag_workers import spin_on_flag
 from tools.nemesis import calls, check, run
 from tools.nemesis.flags import Flag
 
@@ -203,17 +204,12 @@ def test_a_minute_of_faults_breaches_nothing() -> None:
     assert {"driver", "late-joiner", "writer-0", "caller-udp"} <= set(cpu), cpu
 
 
-def _spin_on_flag(flag: Any) -> None:
-    while not flag.is_set():
-        pass
-
-
 def test_a_worker_killed_while_reading_the_stop_flag_wedges_nothing() -> None:
     """multiprocessing.Event hung the whole run when a worker was SIGKILLed inside is_set()
     (it held the Event's lock); the nemesis's flag has no lock to hold."""
     context = multiprocessing.get_context("spawn")
     flag = Flag(context)
-    workers = [context.Process(target=_spin_on_flag, args=(flag,)) for _ in range(2)]
+    workers = [context.Process(target=spin_on_flag, args=(flag,)) for _ in range(2)]
     for worker in workers:
         worker.start()
     workers[0].kill()  # (it is inside is_set() as often as anywhere)
