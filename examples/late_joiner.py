@@ -34,7 +34,7 @@ def publisher(context: shmbus.Context, stop: Any) -> None:
 
 
 def recorder(context: shmbus.Context, directory: str, stop: Any) -> None:
-    with shmbus.Recorder(directory, "aeron:ipc", STREAM, context=context) as rec:
+    with shmbus.connect(context) as bus, bus.add_recorder(directory, "aeron:ipc", STREAM) as rec:
         rec.run(stop=stop)
 
 

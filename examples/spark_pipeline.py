@@ -77,7 +77,8 @@ def tick_worker(context: shmbus.Context, index: int, rate: float, stop) -> None:
 
 
 def recorder_process(context: shmbus.Context, directory: str, stop) -> None:
-    with shmbus.Recorder(directory, "aeron:ipc", TICKS_STREAM, context=context) as recorder:
+    with shmbus.connect(context) as bus, \
+            bus.add_recorder(directory, "aeron:ipc", TICKS_STREAM) as recorder:
         recorder.run(stop=stop)
 
 

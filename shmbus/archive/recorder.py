@@ -38,9 +38,10 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -65,8 +66,6 @@ from shmbus.archive.large_payloads import (
     large_path,
 )
 from shmbus.archive.recording_reader import CHUNK_LENGTH, _read_block, scan_frames
-from shmbus.client.client import Client, connect
-from shmbus.settings.context import Context
 from shmbus.settings.idle_strategy import BackoffIdleStrategy
 from shmbus.shm.block_ring import REFERENCE_FLAGS
 from shmbus.shm.log_buffer import (
@@ -77,6 +76,9 @@ from shmbus.shm.log_buffer import (
     encode_data_header,
 )
 from shmbus.streams.image import FragmentBatch, Image
+
+if TYPE_CHECKING:
+    from shmbus.streams.subscription import Subscription
 
 FSYNC_POLICIES = ("none", "segment", "write")
 
@@ -435,8 +437,8 @@ def _scan_segment(path: Path, d: RecordingDescriptor, first: int, base: int) -> 
 class Recorder:
     """Records a channel and stream (every session, or ``session_id``) into ``directory``.
 
-    ``client`` is a connected :class:`shmbus.Client` (the recorder then does not close it), or
-    one is made with ``shmbus.connect(context)``. Drive it with :meth:`poll` in your loop, or
+    Made by :meth:`shmbus.Client.add_recorder`, whose ``add_subscription`` it is given as
+    ``subscribe``; closing it leaves the client open. Drive it with :meth:`poll` in your loop, or
     :meth:`run`; :meth:`close` stops every recording (catalog: ``stopped``). Only one recorder
     writes a directory at a time; opening one recovers what a killed recorder left.
 
@@ -445,9 +447,9 @@ class Recorder:
     how often the time index gets an entry (the precision of the record time).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], channel: str, stream_id: int, *,
-                 session_id: int | None = None, client: Client | None = None,
-                 context: Context | None = None, segment_length: int | None = None,
+    def __init__(self, subscribe: Callable[..., Subscription],
+                 directory: str | os.PathLike[str], channel: str, stream_id: int, *,
+                 session_id: int | None = None, segment_length: int | None = None,
                  fsync: str = "none", fragment_limit: int = 65536,
                  time_resolution: float = 0.001) -> None:
         if fsync not in FSYNC_POLICIES:
@@ -465,8 +467,6 @@ class Recorder:
         self._closed = False
         self._lock = threading.Lock()
         self._catalog = CatalogWriter(self.directory)
-        self._own_client = client is None
-        self._client: Client | None = None
         try:
             try:
                 #: entries of the recordings a previous recorder left active, now recovered
@@ -477,13 +477,10 @@ class Recorder:
                     raise DiskFullError(f"cannot record into {self.directory}: the file "
                                         f"system is full ({e.strerror})") from None
                 raise
-            self._client = connect(context) if client is None else client
-            self._subscription = self._client.add_subscription(
+            self._subscription = subscribe(
                 channel, stream_id, on_available_image=self._on_available_image,
                 on_unavailable_image=self._on_unavailable_image)
         except BaseException:
-            if self._own_client and self._client is not None:
-                self._client.close()
             self._catalog.close()
             raise
 
@@ -665,9 +662,6 @@ class Recorder:
             # outside the lock: closing takes the client's lock, which image callbacks hold
             with contextlib.suppress(Exception):
                 self._subscription.close()
-            if self._own_client and self._client is not None:
-                with contextlib.suppress(Exception):
-                    self._client.close()
             self._catalog.close()
 
     def __enter__(self) -> Recorder:

@@ -388,17 +388,20 @@ def record(
     import threading
 
     from shmbus.archive.catalog import RecordingError
-    from shmbus.archive.recorder import Recorder
+    from shmbus.client.client import connect
     from shmbus.settings.errors import ShmbusError
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    client = None
     try:
-        recorder = Recorder(directory, channel, stream, session_id=session,
-                            context=Context.resolve(dir=dir), segment_length=segment_length,
-                            fsync=fsync)
+        client = connect(Context.resolve(dir=dir))
+        recorder = client.add_recorder(directory, channel, stream, session_id=session,
+                                       segment_length=segment_length, fsync=fsync)
     except (ShmbusError, ValueError, OSError) as e:
+        if client is not None:
+            client.close()
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     for entry in recorder.recovered:
@@ -413,6 +416,7 @@ def record(
         failed = e
     finally:
         recorder.close()
+        client.close()
     if failed is not None:
         typer.echo(f"error: {failed}", err=True)
         raise typer.Exit(1)

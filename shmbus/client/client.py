@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
+from shmbus.archive.recorder import Recorder
 from shmbus.calls.call_counters import CallCounters
 from shmbus.calls.call_counters import label as call_label
 from shmbus.calls.remote_calls import keyed_reply_channel, requester_route, service_channel
@@ -315,6 +316,18 @@ class Client:
         return Responder(channel, stream_id, handler, requests=requests, counters=counters,
                          reply_publication=self.add_publication, on_close=lambda: None,
                          remote=not channel.startswith("aeron:ipc"))
+
+    def add_recorder(self, directory: str | os.PathLike[str], channel: str, stream_id: int, *,
+                     session_id: int | None = None, segment_length: int | None = None,
+                     fsync: str = "none", fragment_limit: int = 65536,
+                     time_resolution: float = 0.001) -> Recorder:
+        """Record a channel and stream (every session, or ``session_id``) into ``directory``
+        through this client: a :class:`~shmbus.Recorder`, driven by its ``poll()`` or
+        ``run()``, read back with :class:`~shmbus.RecordingReader` or a late joiner. Closing
+        the recorder leaves the client open. The options are the Recorder's."""
+        return Recorder(self.add_subscription, directory, channel, stream_id,
+                        session_id=session_id, segment_length=segment_length, fsync=fsync,
+                        fragment_limit=fragment_limit, time_resolution=time_resolution)
 
     def _timed_out(self) -> None:
         """The driver timed this client out: fail it (raises ClientTimeoutError)."""

@@ -18,7 +18,6 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 import shmbus
 import shmbus.spark as ss
-from shmbus.archive.recorder import Recorder
 from shmbus.archive.recording_reader import RecordingReader
 from tests.support.recording_helpers import FakeLog, random_payloads, start_recording
 from tests.support.waits import wait_until
@@ -262,7 +261,7 @@ def test_spark_batch_read_equals_the_recorded_messages(spark, bus_context, drive
                                                        tmp_path) -> None:
     directory = tmp_path / "rec"
     with shmbus.connect(bus_context) as bus:
-        recorder = Recorder(directory, "aeron:ipc", 43, client=bus, segment_length=131072)
+        recorder = bus.add_recorder(directory, "aeron:ipc", 43, segment_length=131072)
         publications = [bus.add_exclusive_publication("aeron:ipc", 43) for _ in range(2)]
         wait_until(lambda: len(recorder.recordings) == 2, DEADLINE_S, "images", poll=recorder.poll)
         for i, payload in enumerate(random_payloads(40, 1200, max_length=5000)):

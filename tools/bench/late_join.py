@@ -96,7 +96,7 @@ def publisher(context: shmbus.Context, rate: float, stop: Any, ready: Any) -> No
 
 
 def recorder(context: shmbus.Context, directory: str, stop: Any, ready: Any) -> None:
-    with shmbus.Recorder(directory, "aeron:ipc", STREAM, context=context) as rec:
+    with shmbus.connect(context) as bus, bus.add_recorder(directory, "aeron:ipc", STREAM) as rec:
         ready.set()
         rec.run(stop=stop)
 

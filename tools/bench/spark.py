@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 import shmbus
-from shmbus import Recorder, RecordingReader
+from shmbus import RecordingReader
 
 
 def record(directory: Path, bus_dir: Path, messages: int) -> tuple[float, int]:
@@ -42,7 +42,7 @@ def record(directory: Path, bus_dir: Path, messages: int) -> tuple[float, int]:
     rows = np.zeros((1024, 32), np.uint8)
     context = shmbus.Context(dir=str(bus_dir), driver_idle_timeout=2.0)
     with shmbus.connect(context) as bus:
-        recorder = Recorder(directory, "aeron:ipc", 1001, client=bus)
+        recorder = bus.add_recorder(directory, "aeron:ipc", 1001)
         publication = bus.add_exclusive_publication("aeron:ipc", 1001)
         deadline = time.monotonic() + 30
         while not recorder.recordings:

@@ -409,8 +409,8 @@ def run_late_joiner(context: shmbus.Context, spec: ReaderSpec, stop: Any, result
             last = stop.is_set()
             directory = Path(spec.directory) / f"window-{window}"
             try:
-                with shmbus.connect(context) as client, shmbus.Recorder(
-                        directory, spec.channel, spec.stream_id, client=client) as recorder:
+                with shmbus.connect(context) as client, client.add_recorder(
+                        directory, spec.channel, spec.stream_id) as recorder:
                     deadline = time.monotonic() + LATE_JOIN_WINDOW_S
                     while time.monotonic() < deadline:
                         # between joins: recording only (the recorder holds the writers)
@@ -532,8 +532,8 @@ def run_recorder(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: 
             directory = Path(spec.directory) / f"window-{window}"
             failure = None
             try:
-                with shmbus.Recorder(directory, spec.channel, spec.stream_id,
-                                     context=context) as recorder:
+                with shmbus.connect(context) as client, client.add_recorder(
+                        directory, spec.channel, spec.stream_id) as recorder:
                     deadline = time.monotonic() + RECORD_WINDOW_S
                     while time.monotonic() < deadline:
                         idle.idle(recorder.poll())

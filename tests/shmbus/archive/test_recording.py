@@ -30,7 +30,7 @@ from shmbus.archive.catalog import (
     live_position,
     read_catalog,
 )
-from shmbus.archive.recorder import Recorder, recover_directory, recover_recording
+from shmbus.archive.recorder import recover_directory, recover_recording
 from shmbus.archive.recording_reader import RecordingReader, scan_frames
 from shmbus.shm.log_buffer import HEADER_LENGTH, encode_data_header
 from tests.support.recording_helpers import FakeLog, bus_env, random_payloads, start_recording
@@ -319,8 +319,8 @@ def test_position_file_and_index_formats(tmp_path) -> None:
 def test_records_every_session_with_fragments_and_term_rotations(bus_context, driver,
                                                                  tmp_path) -> None:
     with shmbus.connect(bus_context) as bus:
-        recorder = Recorder(tmp_path / "rec", "aeron:ipc", 31, client=bus,
-                            segment_length=131072, fsync="segment")
+        recorder = bus.add_recorder(tmp_path / "rec", "aeron:ipc", 31, segment_length=131072,
+                                    fsync="segment")
         publications = [bus.add_exclusive_publication("aeron:ipc", 31) for _ in range(3)]
         wait_until(lambda: len(recorder.recordings) == 3, DEADLINE_S, "3 images",
                    poll=recorder.poll)
@@ -425,7 +425,7 @@ def test_full_file_system_stops_the_recording_cleanly(bus_context, driver, tiny_
     directory = tiny_tmpfs / "rec"
     sent = []
     with shmbus.connect(bus_context) as bus:
-        recorder = Recorder(directory, "aeron:ipc", 33, client=bus, segment_length=65536)
+        recorder = bus.add_recorder(directory, "aeron:ipc", 33, segment_length=65536)
         publication = bus.add_exclusive_publication("aeron:ipc", 33)
         wait_until(lambda: recorder.recordings, DEADLINE_S, "the image", poll=recorder.poll)
         error = None

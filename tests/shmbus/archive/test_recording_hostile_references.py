@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import shmbus
-from shmbus import Recorder, RecordingReader
+from shmbus import RecordingReader
 from shmbus.archive.catalog import read_catalog
 from shmbus.shm import block_ring as br
 from shmbus.shm.block_ring import REFERENCE_FLAGS
@@ -41,7 +41,7 @@ def test_a_corrupt_reference_stops_the_recording_before_it_naming_it(bus_context
             directory = tmp_path / f"rec{n}"
             pub = bus.add_exclusive_publication("aeron:ipc", STREAM + n)
             small, large = b"small" * 10, bytes(range(256)) * 400  # (100 KiB: a block)
-            with Recorder(directory, "aeron:ipc", STREAM + n, client=bus) as recorder:
+            with bus.add_recorder(directory, "aeron:ipc", STREAM + n) as recorder:
                 wait_until(lambda p=pub: p.is_connected, 10, "the recorder's subscription")
                 pub.publish(small)
                 pub.publish(large)

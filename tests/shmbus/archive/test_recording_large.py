@@ -20,7 +20,7 @@ import zlib
 import pytest
 
 import shmbus
-from shmbus import Recorder, RecordingReader
+from shmbus import RecordingReader
 from shmbus.archive.catalog import (
     CATALOG_FILE,
     STOPPED,
@@ -136,7 +136,7 @@ def test_a_damaged_side_file_is_a_clear_error(bus_context, driver, tmp_path) -> 
     payload = lw.mix_payload(1, 0, 100_000)
     with shmbus.connect(bus_context) as bus:
         pub = bus.add_exclusive_publication("aeron:ipc", 53)
-        with Recorder(directory, "aeron:ipc", 53, client=bus) as recorder:
+        with bus.add_recorder(directory, "aeron:ipc", 53) as recorder:
             wait_until(lambda: pub.is_connected, 10, "the recorder's subscription")
             end = pub.publish(payload)
             wait_until(lambda: recorder.positions and max(recorder.positions.values()) >= end,
@@ -160,7 +160,7 @@ def test_a_full_disk_during_a_large_message_stops_cleanly(bus_context, driver,
     directory = tiny_tmpfs / "rec"
     sent: list[bytes] = []
     with shmbus.connect(bus_context) as bus:
-        recorder = Recorder(directory, "aeron:ipc", 54, client=bus, segment_length=65536)
+        recorder = bus.add_recorder(directory, "aeron:ipc", 54, segment_length=65536)
         pub = bus.add_exclusive_publication("aeron:ipc", 54)
         wait_until(lambda: recorder.recordings, 10, "the image", poll=recorder.poll)
         error = None
@@ -201,7 +201,7 @@ def test_a_recorder_keeps_up_with_large_messages_from_a_thread(bus_context, driv
     payloads = [lw.mix_payload(3, i, n) for i, n in enumerate([7000, 10, 5000, 1_000_000] * 10)]
     with shmbus.connect(bus_context) as bus:
         pub = bus.add_exclusive_publication("aeron:ipc", 55)
-        with Recorder(directory, "aeron:ipc", 55, client=bus, segment_length=65536) as rec:
+        with bus.add_recorder(directory, "aeron:ipc", 55, segment_length=65536) as rec:
             wait_until(lambda: pub.is_connected, 10, "the recorder's subscription")
             ends: list[int] = []
             writer = threading.Thread(

@@ -329,7 +329,7 @@ def test_a_replay_that_ends_in_a_large_message_goes_on_from_its_reference_frame(
         return i.to_bytes(4, "little") * ((large if i % 10 == 9 else 48) // 4)
 
     with shmbus.connect(bus_context) as bus, \
-            shmbus.Recorder(directory, "aeron:ipc", STREAM, client=bus) as recorder:
+            bus.add_recorder(directory, "aeron:ipc", STREAM) as recorder:
         pub = bus.add_exclusive_publication("aeron:ipc", STREAM)
         sent: list[int] = []  # the position after each message
         deadline = time.monotonic() + 30
@@ -432,7 +432,7 @@ def test_bad_requests_name_what_is_wrong(bus_context, driver, shm_dir) -> None:
     directory = shm_dir / "rec"
     with shmbus.connect(bus_context) as bus:
         pub = bus.add_exclusive_publication("aeron:ipc", STREAM)
-        with shmbus.Recorder(directory, "aeron:ipc", STREAM, client=bus) as recorder:
+        with bus.add_recorder(directory, "aeron:ipc", STREAM) as recorder:
             for i in range(100):
                 pub.publish(lw.message(0, i), timeout=5)
             deadline = time.monotonic() + 10

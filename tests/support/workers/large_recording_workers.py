@@ -60,7 +60,8 @@ def record(context: Any, directory: str, stream_id: int, stop: Any, reports: Any
     import shmbus
 
     try:
-        with shmbus.Recorder(directory, "aeron:ipc", stream_id, context=context) as recorder:
+        with shmbus.connect(context) as bus, \
+                bus.add_recorder(directory, "aeron:ipc", stream_id) as recorder:
             idle = shmbus.idle_strategies.BackoffIdleStrategy()
             deadline = time.monotonic() + 30
             while not recorder.recordings:

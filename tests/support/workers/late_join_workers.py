@@ -72,7 +72,8 @@ def record(context: shmbus.Context, directory: str, channel: str, stream_id: int
            ready: Any, reports: Any) -> None:
     """Record the stream until ``stop``."""
     try:
-        with shmbus.Recorder(directory, channel, stream_id, context=context) as recorder:
+        with shmbus.connect(context) as bus, \
+                bus.add_recorder(directory, channel, stream_id) as recorder:
             ready.set()
             recorder.run(stop=stop)
         reports.put({"kind": "recorded"})
