@@ -11,7 +11,7 @@ forever. The driver, after the unblock timeout, turns that frame into padding:
 The driver cannot tell a dead writer from one only descheduled past the timeout, which goes on
 later. Aeron's writers store their header and commit over the padding and lose the message
 silently; here a writer learns that its reservation was padded over, and is never told a
-message was accepted that no reader will see (shmbus/shm/native/publication.c):
+message was accepted that no reader will see (shmbus/shm/native/term_appender.c):
 
 * the unblocker takes a length word only with a compare-and-set (negative length, or zero, to
   ``_TAKEN``), then writes the PAD type, then the padding's length with release;

@@ -2,7 +2,7 @@
  * IPC flow control: pub-lmt follows the slowest counted position, raised by the publisher
  * (docs/protocol.md, IPC flow control).
  *
- * fc_raise: PublicationCore (publication.c), in a client process on the thread that offers
+ * fc_raise: the term appender (term_appender.c), in a client process on the thread that offers
  * (GIL held), when an offer reaches its limit. flow_control_set and flow_control_advance: the
  * driver (shmbus/driver/ipc_flow_control.py, its conductor thread, GIL held).
  */

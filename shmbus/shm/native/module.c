@@ -3,7 +3,7 @@
  * This file registers what the other sources define:
  *
  *   atomic_buffer.c   AtomicBuffer, acquire_fence()
- *   publication.c     PublicationCore: the term appender
+ *   publication.c     PublicationCore, over the term appender (term_appender.c)
  *   image.c           ImageCore (the term reader) and Header
  *   subscription.c    SubscriptionCore (polling over a subscription's images), MessageIterator
  *   assembler.c       FragmentAssembler

@@ -1,14 +1,16 @@
 /*
- * PublicationCore: the term appender behind ExclusivePublication and ConcurrentPublication (one
- * writer, or many threads and processes): offer, gather, offer_many, claim/commit/abort,
- * end-of-term padding and log rotation, and the sleep of a writer held at its limit
- * (_await_progress).
+ * PublicationCore: the Python type behind ExclusivePublication and ConcurrentPublication (one
+ * writer, or many threads and processes), over the term appender (term_appender.c): offer,
+ * gather, offer_many, claim/commit/abort on its log, closing and detaching, and the sleep of a
+ * writer held at its limit (_await_progress). A message past the log's max message length goes
+ * up to Python (Publication._offer_large), and so does a publish() the log refused
+ * (Publication._publish_refused).
  *
  * Runs in client processes, on whichever thread offers, with the GIL held; _await_progress
- * releases it while asleep. Writes frames other processes read concurrently (see the memory
- * ordering in shmbus_native.h).
+ * releases it while asleep.
  */
 #include "types.h"
+#include "term_appender.h"
 
 #include <sched.h>
 
@@ -17,322 +19,23 @@ typedef struct {
     PyObject *log_buffer;     /* AtomicBuffer over the whole log file */
     PyObject *limit_buffer;   /* AtomicBuffer holding the publication-limit position */
     PyObject *counters_buffer;/* AtomicBuffer of counter values (None: never self-raise) */
-    LogGeometry g;
-    int64_t *limit;
-    int64_t limit_registration; /* the limit counter's registration id while it is ours */
-    const uint8_t *values;    /* counter values, to raise the limit from counted positions */
-    Py_ssize_t values_len;
+    TermAppender a;           /* over the memory of those buffers */
     int sleeping;             /* threads of this process asleep in _await_progress */
     uint32_t generation;      /* bumped whenever the sleepers are let go (close, detach, init) */
-    int32_t session_id;
-    int32_t stream_id;
-    int32_t mtu;
-    int32_t max_payload;
-    int32_t max_message;
-    int64_t max_possible_position;
-    int exclusive;
     int closed;
     int64_t refusal;          /* what offers return once closed: CLOSED, or NOT_CONNECTED when
                                * detached from a lost driver (see _detach_core) */
-    /* exclusive publications only: the single writer's own view of the tail */
-    int32_t x_term_offset;
-    int32_t x_term_id;
-    int32_t x_term_count;
-    int64_t x_term_begin_position;
     int64_t wait_spin_ns;     /* `_wait_spin_ns`: how long _await_progress looks before it sleeps */
-    int64_t woke;             /* the data word's value after this writer's last wake-up, -1:
-                               * none on this log (see wake_data_once) */
 } PublicationCore;
 
-typedef struct {
-    const uint8_t *ptr;
-    Py_ssize_t len;
-} Piece;
-
-/* Copies n bytes out of a list of pieces, advancing the cursor (*pi, *po). */
-static void gather_copy(uint8_t *dst, const Piece *pieces, Py_ssize_t *pi, Py_ssize_t *po,
-                        Py_ssize_t n)
-{
-    while (n > 0) {
-        Py_ssize_t avail = pieces[*pi].len - *po;
-        if (avail == 0) { (*pi)++; *po = 0; continue; }
-        Py_ssize_t take = avail < n ? avail : n;
-        memcpy(dst, pieces[*pi].ptr + *po, (size_t)take);
-        dst += take; *po += take; n -= take;
-    }
-}
-
-/*
- * A writer only descheduled past publication_unblock_timeout is not dead, yet the driver's
- * unblocker (shmbus/driver/log_unblocker.py) pads over its reservation as if it were. So the
- * two words the unblocker takes are never written with a plain store:
- *
- * - the header's first 8 bytes (negative length, version, flags, type) go in with one
- *   compare-and-set from zero: it fails when the unblocker padded the zero gap this frame was
- *   to go in (it takes every 32-byte slot of the gap), and nothing of the frame is written;
- * - the commit is a compare-and-set of the length from negative to positive: it fails when
- *   the unblocker took the frame to pad it.
- *
- * Either way the writer learns its message is not in the log: an offer returns ADMIN_ACTION
- * (publish tries again: a new reservation, the message appended once), a claim fails, a
- * commit raises ValueError. The type goes in with the length, so the unblocker's PAD type,
- * written after it took the frame, is never overwritten by the writer's.
- */
-#define PADDED_OVER (-1)        /* the header's compare-and-set failed: nothing written */
-#define TAKEN_OVER (-2)         /* the commit's compare-and-set failed: the frame is padding */
-
-static inline int write_header(PublicationCore *self, uint8_t *frame, int32_t frame_length,
-                               uint8_t flags, uint16_t type, int32_t term_offset,
-                               int32_t term_id, int64_t reserved_value)
-{
-    /* The negative length goes in first, so a writer that dies here leaves a frame the reader
-     * stops at and the driver can later recognise as blocked. */
-    uint8_t first[8];
-    int32_t negative = -frame_length;
-    memcpy(first, &negative, 4);
-    first[VERSION_OFFSET] = 0;
-    first[FLAGS_OFFSET] = flags;
-    memcpy(first + TYPE_OFFSET, &type, 2);
-    int64_t expected = 0, desired;
-    memcpy(&desired, first, 8);
-    if (!CAS((int64_t *)frame, &expected, desired))
-        return PADDED_OVER;
-    wr_i32(frame + TERM_OFFSET_OFFSET, term_offset);
-    wr_i32(frame + SESSION_ID_OFFSET, self->session_id);
-    wr_i32(frame + STREAM_ID_OFFSET, self->stream_id);
-    wr_i32(frame + TERM_ID_OFFSET, term_id);
-    wr_i64(frame + RESERVED_VALUE_OFFSET, reserved_value);
-    return 0;
-}
-
-/* Publishes a frame whose header holds -frame_length; TAKEN_OVER if the unblocker took it. */
-static inline int commit_frame(uint8_t *frame, int32_t frame_length)
-{
-    int32_t expected = -frame_length;
-    return CAS((int32_t *)frame, &expected, frame_length) ? 0 : TAKEN_OVER;
-}
-
-/* Pads term[offset, offset + length) of this writer's reservation. A failure needs nothing
- * more: the unblocker padded (or is padding) that space itself. */
-static inline void write_padding(PublicationCore *self, uint8_t *term, int32_t offset,
-                                 int32_t length, int32_t term_id)
-{
-    if (write_header(self, term + offset, length, UNFRAGMENTED, HDR_TYPE_PAD, offset, term_id,
-                     0) == 0)
-        commit_frame(term + offset, length);
-}
-
-/* Space a message of `length` bytes takes in the term, all fragments included. */
-static inline int32_t required_length(const PublicationCore *self, Py_ssize_t length)
-{
-    if (length <= self->max_payload)
-        return (int32_t)ALIGN(length + HEADER_LENGTH, FRAME_ALIGNMENT);
-    Py_ssize_t full = length / self->max_payload;
-    Py_ssize_t rest = length % self->max_payload;
-    Py_ssize_t required = full * ALIGN(self->max_payload + HEADER_LENGTH, FRAME_ALIGNMENT);
-    if (rest > 0)
-        required += ALIGN(rest + HEADER_LENGTH, FRAME_ALIGNMENT);
-    return (int32_t)required;
-}
-
-/*
- * Writes one message (maybe fragmented) at term[*offset]; the space is already reserved.
- * Returns 0 with *offset past the message, or PADDED_OVER / TAKEN_OVER (see write_header) with
- * *offset where this writer's space stops being padding: its frames from there on were never
- * written (see pad_rest).
- */
-static int write_message(PublicationCore *self, uint8_t *term, int32_t *offset, int32_t term_id,
-                         const Piece *pieces, Py_ssize_t length, int64_t reserved_value)
-{
-    Py_ssize_t pi = 0, po = 0;
-    Py_ssize_t remaining = length;
-    uint8_t flags = length <= self->max_payload ? UNFRAGMENTED : BEGIN_FLAG;
-    do {
-        Py_ssize_t chunk = remaining < self->max_payload ? remaining : self->max_payload;
-        int32_t frame_length = (int32_t)chunk + HEADER_LENGTH;
-        if (remaining == chunk)
-            flags |= END_FLAG;
-        uint8_t *frame = term + *offset;
-        if (write_header(self, frame, frame_length, flags, HDR_TYPE_DATA, *offset, term_id,
-                         reserved_value) < 0)
-            return PADDED_OVER;
-        gather_copy(frame + HEADER_LENGTH, pieces, &pi, &po, chunk);
-        *offset += (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
-        if (commit_frame(frame, frame_length) < 0)
-            return TAKEN_OVER;
-        remaining -= chunk;
-        flags = 0;
-    } while (remaining > 0);
-    return 0;
-}
-
-/* After a TAKEN_OVER at `from`: the unblocker padded that one frame, and the rest of this
- * writer's reservation, up to `end`, is still zero; pad it now rather than leave readers at
- * it for another unblock timeout. (After PADDED_OVER the unblocker's padding covers it.) */
-static void pad_rest(PublicationCore *self, uint8_t *term, int status, int32_t from,
-                     int32_t end, int32_t term_id)
-{
-    if (status == TAKEN_OVER && from < end)
-        write_padding(self, term, from, end - from, term_id);
-}
-
-/* Moves the log to the next term (Aeron's rotateLog); safe for concurrent callers. */
-static void rotate_log(const LogGeometry *g, int32_t term_count, int32_t term_id)
-{
-    int32_t next_term_id = (int32_t)((uint32_t)term_id + 1u);
-    int32_t next_term_count = term_count + 1;
-    int next_index = next_term_count % PARTITION_COUNT;
-    int32_t expected_term_id = (int32_t)((uint32_t)next_term_id - PARTITION_COUNT);
-    int64_t new_raw_tail = pack_tail(next_term_id, 0);
-    int64_t *tail = tail_ptr(g, next_index);
-    for (;;) {
-        int64_t raw = LOAD_ACQUIRE(tail);
-        if (term_id_of(raw) != expected_term_id)
-            break;
-        if (CAS(tail, &raw, new_raw_tail))
-            break;
-    }
-    int32_t expected_count = term_count;
-    CAS(active_term_count_ptr(g), &expected_count, next_term_count);
-}
-
-static int64_t back_pressure_status(PublicationCore *self, int64_t position, int32_t length)
-{
-    if (position + length >= self->max_possible_position)
-        return MAX_POSITION_EXCEEDED;
-    if (LOAD_ACQUIRE((int32_t *)(self->g.meta + META_IS_CONNECTED)) == 1)
-        return BACK_PRESSURED;
-    return NOT_CONNECTED;
-}
-
-/* A writer that reached its limit raises it from the counted positions, if they allow, and
- * while the limit counter is its own: a process stopped past its liveness may find it freed
- * (its registration id cleared) and given to someone else. */
-static inline int64_t current_limit(PublicationCore *self, int64_t position, int64_t limit)
-{
-    if (position < limit || self->values == NULL ||
-        LOAD_ACQUIRE(self->limit + 1) != self->limit_registration)
-        return limit;
-    fc_raise(&self->g, self->values, self->values_len, self->limit, position);
-    return LOAD_ACQUIRE(self->limit);
-}
-
-static inline void wake_readers(PublicationCore *self)
-{
-    wake_data_once(meta_i32(&self->g, META_DATA_WAKE), meta_i32(&self->g, META_DATA_WAITERS),
-                   &self->woke);
-}
-
-/* The state a writer sees before appending; see reserve(). */
-typedef struct {
-    int32_t term_count;
-    int32_t term_id;
-    int64_t term_offset;      /* may exceed the term length for concurrent writers */
-    int64_t position;
-    int64_t limit;
-} AppendState;
-
-/* Reads the current tail. Returns 0, or ADMIN_ACTION while a rotation is half done. */
-static int64_t read_state(PublicationCore *self, AppendState *s)
-{
-    s->limit = LOAD_ACQUIRE(self->limit);
-    if (self->exclusive) {
-        s->term_count = self->x_term_count;
-        s->term_id = self->x_term_id;
-        s->term_offset = self->x_term_offset;
-        s->position = self->x_term_begin_position + self->x_term_offset;
-        return 0;
-    }
-    s->term_count = LOAD_ACQUIRE(active_term_count_ptr(&self->g));
-    int64_t raw = LOAD_ACQUIRE(tail_ptr(&self->g, s->term_count % PARTITION_COUNT));
-    s->term_id = term_id_of(raw);
-    s->term_offset = term_offset_of(raw);
-    if (term_count_between(s->term_id, self->g.initial_term_id) != s->term_count)
-        return ADMIN_ACTION;
-    int64_t offset = s->term_offset < self->g.term_length ? s->term_offset : self->g.term_length;
-    s->position = term_begin_position(&self->g, s->term_id) + offset;
-    return 0;
-}
-
-/*
- * Reserves `length` bytes in the active term. On success returns 0 and sets *term_id and
- * *offset; the caller writes frames there. When the reservation does not fit in the term, the
- * rest of the term is padded, the log rotated, and ADMIN_ACTION (or MAX_POSITION_EXCEEDED) is
- * returned; *fit_end receives how far the reservation is usable (for batches).
- */
-static int64_t reserve(PublicationCore *self, const AppendState *s, int32_t length,
-                       int32_t *term_id, int32_t *offset)
-{
-    const LogGeometry *g = &self->g;
-    int index = s->term_count % PARTITION_COUNT;
-    uint8_t *term = term_at(g, index);
-    int64_t start;
-    if (self->exclusive) {
-        *term_id = s->term_id;
-        start = s->term_offset;
-        if (start + length <= g->term_length) {
-            self->x_term_offset = (int32_t)(start + length);
-            STORE_RELEASE(tail_ptr(g, index), pack_tail(*term_id, self->x_term_offset));
-            *offset = (int32_t)start;
-            return 0;
-        }
-    } else {
-        int64_t raw = FETCH_ADD(tail_ptr(g, index), (int64_t)length);
-        *term_id = term_id_of(raw);
-        start = term_offset_of(raw);
-        if (start + length <= g->term_length) {
-            *offset = (int32_t)start;
-            return 0;
-        }
-    }
-    /* end of term: whoever's reservation covers the end pads it */
-    if (start < g->term_length)
-        write_padding(self, term, (int32_t)start, (int32_t)(g->term_length - start), *term_id);
-    int64_t term_end_position = term_begin_position(g, *term_id) + g->term_length;
-    if (term_end_position >= self->max_possible_position)
-        return MAX_POSITION_EXCEEDED;
-    if (self->exclusive) {
-        STORE_RELEASE(tail_ptr(g, index), pack_tail(*term_id, g->term_length));
-        rotate_log(g, s->term_count, *term_id);
-        self->x_term_count = s->term_count + 1;
-        self->x_term_id = (int32_t)((uint32_t)*term_id + 1u);
-        self->x_term_offset = 0;
-        self->x_term_begin_position = term_end_position;
-    } else {
-        rotate_log(g, s->term_count, *term_id);
-    }
-    return ADMIN_ACTION;
-}
-
-/* Appends one message given as pieces. Returns the new position or a negative code. */
+/* Appends one message (at most max_message bytes): the new position or a negative code, the
+ * refusal once the core is closed or detached. */
 static int64_t append_pieces(PublicationCore *self, const Piece *pieces, Py_ssize_t length,
                              int64_t reserved_value)
 {
     if (self->closed)
         return self->refusal;
-    AppendState s;
-    int64_t status = read_state(self, &s);
-    if (status < 0)
-        return status;
-    int32_t required = required_length(self, length);
-    s.limit = current_limit(self, s.position, s.limit);
-    if (s.position >= s.limit)
-        return back_pressure_status(self, s.position, required);
-    int32_t term_id, offset;
-    status = reserve(self, &s, required, &term_id, &offset);
-    if (status < 0)
-        return status;
-    uint8_t *term = term_at(&self->g, s.term_count % PARTITION_COUNT);
-    int32_t at = offset;
-    status = write_message(self, term, &at, term_id, pieces, length, reserved_value);
-    if (status < 0) {
-        /* descheduled past the unblock timeout: the driver padded this message over */
-        pad_rest(self, term, (int)status, at, offset + required, term_id);
-        wake_readers(self);
-        return ADMIN_ACTION;
-    }
-    wake_readers(self);
-    return term_begin_position(&self->g, term_id) + offset + required;
+    return appender_append(&self->a, pieces, length, reserved_value);
 }
 
 /* A message longer than max_message does not go into the log: Publication._offer_large puts
@@ -400,7 +103,7 @@ static PyObject *offer_buffers(PublicationCore *self, PyObject *const *args, Py_
         Py_buffer view;
         if (get_message_buffer(args[0], &view) < 0)
             return NULL;
-        if (view.len > self->max_message) {
+        if (view.len > self->a.max_message) {
             PyBuffer_Release(&view);
             return offer_large(self, args, nargs, reserved, publish_timeout);
         }
@@ -424,7 +127,7 @@ static PyObject *offer_buffers(PublicationCore *self, PyObject *const *args, Py_
         pieces[got].len = views[got].len;
         total += views[got].len;
     }
-    if (total > self->max_message)
+    if (total > self->a.max_message)
         result = offer_large(self, args, nargs, reserved, publish_timeout);
     else
         result = PyLong_FromLongLong(append_pieces(self, pieces, total, reserved));
@@ -450,7 +153,7 @@ int64_t offer_headed(PyObject *publication, const uint8_t *head, Py_ssize_t head
     if (get_message_buffer(body, &view) < 0)
         return INT64_MIN;
     int64_t result;
-    if (head_length + view.len <= self->max_message) {
+    if (head_length + view.len <= self->a.max_message) {
         Piece pieces[2] = {{head, head_length}, {(const uint8_t *)view.buf, view.len}};
         result = append_pieces(self, pieces, head_length + view.len, 0);
     } else {
@@ -530,60 +233,14 @@ static PyObject *pub_publish(PublicationCore *self, PyObject *const *args, Py_ss
     return retry;
 }
 
-/*
- * Appends messages[0..count) of a batch with a single reservation. get_piece(i) returns the
- * i-th message. Returns the number appended (>= 1), or a negative code when none was.
- */
-typedef int (*piece_getter)(void *ctx, Py_ssize_t i, Piece *out);
-
+/* Appends messages [0, count) of a batch (see appender_append_batch); the refusal once the
+ * core is closed or detached. */
 static int64_t append_batch(PublicationCore *self, Py_ssize_t count, piece_getter get,
                             void *ctx)
 {
     if (self->closed)
         return self->refusal;
-    AppendState s;
-    int64_t status = read_state(self, &s);
-    if (status < 0)
-        return status;
-    s.limit = current_limit(self, s.position, s.limit);
-    if (s.position >= s.limit) {
-        Piece first;
-        if (get(ctx, 0, &first) < 0) return INT64_MIN;
-        return back_pressure_status(self, s.position, required_length(self, first.len));
-    }
-    /* admit messages while the batch starts below the limit and fits in the term */
-    int64_t room = self->g.term_length - s.term_offset;
-    int64_t total = 0;
-    Py_ssize_t admitted = 0;
-    for (; admitted < count; admitted++) {
-        Piece p;
-        if (get(ctx, admitted, &p) < 0) return INT64_MIN;
-        int32_t required = required_length(self, p.len);
-        if (admitted > 0 && (total + required > room || s.position + total >= s.limit))
-            break;
-        total += required;
-    }
-    int32_t term_id, offset;
-    status = reserve(self, &s, (int32_t)total, &term_id, &offset);
-    uint8_t *term = term_at(&self->g, s.term_count % PARTITION_COUNT);
-    if (status == 0) {
-        int32_t end = offset + (int32_t)total;
-        for (Py_ssize_t i = 0; i < admitted; i++) {
-            Piece p;
-            get(ctx, i, &p);
-            int rc = write_message(self, term, &offset, term_id, &p, p.len, 0);
-            if (rc < 0) {
-                /* descheduled past the unblock timeout: the driver padded the batch over from
-                 * message i on; those before it are in the log */
-                pad_rest(self, term, rc, offset, end, term_id);
-                admitted = i;
-                break;
-            }
-        }
-        wake_readers(self);
-        return admitted > 0 ? admitted : ADMIN_ACTION;
-    }
-    return status;
+    return appender_append_batch(&self->a, count, get, ctx);
 }
 
 typedef struct {
@@ -648,7 +305,7 @@ static PyObject *pub_offer_many(PublicationCore *self, PyObject *messages)
                             "per row) or a 1-D array of records; use offer() for one message");
             return NULL;
         }
-        if (count > 0 && record_length > self->max_message) {
+        if (count > 0 && record_length > self->a.max_message) {
             PyObject *row = PyMemoryView_FromMemory((char *)block.buf, record_length, PyBUF_READ);
             PyObject *r = row == NULL ? NULL : offer_many_large(self, row);
             Py_XDECREF(row);
@@ -678,7 +335,7 @@ static PyObject *pub_offer_many(PublicationCore *self, PyObject *messages)
     for (; got < count; got++) {
         if (get_message_buffer(items[got], &views[got]) < 0)
             goto done;
-        if (views[got].len > self->max_message) {
+        if (views[got].len > self->a.max_message) {
             PyBuffer_Release(&views[got]);
             if (got == 0) {
                 result = offer_many_large(self, items[0]);
@@ -710,36 +367,17 @@ static PyObject *pub_claim(PublicationCore *self, PyObject *args)
     Py_ssize_t length; long long reserved = 0;
     if (!PyArg_ParseTuple(args, "n|L", &length, &reserved))
         return NULL;
-    if (length < 0 || length > self->max_payload) {
+    if (length < 0 || length > self->a.max_payload) {
         PyErr_Format(PyExc_ValueError,
                      "claim length %zd is outside 0..%d (the max payload, mtu - 32)", length,
-                     self->max_payload);
+                     self->a.max_payload);
         return NULL;
     }
     if (self->closed)
         return Py_BuildValue("(Ln)", (long long)self->refusal, (Py_ssize_t)-1);
-    AppendState s;
-    int64_t status = read_state(self, &s);
-    if (status < 0)
-        return Py_BuildValue("(Ln)", (long long)status, (Py_ssize_t)-1);
-    int32_t frame_length = (int32_t)length + HEADER_LENGTH;
-    int32_t required = (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
-    s.limit = current_limit(self, s.position, s.limit);
-    if (s.position >= s.limit)
-        return Py_BuildValue("(Ln)", (long long)back_pressure_status(self, s.position, required),
-                             (Py_ssize_t)-1);
-    int32_t term_id, offset;
-    status = reserve(self, &s, required, &term_id, &offset);
-    if (status < 0)
-        return Py_BuildValue("(Ln)", (long long)status, (Py_ssize_t)-1);
-    int index = s.term_count % PARTITION_COUNT;
-    if (write_header(self, term_at(&self->g, index) + offset, frame_length, UNFRAGMENTED,
-                     HDR_TYPE_DATA, offset, term_id, reserved) < 0)
-        /* descheduled past the unblock timeout: the driver padded the reservation over */
-        return Py_BuildValue("(Ln)", (long long)ADMIN_ACTION, (Py_ssize_t)-1);
-    Py_ssize_t frame_offset = (Py_ssize_t)index * self->g.term_length + offset;
-    return Py_BuildValue("(Ln)", (long long)(term_begin_position(&self->g, term_id) + offset +
-                                             required), frame_offset);
+    Py_ssize_t frame_offset = -1;
+    int64_t result = appender_claim(&self->a, (int32_t)length, reserved, &frame_offset);
+    return Py_BuildValue("(Ln)", (long long)result, result < 0 ? (Py_ssize_t)-1 : frame_offset);
 }
 
 #define PADDED_CLAIM "the claim was padded over by the driver: it was held open past " \
@@ -758,13 +396,13 @@ static uint8_t *claimed_frame(PublicationCore *self, PyObject *arg, int32_t *len
     Py_ssize_t frame_offset = PyLong_AsSsize_t(arg);
     if (frame_offset == -1 && PyErr_Occurred())
         return NULL;
-    Py_ssize_t log_terms = (Py_ssize_t)self->g.term_length * PARTITION_COUNT;
+    Py_ssize_t log_terms = (Py_ssize_t)self->a.g.term_length * PARTITION_COUNT;
     if (frame_offset < 0 || frame_offset > log_terms - HEADER_LENGTH ||
         frame_offset % FRAME_ALIGNMENT != 0) {
         PyErr_Format(PyExc_ValueError, "%zd is not a frame offset in this log", frame_offset);
         return NULL;
     }
-    uint8_t *frame = self->g.terms + frame_offset;
+    uint8_t *frame = self->a.g.terms + frame_offset;
     *length = LOAD_ACQUIRE((int32_t *)frame);
     if (*length == INT32_MIN && !aborting) {  /* the unblocker's mark: it pads it now */
         PyErr_SetString(PyExc_ValueError, PADDED_CLAIM);
@@ -789,11 +427,10 @@ static PyObject *pub_commit(PublicationCore *self, PyObject *arg)
     uint8_t *frame = claimed_frame(self, arg, &length, 0);
     if (frame == NULL)
         return NULL;
-    if (commit_frame(frame, -length) < 0) {
+    if (appender_commit(&self->a, frame, length) < 0) {
         PyErr_SetString(PyExc_ValueError, PADDED_CLAIM);
         return NULL;
     }
-    wake_readers(self);
     Py_RETURN_NONE;
 }
 
@@ -803,13 +440,7 @@ static PyObject *pub_abort(PublicationCore *self, PyObject *arg)
     uint8_t *frame = claimed_frame(self, arg, &length, 1);
     if (frame == NULL)
         return NULL;
-    if (length == INT32_MIN)  /* the unblocker is padding it: the same outcome */
-        Py_RETURN_NONE;
-    /* The unblocker, if it takes the frame meanwhile, writes PAD too: the same outcome. */
-    uint16_t pad = HDR_TYPE_PAD;
-    memcpy(frame + TYPE_OFFSET, &pad, 2);
-    commit_frame(frame, -length);
-    wake_readers(self);
+    appender_abort(&self->a, frame, length);
     Py_RETURN_NONE;
 }
 
@@ -819,27 +450,21 @@ static PyObject *pub_claim_view(PublicationCore *self, PyObject *args)
     Py_ssize_t frame_offset, length;
     if (!PyArg_ParseTuple(args, "nn", &frame_offset, &length))
         return NULL;
-    Py_ssize_t log_terms = (Py_ssize_t)self->g.term_length * PARTITION_COUNT;
+    Py_ssize_t log_terms = (Py_ssize_t)self->a.g.term_length * PARTITION_COUNT;
     if (self->closed || frame_offset < 0 || length < 0 ||
         frame_offset + HEADER_LENGTH + length > log_terms) {
         PyErr_SetString(PyExc_ValueError, "claim is outside this log");
         return NULL;
     }
-    return PyMemoryView_FromMemory((char *)self->g.terms + frame_offset + HEADER_LENGTH, length,
-                                   PyBUF_WRITE);
+    return PyMemoryView_FromMemory((char *)self->a.g.terms + frame_offset + HEADER_LENGTH,
+                                   length, PyBUF_WRITE);
 }
 
 static PyObject *pub_get_position(PublicationCore *self, void *c)
 {
     if (self->closed && self->refusal == CLOSED)
         return PyLong_FromLong(CLOSED);
-    AppendState s;
-    if (read_state(self, &s) < 0) {
-        /* mid-rotation: the previous term is complete */
-        int32_t count = LOAD_ACQUIRE(active_term_count_ptr(&self->g));
-        return PyLong_FromLongLong((int64_t)count << self->g.position_bits);
-    }
-    return PyLong_FromLongLong(s.position);
+    return PyLong_FromLongLong(appender_position(&self->a));
 }
 
 /* Lets go of this process's threads asleep in _await_progress on the current log (with the
@@ -848,10 +473,10 @@ static PyObject *pub_get_position(PublicationCore *self, void *c)
 static void release_sleepers(PublicationCore *self)
 {
     if (!self->closed && self->sleeping > 0) {
-        __atomic_fetch_sub(meta_i32(&self->g, META_PROGRESS_WAITERS), self->sleeping,
+        __atomic_fetch_sub(meta_i32(&self->a.g, META_PROGRESS_WAITERS), self->sleeping,
                            __ATOMIC_SEQ_CST);
-        __atomic_fetch_add(meta_i32(&self->g, META_PROGRESS_WAKE), 1, __ATOMIC_SEQ_CST);
-        syscall(SYS_futex, meta_i32(&self->g, META_PROGRESS_WAKE), FUTEX_WAKE, INT_MAX, NULL,
+        __atomic_fetch_add(meta_i32(&self->a.g, META_PROGRESS_WAKE), 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, meta_i32(&self->a.g, META_PROGRESS_WAKE), FUTEX_WAKE, INT_MAX, NULL,
                 NULL, 0);
     }
     self->sleeping = 0;
@@ -891,10 +516,7 @@ static int pub_spin_for_room(PublicationCore *self, int64_t spin_ns)
         Py_BEGIN_ALLOW_THREADS
         sched_yield();
         Py_END_ALLOW_THREADS
-        if (self->closed || self->generation != generation)
-            return 1;
-        AppendState s;
-        if (read_state(self, &s) < 0 || current_limit(self, s.position, s.limit) > s.position)
+        if (self->closed || self->generation != generation || appender_has_room(&self->a))
             return 1;
     } while (monotonic_ns() < until);
     return 0;
@@ -924,15 +546,13 @@ static PyObject *pub_await_progress(PublicationCore *self, PyObject *arg)
     if (spin_ns > 0 && pub_spin_for_room(self, spin_ns))
         Py_RETURN_NONE;
     /* the log of this sleep: the core may be closed, detached or given another log meanwhile */
-    int32_t *waiters = meta_i32(&self->g, META_PROGRESS_WAITERS);
-    int32_t *word = meta_i32(&self->g, META_PROGRESS_WAKE);
+    int32_t *waiters = meta_i32(&self->a.g, META_PROGRESS_WAITERS);
+    int32_t *word = meta_i32(&self->a.g, META_PROGRESS_WAKE);
     uint32_t generation = self->generation;
     __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
     self->sleeping++;
     int32_t seen = LOAD_ACQUIRE(word);
-    AppendState s;
-    int ready = read_state(self, &s) < 0 || current_limit(self, s.position, s.limit) > s.position;
-    if (!ready) {
+    if (!appender_has_room(&self->a)) {
         int64_t ns = timeout_to_ns(timeout);
         Py_BEGIN_ALLOW_THREADS
         wait_words(&word, &seen, 1, ns);
@@ -977,42 +597,20 @@ static int pub_init(PublicationCore *self, PyObject *args, PyObject *kwds)
      * are let go before the geometry changes */
     if (self->log_buffer != NULL)
         release_sleepers(self);
-    self->g = g;
-    self->woke = -1;
-    self->limit = limit;
-    if (counters != Py_None) {  /* the limit is a counter: value, registration id, ... */
-        self->limit_registration = LOAD_ACQUIRE(limit + 1);
-        self->values = ((AtomicBuffer *)counters)->data;
-        self->values_len = ((AtomicBuffer *)counters)->capacity;
+    const uint8_t *values = NULL;
+    Py_ssize_t values_len = 0;
+    if (counters != Py_None) {
+        values = ((AtomicBuffer *)counters)->data;
+        values_len = ((AtomicBuffer *)counters)->capacity;
         Py_XSETREF(self->counters_buffer, Py_NewRef(counters));
     } else {
-        self->values = NULL;
-        self->values_len = 0;
         Py_CLEAR(self->counters_buffer);
     }
+    appender_init(&self->a, &g, limit, values, values_len, mtu, session_id, stream_id, exclusive);
     Py_XSETREF(self->log_buffer, Py_NewRef(log));
     Py_XSETREF(self->limit_buffer, Py_NewRef(limit_buf));
-    self->session_id = session_id;
-    self->stream_id = stream_id;
-    self->mtu = mtu;
-    self->max_payload = mtu - HEADER_LENGTH;
-    int32_t max_message = term_length / 8;
-    self->max_message = max_message < (16 << 20) ? max_message : (16 << 20);
-    self->max_possible_position = (int64_t)term_length << 31;
-    self->exclusive = exclusive;
     self->closed = 0;
     self->refusal = CLOSED;
-    self->x_term_count = self->x_term_id = self->x_term_offset = 0;
-    self->x_term_begin_position = 0;
-    if (exclusive) {
-        int32_t count = LOAD_ACQUIRE(active_term_count_ptr(&self->g));
-        int64_t raw = LOAD_ACQUIRE(tail_ptr(&self->g, count % PARTITION_COUNT));
-        int64_t offset = term_offset_of(raw);
-        self->x_term_count = count;
-        self->x_term_id = term_id_of(raw);
-        self->x_term_offset = (int32_t)(offset < term_length ? offset : term_length);
-        self->x_term_begin_position = term_begin_position(&self->g, self->x_term_id);
-    }
     return 0;
 }
 
@@ -1040,29 +638,29 @@ static void pub_dealloc(PublicationCore *self)
 }
 
 static PyObject *pub_get_max_payload(PublicationCore *self, void *c)
-{ return PyLong_FromLong(self->max_payload); }
+{ return PyLong_FromLong(self->a.max_payload); }
 static PyObject *pub_get_max_message(PublicationCore *self, void *c)
-{ return PyLong_FromLong(self->max_message); }
+{ return PyLong_FromLong(self->a.max_message); }
 static PyObject *pub_get_session_id(PublicationCore *self, void *c)
-{ return PyLong_FromLong(self->session_id); }
+{ return PyLong_FromLong(self->a.session_id); }
 static PyObject *pub_get_stream_id(PublicationCore *self, void *c)
-{ return PyLong_FromLong(self->stream_id); }
+{ return PyLong_FromLong(self->a.stream_id); }
 static PyObject *pub_get_term_length(PublicationCore *self, void *c)
-{ return PyLong_FromLong(self->g.term_length); }
+{ return PyLong_FromLong(self->a.g.term_length); }
 static PyObject *pub_get_initial_term_id(PublicationCore *self, void *c)
-{ return PyLong_FromLong(self->g.initial_term_id); }
+{ return PyLong_FromLong(self->a.g.initial_term_id); }
 static PyObject *pub_get_mtu(PublicationCore *self, void *c)
-{ return PyLong_FromLong(self->mtu); }
+{ return PyLong_FromLong(self->a.mtu); }
 static PyObject *pub_get_is_closed(PublicationCore *self, void *c)
 { return PyBool_FromLong(self->closed && self->refusal == CLOSED); }
 static PyObject *pub_get_max_possible_position(PublicationCore *self, void *c)
-{ return PyLong_FromLongLong(self->max_possible_position); }
+{ return PyLong_FromLongLong(self->a.max_possible_position); }
 static PyObject *pub_get_position_limit(PublicationCore *self, void *c)
-{ return PyLong_FromLongLong(LOAD_ACQUIRE(self->limit)); }
+{ return PyLong_FromLongLong(LOAD_ACQUIRE(self->a.limit)); }
 static PyObject *pub_get_is_connected(PublicationCore *self, void *c)
 {
     return PyBool_FromLong(!self->closed &&
-                           LOAD_ACQUIRE((int32_t *)(self->g.meta + META_IS_CONNECTED)) == 1);
+                           LOAD_ACQUIRE((int32_t *)(self->a.g.meta + META_IS_CONNECTED)) == 1);
 }
 
 static PyMemberDef pub_members[] = {
