@@ -153,7 +153,8 @@ def test_wait_async_and_views_async_wait_as_their_sync_twins_do(bus: shmbus.Clie
 
     async def main() -> list[bytes]:
         assert await sub.wait_async(0.05) is False
-        writer = _later(lambda: pub.publish(b"awaited", timeout=5))
+        writer = _later(lambda: subscription_sleepers(sub) > 0,
+                        lambda: pub.publish(b"awaited", timeout=5))
         assert await sub.wait_async(None) is True
         writer.join()
         return [bytes(view.buffer) async for view in sub.views_async(timeout=0.5)]
