@@ -5,7 +5,7 @@
 log through an :class:`ImagePort`. Both take datagrams and times (ns) from their caller and touch
 no shared memory, socket or clock of their own. :mod:`netbridge.shared_log` implements the
 ports over shmbus's shared-memory logs (the bridge's); the unit tests implement them over an
-in-memory model (``tests/netbridge/fake_log_port.py``).
+in-memory model (``tests/support/fake_log_port.py``).
 
 Positions are stream positions in bytes from the log's initial term (multiples of 32); a
 term offset is a position modulo the term length.
