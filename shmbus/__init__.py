@@ -7,13 +7,17 @@ stream_id)`` to read; channels are ``"aeron:ipc"`` on this host or
 ``"aeron:udp?endpoint=host:port"`` across hosts.
 
 Writing: ``pub.offer(data)`` returns the new stream position (bytes, > 0) or a negative code
-(NOT_CONNECTED, BACK_PRESSURED, ADMIN_ACTION, CLOSED, MAX_POSITION_EXCEEDED) and never blocks;
-``pub.publish(data, timeout=s)`` sleeps while back-pressured and raises PublicationError after
-``timeout`` seconds; ``publish_async`` awaits. Reading: ``sub.poll(handler, limit)`` calls
-``handler(buffer, header)`` per fragment without blocking, ``poll(..., timeout=s)`` and
-``sub.wait(s)`` sleep until the writer wakes them, ``sub.messages()`` and ``async for m in
-sub`` yield whole messages as bytes. A late joiner that needs what it missed passes
-``history=Recording(dir)`` and ``from_position`` to ``add_subscription``: a Recorder's recording
+(in :mod:`shmbus.codes`: NOT_CONNECTED, BACK_PRESSURED, ADMIN_ACTION, CLOSED,
+MAX_POSITION_EXCEEDED) and never blocks; ``pub.publish(data, timeout=s)`` sleeps while
+back-pressured and raises PublicationError after ``timeout`` seconds; ``publish_async`` awaits.
+Every call that can wait follows one rule: ``timeout=None`` waits forever, ``0`` tries once, a
+number is a deadline in seconds; its ``_async`` twin takes the same arguments.
+
+Reading: ``sub.poll(handler, limit)`` calls ``handler(buffer, header)`` per fragment without
+blocking, ``poll(..., timeout=s)`` and ``sub.wait(s)`` sleep until the writer wakes them,
+``sub.messages()`` and ``async for m in sub`` yield whole messages as bytes. A late joiner that
+needs what it missed passes ``history=Recording(dir)`` and ``from_position`` to
+``add_subscription``: the recording that ``bus.add_recorder(dir, channel, stream_id)`` makes
 first, then live, with no gap and no duplicate (a :class:`LateJoinSubscription`).
 
 Failures raise subclasses of :class:`ShmbusError`: DriverUnavailableError (no driver, none
