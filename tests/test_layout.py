@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import netbridge
 import shmbus
+from tests.support.imports import imports
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the folders of shmbus/ that run in a user's process
@@ -53,31 +54,11 @@ def _python_files(root: Path, folder: str) -> list[Path]:
     return files
 
 
-def _imports(root: Path, path: Path) -> Iterator[tuple[int, str]]:
-    """(line, module) for each module a file imports, in functions too: ``from m import n``
-    imports the submodule ``m.n`` when there is one, else ``m``."""
-    def is_module(dotted: str) -> bool:
-        file = root.joinpath(*dotted.split("."))
-        return file.with_suffix(".py").is_file() or (file / "__init__.py").is_file()
-
-    package = path.relative_to(root).parent.parts
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            parts = [*package[:len(package) - node.level + 1]] if node.level else []
-            module = ".".join([*parts, node.module] if node.module else parts)
-            for alias in node.names:
-                submodule = f"{module}.{alias.name}"
-                yield node.lineno, submodule if is_module(submodule) else module
-
-
 def _violations(root: Path, folder: str, allowed: Callable[[str], bool]) -> list[str]:
     """``file:line imports module`` for each import under ``folder`` that ``allowed`` refuses."""
     return sorted(f"{path.relative_to(root)}:{line} imports {module}"
                   for path in _python_files(root, folder)
-                  for line, module in _imports(root, path) if not allowed(module))
+                  for line, module in imports(root, path) if not allowed(module))
 
 
 def _within(module: str, package: str) -> bool:
@@ -114,7 +95,7 @@ def _top_level_violations(root: Path) -> list[str]:
     return found + sorted(
         f"{path.relative_to(root)}:{line} imports {module}"
         for path in (root / "shmbus").glob("*.py") if path.stem != "__main__"
-        for line, module in _imports(root, path)
+        for line, module in imports(root, path)
         if not _never("shmbus.driver", "shmbus.cli", "netbridge")(module))
 
 
@@ -123,7 +104,7 @@ def _circles(root: Path) -> list[list[str]]:
     connected components with more than one module), each sorted."""
     modules = {".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"):
                path for folder in ("shmbus", "netbridge") for path in _python_files(root, folder)}
-    graph = {name: sorted({module for _, module in _imports(root, path)
+    graph = {name: sorted({module for _, module in imports(root, path)
                            if module in modules and module != name})
              for name, path in modules.items()}
     index: dict[str, int] = {}
@@ -240,7 +221,7 @@ def _sans_io_violations(root: Path) -> list[str]:
     """``file:line imports module`` for each log or shared-memory import of the netbridge's
     sans-IO state machines."""
     return sorted(f"{name}:{line} imports {module}" for name in SANS_IO
-                  for line, module in _imports(root, root / name)
+                  for line, module in imports(root, root / name)
                   if any(_within(module, refused) for refused in SANS_IO_REFUSED))
 
 

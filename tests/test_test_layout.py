@@ -24,8 +24,9 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.imports import imports
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the packages a whole-repository check may import only as themselves
@@ -41,26 +42,6 @@ def _tests_modules(root: Path) -> list[Path]:
                   if "__pycache__" not in path.parts)
 
 
-def _imports(root: Path, path: Path) -> Iterator[tuple[int, str]]:
-    """(line, module) for each module a file imports, in functions too: ``from m import n``
-    imports the submodule ``m.n`` when there is one, else ``m``."""
-    def is_module(dotted: str) -> bool:
-        file = root.joinpath(*dotted.split("."))
-        return file.with_suffix(".py").is_file() or (file / "__init__.py").is_file()
-
-    package = path.relative_to(root).parent.parts
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            parts = [*package[:len(package) - node.level + 1]] if node.level else []
-            module = ".".join([*parts, node.module] if node.module else parts)
-            for alias in node.names:
-                submodule = f"{module}.{alias.name}"
-                yield node.lineno, submodule if is_module(submodule) else module
-
-
 def _where(root: Path, path: Path) -> str:
     return str(path.relative_to(root))
 
@@ -70,7 +51,7 @@ def _imported_tests(root: Path) -> list[str]:
     module under tests/."""
     return sorted({f"{_where(root, path)}:{line} imports {module}"
                    for path in _tests_modules(root)
-                   for line, module in _imports(root, path)
+                   for line, module in imports(root, path)
                    if module.split(".")[0] == "tests"
                    and (module.rpartition(".")[2].startswith("test_")
                         or module.rpartition(".")[2] == "conftest")})
@@ -155,7 +136,7 @@ def _top_level_tests_of_one_module(root: Path) -> list[str]:
     tests/."""
     return sorted(f"{_where(root, path)}:{line} imports {module}"
                   for path in sorted((root / "tests").glob("test_*.py"))
-                  for line, module in _imports(root, path)
+                  for line, module in imports(root, path)
                   if module.split(".")[0] in SOURCE_PACKAGES
                   and module not in ("shmbus", "netbridge"))
 
