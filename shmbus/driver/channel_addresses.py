@@ -37,6 +37,8 @@ def check_addresses(uri: ChannelUri, channel: str) -> None:
 
 
 def _resolve(channel: str, key: str, host: str) -> str:
+    if "\0" in host:  # (the resolver raises TypeError for one, not an OSError)
+        raise ChannelUriError(f"channel {channel!r}: {key} host {host!r} holds a NUL byte")
     try:
         return socket.gethostbyname(host.strip("[]"))
     except (OSError, UnicodeError) as e:
