@@ -11,18 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from netbridge import frames as F
-from netbridge.frames import (
-    DataHeader,
-    ErrorFrame,
-    MalformedFrame,
-    Nak,
-    RttMeasurement,
-    SetupFrame,
-    StatusMessage,
-    UnknownFrame,
-    decode_frames,
-    encode_datagram,
-)
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -33,7 +21,7 @@ def h(text: str) -> bytes:
 
 
 def decode_one(datagram: bytes) -> F.Frame:
-    frames = list(decode_frames(datagram))
+    frames = list(F.decode_frames(datagram))
     assert len(frames) == 1
     return frames[0]
 
@@ -106,8 +94,8 @@ def test_data_frame_golden() -> None:
     assert frame.encode() == DATA_GOLDEN
     assert decode_one(DATA_GOLDEN) == frame
     # On the wire the frame is padded to 64 bytes.
-    assert encode_datagram([frame]) == DATA_GOLDEN + bytes(18)
-    assert list(decode_frames(DATA_GOLDEN + bytes(18))) == [frame]
+    assert F.encode_datagram([frame]) == DATA_GOLDEN + bytes(18)
+    assert list(F.decode_frames(DATA_GOLDEN + bytes(18))) == [frame]
 
 
 def test_fragment_flags_golden() -> None:
@@ -141,7 +129,7 @@ def test_heartbeat_golden() -> None:
     assert not F.is_end_of_stream(HEARTBEAT_GOLDEN)
     decoded = decode_one(HEARTBEAT_GOLDEN)
     assert decoded == beat
-    assert isinstance(decoded, DataHeader) and decoded.is_heartbeat and len(decoded.payload) == 0
+    assert isinstance(decoded, F.DataHeader) and decoded.is_heartbeat and len(decoded.payload) == 0
 
 
 def test_end_of_stream_heartbeat_golden() -> None:
@@ -196,7 +184,7 @@ SETUP_GOLDEN = h(
 
 
 def test_setup_golden() -> None:
-    setup = SetupFrame(
+    setup = F.SetupFrame(
         flags=F.SETUP_FLAG_GROUP,
         term_offset=448,
         session_id=0xAEF36675 - 2**32,
@@ -226,7 +214,7 @@ SM_GOLDEN = h(
 
 
 def test_status_message_golden() -> None:
-    sm = StatusMessage(
+    sm = F.StatusMessage(
         flags=F.SM_FLAG_EOS,
         session_id=0xAEF36675 - 2**32,
         stream_id=1001,
@@ -241,7 +229,7 @@ def test_status_message_golden() -> None:
 
 
 def test_status_message_with_group_tag_golden() -> None:
-    sm = StatusMessage(
+    sm = F.StatusMessage(
         flags=F.SM_FLAG_SETUP,
         session_id=0,
         stream_id=0,
@@ -267,7 +255,7 @@ def test_status_message_extra_bytes_not_44_are_not_a_group_tag() -> None:
     # frame_length 40 (application feedback): accepted, no group tag, as Aeron's sender does.
     datagram = b"\x28" + SM_GOLDEN[1:] + b"\x01\x02\x03\x04"
     sm = decode_one(datagram)
-    assert isinstance(sm, StatusMessage) and sm.group_tag is None
+    assert isinstance(sm, F.StatusMessage) and sm.group_tag is None
     # Bytes past frame_length are ignored (Aeron accepts length >= frame_length).
     assert decode_one(SM_GOLDEN + b"\xff" * 8) == decode_one(SM_GOLDEN)
 
@@ -285,7 +273,7 @@ NAK_GOLDEN = h(
 
 
 def test_nak_golden() -> None:
-    nak = Nak(
+    nak = F.Nak(
         session_id=0xAEF36675 - 2**32,
         stream_id=1001,
         term_id=0xA3AA3869 - 2**32,
@@ -308,7 +296,7 @@ RTTM_GOLDEN = h(
 
 
 def test_rttm_golden() -> None:
-    rttm = RttMeasurement(
+    rttm = F.RttMeasurement(
         flags=F.RTTM_FLAG_REPLY,
         session_id=1,
         stream_id=2,
@@ -320,7 +308,7 @@ def test_rttm_golden() -> None:
     assert rttm.wants_reply
     decoded = decode_one(RTTM_GOLDEN)
     assert decoded == rttm
-    echo = RttMeasurement(
+    echo = F.RttMeasurement(
         session_id=1, stream_id=2, echo_timestamp=rttm.echo_timestamp, receiver_id=rttm.receiver_id
     )
     assert not echo.wants_reply
@@ -341,7 +329,7 @@ ERR_GOLDEN = h(
 
 
 def test_error_frame_golden() -> None:
-    err = ErrorFrame(
+    err = F.ErrorFrame(
         flags=F.ERR_FLAG_GROUP_TAG,
         session_id=1,
         stream_id=2,
@@ -354,14 +342,14 @@ def test_error_frame_golden() -> None:
     assert err.frame_length == 45 and err.has_group_tag
     decoded = decode_one(ERR_GOLDEN)
     assert decoded == err
-    assert isinstance(decoded, ErrorFrame) and decoded.text == "oops!"
+    assert isinstance(decoded, F.ErrorFrame) and decoded.text == "oops!"
 
 
 def test_error_frame_message_limit() -> None:
     fields = dict(session_id=1, stream_id=2, receiver_id=3, error_code=1)
-    assert len(ErrorFrame(**fields, message=b"x" * 1023).encode()) == 40 + 1023
+    assert len(F.ErrorFrame(**fields, message=b"x" * 1023).encode()) == 40 + 1023
     with pytest.raises(ValueError):
-        ErrorFrame(**fields, message=b"x" * 1024).encode()
+        F.ErrorFrame(**fields, message=b"x" * 1024).encode()
 
 
 # --- unknown-but-valid types -------------------------------------------------------------------
@@ -371,21 +359,21 @@ def test_error_frame_message_limit() -> None:
 def test_uninterpreted_types_decode_to_unknown_frame(frame_type: int) -> None:
     datagram = h("14000000 00 01") + frame_type.to_bytes(2, "little") + bytes(range(12))
     frame = decode_one(datagram)
-    assert isinstance(frame, UnknownFrame)
+    assert isinstance(frame, F.UnknownFrame)
     assert (frame.type, frame.flags, frame.frame_length) == (frame_type, 1, 20)
     assert frame.encode() == datagram
-    assert encode_datagram([frame]) == datagram
+    assert F.encode_datagram([frame]) == datagram
 
 
 def test_ext_type_is_0xffff() -> None:
     frame = decode_one(h("08000000 00 00 ffff"))
-    assert isinstance(frame, UnknownFrame) and frame.type == 0xFFFF == F.HDR_TYPE_EXT
+    assert isinstance(frame, F.UnknownFrame) and frame.type == 0xFFFF == F.HDR_TYPE_EXT
 
 
 # --- walking datagrams -------------------------------------------------------------------------
 
 
-def _frame(term_offset: int, payload: bytes, flags: int = 0xC0) -> DataHeader:
+def _frame(term_offset: int, payload: bytes, flags: int = 0xC0) -> F.DataHeader:
     return F.data_frame(
         term_offset=term_offset, session_id=5, stream_id=6, term_id=7, payload=payload, flags=flags
     )
@@ -396,39 +384,39 @@ def test_walk_packed_frames_with_alignment_and_final_pad() -> None:
     second = _frame(64, b"b" * 32, flags=F.DATA_FLAG_BEGIN)  # 64
     third = _frame(128, b"c" * 248, flags=F.DATA_FLAG_END)  # 280 -> 288
     pad = F.pad_frame(frame_length=352, term_offset=416, session_id=5, stream_id=6, term_id=7)
-    datagram = encode_datagram([first, second, third, pad])
+    datagram = F.encode_datagram([first, second, third, pad])
     assert len(datagram) == 64 + 64 + 288 + 32
     assert datagram[46:64] == bytes(18)
-    decoded = list(decode_frames(datagram))
+    decoded = list(F.decode_frames(datagram))
     assert decoded == [first, second, third, pad]
-    assert encode_datagram(decoded) == datagram
+    assert F.encode_datagram(decoded) == datagram
 
 
 def test_walk_tolerates_missing_alignment_after_last_frame() -> None:
     frame = _frame(0, b"xyz")
-    assert list(decode_frames(frame.encode())) == [frame]
+    assert list(F.decode_frames(frame.encode())) == [frame]
 
 
 def test_pad_ends_the_walk() -> None:
     pad = F.pad_frame(frame_length=64, term_offset=0, session_id=1, stream_id=1, term_id=1)
     # The 32 bytes after the header are inside the PAD's frame_length: never read as a frame.
-    assert list(decode_frames(pad.encode() + b"\xff" * 32)) == [pad]
+    assert list(F.decode_frames(pad.encode() + b"\xff" * 32)) == [pad]
 
 
 def test_control_frame_ends_the_walk() -> None:
-    assert list(decode_frames(NAK_GOLDEN + DATA_GOLDEN)) == [decode_one(NAK_GOLDEN)]
+    assert list(F.decode_frames(NAK_GOLDEN + DATA_GOLDEN)) == [decode_one(NAK_GOLDEN)]
 
 
 def test_heartbeat_followed_by_data() -> None:
     datagram = HEARTBEAT_GOLDEN + DATA_GOLDEN
-    decoded = list(decode_frames(datagram))
+    decoded = list(F.decode_frames(datagram))
     assert [f.frame_length for f in decoded] == [0, 46]
 
 
 def test_data_payload_is_a_zero_copy_view() -> None:
     buffer = bytearray(DATA_GOLDEN)
-    (frame,) = decode_frames(buffer)
-    assert isinstance(frame, DataHeader) and isinstance(frame.payload, memoryview)
+    (frame,) = F.decode_frames(buffer)
+    assert isinstance(frame, F.DataHeader) and isinstance(frame.payload, memoryview)
     assert frame.payload == b"Hello World! 0"
     buffer[32] = ord("J")
     assert bytes(frame.payload[:5]) == b"Jello"
@@ -437,7 +425,7 @@ def test_data_payload_is_a_zero_copy_view() -> None:
 def test_decode_accepts_memoryview_of_a_larger_buffer() -> None:
     buffer = bytearray(100) + bytearray(DATA_GOLDEN) + bytearray(50)
     view = memoryview(buffer)[100 : 100 + len(DATA_GOLDEN)]
-    (frame,) = decode_frames(view)
+    (frame,) = F.decode_frames(view)
     assert frame == decode_one(DATA_GOLDEN)
 
 
@@ -456,10 +444,20 @@ def test_encode_into_writes_at_offset() -> None:
 
 
 def reason_of(datagram: bytes) -> str:
-    with pytest.raises(MalformedFrame) as info:
-        list(decode_frames(datagram))
+    with pytest.raises(F.MalformedFrame) as info:
+        list(F.decode_frames(datagram))
     assert isinstance(info.value, ValueError)
     return info.value.reason
+
+
+def test_decode_datagram_is_all_frames_or_none() -> None:
+    """decode_datagram gives every frame of a valid datagram and None for a malformed one,
+    even when frames before the malformed one were valid."""
+    first, second = _frame(0, b"a" * 8), _frame(64, b"b" * 8)
+    datagram = F.encode_datagram([first, second])
+    assert F.decode_datagram(datagram) == [first, second]
+    assert F.decode_datagram(datagram[:64] + bytes([0xFF]) + datagram[65:]) is None  # length
+    assert F.decode_datagram(b"") is None
 
 
 def with_frame_length(datagram: bytes, frame_length: int) -> bytes:
@@ -503,34 +501,34 @@ def test_malformed_reasons(datagram: bytes, reason: str) -> None:
 
 
 def test_malformed_frame_in_second_position_reports_its_offset() -> None:
-    datagram = encode_datagram([_frame(0, b"x" * 32)]) + b"\x00" * 8
-    with pytest.raises(MalformedFrame) as info:
-        list(decode_frames(datagram))
+    datagram = F.encode_datagram([_frame(0, b"x" * 32)]) + b"\x00" * 8
+    with pytest.raises(F.MalformedFrame) as info:
+        list(F.decode_frames(datagram))
     assert info.value.reason == "short" and info.value.offset == 64
 
 
 def test_encode_rejects_inconsistent_frames() -> None:
     good = _frame(0, b"abc")
-    bad_length = DataHeader(
+    bad_length = F.DataHeader(
         frame_length=40, term_offset=0, session_id=0, stream_id=0, term_id=0, payload=b"abc"
     )
-    bad_heartbeat = DataHeader(
+    bad_heartbeat = F.DataHeader(
         frame_length=0, term_offset=0, session_id=0, stream_id=0, term_id=0, payload=b"abc"
     )
-    bad_pad = DataHeader(
+    bad_pad = F.DataHeader(
         frame_length=16, type=F.HDR_TYPE_PAD, term_offset=0, session_id=0, stream_id=0, term_id=0
     )
-    bad_type = DataHeader(
+    bad_type = F.DataHeader(
         frame_length=32, type=F.HDR_TYPE_NAK, term_offset=0, session_id=0, stream_id=0, term_id=0
     )
-    out_of_range = Nak(session_id=2**31, stream_id=0, term_id=0, term_offset=0, length=0)
+    out_of_range = F.Nak(session_id=2**31, stream_id=0, term_id=0, term_offset=0, length=0)
     for frame in (bad_length, bad_heartbeat, bad_pad, bad_type, out_of_range):
         with pytest.raises(ValueError):
             frame.encode()
     with pytest.raises(ValueError):
-        encode_datagram([decode_one(PAD_GOLDEN), good])
+        F.encode_datagram([decode_one(PAD_GOLDEN), good])
     with pytest.raises(ValueError):
-        encode_datagram([decode_one(NAK_GOLDEN), good])
+        F.encode_datagram([decode_one(NAK_GOLDEN), good])
 
 
 # --- property tests ----------------------------------------------------------------------------
@@ -540,7 +538,7 @@ i64 = st.integers(-(2**63), 2**63 - 1)
 u8 = st.integers(0, 255)
 
 
-def data_frames() -> st.SearchStrategy[DataHeader]:
+def data_frames() -> st.SearchStrategy[F.DataHeader]:
     return st.builds(
         F.data_frame,
         term_offset=i32,
@@ -553,9 +551,9 @@ def data_frames() -> st.SearchStrategy[DataHeader]:
     )
 
 
-def heartbeats() -> st.SearchStrategy[DataHeader]:
+def heartbeats() -> st.SearchStrategy[F.DataHeader]:
     return st.builds(
-        DataHeader,
+        F.DataHeader,
         frame_length=st.just(0),
         flags=u8,
         term_offset=i32,
@@ -566,9 +564,9 @@ def heartbeats() -> st.SearchStrategy[DataHeader]:
     )
 
 
-def pads() -> st.SearchStrategy[DataHeader]:
+def pads() -> st.SearchStrategy[F.DataHeader]:
     return st.builds(
-        DataHeader,
+        F.DataHeader,
         frame_length=st.integers(32, 2**31 - 1),
         flags=u8,
         type=st.just(F.HDR_TYPE_PAD),
@@ -583,7 +581,7 @@ def pads() -> st.SearchStrategy[DataHeader]:
 def control_frames() -> st.SearchStrategy[F.Frame]:
     return st.one_of(
         st.builds(
-            SetupFrame,
+            F.SetupFrame,
             flags=u8,
             term_offset=i32,
             session_id=i32,
@@ -595,7 +593,7 @@ def control_frames() -> st.SearchStrategy[F.Frame]:
             ttl=i32,
         ),
         st.builds(
-            StatusMessage,
+            F.StatusMessage,
             flags=u8,
             session_id=i32,
             stream_id=i32,
@@ -606,7 +604,7 @@ def control_frames() -> st.SearchStrategy[F.Frame]:
             group_tag=st.none() | i64,
         ),
         st.builds(
-            Nak,
+            F.Nak,
             flags=u8,
             session_id=i32,
             stream_id=i32,
@@ -615,7 +613,7 @@ def control_frames() -> st.SearchStrategy[F.Frame]:
             length=i32,
         ),
         st.builds(
-            RttMeasurement,
+            F.RttMeasurement,
             flags=u8,
             session_id=i32,
             stream_id=i32,
@@ -624,7 +622,7 @@ def control_frames() -> st.SearchStrategy[F.Frame]:
             receiver_id=i64,
         ),
         st.builds(
-            ErrorFrame,
+            F.ErrorFrame,
             flags=u8,
             session_id=i32,
             stream_id=i32,
@@ -634,7 +632,7 @@ def control_frames() -> st.SearchStrategy[F.Frame]:
             message=st.binary(max_size=F.ERR_MAX_MESSAGE_LENGTH),
         ),
         st.builds(
-            lambda frame_type, flags, body: UnknownFrame(
+            lambda frame_type, flags, body: F.UnknownFrame(
                 flags=flags,
                 type=frame_type,
                 raw=(8 + len(body)).to_bytes(4, "little")
@@ -676,17 +674,17 @@ def datagrams() -> st.SearchStrategy[list[F.Frame]]:
 @FAST
 @given(datagrams())
 def test_round_trip_datagram(frames: list[F.Frame]) -> None:
-    datagram = encode_datagram(frames)
-    decoded = list(decode_frames(datagram))
+    datagram = F.encode_datagram(frames)
+    decoded = list(F.decode_frames(datagram))
     assert decoded == frames
-    assert encode_datagram(decoded) == datagram
+    assert F.encode_datagram(decoded) == datagram
 
 
 def decode_or_malformed(datagram: bytes) -> None:
     """Decoding either succeeds or raises MalformedFrame: nothing else may escape."""
     try:
-        frames = list(decode_frames(datagram))
-    except MalformedFrame as exc:
+        frames = list(F.decode_frames(datagram))
+    except F.MalformedFrame as exc:
         assert exc.reason in {"short", "version", "type", "length"}
         return
     for frame in frames:
@@ -718,7 +716,7 @@ def test_random_bodies_behind_plausible_headers_only_raise_malformed(
 def test_every_truncation_and_byte_flip_only_raises_malformed(
     frames: list[F.Frame], data: st.DataObject
 ) -> None:
-    datagram = encode_datagram(frames)
+    datagram = F.encode_datagram(frames)
     for cut in range(len(datagram)):
         decode_or_malformed(datagram[:cut])
     position = data.draw(st.integers(0, len(datagram) - 1))
