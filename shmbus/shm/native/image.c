@@ -138,16 +138,22 @@ static PyObject *large_payload_str, *large_bytes_str;
 PyObject *large_gone;
 
 /* The payload of a large message's reference frame, resolved by the Python side of the image
- * (Image._large_payload / _large_bytes: the shared-memory block it refers to). */
+ * (Image._large_payload / _large_bytes(reference, position): the shared-memory block it refers
+ * to, which its writer bound to the frame ending at that stream position). */
 static PyObject *resolve_large(ImageCore *self, PyObject *method, const uint8_t *frame,
                                int32_t length)
 {
-    PyObject *ref = PyBytes_FromStringAndSize((const char *)frame + HEADER_LENGTH,
-                                              length - HEADER_LENGTH);
-    if (ref == NULL)
-        return NULL;
-    PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, method, ref);
-    Py_DECREF(ref);
+    int64_t end = (term_count_between(rd_i32(frame + TERM_ID_OFFSET), self->g.initial_term_id)
+                   << self->g.position_bits)
+                  + rd_i32(frame + TERM_OFFSET_OFFSET) + ALIGN((int64_t)length, FRAME_ALIGNMENT);
+    PyObject *args[3] = {(PyObject *)self,
+                         PyBytes_FromStringAndSize((const char *)frame + HEADER_LENGTH,
+                                                   length - HEADER_LENGTH),
+                         PyLong_FromLongLong(end)};
+    PyObject *r = args[1] == NULL || args[2] == NULL ? NULL
+        : PyObject_VectorcallMethod(method, args, 3, NULL);
+    Py_XDECREF(args[1]);
+    Py_XDECREF(args[2]);
     return r;
 }
 

@@ -87,7 +87,7 @@ def test_views_stay_exact_while_the_driver_frees_and_reuses_around_them(shm_dir:
             wait_for(ctl, SEQ, seq, hard_stop)
             where = entry(ctl, seq)
             assert where is not None, f"block {seq} left the table while counted"
-            view = ring.view(br.encode_reference(*where))
+            view = ring.view(br.encode_reference(*where), 64 * seq)
             assert view is not None, f"block {seq} freed while this reader held it"
             assert holds(view, seq), f"block {seq}: not its bytes"
             # hold it while the child frees what lies before it and fills what lies after
@@ -112,7 +112,7 @@ def test_views_stay_exact_while_the_driver_frees_and_reuses_around_them(shm_dir:
                         if where is None:
                             continue
                         for mapped in (ring, again):
-                            view = mapped.view(br.encode_reference(*where))
+                            view = mapped.view(br.encode_reference(*where), 64 * old)
                             if view is None:
                                 freed_seen += 1
                                 continue
