@@ -494,7 +494,16 @@ class BlockRing:
         to another frame (:meth:`bind`), or to none yet (a block still being filled): a
         forged, replayed or duplicated reference, whose block may be half written. A reader
         must not stop there as at a freed block: nothing would ever move it on. (A block
-        freed while this looks is told by the free head having passed it.)"""
+        freed while this looks is told by the free head having passed it.)
+
+        A ring file cut short after this process mapped it (another process truncated it) is
+        the same error, naming its size and the mapping's: the file's size is asked (fstat of
+        the held descriptor) before the mapping is touched, since touching it past the file's
+        end would kill this process with SIGBUS. What this cannot close: a truncation after
+        that look, while the reader copies or holds the view (a handler reading it, a
+        ``take_view`` held), still faults; only a process that may truncate the bus's files
+        can do that, and nothing short of copying every block under a SIGBUS handler would
+        stop it."""
         ring_position, length = decode_reference(reference)
         if ring_position % PAGE or length > self.max_message_length or (
                 ring_position % self.capacity + BLOCK_HEADER + length > self.capacity):
@@ -503,6 +512,11 @@ class BlockRing:
         if not self.enter():
             return None
         try:
+            size = os.fstat(self._fd).st_size
+            if size < HEADER_PAGE + self.capacity:
+                raise self._not_a_block(ring_position, length, f"the ring file is cut short: "
+                                        f"{size} bytes, mapped as {HEADER_PAGE + self.capacity}"
+                                        f" bytes (truncated after this process mapped it)")
             b = self.buffer
             if not self._ready:
                 self._next_look = 0.0  # a reference is worth a look now
