@@ -98,6 +98,9 @@ class GroupImage(Image):
                          correlation_id=correlation_id,
                          subscription_registration_id=subscription_registration_id,
                          source_identity=source_identity)
+        # a member claims whole messages only: the leading fragments of one whose next
+        # fragment is missing (awaiting a retransmission) must not wake a waiting member
+        self._whole_messages = True
         self._member._image = weakref.proxy(self)
 
     @property
