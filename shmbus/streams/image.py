@@ -15,7 +15,7 @@ import numpy as np
 
 from shmbus.settings import codes
 from shmbus.shm._native import Header, ImageCore
-from shmbus.shm.block_ring import REFERENCE_FLAGS, BlockRing, ring_path
+from shmbus.shm.block_ring import REFERENCE_FLAGS, BlockRing, CorruptReferenceError, ring_path
 from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG, LogBuffer
 from shmbus.shm.position import Position
 from shmbus.streams.fragment_assembler import FragmentAssembler
@@ -186,8 +186,16 @@ class Image(ImageCore):
         self._wake_driver: Callable[[], None] = _nothing
 
     def _ring(self) -> BlockRing:
+        """The log's block ring; CorruptReferenceError (the frame is dropped) for a log with
+        none: a network image's (large messages cross hosts in pieces, never as references),
+        or one whose driver removed its files."""
         if self._blocks is None:
-            self._blocks = BlockRing.open(ring_path(self.log.path))
+            try:
+                self._blocks = BlockRing.open(ring_path(self.log.path))
+            except FileNotFoundError:
+                raise CorruptReferenceError(
+                    f"a large-message reference in {self.log.path}, which has no block ring "
+                    f"(a network image's log, or one its driver removed)") from None
         return self._blocks
 
     def _large_payload(self, reference: bytes, position: int) -> memoryview | None:

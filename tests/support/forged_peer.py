@@ -20,7 +20,6 @@ from netbridge.frames import (
     DATA_FLAG_END,
     DataHeader,
     MalformedFrame,
-    Nak,
     SetupFrame,
     StatusMessage,
     align,
@@ -88,10 +87,11 @@ class ForgedPeer:
                     return True
         return False
 
-    def send(self, message: bytes) -> None:
-        """Send ``message`` as one whole DATA frame at the next offset of the term."""
+    def send(self, message: bytes, flags: int = DATA_FLAG_BEGIN | DATA_FLAG_END) -> None:
+        """Send ``message`` as one whole DATA frame (``flags``: B and E, and any others) at the
+        next offset of the term."""
         frame = data_frame(term_offset=self.term_offset, session_id=self.session_id,
-                           stream_id=self.stream_id, term_id=0, payload=message)
+                           stream_id=self.stream_id, term_id=0, payload=message, flags=flags)
         assert frame.frame_length <= MTU, f"a message of {len(message)} bytes is past the MTU"
         self.sock.sendto(encode_datagram([frame]), self.endpoint)
         self.term_offset += align(frame.frame_length)

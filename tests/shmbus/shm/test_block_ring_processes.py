@@ -152,9 +152,9 @@ def test_views_stay_exact_while_the_driver_frees_and_reuses_around_them(shm_dir:
 @pytest.mark.parametrize("cut", ["empty", "inside the block", "past the block"])
 def test_a_ring_cut_short_under_its_reader_is_refused_by_name(shm_dir: Path, cut: str) -> None:
     """A reader (a process of its own) has mapped a ring and viewed a block; this process
-    truncates the file. The reader's next view does not touch the mapping past the file's end (a SIGBUS would kill
-    it): it raises CorruptReferenceError naming the ring, its size now and the mapping's,
-    and the reader lives on."""
+    truncates the file. The reader's next view does not touch the mapping past the file's
+    end (a SIGBUS would kill it): it raises CorruptReferenceError naming the ring, its size
+    now and the mapping's, and the reader lives on."""
     ring_file = shm_dir / "cut.blocks"
     writer = br.BlockRing.create(ring_file, MAX_MESSAGE)
     length = 100_000

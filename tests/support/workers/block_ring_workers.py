@@ -1,7 +1,7 @@
 """Spawn targets for tests/shmbus/shm/test_block_ring_processes.py: the writer and the driver
 of a block ring in one process, and the control file it shares with the test's reader (words
-at fixed offsets, then a table of the blocks it published); and a reader of a ring the test's process cuts
-short."""
+at fixed offsets, then a table of the blocks it published); and a reader of a ring the
+test's process cuts short."""
 
 from __future__ import annotations
 
