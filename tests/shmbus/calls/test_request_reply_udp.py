@@ -253,9 +253,10 @@ def test_malformed_requests_and_foreign_datagrams_are_counted_and_dropped(buses,
 def test_a_responder_sleeps_while_a_request_fragment_awaits_its_retransmission(buses, procs):
     """A request in three fragments whose second was lost (a peer that holds it back, so the
     netbridge NAKs it for as long as the test looks): the responder does not spin over the
-    first fragment it cannot claim; it wants the CPU (running or runnable) for a small part of
-    the time. Once the fragment comes it gets the request whole (here not a request: counted
-    malformed)."""
+    first fragment it cannot claim. A spinning thread wants the CPU (running or runnable) all
+    the time, a demand of 1 or more; a sleeping responder only at its wakes (every 0.1 s, and
+    its client's timers), which on a loaded machine wait in the run queue. Once the fragment
+    comes it gets the request whole (here not a request: counted malformed)."""
     _, ctx_b, channel = buses
     pid = start_responders(procs, ctx_b, channel, 1)[0]["pid"]
     with udp_socket() as sock:
@@ -267,7 +268,7 @@ def test_a_responder_sleeps_while_a_request_fragment_awaits_its_retransmission(b
         before, started = cpu_demand(pid), time.monotonic()
         peer.receive(window, wanted=type(None))  # (reads the NAKs meanwhile, for the window)
         demand = (cpu_demand(pid) - before) / (time.monotonic() - started)
-        assert demand < 0.3, f"the responder wanted the CPU {demand:.0%} of the time"
+        assert demand < 0.6, f"the responder wanted the CPU {demand:.0%} of the time"
         peer.resend(held)
         with shmbus.connect(ctx_b) as bus_b:
             wait_until(lambda: counter_total(bus_b, RR_HANDLER_ERRORS) == 1, 30,
