@@ -23,6 +23,7 @@ import pytest
 import shmbus
 from shmbus.codecs.object_messages import object_parts
 from shmbus.shm import block_ring as br
+from tests.support.corrupt_references import messages_and_errors
 from tests.support.drivers import start_driver, stop_driver
 from tests.support.forged_peer import ForgedPeer, udp_socket
 from tests.support.keyrings import write_keyring
@@ -148,14 +149,7 @@ def test_a_forged_large_message_reference_over_udp_is_dropped_with_a_named_error
         peer.send(b"before")
         peer.send(br.encode_reference(0, 100), flags=br.REFERENCE_FLAGS)
         peer.send(b"after")
-        got: list[Any] = []
-        deadline = time.monotonic() + 20
-        while len(got) < 3:
-            assert time.monotonic() < deadline, got
-            try:
-                for message in sub.messages(timeout=0.5):
-                    got.append(message)
-            except br.CorruptReferenceError as e:
-                assert str(image.log.path) in str(e) and "no block ring" in str(e), str(e)
-                got.append("error")
-        assert got == [b"before", "error", b"after"]
+        before, error, after = messages_and_errors(sub, 3, 20)
+        assert (before, after) == (b"before", b"after")
+        assert isinstance(error, br.CorruptReferenceError), error
+        assert str(image.log.path) in str(error) and "no block ring" in str(error), str(error)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import mmap
 import struct
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from shmbus.shm.block_ring import LARGE_FLAG
 from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG, LogBuffer
 from shmbus.shm.position import Position
 from shmbus.streams.fragment_assembler import FragmentAssembler
+from tests.support.corrupt_references import messages_and_errors
 from tests.support.waits import wait_until
 
 TERM = 64 * 1024  # max message length 8 KiB: longer messages go to the ring
@@ -354,14 +354,7 @@ def test_a_group_member_drops_a_corrupt_reference_naming_it_and_reads_on(bus_con
                                  bytes([BEGIN_FLAG | END_FLAG | LARGE_FLAG]))
         pub._commit(frame_offset)
         pub.publish(b"after", timeout=5)
-        got: list[bytes | str] = []
-        deadline = time.monotonic() + 10
-        while len(got) < 3:
-            assert time.monotonic() < deadline, got
-            try:
-                for message in member.messages(timeout=0.1):
-                    got.append(message)
-            except br.CorruptReferenceError as e:
-                assert "no writer used the ring" in str(e)
-                got.append(ERROR)
-        assert got == [b"before", ERROR, b"after"]
+        before, error, after = messages_and_errors(member, 3, 10)
+        assert (before, after) == (b"before", b"after")
+        assert isinstance(error, br.CorruptReferenceError), error
+        assert "no writer used the ring" in str(error)
