@@ -205,6 +205,7 @@ def offer_reference(pub: BlockPublisher, ring: BlockRing, start: int, length: in
                 view.release()
                 pub.log.buffer.put_bytes(frame_offset + _FLAGS_OFFSET,
                                          bytes([REFERENCE_FLAGS]))
+                ring.bind(start, result)  # (before the frame is visible: see BlockRing.view)
                 try:
                     pub._commit(frame_offset)
                 except ValueError:
