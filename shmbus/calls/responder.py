@@ -50,6 +50,7 @@ from shmbus.shm.counters import (
     RR_REPLIES_DROPPED,
     RR_SERVED,
 )
+from shmbus.streams.context_managers import Closeable
 from shmbus.streams.fragment_assembler import FragmentAssembler
 from shmbus.streams.subscription_group import GroupSubscription
 
@@ -84,7 +85,7 @@ def group_name(stream_id: int) -> str:
     return f"rr-{stream_id}" if stream_id >= 0 else f"rr-m{-stream_id}"
 
 
-class Responder:
+class Responder(Closeable):
     """Serves one service (channel + stream) with ``handler``. Made by
     ``Client.add_responder``; a context manager. Not for concurrent use by several threads:
     run one ``serve`` (or ``poll`` loop) per responder."""
@@ -367,12 +368,6 @@ class Responder:
         self._replies.clear()
         self._counters.close()
         self._on_close()
-
-    def __enter__(self) -> Responder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"Responder(channel={self.channel!r}, stream_id={self.stream_id}, "

@@ -38,6 +38,7 @@ from shmbus.history.history_merge import HistoryGapError, Phase, SessionMerge
 from shmbus.settings.channel_uri import JOIN_POSITION, ChannelUri, ChannelUriError
 from shmbus.shm._native import Header
 from shmbus.shm.log_buffer import FRAME_ALIGNMENT, HEADER_LENGTH, align
+from shmbus.streams.context_managers import Closeable
 from shmbus.streams.fragment_assembler import FragmentAssembler
 from shmbus.streams.image import Image
 
@@ -94,7 +95,7 @@ class _Session:
         return reader
 
 
-class LateJoinSubscription:
+class LateJoinSubscription(Closeable):
     """History from a recording, then live, per session (see the module docstring).
 
     Read it with :meth:`poll` (``handler(payload, MessageInfo)`` per whole message) or
@@ -479,12 +480,6 @@ class LateJoinSubscription:
         self._closed = True
         if self._live is not None:
             self._live.close()
-
-    def __enter__(self) -> LateJoinSubscription:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"LateJoinSubscription({self.channel!r}, {self.stream_id}, "

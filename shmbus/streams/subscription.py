@@ -16,6 +16,7 @@ from shmbus.codecs.table_messages import decode_table
 from shmbus.settings.timeouts import deadline_after
 from shmbus.shm._native import AtomicBuffer, SubscriptionCore
 from shmbus.streams.async_waits import ReadinessWatcher
+from shmbus.streams.context_managers import Closeable
 from shmbus.streams.image import FragmentBatch, Image, MessageView
 
 ImageHandler = Callable[[Image], Any]
@@ -28,7 +29,7 @@ def _same(view: MessageView) -> MessageView:
     return view
 
 
-class Subscription(SubscriptionCore):
+class Subscription(SubscriptionCore, Closeable):
     """Reads a channel and stream: one :class:`Image` per publishing session.
 
     ``poll`` (native: an empty poll costs well under a microsecond) visits the images
@@ -416,12 +417,6 @@ class Subscription(SubscriptionCore):
         on_close, self._on_close = self._on_close, None
         if on_close is not None:  # (the client's method: dropped, so no cycle keeps it alive)
             on_close(self, images)
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"Subscription(channel={self.channel!r}, stream_id={self.stream_id}, "
