@@ -160,17 +160,21 @@ class Subscription(SubscriptionCore, Closeable):
                     fragment_limit: int) -> int:
         """``read(image, handler, limit)`` over the images, round-robin from one further along
         each call, until ``fragment_limit`` fragments; returns how many."""
-        images = self.images
-        n = len(images)
-        if not n:
-            return 0
-        start = self._round_robin = (self._round_robin + 1) % n
         fragments = 0
-        for i in range(n):
+        for image in self._images_round_robin():
             if fragments >= fragment_limit:
                 break
-            fragments += read(images[(start + i) % n], handler, fragment_limit - fragments)
+            fragments += read(image, handler, fragment_limit - fragments)
         return fragments
+
+    def _images_round_robin(self) -> tuple[Any, ...]:
+        """:attr:`images`, starting one further along than the last call's start, so that no
+        session starves another."""
+        images = self.images
+        if not images:
+            return images
+        start = self._round_robin = (self._round_robin + 1) % len(images)
+        return images[start:] + images[:start]
 
     # -- holding messages, typed messages ----------------------------------------------------
 
@@ -184,13 +188,7 @@ class Subscription(SubscriptionCore, Closeable):
         with ``poll``/``messages()`` while a view is held: they would read it again.
         Images are visited round-robin.
         """
-        images = self.images
-        n = len(images)
-        if not n:
-            return None
-        start = self._round_robin = (self._round_robin + 1) % n
-        for i in range(n):
-            image = images[(start + i) % n]
+        for image in self._images_round_robin():
             if not image._held:
                 view: MessageView | None = image._take_view()
                 if view is not None:
