@@ -240,15 +240,8 @@ class Responder(Closeable):
         if kind != _REQUEST or flags & ~call_header.IDEMPOTENT:
             self._counters.add(RR_HANDLER_ERRORS)
             return
-        member = self._member
-        if member is not None and member.handed_on and not flags & call_header.IDEMPOTENT:
-            self._reply(stream_id, call_header.LOST, correlation_id, b"")
-            return
-        try:
-            reply = self.handler(bytes(buffer[_HEADER_LENGTH:]))
-            memoryview(reply)  # a reply is anything with the buffer protocol
-        except Exception as error:  # the caller gets it as RemoteError
-            self._reply_error(stream_id, correlation_id, error)
+        reply = self._answer(stream_id, flags, correlation_id, buffer[_HEADER_LENGTH:])
+        if reply is None:
             return
         publication = self._replies.get(stream_id)
         if publication is not None and _offer_call(publication, _REPLY, 0, 0, correlation_id,
@@ -273,17 +266,26 @@ class Responder(Closeable):
             self._counters.add(RR_REFLECTIONS_REFUSED)
             return
         destination = (keyed_reply_channel(reply_to, self.channel), stream_id)
+        reply = self._answer(destination, flags, correlation_id, buffer[at:])
+        if reply is not None:
+            self._reply(destination, _REPLY, correlation_id, reply)
+
+    def _answer(self, destination: Destination, flags: int, correlation_id: int,
+                request: memoryview) -> Any:
+        """The handler's reply to ``request``, or None when the caller was answered otherwise:
+        LOST for a request that is not idempotent and that this member took over from one that
+        left (the handler may have run there), the error when the handler raised."""
         member = self._member
         if member is not None and member.handed_on and not flags & call_header.IDEMPOTENT:
             self._reply(destination, call_header.LOST, correlation_id, b"")
-            return
+            return None
         try:
-            reply = self.handler(bytes(buffer[at:]))
-            memoryview(reply)
+            reply = self.handler(bytes(request))
+            memoryview(reply)  # a reply is anything with the buffer protocol
         except Exception as error:  # the caller gets it as RemoteError
             self._reply_error(destination, correlation_id, error)
-            return
-        self._reply(destination, _REPLY, correlation_id, reply)
+            return None
+        return reply
 
     def _open_reply(self, destination: Destination) -> Publication:
         """The publication replies to ``destination`` go on (RegistrationError as
