@@ -108,7 +108,7 @@ class LateJoinSubscription(Closeable):
                  merge_window: int | None = None, catch_up: float | None = None) -> None:
         if from_position is not None and last is not None:
             raise ValueError("give from_position or last, not both")
-        # (an int, not a bool; a float or anything else used to read from the start)
+        # (an int, not a bool: any other value is refused, never read as the start)
         if from_position is not None and from_position != "start" and (
                 not isinstance(from_position, int) or isinstance(from_position, bool)):
             raise ValueError(f"from_position={from_position!r} must be a stream position "

@@ -75,7 +75,7 @@ class _ViewsLoop:
 class Subscription(SubscriptionCore, Closeable):
     """Reads a channel and stream: one :class:`Image` per publishing session.
 
-    ``poll`` (native: an empty poll costs well under a microsecond) visits the images
+    ``poll`` (native: no Python call unless a fragment is there) visits the images
     round-robin, starting one further along each call so that no session starves another;
     ``messages()`` hands out whole messages as bytes (natively: no Python call per message).
     ``poll(handler, limit, timeout=s)``, :meth:`wait` and ``messages()`` sleep until a writer
