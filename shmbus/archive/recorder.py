@@ -75,6 +75,7 @@ from shmbus.shm.log_buffer import (
     UNFRAGMENTED,
     encode_data_header,
 )
+from shmbus.streams.context_managers import Closeable
 from shmbus.streams.image import FragmentBatch, Image
 
 if TYPE_CHECKING:
@@ -434,7 +435,7 @@ def _scan_segment(path: Path, d: RecordingDescriptor, first: int, base: int) -> 
     return position
 
 
-class Recorder:
+class Recorder(Closeable):
     """Records a channel and stream (every session, or ``session_id``) into ``directory``.
 
     Made by :meth:`shmbus.Client.add_recorder`, whose ``add_subscription`` it is given as
@@ -664,12 +665,6 @@ class Recorder:
             with contextlib.suppress(Exception):
                 self._subscription.close()
             self._catalog.close()
-
-    def __enter__(self) -> Recorder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"Recorder({str(self.directory)!r}, channel={self.channel!r}, "

@@ -206,13 +206,8 @@ class GroupSubscription(Subscription):
     def _take(self) -> bytes | None:
         """The next whole message this member claims, or None: claims one message at most,
         from the images round-robin (natively: one call per image)."""
-        images = self.images
-        n = len(images)
-        if not n:
-            return None
-        start = self._round_robin = (self._round_robin + 1) % n
-        for i in range(n):
-            message: bytes | None = images[(start + i) % n]._member.take()
+        for image in self._images_round_robin():
+            message: bytes | None = image._member.take()
             if message is not None:
                 return message
         return None
