@@ -235,14 +235,9 @@ static PyGetSetDef atomic_buffer_getset[] = {
 };
 
 PyTypeObject AtomicBufferType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.shm._native.AtomicBuffer",
-    .tp_basicsize = sizeof(AtomicBuffer),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "AtomicBuffer(buffer): bounds-checked atomic access over a writable buffer.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)atomic_buffer_init,
-    .tp_dealloc = (destructor)atomic_buffer_dealloc,
+    NATIVE_TYPE_HEAD("shmbus.shm._native.AtomicBuffer", AtomicBuffer, Py_TPFLAGS_DEFAULT,
+                     "AtomicBuffer(buffer): bounds-checked atomic access over a writable buffer."),
+    NATIVE_TYPE_LIFECYCLE(PyType_GenericNew, atomic_buffer_init, atomic_buffer_dealloc),
     .tp_methods = atomic_buffer_methods,
     .tp_getset = atomic_buffer_getset,
 };

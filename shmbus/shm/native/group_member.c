@@ -503,13 +503,11 @@ static PyMethodDef group_methods[] = {
 };
 
 PyTypeObject GroupMemberCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.shm._native.GroupMemberCore",
-    .tp_basicsize = sizeof(GroupMemberCore),
     /* Py_TPFLAGS_HAVE_GC, dealloc, traverse and clear are inherited from ImageCore */
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "One member of a subscription group on one log: claims and delivers whole "
-              "messages no other member gets.",
+    NATIVE_TYPE_HEAD("shmbus.shm._native.GroupMemberCore", GroupMemberCore,
+                     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+                     "One member of a subscription group on one log: claims and delivers "
+                     "whole messages no other member gets."),
     .tp_base = &ImageCoreType,
     .tp_init = (initproc)group_init,
     .tp_methods = group_methods,

@@ -56,11 +56,8 @@ static PyGetSetDef header_getset[] = {
 };
 
 PyTypeObject HeaderType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.Header",
-    .tp_basicsize = sizeof(Header),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The header of one fragment: a copy, safe to keep after the handler returns.",
+    NATIVE_TYPE_HEAD("shmbus.Header", Header, Py_TPFLAGS_DEFAULT,
+                     "The header of one fragment: a copy, safe to keep after the handler returns."),
     .tp_getset = header_getset,
     .tp_repr = (reprfunc)header_repr,
 };
@@ -667,12 +664,7 @@ static int img_clear(ImageCore *self)
     return 0;
 }
 
-static void img_dealloc(ImageCore *self)
-{
-    PyObject_GC_UnTrack(self);
-    img_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+NATIVE_GC_DEALLOC(img_dealloc, ImageCore, img_clear)
 
 static PyGetSetDef img_getset[] = {
     {"position", (getter)img_get_position, (setter)img_set_position,
@@ -702,14 +694,10 @@ static PyMethodDef img_methods[] = {
 };
 
 PyTypeObject ImageCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.shm._native.ImageCore",
-    .tp_basicsize = sizeof(ImageCore),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The term reader behind Image.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)img_init,
-    .tp_dealloc = (destructor)img_dealloc,
+    NATIVE_TYPE_HEAD("shmbus.shm._native.ImageCore", ImageCore,
+                     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+                     "The term reader behind Image."),
+    NATIVE_TYPE_LIFECYCLE(PyType_GenericNew, img_init, img_dealloc),
     .tp_traverse = (traverseproc)img_traverse,
     .tp_clear = (inquiry)img_clear,
     .tp_methods = img_methods,
