@@ -7,6 +7,7 @@
 #define NETBRIDGE_IO_H
 
 #include "shmbus_capi.h"
+#include "native_type.h"
 
 #include <netinet/in.h>
 

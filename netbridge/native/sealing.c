@@ -490,15 +490,10 @@ static PyGetSetDef sealer_getset[] = {
 };
 
 PyTypeObject SealerType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "netbridge._io.Sealer",
-    .tp_doc = "Sealer(keys, max_skew_ns=30e9): seals and opens one socket's datagrams "
-              "(AES-256-GCM; see netbridge/native/sealing.c)",
-    .tp_basicsize = sizeof(Sealer),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Sealer_init,
-    .tp_dealloc = (destructor)Sealer_dealloc,
+    NATIVE_TYPE_HEAD("netbridge._io.Sealer", Sealer, Py_TPFLAGS_DEFAULT,
+                     "Sealer(keys, max_skew_ns=30e9): seals and opens one socket's datagrams "
+                     "(AES-256-GCM; see netbridge/native/sealing.c)"),
+    NATIVE_TYPE_LIFECYCLE(PyType_GenericNew, Sealer_init, Sealer_dealloc),
     .tp_methods = sealer_methods,
     .tp_members = sealer_members,
     .tp_getset = sealer_getset,

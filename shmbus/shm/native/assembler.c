@@ -144,12 +144,7 @@ static int assembler_clear(Assembler *self)
     return 0;
 }
 
-static void assembler_dealloc(Assembler *self)
-{
-    PyObject_GC_UnTrack(self);
-    assembler_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+NATIVE_GC_DEALLOC(assembler_dealloc, Assembler, assembler_clear)
 
 static PyMemberDef assembler_members[] = {
     {"delegate", T_OBJECT, offsetof(Assembler, delegate), READONLY,
@@ -164,19 +159,15 @@ static PyMethodDef assembler_methods[] = {
 };
 
 PyTypeObject AssemblerType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.FragmentAssembler",
-    .tp_basicsize = sizeof(Assembler),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "FragmentAssembler(delegate): a fragment handler that calls delegate(buffer, "
-              "header) once per whole message.\n\nUnfragmented messages pass straight through "
-              "(zero copy). Fragments are copied into a per-session buffer until the E flag "
-              "arrives; the delegate then gets a memoryview of the whole message and the header "
-              "of the last fragment. A fragment without a begun message (joined mid-message) is "
-              "dropped.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)assembler_init,
-    .tp_dealloc = (destructor)assembler_dealloc,
+    NATIVE_TYPE_HEAD("shmbus.FragmentAssembler", Assembler,
+                     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+                     "FragmentAssembler(delegate): a fragment handler that calls delegate(buffer, "
+                     "header) once per whole message.\n\nUnfragmented messages pass straight "
+                     "through (zero copy). Fragments are copied into a per-session buffer until "
+                     "the E flag arrives; the delegate then gets a memoryview of the whole "
+                     "message and the header of the last fragment. A fragment without a begun "
+                     "message (joined mid-message) is dropped."),
+    NATIVE_TYPE_LIFECYCLE(PyType_GenericNew, assembler_init, assembler_dealloc),
     .tp_traverse = (traverseproc)assembler_traverse,
     .tp_clear = (inquiry)assembler_clear,
     .tp_call = PyVectorcall_Call,

@@ -199,31 +199,29 @@ static PyObject *ab_get_capacity(AtomicBuffer *self, void *closure)
     return PyLong_FromSsize_t(self->capacity);
 }
 
+/* A METH_VARARGS method of AtomicBuffer: `name` in Python, ab_<name> in C. */
+#define AB_METHOD(name, doc) {#name, (PyCFunction)ab_##name, METH_VARARGS, doc}
+
 static PyMethodDef atomic_buffer_methods[] = {
-    {"get_int32", (PyCFunction)ab_get_int32, METH_VARARGS, "get_int32(offset) -> int: plain load"},
-    {"get_int64", (PyCFunction)ab_get_int64, METH_VARARGS, "get_int64(offset) -> int: plain load"},
-    {"get_int32_acquire", (PyCFunction)ab_get_int32_acquire, METH_VARARGS,
-     "get_int32_acquire(offset) -> int: load with acquire ordering (offset 4-aligned)"},
-    {"get_int64_acquire", (PyCFunction)ab_get_int64_acquire, METH_VARARGS,
-     "get_int64_acquire(offset) -> int: load with acquire ordering (offset 8-aligned)"},
-    {"put_int32", (PyCFunction)ab_put_int32, METH_VARARGS, "put_int32(offset, value): plain store"},
-    {"put_int64", (PyCFunction)ab_put_int64, METH_VARARGS, "put_int64(offset, value): plain store"},
-    {"put_int32_release", (PyCFunction)ab_put_int32_release, METH_VARARGS,
-     "put_int32_release(offset, value): store with release ordering"},
-    {"put_int64_release", (PyCFunction)ab_put_int64_release, METH_VARARGS,
-     "put_int64_release(offset, value): store with release ordering"},
-    {"get_and_add_int32", (PyCFunction)ab_get_and_add_int32, METH_VARARGS,
-     "get_and_add_int32(offset, delta) -> previous value (atomic)"},
-    {"get_and_add_int64", (PyCFunction)ab_get_and_add_int64, METH_VARARGS,
-     "get_and_add_int64(offset, delta) -> previous value (atomic)"},
-    {"compare_and_set_int32", (PyCFunction)ab_compare_and_set_int32, METH_VARARGS,
-     "compare_and_set_int32(offset, expected, desired) -> bool (atomic)"},
-    {"compare_and_set_int64", (PyCFunction)ab_compare_and_set_int64, METH_VARARGS,
-     "compare_and_set_int64(offset, expected, desired) -> bool (atomic)"},
-    {"get_bytes", (PyCFunction)ab_get_bytes, METH_VARARGS, "get_bytes(offset, length) -> bytes"},
-    {"put_bytes", (PyCFunction)ab_put_bytes, METH_VARARGS, "put_bytes(offset, data)"},
-    {"set_memory", (PyCFunction)ab_set_memory, METH_VARARGS,
-     "set_memory(offset, length, value): fill with a byte value"},
+    AB_METHOD(get_int32, "get_int32(offset) -> int: plain load"),
+    AB_METHOD(get_int64, "get_int64(offset) -> int: plain load"),
+    AB_METHOD(get_int32_acquire,
+              "get_int32_acquire(offset) -> int: load with acquire ordering (offset 4-aligned)"),
+    AB_METHOD(get_int64_acquire,
+              "get_int64_acquire(offset) -> int: load with acquire ordering (offset 8-aligned)"),
+    AB_METHOD(put_int32, "put_int32(offset, value): plain store"),
+    AB_METHOD(put_int64, "put_int64(offset, value): plain store"),
+    AB_METHOD(put_int32_release, "put_int32_release(offset, value): store with release ordering"),
+    AB_METHOD(put_int64_release, "put_int64_release(offset, value): store with release ordering"),
+    AB_METHOD(get_and_add_int32, "get_and_add_int32(offset, delta) -> previous value (atomic)"),
+    AB_METHOD(get_and_add_int64, "get_and_add_int64(offset, delta) -> previous value (atomic)"),
+    AB_METHOD(compare_and_set_int32,
+              "compare_and_set_int32(offset, expected, desired) -> bool (atomic)"),
+    AB_METHOD(compare_and_set_int64,
+              "compare_and_set_int64(offset, expected, desired) -> bool (atomic)"),
+    AB_METHOD(get_bytes, "get_bytes(offset, length) -> bytes"),
+    AB_METHOD(put_bytes, "put_bytes(offset, data)"),
+    AB_METHOD(set_memory, "set_memory(offset, length, value): fill with a byte value"),
     {"release", (PyCFunction)ab_release, METH_NOARGS,
      "release(): drop the underlying buffer; later accesses raise ValueError"},
     {NULL, NULL, 0, NULL},
@@ -235,14 +233,9 @@ static PyGetSetDef atomic_buffer_getset[] = {
 };
 
 PyTypeObject AtomicBufferType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.shm._native.AtomicBuffer",
-    .tp_basicsize = sizeof(AtomicBuffer),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "AtomicBuffer(buffer): bounds-checked atomic access over a writable buffer.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)atomic_buffer_init,
-    .tp_dealloc = (destructor)atomic_buffer_dealloc,
+    NATIVE_TYPE_HEAD("shmbus.shm._native.AtomicBuffer", AtomicBuffer, Py_TPFLAGS_DEFAULT,
+                     "AtomicBuffer(buffer): bounds-checked atomic access over a writable buffer."),
+    NATIVE_TYPE_LIFECYCLE(PyType_GenericNew, atomic_buffer_init, atomic_buffer_dealloc),
     .tp_methods = atomic_buffer_methods,
     .tp_getset = atomic_buffer_getset,
 };

@@ -59,14 +59,21 @@ static int parse_header(const uint8_t *message, Py_ssize_t length, int *kind, in
     return 1;
 }
 
+/* 0 when a function got `expected` arguments, else -1 with a TypeError showing `usage`. */
+static int check_nargs(Py_ssize_t nargs, Py_ssize_t expected, const char *usage)
+{
+    if (nargs == expected)
+        return 0;
+    PyErr_SetString(PyExc_TypeError, usage);
+    return -1;
+}
+
 /* offer_call(publication, kind, flags, stream_id, correlation_id, body) -> int */
 static PyObject *call_offer(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError,
-                        "offer_call(publication, kind, flags, stream_id, correlation_id, body)");
+    if (check_nargs(nargs, 6,
+                    "offer_call(publication, kind, flags, stream_id, correlation_id, body)") < 0)
         return NULL;
-    }
     long kind = PyLong_AsLong(args[1]);
     long flags = PyLong_AsLong(args[2]);
     long stream_id = PyLong_AsLong(args[3]);
@@ -301,11 +308,9 @@ static PyObject *call_answer_request(PyObject *m, PyObject *const *args, Py_ssiz
  * the caller to handle (ANSWER_NOTHING: drained). */
 static PyObject *call_answer_requests(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "answer_requests(member, handler, replies: dict, responder, limit)");
+    if (check_nargs(nargs, 5,
+                    "answer_requests(member, handler, replies: dict, responder, limit)") < 0)
         return NULL;
-    }
     long limit = PyLong_AsLong(args[4]);
     if (limit == -1 && PyErr_Occurred())
         return NULL;

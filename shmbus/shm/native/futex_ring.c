@@ -417,14 +417,10 @@ static PyMethodDef futex_ring_methods[] = {
 };
 
 PyTypeObject FutexRingType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.shm._native.FutexRing",
-    .tp_basicsize = sizeof(FutexRing),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "FutexRing(): an io_uring whose fd turns readable when an armed futex wait is "
-              "woken (Linux 6.7+); OSError where io_uring or its futex wait is unavailable.",
-    .tp_new = futex_ring_new,
-    .tp_init = (initproc)futex_ring_init,
-    .tp_dealloc = (destructor)futex_ring_dealloc,
+    NATIVE_TYPE_HEAD("shmbus.shm._native.FutexRing", FutexRing, Py_TPFLAGS_DEFAULT,
+                     "FutexRing(): an io_uring whose fd turns readable when an armed futex wait "
+                     "is woken (Linux 6.7+); OSError where io_uring or its futex wait is "
+                     "unavailable."),
+    NATIVE_TYPE_LIFECYCLE(futex_ring_new, futex_ring_init, futex_ring_dealloc),
     .tp_methods = futex_ring_methods,
 };

@@ -175,6 +175,20 @@ static int group_claim(GroupMemberCore *self, long limit)
     return 0;
 }
 
+/* The committed length of the claimed frame at term offset `offset` (position `position`), or
+ * -1 with RuntimeError when it is no longer the claim's: the writer lapped this member. */
+static int32_t claimed_length(ImageCore *image, const uint8_t *frame, int32_t offset,
+                              int64_t position)
+{
+    int32_t length = LOAD_ACQUIRE((const int32_t *)frame);
+    if (frame_ok(image, frame, offset, length, position))
+        return length;
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "a claimed message was overwritten: the writer "
+                        "lapped this member (it was dropped as dead)");
+    return -1;
+}
+
 /* Hands the fragments of this member's claim to the handler, moving the record's start past
  * each whole message. Returns the fragments delivered, or -1 with an exception. */
 static long group_deliver(GroupMemberCore *self, PyObject *handler)
@@ -189,13 +203,9 @@ static long group_deliver(GroupMemberCore *self, PyObject *handler)
         int32_t offset = (int32_t)(position & (g->term_length - 1));
         uint8_t *frame = term_at(g, (int)((position >> g->position_bits) % PARTITION_COUNT)) +
                          offset;
-        int32_t length = LOAD_ACQUIRE((int32_t *)frame);
-        if (!frame_ok(image, frame, offset, length, position)) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_RuntimeError, "a claimed message was overwritten: the "
-                                "writer lapped this member (it was dropped as dead)");
+        int32_t length = claimed_length(image, frame, offset, position);
+        if (length < 0)
             return -1;
-        }
         position += ALIGN(length, FRAME_ALIGNMENT);
         if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD)
             continue;
@@ -268,13 +278,9 @@ int group_next_message(PyObject *member, const uint8_t **payload, int32_t *lengt
         int32_t offset = (int32_t)(position & (g->term_length - 1));
         uint8_t *term = term_at(g, (int)((position >> g->position_bits) % PARTITION_COUNT));
         uint8_t *frame = term + offset;
-        int32_t frame_length = LOAD_ACQUIRE((int32_t *)frame);
-        if (!frame_ok(image, frame, offset, frame_length, position)) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_RuntimeError, "a claimed message was overwritten: the "
-                                "writer lapped this member (it was dropped as dead)");
+        int32_t frame_length = claimed_length(image, frame, offset, position);
+        if (frame_length < 0)
             return -1;
-        }
         if (rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD) {  /* padding joins the claim */
             position += ALIGN(frame_length, FRAME_ALIGNMENT);
             STORE_RELEASE(self->start, position >= end ? (int64_t)GROUP_IDLE : position);
@@ -503,13 +509,11 @@ static PyMethodDef group_methods[] = {
 };
 
 PyTypeObject GroupMemberCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.shm._native.GroupMemberCore",
-    .tp_basicsize = sizeof(GroupMemberCore),
     /* Py_TPFLAGS_HAVE_GC, dealloc, traverse and clear are inherited from ImageCore */
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "One member of a subscription group on one log: claims and delivers whole "
-              "messages no other member gets.",
+    NATIVE_TYPE_HEAD("shmbus.shm._native.GroupMemberCore", GroupMemberCore,
+                     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+                     "One member of a subscription group on one log: claims and delivers "
+                     "whole messages no other member gets."),
     .tp_base = &ImageCoreType,
     .tp_init = (initproc)group_init,
     .tp_methods = group_methods,

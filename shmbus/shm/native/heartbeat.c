@@ -135,15 +135,10 @@ static PyGetSetDef heartbeat_getset[] = {
 };
 
 PyTypeObject HeartbeatType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.shm._native.Heartbeat",
-    .tp_basicsize = sizeof(Heartbeat),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Heartbeat(buffer, offset, interval): a thread (no GIL) that stores the epoch time "
-              "in ms at buffer[offset] every interval seconds until stop().",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)heartbeat_init,
-    .tp_dealloc = (destructor)heartbeat_dealloc,
+    NATIVE_TYPE_HEAD("shmbus.shm._native.Heartbeat", Heartbeat, Py_TPFLAGS_DEFAULT,
+                     "Heartbeat(buffer, offset, interval): a thread (no GIL) that stores the "
+                     "epoch time in ms at buffer[offset] every interval seconds until stop()."),
+    NATIVE_TYPE_LIFECYCLE(PyType_GenericNew, heartbeat_init, heartbeat_dealloc),
     .tp_methods = heartbeat_methods,
     .tp_getset = heartbeat_getset,
 };

@@ -56,11 +56,8 @@ static PyGetSetDef header_getset[] = {
 };
 
 PyTypeObject HeaderType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.Header",
-    .tp_basicsize = sizeof(Header),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The header of one fragment: a copy, safe to keep after the handler returns.",
+    NATIVE_TYPE_HEAD("shmbus.Header", Header, Py_TPFLAGS_DEFAULT,
+                     "The header of one fragment: a copy, safe to keep after the handler returns."),
     .tp_getset = header_getset,
     .tp_repr = (reprfunc)header_repr,
 };
@@ -253,48 +250,13 @@ static inline int next_frame(ImageCore *self, const uint8_t *term, int32_t offse
     return pad ? FRAME_PAD : FRAME_DATA;
 }
 
-/* Delivers up to `limit` fragments to handler(buffer, header); returns how many, or -1 with an
- * exception set (the fragments before it still count as consumed). */
-long image_poll(ImageCore *self, PyObject *handler, long limit)
-{
-    if (self->closed || !image_owns_counter(self))
-        return 0;
-    int64_t position = image_position(self);
-    int32_t term_offset = (int32_t)(position & (self->g.term_length - 1));
-    uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
-    int32_t offset = term_offset;
-    long fragments = 0;
-    int failed = 0;
-    while (fragments < limit && offset < self->g.term_length) {
-        int32_t length;
-        int kind = next_frame(self, term, offset, position, &length);
-        if (kind == FRAME_STOP || kind == FRAME_ERROR) {
-            failed = kind == FRAME_ERROR;
-            break;
-        }
-        uint8_t *frame = term + offset;
-        offset += (int32_t)ALIGN(length, FRAME_ALIGNMENT);
-        if (kind == FRAME_PAD)
-            continue;
-        fragments++;
-        PyObject *r = deliver(self, handler, frame, length);
-        if (r == NULL) { failed = 1; break; }
-        Py_DECREF(r);
-        if (r == large_gone) {
-            fragments--;
-            offset -= (int32_t)ALIGN(length, FRAME_ALIGNMENT);
-            break;
-        }
-        if (self->closed)
-            break;  /* the handler closed the image: its log may be gone */
-    }
-    if (offset != term_offset)
-        advance(self, position + (offset - term_offset));
-    return failed ? -1 : fragments;
-}
-
-/* Like image_poll, the handler returning an Action. */
-long image_controlled_poll(ImageCore *self, PyObject *handler, long limit)
+/*
+ * Delivers up to `limit` fragments to handler(buffer, header); returns how many, or -1 with an
+ * exception set (the fragments before it still count as consumed). A controlled handler returns
+ * an Action (None: CONTINUE); a plain handler's return value is ignored. Either way a large
+ * message whose payload is gone (large_gone) is not consumed and ends the poll, as ABORT does.
+ */
+static inline long poll_fragments(ImageCore *self, PyObject *handler, long limit, int controlled)
 {
     if (self->closed || !image_owns_counter(self))
         return 0;
@@ -319,8 +281,8 @@ long image_controlled_poll(ImageCore *self, PyObject *handler, long limit)
         fragments++;
         PyObject *r = deliver(self, handler, frame, length);
         if (r == NULL) { failed = 1; break; }
-        long action = r == Py_None ? ACTION_CONTINUE
-                    : r == large_gone ? ACTION_ABORT : PyLong_AsLong(r);
+        long action = r == large_gone ? ACTION_ABORT
+                    : !controlled || r == Py_None ? ACTION_CONTINUE : PyLong_AsLong(r);
         Py_DECREF(r);
         if (action == -1 && PyErr_Occurred()) { failed = 1; break; }
         if (action == ACTION_ABORT) {
@@ -329,7 +291,7 @@ long image_controlled_poll(ImageCore *self, PyObject *handler, long limit)
             break;
         }
         if (action == ACTION_BREAK || self->closed)
-            break;
+            break;  /* closed: the handler closed the image, and its log may be gone */
         if (action == ACTION_COMMIT) {
             position += offset - initial_offset;
             initial_offset = offset;
@@ -344,6 +306,18 @@ long image_controlled_poll(ImageCore *self, PyObject *handler, long limit)
     if (offset != initial_offset)
         advance(self, position + (offset - initial_offset));
     return failed ? -1 : fragments;
+}
+
+/* poll_fragments with a plain handler. */
+long image_poll(ImageCore *self, PyObject *handler, long limit)
+{
+    return poll_fragments(self, handler, limit, 0);
+}
+
+/* Like image_poll, the handler returning an Action. */
+long image_controlled_poll(ImageCore *self, PyObject *handler, long limit)
+{
+    return poll_fragments(self, handler, limit, 1);
 }
 
 /* The length of the message whose first fragment is at `offset` in its term: on return,
@@ -719,12 +693,7 @@ static int img_clear(ImageCore *self)
     return 0;
 }
 
-static void img_dealloc(ImageCore *self)
-{
-    PyObject_GC_UnTrack(self);
-    img_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+NATIVE_GC_DEALLOC(img_dealloc, ImageCore, img_clear)
 
 static PyGetSetDef img_getset[] = {
     {"position", (getter)img_get_position, (setter)img_set_position,
@@ -756,14 +725,10 @@ static PyMethodDef img_methods[] = {
 };
 
 PyTypeObject ImageCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.shm._native.ImageCore",
-    .tp_basicsize = sizeof(ImageCore),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The term reader behind Image.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)img_init,
-    .tp_dealloc = (destructor)img_dealloc,
+    NATIVE_TYPE_HEAD("shmbus.shm._native.ImageCore", ImageCore,
+                     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+                     "The term reader behind Image."),
+    NATIVE_TYPE_LIFECYCLE(PyType_GenericNew, img_init, img_dealloc),
     .tp_traverse = (traverseproc)img_traverse,
     .tp_clear = (inquiry)img_clear,
     .tp_methods = img_methods,

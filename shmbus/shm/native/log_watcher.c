@@ -299,15 +299,10 @@ static PyMethodDef log_watcher_methods[] = {
 };
 
 PyTypeObject LogWatcherType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.shm._native.LogWatcher",
-    .tp_basicsize = sizeof(LogWatcher),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "LogWatcher(): a native thread that makes an eventfd readable when a publisher "
-              "commits a frame where a network sender waits, or a subscriber reads up to a "
-              "threshold (see shmbus/shm/native/log_watcher.c).",
-    .tp_new = log_watcher_new,
-    .tp_init = (initproc)log_watcher_init,
-    .tp_dealloc = (destructor)log_watcher_dealloc,
+    NATIVE_TYPE_HEAD("shmbus.shm._native.LogWatcher", LogWatcher, Py_TPFLAGS_DEFAULT,
+                     "LogWatcher(): a native thread that makes an eventfd readable when a "
+                     "publisher commits a frame where a network sender waits, or a subscriber "
+                     "reads up to a threshold (see shmbus/shm/native/log_watcher.c)."),
+    NATIVE_TYPE_LIFECYCLE(log_watcher_new, log_watcher_init, log_watcher_dealloc),
     .tp_methods = log_watcher_methods,
 };

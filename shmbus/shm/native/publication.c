@@ -630,12 +630,7 @@ static int pub_clear(PublicationCore *self)
     return 0;
 }
 
-static void pub_dealloc(PublicationCore *self)
-{
-    PyObject_GC_UnTrack(self);
-    pub_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+NATIVE_GC_DEALLOC(pub_dealloc, PublicationCore, pub_clear)
 
 static PyObject *pub_get_max_payload(PublicationCore *self, void *c)
 { return PyLong_FromLong(self->a.max_payload); }
@@ -727,14 +722,10 @@ static PyMethodDef pub_methods[] = {
 };
 
 PyTypeObject PublicationCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.shm._native.PublicationCore",
-    .tp_basicsize = sizeof(PublicationCore),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The term appender behind ExclusivePublication and ConcurrentPublication.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)pub_init,
-    .tp_dealloc = (destructor)pub_dealloc,
+    NATIVE_TYPE_HEAD("shmbus.shm._native.PublicationCore", PublicationCore,
+                     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+                     "The term appender behind ExclusivePublication and ConcurrentPublication."),
+    NATIVE_TYPE_LIFECYCLE(PyType_GenericNew, pub_init, pub_dealloc),
     .tp_traverse = (traverseproc)pub_traverse,
     .tp_clear = (inquiry)pub_clear,
     .tp_methods = pub_methods,

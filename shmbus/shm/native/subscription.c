@@ -321,11 +321,8 @@ static void messages_dealloc(MessageIterator *self)
 }
 
 PyTypeObject MessageIteratorType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.shm._native.MessageIterator",
-    .tp_basicsize = sizeof(MessageIterator),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Whole messages of a subscription as bytes: see Subscription.messages.",
+    NATIVE_TYPE_HEAD("shmbus.shm._native.MessageIterator", MessageIterator, Py_TPFLAGS_DEFAULT,
+                     "Whole messages of a subscription as bytes: see Subscription.messages."),
     .tp_dealloc = (destructor)messages_dealloc,
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)messages_next,
@@ -508,12 +505,7 @@ static int sub_clear(SubscriptionCore *self)
     return 0;
 }
 
-static void sub_dealloc(SubscriptionCore *self)
-{
-    PyObject_GC_UnTrack(self);
-    sub_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+NATIVE_GC_DEALLOC(sub_dealloc, SubscriptionCore, sub_clear)
 
 static PyMemberDef sub_members[] = {
     {"_closed", T_BOOL, offsetof(SubscriptionCore, closed), 0,
@@ -619,15 +611,11 @@ static PyMethodDef sub_methods[] = {
 };
 
 PyTypeObject SubscriptionCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shmbus.shm._native.SubscriptionCore",
-    .tp_basicsize = sizeof(SubscriptionCore),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The image set, polls and waits behind Subscription.",
+    NATIVE_TYPE_HEAD("shmbus.shm._native.SubscriptionCore", SubscriptionCore,
+                     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+                     "The image set, polls and waits behind Subscription."),
     .tp_members = sub_members,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)sub_init,
-    .tp_dealloc = (destructor)sub_dealloc,
+    NATIVE_TYPE_LIFECYCLE(PyType_GenericNew, sub_init, sub_dealloc),
     .tp_traverse = (traverseproc)sub_traverse,
     .tp_clear = (inquiry)sub_clear,
     .tp_methods = sub_methods,

@@ -264,19 +264,28 @@ static int64_t reserve(TermAppender *a, const AppendState *s, int32_t length,
     return ADMIN_ACTION;
 }
 
+/* Reads the state and reserves `required` bytes for one message below the limit: 0 with the
+ * state in *s and the reservation's term id and offset, or a status (< 0) of reserve or of the
+ * back pressure. */
+static int64_t reserve_message(TermAppender *a, int32_t required, AppendState *s,
+                               int32_t *term_id, int32_t *offset)
+{
+    int64_t status = read_state(a, s);
+    if (status < 0)
+        return status;
+    s->limit = current_limit(a, s->position, s->limit);
+    if (s->position >= s->limit)
+        return back_pressure_status(a, s->position, required);
+    return reserve(a, s, required, term_id, offset);
+}
+
 int64_t appender_append(TermAppender *a, const Piece *pieces, Py_ssize_t length,
                         int64_t reserved_value)
 {
     AppendState s;
-    int64_t status = read_state(a, &s);
-    if (status < 0)
-        return status;
     int32_t required = required_length(a, length);
-    s.limit = current_limit(a, s.position, s.limit);
-    if (s.position >= s.limit)
-        return back_pressure_status(a, s.position, required);
     int32_t term_id, offset;
-    status = reserve(a, &s, required, &term_id, &offset);
+    int64_t status = reserve_message(a, required, &s, &term_id, &offset);
     if (status < 0)
         return status;
     uint8_t *term = term_at(&a->g, s.term_count % PARTITION_COUNT);
@@ -343,16 +352,10 @@ int64_t appender_claim(TermAppender *a, int32_t length, int64_t reserved_value,
                        Py_ssize_t *frame_offset)
 {
     AppendState s;
-    int64_t status = read_state(a, &s);
-    if (status < 0)
-        return status;
     int32_t frame_length = length + HEADER_LENGTH;
     int32_t required = (int32_t)ALIGN(frame_length, FRAME_ALIGNMENT);
-    s.limit = current_limit(a, s.position, s.limit);
-    if (s.position >= s.limit)
-        return back_pressure_status(a, s.position, required);
     int32_t term_id, offset;
-    status = reserve(a, &s, required, &term_id, &offset);
+    int64_t status = reserve_message(a, required, &s, &term_id, &offset);
     if (status < 0)
         return status;
     int index = s.term_count % PARTITION_COUNT;

@@ -7,6 +7,7 @@
 #define SHMBUS_TYPES_H
 
 #include "shmbus_capi.h"
+#include "native_type.h"
 
 #include <pthread.h>
 #include <structmember.h>

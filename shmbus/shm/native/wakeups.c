@@ -73,14 +73,23 @@ static void wake_all(int32_t *word)
     syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* signal_word(buffer, offset): bump the word and wake everyone asleep on it (always a
- * syscall: for rare events such as commands to the driver and broadcasts to clients). */
-static PyObject *native_signal_word(PyObject *m, PyObject *args)
+/* The word of a (buffer, offset) argument tuple, or NULL with an exception set. */
+static int32_t *word_arg(PyObject *args)
 {
     PyObject *buffer;
     Py_ssize_t offset;
     int32_t *word;
     if (!PyArg_ParseTuple(args, "On", &buffer, &offset) || word_at(buffer, offset, &word) < 0)
+        return NULL;
+    return word;
+}
+
+/* signal_word(buffer, offset): bump the word and wake everyone asleep on it (always a
+ * syscall: for rare events such as commands to the driver and broadcasts to clients). */
+static PyObject *native_signal_word(PyObject *m, PyObject *args)
+{
+    int32_t *word = word_arg(args);
+    if (word == NULL)
         return NULL;
     __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
     wake_all(word);
@@ -91,10 +100,8 @@ static PyObject *native_signal_word(PyObject *m, PyObject *args)
  * whose value is a state, such as a log's is-connected flag, that its writer just changed). */
 static PyObject *native_wake_sleepers(PyObject *m, PyObject *args)
 {
-    PyObject *buffer;
-    Py_ssize_t offset;
-    int32_t *word;
-    if (!PyArg_ParseTuple(args, "On", &buffer, &offset) || word_at(buffer, offset, &word) < 0)
+    int32_t *word = word_arg(args);
+    if (word == NULL)
         return NULL;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     wake_all(word);
@@ -141,6 +148,20 @@ static int any_image_ready(PyObject *images)
     return 0;
 }
 
+/* One look of spin_for_images: what it returns (2, 0 or 1, in that order of precedence), or -1
+ * when nothing is there yet. */
+static inline int look_once(PyObject *images, int32_t *wake, int32_t wake_expected,
+                            SubscriptionCore *watching)
+{
+    if (watched_moved(watching))
+        return 2;
+    if (wake != NULL && LOAD_ACQUIRE(wake) != wake_expected)
+        return 0;
+    if (any_image_ready(images))
+        return 1;
+    return -1;
+}
+
 /* A waiter's look before it sleeps, as Aeron's back-off idle strategy spins, yields and then
  * parks: for up to spin_ns it looks for a frame on the images, for its first BUSY_LOOK_NS
  * without a system call (a writer in full flow has its next frame out within that: a reader
@@ -157,12 +178,9 @@ static int spin_for_images(PyObject *images, int32_t *wake, int32_t wake_expecte
     int64_t until = now + spin_ns;
     int64_t busy_until = now + (spin_ns < BUSY_LOOK_NS ? spin_ns : BUSY_LOOK_NS);
     for (unsigned turn = 1;; turn++) {
-        if (watched_moved(watching))
-            return 2;
-        if (wake != NULL && LOAD_ACQUIRE(wake) != wake_expected)
-            return 0;
-        if (any_image_ready(images))
-            return 1;
+        int seen = look_once(images, wake, wake_expected, watching);
+        if (seen >= 0)
+            return seen;
         CPU_RELAX();
         if (!(turn & 15) && monotonic_ns() >= busy_until)
             break;
@@ -171,12 +189,9 @@ static int spin_for_images(PyObject *images, int32_t *wake, int32_t wake_expecte
         Py_BEGIN_ALLOW_THREADS
         sched_yield();
         Py_END_ALLOW_THREADS
-        if (watched_moved(watching))
-            return 2;
-        if (wake != NULL && LOAD_ACQUIRE(wake) != wake_expected)
-            return 0;
-        if (any_image_ready(images))
-            return 1;
+        int seen = look_once(images, wake, wake_expected, watching);
+        if (seen >= 0)
+            return seen;
     }
     return 0;
 }
@@ -292,8 +307,9 @@ static PyObject *native_wait_for_data(PyObject *m, PyObject *args)
     return ready < 0 ? NULL : PyBool_FromLong(ready);
 }
 
-/* The metadata of a log's AtomicBuffer, or NULL with an exception set. */
-static uint8_t *log_meta(PyObject *arg, const char *caller)
+/* Wakes the sleepers on one of a log's wake-up words (wake_word): `word` and `waiters` are
+ * metadata offsets. `caller` names the module function in the TypeError for a non-buffer. */
+static PyObject *wake_log(PyObject *arg, const char *caller, int word, int waiters)
 {
     if (!PyObject_TypeCheck(arg, &AtomicBufferType)) {
         PyErr_Format(PyExc_TypeError, "%s takes a log's AtomicBuffer", caller);
@@ -304,29 +320,23 @@ static uint8_t *log_meta(PyObject *arg, const char *caller)
         PyErr_SetString(PyExc_ValueError, "the buffer is shorter than a log's metadata");
         return NULL;
     }
-    return log->data + log->capacity - LOG_META_DATA_LENGTH;
+    uint8_t *meta = log->data + log->capacity - LOG_META_DATA_LENGTH;
+    wake_word((int32_t *)(meta + word), (int32_t *)(meta + waiters));
+    Py_RETURN_NONE;
 }
 
 /* wake_log_readers(log_buffer): wake readers asleep on a log whose frames were written by
  * other means than PublicationCore (the netbridge's insert_frames). */
 static PyObject *native_wake_log_readers(PyObject *m, PyObject *arg)
 {
-    uint8_t *meta = log_meta(arg, "wake_log_readers");
-    if (meta == NULL)
-        return NULL;
-    wake_word((int32_t *)(meta + META_DATA_WAKE), (int32_t *)(meta + META_DATA_WAITERS));
-    Py_RETURN_NONE;
+    return wake_log(arg, "wake_log_readers", META_DATA_WAKE, META_DATA_WAITERS);
 }
 
 /* wake_log_writers(log_buffer): wake publishers asleep on a log whose limit a position other
  * than a subscriber's holds back (the netbridge sender's, after it moved). */
 static PyObject *native_wake_log_writers(PyObject *m, PyObject *arg)
 {
-    uint8_t *meta = log_meta(arg, "wake_log_writers");
-    if (meta == NULL)
-        return NULL;
-    wake_word((int32_t *)(meta + META_PROGRESS_WAKE), (int32_t *)(meta + META_PROGRESS_WAITERS));
-    Py_RETURN_NONE;
+    return wake_log(arg, "wake_log_writers", META_PROGRESS_WAKE, META_PROGRESS_WAITERS);
 }
 
 PyMethodDef wakeup_functions[] = {
