@@ -359,6 +359,36 @@ def attempt(thunk: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+#: a measurement of a plan: its key fields (the row's name) and a thunk that runs it once
+Measurement = tuple[dict[str, Any], Callable[[], dict[str, Any]]]
+
+
+def run_interleaved(measurements: Sequence[Measurement], runs: int,
+                    report: Callable[[dict[str, Any]], None]) -> list[list[dict[str, Any]]]:
+    """Run every measurement ``runs`` times, interleaved (so that a burst of load elsewhere on
+    the machine hits every measurement alike rather than one of them): each measurement's
+    rows, its key fields with the row of :func:`attempt`, each passed to ``report`` (progress)
+    as it is made."""
+    rows: list[list[dict[str, Any]]] = [[] for _ in measurements]
+    for _ in range(runs):
+        for (key, thunk), done in zip(measurements, rows, strict=True):
+            row = {**key, **attempt(thunk)}
+            report(row)
+            done.append(row)
+    return rows
+
+
+def delivered(out: Outcome) -> tuple[int, float]:
+    """(messages sent, seconds from the writer's start to the reader's STOP) of a throughput
+    run whose members "writer" (results sent, t0) and "reader" (a Counter's result) got every
+    message through in order and intact; BenchError if one was lost, reordered or corrupted."""
+    w, r = out.results["writer"], out.results["reader"]
+    if r["errors"] or w["sent"] != r["received"]:
+        raise BenchError(f"sent {w['sent']}, received {r['received']} in order, {r['errors']} "
+                         f"bad; first: {r['first_bad']}")
+    return w["sent"], (r["t1"] - w["t0"]) / 1e9
+
+
 def offer_until_accepted(offer: Callable[[Any], int], message: Any, idle: Any,
                          deadline_ns: int) -> None:
     """Offer ``message`` with a shmbus publication's ``offer`` until accepted: ``idle`` (a
@@ -398,6 +428,20 @@ def percentiles_us(samples_ns: Sequence[int] | Any, warmup_fraction: float = 0.1
     p50, p90, p99 = np.percentile(kept, [50, 90, 99])
     return {"round_trips": int(len(kept)), "p50_us": float(p50), "p90_us": float(p90),
             "p99_us": float(p99), "max_us": float(kept.max())}
+
+
+def echoed_samples(out: Outcome, pinger: str = "pinger", ponger: str = "ponger") -> Any:
+    """The round-trip samples (int64 ns, a numpy array) of a ping-pong run (ping_loop's
+    result as role ``pinger``, pong_loop's as ``ponger``) in which every ping was echoed and
+    no ping or pong was wrong; BenchError otherwise."""
+    import numpy as np
+
+    ping, pong = out.results[pinger], out.results[ponger]
+    samples = np.frombuffer(ping["samples"], np.int64)
+    errors = ping["errors"] + pong["errors"]
+    if errors or pong["received"] != len(samples):
+        raise BenchError(f"{len(samples)} pings, {pong['received']} echoed, {errors} bad")
+    return samples
 
 
 # ---------------------------------------------------------------------------------------------
@@ -514,6 +558,30 @@ def checked_pong_loop(send: Callable[[Any], Any], recv: Callable[[], Any]) -> di
     return {"received": expected, "errors": errors}
 
 
+def polled_recv(poll: Callable[[Callable[[Any, Any], None], int], int], idle: Any,
+                deadline_ns: int) -> Callable[[], bytes]:
+    """recv() for ping_loop / pong_loop over an Aeron-style subscription's ``poll(handler,
+    limit)`` (shmbus's or pyaeron's): one fragment a poll, its handler copying the message as
+    bytes, ``idle`` (an idle strategy: idle(0), reset()) between empty polls; BenchError when
+    nothing has come by deadline_ns."""
+    got: list[bytes] = []
+
+    def handler(buffer: Any, header: Any) -> None:
+        got.append(bytes(buffer))
+
+    def recv() -> bytes:
+        spins = 0
+        while not poll(handler, 1):
+            idle.idle(0)
+            spins += 1
+            if not spins & 1023 and time.monotonic_ns() > deadline_ns:
+                raise BenchError("no message before the deadline")
+        idle.reset()
+        return got.pop()
+
+    return recv
+
+
 async def async_round_trips(pinger: bool, send: Callable[[Any], Any],
                             recv: Callable[[], Awaitable[bytes]], duration_s: float,
                             rate: int | None) -> dict[str, Any]:
@@ -586,12 +654,31 @@ def start_driver(context: Any, prefix: tuple[str, ...] = (), timeout_s: float = 
         time.sleep(0.01)
 
 
+def stop_process(process: subprocess.Popen[Any], sig: int = signal.SIGTERM,
+                 timeout_s: float = 10.0) -> None:
+    """Send ``sig`` to ``process`` unless it has exited (Popen.send_signal polls first), wait
+    up to timeout_s for it to exit, SIGKILL it if it is still there."""
+    process.send_signal(sig)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def stop_driver(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM (the driver stops its netbridge and removes its files), SIGKILL if stuck."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_process(process)
+
+
+def stop_driver_pid(pid: int) -> None:
+    """stop_driver for a driver this process did not start (an embedded driver, which
+    outlives its clients by its idle timeout), by pid; nothing if it is gone."""
+    try:
+        process = psutil.Process(pid)
+        process.terminate()
+        process.wait(10)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        process.kill()

@@ -91,17 +91,22 @@ from tools.bench.harness import (
     STOP,
     BenchError,
     Counter,
+    Measurement,
     Member,
     Outcome,
     async_round_trips,
-    attempt,
     deadline_after,
+    delivered,
+    echoed_samples,
     median_row,
     offer_until_accepted,
     percentiles_us,
     ping_loop,
+    polled_recv,
     pong_loop,
+    run_interleaved,
     run_processes,
+    stop_driver_pid,
 )
 from tools.bench.members import (
     BATCH_ROWS,
@@ -328,28 +333,10 @@ def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], by
             raise BenchError("no message before the deadline")
 
         return recv
-    got: list[bytes] = []
-
-    def handler(buffer: memoryview, header: Any) -> None:
-        got.append(bytes(buffer))
-
-    deadline = deadline_after(timeout_s + 60)
-    poll = subscription.poll
     strategies = shmbus.idle_strategies
     idle = (strategies.BusySpinIdleStrategy() if wait == SPIN
             else strategies.BackoffIdleStrategy())
-
-    def recv() -> bytes:
-        spins = 0
-        while not poll(handler, 1):
-            idle.idle(0)
-            spins += 1
-            if not spins & 1023 and time.monotonic_ns() > deadline:
-                raise BenchError("no message before the deadline")
-        idle.reset()
-        return got.pop()
-
-    return recv
+    return polled_recv(subscription.poll, idle, deadline_after(timeout_s + 60))
 
 
 def _shm_async_recv(subscription: Any, timeout_s: float) -> Callable[[], Awaitable[bytes]]:
@@ -475,13 +462,13 @@ _run_ids = itertools.count(1)
 
 
 class Scope:
-    """One measurement's resources, released at its end: a fresh bus directory (removed),
-    the drivers its members were served by (an embedded driver outlives its clients by its
-    idle timeout: stopped with SIGTERM, by pid) and peer links (their cleanups)."""
+    """One measurement's resources, released at its end: a fresh bus directory under ``root``
+    (removed), the drivers its members were served by (an embedded driver outlives its clients
+    by its idle timeout: stopped with SIGTERM, by pid) and peer links (their cleanups)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, root: Path) -> None:
         self.name = f"run{next(_run_ids)}"
-        self.dir = settings.root / self.name
+        self.dir = root / self.name
         self.cleanups: list[Callable[[], None]] = []
 
     def bus(self) -> Bus:
@@ -490,7 +477,8 @@ class Scope:
     def run(self, ctx: Any, members: list[Member], timeout_s: float) -> Outcome:
         """run_processes, remembering the drivers to stop."""
         out = run_processes(ctx, members, timeout_s)
-        self.cleanups.extend(lambda pid=pid: _stop(pid) for pid in out.pids.get("driver", ()))
+        self.cleanups.extend(lambda pid=pid: stop_driver_pid(pid)
+                             for pid in out.pids.get("driver", ()))
         return out
 
     def __enter__(self) -> Scope:
@@ -502,25 +490,11 @@ class Scope:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _stop(pid: int) -> None:
-    """SIGTERM a driver (it removes its files), SIGKILL if it is still there after 10 s."""
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        process.terminate()
-        process.wait(10)
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.TimeoutExpired:
-        process.kill()
-
-
 def throughput(ctx: Any, transport: str, size: int, s: Settings) -> dict[str, Any]:
     """One throughput run: msg/s, MB/s, cores by process; BenchError if a message was lost,
     reordered or corrupted."""
     done = ctx.Event()
-    with Scope(s) as scope:
+    with Scope(s.root) as scope:
         if transport in PEERS:
             a, b, cleanup = make_peer_link(ctx, transport, s.root, scope.name, False)
             scope.cleanups.append(cleanup)
@@ -535,13 +509,9 @@ def throughput(ctx: Any, transport: str, size: int, s: Settings) -> dict[str, An
                       Member("reader", shm_reader, (bus, 1, size, transport, s.timeout_s,
                                                     done)))
         out = scope.run(ctx, [reader, writer], s.duration_s + s.timeout_s)
-    w, r = out.results["writer"], out.results["reader"]
-    if r["errors"] or w["sent"] != r["received"]:
-        raise BenchError(f"sent {w['sent']}, received {r['received']} in order, {r['errors']} "
-                         f"bad; first: {r['first_bad']}")
-    seconds = (r["t1"] - w["t0"]) / 1e9
-    return {"msgs_per_s": w["sent"] / seconds, "mb_per_s": w["sent"] * size / seconds / 1e6,
-            "messages": w["sent"], "errors": r["errors"], "cores": out.cores}
+    sent, seconds = delivered(out)
+    return {"msgs_per_s": sent / seconds, "mb_per_s": sent * size / seconds / 1e6,
+            "messages": sent, "errors": 0, "cores": out.cores}
 
 
 def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
@@ -550,7 +520,7 @@ def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
     percentiles and cores by process; BenchError if an echo was wrong."""
     done = ctx.Event()
     duration = s.duration_s if rate is None else s.paced_s
-    with Scope(s) as scope:
+    with Scope(s.root) as scope:
         if transport in PEERS:
             a, b, cleanup = make_peer_link(ctx, transport, s.root, scope.name, True)
             scope.cleanups.append(cleanup)
@@ -564,17 +534,12 @@ def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
             ponger = Member("ponger", shm_rtt, (bus, False, wait, rate, duration, s.timeout_s,
                                                 done))
         out = scope.run(ctx, [ponger, pinger], duration + s.timeout_s)
-    ping, pong = out.results["pinger"], out.results["ponger"]
-    samples = np.frombuffer(ping["samples"], np.int64)
-    errors = ping["errors"] + pong["errors"]
-    if errors or pong["received"] != len(samples):
-        raise BenchError(f"{len(samples)} pings, {pong['received']} echoed, {errors} bad")
-    return {**percentiles_us(samples), "errors": errors, "cores": out.cores}
+    return {**percentiles_us(echoed_samples(out)), "errors": 0, "cores": out.cores}
 
 
 def idle(ctx: Any, wait: str, s: Settings) -> dict[str, Any]:
     """A publisher and a subscriber connected and idle for s.idle_s: cores by process."""
-    with Scope(s) as scope:
+    with Scope(s.root) as scope:
         bus = scope.bus()
         members = [Member(role, shm_idle, (bus, role == "publisher", wait, s.idle_s, s.timeout_s))
                    for role in ("subscriber", "publisher")]
@@ -588,9 +553,9 @@ def idle(ctx: Any, wait: str, s: Settings) -> dict[str, Any]:
 
 
 def plan(ctx: Any, sizes: tuple[int, ...], wanted: Callable[[str], bool], s: Settings
-         ) -> list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]]:
+         ) -> list[Measurement]:
     """Every measurement as (its key fields, a thunk that runs it once)."""
-    out: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
+    out: list[Measurement] = []
     for size in sizes:
         for t in THROUGHPUT:
             if wanted(t):
@@ -864,13 +829,10 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     print(f"shmbus bench: {len(measurements)} measurements x {runs} runs; progress on stderr",
           file=sys.stderr, flush=True)
-    results: list[list[dict[str, Any]]] = [[] for _ in measurements]
     try:
-        for _ in range(runs):
-            for (key, thunk), done in zip(measurements, results, strict=True):
-                row = {**key, **attempt(thunk)}
-                done.append(row)
-                print(f"  {_progress(row)}", file=sys.stderr, flush=True)
+        results = run_interleaved(
+            measurements, runs, lambda row: print(f"  {_progress(row)}", file=sys.stderr,
+                                                  flush=True))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = [median_row(r) for r in results]
