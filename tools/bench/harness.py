@@ -323,6 +323,20 @@ def add_run_options(parser: argparse.ArgumentParser, duration_s: float, what: st
                         help="deadline of each run beyond its duration, seconds (default 30)")
 
 
+def add_runs_options(parser: argparse.ArgumentParser, quick: str, duration: str) -> None:
+    """The options of how long and how often each measurement of a one-host benchmark runs:
+    --quick (help: "smoke pass: <quick>"), --runs (default 3), --duration (default 1; help:
+    "seconds per <duration>") and --timeout (the caller checks that --runs is at least 1)."""
+    parser.add_argument("--quick", action="store_true", help=f"smoke pass: {quick}")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="runs of each measurement, interleaved; the median is reported "
+                             "(default 3)")
+    parser.add_argument("--duration", type=float, default=1.0,
+                        help=f"seconds per {duration} (default 1)")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="deadline of each run beyond its duration, seconds (default 30)")
+
+
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One row from repeated runs of a measurement: the median of every numeric field, errors
     summed, the first failure if any run failed (``status`` "failed" beats "n/a")."""
@@ -444,6 +458,12 @@ def echoed_samples(out: Outcome, pinger: str = "pinger", ponger: str = "ponger")
     return samples
 
 
+def round_trip_row(out: Outcome) -> dict[str, Any]:
+    """The row of a ping-pong run with roles "pinger" and "ponger" (see echoed_samples): its
+    round-trip percentiles (percentiles_us), errors (none) and cores by process."""
+    return {**percentiles_us(echoed_samples(out)), "errors": 0, "cores": out.cores}
+
+
 # ---------------------------------------------------------------------------------------------
 # Round trips: a pinger and a ponger over (send, recv)
 # ---------------------------------------------------------------------------------------------
@@ -505,6 +525,19 @@ def pong_loop(send: Callable[[Any], Any], recv: Callable[[], Any],
         expected = head + 1
         send(message)
     return {"received": expected, "errors": errors}
+
+
+def ping_or_pong(pinger: bool, send: Callable[[Any], Any], recv: Callable[[], Any],
+                 duration_s: float, rate: int | None, done: Any,
+                 timeout_s: float) -> dict[str, Any]:
+    """A round-trip member's run: ping_loop (``pinger``) or pong_loop over (send, recv); the
+    ponger then sets ``done`` (it has echoed the last ping and seen STOP) and both wait for it
+    (up to timeout_s), so that neither closes its end under the other. Its loop's result."""
+    out = ping_loop(send, recv, duration_s, rate) if pinger else pong_loop(send, recv)
+    if not pinger:
+        done.set()
+    done.wait(timeout_s)
+    return out
 
 
 def checked_ping_loop(send: Callable[[Any], Any], recv: Callable[[], Any], duration_s: float,

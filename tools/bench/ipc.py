@@ -78,7 +78,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,16 +95,16 @@ from tools.bench.harness import (
     Measurement,
     Member,
     Outcome,
+    add_runs_options,
     async_round_trips,
     deadline_after,
     delivered,
-    echoed_samples,
     median_row,
     offer_until_accepted,
-    percentiles_us,
     ping_loop,
     polled_recv,
     pong_loop,
+    round_trip_row,
     run_interleaved,
     run_processes,
     stop_driver_pid,
@@ -182,6 +183,17 @@ def _subscription(bus: Any, stream_id: int, deadline_ns: int) -> Any:
     subscription = bus.add_subscription(CHANNEL, stream_id)
     await_image(subscription, deadline_ns)
     return subscription
+
+
+@contextmanager
+def _subscribed(start: Any, bus_spec: Bus, stream_id: int, timeout_s: float) -> Iterator[Any]:
+    """A reader's subscription on stream_id (once it has an image), on its own connection to
+    the bus, yielded once every member is ready (``start.ready``); BenchError if it has no
+    image within timeout_s."""
+    with bus_spec.connect() as bus:
+        subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
+        start.ready(bus.driver_pid)
+        yield subscription
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,10 +275,8 @@ def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
     handler: Any = copied if how == SHM_HANDLER else in_place
     if size > max_payload(CHANNEL):
         handler = shmbus.FragmentAssembler(handler)
-    with bus_spec.connect() as bus:
-        subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
+    with _subscribed(start, bus_spec, stream_id, timeout_s) as subscription:
         poll = subscription.poll
-        start.ready(bus.driver_pid)
         deadline = deadline_after(timeout_s)
         while not tally.stopped:
             # nothing there: asleep until the writer wakes it
@@ -283,9 +293,7 @@ def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
 def _shm_messages_reader(start: Any, bus_spec: Bus, stream_id: int, rounds: Rounds,
                          timeout_s: float, done: Any) -> dict[str, Any]:
     """shm_reader's messages() loop: the iterator sleeps while there is nothing to read."""
-    with bus_spec.connect() as bus:
-        subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
-        start.ready(bus.driver_pid)
+    with _subscribed(start, bus_spec, stream_id, timeout_s) as subscription:
         tally = read_rounds(subscription.messages(timeout=timeout_s), rounds)
         t1 = time.monotonic_ns()
         done.set()
@@ -299,10 +307,8 @@ def shm_batch_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, timeo
     """poll_batch until STOP, checking head and tail sequence numbers with numpy
     (members.BatchCheck)."""
     check = BatchCheck(size, size > max_payload(CHANNEL))
-    with bus_spec.connect() as bus:
-        subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
+    with _subscribed(start, bus_spec, stream_id, timeout_s) as subscription:
         poll_batch = subscription.poll_batch
-        start.ready(bus.driver_pid)
         deadline = deadline_after(timeout_s)
         while not check.stopped:
             if not poll_batch(check, BATCH_ROWS) and not subscription.wait(0.1):
@@ -533,8 +539,7 @@ def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
                                                 done))
             ponger = Member("ponger", shm_rtt, (bus, False, wait, rate, duration, s.timeout_s,
                                                 done))
-        out = scope.run(ctx, [ponger, pinger], duration + s.timeout_s)
-    return {**percentiles_us(echoed_samples(out)), "errors": 0, "cores": out.cores}
+        return round_trip_row(scope.run(ctx, [ponger, pinger], duration + s.timeout_s))
 
 
 def idle(ctx: Any, wait: str, s: Settings) -> dict[str, Any]:
@@ -637,39 +642,50 @@ def _label(transport: str) -> str:
             ICEORYX: "iceoryx2 (busy-poll)"}.get(transport, transport)
 
 
-def throughput_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["transport", "size", "msg/s", "MB/s", "x best peer",
-               "cores: writer / reader / driver", "errors"]
+def _test_table(rows: list[dict[str, Any]], test: str, headers: list[str],
+                names: Callable[[dict[str, Any]], list[str]],
+                figures: Callable[[dict[str, Any]], list[str]], right: tuple[int, ...]) -> str:
+    """A markdown table of the rows of ``test``, a line each: its names(row) cells, then its
+    figures(row) cells, or for a row that did not measure its cell_status in place of the
+    first figure and the others blank; ``right``: the right-aligned columns."""
     lines = []
     for r in rows:
-        if r["test"] != "throughput":
-            continue
-        status = cell_status(r)
+        if r["test"] == test:
+            named, status = names(r), cell_status(r)
+            blank = [""] * (len(headers) - len(named) - 1)
+            lines.append([*named, *(figures(r) if status is None else [status, *blank])])
+    return markdown_table(headers, lines, right)
+
+
+def throughput_table(rows: list[dict[str, Any]]) -> str:
+    """Every throughput row: msg/s, MB/s, over the best peer's msg/s, cores, errors."""
+
+    def figures(r: dict[str, Any]) -> list[str]:
         best = r.get("best_peer_msgs_per_s")
-        lines.append([_label(r["transport"]), size_name(r["size"]),
-                      status or fmt(r["msgs_per_s"]), "" if status else fmt(r["mb_per_s"], 1),
-                      "" if status or not best else f"{r['msgs_per_s'] / best:.2f}",
-                      "" if status else cores_cell(r, ("writer", "reader", "driver")),
-                      "" if status else str(r["errors"])])
-    return markdown_table(headers, lines, (2, 3, 4, 6))
+        return [fmt(r["msgs_per_s"]), fmt(r["mb_per_s"], 1),
+                f"{r['msgs_per_s'] / best:.2f}" if best else "",
+                cores_cell(r, ("writer", "reader", "driver")), str(r["errors"])]
+
+    return _test_table(rows, "throughput",
+                       ["transport", "size", "msg/s", "MB/s", "x best peer",
+                        "cores: writer / reader / driver", "errors"],
+                       lambda r: [_label(r["transport"]), size_name(r["size"])], figures,
+                       (2, 3, 4, 6))
 
 
 def rtt_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["transport", "pace", "waiting", "p50 us", "p90 us", "p99 us", "max us",
-               "cores: pinger / ponger / driver", "errors"]
-    lines = []
-    for r in rows:
-        if r["test"] != "rtt":
-            continue
-        status = cell_status(r)
-        figures = (["", "", "", "", "", ""] if status else
-                   [fmt(r["p50_us"], 1), fmt(r["p90_us"], 1), fmt(r["p99_us"], 1),
-                    fmt(r["max_us"], 1), cores_cell(r, ("pinger", "ponger", "driver")),
-                    str(r["errors"])])
-        if status:
-            figures[0] = status
-        lines.append([r["transport"], r["rate"], r["wait"], *figures])
-    return markdown_table(headers, lines, (3, 4, 5, 6, 8))
+    """Every round-trip row: percentiles, cores, errors."""
+
+    def figures(r: dict[str, Any]) -> list[str]:
+        return [fmt(r["p50_us"], 1), fmt(r["p90_us"], 1), fmt(r["p99_us"], 1),
+                fmt(r["max_us"], 1), cores_cell(r, ("pinger", "ponger", "driver")),
+                str(r["errors"])]
+
+    return _test_table(rows, "rtt",
+                       ["transport", "pace", "waiting", "p50 us", "p90 us", "p99 us", "max us",
+                        "cores: pinger / ponger / driver", "errors"],
+                       lambda r: [r["transport"], r["rate"], r["wait"]], figures,
+                       (3, 4, 5, 6, 8))
 
 
 def idle_table(rows: list[dict[str, Any]]) -> str:
@@ -769,20 +785,12 @@ def draw_chart(rows: list[dict[str, Any]], sizes: tuple[int, ...], path: Path) -
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke pass: short runs (0.2 s; paced 0.3 s; idle 0.5 s), 1 run")
-    parser.add_argument("--runs", type=int, default=3,
-                        help="runs of each measurement, interleaved; the median is reported "
-                             "(default 3)")
-    parser.add_argument("--duration", type=float, default=1.0,
-                        help="seconds per throughput and back-to-back round-trip run "
-                             "(default 1)")
+    add_runs_options(parser, "short runs (0.2 s; paced 0.3 s; idle 0.5 s), 1 run",
+                     "throughput and back-to-back round-trip run")
     parser.add_argument("--paced", type=float, default=2.0,
                         help=f"seconds per {PACED} round-trip run (default 2)")
     parser.add_argument("--idle", type=float, default=3.0,
                         help="seconds of the idle measurement (default 3)")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="deadline of each run beyond its duration, seconds (default 30)")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="throughput message sizes in bytes, comma-separated (default "
                              "32,256,4096; each at least 16)")

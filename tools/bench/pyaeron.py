@@ -64,14 +64,13 @@ from tools.bench.harness import (
     Member,
     Outcome,
     Unavailable,
+    add_runs_options,
     deadline_after,
     delivered,
-    echoed_samples,
     median_row,
-    percentiles_us,
-    ping_loop,
+    ping_or_pong,
     polled_recv,
-    pong_loop,
+    round_trip_row,
     run_interleaved,
     run_processes,
 )
@@ -236,11 +235,7 @@ def aeron_rtt(start: Any, aeron_dir: str, pinger: bool, duration_s: float, timeo
         send = _aeron_offer(publication, deadline)
         recv = polled_recv(subscription.poll, pyaeron.IdleStrategy.backoff(), deadline)
         start.ready()
-        out = ping_loop(send, recv, duration_s, None) if pinger else pong_loop(send, recv)
-        if not pinger:
-            done.set()
-        done.wait(timeout_s)
-    return out
+        return ping_or_pong(pinger, send, recv, duration_s, None, done, timeout_s)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,8 +294,7 @@ def round_trip(ctx: Any, bus: str, s: Settings) -> dict[str, Any]:
                                          done))
                 for role in ("ponger", "pinger")]
 
-    out = run_bus(ctx, bus, members, s.duration_s + s.timeout_s, s)
-    return {**percentiles_us(echoed_samples(out)), "errors": 0, "cores": out.cores}
+    return round_trip_row(run_bus(ctx, bus, members, s.duration_s + s.timeout_s, s))
 
 
 def _cpu_us(out: Outcome, messages: int) -> float | None:
@@ -430,15 +424,7 @@ def report_markdown(rows: list[dict[str, Any]], sizes: tuple[int, ...], runs: in
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke pass: 0.2 s per run, 1 run")
-    parser.add_argument("--runs", type=int, default=3,
-                        help="runs of each measurement, interleaved; medians reported "
-                             "(default 3)")
-    parser.add_argument("--duration", type=float, default=1.0,
-                        help="seconds per throughput and round-trip run (default 1)")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="deadline of each run beyond its duration, seconds (default 30)")
+    add_runs_options(parser, "0.2 s per run, 1 run", "throughput and round-trip run")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs {args.runs}: at least 1")

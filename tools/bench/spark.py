@@ -35,6 +35,12 @@ import numpy as np
 import shmbus
 from shmbus import RecordingReader
 
+#: the local SparkSession's settings: on loopback, no UI or progress bars, one shuffle
+#: partition per core of local[2]
+SPARK_SETTINGS = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                  "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                  "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "2g"}
+
 
 def record(directory: Path, bus_dir: Path, messages: int) -> tuple[float, int]:
     """Record ``messages`` 32-byte messages; returns the seconds it took and the recording
@@ -127,13 +133,7 @@ def main() -> None:
         import shmbus.spark
 
         spark = (SparkSession.builder.master("local[2]").appName("bench-spark")
-                 .config("spark.driver.host", "127.0.0.1")
-                 .config("spark.driver.bindAddress", "127.0.0.1")
-                 .config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.shuffle.partitions", "2")
-                 .config("spark.driver.memory", "2g")
-                 .getOrCreate())
+                 .config(map=SPARK_SETTINGS).getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         shmbus.spark.register(spark)
         try:
