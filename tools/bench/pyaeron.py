@@ -12,8 +12,8 @@ measurement:
 
 * shmbus as the README teaches: ``shmbus.connect(dir=...)`` with default settings (the first
   client launches the embedded driver), ``pub.publish(message)`` for each message, ``for
-  message in sub.messages()`` (each message bytes): the members of tools/bench/ipc.py's
-  "shmbus publish()" rows.
+  message in sub.messages()`` (each message bytes): the members of ipc.py's "shmbus
+  publish()" rows (tools/bench/ipc_members.py).
 * pyaeron at Aeron's defaults: Aeron's C media driver in a process of its own
   (``pyaeron.MediaDriver(dir=..., threading="dedicated")``, every other setting Aeron's
   default: 64 MiB IPC terms, back-off idle strategies), ``pyaeron.Aeron.connect(dir=...)`` in
@@ -74,7 +74,15 @@ from tools.bench.harness import (
     run_interleaved,
     run_processes,
 )
-from tools.bench.ipc import BLOCKING, SHM_PUBLISH, Bus, Scope, shm_reader, shm_rtt, shm_writer
+from tools.bench.ipc_members import (
+    BLOCKING,
+    SHM_PUBLISH,
+    Bus,
+    Scope,
+    shm_reader,
+    shm_rtt,
+    shm_writer,
+)
 from tools.bench.report import add_ratios, fmt_rate, machine, markdown_table, size_name
 from tools.bench.rounds import RoundCheck, Rounds, send_rounds
 
@@ -245,7 +253,7 @@ def aeron_rtt(start: Any, aeron_dir: str, pinger: bool, duration_s: float, timeo
 
 def run_bus(ctx: Any, bus: str, members: Callable[[str], list[Member]], timeout_s: float,
             s: Settings) -> Outcome:
-    """Run the members of one measurement on a fresh directory of ``bus`` (an ipc.Scope: the
+    """Run the members of one measurement on a fresh directory of ``bus`` (an ipc_members.Scope: the
     shmbus drivers that served it stopped, the directory removed at its end); pyaeron's with
     Aeron's media driver in a process of its own, accounted as "driver"."""
     with Scope(s.root) as scope:
@@ -266,7 +274,7 @@ def throughput(ctx: Any, bus: str, size: int, s: Settings) -> dict[str, Any]:
     done = ctx.Event()
 
     def members(bus_dir: str) -> list[Member]:
-        if bus == SHMBUS:  # ipc.py's members: publish() and messages() on stream 1
+        if bus == SHMBUS:  # ipc_members: publish() and messages() on stream 1
             spec = Bus(bus_dir)
             return [Member("reader", shm_reader, (spec, 1, size, SHM_PUBLISH, s.timeout_s, done)),
                     Member("writer", shm_writer, (spec, 1, size, SHM_PUBLISH, s.duration_s,
@@ -286,7 +294,7 @@ def round_trip(ctx: Any, bus: str, s: Settings) -> dict[str, Any]:
     done = ctx.Event()
 
     def members(bus_dir: str) -> list[Member]:
-        if bus == SHMBUS:  # ipc.py's: publish() and a blocking messages(), back to back
+        if bus == SHMBUS:  # ipc_members: publish() and a blocking messages(), back to back
             return [Member(role, shm_rtt, (Bus(bus_dir), role == "pinger", BLOCKING, None,
                                            s.duration_s, s.timeout_s, done))
                     for role in ("ponger", "pinger")]

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,10 +37,11 @@ import shmbus
 from shmbus import RecordingReader
 
 #: the local SparkSession's settings: on loopback, no UI or progress bars, one shuffle
-#: partition per core of local[2]
-SPARK_SETTINGS = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                  "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-                  "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "2g"}
+#: partition per core of local[2], 2 GiB for the driver
+SPARK_SETTINGS: dict[str, Any] = {
+    "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "2g"}
 
 
 def record(directory: Path, bus_dir: Path, messages: int) -> tuple[float, int]:
