@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.bench.harness import BenchError, Unavailable, cpu_seconds
+from tools.bench.harness import BenchError, Unavailable, cpu_seconds, stop_process
 
 BINARIES = ("aeronmd", "streaming_publisher", "rate_subscriber", "cping", "cpong")
 TARGET_BYTES_PER_S = 250e6  # sizes a throughput run's message count (see the docstring)
@@ -232,13 +232,7 @@ def _wait_with_usage(process: subprocess.Popen[str], timeout_s: float) -> Any:
 
 def _interrupt(process: subprocess.Popen[str], timeout_s: float) -> None:
     """SIGINT (the samples and aeronmd stop cleanly on it), SIGKILL if still there."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_process(process, signal.SIGINT, timeout_s)
 
 
 def _tail(path: Path) -> str:

@@ -323,6 +323,20 @@ def add_run_options(parser: argparse.ArgumentParser, duration_s: float, what: st
                         help="deadline of each run beyond its duration, seconds (default 30)")
 
 
+def add_runs_options(parser: argparse.ArgumentParser, quick: str, duration: str) -> None:
+    """The options of how long and how often each measurement of a one-host benchmark runs:
+    --quick (help: "smoke pass: <quick>"), --runs (default 3), --duration (default 1; help:
+    "seconds per <duration>") and --timeout (the caller checks that --runs is at least 1)."""
+    parser.add_argument("--quick", action="store_true", help=f"smoke pass: {quick}")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="runs of each measurement, interleaved; the median is reported "
+                             "(default 3)")
+    parser.add_argument("--duration", type=float, default=1.0,
+                        help=f"seconds per {duration} (default 1)")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="deadline of each run beyond its duration, seconds (default 30)")
+
+
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One row from repeated runs of a measurement: the median of every numeric field, errors
     summed, the first failure if any run failed (``status`` "failed" beats "n/a")."""
@@ -357,6 +371,36 @@ def attempt(thunk: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"status": "failed", "error": str(e)}
     row.setdefault("status", "ok")
     return row
+
+
+#: a measurement of a plan: its key fields (the row's name) and a thunk that runs it once
+Measurement = tuple[dict[str, Any], Callable[[], dict[str, Any]]]
+
+
+def run_interleaved(measurements: Sequence[Measurement], runs: int,
+                    report: Callable[[dict[str, Any]], None]) -> list[list[dict[str, Any]]]:
+    """Run every measurement ``runs`` times, interleaved (so that a burst of load elsewhere on
+    the machine hits every measurement alike rather than one of them): each measurement's
+    rows, its key fields with the row of :func:`attempt`, each passed to ``report`` (progress)
+    as it is made."""
+    rows: list[list[dict[str, Any]]] = [[] for _ in measurements]
+    for _ in range(runs):
+        for (key, thunk), done in zip(measurements, rows, strict=True):
+            row = {**key, **attempt(thunk)}
+            report(row)
+            done.append(row)
+    return rows
+
+
+def delivered(out: Outcome) -> tuple[int, float]:
+    """(messages sent, seconds from the writer's start to the reader's STOP) of a throughput
+    run whose members "writer" (results sent, t0) and "reader" (a Counter's result) got every
+    message through in order and intact; BenchError if one was lost, reordered or corrupted."""
+    w, r = out.results["writer"], out.results["reader"]
+    if r["errors"] or w["sent"] != r["received"]:
+        raise BenchError(f"sent {w['sent']}, received {r['received']} in order, {r['errors']} "
+                         f"bad; first: {r['first_bad']}")
+    return w["sent"], (r["t1"] - w["t0"]) / 1e9
 
 
 def offer_until_accepted(offer: Callable[[Any], int], message: Any, idle: Any,
@@ -398,6 +442,26 @@ def percentiles_us(samples_ns: Sequence[int] | Any, warmup_fraction: float = 0.1
     p50, p90, p99 = np.percentile(kept, [50, 90, 99])
     return {"round_trips": int(len(kept)), "p50_us": float(p50), "p90_us": float(p90),
             "p99_us": float(p99), "max_us": float(kept.max())}
+
+
+def echoed_samples(out: Outcome, pinger: str = "pinger", ponger: str = "ponger") -> Any:
+    """The round-trip samples (int64 ns, a numpy array) of a ping-pong run (ping_loop's
+    result as role ``pinger``, pong_loop's as ``ponger``) in which every ping was echoed and
+    no ping or pong was wrong; BenchError otherwise."""
+    import numpy as np
+
+    ping, pong = out.results[pinger], out.results[ponger]
+    samples = np.frombuffer(ping["samples"], np.int64)
+    errors = ping["errors"] + pong["errors"]
+    if errors or pong["received"] != len(samples):
+        raise BenchError(f"{len(samples)} pings, {pong['received']} echoed, {errors} bad")
+    return samples
+
+
+def round_trip_row(out: Outcome) -> dict[str, Any]:
+    """The row of a ping-pong run with roles "pinger" and "ponger" (see echoed_samples): its
+    round-trip percentiles (percentiles_us), errors (none) and cores by process."""
+    return {**percentiles_us(echoed_samples(out)), "errors": 0, "cores": out.cores}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,6 +527,19 @@ def pong_loop(send: Callable[[Any], Any], recv: Callable[[], Any],
     return {"received": expected, "errors": errors}
 
 
+def ping_or_pong(pinger: bool, send: Callable[[Any], Any], recv: Callable[[], Any],
+                 duration_s: float, rate: int | None, done: Any,
+                 timeout_s: float) -> dict[str, Any]:
+    """A round-trip member's run: ping_loop (``pinger``) or pong_loop over (send, recv); the
+    ponger then sets ``done`` (it has echoed the last ping and seen STOP) and both wait for it
+    (up to timeout_s), so that neither closes its end under the other. Its loop's result."""
+    out = ping_loop(send, recv, duration_s, rate) if pinger else pong_loop(send, recv)
+    if not pinger:
+        done.set()
+    done.wait(timeout_s)
+    return out
+
+
 def checked_ping_loop(send: Callable[[Any], Any], recv: Callable[[], Any], duration_s: float,
                       rate: int | None) -> dict[str, Any]:
     """ping_loop with Checked pings (RTT_SIZE bytes: sequence number and CRC-32 of every
@@ -512,6 +589,30 @@ def checked_pong_loop(send: Callable[[Any], Any], recv: Callable[[], Any]) -> di
         expected = seq + 1
         send(message)
     return {"received": expected, "errors": errors}
+
+
+def polled_recv(poll: Callable[[Callable[[Any, Any], None], int], int], idle: Any,
+                deadline_ns: int) -> Callable[[], bytes]:
+    """recv() for ping_loop / pong_loop over an Aeron-style subscription's ``poll(handler,
+    limit)`` (shmbus's or pyaeron's): one fragment a poll, its handler copying the message as
+    bytes, ``idle`` (an idle strategy: idle(0), reset()) between empty polls; BenchError when
+    nothing has come by deadline_ns."""
+    got: list[bytes] = []
+
+    def handler(buffer: Any, header: Any) -> None:
+        got.append(bytes(buffer))
+
+    def recv() -> bytes:
+        spins = 0
+        while not poll(handler, 1):
+            idle.idle(0)
+            spins += 1
+            if not spins & 1023 and time.monotonic_ns() > deadline_ns:
+                raise BenchError("no message before the deadline")
+        idle.reset()
+        return got.pop()
+
+    return recv
 
 
 async def async_round_trips(pinger: bool, send: Callable[[Any], Any],
@@ -586,12 +687,31 @@ def start_driver(context: Any, prefix: tuple[str, ...] = (), timeout_s: float = 
         time.sleep(0.01)
 
 
+def stop_process(process: subprocess.Popen[Any], sig: int = signal.SIGTERM,
+                 timeout_s: float = 10.0) -> None:
+    """Send ``sig`` to ``process`` unless it has exited (Popen.send_signal polls first), wait
+    up to timeout_s for it to exit, SIGKILL it if it is still there."""
+    process.send_signal(sig)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def stop_driver(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM (the driver stops its netbridge and removes its files), SIGKILL if stuck."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_process(process)
+
+
+def stop_driver_pid(pid: int) -> None:
+    """stop_driver for a driver this process did not start (an embedded driver, which
+    outlives its clients by its idle timeout), by pid; nothing if it is gone."""
+    try:
+        process = psutil.Process(pid)
+        process.terminate()
+        process.wait(10)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        process.kill()

@@ -69,46 +69,47 @@ measurement that cannot run here (missing package or API) is reported "n/a: <rea
 from __future__ import annotations
 
 import argparse
-import asyncio
-import itertools
 import json
 import multiprocessing as mp
 import os
 import shutil
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tools.bench.harness import (
     RTT_SIZE,
-    SEQUENCE,
-    STOP,
-    BenchError,
-    Counter,
+    Measurement,
     Member,
-    Outcome,
-    async_round_trips,
-    attempt,
-    deadline_after,
+    add_runs_options,
+    delivered,
     median_row,
-    offer_until_accepted,
-    percentiles_us,
-    ping_loop,
-    pong_loop,
-    run_processes,
+    round_trip_row,
+    run_interleaved,
+)
+from tools.bench.ipc_members import (
+    ASYNCIO,
+    BACKOFF,
+    BLOCKING,
+    CHANNEL,
+    SHM,
+    SHM_BATCH,
+    SHM_HANDLER,
+    SHM_NOCOPY,
+    SHM_PUBLISH,
+    SPIN,
+    Scope,
+    shm_batch_reader,
+    shm_idle,
+    shm_reader,
+    shm_rtt,
+    shm_writer,
 )
 from tools.bench.members import (
     BATCH_ROWS,
-    BatchCheck,
-    await_image,
-    connect_publication,
-    max_payload,
 )
 from tools.bench.peers import (
     ICEORYX,
@@ -125,336 +126,18 @@ from tools.bench.peers import (
     zmq_async_rtt,
 )
 from tools.bench.report import add_ratios, fmt, fmt_rate, machine, markdown_table, size_name
-from tools.bench.rounds import RoundCheck, Rounds, read_rounds, send_rounds
 
 SIZES = (32, 256, 4096)
 RTT_RATE = 1000  # pings per second of the paced round-trip mode
-POLL_LIMIT = 256  # fragment limit of Subscription.poll in throughput runs
-CHANNEL = "aeron:ipc"
 RESULTS = Path(__file__).resolve().parents[1] / "results"  # tools/results/, not in git
 
-SHM_PUBLISH = "shmbus publish()"
-SHM = "shmbus offer()"
-SHM_HANDLER = "shmbus poll(handler)"
-SHM_NOCOPY = "shmbus no-copy"
-SHM_BATCH = "shmbus batch"
 PEERS = (QUEUE, PIPE, POSIX, ZMQ, ICEORYX, ZENOH)
 THROUGHPUT = (SHM_PUBLISH, SHM, SHM_HANDLER, SHM_NOCOPY, SHM_BATCH, *PEERS)
 
 BACK_TO_BACK = "back-to-back"
 PACED = f"{RTT_RATE:,} msg/s"
-SPIN = "busy-spin"
-BLOCKING = "blocking wait"
-ASYNCIO = "asyncio await"
-BACKOFF = "back-off (default)"
 PEER_WAIT = {QUEUE: "blocking", PIPE: "blocking", POSIX: "blocking", ZMQ: "blocking",
              ICEORYX: "busy-poll", ZENOH: "blocking"}
-
-
-# ---------------------------------------------------------------------------------------------
-# shmbus: connecting as a user does
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Bus:
-    """One measurement's bus: a fresh directory (the first client launches its driver)."""
-
-    dir: str
-
-    def connect(self) -> Any:
-        import shmbus
-
-        return shmbus.connect(dir=self.dir)
-
-
-def _publication(bus: Any, stream_id: int, deadline_ns: int) -> Any:
-    return connect_publication(bus, CHANNEL, stream_id, deadline_ns)
-
-
-def _subscription(bus: Any, stream_id: int, deadline_ns: int) -> Any:
-    """A subscription on CHANNEL once it has an image."""
-    subscription = bus.add_subscription(CHANNEL, stream_id)
-    await_image(subscription, deadline_ns)
-    return subscription
-
-
-# ---------------------------------------------------------------------------------------------
-# Throughput members
-# ---------------------------------------------------------------------------------------------
-
-
-def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
-               duration_s: float, timeout_s: float, done: Any) -> dict[str, Any]:
-    """Checked messages for duration_s, then STOP: each by publish() (how=SHM_PUBLISH, what
-    the README teaches), or offer() and, back-pressured, publish() (the lower-level API), or
-    offer_many of a batch then publish_many() (SHM_BATCH). Back-pressured, it sleeps in
-    publish()/publish_many() until the reader moves."""
-    with bus_spec.connect() as bus:
-        publication = _publication(bus, stream_id, deadline_after(timeout_s))
-        offer = publication.offer
-        rounds = Rounds(size)
-        start.ready(bus.driver_pid)
-        t0 = time.monotonic_ns()
-        end_ns = t0 + int(duration_s * 1e9)
-        seq = 0
-        if how == SHM_BATCH:
-            block = np.zeros((BATCH_ROWS, size), np.uint8)
-            words = block.view("<i8")  # sequence numbers in the first and the last word
-            ramp = np.arange(BATCH_ROWS, dtype=np.int64)
-            offer_many = publication.offer_many
-            while time.monotonic_ns() < end_ns:
-                np.add(ramp, seq, out=words[:, 0])
-                words[:, -1] = words[:, 0]
-                sent = offer_many(block)
-                if sent != BATCH_ROWS:  # back-pressured: the rest sleeps until it moves
-                    publication.publish_many(block[max(sent, 0):], timeout=timeout_s)
-                seq += BATCH_ROWS
-            words[:1, 0] = words[:1, -1] = STOP
-            publication.publish_many(block[:1], timeout=timeout_s)
-        elif how == SHM_PUBLISH:  # as users write it: publish(message), its default timeout
-            seq, t0 = send_rounds(publication.publish, rounds, duration_s)
-        else:
-            publish = publication.publish
-
-            def send(message: bytes) -> None:
-                if offer(message) < 0:  # back-pressured: sleep until the reader moves
-                    publish(message, timeout=timeout_s)
-
-            seq, t0 = send_rounds(send, rounds, duration_s)
-        done.wait(timeout_s)  # keep the publication until the reader has everything
-    return {"sent": seq, "t0": t0}
-
-
-def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
-               timeout_s: float, done: Any) -> dict[str, Any]:
-    """Read until STOP: every message as bytes from ``messages()``, checked (how=SHM or
-    SHM_PUBLISH); by
-    poll(handler), copied and checked (SHM_HANDLER), or its sequence number read in place
-    (SHM_NOCOPY)."""
-    import shmbus
-
-    rounds = Rounds(size)
-    if how in (SHM, SHM_PUBLISH):
-        return _shm_messages_reader(start, bus_spec, stream_id, rounds, timeout_s, done)
-    unpack_from, seq_offset = SEQUENCE.unpack_from, rounds.checked.seq_offset
-    round_check = RoundCheck(rounds)
-    got: list[bytes] = []
-    append, take = got.append, round_check.take
-    tally = Counter() if how == SHM_NOCOPY else round_check.tally
-
-    def copied(buffer: memoryview, header: Any) -> None:
-        append(bytes(buffer))
-
-    def in_place(buffer: memoryview, header: Any) -> None:
-        seq = unpack_from(buffer, seq_offset)[0]
-        if seq == tally.expected:
-            tally.expected += 1
-        elif seq == STOP:
-            tally.stopped = True
-        else:
-            tally.bad(seq, "out of order")
-
-    handler: Any = copied if how == SHM_HANDLER else in_place
-    if size > max_payload(CHANNEL):
-        handler = shmbus.FragmentAssembler(handler)
-    with bus_spec.connect() as bus:
-        subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
-        poll = subscription.poll
-        start.ready(bus.driver_pid)
-        deadline = deadline_after(timeout_s)
-        while not tally.stopped:
-            # nothing there: asleep until the writer wakes it
-            if not poll(handler, POLL_LIMIT) and not poll(handler, POLL_LIMIT, timeout=0.1):
-                if time.monotonic_ns() > deadline:
-                    raise BenchError(f"reader timed out after {tally.expected} messages")
-            if got:
-                take(got)
-        t1 = time.monotonic_ns()
-        done.set()
-    return tally.result(t1)
-
-
-def _shm_messages_reader(start: Any, bus_spec: Bus, stream_id: int, rounds: Rounds,
-                         timeout_s: float, done: Any) -> dict[str, Any]:
-    """shm_reader's messages() loop: the iterator sleeps while there is nothing to read."""
-    with bus_spec.connect() as bus:
-        subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
-        start.ready(bus.driver_pid)
-        tally = read_rounds(subscription.messages(timeout=timeout_s), rounds)
-        t1 = time.monotonic_ns()
-        done.set()
-    if not tally.stopped:
-        raise BenchError(f"reader timed out after {tally.expected} messages")
-    return tally.result(t1)
-
-
-def shm_batch_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, timeout_s: float,
-                     done: Any) -> dict[str, Any]:
-    """poll_batch until STOP, checking head and tail sequence numbers with numpy
-    (members.BatchCheck)."""
-    check = BatchCheck(size, size > max_payload(CHANNEL))
-    with bus_spec.connect() as bus:
-        subscription = _subscription(bus, stream_id, deadline_after(timeout_s))
-        poll_batch = subscription.poll_batch
-        start.ready(bus.driver_pid)
-        deadline = deadline_after(timeout_s)
-        while not check.stopped:
-            if not poll_batch(check, BATCH_ROWS) and not subscription.wait(0.1):
-                if time.monotonic_ns() > deadline:
-                    raise BenchError(f"reader timed out after {check.expected} messages")
-        t1 = time.monotonic_ns()
-        done.set()
-    check.finish()
-    return check.result(t1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Round-trip members: a pinger and a ponger over (send, recv)
-# ---------------------------------------------------------------------------------------------
-
-
-def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], bytes]:
-    """recv() over a subscription: the next message as bytes; waiting as ``wait`` says
-    (busy-spin, back-off, or blocking in messages())."""
-    import shmbus
-
-    if wait == BLOCKING:
-        messages = subscription.messages(timeout=timeout_s + 60)
-
-        def recv() -> bytes:
-            for message in messages:
-                return message
-            raise BenchError("no message before the deadline")
-
-        return recv
-    got: list[bytes] = []
-
-    def handler(buffer: memoryview, header: Any) -> None:
-        got.append(bytes(buffer))
-
-    deadline = deadline_after(timeout_s + 60)
-    poll = subscription.poll
-    strategies = shmbus.idle_strategies
-    idle = (strategies.BusySpinIdleStrategy() if wait == SPIN
-            else strategies.BackoffIdleStrategy())
-
-    def recv() -> bytes:
-        spins = 0
-        while not poll(handler, 1):
-            idle.idle(0)
-            spins += 1
-            if not spins & 1023 and time.monotonic_ns() > deadline:
-                raise BenchError("no message before the deadline")
-        idle.reset()
-        return got.pop()
-
-    return recv
-
-
-def _shm_async_recv(subscription: Any, timeout_s: float) -> Callable[[], Awaitable[bytes]]:
-    """recv for _async_round_trips: each message awaited from Subscription.messages_async (the
-    loop free while it waits)."""
-    messages = subscription.messages_async(timeout=timeout_s + 60)
-
-    async def recv() -> bytes:
-        async for message in messages:
-            return message
-        raise BenchError("no message before the deadline")
-
-    return recv
-
-
-def _shm_send(publication: Any, wait: str, timeout_s: float) -> Callable[[Any], None]:
-    """send(message): publish() when blocking (what the README teaches), else offer() with the
-    idle strategy while back-pressured."""
-    import shmbus
-
-    if wait == BLOCKING:
-        publish = publication.publish
-
-        def publish_one(message: Any) -> None:
-            publish(message, timeout=timeout_s + 60)
-
-        return publish_one
-
-    offer = publication.offer
-    idle = shmbus.idle_strategies.BackoffIdleStrategy()
-    deadline = deadline_after(timeout_s + 60)
-
-    def send(message: Any) -> None:
-        if offer(message) < 0:
-            offer_until_accepted(offer, message, idle, deadline)
-
-    return send
-
-
-def shm_rtt(start: Any, bus_spec: Bus, pinger: bool, wait: str, rate: int | None,
-            duration_s: float, timeout_s: float, done: Any) -> dict[str, Any]:
-    """A shmbus pinger (pinger=True: publishes on stream 1, subscribes to 2) or ponger."""
-    tx, rx = (1, 2) if pinger else (2, 1)
-    with bus_spec.connect() as bus:
-        deadline = deadline_after(timeout_s)
-        subscription = bus.add_subscription(CHANNEL, rx)
-        publication = _publication(bus, tx, deadline)
-        await_image(subscription, deadline)
-        send = _shm_send(publication, wait, timeout_s)
-        start.ready(bus.driver_pid)
-        if wait == ASYNCIO:
-            recv_async = _shm_async_recv(subscription, timeout_s)
-            out = asyncio.run(async_round_trips(pinger, send, recv_async, duration_s, rate))
-        else:
-            recv = _shm_recv(subscription, wait, timeout_s)
-            out = ping_loop(send, recv, duration_s, rate) if pinger else pong_loop(send, recv)
-        if not pinger:
-            done.set()
-        done.wait(timeout_s)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Idle members
-# ---------------------------------------------------------------------------------------------
-
-
-def shm_idle(start: Any, bus_spec: Bus, publisher: bool, wait: str, duration_s: float,
-             timeout_s: float) -> dict[str, Any]:
-    """Connected and doing nothing for duration_s: a publisher sleeps; a subscriber polls
-    (back-off between empty polls), blocks in poll(timeout=) or awaits poll_async(timeout=)
-    on an asyncio loop."""
-    import shmbus
-
-    with bus_spec.connect() as bus:
-        deadline = deadline_after(timeout_s)
-        if publisher:
-            _publication(bus, 1, deadline)
-        else:
-            subscription = _subscription(bus, 1, deadline)
-            poll = subscription.poll
-        start.ready(bus.driver_pid)
-        end_ns = deadline_after(duration_s)
-        idle = shmbus.idle_strategies.BackoffIdleStrategy()
-        polls = 0
-        if not publisher and wait == ASYNCIO:
-            async def awaits() -> int:
-                count = 0
-                while time.monotonic_ns() < end_ns:
-                    count += 1
-                    await subscription.poll_async(lambda buffer, header: None, 10, timeout=0.05)
-                return count
-
-            return {"polls": asyncio.run(awaits())}
-        while time.monotonic_ns() < end_ns:
-            if publisher:
-                time.sleep(0.05)
-            elif wait == BLOCKING:
-                polls += 1
-                poll(lambda buffer, header: None, 10, timeout=0.05)
-            else:
-                polls += 1
-                if not poll(lambda buffer, header: None, 10):
-                    idle.idle(0)
-    return {"polls": polls}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,56 +154,11 @@ class Settings:
     root: Path
 
 
-_run_ids = itertools.count(1)
-
-
-class Scope:
-    """One measurement's resources, released at its end: a fresh bus directory (removed),
-    the drivers its members were served by (an embedded driver outlives its clients by its
-    idle timeout: stopped with SIGTERM, by pid) and peer links (their cleanups)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.name = f"run{next(_run_ids)}"
-        self.dir = settings.root / self.name
-        self.cleanups: list[Callable[[], None]] = []
-
-    def bus(self) -> Bus:
-        return Bus(str(self.dir))
-
-    def run(self, ctx: Any, members: list[Member], timeout_s: float) -> Outcome:
-        """run_processes, remembering the drivers to stop."""
-        out = run_processes(ctx, members, timeout_s)
-        self.cleanups.extend(lambda pid=pid: _stop(pid) for pid in out.pids.get("driver", ()))
-        return out
-
-    def __enter__(self) -> Scope:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for cleanup in self.cleanups:
-            cleanup()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _stop(pid: int) -> None:
-    """SIGTERM a driver (it removes its files), SIGKILL if it is still there after 10 s."""
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        process.terminate()
-        process.wait(10)
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.TimeoutExpired:
-        process.kill()
-
-
 def throughput(ctx: Any, transport: str, size: int, s: Settings) -> dict[str, Any]:
     """One throughput run: msg/s, MB/s, cores by process; BenchError if a message was lost,
     reordered or corrupted."""
     done = ctx.Event()
-    with Scope(s) as scope:
+    with Scope(s.root) as scope:
         if transport in PEERS:
             a, b, cleanup = make_peer_link(ctx, transport, s.root, scope.name, False)
             scope.cleanups.append(cleanup)
@@ -535,13 +173,9 @@ def throughput(ctx: Any, transport: str, size: int, s: Settings) -> dict[str, An
                       Member("reader", shm_reader, (bus, 1, size, transport, s.timeout_s,
                                                     done)))
         out = scope.run(ctx, [reader, writer], s.duration_s + s.timeout_s)
-    w, r = out.results["writer"], out.results["reader"]
-    if r["errors"] or w["sent"] != r["received"]:
-        raise BenchError(f"sent {w['sent']}, received {r['received']} in order, {r['errors']} "
-                         f"bad; first: {r['first_bad']}")
-    seconds = (r["t1"] - w["t0"]) / 1e9
-    return {"msgs_per_s": w["sent"] / seconds, "mb_per_s": w["sent"] * size / seconds / 1e6,
-            "messages": w["sent"], "errors": r["errors"], "cores": out.cores}
+    sent, seconds = delivered(out)
+    return {"msgs_per_s": sent / seconds, "mb_per_s": sent * size / seconds / 1e6,
+            "messages": sent, "errors": 0, "cores": out.cores}
 
 
 def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
@@ -550,7 +184,7 @@ def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
     percentiles and cores by process; BenchError if an echo was wrong."""
     done = ctx.Event()
     duration = s.duration_s if rate is None else s.paced_s
-    with Scope(s) as scope:
+    with Scope(s.root) as scope:
         if transport in PEERS:
             a, b, cleanup = make_peer_link(ctx, transport, s.root, scope.name, True)
             scope.cleanups.append(cleanup)
@@ -563,18 +197,12 @@ def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
                                                 done))
             ponger = Member("ponger", shm_rtt, (bus, False, wait, rate, duration, s.timeout_s,
                                                 done))
-        out = scope.run(ctx, [ponger, pinger], duration + s.timeout_s)
-    ping, pong = out.results["pinger"], out.results["ponger"]
-    samples = np.frombuffer(ping["samples"], np.int64)
-    errors = ping["errors"] + pong["errors"]
-    if errors or pong["received"] != len(samples):
-        raise BenchError(f"{len(samples)} pings, {pong['received']} echoed, {errors} bad")
-    return {**percentiles_us(samples), "errors": errors, "cores": out.cores}
+        return round_trip_row(scope.run(ctx, [ponger, pinger], duration + s.timeout_s))
 
 
 def idle(ctx: Any, wait: str, s: Settings) -> dict[str, Any]:
     """A publisher and a subscriber connected and idle for s.idle_s: cores by process."""
-    with Scope(s) as scope:
+    with Scope(s.root) as scope:
         bus = scope.bus()
         members = [Member(role, shm_idle, (bus, role == "publisher", wait, s.idle_s, s.timeout_s))
                    for role in ("subscriber", "publisher")]
@@ -588,9 +216,9 @@ def idle(ctx: Any, wait: str, s: Settings) -> dict[str, Any]:
 
 
 def plan(ctx: Any, sizes: tuple[int, ...], wanted: Callable[[str], bool], s: Settings
-         ) -> list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]]:
+         ) -> list[Measurement]:
     """Every measurement as (its key fields, a thunk that runs it once)."""
-    out: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
+    out: list[Measurement] = []
     for size in sizes:
         for t in THROUGHPUT:
             if wanted(t):
@@ -672,39 +300,50 @@ def _label(transport: str) -> str:
             ICEORYX: "iceoryx2 (busy-poll)"}.get(transport, transport)
 
 
-def throughput_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["transport", "size", "msg/s", "MB/s", "x best peer",
-               "cores: writer / reader / driver", "errors"]
+def _test_table(rows: list[dict[str, Any]], test: str, headers: list[str],
+                names: Callable[[dict[str, Any]], list[str]],
+                figures: Callable[[dict[str, Any]], list[str]], right: tuple[int, ...]) -> str:
+    """A markdown table of the rows of ``test``, a line each: its names(row) cells, then its
+    figures(row) cells, or for a row that did not measure its cell_status in place of the
+    first figure and the others blank; ``right``: the right-aligned columns."""
     lines = []
     for r in rows:
-        if r["test"] != "throughput":
-            continue
-        status = cell_status(r)
+        if r["test"] == test:
+            named, status = names(r), cell_status(r)
+            blank = [""] * (len(headers) - len(named) - 1)
+            lines.append([*named, *(figures(r) if status is None else [status, *blank])])
+    return markdown_table(headers, lines, right)
+
+
+def throughput_table(rows: list[dict[str, Any]]) -> str:
+    """Every throughput row: msg/s, MB/s, over the best peer's msg/s, cores, errors."""
+
+    def figures(r: dict[str, Any]) -> list[str]:
         best = r.get("best_peer_msgs_per_s")
-        lines.append([_label(r["transport"]), size_name(r["size"]),
-                      status or fmt(r["msgs_per_s"]), "" if status else fmt(r["mb_per_s"], 1),
-                      "" if status or not best else f"{r['msgs_per_s'] / best:.2f}",
-                      "" if status else cores_cell(r, ("writer", "reader", "driver")),
-                      "" if status else str(r["errors"])])
-    return markdown_table(headers, lines, (2, 3, 4, 6))
+        return [fmt(r["msgs_per_s"]), fmt(r["mb_per_s"], 1),
+                f"{r['msgs_per_s'] / best:.2f}" if best else "",
+                cores_cell(r, ("writer", "reader", "driver")), str(r["errors"])]
+
+    return _test_table(rows, "throughput",
+                       ["transport", "size", "msg/s", "MB/s", "x best peer",
+                        "cores: writer / reader / driver", "errors"],
+                       lambda r: [_label(r["transport"]), size_name(r["size"])], figures,
+                       (2, 3, 4, 6))
 
 
 def rtt_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["transport", "pace", "waiting", "p50 us", "p90 us", "p99 us", "max us",
-               "cores: pinger / ponger / driver", "errors"]
-    lines = []
-    for r in rows:
-        if r["test"] != "rtt":
-            continue
-        status = cell_status(r)
-        figures = (["", "", "", "", "", ""] if status else
-                   [fmt(r["p50_us"], 1), fmt(r["p90_us"], 1), fmt(r["p99_us"], 1),
-                    fmt(r["max_us"], 1), cores_cell(r, ("pinger", "ponger", "driver")),
-                    str(r["errors"])])
-        if status:
-            figures[0] = status
-        lines.append([r["transport"], r["rate"], r["wait"], *figures])
-    return markdown_table(headers, lines, (3, 4, 5, 6, 8))
+    """Every round-trip row: percentiles, cores, errors."""
+
+    def figures(r: dict[str, Any]) -> list[str]:
+        return [fmt(r["p50_us"], 1), fmt(r["p90_us"], 1), fmt(r["p99_us"], 1),
+                fmt(r["max_us"], 1), cores_cell(r, ("pinger", "ponger", "driver")),
+                str(r["errors"])]
+
+    return _test_table(rows, "rtt",
+                       ["transport", "pace", "waiting", "p50 us", "p90 us", "p99 us", "max us",
+                        "cores: pinger / ponger / driver", "errors"],
+                       lambda r: [r["transport"], r["rate"], r["wait"]], figures,
+                       (3, 4, 5, 6, 8))
 
 
 def idle_table(rows: list[dict[str, Any]]) -> str:
@@ -804,20 +443,12 @@ def draw_chart(rows: list[dict[str, Any]], sizes: tuple[int, ...], path: Path) -
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke pass: short runs (0.2 s; paced 0.3 s; idle 0.5 s), 1 run")
-    parser.add_argument("--runs", type=int, default=3,
-                        help="runs of each measurement, interleaved; the median is reported "
-                             "(default 3)")
-    parser.add_argument("--duration", type=float, default=1.0,
-                        help="seconds per throughput and back-to-back round-trip run "
-                             "(default 1)")
+    add_runs_options(parser, "short runs (0.2 s; paced 0.3 s; idle 0.5 s), 1 run",
+                     "throughput and back-to-back round-trip run")
     parser.add_argument("--paced", type=float, default=2.0,
                         help=f"seconds per {PACED} round-trip run (default 2)")
     parser.add_argument("--idle", type=float, default=3.0,
                         help="seconds of the idle measurement (default 3)")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="deadline of each run beyond its duration, seconds (default 30)")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="throughput message sizes in bytes, comma-separated (default "
                              "32,256,4096; each at least 16)")
@@ -864,13 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     print(f"shmbus bench: {len(measurements)} measurements x {runs} runs; progress on stderr",
           file=sys.stderr, flush=True)
-    results: list[list[dict[str, Any]]] = [[] for _ in measurements]
     try:
-        for _ in range(runs):
-            for (key, thunk), done in zip(measurements, results, strict=True):
-                row = {**key, **attempt(thunk)}
-                done.append(row)
-                print(f"  {_progress(row)}", file=sys.stderr, flush=True)
+        results = run_interleaved(
+            measurements, runs, lambda row: print(f"  {_progress(row)}", file=sys.stderr,
+                                                  flush=True))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = [median_row(r) for r in results]

@@ -66,7 +66,9 @@ import numpy as np
 import psutil
 
 import shmbus
-from tools.bench.harness import BenchError, cpu_seconds, start_driver, stop_driver
+from tools.bench.harness import BenchError, cpu_seconds, deadline_after, start_driver, stop_driver
+from tools.bench.members import connect_publication
+from tools.bench.peers import iceoryx_node
 
 CTX = mp.get_context("spawn")
 STREAM = 4242
@@ -134,12 +136,7 @@ class Pace:
 def shmbus_writer(context: shmbus.Context, n: int, count: int, readers: int, zero_copy: bool,
                   pace: Pace, out: Any) -> None:
     with shmbus.connect(context) as bus:
-        pub = bus.add_exclusive_publication("aeron:ipc", STREAM)
-        deadline = time.monotonic() + 30
-        while not pub.is_connected:
-            if time.monotonic() > deadline:
-                raise BenchError("no subscriber connected within 30 s")
-            time.sleep(0.001)
+        pub = connect_publication(bus, "aeron:ipc", STREAM, deadline_after(30))
         source = np.ones(n)  # (data: np.zeros' untouched pages are one zero page, in cache)
         pace.wait_go()
         cpu0 = time.process_time()
@@ -326,15 +323,11 @@ def zmq_reader(address: str, count: int, copy: bool, ready: Any, pace: Pace, out
 
 
 def _iceoryx(name: str, readers: int) -> tuple[Any, Any, Any, Any]:
-    """(module, node, publish-subscribe service, event service) named ``name``."""
-    try:
-        import ctypes
+    """(module, node, publish-subscribe service, event service) named ``name``; Unavailable
+    (a BenchError) without iceoryx2."""
+    import ctypes
 
-        import iceoryx2 as iox2
-    except ImportError as e:
-        raise BenchError(f"iceoryx2 not installed: {e}") from None
-    iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
-    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    iox2, node = iceoryx_node()
     service = (node.service_builder(iox2.ServiceName.new(name))
                .publish_subscribe(iox2.Slice[ctypes.c_uint8])
                .enable_safe_overflow(False).history_size(0).max_publishers(1)

@@ -34,6 +34,7 @@ from tools.bench.harness import (
     async_round_trips,
     deadline_after,
     ping_loop,
+    ping_or_pong,
     pong_loop,
 )
 from tools.bench.rounds import RoundCheck, Rounds, read_rounds, send_rounds
@@ -182,11 +183,19 @@ def _open_zmq(end: PeerEnd, timeout_s: float) -> Any:
     return sock.send, sock.recv, close
 
 
-def _open_iceoryx(end: PeerEnd, size: int, timeout_s: float) -> Any:
-    import iceoryx2 as iox2
-
+def iceoryx_node() -> tuple[Any, Any]:
+    """(the iceoryx2 module, an IPC node of this process), iceoryx2 logging only errors unless
+    its environment sets a level; Unavailable without the iceoryx2 package."""
+    try:
+        import iceoryx2 as iox2
+    except ImportError as e:
+        raise Unavailable(f"iceoryx2 not installed: {e}") from None
     iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
-    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    return iox2, iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+
+
+def _open_iceoryx(end: PeerEnd, size: int, timeout_s: float) -> Any:
+    iox2, node = iceoryx_node()
 
     def service(name: str) -> Any:
         # no loss: a full subscriber buffer makes the publisher retry (back-pressure)
@@ -324,10 +333,7 @@ def peer_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_
     """A peer's pinger (pinger=True) or ponger."""
     send, recv, close = open_peer(end, RTT_SIZE, timeout_s)
     start.ready()
-    out = ping_loop(send, recv, duration_s, rate) if pinger else pong_loop(send, recv)
-    if not pinger:
-        done.set()
-    done.wait(timeout_s)
+    out = ping_or_pong(pinger, send, recv, duration_s, rate, done, timeout_s)
     close()
     return out
 

@@ -12,7 +12,8 @@ measurement:
 
 * shmbus as the README teaches: ``shmbus.connect(dir=...)`` with default settings (the first
   client launches the embedded driver), ``pub.publish(message)`` for each message, ``for
-  message in sub.messages()`` (each message bytes).
+  message in sub.messages()`` (each message bytes): the members of ipc.py's "shmbus
+  publish()" rows (tools/bench/ipc_members.py).
 * pyaeron at Aeron's defaults: Aeron's C media driver in a process of its own
   (``pyaeron.MediaDriver(dir=..., threading="dedicated")``, every other setting Aeron's
   default: 64 MiB IPC terms, back-off idle strategies), ``pyaeron.Aeron.connect(dir=...)`` in
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import itertools
 import multiprocessing as mp
 import os
 import platform
@@ -58,25 +58,33 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import psutil
-
 from tools.bench.harness import (
     BenchError,
+    Measurement,
     Member,
     Outcome,
     Unavailable,
-    attempt,
+    add_runs_options,
     deadline_after,
+    delivered,
     median_row,
-    percentiles_us,
-    ping_loop,
-    pong_loop,
+    ping_or_pong,
+    polled_recv,
+    round_trip_row,
+    run_interleaved,
     run_processes,
 )
-from tools.bench.members import await_image, connect_publication
+from tools.bench.ipc_members import (
+    BLOCKING,
+    SHM_PUBLISH,
+    Bus,
+    Scope,
+    shm_reader,
+    shm_rtt,
+    shm_writer,
+)
 from tools.bench.report import add_ratios, fmt_rate, machine, markdown_table, size_name
-from tools.bench.rounds import RoundCheck, Rounds, read_rounds, send_rounds
+from tools.bench.rounds import RoundCheck, Rounds, send_rounds
 
 SIZES = (32, 256, 4096)
 CHANNEL = "aeron:ipc"
@@ -101,75 +109,6 @@ def pyaeron_missing() -> str | None:
     if importlib.util.find_spec("pyaeron") is None:
         return "pyaeron is not installed"
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# shmbus members: publish() / messages()
-# ---------------------------------------------------------------------------------------------
-
-
-def shm_writer(start: Any, bus_dir: str, size: int, duration_s: float, timeout_s: float,
-               done: Any) -> dict[str, Any]:
-    """publish() each checked message for duration_s, then STOP; keep the publication until
-    the reader has everything."""
-    import shmbus
-
-    with shmbus.connect(dir=bus_dir) as bus:
-        publication = connect_publication(bus, CHANNEL, 1, deadline_after(timeout_s))
-        rounds = Rounds(size)
-        start.ready(bus.driver_pid)
-        seq, t0 = send_rounds(publication.publish, rounds, duration_s)
-        done.wait(timeout_s)
-    return {"sent": seq, "t0": t0}
-
-
-def shm_reader(start: Any, bus_dir: str, size: int, timeout_s: float,
-               done: Any) -> dict[str, Any]:
-    """``for message in sub.messages()`` until STOP, checking each message."""
-    import shmbus
-
-    rounds = Rounds(size)
-    with shmbus.connect(dir=bus_dir) as bus:
-        subscription = bus.add_subscription(CHANNEL, 1)
-        await_image(subscription, deadline_after(timeout_s))
-        start.ready(bus.driver_pid)
-        tally = read_rounds(subscription.messages(timeout=timeout_s), rounds)
-        t1 = time.monotonic_ns()
-        done.set()
-    if not tally.stopped:
-        raise BenchError(f"reader timed out after {tally.expected} messages")
-    return tally.result(t1)
-
-
-def shm_rtt(start: Any, bus_dir: str, pinger: bool, duration_s: float, timeout_s: float,
-            done: Any) -> dict[str, Any]:
-    """A pinger (publishes on stream 1, reads stream 2) or a ponger: publish() and a blocking
-    messages() on both sides."""
-    import shmbus
-
-    tx, rx = (1, 2) if pinger else (2, 1)
-    with shmbus.connect(dir=bus_dir) as bus:
-        deadline = deadline_after(timeout_s)
-        subscription = bus.add_subscription(CHANNEL, rx)
-        publication = connect_publication(bus, CHANNEL, tx, deadline)
-        await_image(subscription, deadline)
-        messages = subscription.messages(timeout=timeout_s + 60)
-        publish = publication.publish
-
-        def send(message: Any) -> None:
-            publish(message, timeout=timeout_s + 60)
-
-        def recv() -> bytes:
-            for message in messages:
-                return message
-            raise BenchError("no message before the deadline")
-
-        start.ready(bus.driver_pid)
-        out = ping_loop(send, recv, duration_s, None) if pinger else pong_loop(send, recv)
-        if not pinger:
-            done.set()
-        done.wait(timeout_s)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,29 +241,9 @@ def aeron_rtt(start: Any, aeron_dir: str, pinger: bool, duration_s: float, timeo
     with client:
         deadline = deadline_after(duration_s + timeout_s)
         send = _aeron_offer(publication, deadline)
-        poll = subscription.poll
-        idle = pyaeron.IdleStrategy.backoff()
-        got: list[bytes] = []
-
-        def handler(buffer: Any, header: Any) -> None:
-            got.append(bytes(buffer))
-
-        def recv() -> bytes:
-            spins = 0
-            while not poll(handler, 1):
-                idle.idle(0)
-                spins += 1
-                if not spins & 1023 and time.monotonic_ns() > deadline:
-                    raise BenchError("no message before the deadline")
-            idle.reset()
-            return got.pop()
-
+        recv = polled_recv(subscription.poll, pyaeron.IdleStrategy.backoff(), deadline)
         start.ready()
-        out = ping_loop(send, recv, duration_s, None) if pinger else pong_loop(send, recv)
-        if not pinger:
-            done.set()
-        done.wait(timeout_s)
-    return out
+        return ping_or_pong(pinger, send, recv, duration_s, None, done, timeout_s)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,80 +251,58 @@ def aeron_rtt(start: Any, aeron_dir: str, pinger: bool, duration_s: float, timeo
 # ---------------------------------------------------------------------------------------------
 
 
-_run_ids = itertools.count(1)
-
-
-def _stop_drivers(out: Outcome) -> None:
-    """SIGTERM the shmbus drivers that served a run (an embedded driver outlives its clients
-    by its idle timeout), SIGKILL one still there after 10 s."""
-    for pid in out.pids.get("driver", ()):
-        try:
-            process = psutil.Process(pid)
-            process.terminate()
-            process.wait(10)
-        except psutil.NoSuchProcess:
-            pass
-        except psutil.TimeoutExpired:
-            process.kill()
-
-
 def run_bus(ctx: Any, bus: str, members: Callable[[str], list[Member]], timeout_s: float,
             s: Settings) -> Outcome:
-    """Run the members of one measurement on a fresh directory of ``bus``; pyaeron's with
+    """Run the members of one measurement on a fresh directory of ``bus`` (an ipc_members.Scope: the
+    shmbus drivers that served it stopped, the directory removed at its end); pyaeron's with
     Aeron's media driver in a process of its own, accounted as "driver"."""
-    bus_dir = s.root / f"run{next(_run_ids)}"
-    try:
+    with Scope(s.root) as scope:
+        bus_dir = str(scope.dir)
         if bus == SHMBUS:
-            out = run_processes(ctx, members(str(bus_dir)), timeout_s)
-            _stop_drivers(out)
-            return out
+            return scope.run(ctx, members(bus_dir), timeout_s)
         missing = pyaeron_missing()
         if missing:
             raise Unavailable(missing)
-        with aeron_driver_process(ctx, str(bus_dir), DRIVER_START_S) as pid:
-            return run_processes(ctx, members(str(bus_dir)), timeout_s,
+        with aeron_driver_process(ctx, bus_dir, DRIVER_START_S) as pid:
+            return run_processes(ctx, members(bus_dir), timeout_s,
                                  watch=lambda: {"driver": [pid]})
-    finally:
-        shutil.rmtree(bus_dir, ignore_errors=True)
 
 
 def throughput(ctx: Any, bus: str, size: int, s: Settings) -> dict[str, Any]:
     """One throughput run: msg/s, GB/s, CPU us per message; BenchError if a message was lost,
     reordered or corrupted."""
     done = ctx.Event()
-    writer, reader = (shm_writer, shm_reader) if bus == SHMBUS else (aeron_writer, aeron_reader)
 
     def members(bus_dir: str) -> list[Member]:
-        return [Member("reader", reader, (bus_dir, size, s.timeout_s, done)),
-                Member("writer", writer, (bus_dir, size, s.duration_s, s.timeout_s, done))]
+        if bus == SHMBUS:  # ipc_members: publish() and messages() on stream 1
+            spec = Bus(bus_dir)
+            return [Member("reader", shm_reader, (spec, 1, size, SHM_PUBLISH, s.timeout_s, done)),
+                    Member("writer", shm_writer, (spec, 1, size, SHM_PUBLISH, s.duration_s,
+                                                  s.timeout_s, done))]
+        return [Member("reader", aeron_reader, (bus_dir, size, s.timeout_s, done)),
+                Member("writer", aeron_writer, (bus_dir, size, s.duration_s, s.timeout_s, done))]
 
     out = run_bus(ctx, bus, members, s.duration_s + s.timeout_s, s)
-    w, r = out.results["writer"], out.results["reader"]
-    if r["errors"] or w["sent"] != r["received"]:
-        raise BenchError(f"sent {w['sent']}, received {r['received']} in order, {r['errors']} "
-                         f"bad; first: {r['first_bad']}")
-    seconds = (r["t1"] - w["t0"]) / 1e9
-    return {"msgs_per_s": w["sent"] / seconds, "gb_per_s": w["sent"] * size / seconds / 1e9,
-            "messages": w["sent"], "errors": 0, "cores": out.cores,
-            "cpu_us_per_msg": _cpu_us(out, w["sent"])}
+    sent, seconds = delivered(out)
+    return {"msgs_per_s": sent / seconds, "gb_per_s": sent * size / seconds / 1e9,
+            "messages": sent, "errors": 0, "cores": out.cores,
+            "cpu_us_per_msg": _cpu_us(out, sent)}
 
 
 def round_trip(ctx: Any, bus: str, s: Settings) -> dict[str, Any]:
     """One back-to-back ping-pong run: round-trip percentiles, cores by process."""
     done = ctx.Event()
-    run = shm_rtt if bus == SHMBUS else aeron_rtt
 
     def members(bus_dir: str) -> list[Member]:
-        return [Member(role, run, (bus_dir, role == "pinger", s.duration_s, s.timeout_s, done))
+        if bus == SHMBUS:  # ipc_members: publish() and a blocking messages(), back to back
+            return [Member(role, shm_rtt, (Bus(bus_dir), role == "pinger", BLOCKING, None,
+                                           s.duration_s, s.timeout_s, done))
+                    for role in ("ponger", "pinger")]
+        return [Member(role, aeron_rtt, (bus_dir, role == "pinger", s.duration_s, s.timeout_s,
+                                         done))
                 for role in ("ponger", "pinger")]
 
-    out = run_bus(ctx, bus, members, s.duration_s + s.timeout_s, s)
-    ping, pong = out.results["pinger"], out.results["ponger"]
-    samples = np.frombuffer(ping["samples"], np.int64)
-    errors = ping["errors"] + pong["errors"]
-    if errors or pong["received"] != len(samples):
-        raise BenchError(f"{len(samples)} pings, {pong['received']} echoed, {errors} bad")
-    return {**percentiles_us(samples), "errors": 0, "cores": out.cores}
+    return round_trip_row(run_bus(ctx, bus, members, s.duration_s + s.timeout_s, s))
 
 
 def _cpu_us(out: Outcome, messages: int) -> float | None:
@@ -416,10 +313,9 @@ def _cpu_us(out: Outcome, messages: int) -> float | None:
     return sum(c for c in out.cores.values() if c is not None) * out.wall_s / messages * 1e6
 
 
-def plan(ctx: Any, sizes: tuple[int, ...], s: Settings
-         ) -> list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]]:
+def plan(ctx: Any, sizes: tuple[int, ...], s: Settings) -> list[Measurement]:
     """Every measurement as (its key fields, a thunk that runs it once)."""
-    out: list[tuple[dict[str, Any], Callable[[], dict[str, Any]]]] = []
+    out: list[Measurement] = []
     for size in sizes:
         for bus in BUSES:
             out.append(({"test": "throughput", "bus": bus, "size": size},
@@ -536,15 +432,7 @@ def report_markdown(rows: list[dict[str, Any]], sizes: tuple[int, ...], runs: in
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke pass: 0.2 s per run, 1 run")
-    parser.add_argument("--runs", type=int, default=3,
-                        help="runs of each measurement, interleaved; medians reported "
-                             "(default 3)")
-    parser.add_argument("--duration", type=float, default=1.0,
-                        help="seconds per throughput and round-trip run (default 1)")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="deadline of each run beyond its duration, seconds (default 30)")
+    add_runs_options(parser, "0.2 s per run, 1 run", "throughput and round-trip run")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs {args.runs}: at least 1")
@@ -562,21 +450,19 @@ def main(argv: list[str] | None = None) -> int:
     measurements = plan(mp.get_context("spawn"), SIZES, s)
     print(f"shmbus vs pyaeron: {len(measurements)} measurements x {runs} runs; progress on "
           f"stderr", file=sys.stderr, flush=True)
-    results: list[list[dict[str, Any]]] = [[] for _ in measurements]
     try:
-        for _ in range(runs):
-            for (key, thunk), done in zip(measurements, results, strict=True):
-                row = {**key, **attempt(thunk)}
-                done.append(row)
-                print(f"  {row['test']} {row['bus']} {row.get('size', '')}: "
-                      f"{'ok' if row['status'] == 'ok' else _reason(row)}", file=sys.stderr,
-                      flush=True)
+        results = run_interleaved(measurements, runs, _progress)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = [median_row(r) for r in results]
     add_pyaeron_ratios(rows)
     print(report_markdown(rows, SIZES, runs, s, began))
     return 1 if any(r["status"] == "failed" for r in rows) else 0
+
+
+def _progress(row: dict[str, Any]) -> None:
+    print(f"  {row['test']} {row['bus']} {row.get('size', '')}: "
+          f"{'ok' if row['status'] == 'ok' else _reason(row)}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ from tools.bench.harness import (
     stop_driver,
 )
 from tools.bench.network import free_tcp_port, free_udp_ports
+from tools.bench.peers import iceoryx_node
 
 SERVICE = 5001
 CHANNEL = "aeron:ipc"
@@ -184,15 +185,11 @@ def zmq_requester(start: Any, endpoints: list[str], kind: str, size: int, durati
 
 
 def _iceoryx_service(name: str, size: int) -> tuple[Any, Any, Any]:
-    """(module, node, request-response service ``name`` of byte slices)."""
-    try:
-        import ctypes
+    """(module, node, request-response service ``name`` of byte slices); Unavailable without
+    iceoryx2."""
+    import ctypes
 
-        import iceoryx2 as iox2
-    except ImportError as e:
-        raise Unavailable(f"iceoryx2: {e}") from None
-    iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
-    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    iox2, node = iceoryx_node()
     service = (node.service_builder(iox2.ServiceName.new(name))
                .request_response(iox2.Slice[ctypes.c_uint8], iox2.Slice[ctypes.c_uint8])
                .open_or_create())

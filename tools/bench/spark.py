@@ -29,11 +29,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 import shmbus
 from shmbus import RecordingReader
+
+#: the local SparkSession's settings: on loopback, no UI or progress bars, one shuffle
+#: partition per core of local[2], 2 GiB for the driver
+SPARK_SETTINGS: dict[str, Any] = {
+    "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "2g"}
 
 
 def record(directory: Path, bus_dir: Path, messages: int) -> tuple[float, int]:
@@ -127,13 +135,7 @@ def main() -> None:
         import shmbus.spark
 
         spark = (SparkSession.builder.master("local[2]").appName("bench-spark")
-                 .config("spark.driver.host", "127.0.0.1")
-                 .config("spark.driver.bindAddress", "127.0.0.1")
-                 .config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.shuffle.partitions", "2")
-                 .config("spark.driver.memory", "2g")
-                 .getOrCreate())
+                 .config(map=SPARK_SETTINGS).getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         shmbus.spark.register(spark)
         try:

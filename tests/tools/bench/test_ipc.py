@@ -6,17 +6,25 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_quick_bench_measures_shmbus_and_a_peer_without_errors(tmp_path: Path) -> None:
+def quick_bench(out: Path, only: str, sizes: str) -> list[dict[str, Any]]:
+    """The rows of a quick pass of tools/bench/ipc.py over the transports ``only`` names at
+    ``sizes``, its files written to ``out``; fails the test if the bench fails."""
     done = subprocess.run(
-        [sys.executable, "-m", "tools.bench.ipc", "--quick", "--only", "shmbus,mp.Queue",
-         "--sizes", "4096", "--json", "--out", str(tmp_path)],
+        [sys.executable, "-m", "tools.bench.ipc", "--quick", "--only", only, "--sizes", sizes,
+         "--json", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout)["rows"]
+    rows: list[dict[str, Any]] = json.loads(done.stdout)["rows"]
+    return rows
+
+
+def test_quick_bench_measures_shmbus_and_a_peer_without_errors(tmp_path: Path) -> None:
+    rows = quick_bench(tmp_path, "shmbus,mp.Queue", "4096")
 
     throughput = [r for r in rows if r["test"] == "throughput"]
     assert {(r["transport"], r["size"]) for r in throughput} == {
@@ -63,12 +71,7 @@ def test_quick_bench_measures_shmbus_and_a_peer_without_errors(tmp_path: Path) -
 
 
 def test_the_zenoh_peer_carries_every_message_checked_both_ways(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "tools.bench.ipc", "--quick", "--only", "zenoh",
-         "--sizes", "256", "--json", "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [r for r in json.loads(done.stdout)["rows"] if r["test"] != "idle"]
+    rows = [r for r in quick_bench(tmp_path, "zenoh", "256") if r["test"] != "idle"]
     assert {(r["test"], r.get("rate")) for r in rows} == {
         ("throughput", None), ("rtt", "back-to-back"), ("rtt", "1,000 msg/s")}
     for r in rows:
