@@ -15,7 +15,7 @@ import shmbus
 from shmbus.shm import control_protocol as cp
 from shmbus.shm.cnc import ERROR_LOG
 from shmbus.shm.error_log import read_error_log
-from tests.support.drivers import start_driver, stop_driver
+from tests.support.drivers import running_driver
 
 CHANNEL = "aeron:udp?endpoint=127.0.0.1:40555"
 HELD = "udp endpoint 127.0.0.1:40555 is already bound by pid 4242 (other: netbridge)"
@@ -75,11 +75,8 @@ class StandInBridge:
 def context(bus_context: shmbus.Context) -> Iterator[shmbus.Context]:
     """A driver that starts no netbridge of its own (the test plays it)."""
     context = bus_context.with_(netbridge_auto_start=False)
-    process = start_driver(context)
-    try:
+    with running_driver(context):
         yield context
-    finally:
-        stop_driver(process)
 
 
 def errors(bus: shmbus.Client) -> list[str]:

@@ -27,6 +27,7 @@ from shmbus.shm.block_ring import BlockRing
 from tests.support.drivers import (
     TINY_LENGTHS,
     driver_serves,
+    running_driver,
     start_driver,
     stop_driver,
     system_counter,
@@ -46,11 +47,8 @@ SIZES = [100, 8_000, 9_000, 70_000, 300_000, 2_000_000, 40, 1_500, 65_536, 5_000
 def small_ring_context(bus_context):
     """A driver whose block rings take messages up to 1 MiB (rings of about 2 MiB)."""
     context = bus_context.with_(max_large_message_length=1 << 20)
-    process = start_driver(context)
-    try:
+    with running_driver(context):
         yield context
-    finally:
-        stop_driver(process)
 
 
 def rings(context: shmbus.Context) -> list[Path]:
