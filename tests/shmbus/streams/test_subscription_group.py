@@ -26,39 +26,22 @@ from shmbus.shm.counters import GROUP_CLAIM, GROUP_MEMBERS, GROUP_POS, GROUP_RED
 from tests.support.groups import (
     STREAM,
     all_tasks,
+    assert_each_task_once_in_order,
     assert_only_the_task_in_hand_went_twice,
     collect,
     counter_values,
     finish,
+    offer_until_held,
     read_records,
     redelivered_once_members_are,
+    start_group,
+    start_slow_and_fast,
     wait_for_tasks,
 )
 from tests.support.processes import CTX
 from tests.support.workers import group_workers as gw
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def run_group(start_process: Callable[..., Any], context: shmbus.Context, tmp_path: Path, *,
-              members: int, publishers: int, tasks: int, lengths: tuple[int, int],
-              fragment_limit: int = 16, options: dict[int, dict[str, Any]] | None = None,
-              **publisher_options: Any) -> tuple[Any, Any, list[Path], list[Any], Any]:
-    """Start the members (waiting until they joined; ``options`` by member index), then the
-    publishers."""
-    stop, results = CTX.Event(), CTX.Queue()
-    paths = [tmp_path / f"member-{i}.rec" for i in range(members)]
-    processes = []
-    for i, path in enumerate(paths):
-        joined = CTX.Event()
-        processes.append(start_process(gw.work, context, STREAM, "workers", str(path), stop,
-                                       lengths, results, fragment_limit=fragment_limit,
-                                       joined=joined, **(options or {}).get(i, {})))
-        assert joined.wait(30), f"member {i} did not join"
-    publisher_processes = [start_process(gw.publish, context, STREAM, p, tasks, lengths,
-                                         results, stop, **publisher_options)
-                           for p in range(publishers)]
-    return stop, results, paths, processes, publisher_processes
 
 
 @pytest.mark.parametrize("lengths, fragment_limit, messages",
@@ -70,23 +53,15 @@ def test_four_members_get_each_task_of_each_publisher_exactly_once(
         start_process: Callable[..., Any], lengths: tuple[int, int],
         fragment_limit: int, messages: bool) -> None:
     publishers, tasks = 2, 3000 if lengths[1] < 1000 else 400
-    stop, results, paths, members, pubs = run_group(
-        start_process, bus_context, tmp_path, members=4, publishers=publishers, tasks=tasks,
-        lengths=lengths, fragment_limit=fragment_limit,
+    stop, results, paths, members, pubs = start_group(
+        start_process, (bus_context, bus_context), tmp_path, members=4, publishers=publishers,
+        tasks=tasks, lengths=lengths, fragment_limit=fragment_limit,
         options={i: {"messages": messages} for i in range(4)})
     records = wait_for_tasks(paths, all_tasks(publishers, tasks), 120, members + pubs)
     with shmbus.connect(bus_context) as bus:
         assert counter_values(bus, GROUP_MEMBERS) == [4]
     reports = finish(stop, results, members + pubs, 4 + publishers)
-    handed = collections.Counter(t for tasks_ in records.values() for t in tasks_)
-    assert set(handed) == all_tasks(publishers, tasks)
-    assert max(handed.values()) == 1, "a task was handed to two members"
-    assert sum(r["tasks"] for r in reports if "tasks" in r) == publishers * tasks
-    # within one member, each publisher's tasks come in publication order
-    for tasks_ in records.values():
-        for p in range(publishers):
-            seqs = [s for q, s in tasks_ if q == p]
-            assert seqs == sorted(seqs)
+    assert_each_task_once_in_order(records, reports, publishers, tasks)
     assert sum(1 for tasks_ in records.values() if tasks_) >= 2
 
 
@@ -95,8 +70,8 @@ def test_members_joining_and_leaving_mid_stream_lose_nothing_and_repeat_nothing(
         start_process: Callable[..., Any]) -> None:
     tasks, lengths = 6000, (gw.HEAD.size, 64)
     resume = CTX.Event()
-    stop, results, paths, members, pubs = run_group(
-        start_process, bus_context, tmp_path, members=2, publishers=1, tasks=tasks,
+    stop, results, paths, members, pubs = start_group(
+        start_process, (bus_context, bus_context), tmp_path, members=2, publishers=1, tasks=tasks,
         lengths=lengths, options={1: {"leave_after": 300}}, pause_at=tasks // 2, resume=resume,
         pace_after_pause_s=0.001)
     wait_for_tasks(paths, all_tasks(1, tasks // 2), 60, members + pubs)
@@ -125,8 +100,8 @@ def test_a_member_sigkilled_mid_claim_has_only_the_task_in_its_hand_done_twice(
     tasks, lengths = 4000, (gw.HEAD.size, 100)
     holding, go = CTX.Event(), CTX.Event()
     go.set()  # paced from the first task: the victim gets its 50 however it is scheduled
-    stop, results, paths, members, pubs = run_group(
-        start_process, bus_context, tmp_path, members=4, publishers=1, tasks=tasks,
+    stop, results, paths, members, pubs = start_group(
+        start_process, (bus_context, bus_context), tmp_path, members=4, publishers=1, tasks=tasks,
         lengths=lengths, options={0: {"hold_at": 50, "holding": holding}},
         pause_at=0, resume=go, pace_after_pause_s=0.0001)
     assert holding.wait(60), "the victim never reached its 50th task"
@@ -145,36 +120,14 @@ def test_flow_control_holds_the_publisher_behind_the_groups_oldest_unfinished_cl
         driver: Any, bus_context: shmbus.Context, tmp_path: Path,
         start_process: Callable[..., Any]) -> None:
     lengths = (gw.HEAD.size, 64)
-    stop, release, holding, results = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Queue()
-    paths = [tmp_path / "slow.rec", tmp_path / "fast.rec"]
-    processes = []
     with shmbus.connect(bus_context) as bus:
         publication = bus.add_publication(gw.CHANNEL, STREAM)
-        # the slow member alone gets task 0, and holds it (and its claim) unfinished
-        for path, options in zip(paths, ({"hold_at": 1, "holding": holding, "release": release,
-                                          "fragment_limit": 4}, {}), strict=True):
-            joined = CTX.Event()
-            processes.append(start_process(gw.work, bus_context, STREAM, "workers", str(path),
-                                           stop, lengths, results, joined=joined, **options))
-            assert joined.wait(30)
-            if not holding.is_set():
-                deadline = time.monotonic() + 10
-                while publication.offer(gw.make_task(0, 0, lengths)) < 0:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.01)
-                assert holding.wait(30)
+        stop, release, results, paths, processes = start_slow_and_fast(
+            start_process, bus_context, publication, lengths, tmp_path)
         claim_start = min(counter_values(bus, GROUP_CLAIM))
-        seq = 1
         # the fast member takes everything else; the publisher must stop a window past the
         # slow member's claim, however far the group position goes
-        quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < 1.0:
-            assert time.monotonic() < deadline + 30
-            if publication.offer(gw.make_task(0, seq, lengths)) > 0:
-                seq += 1
-                quiet_since = time.monotonic()
-            else:
-                time.sleep(0.01)
+        seq = offer_until_held(publication, lengths, 1, 40)
         window = publication.log.publication_window
         assert publication.position_limit <= claim_start + window
         assert publication.position > claim_start + window - 256

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,15 @@ from shmbus.shm.counters import GROUP_CLAIM, GROUP_MEMBERS, GROUP_POS
 from tests.support.groups import (
     STREAM,
     all_tasks,
+    assert_each_task_once_in_order,
     assert_only_the_task_in_hand_went_twice,
     counter_values,
     finish,
+    offer_until_held,
     read_records,
     redelivered_once_members_are,
+    start_group,
+    start_slow_and_fast,
     wait_for_tasks,
 )
 from tests.support.networks import bus_pair, free_udp_port, stop_drivers
@@ -51,25 +54,6 @@ def buses(shm_dir: Path) -> Any:
         stop_drivers(drivers)
 
 
-def start_group(start_process: Callable[..., Any], buses: Any, tmp_path: Path, *,
-                members: int, publishers: int, tasks: int, lengths: tuple[int, int],
-                options: dict[int, dict[str, Any]] | None = None
-                ) -> tuple[Any, Any, list[Path], list[Any], list[Any]]:
-    ctx_a, ctx_b, channel = buses
-    stop, results = CTX.Event(), CTX.Queue()
-    paths = [tmp_path / f"member-{i}.rec" for i in range(members)]
-    processes = []
-    for i, path in enumerate(paths):
-        joined = CTX.Event()
-        processes.append(start_process(gw.work, ctx_b, STREAM, "workers", str(path), stop,
-                                       lengths, results, joined=joined, channel=channel,
-                                       **(options or {}).get(i, {})))
-        assert joined.wait(30), f"member {i} did not join"
-    pubs = [start_process(gw.publish, ctx_a, STREAM, p, tasks, lengths, results, stop,
-                          channel=channel) for p in range(publishers)]
-    return stop, results, paths, processes, pubs
-
-
 @pytest.mark.parametrize("lengths", [(gw.HEAD.size, 200), (900, 6000)],
                          ids=["small", "fragmented"])
 def test_members_on_another_bus_get_each_task_of_each_publisher_exactly_once(
@@ -77,20 +61,13 @@ def test_members_on_another_bus_get_each_task_of_each_publisher_exactly_once(
         lengths: tuple[int, int]) -> None:
     publishers, tasks = 2, 4000 if lengths[1] < 1000 else 300
     stop, results, paths, members, pubs = start_group(
-        start_process, buses, tmp_path, members=3, publishers=publishers, tasks=tasks,
-        lengths=lengths)
+        start_process, buses[:2], tmp_path, channel=buses[2], members=3, publishers=publishers,
+        tasks=tasks, lengths=lengths)
     records = wait_for_tasks(paths, all_tasks(publishers, tasks), 150, members + pubs)
     with shmbus.connect(buses[1]) as bus:  # the publishers share one log: one image
         assert counter_values(bus, GROUP_MEMBERS) == [3]
     reports = finish(stop, results, members + pubs, 3 + publishers)
-    handed = collections.Counter(t for tasks_ in records.values() for t in tasks_)
-    assert set(handed) == all_tasks(publishers, tasks)
-    assert max(handed.values()) == 1, "a task was handed to two members"
-    assert sum(r["tasks"] for r in reports if "tasks" in r) == publishers * tasks
-    for tasks_ in records.values():  # within a member, each publisher's tasks in order
-        for p in range(publishers):
-            seqs = [s for q, s in tasks_ if q == p]
-            assert seqs == sorted(seqs)
+    assert_each_task_once_in_order(records, reports, publishers, tasks)
 
 
 def test_a_member_sigkilled_mid_claim_has_only_the_task_in_its_hand_done_twice(
@@ -98,8 +75,8 @@ def test_a_member_sigkilled_mid_claim_has_only_the_task_in_its_hand_done_twice(
     tasks, lengths = 3000, (gw.HEAD.size, 100)
     holding = CTX.Event()
     stop, results, paths, members, pubs = start_group(
-        start_process, buses, tmp_path, members=3, publishers=1, tasks=tasks,
-        lengths=lengths, options={0: {"hold_at": 50, "holding": holding}})
+        start_process, buses[:2], tmp_path, channel=buses[2], members=3, publishers=1,
+        tasks=tasks, lengths=lengths, options={0: {"hold_at": 50, "holding": holding}})
     assert holding.wait(60), "the victim never reached its 50th task"
     os.kill(members[0].pid, signal.SIGKILL)
     members[0].join(10)
@@ -119,37 +96,13 @@ def test_the_receiver_holds_the_publisher_behind_the_groups_oldest_unfinished_cl
     there exactly once."""
     ctx_a, ctx_b, channel = buses
     lengths = (gw.HEAD.size, 64)
-    stop, release, holding, results = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Queue()
-    paths = [tmp_path / "slow.rec", tmp_path / "fast.rec"]
-    processes = []
     term_length = ctx_a.udp_term_length
     with shmbus.connect(ctx_a) as bus_a, shmbus.connect(ctx_b) as bus_b:
         publication = bus_a.add_publication(channel, STREAM)
-        for path, options in zip(paths, ({"hold_at": 1, "holding": holding, "release": release,
-                                          "fragment_limit": 4}, {}), strict=True):
-            joined = CTX.Event()
-            processes.append(start_process(gw.work, ctx_b, STREAM, "workers", str(path),
-                                           stop, lengths, results, joined=joined,
-                                           channel=channel, **options))
-            assert joined.wait(30)
-            if not holding.is_set():  # the slow member alone gets task 0, and holds it
-                deadline = time.monotonic() + 30
-                while publication.offer(gw.make_task(0, 0, lengths)) < 0:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.01)
-                assert holding.wait(30)
+        stop, release, results, paths, processes = start_slow_and_fast(
+            start_process, ctx_b, publication, lengths, tmp_path, channel)
         claim_start = min(counter_values(bus_b, GROUP_CLAIM))
-        seq, deadline = 1, time.monotonic() + 60
-        quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < 1.0:  # until the publisher stays held 1 s
-            assert time.monotonic() < deadline, (
-                f"the publisher ran {publication.position - claim_start} bytes past a claim "
-                f"not done")
-            if publication.offer(gw.make_task(0, seq, lengths)) > 0:
-                seq += 1
-                quiet_since = time.monotonic()
-            else:
-                time.sleep(0.01)
+        seq = offer_until_held(publication, lengths, 1, 60)
         # held within the receiver's window (half a term) and the publication's own
         assert publication.position - claim_start <= term_length
         assert min(counter_values(bus_b, GROUP_CLAIM)) == claim_start
