@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 import shmbus
-from tests.support.waits import wait_until
+from tests.support.ipc_stream import connected_ipc
 
 
 @pytest.fixture
@@ -15,8 +15,5 @@ def stream(bus_context, driver,
            ) -> Iterator[tuple[shmbus.ExclusivePublication, shmbus.Subscription]]:
     """An exclusive publication and a subscription of one IPC stream (21) of the test bus,
     connected: what a codec writes there a test reads back in the same process."""
-    with shmbus.connect(bus_context) as bus:
-        pub = bus.add_exclusive_publication("aeron:ipc", 21)
-        sub = bus.add_subscription("aeron:ipc", 21)
-        wait_until(lambda: pub.is_connected, 10, "the subscriber")
+    with connected_ipc(bus_context, 21) as (pub, sub):
         yield pub, sub
