@@ -5,7 +5,6 @@ an idle netbridge sleeps."""
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing as mp
 import os
 import subprocess
 import time
@@ -18,6 +17,7 @@ import shmbus
 from tests.support.counted_stream import stream_counted
 from tests.support.drivers import stop_driver
 from tests.support.networks import bridge_pid, bus_pair, free_udp_port, stop_drivers
+from tests.support.processes import subscribe_then_publish
 from tests.support.waits import wait_until
 from tests.support.workers import bridge_workers
 
@@ -48,18 +48,11 @@ def test_two_publishers_stream_200k_messages_exactly_through_the_batch_path(
     their log watcher)."""
     (ctx_a, ctx_b), drivers = bus_pair(shm_dir, loss, netbridge_busy_window=busy_window)
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
-    spawn = mp.get_context("spawn")
     try:
-        with spawn.Pool(3) as pool:
-            ready = spawn.Manager().Event()
-            sub = pool.apply_async(bridge_workers.subscribe_sessions,
-                                   (ctx_b, channel, 7, 2 * PER_PUBLISHER, 150, ready))
-            assert ready.wait(30)
-            pubs = [pool.apply_async(bridge_workers.publish,
-                                     (ctx_a, channel, 7, PER_PUBLISHER, 150))
-                    for _ in range(2)]
-            summaries = sub.get(170)
-            assert [pub.get(170) for pub in pubs] == [PER_PUBLISHER] * 2
+        summaries, published = subscribe_then_publish(
+            bridge_workers.subscribe_sessions, (ctx_b, channel, 7, 2 * PER_PUBLISHER, 150),
+            bridge_workers.publish, (ctx_a, channel, 7, PER_PUBLISHER, 150), publishers=2)
+        assert published == [PER_PUBLISHER] * 2
         assert len(summaries) == 2, summaries  # two sessions, each exact
         for summary in summaries.values():
             assert summary == {"received": PER_PUBLISHER, "out_of_order": 0, "bad_checksum": 0}
