@@ -172,13 +172,15 @@ def read_until(poll: Callable[[], int], done: Callable[[], bool], timeout: float
 
 
 class TaggedVerifier(Verdicts):
-    """Checks tagged messages: exactly once, in order per writer, lengths and checksums right."""
+    """Checks tagged messages: exactly once, in order per writer, lengths and checksums right.
+    ``assembler`` is the fragment handler to poll with: it hands the verifier whole messages."""
 
     def __init__(self, writers: int, seed: int, max_length: int) -> None:
         super().__init__()
         self.expected = [0] * writers
         self.rngs = [tagged_rng(seed, w) for w in range(writers)]
         self.max_length = max_length
+        self.assembler = shmbus.FragmentAssembler(self)
 
     def __call__(self, buffer: memoryview, header: shmbus.Header) -> None:
         self.messages += 1
@@ -218,13 +220,12 @@ def tagged_reader(directory: str, writers: int, count: int, seed: int, max_lengt
         stream = StandaloneStream(directory)
         image = stream.image(0)
         verifier = TaggedVerifier(writers, seed, max_length)
-        assembler = shmbus.FragmentAssembler(verifier)
         total = writers * count
         fragments = 0
 
         def poll() -> int:
             nonlocal fragments
-            n = image.poll(assembler, 256)
+            n = image.poll(verifier.assembler, 256)
             stream.update_limit([image.position])
             fragments += n
             return n
@@ -446,16 +447,15 @@ def watching_reader(directory: str, writers: int, seed: int, max_length: int, re
         stream = StandaloneStream(directory)
         image = stream.image(0)
         verifier = TaggedVerifier(writers, seed, max_length)
-        assembler = shmbus.FragmentAssembler(verifier)
         idle = shmbus.idle_strategies.BackoffIdleStrategy()
         stream.update_limit([image.position])
         ready.set()
         deadline = time.monotonic() + timeout
         while not stop.is_set() and time.monotonic() < deadline:
-            idle.idle(image.poll(assembler, 64))
+            idle.idle(image.poll(verifier.assembler, 64))
             stream.update_limit([image.position])
         for _ in range(10):  # a last look after the stop
-            image.poll(assembler, 64)
+            image.poll(verifier.assembler, 64)
         report.update(counts=verifier.expected, messages=verifier.messages,
                       errors=verifier.errors, samples=verifier.samples, position=image.position)
     except BaseException as e:
