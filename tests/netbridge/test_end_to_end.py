@@ -56,10 +56,9 @@ def test_hostile_datagrams_are_counted_and_dropped(shm_dir) -> None:
             pub = bus_a.add_publication(channel, 4)
             got: list[bytes] = []
             assembler = shmbus.FragmentAssembler(lambda b, h: got.append(bytes(b)))
+            wait_until(lambda: sub.images, 30, "the subscription's image",
+                       poll=lambda: sub.poll(assembler, 10))
             deadline = time.monotonic() + 30
-            while not sub.images and time.monotonic() < deadline:
-                sub.poll(assembler, 10)
-                time.sleep(0.005)
             session = pub.session_id
             hostile = [
                 b"",                                             # empty
