@@ -531,54 +531,38 @@ def data_frames() -> st.SearchStrategy[DataHeader]:
     )
 
 
+#: the strategy of a frame's field by its name; any other field is a 32-bit integer
+FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "flags": u8, "echo_timestamp": i64, "reception_delta": i64, "receiver_id": i64,
+    "reserved_value": i64, "message": st.binary(max_size=F.ERR_MAX_MESSAGE_LENGTH)}
+
+
+def frames_of(kind: type, defaults: tuple[str, ...] = ("version",),
+              **values: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Frames of the dataclass ``kind``, the fields named in ``defaults`` left at their default
+    and every other drawn from ``values``, else from FIELD_VALUES, else any 32-bit integer."""
+    return st.builds(kind, **{
+        field.name: values.get(field.name, FIELD_VALUES.get(field.name, i32))
+        for field in dataclasses.fields(kind)
+        if field.name not in defaults or field.name in values})
+
+
 def heartbeats() -> st.SearchStrategy[DataHeader]:
-    return st.builds(
-        DataHeader,
-        frame_length=st.just(0),
-        flags=u8,
-        term_offset=i32,
-        session_id=i32,
-        stream_id=i32,
-        term_id=i32,
-        reserved_value=i64,
-    )
+    return frames_of(DataHeader, ("version", "type", "payload"), frame_length=st.just(0))
 
 
 def pads() -> st.SearchStrategy[DataHeader]:
-    return st.builds(
-        DataHeader,
-        frame_length=st.integers(32, 2**31 - 1),
-        flags=u8,
-        type=st.just(F.HDR_TYPE_PAD),
-        term_offset=i32,
-        session_id=i32,
-        stream_id=i32,
-        term_id=i32,
-        reserved_value=i64,
-    )
-
-
-#: the strategy of a control frame's field by its name; any other field is a 32-bit integer
-FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
-    "flags": u8, "echo_timestamp": i64, "reception_delta": i64, "receiver_id": i64,
-    "message": st.binary(max_size=F.ERR_MAX_MESSAGE_LENGTH)}
-
-
-def control_frame(kind: type, **values: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    """Frames of the dataclass ``kind`` (its version left at the default), each field drawn
-    from ``values``, else from FIELD_VALUES, else any 32-bit integer."""
-    return st.builds(kind, **{
-        field.name: values.get(field.name, FIELD_VALUES.get(field.name, i32))
-        for field in dataclasses.fields(kind) if field.name != "version"})
+    return frames_of(DataHeader, ("version", "payload"), frame_length=st.integers(32, 2**31 - 1),
+                     type=st.just(F.HDR_TYPE_PAD))
 
 
 def control_frames() -> st.SearchStrategy[F.Frame]:
     return st.one_of(
-        control_frame(SetupFrame),
-        control_frame(StatusMessage, group_tag=st.none() | i64),
-        control_frame(Nak),
-        control_frame(RttMeasurement),
-        control_frame(ErrorFrame, group_tag=i64),
+        frames_of(SetupFrame),
+        frames_of(StatusMessage, group_tag=st.none() | i64),
+        frames_of(Nak),
+        frames_of(RttMeasurement),
+        frames_of(ErrorFrame, group_tag=i64),
         st.builds(
             lambda frame_type, flags, body: UnknownFrame(
                 flags=flags,
