@@ -46,7 +46,9 @@ def test_two_publishers_stream_200k_messages_exactly_through_the_batch_path(
         shm_dir, loss: str, busy_window: float) -> None:
     """The bridges poll on for busy_window after work (0: sleep at once, woken by sockets and
     their log watcher)."""
-    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, loss, netbridge_busy_window=busy_window)
+    # the receive endpoint's counters are read after its subscriber left: it lingers that long
+    (ctx_a, ctx_b), drivers = bus_pair(shm_dir, loss, netbridge_busy_window=busy_window,
+                                       netbridge_endpoint_linger=60.0)
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     try:
         summaries, published = subscribe_then_publish(
