@@ -50,6 +50,8 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from netbridge import _io
 from netbridge.datagram_io import DatagramIO
@@ -110,6 +112,15 @@ class Bridge:
             socket_buffer=context.netbridge_socket_buffer,
             endpoint_linger_ns=int(context.netbridge_endpoint_linger * 1e9),
             unscheduled_poll_ns=_IDLE_WAIT_MAX_NS)
+        #: the side each driver event is for (the bridge ignores the others)
+        self._event_handlers: dict[type[cp.Message], Callable[[Any], None]] = {
+            cp.OnNetworkPublication: self.sending.add_publication,
+            cp.OnNetworkPublicationClosed: self.sending.close_publication,
+            cp.OnDestination: self.sending.on_destination,
+            cp.OnReceiveChannel: self.receiving.add_subscription,
+            cp.OnReceiveChannelClosed: self.receiving.remove_subscription,
+            cp.OnImageSubscribers: self.receiving.on_image_subscribers,
+        }
 
     def _loss_filters(self) -> tuple[LossFilter | None, LossFilter | None]:
         """(outgoing, incoming) filters for a new channel, each with its own seed."""
@@ -177,18 +188,9 @@ class Bridge:
         return handled
 
     def _on_driver_event(self, message: cp.Message) -> None:
-        if isinstance(message, cp.OnNetworkPublication):
-            self.sending.add_publication(message)
-        elif isinstance(message, cp.OnNetworkPublicationClosed):
-            self.sending.close_publication(message)
-        elif isinstance(message, cp.OnDestination):
-            self.sending.on_destination(message)
-        elif isinstance(message, cp.OnReceiveChannel):
-            self.receiving.add_subscription(message)
-        elif isinstance(message, cp.OnReceiveChannelClosed):
-            self.receiving.remove_subscription(message)
-        elif isinstance(message, cp.OnImageSubscribers):
-            self.receiving.on_image_subscribers(message)
+        handler = self._event_handlers.get(type(message))
+        if handler is not None:
+            handler(message)
 
     # -- the loop ------------------------------------------------------------------------------
 

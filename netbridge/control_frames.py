@@ -11,9 +11,10 @@ does.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import ClassVar, Final, TypeVar
 
 from netbridge.frame_header import (
     COMMON_HEADER,
@@ -76,14 +77,41 @@ assert _RTTM.size == RTTM_LENGTH
 assert _ERR.size == ERR_HEADER_LENGTH
 
 
-def _encode(frame: ControlFrame) -> bytes:
-    out = bytearray(frame.frame_length)
-    frame.encode_into(out)
-    return bytes(out)
+class _Encoded(ABC):
+    """What every control frame class has: :meth:`encode`, by its own ``encode_into``."""
+
+    __slots__ = ()
+
+    @property
+    @abstractmethod
+    def frame_length(self) -> int:
+        """The frame's length in bytes, header included."""
+
+    @abstractmethod
+    def encode_into(self, buffer: Buffer, offset: int = 0) -> int:
+        """Write the frame at ``offset``; return its length."""
+
+    def encode(self) -> bytes:
+        """The frame alone, ``frame_length`` bytes."""
+        out = bytearray(self.frame_length)
+        self.encode_into(out)
+        return bytes(out)
+
+
+class _FixedSize(_Encoded):
+    """A control frame that is its fixed part (``_layout``) and nothing else."""
+
+    __slots__ = ()
+
+    _layout: ClassVar[FrameLayout]
+
+    def encode_into(self, buffer: Buffer, offset: int = 0) -> int:
+        """Write the frame (``frame_length`` bytes) at ``offset``; return its length."""
+        return self._layout.encode_into(self, buffer, offset)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SetupFrame:
+class SetupFrame(_FixedSize):
     """SETUP (40 bytes): announces a stream's session, initial and active term, term length,
     MTU and TTL. Flags: SETUP_FLAG_GROUP (MDC/multicast), SETUP_FLAG_SEND_RESPONSE."""
 
@@ -100,17 +128,12 @@ class SetupFrame:
 
     frame_length = SETUP_LENGTH
     type = HDR_TYPE_SETUP
+    _layout = _SETUP
 
-    def encode_into(self, buffer: Buffer, offset: int = 0) -> int:
-        """Write the 40-byte frame at ``offset``; return 40."""
-        return _SETUP.encode_into(self, buffer, offset)
-
-    def encode(self) -> bytes:
-        return _encode(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StatusMessage:
+class StatusMessage(_Encoded):
     """SM: the receiver's consumption position and window. 36 bytes, or 44 when ``group_tag``
     is not None. Flags: SM_FLAG_SETUP (asks for a SETUP), SM_FLAG_EOS.
 
@@ -139,12 +162,9 @@ class StatusMessage:
         layout = _SM if self.group_tag is None else _SM_WITH_GROUP_TAG
         return layout.encode_into(self, buffer, offset)
 
-    def encode(self) -> bytes:
-        return _encode(self)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Nak:
+class Nak(_FixedSize):
     """NAK (28 bytes): asks the sender to resend ``length`` bytes at (term_id, term_offset)."""
 
     version: int = CURRENT_VERSION
@@ -157,17 +177,12 @@ class Nak:
 
     frame_length = NAK_LENGTH
     type = HDR_TYPE_NAK
+    _layout = _NAK
 
-    def encode_into(self, buffer: Buffer, offset: int = 0) -> int:
-        """Write the 28-byte frame at ``offset``; return 28."""
-        return _NAK.encode_into(self, buffer, offset)
-
-    def encode(self) -> bytes:
-        return _encode(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RttMeasurement:
+class RttMeasurement(_FixedSize):
     """RTTM (40 bytes). With RTTM_FLAG_REPLY (0x80) it is a request that wants an echo; the echo
     is sent with flags 0, the same echo_timestamp and receiver_id. (Wireshark labels 0x80
     "Reply", but in Aeron's driver it marks the request.)"""
@@ -182,6 +197,7 @@ class RttMeasurement:
 
     frame_length = RTTM_LENGTH
     type = HDR_TYPE_RTTM
+    _layout = _RTTM
 
     @property
     def wants_reply(self) -> bool:
@@ -199,16 +215,10 @@ class RttMeasurement:
             receiver_id=self.receiver_id,
         )
 
-    def encode_into(self, buffer: Buffer, offset: int = 0) -> int:
-        """Write the 40-byte frame at ``offset``; return 40."""
-        return _RTTM.encode_into(self, buffer, offset)
-
-    def encode(self) -> bytes:
-        return _encode(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ErrorFrame:
+class ErrorFrame(_Encoded):
     """ERR (40 bytes + message): an error the receiver reports for a stream.
 
     ``group_tag`` is the raw field; it is meaningful only when ``flags`` has ERR_FLAG_GROUP_TAG
@@ -255,12 +265,9 @@ class ErrorFrame:
         memoryview(buffer)[start : start + size] = self.message
         return length
 
-    def encode(self) -> bytes:
-        return _encode(self)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class UnknownFrame:
+class UnknownFrame(_Encoded):
     """A frame of a type Aeron defines but this codec does not interpret (RES, ATS_*, RSP_SETUP,
     EXT): its header fields and its ``frame_length`` raw bytes, header included."""
 
@@ -280,9 +287,6 @@ class UnknownFrame:
         require_room(buffer, offset, size)
         memoryview(buffer)[offset : offset + size] = self.raw
         return size
-
-    def encode(self) -> bytes:
-        return bytes(self.raw)
 
 
 ControlFrame = SetupFrame | StatusMessage | Nak | RttMeasurement | ErrorFrame | UnknownFrame

@@ -4,8 +4,8 @@ one sendmmsg per batch of DATA (natively: :func:`netbridge.shared_log.receive_ba
 
 Where the kernel has UDP segmentation, a run of equal-length datagrams goes out as one
 segmented send (UDP_SEGMENT: one trip through the stack, the same datagrams on the wire).
-Receiving them coalesced (UDP_GRO) was tried and left out: on loopback it made the 32 B batch
-stream stop and go at the receiver window (about 3 M instead of 8 M messages a second).
+They are received uncoalesced (no UDP_GRO): coalesced receiving makes a stream of small
+messages stop and go at the receiver window.
 
 Receiving: DATA that continues one of a receiver's images exactly at its high-water mark
 (:func:`netbridge.placement.in_order`, for

@@ -167,6 +167,7 @@ __all__ = [
     "UnknownFrame",
     "align",
     "data_frame",
+    "decode_datagram",
     "decode_frames",
     "encode_datagram",
     "heartbeat",
@@ -233,3 +234,12 @@ def decode_frames(datagram: Buffer) -> Iterator[Frame]:
             raise MalformedFrame("type", f"unknown type {frame_type:#06x}", offset)
         yield decoder(view, offset, remaining, frame_length)
         return
+
+
+def decode_datagram(datagram: Buffer) -> list[Frame] | None:
+    """Every frame of one datagram (:func:`decode_frames`), or None when any of it is
+    malformed: for a caller that takes or drops a datagram whole."""
+    try:
+        return list(decode_frames(datagram))
+    except MalformedFrame:
+        return None

@@ -19,6 +19,7 @@ __all__ = [
     "Datagrams",
     "FrameWalk",
     "ImagePort",
+    "LogGeometry",
     "PublicationPort",
     "Scan",
     "position_of",
@@ -85,7 +86,18 @@ class Scan(NamedTuple):
     batch: Datagrams | None
 
 
-class PublicationPort(Protocol):
+class LogGeometry(Protocol):
+    """What a port says of its log's terms: their length and the first one's id, from which
+    positions and (term id, term offset) pairs are reckoned."""
+
+    @property
+    def term_length(self) -> int: ...
+
+    @property
+    def initial_term_id(self) -> int: ...
+
+
+class PublicationPort(LogGeometry, Protocol):
     """A publication's log as its network sender reads it (another process writes it).
 
     Only committed frames are ever read: a frame counts once its length (read with acquire
@@ -97,12 +109,6 @@ class PublicationPort(Protocol):
 
     @property
     def stream_id(self) -> int: ...
-
-    @property
-    def initial_term_id(self) -> int: ...
-
-    @property
-    def term_length(self) -> int: ...
 
     @property
     def mtu(self) -> int:
@@ -151,15 +157,9 @@ class FrameWalk(NamedTuple):
     skip: int
 
 
-class ImagePort(Protocol):
+class ImagePort(LogGeometry, Protocol):
     """An image's log as the network receiver rebuilds it (subscribers in other processes
     read it)."""
-
-    @property
-    def term_length(self) -> int: ...
-
-    @property
-    def initial_term_id(self) -> int: ...
 
     def walk(self, datagram: memoryview, term_offset: int, term_id: int,
              below: int) -> FrameWalk | None:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Final, cast
 
 from netbridge import _io
-from netbridge.datagram_io import DatagramIO, release_held, send_to
+from netbridge.bridge_side import BridgeSide
+from netbridge.datagram_io import DatagramIO, send_to
 from netbridge.driver_link import ChannelCounters, DriverLink
 from netbridge.frames import SM_FLAG_SETUP, StatusMessage
 from netbridge.loss_detector import multicast_nak_delay
@@ -128,31 +129,23 @@ def _default_window(sock: socket.socket) -> int:
     return min(RECEIVER_WINDOW_DEFAULT, sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2)
 
 
-class ReceiveChannels:
-    """The receive endpoints of one netbridge, by endpoint, and the images rebuilt on them.
+class ReceiveChannels(BridgeSide[ReceiveChannel]):
+    """The receive endpoints of one netbridge, by endpoint (ChannelUri.endpoint_key: one
+    socket per endpoint, whatever the streams), and the images rebuilt on them.
 
-    ``driver`` makes their images and allocates their counters; ``io`` receives and sends
-    their datagrams; ``sealers`` opens a keyed endpoint's; ``watcher`` is the loop's log
-    watcher (it may be asleep on a log about to be closed); ``loss_filters`` gives a new
-    endpoint its (outgoing, incoming) loss filters; ``socket_buffer`` sizes the sockets; an
-    endpoint without streams is closed after ``endpoint_linger_ns``; a receiver whose poll
-    schedules nothing is polled again ``unscheduled_poll_ns`` later (the loop's longest sleep).
+    The arguments but the last two are :class:`~netbridge.bridge_side.BridgeSide`'s
+    (``driver`` also makes the images); an endpoint without streams is closed after
+    ``endpoint_linger_ns``; a receiver whose poll schedules nothing is polled again
+    ``unscheduled_poll_ns`` later (the loop's longest sleep).
     """
 
     def __init__(self, driver: DriverLink, io: DatagramIO, sealers: ChannelSealers,
                  watcher: _native.FutexRing | _native.LogWatcher,
                  loss_filters: Callable[[], tuple[LossFilter | None, LossFilter | None]], *,
                  socket_buffer: int, endpoint_linger_ns: int, unscheduled_poll_ns: int) -> None:
-        self._driver = driver
-        self._io = io
-        self._sealers = sealers
-        self._watcher = watcher
-        self._loss_filters = loss_filters
-        self._socket_buffer = socket_buffer
+        super().__init__(driver, io, sealers, watcher, loss_filters, socket_buffer=socket_buffer)
         self._endpoint_linger_ns = endpoint_linger_ns
         self._unscheduled_poll_ns = unscheduled_poll_ns
-        #: by endpoint (ChannelUri.endpoint_key): one socket per endpoint, whatever the streams
-        self.channels: dict[tuple[str, ...], ReceiveChannel] = {}
         self._images_by_id: dict[int, ReceivedImage] = {}
         # unique across hosts (client ids are only unique within one bus), as Aeron's are
         self._receiver_id = random.SystemRandom().getrandbits(63)
@@ -330,36 +323,20 @@ class ReceiveChannels:
                       _source: object) -> None:
         receiver.on_nak_heard(now, data)
 
-    def release_held(self, now: int, deadline: int) -> tuple[int, int]:
-        """What the endpoints' loss filters held back and is due: sent, or handed to the
-        receivers. Returns how many, and ``deadline`` lowered to the filters' next one."""
-        work = 0
-        for channel in self.channels.values():
-            count, held = release_held(now, channel.sock, channel.sealer, channel.loss_out,
-                                       channel.loss_in,
-                                       functools.partial(channel.receiver.on_datagram, now))
-            work += count
-            if held is not None:
-                deadline = min(deadline, held)
-        return work, deadline
+    def _deliver_held(self, channel: ReceiveChannel, now: int
+                      ) -> Callable[[bytes, object], None]:
+        """Held-back datagrams are handed to the endpoint's receiver."""
+        return functools.partial(channel.receiver.on_datagram, now)
 
     # -- the duty cycle ----------------------------------------------------------------------------
 
-    def poll(self, now: int, deadline: int, *, stats: bool, poll_all: bool) -> tuple[int, int]:
-        """Each receiver's timers (NAKs, status messages, liveness) when it has something to
-        do (datagrams came, subscribers read up to where a status message falls due, its
-        timers are due, or ``poll_all``), its announcements, and its endpoint closed once the
-        linger is over; mirror the counters (the channels' statistics when ``stats``). Returns
-        the work done and ``deadline`` lowered to when a receiver wants its next poll."""
-        work = 0
-        for key, channel in list(self.channels.items()):
-            work, deadline = self._poll_channel(key, channel, now, stats, poll_all, work,
-                                                deadline)
-        return work, deadline
-
     def _poll_channel(self, key: tuple[str, ...], channel: ReceiveChannel, now: int,
                       stats: bool, poll_all: bool, work: int, deadline: int) -> tuple[int, int]:
-        """One endpoint's part of :meth:`poll`."""
+        """The endpoint receiver's timers (NAKs, status messages, liveness) when it has
+        something to do (datagrams came, subscribers read up to where a status message falls
+        due, its timers are due, or ``poll_all``), its announcements, and the endpoint closed
+        once the linger is over; mirror the counters (the channel's statistics when
+        ``stats``)."""
         receiver = channel.receiver
         # dynamic MDC: announce while a subscription wants the channel (once the last one
         # goes, the sender drops this destination after its timeout)

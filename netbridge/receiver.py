@@ -49,12 +49,11 @@ from netbridge.frames import (
     RTTM_FLAG_REPLY,
     SM_FLAG_SETUP,
     Frame,
-    MalformedFrame,
     Nak,
     RttMeasurement,
     SetupFrame,
     StatusMessage,
-    decode_frames,
+    decode_datagram,
 )
 from netbridge.log_port import position_of, valid_geometry
 from netbridge.loss_detector import NAK_RETRY_NS_DEFAULT
@@ -80,10 +79,8 @@ __all__ = [
 ]
 
 #: 2 MiB, where Aeron's is 128 KiB: a status message takes tens of microseconds through each
-#: Python bridge, not Aeron's few, and the window must cover the data sent meanwhile
-#: (tools/bench/netbridge.py on loopback, 4 KiB: 186 MB/s with 128 KiB, 345-386 with 256-512 KiB;
-#: 32 B with 4 MiB terms: 4.4-4.6 M msg/s with 2 MiB, 3.5-3.9 M with 512 KiB). At most half a
-#: term, and at most what the socket's receive buffer holds.
+#: Python bridge, not Aeron's few, and the window must cover the data sent meanwhile. At most
+#: half a term, and at most what the socket's receive buffer holds.
 RECEIVER_WINDOW_DEFAULT: Final = 2 * 1024 * 1024
 SM_TIMEOUT_NS_DEFAULT: Final = 200_000_000
 IMAGE_LIVENESS_TIMEOUT_NS_DEFAULT: Final = 10_000_000_000
@@ -281,9 +278,8 @@ class NetworkReceiver:
                 image.on_data(now_ns, view, frame_length, frame_type, flags, term_offset,
                               term_id, source)
                 return
-        try:
-            frames = list(decode_frames(view))
-        except MalformedFrame:
+        frames = decode_datagram(view)
+        if frames is None:
             self.invalid_datagrams += 1
             return
         for frame in frames:
@@ -311,11 +307,7 @@ class NetworkReceiver:
     def on_nak_heard(self, now_ns: int, datagram: bytes | memoryview) -> None:
         """A datagram from the control group (multicast): another receiver's NAK for a gap
         this receiver also has suppresses its own NAK for a retry interval."""
-        try:
-            frames = list(decode_frames(datagram))
-        except MalformedFrame:
-            return
-        for frame in frames:
+        for frame in decode_datagram(datagram) or ():
             if not isinstance(frame, Nak):
                 continue
             image = self.images.get((frame.session_id, frame.stream_id))

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Final, cast
 
 from netbridge import _io
-from netbridge.datagram_io import DatagramIO, release_held
+from netbridge.bridge_side import BridgeSide
+from netbridge.datagram_io import DatagramIO
 from netbridge.destinations import DestinationTracker
 from netbridge.driver_link import ChannelCounters, DriverLink
 from netbridge.flow_control import strategy_for
@@ -124,29 +125,21 @@ class SendChannel:
                 sender.sender.remove_destination(destination)
 
 
-class SendChannels:
-    """The send channels of one netbridge, by endpoint and key, and the senders on them.
+class SendChannels(BridgeSide[SendChannel]):
+    """The send channels of one netbridge, by endpoint (ChannelUri.endpoint_key) and key name,
+    and the senders on them.
 
-    ``driver`` allocates their counters; ``io`` sends and receives their datagrams;
-    ``sealers`` seals a keyed channel's; ``watcher`` is the loop's log watcher (it may be
-    asleep on a log about to be closed); ``loss_filters`` gives a new channel its (outgoing,
-    incoming) loss filters; ``socket_buffer`` sizes the sockets; a sender is disconnected after
-    ``connection_timeout_ns`` without a status message.
+    The arguments but the last are :class:`~netbridge.bridge_side.BridgeSide`'s (``driver``
+    allocates the counters); a sender is disconnected after ``connection_timeout_ns`` without
+    a status message.
     """
 
     def __init__(self, driver: DriverLink, io: DatagramIO, sealers: ChannelSealers,
                  watcher: _native.FutexRing | _native.LogWatcher,
                  loss_filters: Callable[[], tuple[LossFilter | None, LossFilter | None]], *,
                  socket_buffer: int, connection_timeout_ns: int) -> None:
-        self._driver = driver
-        self._io = io
-        self._sealers = sealers
-        self._watcher = watcher
-        self._loss_filters = loss_filters
-        self._socket_buffer = socket_buffer
+        super().__init__(driver, io, sealers, watcher, loss_filters, socket_buffer=socket_buffer)
         self._connection_timeout_ns = connection_timeout_ns
-        #: by endpoint (ChannelUri.endpoint_key) and key name
-        self.channels: dict[tuple[str, ...], SendChannel] = {}
 
     def sockets(self) -> list[socket.socket]:
         return [channel.sock for channel in self.channels.values()]
@@ -250,36 +243,18 @@ class SendChannels:
             return
         sender.sender.on_datagram(now, bytes(data), source)  # frames may keep their bytes
 
-    def release_held(self, now: int, deadline: int) -> tuple[int, int]:
-        """What the channels' loss filters held back and is due: sent, or routed to the
-        senders. Returns how many, and ``deadline`` lowered to the filters' next one."""
-        work = 0
-        for channel in self.channels.values():
-            count, held = release_held(now, channel.sock, channel.sealer, channel.loss_out,
-                                       channel.loss_in,
-                                       functools.partial(self._on_control, channel, now))
-            work += count
-            if held is not None:
-                deadline = min(deadline, held)
-        return work, deadline
+    def _deliver_held(self, channel: SendChannel, now: int) -> Callable[[bytes, object], None]:
+        """Held-back control datagrams are routed to the senders."""
+        return functools.partial(self._on_control, channel, now)
 
     # -- the duty cycle ----------------------------------------------------------------------------
 
-    def poll(self, now: int, deadline: int, *, stats: bool, poll_all: bool) -> tuple[int, int]:
-        """Poll every sender that has something to do (a datagram came for it, a publisher
-        committed where it waits, its timers are due, or ``poll_all``) and send what it has;
-        mirror the counters (the channels' statistics and the receivers' positions when
-        ``stats``). Returns the work done and ``deadline`` lowered to when a sender wants its
-        next poll."""
-        work = 0
-        for key, channel in list(self.channels.items()):
-            work, deadline = self._poll_channel(key, channel, now, stats, poll_all, work,
-                                                deadline)
-        return work, deadline
-
     def _poll_channel(self, key: tuple[str, ...], channel: SendChannel, now: int, stats: bool,
                       poll_all: bool, work: int, deadline: int) -> tuple[int, int]:
-        """One channel's part of :meth:`poll`; the channel is closed with its last sender."""
+        """Poll every sender of the channel that has something to do (a datagram came for it,
+        a publisher committed where it waits, its timers are due, or ``poll_all``) and send
+        what it has; mirror the counters (the channel's statistics and the receivers'
+        positions when ``stats``). The channel is closed with its last sender."""
         if stats and channel.tracker is not None:
             channel.tracker.on_idle(now)
             channel.apply_destinations()

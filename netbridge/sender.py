@@ -37,12 +37,11 @@ from netbridge.frames import (
     SM_FLAG_EOS,
     SM_FLAG_SETUP,
     ErrorFrame,
-    MalformedFrame,
     Nak,
     RttMeasurement,
     SetupFrame,
     StatusMessage,
-    decode_frames,
+    decode_datagram,
     heartbeat,
 )
 from netbridge.log_port import Datagrams, PublicationPort, Scan, position_of, term_id_of
@@ -257,9 +256,8 @@ class NetworkSender:
         session or stream, or of another type is counted and ignored. Replies are returned
         by the next :meth:`poll`.
         """
-        try:
-            frames = list(decode_frames(datagram))
-        except MalformedFrame:
+        frames = decode_datagram(datagram)
+        if frames is None:
             self.invalid_datagrams += 1
             return
         for frame in frames:

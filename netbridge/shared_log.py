@@ -73,8 +73,9 @@ class DataBatch:
         return out
 
 
-class SharedPublicationLog:
-    """:class:`netbridge.log_port.PublicationPort` over a publication's shared log."""
+class _SharedLog:
+    """What both ports read of a shared log: its stream's identity and term geometry, from its
+    descriptor, and where a position lies in its buffer."""
 
     def __init__(self, log: LogBuffer) -> None:
         d = log.descriptor
@@ -83,15 +84,23 @@ class SharedPublicationLog:
         self.stream_id: int = d.stream_id
         self.initial_term_id: int = d.initial_term_id
         self.term_length: int = d.term_length
-        self.mtu: int = d.mtu
-        self.max_message_length = max_message_length(d.term_length)
         self._buffer = log.buffer
-        self._terms = tuple(log.term_view(i).toreadonly() for i in range(PARTITION_COUNT))
         self._position_bits = d.term_length.bit_length() - 1
 
     def _offset(self, position: int) -> int:
+        """The buffer offset of ``position`` (in its term's partition)."""
         index = (position >> self._position_bits) % PARTITION_COUNT
         return index * self.term_length + (position & (self.term_length - 1))
+
+
+class SharedPublicationLog(_SharedLog):
+    """:class:`netbridge.log_port.PublicationPort` over a publication's shared log."""
+
+    def __init__(self, log: LogBuffer) -> None:
+        super().__init__(log)
+        self.mtu: int = log.descriptor.mtu
+        self.max_message_length = max_message_length(self.term_length)
+        self._terms = tuple(log.term_view(i).toreadonly() for i in range(PARTITION_COUNT))
 
     def scan(self, position: int, limit: int, mtu: int, max_datagrams: int) -> Scan:
         position, spans, length, back_pressured, more = _io.scan_datagrams(
@@ -156,24 +165,13 @@ def sent(result: tuple[int, int, int, bool, bool]) -> Scan:
     return Scan(position, count, length, back_pressured, more, None)
 
 
-class SharedImageLog:
+class SharedImageLog(_SharedLog):
     """:class:`netbridge.log_port.ImagePort` over an image's shared log; its subscribers'
     position comes from ``subscriber_position`` (the bridge reads their counters)."""
 
     def __init__(self, log: LogBuffer, subscriber_position: Callable[[], int]) -> None:
-        d = log.descriptor
-        self.log = log
-        self.session_id: int = d.session_id
-        self.stream_id: int = d.stream_id
-        self.term_length: int = d.term_length
-        self.initial_term_id: int = d.initial_term_id
+        super().__init__(log)
         self.subscriber_position = subscriber_position
-        self._buffer = log.buffer
-        self._position_bits = d.term_length.bit_length() - 1
-
-    def _offset(self, position: int) -> int:
-        index = (position >> self._position_bits) % PARTITION_COUNT
-        return index * self.term_length + (position & (self.term_length - 1))
 
     def walk(self, datagram: memoryview, term_offset: int, term_id: int,
              below: int) -> FrameWalk | None:

@@ -75,6 +75,7 @@ from shmbus.shm.log_buffer import (
     UNFRAGMENTED,
     encode_data_header,
 )
+from shmbus.streams.context_managers import Closeable
 from shmbus.streams.image import FragmentBatch, Image
 
 if TYPE_CHECKING:
@@ -434,7 +435,7 @@ def _scan_segment(path: Path, d: RecordingDescriptor, first: int, base: int) -> 
     return position
 
 
-class Recorder:
+class Recorder(Closeable):
     """Records a channel and stream (every session, or ``session_id``) into ``directory``.
 
     Made by :meth:`shmbus.Client.add_recorder`, whose ``add_subscription`` it is given as
@@ -546,14 +547,17 @@ class Recorder:
         if writer is None or image is None:
             return
         large: dict[int, memoryview] = {}
+        term_base = batch.position & ~writer._term_mask
         try:
             # (reference frames: whole-message frames with the large flag; on a fragment
             # the flag means nothing, see shmbus/streams/large_messages.py)
             for k in np.flatnonzero((batch.flags & REFERENCE_FLAGS) == REFERENCE_FLAGS
                                     ).tolist():
                 # the block is held while this recorder's position is before its frame
+                start = term_base + int(batch.offsets[k]) - HEADER_LENGTH
+                end = start + ((int(batch.lengths[k]) + 2 * HEADER_LENGTH - 1) & -HEADER_LENGTH)
                 try:
-                    block = image._large_view(bytes(batch.payload(k)))
+                    block = image._large_view(bytes(batch.payload(k)), end)
                     why = ("was freed before the recorder copied it (the driver stopped "
                            "counting this recorder)")
                 except ValueError as e:  # a reference no writer of the ring made
@@ -561,11 +565,9 @@ class Recorder:
                 if block is None:
                     # freed: the driver no longer counted this recorder (it stalled past the
                     # liveness timeout), or corrupt; what came before the message is recorded
-                    term_base = batch.position & ~writer._term_mask
                     self._error = RecordingError(
                         f"session {batch.session_id}: the large message at position "
-                        f"{term_base + int(batch.offsets[k]) - HEADER_LENGTH} {why}; the "
-                        f"recording stops before it")
+                        f"{start} {why}; the recording stops before it")
                     if k == 0:
                         return
                     batch = FragmentBatch(batch.term, batch.offsets[:k], batch.lengths[:k],
@@ -663,12 +665,6 @@ class Recorder:
             with contextlib.suppress(Exception):
                 self._subscription.close()
             self._catalog.close()
-
-    def __enter__(self) -> Recorder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"Recorder({str(self.directory)!r}, channel={self.channel!r}, "

@@ -68,6 +68,7 @@ from shmbus.shm.counters import (
     RR_TIMED_OUT,
 )
 from shmbus.shm.log_buffer import IS_CONNECTED_OFFSET
+from shmbus.streams.context_managers import Closeable
 
 if TYPE_CHECKING:
     from shmbus.calls.call_counters import CallCounters
@@ -129,7 +130,7 @@ class Call:
         return f"Call(correlation_id={self.correlation_id}, {state})"
 
 
-class Requester:
+class Requester(Closeable):
     """Calls a service (channel + stream) and gets its responders' replies. Thread-safe.
 
     Made by ``Client.add_requester``; a context manager (closing it fails the calls still in
@@ -577,12 +578,6 @@ class Requester:
         self._publication.close()
         self._counters.close()
         self._on_close()
-
-    def __enter__(self) -> Requester:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"Requester(channel={self.channel!r}, stream_id={self.stream_id}, "

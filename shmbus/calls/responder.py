@@ -50,6 +50,7 @@ from shmbus.shm.counters import (
     RR_REPLIES_DROPPED,
     RR_SERVED,
 )
+from shmbus.streams.context_managers import Closeable
 from shmbus.streams.fragment_assembler import FragmentAssembler
 from shmbus.streams.subscription_group import GroupSubscription
 
@@ -84,7 +85,7 @@ def group_name(stream_id: int) -> str:
     return f"rr-{stream_id}" if stream_id >= 0 else f"rr-m{-stream_id}"
 
 
-class Responder:
+class Responder(Closeable):
     """Serves one service (channel + stream) with ``handler``. Made by
     ``Client.add_responder``; a context manager. Not for concurrent use by several threads:
     run one ``serve`` (or ``poll`` loop) per responder."""
@@ -239,15 +240,8 @@ class Responder:
         if kind != _REQUEST or flags & ~call_header.IDEMPOTENT:
             self._counters.add(RR_HANDLER_ERRORS)
             return
-        member = self._member
-        if member is not None and member.handed_on and not flags & call_header.IDEMPOTENT:
-            self._reply(stream_id, call_header.LOST, correlation_id, b"")
-            return
-        try:
-            reply = self.handler(bytes(buffer[_HEADER_LENGTH:]))
-            memoryview(reply)  # a reply is anything with the buffer protocol
-        except Exception as error:  # the caller gets it as RemoteError
-            self._reply_error(stream_id, correlation_id, error)
+        reply = self._answer(stream_id, flags, correlation_id, buffer[_HEADER_LENGTH:])
+        if reply is None:
             return
         publication = self._replies.get(stream_id)
         if publication is not None and _offer_call(publication, _REPLY, 0, 0, correlation_id,
@@ -272,17 +266,26 @@ class Responder:
             self._counters.add(RR_REFLECTIONS_REFUSED)
             return
         destination = (keyed_reply_channel(reply_to, self.channel), stream_id)
+        reply = self._answer(destination, flags, correlation_id, buffer[at:])
+        if reply is not None:
+            self._reply(destination, _REPLY, correlation_id, reply)
+
+    def _answer(self, destination: Destination, flags: int, correlation_id: int,
+                request: memoryview) -> Any:
+        """The handler's reply to ``request``, or None when the caller was answered otherwise:
+        LOST for a request that is not idempotent and that this member took over from one that
+        left (the handler may have run there), the error when the handler raised."""
         member = self._member
         if member is not None and member.handed_on and not flags & call_header.IDEMPOTENT:
             self._reply(destination, call_header.LOST, correlation_id, b"")
-            return
+            return None
         try:
-            reply = self.handler(bytes(buffer[at:]))
-            memoryview(reply)
+            reply = self.handler(bytes(request))
+            memoryview(reply)  # a reply is anything with the buffer protocol
         except Exception as error:  # the caller gets it as RemoteError
             self._reply_error(destination, correlation_id, error)
-            return
-        self._reply(destination, _REPLY, correlation_id, reply)
+            return None
+        return reply
 
     def _open_reply(self, destination: Destination) -> Publication:
         """The publication replies to ``destination`` go on (RegistrationError as
@@ -367,12 +370,6 @@ class Responder:
         self._replies.clear()
         self._counters.close()
         self._on_close()
-
-    def __enter__(self) -> Responder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"Responder(channel={self.channel!r}, stream_id={self.stream_id}, "

@@ -42,6 +42,7 @@ from shmbus.shm.call_header import RESPONSE_CHANNEL, response_stream_for
 from shmbus.shm.cnc import CncFile
 from shmbus.shm.counters import REQUESTER_COUNTERS, RESPONDER_COUNTERS, TYPE_NAMES, CountersReader
 from shmbus.shm.doorbell import Doorbell
+from shmbus.streams.context_managers import Closeable
 from shmbus.streams.image import Image
 from shmbus.streams.publication import ConcurrentPublication, ExclusivePublication, Publication
 from shmbus.streams.subscription import ImageHandler, Subscription
@@ -67,7 +68,7 @@ def connect(context: Context | None = None, **settings: Any) -> Client:
     return Client(context)
 
 
-class Client:
+class Client(Closeable):
     """A connection to a driver. Not usable after fork: connect again in the child.
 
     Thread-safe: any thread may add, close, publish and poll. Once the driver is gone (or has
@@ -558,12 +559,6 @@ class Client:
         self._logs.close()
         _live_clients.discard(self)
         reap_launched()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Client(dir={str(self.directory)!r}, client_id={self.client_id})"

@@ -197,22 +197,10 @@ class SubscriptionLinks:
         it; an endpoint no one wants any more is let go by the netbridge."""
         removed = self.subscriptions.pop(registration_id, None)
         for publication in self._publications.publications:
-            for link_id, link in list(publication.subscribers.items()):
-                if link.subscription_id == registration_id:
-                    del publication.subscribers[link_id]
-                    if link.group is None:
-                        self._counters.free(link.counter_id)
-                    else:
-                        self._leave_group(publication, link, link.group)
+            self._unlink(publication, registration_id)
         for image in self._bridge.images.values():
-            for link_id, link in list(image.subscribers.items()):
-                if link.subscription_id == registration_id:
-                    del image.subscribers[link_id]
-                    if link.group is None:
-                        self._counters.free(link.counter_id)
-                    else:
-                        self._leave_group(image, link, link.group)
-                    self._bridge.subscribers_changed(image)
+            if self._unlink(image, registration_id):
+                self._bridge.subscribers_changed(image)
         if removed is not None and removed.is_network and not self.wanted(
                 removed.endpoint_key, removed.stream_id):
             self._proxy.send(cp.OnReceiveChannelClosed(removed.stream_id, removed.channel))
@@ -365,12 +353,27 @@ class SubscriptionLinks:
 
     def _detach(self, publication: IpcPublication, subscriber: SubscriberLink) -> None:
         """Undo an _attach whose image event was never sent."""
+        self._drop_subscriber(publication, subscriber)
+        publication.update_limit()
+
+    def _unlink(self, publication: IpcPublication | NetworkImage, registration_id: int) -> bool:
+        """Take the links of the subscription ``registration_id`` off this publication or
+        network image; False if it had none."""
+        links = [subscriber for subscriber in publication.subscribers.values()
+                 if subscriber.subscription_id == registration_id]
+        for subscriber in links:
+            self._drop_subscriber(publication, subscriber)
+        return bool(links)
+
+    def _drop_subscriber(self, publication: IpcPublication | NetworkImage,
+                         subscriber: SubscriberLink) -> None:
+        """Take ``subscriber`` off this publication or network image: its sub-pos counter is
+        freed, or it leaves its group."""
         del publication.subscribers[subscriber.link_id]
         if subscriber.group is None:
             self._counters.free(subscriber.counter_id)
         else:
             self._leave_group(publication, subscriber, subscriber.group)
-        publication.update_limit()
 
     # -- consumer groups -----------------------------------------------------------------------
 

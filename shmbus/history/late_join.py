@@ -38,6 +38,7 @@ from shmbus.history.history_merge import HistoryGapError, Phase, SessionMerge
 from shmbus.settings.channel_uri import JOIN_POSITION, ChannelUri, ChannelUriError
 from shmbus.shm._native import Header
 from shmbus.shm.log_buffer import FRAME_ALIGNMENT, HEADER_LENGTH, align
+from shmbus.streams.context_managers import Closeable
 from shmbus.streams.fragment_assembler import FragmentAssembler
 from shmbus.streams.image import Image
 
@@ -94,7 +95,7 @@ class _Session:
         return reader
 
 
-class LateJoinSubscription:
+class LateJoinSubscription(Closeable):
     """History from a recording, then live, per session (see the module docstring).
 
     Read it with :meth:`poll` (``handler(payload, MessageInfo)`` per whole message) or
@@ -107,7 +108,7 @@ class LateJoinSubscription:
                  merge_window: int | None = None, catch_up: float | None = None) -> None:
         if from_position is not None and last is not None:
             raise ValueError("give from_position or last, not both")
-        # (an int, not a bool; a float or anything else used to read from the start)
+        # (an int, not a bool: any other value is refused, never read as the start)
         if from_position is not None and from_position != "start" and (
                 not isinstance(from_position, int) or isinstance(from_position, bool)):
             raise ValueError(f"from_position={from_position!r} must be a stream position "
@@ -479,12 +480,6 @@ class LateJoinSubscription:
         self._closed = True
         if self._live is not None:
             self._live.close()
-
-    def __enter__(self) -> LateJoinSubscription:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"LateJoinSubscription({self.channel!r}, {self.stream_id}, "

@@ -95,6 +95,10 @@ class ChannelUri:
         """Parse and validate ``uri``; raise ChannelUriError naming what is wrong."""
         if not isinstance(uri, str):
             raise ChannelUriError(f"a channel URI is a string, not {type(uri).__name__}")
+        control = next((i for i, ch in enumerate(uri) if ch < " " or ch == "\x7f"), None)
+        if control is not None:
+            raise ChannelUriError(f"channel {uri!r}: control character {uri[control]!r} at "
+                                  f"index {control}")
         text = uri
         spy = text.startswith(SPY_PREFIX)
         if spy:

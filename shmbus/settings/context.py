@@ -66,9 +66,8 @@ class Context:
     ipc_term_length: int = TERM_LENGTH_DEFAULT
     #: term length of udp publications unless the channel sets term-length (Aeron: 16 MiB). A
     #: receiver window is at most half a term, and through two Python bridges the window must
-    #: cover what is in flight while status messages cross them (32 B messages on loopback:
-    #: 15-30% faster than with 1 MiB terms). A log is three terms: 12 MiB per publication and
-    #: per image
+    #: cover what is in flight while status messages cross them, which a smaller term limits.
+    #: A log is three terms: 12 MiB per publication and per image
     udp_term_length: int = UDP_TERM_LENGTH_DEFAULT
     #: IPC publication window (0: term length / 2)
     ipc_window: int = 0
@@ -98,17 +97,16 @@ class Context:
     netbridge_endpoint_linger: float = 0.5
     #: after it did work, the netbridge spins this long (natively, yielding the CPU at every
     #: turn) before it sleeps: a datagram or frame that comes sooner is taken without a
-    #: wake-up (loopback round trips at 10k msg/s on 2 cores: p50 about 90 us instead of 135,
-    #: the two bridges' CPU 1.5 cores instead of 1.3; an idle bridge is not affected);
-    #: 0: sleep at once
+    #: wake-up, which shortens round trips at the cost of the CPU the spin takes after each
+    #: burst (an idle bridge does not spin); 0: sleep at once
     netbridge_busy_window: float = 100e-6
     #: a reader waiting in poll(timeout=), wait(), messages() or messages_async(), and a
     #: back-pressured publish(), look again this long (yielding the CPU at every turn; a
     #: reader's first 2 us without a system call) before they sleep on the log's futex
     #: word, as Aeron's back-off idle strategy spins, yields and then parks: a stream that
     #: keeps coming never puts its reader to sleep, so the writer pays no wake-up, and a
-    #: reply within it pays none either. It costs a waiter at 1,000
-    #: msg/s about this much CPU a message; an idle bus none. 0: sleep at once
+    #: reply within it pays none either. Where messages come further apart than this, a
+    #: waiter spends up to this much CPU on each; an idle bus none. 0: sleep at once
     wait_spin: float = 20e-6
     #: the longest message an IPC publication takes (offer, publish, try_claim, publish_array,
     #: publish_object). A message longer than its log's max message length (min(term length /

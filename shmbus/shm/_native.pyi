@@ -179,6 +179,11 @@ class ImageCore:
     def is_closed(self) -> bool: ...
     @property
     def is_reclaimed(self) -> bool: ...
+    @property
+    def _whole_messages(self) -> bool:
+        """True for a group's image: a waiter wakes for whole messages only."""
+    @_whole_messages.setter
+    def _whole_messages(self, value: bool) -> None: ...
     def poll(self, handler: Callable[[memoryview, Header], object], fragment_limit: int, /) -> int:
         """Fragments handed to ``handler``; the memoryview is valid only during the call."""
     def controlled_poll(

@@ -459,6 +459,14 @@ class BlockRing:
         at = HEADER_PAGE + ring_position % self.capacity + BLOCK_HEADER
         return self._memory[at:at + length]
 
+    def bind(self, ring_position: int, release_position: int) -> None:
+        """The block's reference frame is claimed in the log and ends at ``release_position``
+        (the writer, before it commits the frame): a reader gives the block only for the frame
+        that ends there (see :meth:`view`). One store; :meth:`commit` follows once the frame is
+        committed."""
+        self.buffer.put_int64_release(
+            HEADER_PAGE + ring_position % self.capacity + _RELEASE_POSITION, release_position)
+
     def commit(self, ring_position: int, release_position: int) -> None:
         """The block's reference frame is in the log, ending at ``release_position``: the block
         is freed once every counted reader has reached it."""
@@ -472,18 +480,30 @@ class BlockRing:
 
     # -- readers --------------------------------------------------------------------------------
 
-    def view(self, reference: bytes | memoryview) -> memoryview | None:
-        """The read-only payload a reference frame refers to; None when the block is gone (the
-        driver freed it: its reader was no longer counted, dropped as dead or resting), or the
-        ring is closed (its image closed meanwhile).
+    def view(self, reference: bytes | memoryview, position: int) -> memoryview | None:
+        """The read-only payload a reference frame refers to (``reference``: its payload;
+        ``position``: the stream position just after the frame, ``Header.position``); None
+        when the block is gone (the driver freed it: its reader was no longer counted, dropped
+        as dead or resting), or the ring is closed (its image closed meanwhile).
 
         CorruptReferenceError (a ValueError), naming the ring and what is wrong, for a
-        reference no writer of this ring
-        made: not a reference, not at the start of a block of that length, past the end of
-        the ring or past what writers reserved, into a ring no writer used, or into a ring
-        file whose size is not the one its header says (cut short or replaced). A reader must
-        not stop there as at a freed block: nothing would ever move it on. (A block freed
-        while this looks is told by the free head having passed it.)"""
+        reference no writer of this ring made for this frame: not a reference, not at the
+        start of a block of that length, past the end of the ring or past what writers
+        reserved, into a ring no writer used, or into a ring file whose size is not the one
+        its header says (cut short or replaced); and a reference to a block its writer bound
+        to another frame (:meth:`bind`), or to none yet (a block still being filled): a
+        forged, replayed or duplicated reference, whose block may be half written. A reader
+        must not stop there as at a freed block: nothing would ever move it on. (A block
+        freed while this looks is told by the free head having passed it.)
+
+        A ring file cut short after this process mapped it (another process truncated it) is
+        the same error, naming its size and the mapping's: the file's size is asked (fstat of
+        the held descriptor) before the mapping is touched, since touching it past the file's
+        end would kill this process with SIGBUS. What this cannot close: a truncation after
+        that look, while the reader copies or holds the view (a handler reading it, a
+        ``take_view`` held), still faults; only a process that may truncate the bus's files
+        can do that, and nothing short of copying every block under a SIGBUS handler would
+        stop it."""
         ring_position, length = decode_reference(reference)
         if ring_position % PAGE or length > self.max_message_length or (
                 ring_position % self.capacity + BLOCK_HEADER + length > self.capacity):
@@ -492,6 +512,11 @@ class BlockRing:
         if not self.enter():
             return None
         try:
+            size = os.fstat(self._fd).st_size
+            if size < HEADER_PAGE + self.capacity:
+                raise self._not_a_block(ring_position, length, f"the ring file is cut short: "
+                                        f"{size} bytes, mapped as {HEADER_PAGE + self.capacity}"
+                                        f" bytes (truncated after this process mapped it)")
             b = self.buffer
             if not self._ready:
                 self._next_look = 0.0  # a reference is worth a look now
@@ -508,6 +533,8 @@ class BlockRing:
                 raise self._not_a_block(ring_position, length, f"past what writers reserved "
                                         f"(to ring position {tail})")
             at = HEADER_PAGE + ring_position % self.capacity
+            # (a block is FILLING until its writer, having committed the frame, commits it:
+            # a reader may see the frame first; the bound release position tells its frame)
             if (b.get_int64_acquire(at + _STATE) not in (FILLING, COMMITTED)
                     or b.get_int64(at + _LENGTH) != length
                     or b.get_int64(at + _SPAN) != _span(length)):
@@ -515,6 +542,14 @@ class BlockRing:
                     return None  # freed (and reused) while we looked
                 raise self._not_a_block(ring_position, length, "no block of that length "
                                         "starts there")
+            bound = b.get_int64_acquire(at + _RELEASE_POSITION)
+            if bound != position:
+                if b.get_int64_acquire(_HEAD) > ring_position:
+                    return None  # freed (and reused) while we looked
+                raise self._not_a_block(ring_position, length, (
+                    f"that block is bound to the reference frame ending at stream position "
+                    f"{bound}, not to this one ending at {position}" if bound else
+                    "that block is still being filled: its writer has not referred to it"))
             start = at + BLOCK_HEADER
             # (the mapping outlives close while this view of it is held: see _unmap)
             return self._memory[start:start + length].toreadonly()
@@ -554,7 +589,8 @@ class BlockRing:
             at = HEADER_PAGE + head % self.capacity
             state = b.get_int64_acquire(at + _STATE)
             if state == FILLING and is_alive is not None and not is_alive(b.get_int64(at + _PID)):
-                self.commit(head, producer_position)
+                # (bound: its frame is in the log, or padded over, before that position)
+                self.commit(head, b.get_int64(at + _RELEASE_POSITION) or producer_position)
                 state = COMMITTED
             if state == COMMITTED:
                 if b.get_int64(at + _RELEASE_POSITION) > consumer_position:

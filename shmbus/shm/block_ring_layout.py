@@ -5,7 +5,10 @@ follow).
 Layout: a header page, then ``capacity`` bytes of ring. Positions in the ring are monotonic
 byte counts (``% capacity`` gives the place); every block starts on a page and spans whole
 pages: a 64-byte block header (its span, state, the stream position after its reference frame,
-the payload length, the writer's pid) then the payload. A block that would not fit before the
+the payload length, the writer's pid) then the payload. The position after the reference frame
+is written when the writer has claimed the frame, before it commits it (0 until then): a reader
+compares it with the position after the frame it reads, so a block is read only through the
+frame made for it. A block that would not fit before the
 end of the ring is preceded by a free padding block up to the end.
 
 A reference frame is a whole-message log frame with ``LARGE_FLAG`` whose payload names a block

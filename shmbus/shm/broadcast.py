@@ -43,13 +43,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shmbus.shm._native import AtomicBuffer, acquire_fence
-
-#: Length of the record header (length i32, type i32) in bytes.
-HEADER_LENGTH = 8
-#: Records start on multiples of this many bytes.
-ALIGNMENT = 8
-#: The message type of a padding record, skipped by receivers.
-PADDING_MSG_TYPE_ID = -1
+from shmbus.shm.record_region import (
+    HEADER_LENGTH,
+    PADDING_MSG_TYPE_ID,
+    RecordRegion,
+    align,
+    check_capacity,
+)
 
 TAIL_INTENT_COUNTER_OFFSET = 0
 TAIL_COUNTER_OFFSET = 8
@@ -61,58 +61,26 @@ TRAILER_LENGTH = 128
 BroadcastHandler = Callable[[int, bytes], object]
 
 
-def align(value: int, alignment: int = ALIGNMENT) -> int:
-    """``value`` rounded up to a multiple of ``alignment`` (a power of two)."""
-    return (value + alignment - 1) & ~(alignment - 1)
-
-
 def broadcast_buffer_length(capacity: int) -> int:
     """Total bytes a broadcast buffer of ``capacity`` data bytes occupies (data plus trailer)."""
-    _check_capacity(capacity)
+    check_capacity(capacity, _Region.NAME)
     return capacity + TRAILER_LENGTH
 
 
-def _check_capacity(capacity: int) -> None:
-    if capacity < 64 or capacity & (capacity - 1):
-        raise ValueError(f"broadcast buffer capacity {capacity} is not a power of two >= 64")
+class _Region(RecordRegion):
+    """The geometry and trailer shared by the transmitter and receivers."""
 
+    __slots__ = ("_tail_intent", "_tail", "_latest")
 
-class _Region:
-    """Geometry shared by the transmitter and receivers."""
-
-    __slots__ = ("_buffer", "_base", "_capacity", "_mask", "_max_msg_length", "_tail_intent",
-                 "_tail", "_latest")
+    NAME = "broadcast buffer"
+    TRAILER_LENGTH = TRAILER_LENGTH
 
     def __init__(self, buffer: AtomicBuffer, offset: int = 0, length: int | None = None) -> None:
-        if length is None:
-            length = buffer.capacity - offset
-        capacity = length - TRAILER_LENGTH
-        _check_capacity(capacity)
-        if offset < 0 or offset + length > buffer.capacity:
-            raise ValueError(
-                f"broadcast buffer [{offset}, {offset + length}) is outside a buffer of "
-                f"{buffer.capacity} bytes")
-        self._buffer = buffer
-        self._base = offset
-        self._capacity = capacity
-        self._mask = capacity - 1
-        self._max_msg_length = capacity // 8
-        trailer = offset + capacity
+        super().__init__(buffer, offset, length)
+        trailer = self._trailer
         self._tail_intent = trailer + TAIL_INTENT_COUNTER_OFFSET
         self._tail = trailer + TAIL_COUNTER_OFFSET
         self._latest = trailer + LATEST_COUNTER_OFFSET
-        buffer.get_int64_acquire(self._tail_intent)  # alignment is checked now
-        buffer.get_int32_acquire(offset)
-
-    @property
-    def capacity(self) -> int:
-        """Bytes available for records (a power of two)."""
-        return self._capacity
-
-    @property
-    def max_msg_length(self) -> int:
-        """Largest payload a transmitter accepts, in bytes: capacity / 8."""
-        return self._max_msg_length
 
 
 class BroadcastTransmitter(_Region):
@@ -130,12 +98,7 @@ class BroadcastTransmitter(_Region):
 
         Raises ValueError for ``msg_type < 1`` or a payload over :attr:`max_msg_length`.
         """
-        if msg_type < 1:
-            raise ValueError(f"message type {msg_type} must be >= 1")
-        length = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
-        if length > self._max_msg_length:
-            raise ValueError(
-                f"message of {length} bytes exceeds max_msg_length {self._max_msg_length}")
+        length = self._payload_length(msg_type, payload)
         buffer = self._buffer
         tail = buffer.get_int64(self._tail)
         record_offset = tail & self._mask

@@ -214,10 +214,7 @@ class CncFile:
         """An AtomicBuffer over one section (TO_DRIVER .. ERROR_LOG); needs a writable map."""
         if not self.writable:
             raise CncError(f"{self.path} is mapped read-only: read sections with snapshot()")
-        offset, length = self._sections[index]
-        view = memoryview(self._mmap)[offset:offset + length]
-        self._views.append(view)
-        return AtomicBuffer(view)
+        return self._section_buffer(index)
 
     def load_view(self, index: int) -> AtomicBuffer:
         """An AtomicBuffer over one section of a read-only open, for acquire loads of what
@@ -225,6 +222,10 @@ class CncFile:
         process (the map is private)."""
         if self.writable:
             raise CncError(f"{self.path} is mapped writable: use section()")
+        return self._section_buffer(index)
+
+    def _section_buffer(self, index: int) -> AtomicBuffer:
+        """An AtomicBuffer over one section of the map (its view is released on close)."""
         offset, length = self._sections[index]
         view = memoryview(self._mmap)[offset:offset + length]
         self._views.append(view)

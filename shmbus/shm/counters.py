@@ -43,11 +43,10 @@ not at once see someone else's counter under it.
 from __future__ import annotations
 
 import struct
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from shmbus.shm._native import AtomicBuffer
+from shmbus.shm._native import AtomicBuffer, epoch_ms
 
 # -- type ids (Aeron's values, AeronCounters) --------------------------------------------------
 
@@ -171,11 +170,6 @@ STATE_NAMES = {RECORD_UNUSED: "unused", RECORD_ALLOCATED: "allocated",
 
 class CountersFullError(RuntimeError):
     """Every counter slot is allocated or still waiting out its free-for-reuse timeout."""
-
-
-def epoch_ms() -> int:
-    """Milliseconds since the Unix epoch (the default clock)."""
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)

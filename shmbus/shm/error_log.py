@@ -35,12 +35,11 @@ counted). Nothing here raises for a full log.
 from __future__ import annotations
 
 import threading
-import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from shmbus.shm._native import AtomicBuffer
+from shmbus.shm._native import AtomicBuffer, epoch_ms
 
 LENGTH_OFFSET = 0
 OBSERVATION_COUNT_OFFSET = 4
@@ -54,9 +53,23 @@ def _align(value: int) -> int:
     return (value + RECORD_ALIGNMENT - 1) & ~(RECORD_ALIGNMENT - 1)
 
 
-def epoch_ms() -> int:
-    """Milliseconds since the Unix epoch (the default clock)."""
-    return time.time_ns() // 1_000_000
+def _records(buffer: AtomicBuffer) -> Iterator[tuple[int, int]]:
+    """(offset, length) of each complete record in log order, up to the first length that
+    does not frame a record (0: the end of the log)."""
+    capacity = buffer.capacity
+    offset = 0
+    while offset + ENCODED_ERROR_OFFSET <= capacity:
+        length = buffer.get_int32_acquire(offset + LENGTH_OFFSET)
+        if length < ENCODED_ERROR_OFFSET or offset + length > capacity:
+            return
+        yield offset, length
+        offset += _align(length)
+
+
+def _text(buffer: AtomicBuffer, offset: int, length: int) -> str:
+    """The error text of the record at ``offset``."""
+    return buffer.get_bytes(offset + ENCODED_ERROR_OFFSET,
+                            length - ENCODED_ERROR_OFFSET).decode("utf-8", "replace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,16 +108,9 @@ class DistinctErrorLog:
         self._lock = threading.Lock()
         self._offsets: dict[str, int] = {}
         self._next_offset = 0
-        capacity = buffer.capacity
-        offset = 0
-        while offset + ENCODED_ERROR_OFFSET <= capacity:
-            length = buffer.get_int32_acquire(offset + LENGTH_OFFSET)
-            if length < ENCODED_ERROR_OFFSET or offset + length > capacity:
-                break
-            text = buffer.get_bytes(offset + ENCODED_ERROR_OFFSET, length - ENCODED_ERROR_OFFSET)
-            self._offsets.setdefault(text.decode("utf-8", "replace"), offset)
-            offset += _align(length)
-        self._next_offset = offset
+        for offset, length in _records(buffer):
+            self._offsets.setdefault(_text(buffer, offset, length), offset)
+            self._next_offset = _align(offset + length)
 
     def record(self, error: BaseException | str) -> bool:
         """Log one observation of ``error``; False if it is new and the log has no room."""
@@ -144,20 +150,13 @@ def read_error_log(buffer: AtomicBuffer, since_ms: int = 0) -> list[ErrorObserva
     writes. A count or last timestamp may be one observation behind a concurrent ``record``.
     """
     observations = []
-    capacity = buffer.capacity
-    offset = 0
-    while offset + ENCODED_ERROR_OFFSET <= capacity:
-        length = buffer.get_int32_acquire(offset + LENGTH_OFFSET)
-        if length < ENCODED_ERROR_OFFSET or offset + length > capacity:
-            break
+    for offset, length in _records(buffer):
         last = buffer.get_int64_acquire(offset + LAST_OBSERVATION_TIMESTAMP_OFFSET)
         if last >= since_ms:
             observations.append(ErrorObservation(
                 observation_count=buffer.get_int32_acquire(offset + OBSERVATION_COUNT_OFFSET),
                 first_observation_ms=buffer.get_int64(offset + FIRST_OBSERVATION_TIMESTAMP_OFFSET),
                 last_observation_ms=last,
-                text=buffer.get_bytes(offset + ENCODED_ERROR_OFFSET,
-                                      length - ENCODED_ERROR_OFFSET).decode("utf-8", "replace"),
+                text=_text(buffer, offset, length),
             ))
-        offset += _align(length)
     return observations

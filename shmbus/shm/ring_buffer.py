@@ -53,13 +53,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shmbus.shm._native import AtomicBuffer
-
-#: Length of the record header (length i32, type i32) in bytes.
-HEADER_LENGTH = 8
-#: Records start on multiples of this many bytes.
-ALIGNMENT = 8
-#: The message type of a padding record, skipped by the consumer.
-PADDING_MSG_TYPE_ID = -1
+from shmbus.shm.record_region import (
+    ALIGNMENT,
+    HEADER_LENGTH,
+    PADDING_MSG_TYPE_ID,
+    RecordRegion,
+    align,
+    check_capacity,
+)
 
 LINE_LENGTH = 128
 TAIL_POSITION_OFFSET = 0
@@ -78,24 +79,13 @@ class RingBufferCorruptError(ValueError):
 MessageHandler = Callable[[int, memoryview], object]
 
 
-def align(value: int, alignment: int = ALIGNMENT) -> int:
-    """``value`` rounded up to a multiple of ``alignment`` (a power of two)."""
-    return (value + alignment - 1) & ~(alignment - 1)
-
-
 def ring_buffer_length(capacity: int) -> int:
     """Total bytes a ring buffer of ``capacity`` data bytes occupies (data plus trailer)."""
-    check_capacity(capacity)
+    check_capacity(capacity, ManyToOneRingBuffer.NAME)
     return capacity + TRAILER_LENGTH
 
 
-def check_capacity(capacity: int) -> None:
-    """Raise ValueError unless ``capacity`` is a power of two of at least 64 bytes."""
-    if capacity < 64 or capacity & (capacity - 1):
-        raise ValueError(f"ring buffer capacity {capacity} is not a power of two >= 64")
-
-
-class ManyToOneRingBuffer:
+class ManyToOneRingBuffer(RecordRegion):
     """Many producers, one consumer, over ``length`` bytes of ``buffer`` from ``offset``.
 
     ``length`` (default: the rest of the buffer) must be a power-of-two capacity plus
@@ -108,41 +98,19 @@ class ManyToOneRingBuffer:
     :meth:`unblock` and setting the heartbeat only from the single consumer.
     """
 
-    __slots__ = ("_buffer", "_base", "_capacity", "_mask", "_max_msg_length", "_tail",
-                 "_head_cache", "_head", "_correlation", "_heartbeat")
+    __slots__ = ("_tail", "_head_cache", "_head", "_correlation", "_heartbeat")
+
+    NAME = "ring buffer"
+    TRAILER_LENGTH = TRAILER_LENGTH
 
     def __init__(self, buffer: AtomicBuffer, offset: int = 0, length: int | None = None) -> None:
-        if length is None:
-            length = buffer.capacity - offset
-        capacity = length - TRAILER_LENGTH
-        check_capacity(capacity)
-        if offset < 0 or offset + length > buffer.capacity:
-            raise ValueError(
-                f"ring buffer [{offset}, {offset + length}) is outside a buffer of "
-                f"{buffer.capacity} bytes")
-        self._buffer = buffer
-        self._base = offset
-        self._capacity = capacity
-        self._mask = capacity - 1
-        self._max_msg_length = capacity // 8
-        trailer = offset + capacity
+        super().__init__(buffer, offset, length)
+        trailer = self._trailer
         self._tail = trailer + TAIL_POSITION_OFFSET
         self._head_cache = trailer + HEAD_CACHE_POSITION_OFFSET
         self._head = trailer + HEAD_POSITION_OFFSET
         self._correlation = trailer + CORRELATION_COUNTER_OFFSET
         self._heartbeat = trailer + CONSUMER_HEARTBEAT_OFFSET
-        buffer.get_int64_acquire(self._tail)  # alignment is checked now, not on first use
-        buffer.get_int32_acquire(offset)
-
-    @property
-    def capacity(self) -> int:
-        """Bytes available for records (a power of two)."""
-        return self._capacity
-
-    @property
-    def max_msg_length(self) -> int:
-        """Largest payload :meth:`write` accepts, in bytes: capacity / 8."""
-        return self._max_msg_length
 
     # -- producers ----------------------------------------------------------------------------
 
@@ -154,12 +122,7 @@ class ManyToOneRingBuffer:
         the consumer unblocked this very claim because the producer stalled past the unblock
         timeout between claiming and writing; the record is then not delivered.
         """
-        if msg_type < 1:
-            raise ValueError(f"message type {msg_type} must be >= 1")
-        length = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
-        if length > self._max_msg_length:
-            raise ValueError(
-                f"message of {length} bytes exceeds max_msg_length {self._max_msg_length}")
+        length = self._payload_length(msg_type, payload)
         record_length = HEADER_LENGTH + length
         index = self._claim(align(record_length))
         if index is None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from shmbus.settings import codes
 from shmbus.shm._native import Header, ImageCore
-from shmbus.shm.block_ring import REFERENCE_FLAGS, BlockRing, ring_path
+from shmbus.shm.block_ring import REFERENCE_FLAGS, BlockRing, CorruptReferenceError, ring_path
 from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG, LogBuffer
 from shmbus.shm.position import Position
 from shmbus.streams.fragment_assembler import FragmentAssembler
@@ -186,20 +186,28 @@ class Image(ImageCore):
         self._wake_driver: Callable[[], None] = _nothing
 
     def _ring(self) -> BlockRing:
+        """The log's block ring; CorruptReferenceError (the frame is dropped) for a log with
+        none: a network image's (large messages cross hosts in pieces, never as references),
+        or one whose driver removed its files."""
         if self._blocks is None:
-            self._blocks = BlockRing.open(ring_path(self.log.path))
+            try:
+                self._blocks = BlockRing.open(ring_path(self.log.path))
+            except FileNotFoundError:
+                raise CorruptReferenceError(
+                    f"a large-message reference in {self.log.path}, which has no block ring "
+                    f"(a network image's log, or one its driver removed)") from None
         return self._blocks
 
-    def _large_payload(self, reference: bytes) -> memoryview | None:
+    def _large_payload(self, reference: bytes, position: int) -> memoryview | None:
         """What a handler gets for a large message: a read-only view of its block; called by
-        the native core (image.c) when a poll reaches a reference frame. None when the block
-        is gone: the reader stops there, as at a lapped frame, until it hears its image is
-        gone."""
+        the native core (image.c) when a poll reaches a reference frame (``position``: the
+        stream position just after it). None when the block is gone: the reader stops there,
+        as at a lapped frame, until it hears its image is gone."""
         self._last_reference = reference
-        return self._ring().view(reference)
+        return self._ring().view(reference, position)
 
-    def _large_view(self, reference: bytes) -> memoryview | None:
-        return self._ring().view(reference)
+    def _large_view(self, reference: bytes, position: int) -> memoryview | None:
+        return self._ring().view(reference, position)
 
     def _take_view(self) -> MessageView | None:
         """The next whole message as a :class:`MessageView` (see Subscription.take_view), or
@@ -226,17 +234,17 @@ class Image(ImageCore):
         data, session_id, position, reserved = found.pop(0)
         if data is not None:
             return MessageView(memoryview(data), session_id, position, reserved, None)
-        view = self._large_view(self._last_reference)
+        view = self._large_view(self._last_reference, position)
         if view is None:  # freed since the peek: this reader was dropped (_large_payload)
             return None
         self._held = True
         return MessageView(view, session_id, position, reserved, self)
 
-    def _large_bytes(self, reference: bytes) -> bytes | None:
+    def _large_bytes(self, reference: bytes, position: int) -> bytes | None:
         """What ``messages()`` yields for a large message: a copy of its block; called by the
         native core (image.c) when a take reaches a reference frame (None: gone, see
         _large_payload)."""
-        block = self._ring().view(reference)
+        block = self._ring().view(reference, position)
         if block is None:
             return None
         try:

@@ -30,6 +30,7 @@ from shmbus.shm.block_ring import (
     ring_path,
 )
 from shmbus.shm.log_buffer import LogBuffer
+from shmbus.streams.context_managers import ClaimScope
 
 _FLAGS_OFFSET = 5
 
@@ -205,6 +206,7 @@ def offer_reference(pub: BlockPublisher, ring: BlockRing, start: int, length: in
                 view.release()
                 pub.log.buffer.put_bytes(frame_offset + _FLAGS_OFFSET,
                                          bytes([REFERENCE_FLAGS]))
+                ring.bind(start, result)  # (before the frame is visible: see BlockRing.view)
                 try:
                     pub._commit(frame_offset)
                 except ValueError:
@@ -225,7 +227,7 @@ def offer_reference(pub: BlockPublisher, ring: BlockRing, start: int, length: in
             pub._await_progress(sleep_s)
 
 
-class LargeClaim:
+class LargeClaim(ClaimScope):
     """A block claimed with ``try_claim`` past the log's max payload, filled in place.
 
     Truthy when the claim succeeded; then ``buffer`` is a writable memoryview of exactly the
@@ -290,15 +292,5 @@ class LargeClaim:
         buffer, self.buffer = self.buffer, None
         return buffer
 
-    def __enter__(self) -> LargeClaim:
-        if self.result <= 0:
-            raise PublicationError(self.result)
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if self.buffer is None:
-            return
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
+    def _is_open(self) -> bool:
+        return self.buffer is not None

@@ -28,6 +28,7 @@ from shmbus.shm.block_ring import WARM_SHARE, BlockRing, ring_path
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
 from shmbus.streams.async_waits import sleep_on
+from shmbus.streams.context_managers import ClaimScope, Closeable
 from shmbus.streams.large_messages import LargeClaim, offer_large, open_ring
 
 #: seconds publish(), publish_async() and publish_many() keep trying by default
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from shmbus.shm._native import Buffer  # a type of the stub only: any buffer-protocol object
 
 
-class BufferClaim:
+class BufferClaim(ClaimScope):
     """Space claimed in the log with :meth:`Publication.try_claim`, written in place.
 
     Truthy when the claim succeeded; then ``buffer`` is a writable memoryview of exactly the
@@ -104,18 +105,8 @@ class BufferClaim:
                 raise _closed_under_claim() from None
             raise
 
-    def __enter__(self) -> BufferClaim:
-        if self.result <= 0:
-            raise PublicationError(self.result)
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if self.buffer is None:
-            return
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
+    def _is_open(self) -> bool:
+        return self.buffer is not None
 
 
 def _closed_under_claim() -> PublicationError:
@@ -123,7 +114,7 @@ def _closed_under_claim() -> PublicationError:
                             "open (its client closed or failed): nothing was published")
 
 
-class Publication(PublicationCore):
+class Publication(PublicationCore, Closeable):
     """What both kinds of publication share. Create them through the bus client.
 
     ``offer(*buffers, reserved_value=0)`` appends one message (several buffers are gathered into
@@ -473,12 +464,6 @@ class Publication(PublicationCore):
             if claim.buffer is not None:
                 claim.abort()
 
-    def __enter__(self) -> Publication:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(channel={self.channel!r}, stream_id={self.stream_id}, "
                 f"session_id={self.session_id}, position={self.position})")
@@ -496,7 +481,7 @@ def _longer_than(parts: list[Any], limit: int) -> bool:
     return sum(memoryview(part).nbytes for part in parts) > limit
 
 
-class ArrayClaim:
+class ArrayClaim(ClaimScope):
     """Room for one array claimed with :meth:`Publication.claim_array`: fill ``array`` in
     place, then ``commit()`` (or leave the ``with``); ``abort()`` gives it up. ``array`` must
     not be used after either."""
@@ -535,17 +520,8 @@ class ArrayClaim:
         self.array = None
         self._claim.abort()
 
-    def __enter__(self) -> ArrayClaim:
-        self._claim.__enter__()
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if self._claim.buffer is None:
-            return
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
+    def _is_open(self) -> bool:
+        return self._claim._is_open()
 
 
 #: the refusals a claim with a timeout waits out

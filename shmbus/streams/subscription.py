@@ -16,6 +16,7 @@ from shmbus.codecs.table_messages import decode_table
 from shmbus.settings.timeouts import deadline_after
 from shmbus.shm._native import AtomicBuffer, SubscriptionCore
 from shmbus.streams.async_waits import ReadinessWatcher
+from shmbus.streams.context_managers import Closeable
 from shmbus.streams.image import FragmentBatch, Image, MessageView
 
 ImageHandler = Callable[[Image], Any]
@@ -28,10 +29,53 @@ def _same(view: MessageView) -> MessageView:
     return view
 
 
-class Subscription(SubscriptionCore):
+class _ViewsLoop:
+    """The state of one views loop over ``subscription``: the view it holds for its caller
+    (released when the next message is taken, or by :meth:`release` when the loop ends) and
+    the ``timeout`` that runs while no message comes."""
+
+    __slots__ = ("_subscription", "_timeout", "_transform", "_hold", "_view", "deadline")
+
+    def __init__(self, subscription: Subscription, timeout: float | None,
+                 transform: Callable[[MessageView], Any], hold: bool) -> None:
+        self._subscription = subscription
+        self._timeout = timeout
+        self._transform = transform
+        self._hold = hold
+        self._view: MessageView | None = None
+        #: monotonic seconds at which the loop ends without a message (None: no limit yet)
+        self.deadline: float | None = None
+
+    def ready_items(self) -> Iterator[Any]:
+        """What ``transform`` makes of each message ready now. With ``hold`` False each view
+        is released as soon as ``transform`` returns; otherwise it is held until the next is
+        taken. Finding none starts the deadline; taking one clears it."""
+        subscription = self._subscription
+        while not subscription.is_closed:
+            self.release()
+            view = subscription.take_view()
+            if view is None:
+                if self.deadline is None and self._timeout is not None:
+                    self.deadline = time.monotonic() + self._timeout
+                return
+            self.deadline = None
+            self._view = view
+            item = self._transform(view)
+            if not self._hold:
+                self.release()
+            yield item
+
+    def release(self) -> None:
+        """Release the held view, if any."""
+        view, self._view = self._view, None
+        if view is not None:
+            view.release()
+
+
+class Subscription(SubscriptionCore, Closeable):
     """Reads a channel and stream: one :class:`Image` per publishing session.
 
-    ``poll`` (native: an empty poll costs well under a microsecond) visits the images
+    ``poll`` (native: no Python call unless a fragment is there) visits the images
     round-robin, starting one further along each call so that no session starves another;
     ``messages()`` hands out whole messages as bytes (natively: no Python call per message).
     ``poll(handler, limit, timeout=s)``, :meth:`wait` and ``messages()`` sleep until a writer
@@ -116,17 +160,21 @@ class Subscription(SubscriptionCore):
                     fragment_limit: int) -> int:
         """``read(image, handler, limit)`` over the images, round-robin from one further along
         each call, until ``fragment_limit`` fragments; returns how many."""
-        images = self.images
-        n = len(images)
-        if not n:
-            return 0
-        start = self._round_robin = (self._round_robin + 1) % n
         fragments = 0
-        for i in range(n):
+        for image in self._images_round_robin():
             if fragments >= fragment_limit:
                 break
-            fragments += read(images[(start + i) % n], handler, fragment_limit - fragments)
+            fragments += read(image, handler, fragment_limit - fragments)
         return fragments
+
+    def _images_round_robin(self) -> tuple[Any, ...]:
+        """:attr:`images`, starting one further along than the last call's start, so that no
+        session starves another."""
+        images = self.images
+        if not images:
+            return images
+        start = self._round_robin = (self._round_robin + 1) % len(images)
+        return images[start:] + images[:start]
 
     # -- holding messages, typed messages ----------------------------------------------------
 
@@ -140,13 +188,7 @@ class Subscription(SubscriptionCore):
         with ``poll``/``messages()`` while a view is held: they would read it again.
         Images are visited round-robin.
         """
-        images = self.images
-        n = len(images)
-        if not n:
-            return None
-        start = self._round_robin = (self._round_robin + 1) % n
-        for i in range(n):
-            image = images[(start + i) % n]
+        for image in self._images_round_robin():
             if not image._held:
                 view: MessageView | None = image._take_view()
                 if view is not None:
@@ -262,68 +304,49 @@ class Subscription(SubscriptionCore):
         (``transform`` copies what it keeps) as soon as ``transform`` returns: the writer may
         then reuse the block while the caller works on the copy. Ends after ``timeout`` seconds
         with none (None: when closed)."""
-        held: MessageView | None = None
-        deadline = None
+        loop = _ViewsLoop(self, timeout, transform, hold)
         try:
-            while not self.is_closed:
-                if held is not None:
-                    held.release()
-                    held = None
-                view = self.take_view()
-                if view is not None:
-                    deadline = None
-                    held = view
-                    item = transform(view)
-                    if not hold:
-                        held = None
-                        view.release()
-                    yield item
-                    continue
-                if deadline is None and timeout is not None:
-                    deadline = time.monotonic() + timeout
-                remaining = 0.05 if deadline is None else min(deadline - time.monotonic(), 0.05)
-                if remaining <= 0:
+            while True:
+                yield from loop.ready_items()
+                if self.is_closed or not self._wait_for_message(loop.deadline):
                     return
-                if self._holds_a_view():  # data waits behind it: wait() would not sleep
-                    time.sleep(min(remaining, _HELD_WAIT_S))
-                else:
-                    self.wait(remaining)
         finally:
-            if held is not None:
-                held.release()
+            loop.release()
+
+    def _wait_for_message(self, deadline: float | None) -> bool:
+        """Sleep until a writer may have appended, 50 ms at the most, or until ``deadline``
+        (monotonic seconds; None: none); False, at once, if it has passed."""
+        remaining = 0.05 if deadline is None else min(deadline - time.monotonic(), 0.05)
+        if remaining <= 0:
+            return False
+        if self._holds_a_view():  # data waits behind it: wait() would not sleep
+            time.sleep(min(remaining, _HELD_WAIT_S))
+        else:
+            self.wait(remaining)
+        return True
 
     async def _views_async(self, timeout: float | None,
                            transform: Callable[[MessageView], Any] = _same,
                            hold: bool = True) -> AsyncIterator[Any]:
         """:meth:`_views`, awaiting new messages without blocking the event loop."""
-        held: MessageView | None = None
-        deadline = None
+        loop = _ViewsLoop(self, timeout, transform, hold)
         try:
-            while not self.is_closed:
-                if held is not None:
-                    held.release()
-                    held = None
-                view = self.take_view()
-                if view is not None:
-                    deadline = None
-                    held = view
-                    item = transform(view)
-                    if not hold:
-                        held = None
-                        view.release()
+            while True:
+                for item in loop.ready_items():
                     yield item
-                    continue
-                if deadline is None and timeout is not None:
-                    deadline = time.monotonic() + timeout
-                if self._holds_a_view():
-                    if deadline is not None and time.monotonic() >= deadline:
-                        return
-                    await asyncio.sleep(_HELD_WAIT_S)
-                elif not await self._readable(deadline):
+                if self.is_closed or not await self._await_message(loop.deadline):
                     return
         finally:
-            if held is not None:
-                held.release()
+            loop.release()
+
+    async def _await_message(self, deadline: float | None) -> bool:
+        """:meth:`_wait_for_message`, awaited without blocking the event loop."""
+        if not self._holds_a_view():
+            return await self._readable(deadline)
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(_HELD_WAIT_S)
+        return True
 
     def _holds_a_view(self) -> bool:
         return any(image._held for image in self.images)
@@ -416,12 +439,6 @@ class Subscription(SubscriptionCore):
         on_close, self._on_close = self._on_close, None
         if on_close is not None:  # (the client's method: dropped, so no cycle keeps it alive)
             on_close(self, images)
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"Subscription(channel={self.channel!r}, stream_id={self.stream_id}, "

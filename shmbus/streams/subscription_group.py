@@ -62,15 +62,15 @@ class _Member(GroupMemberCore):
 
     _image: Image  # a weak proxy of its GroupImage: no cycle keeps either alive
 
-    def _large_payload(self, reference: bytes) -> memoryview | None:
+    def _large_payload(self, reference: bytes, position: int) -> memoryview | None:
         """Its image's Image._large_payload: called by the native core (image.c) when this
         member's poll reaches a reference frame."""
-        return self._image._large_payload(reference)
+        return self._image._large_payload(reference, position)
 
-    def _large_bytes(self, reference: bytes) -> bytes | None:
+    def _large_bytes(self, reference: bytes, position: int) -> bytes | None:
         """Its image's Image._large_bytes: called by the native core (image.c) when this
         member's take reaches a reference frame."""
-        return self._image._large_bytes(reference)
+        return self._image._large_bytes(reference, position)
 
 
 class GroupImage(Image):
@@ -98,6 +98,9 @@ class GroupImage(Image):
                          correlation_id=correlation_id,
                          subscription_registration_id=subscription_registration_id,
                          source_identity=source_identity)
+        # a member claims whole messages only: the leading fragments of one whose next
+        # fragment is missing (awaiting a retransmission) must not wake a waiting member
+        self._whole_messages = True
         self._member._image = weakref.proxy(self)
 
     @property
@@ -203,13 +206,8 @@ class GroupSubscription(Subscription):
     def _take(self) -> bytes | None:
         """The next whole message this member claims, or None: claims one message at most,
         from the images round-robin (natively: one call per image)."""
-        images = self.images
-        n = len(images)
-        if not n:
-            return None
-        start = self._round_robin = (self._round_robin + 1) % n
-        for i in range(n):
-            message: bytes | None = images[(start + i) % n]._member.take()
+        for image in self._images_round_robin():
+            message: bytes | None = image._member.take()
             if message is not None:
                 return message
         return None

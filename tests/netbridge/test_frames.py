@@ -14,18 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from netbridge import frames as F
-from netbridge.frames import (
-    DataHeader,
-    ErrorFrame,
-    MalformedFrame,
-    Nak,
-    RttMeasurement,
-    SetupFrame,
-    StatusMessage,
-    UnknownFrame,
-    decode_frames,
-    encode_datagram,
-)
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -36,7 +24,7 @@ def h(text: str) -> bytes:
 
 
 def decode_one(datagram: bytes) -> F.Frame:
-    frames = list(decode_frames(datagram))
+    frames = list(F.decode_frames(datagram))
     assert len(frames) == 1
     return frames[0]
 
@@ -105,8 +93,8 @@ def test_data_frame_golden() -> None:
     frame = DATA_FRAME
     assert frame.frame_length == 46
     # On the wire the frame is padded to 64 bytes.
-    assert encode_datagram([frame]) == DATA_GOLDEN + bytes(18)
-    assert list(decode_frames(DATA_GOLDEN + bytes(18))) == [frame]
+    assert F.encode_datagram([frame]) == DATA_GOLDEN + bytes(18)
+    assert list(F.decode_frames(DATA_GOLDEN + bytes(18))) == [frame]
 
 
 def test_fragment_flags_golden() -> None:
@@ -141,7 +129,7 @@ def test_heartbeat_golden() -> None:
     assert F.is_heartbeat(HEARTBEAT_GOLDEN)
     assert not F.is_end_of_stream(HEARTBEAT_GOLDEN)
     decoded = decode_one(HEARTBEAT_GOLDEN)
-    assert isinstance(decoded, DataHeader) and decoded.is_heartbeat and len(decoded.payload) == 0
+    assert isinstance(decoded, F.DataHeader) and decoded.is_heartbeat and len(decoded.payload) == 0
 
 
 def test_end_of_stream_heartbeat_golden() -> None:
@@ -196,7 +184,7 @@ SETUP_GOLDEN = h(
 )
 
 
-SETUP = SetupFrame(flags=F.SETUP_FLAG_GROUP, term_offset=448, session_id=0xAEF36675 - 2**32,
+SETUP = F.SetupFrame(flags=F.SETUP_FLAG_GROUP, term_offset=448, session_id=0xAEF36675 - 2**32,
                    stream_id=1001, initial_term_id=0xA3AA3869 - 2**32,
                    active_term_id=0xA3AA386A - 2**32, term_length=65536, mtu=1408, ttl=8)
 
@@ -218,7 +206,7 @@ SM_GOLDEN = h(
 )
 
 
-SM = StatusMessage(flags=F.SM_FLAG_EOS, session_id=0xAEF36675 - 2**32, stream_id=1001,
+SM = F.StatusMessage(flags=F.SM_FLAG_EOS, session_id=0xAEF36675 - 2**32, stream_id=1001,
                    consumption_term_id=0xA3AA3869 - 2**32, consumption_term_offset=43168,
                    receiver_window=14080, receiver_id=0xDBE7B03E6C9DA837 - 2**64)
 
@@ -235,7 +223,7 @@ SM_WITH_GROUP_TAG_GOLDEN = h(
     feffffffffffffff      # group_tag -2 @36
     """
 )
-SM_WITH_GROUP_TAG = StatusMessage(flags=F.SM_FLAG_SETUP, session_id=0, stream_id=0,
+SM_WITH_GROUP_TAG = F.StatusMessage(flags=F.SM_FLAG_SETUP, session_id=0, stream_id=0,
                                   consumption_term_id=0, consumption_term_offset=0,
                                   receiver_window=0, receiver_id=2, group_tag=-2)
 
@@ -244,7 +232,7 @@ def test_status_message_extra_bytes_not_44_are_not_a_group_tag() -> None:
     # frame_length 40 (application feedback): accepted, no group tag, as Aeron's sender does.
     datagram = b"\x28" + SM_GOLDEN[1:] + b"\x01\x02\x03\x04"
     sm = decode_one(datagram)
-    assert isinstance(sm, StatusMessage) and sm.group_tag is None
+    assert isinstance(sm, F.StatusMessage) and sm.group_tag is None
     # Bytes past frame_length are ignored (Aeron accepts length >= frame_length).
     assert decode_one(SM_GOLDEN + b"\xff" * 8) == decode_one(SM_GOLDEN)
 
@@ -261,7 +249,7 @@ NAK_GOLDEN = h(
 )
 
 
-NAK = Nak(session_id=0xAEF36675 - 2**32, stream_id=1001, term_id=0xA3AA3869 - 2**32,
+NAK = F.Nak(session_id=0xAEF36675 - 2**32, stream_id=1001, term_id=0xA3AA3869 - 2**32,
           term_offset=45056, length=2816)
 
 
@@ -276,7 +264,7 @@ RTTM_GOLDEN = h(
 )
 
 
-RTTM = RttMeasurement(flags=F.RTTM_FLAG_REPLY, session_id=1, stream_id=2,
+RTTM = F.RttMeasurement(flags=F.RTTM_FLAG_REPLY, session_id=1, stream_id=2,
                       echo_timestamp=0x0123456789ABCDEF, reception_delta=0,
                       receiver_id=2**63 - 1)
 
@@ -284,7 +272,7 @@ RTTM = RttMeasurement(flags=F.RTTM_FLAG_REPLY, session_id=1, stream_id=2,
 def test_rttm_golden() -> None:
     rttm = RTTM
     assert rttm.wants_reply
-    echo = RttMeasurement(
+    echo = F.RttMeasurement(
         session_id=1, stream_id=2, echo_timestamp=rttm.echo_timestamp, receiver_id=rttm.receiver_id
     )
     assert not echo.wants_reply
@@ -304,14 +292,14 @@ ERR_GOLDEN = h(
 )
 
 
-ERR = ErrorFrame(flags=F.ERR_FLAG_GROUP_TAG, session_id=1, stream_id=2, receiver_id=3,
+ERR = F.ErrorFrame(flags=F.ERR_FLAG_GROUP_TAG, session_id=1, stream_id=2, receiver_id=3,
                  group_tag=4, error_code=5, message=b"oops!")
 
 
 def test_error_frame_golden() -> None:
     assert ERR.frame_length == 45 and ERR.has_group_tag
     decoded = decode_one(ERR_GOLDEN)
-    assert isinstance(decoded, ErrorFrame) and decoded.text == "oops!"
+    assert isinstance(decoded, F.ErrorFrame) and decoded.text == "oops!"
 
 
 #: each frame above and the bytes written out by hand for it
@@ -337,9 +325,9 @@ def test_golden_frames_encode_to_their_bytes_and_decode_from_them(name: str) -> 
 
 def test_error_frame_message_limit() -> None:
     fields = dict(session_id=1, stream_id=2, receiver_id=3, error_code=1)
-    assert len(ErrorFrame(**fields, message=b"x" * 1023).encode()) == 40 + 1023
+    assert len(F.ErrorFrame(**fields, message=b"x" * 1023).encode()) == 40 + 1023
     with pytest.raises(ValueError):
-        ErrorFrame(**fields, message=b"x" * 1024).encode()
+        F.ErrorFrame(**fields, message=b"x" * 1024).encode()
 
 
 # --- unknown-but-valid types -------------------------------------------------------------------
@@ -349,21 +337,21 @@ def test_error_frame_message_limit() -> None:
 def test_uninterpreted_types_decode_to_unknown_frame(frame_type: int) -> None:
     datagram = h("14000000 00 01") + frame_type.to_bytes(2, "little") + bytes(range(12))
     frame = decode_one(datagram)
-    assert isinstance(frame, UnknownFrame)
+    assert isinstance(frame, F.UnknownFrame)
     assert (frame.type, frame.flags, frame.frame_length) == (frame_type, 1, 20)
     assert frame.encode() == datagram
-    assert encode_datagram([frame]) == datagram
+    assert F.encode_datagram([frame]) == datagram
 
 
 def test_ext_type_is_0xffff() -> None:
     frame = decode_one(h("08000000 00 00 ffff"))
-    assert isinstance(frame, UnknownFrame) and frame.type == 0xFFFF == F.HDR_TYPE_EXT
+    assert isinstance(frame, F.UnknownFrame) and frame.type == 0xFFFF == F.HDR_TYPE_EXT
 
 
 # --- walking datagrams -------------------------------------------------------------------------
 
 
-def _frame(term_offset: int, payload: bytes, flags: int = 0xC0) -> DataHeader:
+def _frame(term_offset: int, payload: bytes, flags: int = 0xC0) -> F.DataHeader:
     return F.data_frame(
         term_offset=term_offset, session_id=5, stream_id=6, term_id=7, payload=payload, flags=flags
     )
@@ -374,39 +362,39 @@ def test_walk_packed_frames_with_alignment_and_final_pad() -> None:
     second = _frame(64, b"b" * 32, flags=F.DATA_FLAG_BEGIN)  # 64
     third = _frame(128, b"c" * 248, flags=F.DATA_FLAG_END)  # 280 -> 288
     pad = F.pad_frame(frame_length=352, term_offset=416, session_id=5, stream_id=6, term_id=7)
-    datagram = encode_datagram([first, second, third, pad])
+    datagram = F.encode_datagram([first, second, third, pad])
     assert len(datagram) == 64 + 64 + 288 + 32
     assert datagram[46:64] == bytes(18)
-    decoded = list(decode_frames(datagram))
+    decoded = list(F.decode_frames(datagram))
     assert decoded == [first, second, third, pad]
-    assert encode_datagram(decoded) == datagram
+    assert F.encode_datagram(decoded) == datagram
 
 
 def test_walk_tolerates_missing_alignment_after_last_frame() -> None:
     frame = _frame(0, b"xyz")
-    assert list(decode_frames(frame.encode())) == [frame]
+    assert list(F.decode_frames(frame.encode())) == [frame]
 
 
 def test_pad_ends_the_walk() -> None:
     pad = F.pad_frame(frame_length=64, term_offset=0, session_id=1, stream_id=1, term_id=1)
     # The 32 bytes after the header are inside the PAD's frame_length: never read as a frame.
-    assert list(decode_frames(pad.encode() + b"\xff" * 32)) == [pad]
+    assert list(F.decode_frames(pad.encode() + b"\xff" * 32)) == [pad]
 
 
 def test_control_frame_ends_the_walk() -> None:
-    assert list(decode_frames(NAK_GOLDEN + DATA_GOLDEN)) == [decode_one(NAK_GOLDEN)]
+    assert list(F.decode_frames(NAK_GOLDEN + DATA_GOLDEN)) == [decode_one(NAK_GOLDEN)]
 
 
 def test_heartbeat_followed_by_data() -> None:
     datagram = HEARTBEAT_GOLDEN + DATA_GOLDEN
-    decoded = list(decode_frames(datagram))
+    decoded = list(F.decode_frames(datagram))
     assert [f.frame_length for f in decoded] == [0, 46]
 
 
 def test_data_payload_is_a_zero_copy_view() -> None:
     buffer = bytearray(DATA_GOLDEN)
-    (frame,) = decode_frames(buffer)
-    assert isinstance(frame, DataHeader) and isinstance(frame.payload, memoryview)
+    (frame,) = F.decode_frames(buffer)
+    assert isinstance(frame, F.DataHeader) and isinstance(frame.payload, memoryview)
     assert frame.payload == b"Hello World! 0"
     buffer[32] = ord("J")
     assert bytes(frame.payload[:5]) == b"Jello"
@@ -415,7 +403,7 @@ def test_data_payload_is_a_zero_copy_view() -> None:
 def test_decode_accepts_memoryview_of_a_larger_buffer() -> None:
     buffer = bytearray(100) + bytearray(DATA_GOLDEN) + bytearray(50)
     view = memoryview(buffer)[100 : 100 + len(DATA_GOLDEN)]
-    (frame,) = decode_frames(view)
+    (frame,) = F.decode_frames(view)
     assert frame == decode_one(DATA_GOLDEN)
 
 
@@ -434,10 +422,20 @@ def test_encode_into_writes_at_offset() -> None:
 
 
 def reason_of(datagram: bytes) -> str:
-    with pytest.raises(MalformedFrame) as info:
-        list(decode_frames(datagram))
+    with pytest.raises(F.MalformedFrame) as info:
+        list(F.decode_frames(datagram))
     assert isinstance(info.value, ValueError)
     return info.value.reason
+
+
+def test_decode_datagram_is_all_frames_or_none() -> None:
+    """decode_datagram gives every frame of a valid datagram and None for a malformed one,
+    even when frames before the malformed one were valid."""
+    first, second = _frame(0, b"a" * 8), _frame(64, b"b" * 8)
+    datagram = F.encode_datagram([first, second])
+    assert F.decode_datagram(datagram) == [first, second]
+    assert F.decode_datagram(datagram[:64] + bytes([0xFF]) + datagram[65:]) is None  # length
+    assert F.decode_datagram(b"") is None
 
 
 def with_frame_length(datagram: bytes, frame_length: int) -> bytes:
@@ -481,34 +479,34 @@ def test_malformed_reasons(datagram: bytes, reason: str) -> None:
 
 
 def test_malformed_frame_in_second_position_reports_its_offset() -> None:
-    datagram = encode_datagram([_frame(0, b"x" * 32)]) + b"\x00" * 8
-    with pytest.raises(MalformedFrame) as info:
-        list(decode_frames(datagram))
+    datagram = F.encode_datagram([_frame(0, b"x" * 32)]) + b"\x00" * 8
+    with pytest.raises(F.MalformedFrame) as info:
+        list(F.decode_frames(datagram))
     assert info.value.reason == "short" and info.value.offset == 64
 
 
 def test_encode_rejects_inconsistent_frames() -> None:
     good = _frame(0, b"abc")
-    bad_length = DataHeader(
+    bad_length = F.DataHeader(
         frame_length=40, term_offset=0, session_id=0, stream_id=0, term_id=0, payload=b"abc"
     )
-    bad_heartbeat = DataHeader(
+    bad_heartbeat = F.DataHeader(
         frame_length=0, term_offset=0, session_id=0, stream_id=0, term_id=0, payload=b"abc"
     )
-    bad_pad = DataHeader(
+    bad_pad = F.DataHeader(
         frame_length=16, type=F.HDR_TYPE_PAD, term_offset=0, session_id=0, stream_id=0, term_id=0
     )
-    bad_type = DataHeader(
+    bad_type = F.DataHeader(
         frame_length=32, type=F.HDR_TYPE_NAK, term_offset=0, session_id=0, stream_id=0, term_id=0
     )
-    out_of_range = Nak(session_id=2**31, stream_id=0, term_id=0, term_offset=0, length=0)
+    out_of_range = F.Nak(session_id=2**31, stream_id=0, term_id=0, term_offset=0, length=0)
     for frame in (bad_length, bad_heartbeat, bad_pad, bad_type, out_of_range):
         with pytest.raises(ValueError):
             frame.encode()
     with pytest.raises(ValueError):
-        encode_datagram([decode_one(PAD_GOLDEN), good])
+        F.encode_datagram([decode_one(PAD_GOLDEN), good])
     with pytest.raises(ValueError):
-        encode_datagram([decode_one(NAK_GOLDEN), good])
+        F.encode_datagram([decode_one(NAK_GOLDEN), good])
 
 
 # --- property tests ----------------------------------------------------------------------------
@@ -518,7 +516,7 @@ i64 = st.integers(-(2**63), 2**63 - 1)
 u8 = st.integers(0, 255)
 
 
-def data_frames() -> st.SearchStrategy[DataHeader]:
+def data_frames() -> st.SearchStrategy[F.DataHeader]:
     return st.builds(
         F.data_frame,
         term_offset=i32,
@@ -547,24 +545,24 @@ def frames_of(kind: type, defaults: tuple[str, ...] = ("version",),
         if field.name not in defaults or field.name in values})
 
 
-def heartbeats() -> st.SearchStrategy[DataHeader]:
-    return frames_of(DataHeader, ("version", "type", "payload"), frame_length=st.just(0))
+def heartbeats() -> st.SearchStrategy[F.DataHeader]:
+    return frames_of(F.DataHeader, ("version", "type", "payload"), frame_length=st.just(0))
 
 
-def pads() -> st.SearchStrategy[DataHeader]:
-    return frames_of(DataHeader, ("version", "payload"), frame_length=st.integers(32, 2**31 - 1),
+def pads() -> st.SearchStrategy[F.DataHeader]:
+    return frames_of(F.DataHeader, ("version", "payload"), frame_length=st.integers(32, 2**31 - 1),
                      type=st.just(F.HDR_TYPE_PAD))
 
 
 def control_frames() -> st.SearchStrategy[F.Frame]:
     return st.one_of(
-        frames_of(SetupFrame),
-        frames_of(StatusMessage, group_tag=st.none() | i64),
-        frames_of(Nak),
-        frames_of(RttMeasurement),
-        frames_of(ErrorFrame, group_tag=i64),
+        frames_of(F.SetupFrame),
+        frames_of(F.StatusMessage, group_tag=st.none() | i64),
+        frames_of(F.Nak),
+        frames_of(F.RttMeasurement),
+        frames_of(F.ErrorFrame, group_tag=i64),
         st.builds(
-            lambda frame_type, flags, body: UnknownFrame(
+            lambda frame_type, flags, body: F.UnknownFrame(
                 flags=flags,
                 type=frame_type,
                 raw=(8 + len(body)).to_bytes(4, "little")
@@ -606,17 +604,17 @@ def datagrams() -> st.SearchStrategy[list[F.Frame]]:
 @FAST
 @given(datagrams())
 def test_round_trip_datagram(frames: list[F.Frame]) -> None:
-    datagram = encode_datagram(frames)
-    decoded = list(decode_frames(datagram))
+    datagram = F.encode_datagram(frames)
+    decoded = list(F.decode_frames(datagram))
     assert decoded == frames
-    assert encode_datagram(decoded) == datagram
+    assert F.encode_datagram(decoded) == datagram
 
 
 def decode_or_malformed(datagram: bytes) -> None:
     """Decoding either succeeds or raises MalformedFrame: nothing else may escape."""
     try:
-        frames = list(decode_frames(datagram))
-    except MalformedFrame as exc:
+        frames = list(F.decode_frames(datagram))
+    except F.MalformedFrame as exc:
         assert exc.reason in {"short", "version", "type", "length"}
         return
     for frame in frames:
@@ -648,7 +646,7 @@ def test_random_bodies_behind_plausible_headers_only_raise_malformed(
 def test_every_truncation_and_byte_flip_only_raises_malformed(
     frames: list[F.Frame], data: st.DataObject
 ) -> None:
-    datagram = encode_datagram(frames)
+    datagram = F.encode_datagram(frames)
     for cut in range(len(datagram)):
         decode_or_malformed(datagram[:cut])
     position = data.draw(st.integers(0, len(datagram) - 1))

@@ -142,7 +142,12 @@ def test_multicast_to_three_hosts_and_a_spy(shm_dir: Path, lossy: int | None) ->
     so does a spy on the publishing host. With 5% of what host 3 receives dropped (its own
     loss filter, direction=in), host 3 NAKs its gaps and they are retransmitted; the other
     hosts hardly NAK (they miss nothing)."""
-    settings = {lossy: {"netbridge_loss": "drop=0.05,seed=3,direction=in"}} if lossy else {}
+    # the channels' statistics are read once every worker has closed its stream: the
+    # endpoints (and their counters) linger long enough for that
+    settings: dict[int, dict[str, object]] = {i: {"netbridge_endpoint_linger": 60.0}
+                                              for i in range(4)}
+    if lossy:
+        settings[lossy]["netbridge_loss"] = "drop=0.05,seed=3,direction=in"
     with host_buses(shm_dir, 4, subnet=221, settings=settings) as (hs, contexts, _), \
             workers(5) as (pool, manager):
         group = "224.1.21.1:42101"
@@ -252,7 +257,7 @@ def test_under_tagged_only_tagged_receivers_count(shm_dir: Path) -> None:
             STREAM, count, 60, ready[0], None, 0.001, 8))
         untagged = pool.apply_async(bridge_workers.receive, (
             contexts[2], f"aeron:udp?endpoint={group}|interface={hs[2].address}", STREAM,
-            count, 60, ready[1], stop, 0.001, 1))
+            count, 60, ready[1], stop, 0.005, 1))
         wait_listening(contexts[1:], ready)
         publisher = pool.apply_async(bridge_workers.publish, (
             contexts[0], f"aeron:udp?endpoint={group}|interface={hs[0].address}|"

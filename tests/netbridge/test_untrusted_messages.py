@@ -1,5 +1,6 @@
 """No code from the network by default: a stranger's pickle never runs in ``objects()``, and
-its arrays and tables are only ever data.
+its arrays and tables are only ever data; a large-message reference from the network (whose
+logs have no block ring) is a named error, the frame dropped.
 
 A subscriber reads an unkeyed ``aeron:udp`` channel; a plain UDP socket in this test (no bus)
 makes the netbridge take its hand-made SETUP and DATA frames, the DATA carrying an object
@@ -22,6 +23,8 @@ import pytest
 
 import shmbus
 from shmbus.codecs.object_messages import object_parts
+from shmbus.shm import block_ring as br
+from tests.support.corrupt_references import messages_and_errors
 from tests.support.drivers import running_driver
 from tests.support.forged_peer import ForgedPeer, udp_socket
 from tests.support.keyrings import write_keyring
@@ -137,3 +140,19 @@ def test_a_forged_table_and_array_on_an_unkeyed_udp_channel_are_only_data(
     peer.send(forged(header_text("|O", (2,)), bytes(16)))
     with pytest.raises(ValueError, match="refused array message"):
         next(sub.arrays(timeout=10))
+
+
+def test_a_forged_large_message_reference_over_udp_is_dropped_with_a_named_error(
+        forged_stream: ForgedStream) -> None:
+    """A network image's log has no block ring: a frame with the large flag from the network
+    is a CorruptReferenceError naming the log, raised once by a take, the frame dropped, and
+    the reader reads on (not stuck on the frame)."""
+    sub, peer = forged_stream.sub, forged_stream.peer
+    (image,) = sub.images
+    peer.send(b"before")
+    peer.send(br.encode_reference(0, 100), flags=br.REFERENCE_FLAGS)
+    peer.send(b"after")
+    before, error, after = messages_and_errors(sub, 3, 20)
+    assert (before, after) == (b"before", b"after")
+    assert isinstance(error, br.CorruptReferenceError), error
+    assert str(image.log.path) in str(error) and "no block ring" in str(error), str(error)

@@ -3,7 +3,8 @@ protocol (netbridge/frames.py) to talk to a netbridge.
 
 No bus, no driver. :class:`ForgedPeer` sends: a hand-made SETUP until the netbridge answers
 with a status message (its image is made), then DATA frames, one whole message each, one after
-another in the term. :class:`ForgedReceiver` receives: it answers a publication's SETUP with a
+another in the term, or a message in fragments with one held back (the netbridge NAKs it; the
+peer sends it when told). :class:`ForgedReceiver` receives: it answers a publication's SETUP with a
 status message, so the publication connects, and keeps the messages of its DATA frames. Every
 wait is bounded.
 """
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netbridge.frames import (
+    DATA_FLAG_BEGIN,
+    DATA_FLAG_END,
     DataHeader,
     Frame,
     MalformedFrame,
@@ -85,23 +88,52 @@ class ForgedPeer:
                 return
         raise AssertionError(f"no status message from {self.endpoint} within {timeout} s")
 
-    def receive(self, seconds: float) -> bool:
-        """Read what the netbridge sends back for up to ``seconds``; True once a status
-        message for this session came."""
+    def receive(self, seconds: float, wanted: type = StatusMessage) -> bool:
+        """Read what the netbridge sends back for up to ``seconds``; True once a frame of type
+        ``wanted`` (a status message, a NAK) for this session came."""
         for frames, _ in received_datagrams(self.sock, seconds):
             for frame in frames:
                 if isinstance(frame, StatusMessage) and frame.session_id == self.session_id:
                     self.status_messages.append(frame)
+                if isinstance(frame, wanted) and getattr(frame, "session_id", None) == \
+                        self.session_id:
                     return True
         return False
 
-    def send(self, message: bytes) -> None:
-        """Send ``message`` as one whole DATA frame at the next offset of the term."""
+    def send(self, message: bytes, flags: int = DATA_FLAG_BEGIN | DATA_FLAG_END) -> None:
+        """Send ``message`` as one whole DATA frame (``flags``: B and E, and any others) at the
+        next offset of the term."""
         frame = data_frame(term_offset=self.term_offset, session_id=self.session_id,
-                           stream_id=self.stream_id, term_id=0, payload=message)
+                           stream_id=self.stream_id, term_id=0, payload=message, flags=flags)
         assert frame.frame_length <= MTU, f"a message of {len(message)} bytes is past the MTU"
         self.sock.sendto(encode_datagram([frame]), self.endpoint)
         self.term_offset += align(frame.frame_length)
+
+    def send_fragmented(self, message: bytes, held_back: int) -> bytes:
+        """Send ``message`` in MTU-sized fragments at the next offsets of the term, but for
+        fragment ``held_back`` (a gap the netbridge NAKs); returns that fragment's datagram,
+        for :meth:`resend`."""
+        most = MTU - 32
+        pieces = [message[at:at + most] for at in range(0, len(message), most)]
+        assert 0 <= held_back < len(pieces) > 1, "a message of several fragments"
+        held = b""
+        for index, piece in enumerate(pieces):
+            flags = ((DATA_FLAG_BEGIN if index == 0 else 0)
+                     | (DATA_FLAG_END if index == len(pieces) - 1 else 0))
+            frame = data_frame(term_offset=self.term_offset, session_id=self.session_id,
+                               stream_id=self.stream_id, term_id=0, payload=piece,
+                               flags=flags)
+            datagram = encode_datagram([frame])
+            if index == held_back:
+                held = datagram
+            else:
+                self.sock.sendto(datagram, self.endpoint)
+            self.term_offset += align(frame.frame_length)
+        return held
+
+    def resend(self, datagram: bytes) -> None:
+        """Send a datagram :meth:`send_fragmented` held back."""
+        self.sock.sendto(datagram, self.endpoint)
 
 
 @dataclass

@@ -55,3 +55,17 @@ def cpu_seconds(pid: int) -> float:
     """The CPU time (user and system, every thread) process ``pid`` has used."""
     times = psutil.Process(pid).cpu_times()
     return float(times.user + times.system)
+
+
+def cpu_demand(pid: int) -> float:
+    """The seconds process ``pid`` (every thread) has been running or runnable, waiting for a
+    CPU (/proc/<pid>/task/*/schedstat): a process that spins wants the CPU all the time, however
+    loaded the machine is and however little of the CPU it gets; one asleep wants none."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            running, waiting = (task / "schedstat").read_text().split()[:2]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+        total += int(running) + int(waiting)
+    return total / 1e9

@@ -138,16 +138,22 @@ static PyObject *large_payload_str, *large_bytes_str;
 PyObject *large_gone;
 
 /* The payload of a large message's reference frame, resolved by the Python side of the image
- * (Image._large_payload / _large_bytes: the shared-memory block it refers to). */
+ * (Image._large_payload / _large_bytes(reference, position): the shared-memory block it refers
+ * to, which its writer bound to the frame ending at that stream position). */
 static PyObject *resolve_large(ImageCore *self, PyObject *method, const uint8_t *frame,
                                int32_t length)
 {
-    PyObject *ref = PyBytes_FromStringAndSize((const char *)frame + HEADER_LENGTH,
-                                              length - HEADER_LENGTH);
-    if (ref == NULL)
-        return NULL;
-    PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, method, ref);
-    Py_DECREF(ref);
+    int64_t end = (term_count_between(rd_i32(frame + TERM_ID_OFFSET), self->g.initial_term_id)
+                   << self->g.position_bits)
+                  + rd_i32(frame + TERM_OFFSET_OFFSET) + ALIGN((int64_t)length, FRAME_ALIGNMENT);
+    PyObject *args[3] = {(PyObject *)self,
+                         PyBytes_FromStringAndSize((const char *)frame + HEADER_LENGTH,
+                                                   length - HEADER_LENGTH),
+                         PyLong_FromLongLong(end)};
+    PyObject *r = args[1] == NULL || args[2] == NULL ? NULL
+        : PyObject_VectorcallMethod(method, args, 3, NULL);
+    Py_XDECREF(args[1]);
+    Py_XDECREF(args[2]);
     return r;
 }
 
@@ -578,15 +584,46 @@ static PyObject *img_close_core(ImageCore *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* True when a poll would find a frame (or the image is closed: the caller must look). */
+/* For a group's image (whole_messages): whether a whole message (or padding, or a bad frame,
+ * which the claim reports) is committed at `position`, as a member's claim would find it. The
+ * leading fragments of a message whose next fragment is not there yet (a UDP fragment awaiting
+ * its retransmission, a writer between fragments) are not: they are remembered in `partial`,
+ * so the next look starts at the gap and a waiter sleeps until it is filled. */
+static int whole_message_ready(ImageCore *self, int64_t position, const uint8_t *term,
+                               int32_t start)
+{
+    if (self->partial_at != position) {  /* a member claimed meanwhile: measure anew */
+        self->partial = 0;
+        self->partial_at = position;
+    }
+    int32_t offset = start + self->partial;
+    while (offset < self->g.term_length) {
+        const uint8_t *frame = term + offset;
+        int32_t length = LOAD_ACQUIRE((const int32_t *)frame);
+        if (length <= 0) {
+            self->partial = offset - start;
+            return 0;
+        }
+        if (length < HEADER_LENGTH || rd_u16(frame + TYPE_OFFSET) == HDR_TYPE_PAD ||
+            (frame[FLAGS_OFFSET] & END_FLAG))
+            return 1;
+        offset += (int32_t)ALIGN(length, FRAME_ALIGNMENT);
+    }
+    return 1;
+}
+
+/* True when a poll would find a frame (or the image is closed: the caller must look); for a
+ * group's image, a whole message (see whole_message_ready). */
 int image_ready(ImageCore *self)
 {
     if (self->closed || !image_owns_counter(self))
         return self->closed;
     int64_t position = image_position(self);
-    int32_t offset = (int32_t)(position & (self->g.term_length - 1)) + self->partial;
+    int32_t start = (int32_t)(position & (self->g.term_length - 1));
     uint8_t *term = term_at(&self->g, (int)((position >> self->g.position_bits) % PARTITION_COUNT));
-    return LOAD_ACQUIRE((int32_t *)(term + offset)) > 0;
+    if (self->whole_messages)
+        return whole_message_ready(self, position, term, start);
+    return LOAD_ACQUIRE((int32_t *)(term + start + self->partial)) > 0;
 }
 
 static PyObject *img_get_is_closed(ImageCore *self, void *c)
@@ -594,6 +631,20 @@ static PyObject *img_get_is_closed(ImageCore *self, void *c)
 
 static PyObject *img_get_position(ImageCore *self, void *c)
 { return PyLong_FromLongLong(image_position(self)); }
+
+static PyObject *img_get_whole_messages(ImageCore *self, void *c)
+{ return PyBool_FromLong(self->whole_messages); }
+
+static int img_set_whole_messages(ImageCore *self, PyObject *value, void *c)
+{
+    int on = value == NULL ? 0 : PyObject_IsTrue(value);
+    if (on < 0)
+        return -1;
+    self->whole_messages = on;
+    self->partial = 0;
+    self->partial_at = -1;
+    return 0;
+}
 
 static PyObject *img_get_is_reclaimed(ImageCore *self, void *c)
 { return PyBool_FromLong(!image_owns_counter(self)); }
@@ -647,6 +698,7 @@ static int img_init(ImageCore *self, PyObject *args, PyObject *kwds)
         self->local = self->stored = LOAD_ACQUIRE(self->position);
     }
     self->partial = 0;
+    self->partial_at = -1;
     Py_XSETREF(self->log_buffer, Py_NewRef(log));
     Py_XSETREF(self->position_buffer, Py_NewRef(pos_buf));
     return 0;
@@ -683,6 +735,8 @@ static PyGetSetDef img_getset[] = {
     {"is_reclaimed", (getter)img_get_is_reclaimed, NULL,
      "True once the driver took this image's position counter back (its client was timed "
      "out, or the image removed): it reads nothing more", NULL},
+    {"_whole_messages", (getter)img_get_whole_messages, (setter)img_set_whole_messages,
+     "True for a group's image: a waiter wakes for whole messages only", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -100,7 +100,11 @@ typedef struct {
                                * (behind local while messages taken one by one are not yet
                                * published, see consume) */
     int32_t partial;          /* bytes of a fragmented message's leading fragments that
-                               * image_take found before the rest was committed */
+                               * image_take (or, for whole_messages, image_ready) found
+                               * before the rest was committed */
+    int64_t partial_at;       /* whole_messages: the position `partial` was measured at */
+    int whole_messages;       /* a group's image: ready only for a whole message (its members
+                               * claim nothing less), see image_ready */
     int reclaimed;            /* owned: the driver took the counter back; never store again */
     Header *header;           /* reused while nobody else holds it */
     int closed;               /* once set, the log may be unmapped: never touch it again */

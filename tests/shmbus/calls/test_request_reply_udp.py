@@ -4,7 +4,8 @@ real sockets). Every reply is checked byte for byte against its request (seq and
 tests/support/workers/rr_workers.py) and comes back only to the requester that asked; a pool of
 responders on B shares the requests (a subscription group on the network image); and every
 failure is an answer: no responder, a responder SIGKILLed with requests in hand (alone, and in
-a pool), malformed requests and foreign datagrams, bad channels.
+a pool), malformed requests and foreign datagrams, bad channels; and a responder whose request
+lacks a fragment sleeps until it comes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 import shmbus
+from netbridge.frames import Nak
 from shmbus.calls.requester import CONNECT_WAIT_S
 from shmbus.shm import call_header
 from shmbus.shm.counters import (
@@ -38,7 +40,10 @@ from tests.support.calls import (
     kill_with_every_caller_asleep,
     no_backstop,
 )
+from tests.support.forged_peer import ForgedPeer, udp_socket
 from tests.support.networks import free_udp_port
+from tests.support.sleepers import cpu_demand
+from tests.support.waits import wait_until
 from tests.support.workers import rr_workers as rw
 
 pytestmark = pytest.mark.timeout(300)
@@ -237,6 +242,31 @@ def test_malformed_requests_and_foreign_datagrams_are_counted_and_dropped(buses,
     with shmbus.connect(ctx_b) as bus_b:
         assert counter_total(bus_b, RR_HANDLER_ERRORS) == len(malformed) + 1
         assert counter_total(bus_b, RR_SERVED) == 50
+
+
+def test_a_responder_sleeps_while_a_request_fragment_awaits_its_retransmission(buses, procs):
+    """A request in three fragments whose second was lost (a peer that holds it back, so the
+    netbridge NAKs it for as long as the test looks): the responder does not spin over the
+    first fragment it cannot claim. A spinning thread wants the CPU (running or runnable) all
+    the time, a demand of 1 or more; a sleeping responder only at its wakes (every 0.1 s, and
+    its client's timers), which on a loaded machine wait in the run queue. Once the fragment
+    comes it gets the request whole (here not a request: counted malformed)."""
+    _, ctx_b, channel = buses
+    pid = start_responders(procs, ctx_b, channel, 1)[0]["pid"]
+    with udp_socket() as sock:
+        peer = ForgedPeer(sock, ("127.0.0.1", int(channel.rpartition(":")[2])), STREAM)
+        peer.setup()
+        held = peer.send_fragmented(b"q" * 3000, held_back=1)
+        assert peer.receive(10, Nak), "the netbridge never asked for the missing fragment"
+        window = 1.0
+        before, started = cpu_demand(pid), time.monotonic()
+        peer.receive(window, wanted=type(None))  # (reads the NAKs meanwhile, for the window)
+        demand = (cpu_demand(pid) - before) / (time.monotonic() - started)
+        assert demand < 0.6, f"the responder wanted the CPU {demand:.0%} of the time"
+        peer.resend(held)
+        with shmbus.connect(ctx_b) as bus_b:
+            wait_until(lambda: counter_total(bus_b, RR_HANDLER_ERRORS) == 1, 30,
+                       "the whole request, dropped as malformed")
 
 
 def test_bad_service_channels_are_refused_naming_why(buses):

@@ -12,6 +12,9 @@ its bytes before and after, then moves its position on. Now and then it plays dr
 blocks the child is freeing and reusing (through its own mapping and through one opened anew),
 then rejoins.
 
+A reader (another process) whose ring file this process cuts short under its mapping gets a
+named error, not a SIGBUS.
+
 Properties: a counted reader's view is exactly its block, and stays so while held, whatever the
 child frees and reuses meanwhile; a dropped reader's views are its block, or None once freed,
 and never fault; a reference a writer made is never refused as corrupt (ValueError), however
@@ -21,11 +24,13 @@ the freeing races the look.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import random
 import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from shmbus.shm import block_ring as br
 from shmbus.shm._native import AtomicBuffer
@@ -43,7 +48,9 @@ from tests.support.workers.block_ring_workers import (
     TABLE,
     control,
     entry,
+    fill,
     holds,
+    view_before_and_after_a_cut,
     writer_and_driver,
 )
 
@@ -87,7 +94,7 @@ def test_views_stay_exact_while_the_driver_frees_and_reuses_around_them(shm_dir:
             wait_for(ctl, SEQ, seq, hard_stop)
             where = entry(ctl, seq)
             assert where is not None, f"block {seq} left the table while counted"
-            view = ring.view(br.encode_reference(*where))
+            view = ring.view(br.encode_reference(*where), 64 * seq)
             assert view is not None, f"block {seq} freed while this reader held it"
             assert holds(view, seq), f"block {seq}: not its bytes"
             # hold it while the child frees what lies before it and fills what lies after
@@ -112,7 +119,7 @@ def test_views_stay_exact_while_the_driver_frees_and_reuses_around_them(shm_dir:
                         if where is None:
                             continue
                         for mapped in (ring, again):
-                            view = mapped.view(br.encode_reference(*where))
+                            view = mapped.view(br.encode_reference(*where), 64 * old)
                             if view is None:
                                 freed_seen += 1
                                 continue
@@ -140,3 +147,51 @@ def test_views_stay_exact_while_the_driver_frees_and_reuses_around_them(shm_dir:
         mapping.close()
     assert child.exitcode == 0, f"the writer exited with {child.exitcode}"
     assert counted >= LEAST and spells and dropped_views + freed_seen > 0
+
+
+@pytest.mark.parametrize("cut", ["empty", "inside the block", "past the block"])
+def test_a_ring_cut_short_under_its_reader_is_refused_by_name(shm_dir: Path, cut: str) -> None:
+    """A reader (a process of its own) has mapped a ring and viewed a block; this process
+    truncates the file. The reader's next view does not touch the mapping past the file's
+    end (a SIGBUS would kill it): it raises CorruptReferenceError naming the ring, its size
+    now and the mapping's, and the reader lives on."""
+    ring_file = shm_dir / "cut.blocks"
+    writer = br.BlockRing.create(ring_file, MAX_MESSAGE)
+    length = 100_000
+    start = writer.reserve(length, os.getpid())
+    payload = writer.payload(start, length)
+    fill(payload, 1)
+    payload.release()
+    writer.bind(start, 64)
+    writer.commit(start, 64)
+    size = {"empty": 0, "inside the block": br.HEADER_PAGE + br.PAGE,
+            "past the block": br.HEADER_PAGE + writer.capacity - br.PAGE}[cut]
+    spawn = multiprocessing.get_context("spawn")
+    ours, theirs = spawn.Pipe()
+    reader = spawn.Process(target=view_before_and_after_a_cut,
+                           args=(str(ring_file), br.encode_reference(start, length), 64, theirs))
+    reader.start()
+    theirs.close()  # (so a reader that died is heard at once: the pipe ends)
+
+    def answer() -> object:
+        try:
+            return ours.recv() if ours.poll(HARD_STOP_S) else "nothing"
+        except EOFError:
+            reader.join(HARD_STOP_S)
+            return f"nothing: it exited with {reader.exitcode}"
+
+    try:
+        assert answer() == length
+        os.truncate(ring_file, size)  # (this process: not the reader's)
+        ours.send("cut")
+        said = answer()
+        reader.join(HARD_STOP_S)
+    finally:
+        if reader.is_alive():
+            reader.kill()
+            reader.join()
+        writer.close()
+    assert isinstance(said, str), f"the reader got {said!r} from a ring cut short"
+    assert reader.exitcode == 0, f"the reader exited with {reader.exitcode}"
+    assert str(ring_file) in said and f"{size} bytes" in said and "cut short" in said, said
+    assert f"{br.HEADER_PAGE + writer.capacity} bytes" in said, said

@@ -4,14 +4,14 @@
 A reference frame's payload names a ring position and a length. Whatever a writer puts there,
 a reader's ``view`` of it is exactly one of:
 
-* the bytes of the live block that starts at that position with that length (a reference a
-  writer made);
+* the bytes of the live block that starts at that position with that length, for the frame
+  its writer bound it to (the stream position after it: a reference a writer made);
 * None when the block was freed (the position is before the ring's free head: the reader was
   no longer counted; it stops there, as at a lapped frame);
 * ValueError naming the reference and what is wrong with it: not a reference, not at a block
   start, longer than the ring takes, past the end of the ring, past what writers reserved,
   not a block of that length, a ring no writer used, a ring file whose size is not its
-  header's.
+  header's, a block bound to another frame or still being filled.
 
 Never a crash, never a slice of another block or of part of one, never a stall (None) for a
 reference no writer could have made.
@@ -50,10 +50,11 @@ def expected(length: int, tag: int) -> bytes:
     return (pattern * (length // 251 + 1))[:length]
 
 
-def outcome(ring: br.BlockRing, reference: bytes) -> bytes | str | None:
-    """What view() makes of ``reference``: the bytes, None, or 'error' (a named ValueError)."""
+def outcome(ring: br.BlockRing, reference: bytes, end: int) -> bytes | str | None:
+    """What view() makes of ``reference`` in a frame ending at stream position ``end``: the
+    bytes, None, or 'error' (a named ValueError)."""
     try:
-        view = ring.view(reference)
+        view = ring.view(reference, end)
     except ValueError as e:
         assert "large-message reference" in str(e), str(e)
         return "error"
@@ -122,7 +123,7 @@ def test_view_gives_the_block_a_writer_made_none_once_freed_else_a_named_error(
         try:
             # before any writer: nothing refers to this ring
             for position, length in [(0, 0), (0, 1), (br.PAGE, 100)]:
-                assert outcome(ring, br.encode_reference(position, length)) == "error"
+                assert outcome(ring, br.encode_reference(position, length), 64) == "error"
             live: list[tuple[int, int, int]] = []  # (start, length, tag)
             freed: list[tuple[int, int, int]] = []
             stream = 0
@@ -152,10 +153,14 @@ def test_view_gives_the_block_a_writer_made_none_once_freed_else_a_named_error(
             for _ in range(20):
                 position, length = data.draw(
                     hostile_references(live, freed, tail, ring.capacity))
-                got = outcome(ring, br.encode_reference(position, length))
+                # the frame the block was made for, or one at another stream position
+                end = releases.get(position, 64) + data.draw(st.sampled_from([0, 0, 64, -64]))
+                got = outcome(ring, br.encode_reference(position, length), end)
                 match = [tag for start, n, tag in live if (start, n) == (position, length)]
-                if match:
+                if match and end == releases[position]:
                     assert got == expected(length, match[0]), "not the block's bytes"
+                elif match:
+                    assert got == "error", "a live block read through another frame"
                 elif position < head:
                     assert got in (None, "error"), "a freed block's bytes"
                     if any((s, n) == (position, length) for s, n, _ in freed):
@@ -201,7 +206,7 @@ def test_a_ring_file_whose_header_is_not_its_size_refuses_every_reference(
         ring = br.BlockRing.open(path)
         try:
             with pytest.raises(ValueError, match="large-message reference"):
-                ring.view(br.encode_reference(position, length))
+                ring.view(br.encode_reference(position, length), 64)
         finally:
             ring.close()
 
@@ -217,18 +222,18 @@ def test_a_view_held_across_close_and_frees_stays_readable(shm_dir: Path) -> Non
         fill(writer, start, 100 * KIB, 7)
         writer.commit(start, 64)
         reference = br.encode_reference(start, 100 * KIB)
-        view = reader.view(reference)
+        view = reader.view(reference, 64)
         assert view is not None
         writer.reclaim(0, 64)  # the reader is at 0, before the reference: held
         assert bytes(view) == expected(100 * KIB, 7)
         reader.close()  # the view keeps the mapping
         assert bytes(view) == expected(100 * KIB, 7)
-        assert reader.view(reference) is None, "a closed ring gives nothing"
+        assert reader.view(reference, 64) is None, "a closed ring gives nothing"
         view.release()
         writer.reclaim(64, 64)  # the reader moved on (or was dropped): freed
         again = br.BlockRing.open(shm_dir / "z.blocks")
         try:
-            assert again.view(reference) is None
+            assert again.view(reference, 64) is None
         finally:
             again.close()
     finally:
@@ -246,14 +251,61 @@ def test_a_reader_dropped_holding_a_view_reads_on_without_a_fault(shm_dir: Path)
         start = writer.reserve(MAX_MESSAGE, PID)
         fill(writer, start, MAX_MESSAGE, 3)
         writer.commit(start, 64)
-        view = reader.view(br.encode_reference(start, MAX_MESSAGE))
+        view = reader.view(br.encode_reference(start, MAX_MESSAGE), 64)
         assert view is not None
         writer.reclaim(64, 64)
         # as the driver frees past the warm beginning: the pages go back to /dev/shm
         writer._mmap.madvise(mmap.MADV_REMOVE, br.HEADER_PAGE, writer.capacity)
         assert len(bytes(view)) == MAX_MESSAGE
-        assert reader.view(br.encode_reference(start, MAX_MESSAGE)) is None
+        assert reader.view(br.encode_reference(start, MAX_MESSAGE), 64) is None
         view.release()
     finally:
         reader.close()
         writer.close()
+
+
+def test_a_block_is_read_only_through_the_frame_its_writer_bound_it_to(shm_dir: Path) -> None:
+    """A block still being filled is refused to any reference (its payload is half written);
+    once its writer has claimed its reference frame and bound the block to it (before the
+    frame is committed), only a reference in that frame (ending at that stream position) gets
+    it; a reference elsewhere in the log (forged, replayed, duplicated) is refused, named,
+    before and after the block is committed."""
+    writer = br.BlockRing.create(shm_dir / "b.blocks", MAX_MESSAGE)
+    reader = br.BlockRing.open(shm_dir / "b.blocks")
+    try:
+        start = writer.reserve(100 * KIB, PID)
+        reference = br.encode_reference(start, 100 * KIB)
+        fill(writer, start, 50 * KIB, 4)
+        with pytest.raises(br.CorruptReferenceError, match="still being filled"):
+            reader.view(reference, 128)
+        fill(writer, start, 100 * KIB, 4)
+        writer.bind(start, 128)
+        for commit in (False, True):
+            if commit:
+                writer.commit(start, 128)
+            assert outcome(reader, reference, 128) == expected(100 * KIB, 4)
+            for elsewhere in (64, 192, 1 << 40):
+                with pytest.raises(br.CorruptReferenceError,
+                                   match=f"bound to the reference frame ending at stream "
+                                         f"position 128, not to this one ending at {elsewhere}"):
+                    reader.view(reference, elsewhere)
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_a_dead_writers_bound_block_keeps_its_frame(shm_dir: Path) -> None:
+    """A writer that bound its block and committed the frame dies before it commits the block:
+    the driver commits it where the writer bound it, so its frame still gets it, and frees it
+    once readers pass that frame."""
+    ring = br.BlockRing.create(shm_dir / "d.blocks", MAX_MESSAGE)
+    try:
+        dead = 2**22 + 1
+        start = ring.reserve(1000, dead)
+        fill(ring, start, 1000, 9)
+        ring.bind(start, 128)
+        assert ring.reclaim(64, 4096, is_alive=lambda pid: pid != dead) == 0
+        assert outcome(ring, br.encode_reference(start, 1000), 128) == expected(1000, 9)
+        assert ring.reclaim(128, 4096, is_alive=lambda pid: pid != dead) > 0
+    finally:
+        ring.close()

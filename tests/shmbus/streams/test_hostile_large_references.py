@@ -5,12 +5,12 @@ In one process, without a driver: a log and its block ring, an exclusive publica
 writes small and large messages, and among them frames a hostile (or broken) writer of the same
 log wrote by hand with the large flag: garbage, a reference cut short or too long, another
 version, a position not at a block, past the ring's end or past what writers reserved, a
-length no block has, or a second reference to a live block. Readers: ``poll`` with a fragment
+length no block has, or a second reference to a live block (the block is bound to its own
+frame). Readers: ``poll`` with a fragment
 assembler, ``controlled_poll``, ``messages()`` (the native take) and ``take_view``.
 
-Property: each reader gets exactly the messages written (a duplicate reference is a message
-the writer sent twice: its block's bytes again), and in their place, for each frame no writer
-could have made, one CorruptReferenceError (a ValueError) naming the corrupt reference, the
+Property: each reader gets exactly the messages written, and in their place, for each frame no
+writer could have made, one CorruptReferenceError (a ValueError) naming the corrupt reference, the
 frame dropped; never a crash, a reader stopped for good, a wrong message, or a large flag on
 anything but a whole-message frame taken for a message.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import mmap
 import struct
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from shmbus.shm.block_ring import LARGE_FLAG
 from shmbus.shm.log_buffer import BEGIN_FLAG, END_FLAG, LogBuffer
 from shmbus.shm.position import Position
 from shmbus.streams.fragment_assembler import FragmentAssembler
+from tests.support.corrupt_references import messages_and_errors
 from tests.support.waits import wait_until
 
 TERM = 64 * 1024  # max message length 8 KiB: longer messages go to the ring
@@ -43,8 +43,6 @@ FLAGS_OFFSET = 5
 
 KINDS = ["garbage", "short", "long", "version", "negative", "misaligned", "past-tail",
          "past-end", "wrong-length", "huge-length", "fragment", "duplicate"]
-#: what a reader makes of each forged kind: an error, or (duplicate) the block's bytes again
-DELIVERED = {"duplicate"}
 
 items = st.lists(st.one_of(
     st.tuples(st.just("small"), st.integers(0, 8 * 1024 - 32)),
@@ -134,7 +132,6 @@ def write(bus: Bus, plan: list[tuple[str, Any]]) -> list[tuple[Any, ...]]:
     ("frag", flags, payload) for a lone fragment with the large flag (a fragment to readers)."""
     frames: list[tuple[Any, ...]] = []
     blocks: list[tuple[int, int]] = []  # (ring position, length) of the large messages
-    payloads: dict[int, bytes] = {}
     for n, (kind, arg) in enumerate(plan):
         if kind in ("small", "large"):
             payload = bytes([n % 256]) * arg
@@ -143,7 +140,6 @@ def write(bus: Bus, plan: list[tuple[str, Any]]) -> list[tuple[Any, ...]]:
                 # the block this message took: the last one reserved
                 start = bus.ring.buffer.get_int64_acquire(br._TAIL) - br._span(arg)
                 blocks.append((start, arg))
-                payloads[start] = payload
             frames.append(("msg", payload, kind == "small" and arg > MAX_PAYLOAD))
             continue
         if kind == "duplicate" and not blocks:
@@ -155,10 +151,7 @@ def write(bus: Bus, plan: list[tuple[str, Any]]) -> list[tuple[Any, ...]]:
             frames.append(("frag", flags, payload))
             continue
         bus.forge(payload)
-        if kind in DELIVERED:
-            frames.append(("msg", payloads[blocks[-1][0]], False))
-        else:
-            frames.append(("corrupt",))
+        frames.append(("corrupt",))
     return frames
 
 
@@ -296,12 +289,12 @@ def test_every_reader_gets_the_messages_and_a_named_error_for_each_corrupt_refer
             bus.close()
 
 
-def test_a_reference_to_a_later_block_is_refused_until_a_writer_makes_that_block(
+def test_a_reference_to_a_later_block_is_refused_before_and_after_a_writer_makes_it(
         tmp_path: Path) -> None:
     """What the property above leaves out: a reference to the ring position and length the
-    next block will have is refused (named) while no writer has reserved it; once a writer
-    has, it is that block, as a reader cannot tell it from the block's own reference (it
-    would take the frame's position, compared with the block's release position)."""
+    next block will have is refused (named) while no writer has reserved it, and still once a
+    writer has: the block was made for its own reference frame (its release position), not
+    for one at another log position. The block's own reference delivers it."""
     with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
         bus = Bus(Path(tmp))
         try:
@@ -311,7 +304,34 @@ def test_a_reference_to_a_later_block_is_refused_until_a_writer_makes_that_block
             assert read_all(early) == [ERROR]
             message = b"later" * 2000
             assert bus.publication.offer(message) > 0
-            assert read_all(late) == [message, message]
+            assert read_all(late) == [ERROR, message]
+        finally:
+            bus.close()
+
+
+def test_a_reference_forged_into_a_block_still_filling_is_refused_not_delivered_torn(
+        tmp_path: Path) -> None:
+    """A writer has claimed a block (a LargeClaim) and filled half of it; a frame names the
+    block's exact ring position and length before the writer's own reference is in the log.
+    Every reader refuses that frame (named: the block is still its writer's), never hands out
+    the half-written payload, and then gets the message whole from its own reference."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+        bus = Bus(Path(tmp))
+        try:
+            readers = reader_apis(bus)
+            length = 100_000
+            claim = bus.publication.try_claim(length)
+            assert isinstance(claim, shmbus.LargeClaim) and claim.buffer is not None
+            start = bus.ring.buffer.get_int64_acquire(br._TAIL) - br._span(length)
+            claim.buffer[:length // 2] = b"h" * (length // 2)
+            bus.forge(br.encode_reference(start, length))
+            for name, take in readers.items():
+                assert read_all(take) == [ERROR], name
+            claim.buffer[length // 2:] = b"t" * (length - length // 2)
+            claim.commit()
+            whole = b"h" * (length // 2) + b"t" * (length - length // 2)
+            for name, take in readers.items():
+                assert read_all(take) == [whole], name
         finally:
             bus.close()
 
@@ -334,14 +354,7 @@ def test_a_group_member_drops_a_corrupt_reference_naming_it_and_reads_on(bus_con
                                  bytes([BEGIN_FLAG | END_FLAG | LARGE_FLAG]))
         pub._commit(frame_offset)
         pub.publish(b"after", timeout=5)
-        got: list[bytes | str] = []
-        deadline = time.monotonic() + 10
-        while len(got) < 3:
-            assert time.monotonic() < deadline, got
-            try:
-                for message in member.messages(timeout=0.1):
-                    got.append(message)
-            except br.CorruptReferenceError as e:
-                assert "no writer used the ring" in str(e)
-                got.append(ERROR)
-        assert got == [b"before", ERROR, b"after"]
+        before, error, after = messages_and_errors(member, 3, 10)
+        assert (before, after) == (b"before", b"after")
+        assert isinstance(error, br.CorruptReferenceError), error
+        assert "no writer used the ring" in str(error)

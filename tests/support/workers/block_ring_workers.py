@@ -1,6 +1,7 @@
-"""Spawn target for tests/shmbus/shm/test_block_ring_processes.py: the writer and the driver
+"""Spawn targets for tests/shmbus/shm/test_block_ring_processes.py: the writer and the driver
 of a block ring in one process, and the control file it shares with the test's reader (words
-at fixed offsets, then a table of the blocks it published)."""
+at fixed offsets, then a table of the blocks it published); and a reader of a ring the
+test's process cuts short."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import mmap
 import os
 import random
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -100,3 +102,29 @@ def entry(ctl: AtomicBuffer, seq: int) -> tuple[int, int] | None:
     if ctl.get_int64_acquire(slot + 16) != seq:
         return None
     return start, length
+
+
+def view_before_and_after_a_cut(ring_path: str, reference: bytes, end: int,
+                                conn: Connection) -> None:
+    """The reader of test_a_ring_cut_short_under_its_reader_is_refused_by_name: it maps the
+    ring, views the block (sends its length), waits to hear the file was cut short, views it
+    again and sends what that gave (the error's message, or the view's length)."""
+    ring = br.BlockRing.open(ring_path)
+    try:
+        view = ring.view(reference, end)
+        conn.send(None if view is None else len(view))
+        if view is not None:
+            view.release()
+        if not conn.poll(HARD_STOP_S):
+            return
+        conn.recv()
+        try:
+            view = ring.view(reference, end)
+        except br.CorruptReferenceError as e:
+            conn.send(str(e))
+            return
+        conn.send(None if view is None else len(bytes(view)))
+    finally:
+        ring.close()
+        conn.close()
+
