@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from tests.support.drivers import start_driver, stop_driver
+from tests.support.drivers import running_driver
 from tests.support.system import mounted_tmpfs
 
 # Hypothesis' per-example deadline measures this machine's load, not the code: off everywhere.
@@ -55,8 +55,5 @@ def driver(bus_context):
     Yields the subprocess.Popen; tests may kill it. Clients connect with
     ``shmbus.connect(bus_context)``.
     """
-    process = start_driver(bus_context)
-    try:
+    with running_driver(bus_context) as process:
         yield process
-    finally:
-        stop_driver(process)

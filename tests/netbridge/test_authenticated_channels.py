@@ -27,6 +27,7 @@ from shmbus.shm.error_log import read_error_log
 from tests.support.drivers import start_driver, stop_driver
 from tests.support.keyrings import keyring_at
 from tests.support.networks import bus_pair, channel_counters, free_udp_port
+from tests.support.waits import wait_until
 from tests.support.workers import bridge_workers, keyed_workers
 
 KEY = "e2e"
@@ -74,10 +75,8 @@ class Relay:
             self.sock.sendto(data, self.endpoint)
 
     def wait_recorded(self, count: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.recorded) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(self.recorded) >= count
+        wait_until(lambda: len(self.recorded) >= count, timeout,
+                   lambda: f"{count} datagrams relayed ({len(self.recorded)} so far)")
 
     @property
     def publisher(self) -> tuple[str, int]:

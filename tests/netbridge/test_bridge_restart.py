@@ -11,6 +11,7 @@ import shmbus
 from shmbus.cli.snapshot import read_snapshot
 from shmbus.driver.bridge_link import BRIDGE_COMMAND
 from tests.support.networks import Reader, free_udp_port
+from tests.support.waits import wait_until
 from tests.support.workers.bridge_workers import message
 
 STREAM = 11
@@ -68,11 +69,8 @@ def test_a_netbridge_that_dies_before_it_registers_is_replaced(bus_context, driv
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     with shmbus.connect(bus_context) as bus:
         reader = Reader(bus.add_subscription(channel, STREAM))
-        deadline = time.monotonic() + 20
-        while not (started := bridges(bus_context.dir)):
-            assert time.monotonic() < deadline, "the driver started no netbridge"
-            time.sleep(0.005)
-        (first,) = started
+        (first,) = wait_until(lambda: bridges(bus_context.dir), 20,
+                              "the driver to start a netbridge")
         first.kill()
         first.wait(10)
         publication = bus.add_exclusive_publication(channel, STREAM)

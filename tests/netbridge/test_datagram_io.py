@@ -241,6 +241,16 @@ def test_a_data_batch_is_what_the_sender_sends_one_by_one_and_goes_out_byte_for_
             log.close()
 
 
+@pytest.fixture
+def log(tmp_path: Path) -> Iterator[PublicationLog]:
+    """A publication's log in ``tmp_path`` (tests/support/shared_logs.py), closed after."""
+    log = PublicationLog(tmp_path)
+    try:
+        yield log
+    finally:
+        log.close()
+
+
 def runs_of_datagrams(buffer: _native.AtomicBuffer) -> tuple[bytes, list[bytes]]:
     """Spans in ``buffer`` for send_batch and the datagrams they are: runs of one length that
     go out as segmented sends (a shorter one ends a run, a longer one starts the next), more
@@ -270,42 +280,34 @@ def test_runs_of_equal_datagrams_go_out_segmented_and_arrive_as_the_same_datagra
 
 
 def test_send_batch_refuses_spans_outside_the_log_and_bad_destinations(
-        tmp_path: Path, loopback: tuple[socket.socket, socket.socket]) -> None:
+        log: PublicationLog, loopback: tuple[socket.socket, socket.socket]) -> None:
     out, into = loopback
-    log = PublicationLog(tmp_path)
-    try:
-        buffer = log.log.buffer
-        with pytest.raises(ValueError, match="inside the buffer"):
-            _io.send_batch(out.fileno(), buffer, struct.pack("<qq", 1 << 40, 100),
-                           into.getsockname())
-        with pytest.raises(ValueError, match="pairs"):
-            _io.send_batch(out.fileno(), buffer, b"123", into.getsockname())
-        with pytest.raises(ValueError, match="numeric IPv4"):
-            _io.send_batch(out.fileno(), buffer, b"", ("localhost", 1))
-    finally:
-        log.close()
+    buffer = log.log.buffer
+    with pytest.raises(ValueError, match="inside the buffer"):
+        _io.send_batch(out.fileno(), buffer, struct.pack("<qq", 1 << 40, 100),
+                       into.getsockname())
+    with pytest.raises(ValueError, match="pairs"):
+        _io.send_batch(out.fileno(), buffer, b"123", into.getsockname())
+    with pytest.raises(ValueError, match="numeric IPv4"):
+        _io.send_batch(out.fileno(), buffer, b"", ("localhost", 1))
 
 
 def test_scan_datagrams_stops_at_the_limit_and_says_when_a_frame_waits_behind_it(
-        tmp_path: Path) -> None:
-    log = PublicationLog(tmp_path)
-    try:
-        for _ in range(4):
-            assert log.offer(b"x" * 1000) > 0  # 1056-byte frames
-        buffer, term = log.log.buffer, log.term_length
-        position, spans, length, back_pressured, more = _io.scan_datagrams(
-            buffer, term, 0, 2 * 1056, 1408, 64)
-        assert (position, length, back_pressured, more) == (2 * 1056, 2 * 1056, True, False)
-        assert list(struct.iter_unpack("<qq", spans)) == [(0, 1056), (1056, 1056)]
-        position, spans, length, back_pressured, more = _io.scan_datagrams(
-            buffer, term, 0, term, 1408, 3)
-        assert (position, len(spans) // 16, back_pressured, more) == (3 * 1056, 3, False, True)
-        assert _io.scan_datagrams(buffer, term, 4 * 1056, term, 1408, 64)[:2] == (
-            4 * 1056, b"")
-        with pytest.raises(ValueError, match="position"):
-            _io.scan_datagrams(buffer, term, 7, term, 1408, 64)
-    finally:
-        log.close()
+        log: PublicationLog) -> None:
+    for _ in range(4):
+        assert log.offer(b"x" * 1000) > 0  # 1056-byte frames
+    buffer, term = log.log.buffer, log.term_length
+    position, spans, length, back_pressured, more = _io.scan_datagrams(
+        buffer, term, 0, 2 * 1056, 1408, 64)
+    assert (position, length, back_pressured, more) == (2 * 1056, 2 * 1056, True, False)
+    assert list(struct.iter_unpack("<qq", spans)) == [(0, 1056), (1056, 1056)]
+    position, spans, length, back_pressured, more = _io.scan_datagrams(
+        buffer, term, 0, term, 1408, 3)
+    assert (position, len(spans) // 16, back_pressured, more) == (3 * 1056, 3, False, True)
+    assert _io.scan_datagrams(buffer, term, 4 * 1056, term, 1408, 64)[:2] == (
+        4 * 1056, b"")
+    with pytest.raises(ValueError, match="position"):
+        _io.scan_datagrams(buffer, term, 7, term, 1408, 64)
 
 
 # --- the log watcher ------------------------------------------------------------------------
@@ -423,31 +425,27 @@ def test_a_watcher_woken_on_any_of_its_words_says_it_fired(tmp_path: Path, watch
 
 
 def test_busy_poll_returns_at_a_datagram_a_committed_frame_or_its_deadline(
-        tmp_path: Path, loopback: tuple[socket.socket, socket.socket]) -> None:
+        log: PublicationLog, loopback: tuple[socket.socket, socket.socket]) -> None:
     out, into = loopback
-    log = PublicationLog(tmp_path)
-    try:
-        data_watch = ((log.log.buffer, log.term_length, 0),)
-        fds = (into.fileno(),)
-        many = tuple(socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(200))
-        assert _io.busy_poll((*(s.fileno() for s in many), *fds), data_watch, (), 0) == (
-            None, ())
-        for sock in many:  # more sockets than the watches' limit are fine
-            sock.close()
-        before = time.monotonic_ns()
-        assert _io.busy_poll(fds, data_watch, (), before + 20 * MS) == (None, ())
-        assert time.monotonic_ns() - before >= 20 * MS  # it spun until its deadline
-        # a datagram: the readable fd, long before the deadline
-        threading.Timer(0.05, lambda: out.sendto(b"x", into.getsockname())).start()
-        assert _io.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == (
-            fds, ())
-        into.recv(16)
-        # a publisher's frame where the sender waits: () (nothing readable)
-        threading.Timer(0.05, lambda: log.offer(b"wake")).start()
-        assert _io.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == (
-            (), ())
-    finally:
-        log.close()
+    data_watch = ((log.log.buffer, log.term_length, 0),)
+    fds = (into.fileno(),)
+    many = tuple(socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(200))
+    assert _io.busy_poll((*(s.fileno() for s in many), *fds), data_watch, (), 0) == (
+        None, ())
+    for sock in many:  # more sockets than the watches' limit are fine
+        sock.close()
+    before = time.monotonic_ns()
+    assert _io.busy_poll(fds, data_watch, (), before + 20 * MS) == (None, ())
+    assert time.monotonic_ns() - before >= 20 * MS  # it spun until its deadline
+    # a datagram: the readable fd, long before the deadline
+    threading.Timer(0.05, lambda: out.sendto(b"x", into.getsockname())).start()
+    assert _io.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == (
+        fds, ())
+    into.recv(16)
+    # a publisher's frame where the sender waits: () (nothing readable)
+    threading.Timer(0.05, lambda: log.offer(b"wake")).start()
+    assert _io.busy_poll(fds, data_watch, (), time.monotonic_ns() + 10_000 * MS) == (
+        (), ())
 
 
 def test_the_spin_sends_a_publishers_frame_itself_as_a_poll_would(
@@ -507,41 +505,33 @@ def test_offer_is_back_pressured_at_the_limit_set_from_the_sender_position(
 
 
 def test_send_now_sends_what_is_committed_at_once(
-        tmp_path: Path, loopback: tuple[socket.socket, socket.socket]) -> None:
+        log: PublicationLog, loopback: tuple[socket.socket, socket.socket]) -> None:
     out, into = loopback
-    log = PublicationLog(tmp_path)
-    try:
-        send = (out.fileno(), log.log.buffer, log.term_length, 0, 1 << 20, 1408, 64,
-                (into.getsockname(),))
-        assert _io.send_now(send) == (0, 0, 0, False, False)  # nothing committed yet
-        log.offer(b"a" * 100)
-        log.offer(b"b" * 100)
-        # both frames (each 132 bytes, aligned to 160) in one datagram, straight from the log
-        assert _io.send_now(send) == (320, 1, 320, False, False)
-        into.settimeout(5)
-        assert into.recv(65536) == log.bytes_at(0, 320)
-        with pytest.raises(OSError):
-            _io.send_now((into.fileno() + 100, *send[1:]))  # no such socket
-    finally:
-        log.close()
+    send = (out.fileno(), log.log.buffer, log.term_length, 0, 1 << 20, 1408, 64,
+            (into.getsockname(),))
+    assert _io.send_now(send) == (0, 0, 0, False, False)  # nothing committed yet
+    log.offer(b"a" * 100)
+    log.offer(b"b" * 100)
+    # both frames (each 132 bytes, aligned to 160) in one datagram, straight from the log
+    assert _io.send_now(send) == (320, 1, 320, False, False)
+    into.settimeout(5)
+    assert into.recv(65536) == log.bytes_at(0, 320)
+    with pytest.raises(OSError):
+        _io.send_now((into.fileno() + 100, *send[1:]))  # no such socket
 
 
 def test_the_spin_leaves_a_frame_its_limit_has_no_room_for_to_the_duty_cycle(
-        tmp_path: Path, loopback: tuple[socket.socket, socket.socket]) -> None:
+        log: PublicationLog, loopback: tuple[socket.socket, socket.socket]) -> None:
     out, into = loopback
-    log = PublicationLog(tmp_path)
-    try:
-        log.offer(b"x" * 1000)  # committed, but the limit leaves 64 bytes
-        send = (out.fileno(), log.log.buffer, log.term_length, 0, 64, 1408, 64,
-                (into.getsockname(),))
-        before = time.monotonic_ns()
-        assert _io.busy_poll((), (), (), before + 20 * MS, (send,)) == (None, ())
-        assert time.monotonic_ns() - before >= 20 * MS  # it spun on, sending nothing
-        into.setblocking(False)
-        with pytest.raises(BlockingIOError):
-            into.recv(65536)
-    finally:
-        log.close()
+    log.offer(b"x" * 1000)  # committed, but the limit leaves 64 bytes
+    send = (out.fileno(), log.log.buffer, log.term_length, 0, 64, 1408, 64,
+            (into.getsockname(),))
+    before = time.monotonic_ns()
+    assert _io.busy_poll((), (), (), before + 20 * MS, (send,)) == (None, ())
+    assert time.monotonic_ns() - before >= 20 * MS  # it spun on, sending nothing
+    into.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        into.recv(65536)
 
 
 def test_a_sender_the_spin_may_not_send_for() -> None:
@@ -562,21 +552,17 @@ def test_a_sender_the_spin_may_not_send_for() -> None:
             log.close()
 
 
-def test_busy_poll_refuses_bad_arguments_clearly(tmp_path: Path) -> None:
-    log = PublicationLog(tmp_path)
-    try:
-        with pytest.raises(TypeError):
-            _io.busy_poll(("3",), (), (), 0)  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="multiple of 32"):
-            _io.busy_poll((), ((log.log.buffer, log.term_length, 5),), (), 0)
-        with pytest.raises(TypeError):
-            _io.busy_poll([0], (), (), 0)  # type: ignore[arg-type]
-        send = (0, log.log.buffer, log.term_length, 0, 1 << 20, 1408, 64, (("localhost", 1),))
-        with pytest.raises(ValueError, match="not a numeric IPv4"):
-            _io.busy_poll((), (), (), 0, (send,))
-        with pytest.raises(ValueError, match="mtu 16"):
-            _io.busy_poll((), (), (), 0, (send[:5] + (16,) + send[6:],))
-        with pytest.raises(TypeError, match="a send is a tuple"):
-            _io.send_now([0])  # type: ignore[arg-type]
-    finally:
-        log.close()
+def test_busy_poll_refuses_bad_arguments_clearly(log: PublicationLog) -> None:
+    with pytest.raises(TypeError):
+        _io.busy_poll(("3",), (), (), 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _io.busy_poll((), ((log.log.buffer, log.term_length, 5),), (), 0)
+    with pytest.raises(TypeError):
+        _io.busy_poll([0], (), (), 0)  # type: ignore[arg-type]
+    send = (0, log.log.buffer, log.term_length, 0, 1 << 20, 1408, 64, (("localhost", 1),))
+    with pytest.raises(ValueError, match="not a numeric IPv4"):
+        _io.busy_poll((), (), (), 0, (send,))
+    with pytest.raises(ValueError, match="mtu 16"):
+        _io.busy_poll((), (), (), 0, (send[:5] + (16,) + send[6:],))
+    with pytest.raises(TypeError, match="a send is a tuple"):
+        _io.send_now([0])  # type: ignore[arg-type]

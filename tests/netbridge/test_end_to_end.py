@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import socket
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 import shmbus
 from tests.support.drivers import stop_driver
 from tests.support.networks import bus_pair, channel_counters, free_udp_port
+from tests.support.processes import subscribe_then_publish
 from tests.support.waits import wait_until
 from tests.support.workers import bridge_workers
 
@@ -22,16 +22,11 @@ def test_a_million_messages_cross_exactly_once_in_order(shm_dir, loss: str) -> N
     # the endpoint's counters are read after its subscriber left: it lingers that long
     (ctx_a, ctx_b), drivers = bus_pair(shm_dir, loss, netbridge_endpoint_linger=60.0)
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
-    spawn = mp.get_context("spawn")
     try:
-        with spawn.Pool(2) as pool:
-            ready = spawn.Manager().Event()
-            sub = pool.apply_async(bridge_workers.subscribe,
-                                   (ctx_b, channel, 7, MESSAGES, 150, ready))
-            assert ready.wait(30)
-            pub = pool.apply_async(bridge_workers.publish, (ctx_a, channel, 7, MESSAGES, 150))
-            summary = sub.get(170)
-            assert pub.get(170) == MESSAGES
+        summary, published = subscribe_then_publish(
+            bridge_workers.subscribe, (ctx_b, channel, 7, MESSAGES, 150),
+            bridge_workers.publish, (ctx_a, channel, 7, MESSAGES, 150))
+        assert published == [MESSAGES]
         assert summary == {"received": MESSAGES, "out_of_order": 0, "bad_checksum": 0,
                            "images": 1}
         sent, received = channel_counters(ctx_a), channel_counters(ctx_b)
@@ -61,10 +56,9 @@ def test_hostile_datagrams_are_counted_and_dropped(shm_dir) -> None:
             pub = bus_a.add_publication(channel, 4)
             got: list[bytes] = []
             assembler = shmbus.FragmentAssembler(lambda b, h: got.append(bytes(b)))
+            wait_until(lambda: sub.images, 30, "the subscription's image",
+                       poll=lambda: sub.poll(assembler, 10))
             deadline = time.monotonic() + 30
-            while not sub.images and time.monotonic() < deadline:
-                sub.poll(assembler, 10)
-                time.sleep(0.005)
             session = pub.session_id
             hostile = [
                 b"",                                             # empty

@@ -18,6 +18,7 @@ import shmbus
 from netbridge.transport import open_receive
 from shmbus.settings.channel_uri import ChannelUri
 from shmbus.shm import control_protocol as cp
+from tests.support.counted_stream import stream_counted
 from tests.support.drivers import stop_driver
 from tests.support.networks import bridge_pid, bus_pair, channel_counters, free_udp_port
 from tests.support.waits import wait_until
@@ -125,16 +126,7 @@ def test_a_send_channel_is_closed_with_its_last_publication_and_opened_again(shm
             for round_ in range(2):
                 publication = bus_a.add_exclusive_publication(channel, 3)
                 bridge = bridge_pid(drivers[0])
-                got: list[int] = []
-                sent = 0
-                deadline = time.monotonic() + 30
-                while len(got) < 500:
-                    assert time.monotonic() < deadline, f"round {round_}: {len(got)} arrived"
-                    if sent < 500 and publication.offer(sent.to_bytes(4, "little")) > 0:
-                        sent += 1
-                    subscription.poll(lambda buffer, _header, into=got: into.append(
-                        int.from_bytes(buffer, "little")), 64)
-                assert got == list(range(500))
+                stream_counted(publication, subscription, 500, f"round {round_}", 64)
                 assert "bytes sent" in channel_counters(ctx_a)
                 with_publication = udp_sockets(bridge)
                 publication.close()

@@ -34,7 +34,7 @@ from shmbus.cli.stream_analysis import analyse_streams
 from shmbus.cli.stream_views import SenderView
 from shmbus.shm.counters import PUB_POS, RCV_HWM, SUB_POS
 from tests.support.networks import Host, host_buses
-from tests.support.waits import wait_until
+from tests.support.waits import holds_for, wait_until
 from tests.support.workers import bridge_workers
 from tests.support.workers.bridge_workers import channel_stats, publish_range, wait_sent
 
@@ -294,11 +294,10 @@ def test_minimum_group_size_keeps_the_publication_unconnected(shm_dir: Path) -> 
         # the one receiver builds its image and answers with status messages ...
         wait_until(lambda: channel_stats(contexts[0]).get("sms received", 0) > 5, 20,
                    "status messages from the first receiver")
-        until = time.monotonic() + 1.0
-        while time.monotonic() < until:  # ... and still the publication is not connected
-            assert not publication.is_connected
-            assert publication.offer(b"too early") == shmbus.codes.NOT_CONNECTED
-            time.sleep(0.05)
+        # ... and still the publication is not connected: a negative check, watched for 1 s
+        holds_for(lambda: not publication.is_connected
+                  and publication.offer(b"too early") == shmbus.codes.NOT_CONNECTED, 1.0,
+                  "the publication not connected with one receiver", pause=0.05)
         second = pool.apply_async(bridge_workers.receive, (
             contexts[2], f"aeron:udp?endpoint={group}|interface={hs[2].address}", STREAM,
             count, 60, ready[1]))
@@ -357,8 +356,8 @@ def test_mdc_manual_destinations_added_and_removed_while_streaming(shm_dir: Path
                        "host 1 to read its span")
             # a negative check, watched for three heartbeat intervals (100 ms): nothing (no
             # data, no heartbeat) reached host 1 after it was removed
-            time.sleep(0.3)
-            assert largest(host_1, RCV_HWM) == end_of_span
+            holds_for(lambda: largest(host_1, RCV_HWM) == end_of_span, 0.3,
+                      "host 1's rcv-hwm at the end of its span")
         stop.set()
         got_exactly(first.get(30), 0, removed)
         with pytest.raises(shmbus.RegistrationError, match="manual"):

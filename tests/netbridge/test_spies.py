@@ -11,6 +11,7 @@ import time
 
 import shmbus
 from tests.support.networks import Reader, free_udp_port
+from tests.support.waits import holds_for, wait_until
 from tests.support.workers.bridge_workers import publish_range
 
 STREAM = 9
@@ -22,23 +23,15 @@ def test_a_spy_counts_as_a_connection_only_with_ssc(bus_context, driver) -> None
     with shmbus.connect(bus_context) as bus:
         publication = bus.add_exclusive_publication(channel, STREAM)
         plain = Reader(bus.add_subscription(f"aeron-spy:{channel}", STREAM))
-        deadline = time.monotonic() + 10
-        while not plain.subscription.images:
-            plain.poll()
-            assert time.monotonic() < deadline, "the spy never got its image"
-            time.sleep(0.01)
-        until = time.monotonic() + 1.0
-        while time.monotonic() < until:  # a spy alone: not connected
-            plain.poll()
-            assert not publication.is_connected
-            assert publication.offer(b"nobody is there") == shmbus.codes.NOT_CONNECTED
-            time.sleep(0.05)
+        wait_until(lambda: plain.subscription.images, 10, "the spy's image", poll=plain.poll)
+        # a spy alone: not connected (a negative check, watched for 1 s)
+        holds_for(lambda: not publication.is_connected
+                  and publication.offer(b"nobody is there") == shmbus.codes.NOT_CONNECTED, 1.0,
+                  "the publication not connected with a spy alone", poll=plain.poll, pause=0.05)
 
         counted = Reader(bus.add_subscription(f"aeron-spy:{channel}|ssc=true", STREAM))
-        while not publication.is_connected:
-            counted.poll()
-            assert time.monotonic() < deadline + 10, "ssc=true did not connect the publication"
-            time.sleep(0.01)
+        wait_until(lambda: publication.is_connected, 20,
+                   "ssc=true to connect the publication", poll=counted.poll)
         sequence = 0
         deadline = time.monotonic() + 30
         while sequence < COUNT or min(len(plain.sequences), len(counted.sequences)) < COUNT:

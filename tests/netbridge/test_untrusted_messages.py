@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import shmbus
 from shmbus.codecs.object_messages import object_parts
 from shmbus.shm import block_ring as br
 from tests.support.corrupt_references import messages_and_errors
-from tests.support.drivers import start_driver, stop_driver
+from tests.support.drivers import running_driver
 from tests.support.forged_peer import ForgedPeer, udp_socket
 from tests.support.keyrings import write_keyring
 from tests.support.messages import Marker, forged, header_text, pickled_extension_table
@@ -47,43 +48,61 @@ def wait_for_image(sub: shmbus.Subscription, timeout: float = 20.0) -> shmbus.Im
     return sub.images[0]
 
 
-def test_a_forged_pickle_on_an_unkeyed_udp_channel_is_refused_and_never_runs(
-        bus_context, driver, tmp_path) -> None:
+@dataclasses.dataclass
+class ForgedStream:
+    """A subscription of an unkeyed UDP ``channel`` with the image of a forged ``peer``, and
+    the ``marker`` file a forged pickle would create."""
+
+    channel: str
+    sub: shmbus.Subscription
+    peer: ForgedPeer
+    marker: Path
+
+
+@pytest.fixture
+def forged_stream(bus_context, driver, tmp_path) -> Iterator[ForgedStream]:
+    """A :class:`ForgedStream` whose image (of the peer's SETUP) the netbridge made."""
     port = free_udp_port()
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
-    marker = tmp_path / "pwned"
     with shmbus.connect(bus_context) as bus, bus.add_subscription(channel, STREAM) as sub, \
             udp_socket() as sock:
         peer = ForgedPeer(sock, ("127.0.0.1", port), STREAM)
         peer.setup()
         image = wait_for_image(sub)
         assert image.source_identity == peer.source_identity
-        peer.send(marker_message(marker))
-        with pytest.raises(shmbus.UntrustedSourceError) as refused:
-            next(sub.objects(timeout=10))
-        assert not marker.exists()
-        error = refused.value
-        assert (error.channel, error.source) == (channel, peer.source_identity)
-        text = str(error)
-        for named in (channel, peer.source_identity, "trust_unkeyed_network=True", "key="):
-            assert named in text, named
+        yield ForgedStream(channel, sub, peer, tmp_path / "pwned")
 
-        # asyncio refuses the same way
-        peer.send(marker_message(marker))
 
-        async def read_one() -> Any:
-            async for obj in sub.objects_async(timeout=10):
-                return obj
-            return None
+def test_a_forged_pickle_on_an_unkeyed_udp_channel_is_refused_and_never_runs(
+        forged_stream: ForgedStream) -> None:
+    channel, sub, peer, marker = (forged_stream.channel, forged_stream.sub,
+                                  forged_stream.peer, forged_stream.marker)
+    peer.send(marker_message(marker))
+    with pytest.raises(shmbus.UntrustedSourceError) as refused:
+        next(sub.objects(timeout=10))
+    assert not marker.exists()
+    error = refused.value
+    assert (error.channel, error.source) == (channel, peer.source_identity)
+    text = str(error)
+    for named in (channel, peer.source_identity, "trust_unkeyed_network=True", "key="):
+        assert named in text, named
 
-        with pytest.raises(shmbus.UntrustedSourceError, match="trust_unkeyed_network"):
-            asyncio.run(read_one())
-        assert not marker.exists()
+    # asyncio refuses the same way
+    peer.send(marker_message(marker))
 
-        # the control: opted in, the same bytes do run (this test's forgery is real)
-        peer.send(marker_message(marker))
-        obj = next(sub.objects(timeout=10, trust_unkeyed_network=True))
-        assert obj is None and marker.exists()  # (Path.touch returns None)
+    async def read_one() -> Any:
+        async for obj in sub.objects_async(timeout=10):
+            return obj
+        return None
+
+    with pytest.raises(shmbus.UntrustedSourceError, match="trust_unkeyed_network"):
+        asyncio.run(read_one())
+    assert not marker.exists()
+
+    # the control: opted in, the same bytes do run (this test's forgery is real)
+    peer.send(marker_message(marker))
+    obj = next(sub.objects(timeout=10, trust_unkeyed_network=True))
+    assert obj is None and marker.exists()  # (Path.touch returns None)
 
 
 def keyed_context(context: shmbus.Context, folder: Path, name: str) -> shmbus.Context:
@@ -98,58 +117,42 @@ def test_a_spy_reads_its_hosts_own_objects_and_a_keyed_channel_reads_with_no_opt
     context = keyed_context(bus_context, tmp_path, "objects-test")
     unkeyed = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}|ssc=true"  # the spy connects
     keyed = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}|key=objects-test"
-    process = start_driver(context)
-    try:
-        with shmbus.connect(context) as bus:
-            with bus.add_publication(unkeyed, STREAM) as pub, \
-                    bus.add_subscription("aeron-spy:" + unkeyed, STREAM) as spy:
-                wait_for_image(spy)
-                pub.publish_object({"n": 1}, timeout=10)
-                assert next(spy.objects(timeout=10)) == {"n": 1}
-            with bus.add_subscription(keyed, STREAM) as sub, \
-                    bus.add_publication(keyed, STREAM) as pub:
-                wait_for_image(sub)
-                pub.publish_object({"n": 3}, timeout=10)
-                assert next(sub.objects(timeout=10)) == {"n": 3}
-    finally:
-        stop_driver(process)
+    with running_driver(context), shmbus.connect(context) as bus:
+        with bus.add_publication(unkeyed, STREAM) as pub, \
+                bus.add_subscription("aeron-spy:" + unkeyed, STREAM) as spy:
+            wait_for_image(spy)
+            pub.publish_object({"n": 1}, timeout=10)
+            assert next(spy.objects(timeout=10)) == {"n": 1}
+        with bus.add_subscription(keyed, STREAM) as sub, \
+                bus.add_publication(keyed, STREAM) as pub:
+            wait_for_image(sub)
+            pub.publish_object({"n": 3}, timeout=10)
+            assert next(sub.objects(timeout=10)) == {"n": 3}
 
 
 def test_a_forged_table_and_array_on_an_unkeyed_udp_channel_are_only_data(
-        bus_context, driver, tmp_path) -> None:
-    port = free_udp_port()
-    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
-    marker = tmp_path / "pwned"
-    with shmbus.connect(bus_context) as bus, bus.add_subscription(channel, STREAM) as sub, \
-            udp_socket() as sock:
-        peer = ForgedPeer(sock, ("127.0.0.1", port), STREAM)
-        peer.setup()
-        wait_for_image(sub)
-        peer.send(pickled_extension_table(marker).to_pybytes())
-        table = next(sub.tables(timeout=10))
-        assert not marker.exists()
-        assert table.schema.field("x").type == pa.binary()
-        peer.send(forged(header_text("|O", (2,)), bytes(16)))
-        with pytest.raises(ValueError, match="refused array message"):
-            next(sub.arrays(timeout=10))
+        forged_stream: ForgedStream) -> None:
+    sub, peer, marker = forged_stream.sub, forged_stream.peer, forged_stream.marker
+    peer.send(pickled_extension_table(marker).to_pybytes())
+    table = next(sub.tables(timeout=10))
+    assert not marker.exists()
+    assert table.schema.field("x").type == pa.binary()
+    peer.send(forged(header_text("|O", (2,)), bytes(16)))
+    with pytest.raises(ValueError, match="refused array message"):
+        next(sub.arrays(timeout=10))
 
 
 def test_a_forged_large_message_reference_over_udp_is_dropped_with_a_named_error(
-        bus_context, driver) -> None:
+        forged_stream: ForgedStream) -> None:
     """A network image's log has no block ring: a frame with the large flag from the network
     is a CorruptReferenceError naming the log, raised once by a take, the frame dropped, and
     the reader reads on (not stuck on the frame)."""
-    port = free_udp_port()
-    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
-    with shmbus.connect(bus_context) as bus, bus.add_subscription(channel, STREAM) as sub, \
-            udp_socket() as sock:
-        peer = ForgedPeer(sock, ("127.0.0.1", port), STREAM)
-        peer.setup()
-        image = wait_for_image(sub)
-        peer.send(b"before")
-        peer.send(br.encode_reference(0, 100), flags=br.REFERENCE_FLAGS)
-        peer.send(b"after")
-        before, error, after = messages_and_errors(sub, 3, 20)
-        assert (before, after) == (b"before", b"after")
-        assert isinstance(error, br.CorruptReferenceError), error
-        assert str(image.log.path) in str(error) and "no block ring" in str(error), str(error)
+    sub, peer = forged_stream.sub, forged_stream.peer
+    (image,) = sub.images
+    peer.send(b"before")
+    peer.send(br.encode_reference(0, 100), flags=br.REFERENCE_FLAGS)
+    peer.send(b"after")
+    before, error, after = messages_and_errors(sub, 3, 20)
+    assert (before, after) == (b"before", b"after")
+    assert isinstance(error, br.CorruptReferenceError), error
+    assert str(image.log.path) in str(error) and "no block ring" in str(error), str(error)

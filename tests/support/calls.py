@@ -1,12 +1,15 @@
 """Request/reply helpers (shmbus/calls/): counters summed by stream, requesters' reports
-checked, calling threads, two buses serving calls over UDP, and requesters that learn of a
-departed responder only from the driver."""
+checked, calling threads and a responder killed under them, two buses serving calls over UDP,
+and requesters that learn of a departed responder only from the driver."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,8 @@ import pytest
 
 import shmbus
 from tests.support.networks import bus_pair, free_udp_port, stop_drivers
+from tests.support.sleepers import subscription_sleepers
+from tests.support.waits import wait_until
 
 #: the stream of the request/reply tests
 STREAM = 5001
@@ -98,3 +103,23 @@ def bus_pair_serving(root: Path, **settings: Any) -> Iterator[Any]:
         yield ctx_a, ctx_b, f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}", drivers
     finally:
         stop_drivers(drivers)
+
+
+def kill_with_every_caller_asleep(client: shmbus.Requester, callers: list[threading.Thread],
+                                  in_flight: int, victim_pid: int) -> float:
+    """Wait until ``in_flight`` calls are in flight on ``client`` and every caller of
+    ``callers`` (started threads of :func:`calling_threads`) is asleep: following on the
+    requester, or counted as a sleeper of the replies' log (the one holding the reader's turn,
+    the asyncio reader); then SIGKILL the responder ``victim_pid`` and join the callers (each
+    must end within 30 s). The seconds from the kill until the last caller ended."""
+    wait_until(lambda: client.in_flight == in_flight, 10, f"{in_flight} calls in flight")
+    wait_until(lambda: client._followers + subscription_sleepers(client._replies)
+               == len(callers), 10,
+               lambda: f"every caller asleep ({client._followers} following, "
+                       f"{subscription_sleepers(client._replies)} on the replies' log)")
+    os.kill(victim_pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    for caller in callers:
+        caller.join(timeout=30)
+        assert not caller.is_alive()
+    return time.monotonic() - killed_at

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,17 @@ def start_driver(context: Any, prefix: tuple[str, ...] = ()) -> subprocess.Popen
     if process.returncode is not None:
         pytest.fail(f"test driver did not start (exit code {process.returncode})")
     return process
+
+
+@contextmanager
+def running_driver(context: Any) -> Iterator[subprocess.Popen[bytes]]:
+    """A driver process serving ``context.dir`` (:func:`start_driver`) for the ``with`` block,
+    stopped (:func:`stop_driver`) when it ends."""
+    process = start_driver(context)
+    try:
+        yield process
+    finally:
+        stop_driver(process)
 
 
 def stop_driver(process: subprocess.Popen[bytes]) -> int | None:

@@ -13,6 +13,7 @@ the real one (:func:`netbridge.shared_log.walk_frames`, bytes only).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from netbridge.frames import HDR_TYPE_DATA, HDR_TYPE_PAD
@@ -248,35 +249,32 @@ class FakeImageLog(_Terms):
         end = self.end_of_stream_position
         return end is not None and self.position >= end
 
-    def poll(self) -> list[bytes]:
-        """The fragments' payloads a subscriber reads now, in order (it stops at a frame not
-        yet there); moves ``position``."""
-        got = []
+    def _data_fragments(self) -> Iterator[tuple[int, bytes]]:
+        """(flags, payload) of each DATA frame from ``position`` on, in order, up to a frame
+        not yet there; ``position`` moves past each frame (padding too) as it is read."""
         while True:
             frame_length = self.length_at(self.position)
             if frame_length <= 0:
-                return got
+                return
             at = self.offset(self.position)
-            if self.memory[at + 6] == HDR_TYPE_DATA:
-                got.append(bytes(self.memory[at + HEADER:at + frame_length]))
             self.position += align(frame_length)
+            if self.memory[at + 6] == HDR_TYPE_DATA:
+                yield self.memory[at + 5], bytes(self.memory[at + HEADER:at + frame_length])
+
+    def poll(self) -> list[bytes]:
+        """The fragments' payloads a subscriber reads now, in order (it stops at a frame not
+        yet there); moves ``position``."""
+        return [payload for _, payload in self._data_fragments()]
 
     def messages(self) -> list[bytes]:
         """Whole messages read now (fragments reassembled by their begin and end flags)."""
         out = []
-        while True:
-            frame_length = self.length_at(self.position)
-            if frame_length <= 0:
-                return out
-            at = self.offset(self.position)
-            flags = self.memory[at + 5]
-            if self.memory[at + 6] == HDR_TYPE_DATA:
-                payload = bytes(self.memory[at + HEADER:at + frame_length])
-                self._partial = payload if flags & 0x80 else self._partial + payload
-                if flags & 0x40:
-                    out.append(self._partial)
-                    self._partial = b""
-            self.position += align(frame_length)
+        for flags, payload in self._data_fragments():
+            self._partial = payload if flags & 0x80 else self._partial + payload
+            if flags & 0x40:
+                out.append(self._partial)
+                self._partial = b""
+        return out
 
 
 class FakeImageHost:

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from netbridge.frames import (
     DATA_FLAG_BEGIN,
     DATA_FLAG_END,
     DataHeader,
+    Frame,
     MalformedFrame,
     SetupFrame,
     StatusMessage,
@@ -32,6 +35,26 @@ TERM_LENGTH = 1 << 16
 MTU = 1408
 #: how often the SETUP is sent again while no status message has come back
 _SETUP_EVERY_S = 0.1
+
+
+def received_datagrams(sock: socket.socket, seconds: float,
+                       until: Callable[[], bool] = lambda: False,
+                       ) -> Iterator[tuple[list[Frame], Any]]:
+    """(frames, source address) of each well-formed datagram ``sock`` receives for up to
+    ``seconds``, looking at ``until()`` before each wait and ending once it is true; a
+    malformed datagram is passed over."""
+    deadline = time.monotonic() + seconds
+    while not until() and (remaining := deadline - time.monotonic()) > 0:
+        sock.settimeout(remaining)
+        try:
+            datagram, source = sock.recvfrom(65536)
+        except TimeoutError:
+            return
+        try:
+            frames = list(decode_frames(datagram))
+        except MalformedFrame:
+            continue
+        yield frames, source
 
 
 @dataclass
@@ -68,17 +91,7 @@ class ForgedPeer:
     def receive(self, seconds: float, wanted: type = StatusMessage) -> bool:
         """Read what the netbridge sends back for up to ``seconds``; True once a frame of type
         ``wanted`` (a status message, a NAK) for this session came."""
-        deadline = time.monotonic() + seconds
-        while (remaining := deadline - time.monotonic()) > 0:
-            self.sock.settimeout(remaining)
-            try:
-                datagram = self.sock.recv(65536)
-            except TimeoutError:
-                break
-            try:
-                frames = list(decode_frames(datagram))
-            except MalformedFrame:
-                continue
+        for frames, _ in received_datagrams(self.sock, seconds):
             for frame in frames:
                 if isinstance(frame, StatusMessage) and frame.session_id == self.session_id:
                     self.status_messages.append(frame)
@@ -135,17 +148,8 @@ class ForgedReceiver:
 
     def receive(self, seconds: float, count: int = 1) -> list[bytes]:
         """Serve for up to ``seconds``, until ``count`` messages came; the messages so far."""
-        deadline = time.monotonic() + seconds
-        while len(self.messages) < count and (remaining := deadline - time.monotonic()) > 0:
-            self.sock.settimeout(remaining)
-            try:
-                datagram, source = self.sock.recvfrom(65536)
-            except TimeoutError:
-                break
-            try:
-                frames = list(decode_frames(datagram))
-            except MalformedFrame:
-                continue
+        for frames, source in received_datagrams(self.sock, seconds,
+                                                 until=lambda: len(self.messages) >= count):
             for frame in frames:
                 if isinstance(frame, SetupFrame):
                     self.setups += 1

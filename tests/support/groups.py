@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import queue
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 import shmbus
 from shmbus.shm.counters import GROUP_MEMBERS, GROUP_REDELIVERED
+from tests.support.processes import CTX
 from tests.support.waits import wait_until
 from tests.support.workers import group_workers as gw
 
@@ -104,3 +106,91 @@ def assert_only_the_task_in_hand_went_twice(
     assert len(records[victim]) == victim_tasks
     # what was handed on: the task in hand and the rest of the victim's claim
     assert redelivered and redelivered[0] >= 1
+
+
+def start_group(start_process: Callable[..., Any], contexts: tuple[shmbus.Context,
+                                                                   shmbus.Context],
+                tmp_path: Path, *, members: int, publishers: int, tasks: int,
+                lengths: tuple[int, int], channel: str = gw.CHANNEL, fragment_limit: int = 16,
+                options: dict[int, dict[str, Any]] | None = None, **publisher_options: Any,
+                ) -> tuple[Any, Any, list[Path], list[Any], list[Any]]:
+    """Start ``members`` members on the bus of ``contexts[1]`` (waiting until each joined;
+    ``options`` by member index), then ``publishers`` publishers of ``tasks`` tasks each on
+    the bus of ``contexts[0]`` (the same bus for IPC), all on ``channel``: (the stop Event,
+    the results queue, the members' record files, the members, the publishers)."""
+    publishing, working = contexts
+    stop, results = CTX.Event(), CTX.Queue()
+    paths = [tmp_path / f"member-{i}.rec" for i in range(members)]
+    processes = []
+    for i, path in enumerate(paths):
+        joined = CTX.Event()
+        processes.append(start_process(gw.work, working, STREAM, "workers", str(path), stop,
+                                       lengths, results, fragment_limit=fragment_limit,
+                                       joined=joined, channel=channel,
+                                       **(options or {}).get(i, {})))
+        assert joined.wait(30), f"member {i} did not join"
+    publisher_processes = [start_process(gw.publish, publishing, STREAM, p, tasks, lengths,
+                                         results, stop, channel=channel, **publisher_options)
+                           for p in range(publishers)]
+    return stop, results, paths, processes, publisher_processes
+
+
+def assert_each_task_once_in_order(records: dict[Path, list[tuple[int, int]]],
+                                   reports: list[dict[str, Any]], publishers: int,
+                                   tasks: int) -> None:
+    """Every task of every publisher was handed to exactly one member (by the members'
+    records and by their reports), and within one member each publisher's tasks came in
+    publication order."""
+    handed = collections.Counter(t for tasks_ in records.values() for t in tasks_)
+    assert set(handed) == all_tasks(publishers, tasks)
+    assert max(handed.values()) == 1, "a task was handed to two members"
+    assert sum(r["tasks"] for r in reports if "tasks" in r) == publishers * tasks
+    for tasks_ in records.values():
+        for p in range(publishers):
+            seqs = [s for q, s in tasks_ if q == p]
+            assert seqs == sorted(seqs)
+
+
+#: how long a publisher's offers must all be refused before it counts as held
+HELD_FOR_S = 1.0
+
+
+def offer_until_held(publication: Any, lengths: tuple[int, int], first: int,
+                     timeout: float) -> int:
+    """Offer publisher 0's tasks from ``first`` on until every offer for ``HELD_FOR_S``
+    seconds was refused (the check's window: the flow control holds the publication); the
+    next task's seq. Fails the test if it was not held within ``timeout`` seconds."""
+    seq, deadline = first, time.monotonic() + timeout
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < HELD_FOR_S:
+        assert time.monotonic() < deadline, (
+            f"the publication was not held: {seq - first} tasks taken in {timeout:g} s")
+        if publication.offer(gw.make_task(0, seq, lengths)) > 0:
+            seq += 1
+            quiet_since = time.monotonic()
+        else:
+            time.sleep(0.01)  # a pause between refused offers, within the window
+    return seq
+
+
+def start_slow_and_fast(start_process: Callable[..., Any], context: shmbus.Context,
+                        publication: Any, lengths: tuple[int, int], tmp_path: Path,
+                        channel: str = gw.CHANNEL) -> tuple[Any, Any, Any, list[Path], list[Any]]:
+    """Start two members on the bus of ``context``: a slow one that alone gets task 0 (of
+    ``publication``, on ``channel``) and holds it, and its claim, unfinished until the release
+    Event is set, then a fast one: (stop, release, results, their record files, the two)."""
+    stop, release, holding, results = CTX.Event(), CTX.Event(), CTX.Event(), CTX.Queue()
+    paths = [tmp_path / "slow.rec", tmp_path / "fast.rec"]
+    processes = []
+    for path, options in zip(paths, ({"hold_at": 1, "holding": holding, "release": release,
+                                      "fragment_limit": 4}, {}), strict=True):
+        joined = CTX.Event()
+        processes.append(start_process(gw.work, context, STREAM, "workers", str(path), stop,
+                                       lengths, results, joined=joined, channel=channel,
+                                       **options))
+        assert joined.wait(30)
+        if not holding.is_set():
+            wait_until(lambda: publication.offer(gw.make_task(0, 0, lengths)) >= 0, 30,
+                       "the publication to take task 0")
+            assert holding.wait(30)
+    return stop, release, results, paths, processes

@@ -110,3 +110,20 @@ def assert_clean(report: dict[str, Any]) -> None:
     whole and in order, and the process did not run out of time."""
     assert report["error_count"] == 0, report["errors"]
     assert not report.get("timed_out"), f"{report.get('name')} timed out: {report['count']}"
+
+
+def subscribe_then_publish(subscriber: Callable[..., Any], subscriber_args: tuple[Any, ...],
+                           publisher: Callable[..., Any], publisher_args: tuple[Any, ...],
+                           publishers: int = 1, timeout: float = 170.0
+                           ) -> tuple[Any, list[Any]]:
+    """Run ``subscriber(*subscriber_args, ready)`` in a spawned process of a pool and, once it
+    set the Event ``ready`` (30 s at most), ``publishers`` processes running
+    ``publisher(*publisher_args)``: (what the subscriber returned, what each publisher
+    returned), each waited for ``timeout`` seconds at most."""
+    with CTX.Pool(publishers + 1) as pool:
+        ready = CTX.Manager().Event()
+        subscribing = pool.apply_async(subscriber, (*subscriber_args, ready))
+        assert ready.wait(30), "the subscriber was not ready in 30 s"
+        publishing = [pool.apply_async(publisher, publisher_args) for _ in range(publishers)]
+        return (subscribing.get(timeout),
+                [publication.get(timeout) for publication in publishing])

@@ -1,6 +1,8 @@
 """The one way a test waits for a state: :func:`wait_until`, bounded in time, failing with what
 it waited for. A test never sleeps a fixed time to let something happen; it waits for the
-state that thing leaves (a counter, a position, a file, a process's report)."""
+state that thing leaves (a counter, a position, a file, a process's report). A negative check
+(nothing happens) is :func:`holds_for`: the state looked at throughout a window the check
+names, never once after a sleep."""
 
 from __future__ import annotations
 
@@ -48,6 +50,25 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str | Callable[
         else:
             time.sleep(pause)
             pause = min(pause * 2, longest_pause)
+
+
+def holds_for(predicate: Callable[[], Any], window: float, what: str | Callable[[], str], *,
+              poll: Callable[[], Any] | None = None, pause: float = 0.01) -> None:
+    """A negative check: ``predicate()`` stays true for ``window`` seconds (the check's window:
+    what it watches must have had the time to go wrong by then), looked at every ``pause``
+    seconds and once more at the end; the first look that finds it false fails the test with
+    "``what`` stopped holding". ``poll()``, when given, runs before each look: the work this
+    thread must do meanwhile (a subscription's poll)."""
+    deadline = time.monotonic() + window
+    while True:
+        if poll is not None:
+            poll()
+        if not predicate():
+            said = what if isinstance(what, str) else what()
+            pytest.fail(f"{said} stopped holding within the {window:g} s window")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
 
 
 def time_left(deadline: float) -> float:

@@ -11,23 +11,11 @@ import shmbus
 from shmbus import RecordingReader
 from shmbus.archive.catalog import read_catalog
 from shmbus.shm import block_ring as br
-from shmbus.shm.block_ring import REFERENCE_FLAGS
+from tests.support.forged_references import forge_reference
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 STREAM = 57
-
-
-def forge(pub: shmbus.ExclusivePublication, payload: bytes) -> int:
-    """Append a reference frame of ``payload`` as a writer of the log may; its position."""
-    result, frame_offset = pub._claim(len(payload), 0)
-    assert result > 0
-    view = pub._claim_view(frame_offset, len(payload))
-    view[:] = payload
-    view.release()
-    pub.log.buffer.put_bytes(frame_offset + 5, bytes([REFERENCE_FLAGS]))
-    pub._commit(frame_offset)
-    return result
 
 
 def test_a_corrupt_reference_stops_the_recording_before_it_naming_it(bus_context, driver,
@@ -46,7 +34,7 @@ def test_a_corrupt_reference_stops_the_recording_before_it_naming_it(bus_context
                 pub.publish(small)
                 pub.publish(large)
                 at = pub.position
-                forge(pub, forged)
+                forge_reference(pub, forged)
                 pub.publish(b"after")
                 with pytest.raises(shmbus.RecordingError) as stopped:
                     wait_until(lambda: recorder.poll() < 0, 10, "the recorder to stop")

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import zlib
+from typing import Any
 
 import pytest
 
@@ -69,14 +70,13 @@ def test_large_messages_are_recorded_read_replayed_and_read_by_spark(
     [live] = procs.wait("collected", timeout=120)
     assert live["crcs"] == lw.crcs(expected)  # the live subscriber saw the mix
     ends = published["ends"]
-    deadline = time.monotonic() + 60
-    while True:  # the recorder reaches the writer's last position
+
+    def recorded_to_the_end() -> Any:
         [entry] = read_catalog(directory)
-        reader = RecordingReader(directory, entry)
-        if reader.stop_position >= ends[-1]:
-            break
-        assert time.monotonic() < deadline, f"recorded {reader.stop_position} of {ends[-1]}"
-        time.sleep(0.05)
+        return entry if RecordingReader(directory, entry).stop_position >= ends[-1] else None
+
+    entry = wait_until(recorded_to_the_end, 60,
+                       f"the recorder to reach the writer's last position {ends[-1]}")
     stop.set()
     [recorded] = procs.wait("recorded", timeout=60)
     assert recorded["positions"] == {entry.recording_id: ends[-1]}

@@ -30,8 +30,8 @@ from shmbus.calls.remote_calls import check_reply_to
 from shmbus.calls.responder import Responder
 from shmbus.shm import block_ring as br
 from shmbus.shm import call_header as ch
-from shmbus.shm.block_ring import REFERENCE_FLAGS
 from shmbus.shm.counters import RR_HANDLER_ERRORS, RR_LATE, RR_REFLECTIONS_REFUSED
+from tests.support.forged_references import forge_reference
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -70,17 +70,6 @@ def bus_context(bus_context):
     trip: a client timed out mid-example has its claimed requests handed on (answered again,
     counted twice), which is not what this test is about."""
     return bus_context.with_(client_liveness_timeout=10.0)
-
-
-def forge_reference(publication: Any, payload: bytes) -> None:
-    """Append a large-message reference frame of ``payload``, as a writer of the log may."""
-    result, frame_offset = publication._claim(len(payload), 0)
-    assert result > 0
-    view = publication._claim_view(frame_offset, len(payload))
-    view[:] = payload
-    view.release()
-    publication.log.buffer.put_bytes(frame_offset + 5, bytes([REFERENCE_FLAGS]))
-    publication._commit(frame_offset)
 
 
 def malformed(shape: tuple[int, int, int] | None, rest: bytes, response_stream: int) -> bytes:

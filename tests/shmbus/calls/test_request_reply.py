@@ -34,9 +34,9 @@ from tests.support.calls import (
     calling_threads,
     calls_answered,
     counter_total,
+    kill_with_every_caller_asleep,
     no_backstop,
 )
-from tests.support.sleepers import subscription_sleepers
 from tests.support.waits import wait_until
 from tests.support.workers import rr_workers as rw
 
@@ -315,22 +315,15 @@ def test_closing_during_a_lone_call_fails_it_and_counts_it(bus_context, driver, 
         client = bus.add_requester("aeron:ipc", STREAM)
         request = rw.make_request(4, 0, 0, 32)
         rw.check_reply(request, client.request(request, timeout=30))  # a responder is there
-        outcome: list[BaseException] = []
-
-        def call() -> None:
-            try:
-                client.request(rw.make_command(4, 1, b"hang"), timeout=30)
-            except BaseException as error:
-                outcome.append(error)
-
-        caller = threading.Thread(target=call)
+        outcomes: dict[str, BaseException | bytes] = {}
+        (caller,) = calling_threads(client, outcomes, {"lone": rw.make_command(4, 1, b"hang")})
         caller.start()
         wait_until(lambda: client.in_flight == 1 and counter_total(bus, RR_IN_FLIGHT) == 1,
                    10, "the call in flight, counted")
         client.close()
         caller.join(timeout=10)
         assert not caller.is_alive()
-        assert len(outcome) == 1 and isinstance(outcome[0], shmbus.ClientClosedError)
+        assert isinstance(outcomes["lone"], shmbus.ClientClosedError), outcomes
 
 
 def test_a_killed_responder_wakes_an_async_caller_and_two_threads_sharing_the_requester(
@@ -349,19 +342,9 @@ def test_a_killed_responder_wakes_an_async_caller_and_two_threads_sharing_the_re
             rw.make_request(5, 0, 3, 64))
         for caller in callers:
             caller.start()
-        wait_until(lambda: client.in_flight == 4, 10, "four calls in flight")
         # each caller asleep: one holds the reader's turn and the asyncio reader await the
         # replies' log (counted there as its sleepers), one follows (on the requester)
-        wait_until(lambda: client._followers + subscription_sleepers(client._replies)
-                   == len(callers), 10,
-                   lambda: f"every caller asleep ({client._followers} following, "
-                           f"{subscription_sleepers(client._replies)} on the replies' log)")
-        os.kill(victim["pid"], signal.SIGKILL)
-        killed_at = time.monotonic()
-        for caller in callers:
-            caller.join(timeout=30)
-            assert not caller.is_alive()
-        elapsed = time.monotonic() - killed_at
+        elapsed = kill_with_every_caller_asleep(client, callers, 4, victim["pid"])
         with pytest.raises(shmbus.ResponderLostError, match="no responder is connected"):
             hang.result(timeout=0)
         assert set(outcomes) == {"thread-1", "thread-2", "async"}
@@ -379,15 +362,8 @@ def test_a_killed_responder_wakes_a_lone_caller(bus_context, driver, procs, monk
     killed = procs.private()
     start_responders(procs, bus_context, 1, reports=killed)
     with shmbus.connect(bus_context) as bus, bus.add_requester("aeron:ipc", STREAM) as client:
-        outcome: list[BaseException] = []
-
-        def call() -> None:
-            try:
-                client.request(rw.make_command(6, 0, b"hang"), timeout=60)
-            except BaseException as error:
-                outcome.append(error)
-
-        caller = threading.Thread(target=call)
+        outcomes: dict[str, BaseException | bytes] = {}
+        (caller,) = calling_threads(client, outcomes, {"lone": rw.make_command(6, 0, b"hang")})
         caller.start()
         victim = killed.wait("in-hand", timeout=30)[0]
         os.kill(victim["pid"], signal.SIGKILL)
@@ -395,5 +371,5 @@ def test_a_killed_responder_wakes_a_lone_caller(bus_context, driver, procs, monk
         caller.join(timeout=30)
         assert not caller.is_alive()
         assert time.monotonic() - killed_at < bus_context.client_liveness_timeout + 1.5
-        assert len(outcome) == 1 and isinstance(outcome[0], shmbus.ResponderLostError), outcome
+        assert isinstance(outcomes["lone"], shmbus.ResponderLostError), outcomes
         assert client.in_flight == 0 and counter_total(bus, RR_FAILED) == 1

@@ -37,11 +37,12 @@ from tests.support.calls import (
     calling_threads,
     calls_answered,
     counter_total,
+    kill_with_every_caller_asleep,
     no_backstop,
 )
 from tests.support.forged_peer import ForgedPeer, udp_socket
 from tests.support.networks import free_udp_port
-from tests.support.sleepers import cpu_demand, subscription_sleepers
+from tests.support.sleepers import cpu_demand
 from tests.support.waits import wait_until
 from tests.support.workers import rr_workers as rw
 
@@ -62,6 +63,21 @@ def start_responders(procs: Any, context: shmbus.Context, channel: str, n: int,
         procs.start(rw.responder, context, STREAM, reports.queue, 120.0, f"responder-{i}",
                     channel)
     return reports.wait("ready", n, timeout=60)
+
+
+@pytest.fixture
+def lone_responder(buses, procs, monkeypatch) -> Any:
+    """One responder on bus B, its reports in a queue of their own (a test kills it), and a
+    requester on bus A (waits with no backstop) whose first call it answered: (bus A's client,
+    the requester, the responder's reports)."""
+    no_backstop(monkeypatch)
+    ctx_a, ctx_b, channel = buses
+    killed = procs.private()
+    start_responders(procs, ctx_b, channel, 1, reports=killed)
+    with shmbus.connect(ctx_a) as bus, bus.add_requester(channel, STREAM) as client:
+        first = rw.make_request(1, 0, 0, 64)
+        rw.check_reply(first, client.request(first, timeout=10))
+        yield bus, client, killed
 
 
 def test_a_pool_on_another_bus_answers_every_call_once_to_the_requester_that_asked(
@@ -96,71 +112,49 @@ def test_no_responder_fails_the_call_promptly(buses):
 
 
 def test_a_lone_responder_killed_with_calls_in_hand_fails_them_within_the_liveness_timeout(
-        buses, procs, monkeypatch):
-    no_backstop(monkeypatch)
-    ctx_a, ctx_b, channel = buses
-    killed = procs.private()
-    start_responders(procs, ctx_b, channel, 1, reports=killed)
-    with shmbus.connect(ctx_a) as bus, bus.add_requester(channel, STREAM) as client:
-        first = rw.make_request(1, 0, 0, 64)
-        rw.check_reply(first, client.request(first, timeout=10))
-        hang = client.submit(rw.make_command(1, 0, b"hang"), timeout=60)
-        queued = [client.submit(rw.make_request(1, 0, s, 64), timeout=60) for s in range(1, 4)]
-        victim = killed.wait("in-hand", timeout=30)[0]
-        os.kill(victim["pid"], signal.SIGKILL)
-        killed_at = time.monotonic()
-        for call in [hang, *queued]:
-            with pytest.raises(shmbus.ResponderLostError, match="no responder is connected"):
-                call.result()
-        elapsed = time.monotonic() - killed_at
-        # B's driver times the dead client out (LIVENESS, on its timer), its netbridge closes
-        # the request image and tells A's (a status message with the EOS flag), A's request
-        # publication is no longer connected and A's driver wakes the requester
-        assert elapsed < LIVENESS + 1.5, elapsed
-        assert client.in_flight == 0
-        assert counter_total(bus, RR_FAILED) == 4 and counter_total(bus, RR_IN_FLIGHT) == 0
+        lone_responder) -> None:
+    bus, client, killed = lone_responder
+    hang = client.submit(rw.make_command(1, 0, b"hang"), timeout=60)
+    queued = [client.submit(rw.make_request(1, 0, s, 64), timeout=60) for s in range(1, 4)]
+    victim = killed.wait("in-hand", timeout=30)[0]
+    os.kill(victim["pid"], signal.SIGKILL)
+    killed_at = time.monotonic()
+    for call in [hang, *queued]:
+        with pytest.raises(shmbus.ResponderLostError, match="no responder is connected"):
+            call.result()
+    elapsed = time.monotonic() - killed_at
+    # B's driver times the dead client out (LIVENESS, on its timer), its netbridge closes
+    # the request image and tells A's (a status message with the EOS flag), A's request
+    # publication is no longer connected and A's driver wakes the requester
+    assert elapsed < LIVENESS + 1.5, elapsed
+    assert client.in_flight == 0
+    assert counter_total(bus, RR_FAILED) == 4 and counter_total(bus, RR_IN_FLIGHT) == 0
 
 
 def test_a_killed_lone_responder_fails_a_lone_caller_threads_and_an_async_caller(
-        buses, procs, monkeypatch):
+        lone_responder) -> None:
     """Callers sharing one requester, each asleep in its own wait (the lone caller's native
     wait, the reader's turn, a follower, the asyncio reader): the kill wakes them all."""
-    no_backstop(monkeypatch)
-    ctx_a, ctx_b, channel = buses
-    killed = procs.private()
-    start_responders(procs, ctx_b, channel, 1, reports=killed)
-    with shmbus.connect(ctx_a) as bus, bus.add_requester(channel, STREAM) as client:
-        first = rw.make_request(5, 0, 0, 64)
-        rw.check_reply(first, client.request(first, timeout=10))
-        outcomes: dict[str, BaseException | bytes] = {}
-        lone = calling_threads(client, outcomes, {"lone": rw.make_command(5, 0, b"hang")})[0]
-        lone.start()  # alone on the requester: it reads its reply itself
-        victim = killed.wait("in-hand", timeout=30)[0]
-        callers = [lone, *calling_threads(client, outcomes, {
-            "thread-1": rw.make_request(5, 0, 1, 64), "thread-2": rw.make_request(5, 0, 2, 64)},
-            rw.make_request(5, 0, 3, 64))]
-        for caller in callers[1:]:
-            caller.start()
-        wait_until(lambda: client.in_flight == 4, 10, "four calls in flight")
-        # each caller asleep: the lone caller (holding the reader's turn) and the asyncio
-        # reader on the replies' log (counted there as its sleepers), the threads following
-        wait_until(lambda: client._followers + subscription_sleepers(client._replies)
-                   == len(callers), 10,
-                   lambda: f"every caller asleep ({client._followers} following, "
-                           f"{subscription_sleepers(client._replies)} on the replies' log)")
-        os.kill(victim["pid"], signal.SIGKILL)
-        killed_at = time.monotonic()
-        for caller in callers:
-            caller.join(timeout=30)
-            assert not caller.is_alive()
-        elapsed = time.monotonic() - killed_at
-        assert set(outcomes) == {"lone", "thread-1", "thread-2", "async"}
-        for name, outcome in outcomes.items():
-            assert isinstance(outcome, shmbus.ResponderLostError), (name, outcome)
-        # the wake-up from B's leaving, not a 60 s look nor the 60 s connection timeout
-        assert elapsed < LIVENESS + 1.5, elapsed
-        assert client.in_flight == 0
-        assert counter_total(bus, RR_FAILED) == 4 and counter_total(bus, RR_IN_FLIGHT) == 0
+    bus, client, killed = lone_responder
+    outcomes: dict[str, BaseException | bytes] = {}
+    lone = calling_threads(client, outcomes, {"lone": rw.make_command(5, 0, b"hang")})[0]
+    lone.start()  # alone on the requester: it reads its reply itself
+    victim = killed.wait("in-hand", timeout=30)[0]
+    callers = [lone, *calling_threads(client, outcomes, {
+        "thread-1": rw.make_request(5, 0, 1, 64), "thread-2": rw.make_request(5, 0, 2, 64)},
+        rw.make_request(5, 0, 3, 64))]
+    for caller in callers[1:]:
+        caller.start()
+    # each caller asleep: the lone caller (holding the reader's turn) and the asyncio
+    # reader on the replies' log (counted there as its sleepers), the threads following
+    elapsed = kill_with_every_caller_asleep(client, callers, 4, victim["pid"])
+    assert set(outcomes) == {"lone", "thread-1", "thread-2", "async"}
+    for name, outcome in outcomes.items():
+        assert isinstance(outcome, shmbus.ResponderLostError), (name, outcome)
+    # the wake-up from B's leaving, not a 60 s look nor the 60 s connection timeout
+    assert elapsed < LIVENESS + 1.5, elapsed
+    assert client.in_flight == 0
+    assert counter_total(bus, RR_FAILED) == 4 and counter_total(bus, RR_IN_FLIGHT) == 0
 
 
 def test_a_silent_service_host_fails_the_calls_after_the_connection_timeout(shm_dir, procs):

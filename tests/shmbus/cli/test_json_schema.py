@@ -25,7 +25,7 @@ from shmbus.cli.app import app
 from shmbus.cli.bus_status import RUNNING, STALE, BusStatus
 from shmbus.cli.json_documents import COMMANDS, document, load_schema, schema_path
 from shmbus.cli.stream_analysis import analyse_streams
-from shmbus.shm.counters import Counter
+from tests.support.stream_counters import network_stream_counters
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -169,22 +169,11 @@ def test_real_documents_match_their_schemas_and_mutated_ones_do_not(
 def test_a_stale_bus_and_the_network_parts_of_streams_match_the_schema() -> None:
     udp = "aeron:udp?endpoint=224.0.1.1:40|fc=min"
     source = "aeron:udp?endpoint=h:1"
-    counters = [
-        Counter(7, 11, "client-heartbeat: 3 pid=4240 pub", 1000, 3, 3, 4240, b""),
-        Counter(8, 1, f"pub-lmt: 5 -77 9 {udp}", 40000, 5, 3, -77, b""),
-        Counter(9, 12, f"pub-pos: 5 -77 9 {udp}", 40000, 5, 3, -77, b""),
-        Counter(10, 2, f"snd-pos: 5 -77 9 {udp}", 8000, 5, 3, -77, b""),
-        Counter(11, 9, f"snd-lmt: 5 -77 9 {udp}", 8064, 5, 3, -77, b""),
-        Counter(12, 13, f"snd-bpe: 5 -77 9 {udp}", 3, 5, 3, -77, b""),
-        Counter(13, 17, f"fc-receivers: 5 -77 9 {udp}", 2, 5, 99, -77, b""),
-        Counter(14, 19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 71 at 10.0.0.2:40", 7000, 5, 99,
-                -77, b""),
-        Counter(15, 19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 72 at 10.0.0.3:40 (not counted)",
-                4000, 5, 99, -77, b""),
-        Counter(16, 3, f"rcv-hwm: 20 -5 9 {source} 127.0.0.1:4000", 5000, 20, 99, -5, b""),
-        Counter(17, 5, f"rcv-pos: 20 -5 9 {source} 127.0.0.1:4000", 4000, 20, 99, -5, b""),
-        Counter(18, 4, f"sub-pos: 21 -5 9 {source} @0 pid=4242 w", 3000, 21, 30, 20, b""),
-    ]
+    counters = network_stream_counters(udp, source, sender_limit=8064, flow_control=(
+        (17, f"fc-receivers: 5 -77 9 {udp}", 2, 5, 99, -77),
+        (19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 71 at 10.0.0.2:40", 7000, 5, 99, -77),
+        (19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 72 at 10.0.0.3:40 (not counted)", 4000, 5,
+         99, -77)))
     logs = {5: bussnapshot.LogInfo(5, -77, 9, 65536, 1408, True, 32768)}
     driver = bussnapshot.DriverInfo("d/cnc.dat", 1, 4200, 1, 0, 10_000)
     snap = bussnapshot.BusSnapshot("d", 2, 0.0, driver, tuple(counters), logs)

@@ -199,7 +199,7 @@ def test_a_saturated_stream_with_a_slow_then_a_stopped_subscriber(bus_context, d
         try:
             def steady() -> bool:  # the publisher stopped at a window past the slow one
                 first = publication(d)
-                time.sleep(0.05)
+                time.sleep(0.05)  # the steadiness check's window: pub-pos unmoved across it
                 second = publication(d)
                 return (first is not None and second is not None and first.state == "held"
                         and first.pub_pos == second.pub_pos)

@@ -51,6 +51,7 @@ from shmbus.shm.cnc import (
 from shmbus.shm.counters import COUNTER_LENGTH, Counter
 from shmbus.shm.ring_buffer import CONSUMER_HEARTBEAT_OFFSET, TRAILER_LENGTH
 from tests.support.commands import run, shmbus_executable
+from tests.support.stream_counters import network_stream_counters
 from tests.support.waits import wait_until
 from tests.support.workers import stat_workers
 
@@ -541,17 +542,7 @@ def test_verdicts() -> None:
 
 def test_streams_of_a_network_publication_and_image() -> None:
     udp = "aeron:udp?endpoint=h:1"
-    counters = [
-        Counter(7, 11, "client-heartbeat: 3 pid=4240 pub", 1000, 3, 3, 4240, b""),
-        Counter(8, 1, f"pub-lmt: 5 -77 9 {udp}", 40000, 5, 3, -77, b""),
-        Counter(9, 12, f"pub-pos: 5 -77 9 {udp}", 40000, 5, 3, -77, b""),
-        Counter(10, 2, f"snd-pos: 5 -77 9 {udp}", 8000, 5, 3, -77, b""),
-        Counter(11, 9, f"snd-lmt: 5 -77 9 {udp}", 8000, 5, 3, -77, b""),
-        Counter(12, 13, f"snd-bpe: 5 -77 9 {udp}", 3, 5, 3, -77, b""),
-        Counter(13, 3, f"rcv-hwm: 20 -5 9 {udp} 127.0.0.1:4000", 5000, 20, 99, -5, b""),
-        Counter(14, 5, f"rcv-pos: 20 -5 9 {udp} 127.0.0.1:4000", 4000, 20, 99, -5, b""),
-        Counter(15, 4, f"sub-pos: 21 -5 9 {udp} @0 pid=4242 w", 3000, 21, 30, 20, b""),
-    ]
+    counters = network_stream_counters(udp, udp)
     logs = {5: bussnapshot.LogInfo(5, -77, 9, 65536, 1408, True, 32768)}
     driver = bussnapshot.DriverInfo("cnc.dat", 1, 1, 1, 0, 10_000)
     snap = bussnapshot.BusSnapshot("d", 0, 0.0, driver, tuple(counters), logs)

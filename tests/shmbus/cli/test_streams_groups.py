@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import shmbus
 from shmbus.cli.app import app
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 WINDOW = 32768  # term length 65536 (bus_context) / 2
@@ -30,10 +31,9 @@ def test_streams_shows_a_group_its_members_and_the_claim_holding_the_publisher(
         slow = bus.add_subscription("aeron:ipc", 30, group="workers")
         fast = bus.add_subscription("aeron:ipc", 30, group="workers")
         publication = bus.add_publication("aeron:ipc", 30)
+        wait_until(lambda: slow.images and fast.images and publication.is_connected, 5,
+                   "the members' images")
         deadline = time.monotonic() + 5
-        while not (slow.images and fast.images and publication.is_connected):
-            assert time.monotonic() < deadline, "no images"
-            time.sleep(0.01)
         for _ in range(4):
             publication.publish(bytes(100), timeout=5)
 
@@ -46,12 +46,12 @@ def test_streams_shows_a_group_its_members_and_the_claim_holding_the_publisher(
         # the fast member takes everything else; the publisher stops a window past the claim
         while publication.offer(bytes(100)) > 0 or fast.poll(lambda b, h: None, 64):
             assert time.monotonic() < deadline + 10
-        while True:  # the driver samples pub-pos on its duty cycle
+
+        def sampled() -> dict[str, Any] | None:  # the driver samples pub-pos on its duty cycle
             [view] = [s for s in streams_json(bus_context.dir) if s["stream_id"] == 30]
-            if view["pub_pos"] == publication.position:
-                break
-            assert time.monotonic() < deadline + 20, "pub-pos never sampled"
-            time.sleep(0.02)
+            return view if view["pub_pos"] == publication.position else None
+
+        view = wait_until(sampled, 20, "pub-pos sampled")
         [group] = view["groups"]
         assert group["name"] == "workers" and group["position"] == claim
         assert group["claimed"] == publication.position > claim

@@ -267,10 +267,8 @@ def test_a_client_whose_driver_died_lets_go_of_its_files_without_the_garbage_col
                 client = shmbus.connect(bus_context)
                 subscription = client.add_subscription("aeron:ipc", 1)
                 publication = client.add_exclusive_publication("aeron:ipc", 1)
+                wait_until(lambda s=subscription: s.images, 10, "the subscription's image")
                 deadline = time.monotonic() + 10
-                while not subscription.images:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.01)
                 driver.send_signal(signal.SIGKILL)
                 driver.wait()
                 with pytest.raises(shmbus.DriverTimeoutError):

@@ -11,7 +11,6 @@ import multiprocessing as mp
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -28,6 +27,7 @@ from shmbus.shm.counters import (
 )
 from shmbus.shm.log_buffer import LogBuffer
 from shmbus.shm.position import Position
+from tests.support.waits import holds_for, wait_until
 from tests.support.workers import reclaim_workers as rw
 
 STREAM = rw.STREAM
@@ -99,18 +99,15 @@ def test_a_heartbeat_stops_writing_a_counter_that_is_no_longer_its_own() -> None
                           owner_id=42)
     try:
         first = manager.get_value(counter_id)
-        deadline = time.monotonic() + 10
-        while manager.get_value(counter_id) == first:
-            assert time.monotonic() < deadline, "the heartbeat never beat"
-            time.sleep(0.005)
+        wait_until(lambda: manager.get_value(counter_id) != first, 10, "the heartbeat to beat")
         manager.free(counter_id)
         clock.now_ms += 1001
         assert manager.allocate("someone's position", registration_id=43) == counter_id
         manager.values.put_int64_release(manager.counter_offset(counter_id), 12345)
         # a negative check, watched for ten heartbeat intervals: the counter is no longer its
         # own, so the heartbeat writes nothing (the thread leaves its loop; nothing shows when)
-        time.sleep(0.1)
-        assert manager.get_value(counter_id) == 12345
+        holds_for(lambda: manager.get_value(counter_id) == 12345, 0.1,
+                  "the new owner's value, untouched by the old heartbeat")
     finally:
         heartbeat.stop()
 
@@ -134,20 +131,22 @@ def test_a_reader_stopped_past_its_liveness_leaves_the_next_owner_of_its_counter
             processes[0].start()
             stopped_ids = stopped_report.get(timeout=30)
             seq = 0
-            deadline = time.monotonic() + 60
-            while psutil.Process(processes[0].pid).status() != psutil.STATUS_STOPPED:
-                assert time.monotonic() < deadline, "the reader never stopped itself"
-                if publication.offer(rw.message(seq)) > 0:
-                    seq += 1
-                else:
-                    time.sleep(0.001)
+
+            def offer_next() -> bool:
+                nonlocal seq
+                taken = publication.offer(rw.message(seq)) > 0
+                seq += taken
+                return taken
+
+            wait_until(lambda: psutil.Process(processes[0].pid).status()
+                       == psutil.STATUS_STOPPED, 60, "the reader to stop itself",
+                       poll=offer_next)
             # the driver times the stopped reader out and frees its counters; once their reuse
             # deadline passes, the next client may be given them
-            while not all(bus.counters.counter(c).state == RECORD_RECLAIMED
-                          and bus.counters.get_free_for_reuse_deadline(c) < epoch_ms()
-                          for c in stopped_ids):
-                assert time.monotonic() < deadline + 30, "the stopped reader was never dropped"
-                time.sleep(0.05)
+            wait_until(lambda: all(bus.counters.counter(c).state == RECORD_RECLAIMED
+                                   and bus.counters.get_free_for_reuse_deadline(c) < epoch_ms()
+                                   for c in stopped_ids), 30,
+                       "the stopped reader dropped and its counters free for reuse")
             processes.append(spawn.Process(target=rw.steady_reader,
                                            args=(bus_context, total, steady_report)))
             processes[1].start()
@@ -182,10 +181,8 @@ def test_a_poll_whose_client_failed_while_its_handler_ran_raises(
     with shmbus.connect(bus_context) as bus:
         subscription = bus.add_subscription("aeron:ipc", STREAM)
         publication = bus.add_publication("aeron:ipc", STREAM)
-        deadline = time.monotonic() + 10
-        while publication.offer(b"handed over") < 0:
-            assert time.monotonic() < deadline, "the publication never connected"
-            time.sleep(0.01)
+        wait_until(lambda: publication.offer(b"handed over") >= 0, 10,
+                   "the publication to connect and take a message")
 
         def fail_the_client_meanwhile(_buffer: memoryview, _header: object) -> None:
             def conductor() -> None:  # what the client's conductor thread does on a timeout
@@ -195,8 +192,6 @@ def test_a_poll_whose_client_failed_while_its_handler_ran_raises(
             thread.start()
             thread.join()  # the handler lets go of the GIL here, as a slow one would
 
-        while not subscription.images:
-            assert time.monotonic() < deadline, "no image"
-            time.sleep(0.01)
+        wait_until(lambda: subscription.images, 10, "the subscription's image")
         with pytest.raises(shmbus.ClientTimeoutError):  # this poll, not the next one
             subscription.poll(fail_the_client_meanwhile, 10, timeout=5)

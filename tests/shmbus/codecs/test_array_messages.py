@@ -22,7 +22,6 @@ import shmbus
 from shmbus.codecs.array_messages import array_parts, copy_array_into, decode_array
 from shmbus.codecs.object_messages import decode_object, object_parts
 from tests.support.messages import arrays
-from tests.support.waits import wait_until
 from tests.support.workers import large_workers as lw
 
 pytestmark = pytest.mark.timeout(300)
@@ -119,15 +118,6 @@ def test_object_buffers_travel_out_of_band_aligned() -> None:
 
 
 # -- through a bus ------------------------------------------------------------------------------
-
-@pytest.fixture
-def stream(bus_context, driver):
-    with shmbus.connect(bus_context) as bus:
-        pub = bus.add_exclusive_publication("aeron:ipc", 21)
-        sub = bus.add_subscription("aeron:ipc", 21)
-        wait_until(lambda: pub.is_connected, 10, "the subscriber")
-        yield pub, sub
-
 
 @given(st.lists(arrays(max_side=700, max_dims=2), min_size=1, max_size=4))
 @settings(max_examples=40, deadline=None,

@@ -23,15 +23,6 @@ pytestmark = pytest.mark.timeout(300)
 SEEDS = list(range(36))
 
 
-@pytest.fixture
-def stream(bus_context, driver):
-    with shmbus.connect(bus_context) as bus:
-        pub = bus.add_exclusive_publication("aeron:ipc", 31)
-        sub = bus.add_subscription("aeron:ipc", 31)
-        wait_until(lambda: pub.is_connected, 10, "the subscriber")
-        yield pub, sub
-
-
 @pytest.mark.parametrize("use_async", [False, True])
 def test_random_schemas_round_trip_across_processes(bus_context, driver, procs, use_async):
     for mode in ("views", "copy", "async"):

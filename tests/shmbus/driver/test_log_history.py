@@ -13,6 +13,7 @@ import shmbus
 from shmbus.archive.catalog import RecordingError
 from shmbus.archive.recording_reader import RecordingReader
 from tests.support.processes import CTX, Processes
+from tests.support.waits import wait_until
 from tests.support.workers import late_join_workers as lw
 
 pytestmark = pytest.mark.timeout(300)
@@ -65,10 +66,8 @@ def test_joins_inside_the_log_under_load_start_at_a_whole_message(
     exact = gone = 0
     try:
         with shmbus.connect(bus_context) as bus:
-            deadline = time.monotonic() + 30
-            while recorded_to(directory) < 256 * 1024:
-                assert time.monotonic() < deadline, "the recorder recorded under 256 KiB in 30 s"
-                time.sleep(0.01)
+            wait_until(lambda: recorded_to(directory) >= 256 * 1024, 30,
+                       "the recorder to record 256 KiB")
             for _ in range(100):
                 with bus.add_subscription("aeron:ipc", STREAM, from_position="start") as sub:
                     got = read_run(sub, 100)

@@ -15,7 +15,8 @@ import shmbus
 from shmbus.shm import control_protocol as cp
 from shmbus.shm.cnc import ERROR_LOG
 from shmbus.shm.error_log import read_error_log
-from tests.support.drivers import start_driver, stop_driver
+from tests.support.drivers import running_driver
+from tests.support.waits import wait_until
 
 CHANNEL = "aeron:udp?endpoint=127.0.0.1:40555"
 HELD = "udp endpoint 127.0.0.1:40555 is already bound by pid 4242 (other: netbridge)"
@@ -75,11 +76,8 @@ class StandInBridge:
 def context(bus_context: shmbus.Context) -> Iterator[shmbus.Context]:
     """A driver that starts no netbridge of its own (the test plays it)."""
     context = bus_context.with_(netbridge_auto_start=False)
-    process = start_driver(context)
-    try:
+    with running_driver(context):
         yield context
-    finally:
-        stop_driver(process)
 
 
 def errors(bus: shmbus.Client) -> list[str]:
@@ -137,10 +135,8 @@ def test_without_a_netbridge_the_subscription_is_ready_and_a_later_failure_is_lo
         try:
             asked = bridge.next_event(cp.OnReceiveChannel)  # told on registration
             assert (asked.subscription_id, asked.stream_id) == (0, 5)
-            deadline = time.monotonic() + 5
-            while not any(f"netbridge: channel {CHANNEL!r}: {HELD}" in text
-                          for text in errors(bus)):
-                assert time.monotonic() < deadline, errors(bus)
-                time.sleep(0.01)
+            wait_until(lambda: any(f"netbridge: channel {CHANNEL!r}: {HELD}" in text
+                                   for text in errors(bus)), 5,
+                       lambda: f"the refusal in the error log: {errors(bus)}")
         finally:
             bridge.close()

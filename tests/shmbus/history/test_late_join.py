@@ -90,21 +90,20 @@ def join(bus: shmbus.Client, directory: Path, channel: str, from_position: int |
         writer, seq = lw.check(payload)
         seen.setdefault(info.session_id, Seen()).add(writer, seq, info.replayed)
 
-    deadline = time.monotonic() + timeout
     with bus.add_subscription(channel, STREAM, history=shmbus.Recording(directory),
                               from_position=from_position, catch_up=CATCH_UP,
                               **kwargs) as sub:
-        while True:
-            sub.poll(handler, 4096)
+
+        def live() -> bool:
             states = sub.positions()
-            if sub.is_live and states and all(
-                    phase == "done" or seen.get(sid, Seen()).live >= live_wanted
-                    for sid, (phase, _) in states.items()):
-                break
-            assert time.monotonic() < deadline, (
-                f"not live with {live_wanted} live messages per session in {timeout} s: "
-                f"{states}, behind {sub.behind}")
-            time.sleep(0.0002)
+            return bool(sub.is_live and states and all(
+                phase == "done" or seen.get(sid, Seen()).live >= live_wanted
+                for sid, (phase, _) in states.items()))
+
+        wait_until(live, timeout,
+                   lambda: f"live with {live_wanted} live messages per session: "
+                           f"{sub.positions()}, behind {sub.behind}",
+                   poll=lambda: sub.poll(handler, 4096), longest_pause=0.0002)
     return seen
 
 
@@ -154,15 +153,15 @@ class Stream:
         return process
 
     def wait_recorded(self, sessions: int, nbytes: int, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        def grown() -> bool:
             active = [d for d in read_catalog(self.directory) if d.is_active]
-            ends = [RecordingReader(self.directory, d).stop_position for d in active]
-            if len(active) >= sessions and all(e - d.start_position >= nbytes
-                                               for e, d in zip(ends, active, strict=True)):
-                return
-            assert time.monotonic() < deadline, f"recording did not grow: {ends}"
-            time.sleep(0.01)
+            return len(active) >= sessions and all(
+                RecordingReader(self.directory, d).stop_position - d.start_position >= nbytes
+                for d in active)
+
+        wait_until(grown, timeout, lambda: "the recording to grow: ends " + str(
+            [RecordingReader(self.directory, d).stop_position
+             for d in read_catalog(self.directory) if d.is_active]))
 
     def close(self) -> None:
         for writer, process in self.publishers.items():
@@ -275,10 +274,8 @@ def test_a_joiner_that_dies_holding_the_publisher_lets_it_go(
         assert reader.stop_position <= held["join"] + window + 4096, "publisher not held"
         holder.kill()
         holder.join(10)
-        deadline = time.monotonic() + 20
-        while reader.stop_position < held["join"] + window + (1 << 20):
-            assert time.monotonic() < deadline, "the publisher stayed held after the kill"
-            time.sleep(0.05)
+        wait_until(lambda: reader.stop_position >= held["join"] + window + (1 << 20), 20,
+                   "the publisher to go on after the kill")
     finally:
         stream.close()
 
@@ -297,9 +294,8 @@ def test_a_joiner_stopped_past_its_liveness_in_a_live_message_raises(
         reports = procs.private()
         joiner = procs.start(lw.stop_in_live, bus_context, str(directory), reports.queue)
         deadline = time.monotonic() + 60
-        while psutil.Process(joiner.pid).status() != psutil.STATUS_STOPPED:
-            assert time.monotonic() < deadline, "the joiner never stopped itself"
-            time.sleep(0.01)
+        wait_until(lambda: psutil.Process(joiner.pid).status() == psutil.STATUS_STOPPED, 60,
+                   "the joiner to stop itself")
         # dropped by the driver, its log lapped by the publisher (which the recorder paces)
         recorded = RecordingReader(directory, 0).stop_position
         reader = RecordingReader(directory, 0)

@@ -312,6 +312,20 @@ def test_a_ring_measured_on_a_fuller_tmpfs_keeps_less(tmp_path) -> None:
             ring.close()
 
 
+def commit_tagged(ring: br.BlockRing, start: int, position: int, tag: int,
+                  live: list[tuple[int, int, int, int]]) -> int:
+    """Marks the first and last byte of the MIB block reserved at ``start`` with ``tag``,
+    commits it at the next stream position (64 on from ``position``), records it in ``live``
+    as (start, length, position, tag) and returns that position."""
+    payload = ring.payload(start, MIB)
+    payload[0] = payload[-1] = tag
+    payload.release()
+    position += 64
+    ring.commit(start, position)
+    live.append((start, MIB, position, tag))
+    return position
+
+
 def test_give_back_warm_keeps_live_blocks_and_lets_writers_start_over(tmp_path) -> None:
     """What the driver does when a file of the bus does not fit: every page no live block
     holds goes back (warm ones too), live blocks keep their bytes, and writers go on: the
@@ -323,12 +337,7 @@ def test_give_back_warm_keeps_live_blocks_and_lets_writers_start_over(tmp_path) 
             live: list[tuple[int, int, int, int]] = []
             for tag in range(6):
                 start = ring.reserve(MIB, pid)
-                payload = ring.payload(start, MIB)
-                payload[0] = payload[-1] = tag
-                payload.release()
-                position += 64
-                ring.commit(start, position)
-                live.append((start, MIB, position, tag))
+                position = commit_tagged(ring, start, position, tag, live)
             ring.reclaim(live[3][2], position)  # the first four freed, kept warm
             live = live[4:]
             assert warm_mark(ring) >= 6 * br._span(MIB)
@@ -346,12 +355,7 @@ def test_give_back_warm_keeps_live_blocks_and_lets_writers_start_over(tmp_path) 
                 start = ring.reserve(MIB, pid, populate=True)
                 assert ring.warm_limit() >= 2 * br._span(MIB)
                 assert allocated_at_least(ring, warm_mark(ring), [*live, (start, MIB, 0, 0)])
-                payload = ring.payload(start, MIB)
-                payload[0] = payload[-1] = tag
-                payload.release()
-                position += 64
-                ring.commit(start, position)
-                live.append((start, MIB, position, tag))
+                position = commit_tagged(ring, start, position, tag, live)
                 ring.reclaim(live[-3][2], position)
                 live = live[-2:]
                 for start, length, _, tag in live:

@@ -108,19 +108,16 @@ def _corrupt(path, offset: int, value: int) -> None:
         f.write(struct.pack("<i", value))
 
 
-def test_open_names_a_wrong_layout_version(shm_dir) -> None:
+@pytest.mark.parametrize(("field_offset", "value", "named"), [
+    (LAYOUT_VERSION_OFFSET, 77, "layout version 77"),
+    (TERM_LENGTH_OFFSET, 1000, "term length 1000"),
+], ids=["layout version", "term length"])
+def test_open_names_a_wrong_metadata_field(shm_dir, field_offset: int, value: int,
+                                           named: str) -> None:
     path = shm_dir / "a.log"
     LogBuffer.create(path, term_length=65536).close()
-    _corrupt(path, 3 * 65536 + LAYOUT_VERSION_OFFSET, 77)
-    with pytest.raises(LogBufferError, match="layout version 77"):
-        LogBuffer.open(path)
-
-
-def test_open_names_a_wrong_term_length(shm_dir) -> None:
-    path = shm_dir / "a.log"
-    LogBuffer.create(path, term_length=65536).close()
-    _corrupt(path, 3 * 65536 + TERM_LENGTH_OFFSET, 1000)
-    with pytest.raises(LogBufferError, match="term length 1000"):
+    _corrupt(path, 3 * 65536 + field_offset, value)
+    with pytest.raises(LogBufferError, match=named):
         LogBuffer.open(path)
 
 

@@ -276,15 +276,20 @@ def test_should_unblock_gap_with_zeros() -> None:
     assert drain(ring) == [(MSG_TYPE, b"after")]
 
 
+def assert_empty_and_writable(ring: ManyToOneRingBuffer) -> None:
+    """Nothing is left to read, and a message written now is the one read next."""
+    assert drain(ring) == []
+    assert ring.size() == 0
+    assert ring.write(MSG_TYPE, b"ok")
+    assert drain(ring) == [(MSG_TYPE, b"ok")]
+
+
 def test_should_unblock_a_gap_up_to_the_tail_when_nothing_follows() -> None:
     ring, _ = make()
     ring._claim(32)
     ring._claim(48)
     assert ring.unblock()
-    assert drain(ring) == []
-    assert ring.size() == 0
-    assert ring.write(MSG_TYPE, b"ok")
-    assert drain(ring) == [(MSG_TYPE, b"ok")]
+    assert_empty_and_writable(ring)
 
 
 def test_should_unblock_a_claim_that_died_before_writing_its_wrap_padding() -> None:
@@ -343,10 +348,7 @@ class _StallingRing(ManyToOneRingBuffer):
 def test_a_producer_whose_claim_was_unblocked_does_not_commit() -> None:
     ring, buffer = make()
     assert not _StallingRing(buffer).write(MSG_TYPE, b"too late")
-    assert drain(ring) == []
-    assert ring.size() == 0
-    assert ring.write(MSG_TYPE, b"ok")
-    assert drain(ring) == [(MSG_TYPE, b"ok")]
+    assert_empty_and_writable(ring)
 
 
 # -- trailer fields ----------------------------------------------------------------------------

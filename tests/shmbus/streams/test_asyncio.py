@@ -15,7 +15,9 @@ import pytest
 import shmbus
 from shmbus.shm._native import FutexRing, LogWatcher
 from shmbus.streams import async_waits
-from tests.support.processes import CTX, assert_clean
+from tests.support.ipc_stream import connected_ipc
+from tests.support.paced_publisher import publish_in_bursts
+from tests.support.processes import assert_clean
 from tests.support.sleepers import readers_asleep
 from tests.support.system import io_uring_futex_waits
 from tests.support.waits import await_until, wait_until
@@ -42,12 +44,7 @@ def test_async_for_reads_a_stream_while_the_loop_runs(bus_context, driver, procs
     assert quiet["got"] == 0 and quiet["wall"] >= 0.95
     assert quiet["ticks"] >= 20, "the event loop did not run while poll_async waited"
     assert quiet["cpu"] < 0.2, f"awaiting 1 s of nothing used {quiet['cpu']:.3f} s CPU"
-    start = CTX.Event()
-    procs.start(dw.publisher, bus_context, "aeron:ipc", stream, 1, count, start, procs.queue,
-                60.0, pace_every=50, pace_sleep=0.002)
-    procs.wait("pub-ready")
-    start.set()
-    procs.wait("pub", timeout=60)
+    publish_in_bursts(procs, bus_context, stream, count, 50)
     (sub,) = procs.wait("sub", timeout=60)
     assert_clean(sub)
     assert sub["counts"] == {1: count}
@@ -123,10 +120,7 @@ def waker(request, monkeypatch):
 
 def test_an_await_counts_itself_asleep_only_while_it_waits(bus_context, driver, waker):
     async def main() -> None:
-        with shmbus.connect(bus_context) as bus:
-            sub = bus.add_subscription("aeron:ipc", 75)
-            pub = bus.add_exclusive_publication("aeron:ipc", 75)
-            wait_until(lambda: sub.is_connected, 10, "the image")
+        with connected_ipc(bus_context, 75) as (pub, sub):
             (image,) = sub.images
             waiting = asyncio.ensure_future(sub.poll_async(lambda b, h: None, 10, timeout=0.5))
             # (the thread waker counts itself, and uncounts itself, on its own thread)
@@ -147,15 +141,14 @@ def test_an_await_counts_itself_asleep_only_while_it_waits(bus_context, driver, 
 
 def test_closing_a_subscription_ends_the_await_on_it(bus_context, driver, waker):
     async def main() -> None:
-        with shmbus.connect(bus_context) as bus:
-            sub = bus.add_subscription("aeron:ipc", 76)
-            pub = bus.add_exclusive_publication("aeron:ipc", 76)
-            wait_until(lambda: pub.is_connected, 10, "the subscriber")
-            loop = asyncio.get_running_loop()
-            closing = threading.Thread(target=sub.close)
-            loop.call_later(0.1, closing.start)
-            got = await asyncio.wait_for(sub.poll_async(lambda b, h: None, 10, timeout=None),
-                                         timeout=10)
+        with connected_ipc(bus_context, 76) as (pub, sub):
+            (image,) = sub.images
+            waiting = asyncio.ensure_future(asyncio.wait_for(
+                sub.poll_async(lambda b, h: None, 10, timeout=None), timeout=10))
+            await await_until(lambda: readers_asleep(image.log) == 1, 2.0, "the await asleep")
+            closing = threading.Thread(target=sub.close)  # closed under the sleeping await
+            closing.start()
+            got = await waiting
             assert got == 0 and sub.is_closed
             closing.join(10)  # the await may end as soon as close() began
             assert sub._readiness._watcher is None, "the closed subscription kept its waker"

@@ -27,13 +27,14 @@ from shmbus.shm.block_ring import BlockRing
 from tests.support.drivers import (
     TINY_LENGTHS,
     driver_serves,
+    running_driver,
     start_driver,
     stop_driver,
     system_counter,
 )
 from tests.support.sleepers import wait_for_driver_timers
 from tests.support.system import free_bytes, mounted_tmpfs
-from tests.support.waits import wait_until
+from tests.support.waits import holds_for, wait_until
 from tests.support.workers import driver_workers as dw
 from tests.support.workers import large_workers as lw
 
@@ -46,11 +47,8 @@ SIZES = [100, 8_000, 9_000, 70_000, 300_000, 2_000_000, 40, 1_500, 65_536, 5_000
 def small_ring_context(bus_context):
     """A driver whose block rings take messages up to 1 MiB (rings of about 2 MiB)."""
     context = bus_context.with_(max_large_message_length=1 << 20)
-    process = start_driver(context)
-    try:
+    with running_driver(context):
         yield context
-    finally:
-        stop_driver(process)
 
 
 def rings(context: shmbus.Context) -> list[Path]:
@@ -422,10 +420,10 @@ def test_a_writer_killed_mid_fill_publishes_nothing_torn_and_its_block_is_reclai
         assert "exception" not in filling, filling["exception"]
         assert ring_in_use(context) > 0
         procs.start(lw.writer, context, 14, 2, other, 2, procs.queue)
-        # a negative check, watched for a while: the half-made block at the ring's head holds
+        # a negative check, watched for 1.5 s: the half-made block at the ring's head holds
         # writer 2 back (no state shows a writer that stays held; one that got past says so)
-        time.sleep(1.5)
-        assert procs.poll("sent") is None, "writer 2 got past a live writer's unfinished block"
+        holds_for(lambda: procs.poll("sent") is None, 1.5,
+                  "writer 2 held behind a live writer's unfinished block", pause=0.05)
         os.kill(dying.pid, signal.SIGKILL)
         procs.start(lw.writer, context, 14, 1, rest, 2, procs.queue, len(first))
         for report in procs.wait("sent", 2, timeout=60):

@@ -20,7 +20,8 @@ import pytest
 
 import shmbus
 from shmbus.shm.log_buffer import FC_LOCK_OFFSET
-from tests.support.processes import CTX, assert_clean
+from tests.support.paced_publisher import publish_in_bursts
+from tests.support.processes import assert_clean
 from tests.support.waits import wait_until
 from tests.support.workers import driver_workers as dw
 from tests.support.workers.waiting_workers import blocking_reader, hands_off_subscriber
@@ -38,13 +39,8 @@ def test_a_blocked_reader_sleeps_until_the_writer_wakes_it(bus_context, driver, 
     (quiet,) = procs.wait("quiet", timeout=30)
     assert quiet["ready"] is False and quiet["wall"] >= 0.95
     assert quiet["cpu"] < 0.2, f"a reader waiting 1 s on nothing used {quiet['cpu']:.3f} s CPU"
-    start = CTX.Event()
     # paced: the reader catches up and sleeps between bursts, and is woken for each
-    procs.start(dw.publisher, bus_context, "aeron:ipc", stream, 1, count, start, procs.queue,
-                60.0, pace_every=40, pace_sleep=0.002)
-    procs.wait("pub-ready")
-    start.set()
-    (pub,) = procs.wait("pub", timeout=60)
+    pub = publish_in_bursts(procs, bus_context, stream, count, 40)
     (sub,) = procs.wait("sub", timeout=60)
     assert_clean(sub)
     assert pub["sent"] == count and sub["counts"] == {1: count}

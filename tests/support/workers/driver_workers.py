@@ -133,20 +133,24 @@ def _wait(event: Any, deadline: float, what: str) -> None:
         raise TimeoutError(f"timed out waiting for {what}")
 
 
-def _offer(publication: shmbus.Publication, message: bytes, deadline: float,
-           stats: dict[str, int]) -> None:
-    """Offer until accepted, idling (back-off) on back-pressure; count what came back."""
+def offer_counted(publication: Any, message: bytes, deadline: float, stats: dict[str, int],
+                  what: str = "offer") -> int:
+    """Offer until accepted, idling (back-off) on back-pressure, retrying ADMIN_ACTION at once;
+    count each refusal by name in ``stats``. CLOSED and MAX_POSITION_EXCEEDED raise
+    PublicationError, the ``deadline`` passed TimeoutError (naming ``what``). Returns the
+    publication's session id as it was just before the offer that was accepted."""
     idle = shmbus.idle_strategies.BackoffIdleStrategy()
     while True:
+        session_id = int(publication.session_id)
         result = publication.offer(message)
         if result > 0:
-            return
+            return session_id
         if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
             raise shmbus.PublicationError(result)
         name = codes.result_name(result)
         stats[name] = stats.get(name, 0) + 1
         if time.monotonic() > deadline:
-            raise TimeoutError(f"offer not accepted before the deadline ({name})")
+            raise TimeoutError(f"{what} not accepted before the deadline ({name})")
         if result != codes.ADMIN_ACTION:
             idle.idle(0)
 
@@ -195,7 +199,7 @@ def publisher(context: shmbus.Context, channel: str, stream_id: int, writer: int
                     _wait(resume, deadline, "resume")
                 last = (count is not None and seq == count - 1) or (
                     stop is not None and stop.is_set())
-                _offer(pub, make_message(writer, seq, LAST if last else 0), deadline, stats)
+                offer_counted(pub, make_message(writer, seq, LAST if last else 0), deadline, stats)
                 seq += 1
                 if last:
                     break
@@ -221,7 +225,7 @@ def claim_and_hang(context: shmbus.Context, channel: str, stream_id: int, writer
         pub = bus.add_publication(channel, stream_id)
         stats: dict[str, int] = {}
         for seq in range(committed):
-            _offer(pub, make_message(writer, seq), deadline, stats)
+            offer_counted(pub, make_message(writer, seq), deadline, stats)
         results.put({"kind": "committed", "name": name, "count": committed,
                      "registration_id": pub.registration_id, "session_id": pub.session_id})
         _wait(go, deadline, "go")

@@ -24,6 +24,7 @@ import random
 import struct
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -71,12 +72,40 @@ def make_tagged(block: memoryview, writer: int, seq: int, length: int,
     return parts, writer << 56 | seq << 32 | crc
 
 
+class Offers:
+    """The retry policy of a writer's offers and what it counts: ADMIN_ACTION is retried at
+    once, BACK_PRESSURED idles (back-off) until ``timeout`` seconds from now, any other
+    failure raises."""
+
+    def __init__(self, timeout: float) -> None:
+        self.idle = shmbus.idle_strategies.BackoffIdleStrategy()
+        self.deadline = time.monotonic() + timeout
+        self.admin = 0
+        self.back_pressured = 0
+
+    def taken(self, result: int, what: str, seq: int) -> bool:
+        """Whether ``result`` (of the offer ``what`` of message ``seq``) took the message;
+        when not, idles as the policy says before the caller offers again."""
+        if result > 0:
+            return True
+        if result == shmbus.codes.ADMIN_ACTION:
+            self.admin += 1
+            return False
+        if result != shmbus.codes.BACK_PRESSURED:
+            raise RuntimeError(f"{what}: {shmbus.codes.result_name(result)}")
+        self.back_pressured += 1
+        if self.back_pressured % 64 == 0 and time.monotonic() > self.deadline:
+            raise TimeoutError(f"back-pressured past the deadline at seq {seq}")
+        self.idle.idle(0)
+        return False
+
+
 def concurrent_writer(directory: str, writer: int, count: int, seed: int, max_length: int,
                       start: Any, results: Any, timeout: float) -> None:
     """Offers ``count`` tagged messages to a ConcurrentPublication of its own over the log.
 
-    ADMIN_ACTION is retried at once, BACK_PRESSURED idles (back-off); the counts of both are
-    reported with the outcome.
+    Offers are retried as :class:`Offers` says; the counts of ADMIN_ACTION and BACK_PRESSURED
+    are reported with the outcome.
     """
     report: dict[str, Any] = {"kind": "writer", "writer": writer, "sent": 0, "admin": 0,
                               "back_pressured": 0, "error": None}
@@ -85,45 +114,30 @@ def concurrent_writer(directory: str, writer: int, count: int, seed: int, max_le
         pub = stream.publication()
         block = memoryview(random_block(seed))
         rng = tagged_rng(seed, writer)
-        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         if not start.wait(timeout):
             raise TimeoutError("start event not set")
-        deadline = time.monotonic() + timeout
+        offers = Offers(timeout)
         offer = pub.offer
-        admin = back_pressured = 0
         for seq in range(count):
             parts, reserved = make_tagged(block, writer, seq,
                                           *next_tagged_shape(rng, max_length))
-            while True:
-                result = offer(*parts, reserved_value=reserved)
-                if result > 0:
-                    break
-                if result == shmbus.codes.ADMIN_ACTION:
-                    admin += 1
-                    continue
-                if result != shmbus.codes.BACK_PRESSURED:
-                    raise RuntimeError(f"offer: {shmbus.codes.result_name(result)}")
-                back_pressured += 1
-                if back_pressured % 64 == 0 and time.monotonic() > deadline:
-                    raise TimeoutError(f"back-pressured past the deadline at seq {seq}")
-                idle.idle(0)
-            idle.reset()
+            while not offers.taken(offer(*parts, reserved_value=reserved), "offer", seq):
+                pass
+            offers.idle.reset()
             report["sent"] = seq + 1
-        report["admin"] = admin
-        report["back_pressured"] = back_pressured
+        report["admin"] = offers.admin
+        report["back_pressured"] = offers.back_pressured
         pub.close()
     except BaseException as e:  # reported, never lost in a child's stderr
         report["error"] = repr(e)
     results.put(report)
 
 
-class TaggedVerifier:
-    """Checks tagged messages: exactly once, in order per writer, lengths and checksums right."""
+class Verdicts:
+    """What a verifier found: the messages it saw and its errors, with the first
+    ``MAX_ERROR_SAMPLES`` of them said in words."""
 
-    def __init__(self, writers: int, seed: int, max_length: int) -> None:
-        self.expected = [0] * writers
-        self.rngs = [tagged_rng(seed, w) for w in range(writers)]
-        self.max_length = max_length
+    def __init__(self) -> None:
         self.errors = 0
         self.samples: list[str] = []
         self.messages = 0
@@ -132,6 +146,41 @@ class TaggedVerifier:
         self.errors += 1
         if len(self.samples) < MAX_ERROR_SAMPLES:
             self.samples.append(text)
+
+
+def read_until(poll: Callable[[], int], done: Callable[[], bool], timeout: float) -> str | None:
+    """Runs ``poll()`` (the fragments it read) until ``done()``, idling with back-off while
+    nothing comes, then ``poll()`` on for 0.2 s more: anything after the last expected message
+    would be a duplicate or garbage. Returns the error to report when the ``timeout`` passed
+    before ``done()``."""
+    idle = shmbus.idle_strategies.BackoffIdleStrategy()
+    deadline = time.monotonic() + timeout
+    error = None
+    while not done():
+        if poll() == 0:
+            if time.monotonic() > deadline:
+                error = "deadline passed before every message arrived"
+                break
+            idle.idle(0)
+        else:
+            idle.reset()
+    linger = time.monotonic() + 0.2
+    while time.monotonic() < linger:
+        poll()
+        idle.idle(0)
+    return error
+
+
+class TaggedVerifier(Verdicts):
+    """Checks tagged messages: exactly once, in order per writer, lengths and checksums right.
+    ``assembler`` is the fragment handler to poll with: it hands the verifier whole messages."""
+
+    def __init__(self, writers: int, seed: int, max_length: int) -> None:
+        super().__init__()
+        self.expected = [0] * writers
+        self.rngs = [tagged_rng(seed, w) for w in range(writers)]
+        self.max_length = max_length
+        self.assembler = shmbus.FragmentAssembler(self)
 
     def __call__(self, buffer: memoryview, header: shmbus.Header) -> None:
         self.messages += 1
@@ -171,29 +220,19 @@ def tagged_reader(directory: str, writers: int, count: int, seed: int, max_lengt
         stream = StandaloneStream(directory)
         image = stream.image(0)
         verifier = TaggedVerifier(writers, seed, max_length)
-        assembler = shmbus.FragmentAssembler(verifier)
-        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         total = writers * count
         fragments = 0
-        stream.update_limit([image.position])
-        ready.set()
-        deadline = time.monotonic() + timeout
-        while verifier.messages < total:
-            n = image.poll(assembler, 256)
+
+        def poll() -> int:
+            nonlocal fragments
+            n = image.poll(verifier.assembler, 256)
             stream.update_limit([image.position])
             fragments += n
-            if n == 0:
-                if time.monotonic() > deadline:
-                    report["error"] = "deadline passed before every message arrived"
-                    break
-                idle.idle(0)
-            else:
-                idle.reset()
-        # anything after the last expected message would be a duplicate or garbage
-        linger = time.monotonic() + 0.2
-        while time.monotonic() < linger:
-            fragments += image.poll(assembler, 256)
-            idle.idle(0)
+            return n
+
+        stream.update_limit([image.position])
+        ready.set()
+        report["error"] = read_until(poll, lambda: verifier.messages >= total, timeout)
         report.update(counts=verifier.expected, messages=verifier.messages,
                       errors=verifier.errors, samples=verifier.samples, fragments=fragments,
                       position=image.position,
@@ -235,11 +274,9 @@ def exclusive_writer(directory: str, count: int, seed: int, batch: int, start: A
         block = memoryview(random_block(seed))
         lengths, offsets = small_shapes(seed, count)
         positions = np.zeros(count, np.int64) if report_positions else None
-        idle = shmbus.idle_strategies.BackoffIdleStrategy()
         if not start.wait(timeout):
             raise TimeoutError("start event not set")
-        deadline = time.monotonic() + timeout
-        admin = back_pressured = 0
+        offers = Offers(timeout)
         seq = 0
         offer, offer_many = pub.offer, pub.offer_many
         while seq < count:
@@ -250,41 +287,21 @@ def exclusive_writer(directory: str, count: int, seed: int, batch: int, start: A
                 done = 0
                 while done < len(messages):
                     result = offer_many(messages[done:] if done else messages)
-                    if result > 0:
+                    if offers.taken(result, "offer_many", seq):
                         done += result
-                        idle.reset()
-                        continue
-                    if result == shmbus.codes.ADMIN_ACTION:
-                        admin += 1
-                        continue
-                    if result != shmbus.codes.BACK_PRESSURED:
-                        raise RuntimeError(f"offer_many: {shmbus.codes.result_name(result)}")
-                    back_pressured += 1
-                    if back_pressured % 64 == 0 and time.monotonic() > deadline:
-                        raise TimeoutError(f"back-pressured past the deadline at seq {seq}")
-                    idle.idle(0)
+                        offers.idle.reset()
                 seq = end
             else:
                 head, body = make_small(block, seq, lengths[seq], offsets[seq])
-                while True:
-                    result = offer(head, body)
-                    if result > 0:
-                        break
-                    if result == shmbus.codes.ADMIN_ACTION:
-                        admin += 1
-                        continue
-                    if result != shmbus.codes.BACK_PRESSURED:
-                        raise RuntimeError(f"offer: {shmbus.codes.result_name(result)}")
-                    back_pressured += 1
-                    if back_pressured % 64 == 0 and time.monotonic() > deadline:
-                        raise TimeoutError(f"back-pressured past the deadline at seq {seq}")
-                    idle.idle(0)
-                idle.reset()
+                while not offers.taken(result := offer(head, body), "offer", seq):
+                    pass
+                offers.idle.reset()
                 if positions is not None:
                     positions[seq] = result
                 seq += 1
             report["sent"] = seq
-        report.update(admin=admin, back_pressured=back_pressured, position=pub.position)
+        report.update(admin=offers.admin, back_pressured=offers.back_pressured,
+                      position=pub.position)
         if positions is not None:
             report["positions"] = positions
         pub.close()
@@ -293,21 +310,14 @@ def exclusive_writer(directory: str, count: int, seed: int, batch: int, start: A
     results.put(report)
 
 
-class SmallVerifier:
+class SmallVerifier(Verdicts):
     """Checks small messages: consecutive sequence numbers from ``first``, lengths, crcs."""
 
     def __init__(self, seed: int, count: int, first: int | None = 0) -> None:
+        super().__init__()
         self.lengths, _ = small_shapes(seed, count)
         self.expected = first  # None: take the first message's sequence as the start
         self.first: int | None = None
-        self.errors = 0
-        self.samples: list[str] = []
-        self.messages = 0
-
-    def error(self, text: str) -> None:
-        self.errors += 1
-        if len(self.samples) < MAX_ERROR_SAMPLES:
-            self.samples.append(text)
 
     def __call__(self, buffer: memoryview, header: shmbus.Header) -> None:
         self.messages += 1
@@ -345,28 +355,20 @@ def small_reader(directory: str, count: int, seed: int, ready: Any, results: Any
         image = stream.image(slot)
         report["start_position"] = image.position
         verifier = SmallVerifier(seed, count, first)
-        idle = shmbus.idle_strategies.BackoffIdleStrategy()
-        if flow_control:
-            stream.update_limit([image.position])
-        ready.set()
-        deadline = time.monotonic() + timeout
-        while verifier.expected is None or verifier.expected < count:
+
+        def poll() -> int:
             n = image.poll(verifier, 512)
             if flow_control:
                 stream.update_limit([image.position])
             if progress is not None:
                 progress.value = verifier.messages
-            if n == 0:
-                if time.monotonic() > deadline:
-                    report["error"] = "deadline passed before every message arrived"
-                    break
-                idle.idle(0)
-            else:
-                idle.reset()
-        linger = time.monotonic() + 0.2
-        while time.monotonic() < linger:
-            image.poll(verifier, 512)
-            idle.idle(0)
+            return n
+
+        if flow_control:
+            stream.update_limit([image.position])
+        ready.set()
+        report["error"] = read_until(
+            poll, lambda: verifier.expected is not None and verifier.expected >= count, timeout)
         report.update(first=verifier.first, next=verifier.expected, messages=verifier.messages,
                       errors=verifier.errors, samples=verifier.samples, position=image.position)
     except BaseException as e:
@@ -445,16 +447,15 @@ def watching_reader(directory: str, writers: int, seed: int, max_length: int, re
         stream = StandaloneStream(directory)
         image = stream.image(0)
         verifier = TaggedVerifier(writers, seed, max_length)
-        assembler = shmbus.FragmentAssembler(verifier)
         idle = shmbus.idle_strategies.BackoffIdleStrategy()
         stream.update_limit([image.position])
         ready.set()
         deadline = time.monotonic() + timeout
         while not stop.is_set() and time.monotonic() < deadline:
-            idle.idle(image.poll(assembler, 64))
+            idle.idle(image.poll(verifier.assembler, 64))
             stream.update_limit([image.position])
         for _ in range(10):  # a last look after the stop
-            image.poll(assembler, 64)
+            image.poll(verifier.assembler, 64)
         report.update(counts=verifier.expected, messages=verifier.messages,
                       errors=verifier.errors, samples=verifier.samples, position=image.position)
     except BaseException as e:

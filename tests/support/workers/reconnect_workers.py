@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import shmbus
-from shmbus.settings import codes
 from tests.support.workers import driver_workers as dw
 
 
@@ -43,25 +42,11 @@ def reconnecting_publisher(context: shmbus.Context, stream_id: int, writer: int,
             sessions: dict[int, list[int]] = {}
             refused: dict[str, int] = {}
             ambiguous = 0
-            idle = shmbus.idle_strategies.BackoffIdleStrategy()
             seq = 0
             while True:
                 last = stop.is_set()
                 message = dw.make_message(writer, seq, dw.LAST if last else 0)
-                while True:
-                    session_id = pub.session_id
-                    result = pub.offer(message)
-                    if result > 0:
-                        break
-                    if result in (codes.CLOSED, codes.MAX_POSITION_EXCEEDED):
-                        raise shmbus.PublicationError(result)
-                    name_of = codes.result_name(result)
-                    refused[name_of] = refused.get(name_of, 0) + 1
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"seq {seq} not accepted before the deadline "
-                                           f"({name_of})")
-                    idle.idle(0)
-                idle.reset()
+                session_id = dw.offer_counted(pub, message, deadline, refused, f"seq {seq}")
                 ambiguous += pub.session_id != session_id
                 sessions.setdefault(session_id, [seq, seq])[1] = seq
                 seq += 1
