@@ -308,10 +308,18 @@ class Subscription(SubscriptionCore, Closeable):
         try:
             while True:
                 yield from loop.ready_items()
-                if self.is_closed or not self._wait_for_message(loop.deadline):
+                if self._ended() or not self._wait_for_message(loop.deadline):
                     return
         finally:
             loop.release()
+
+    def _ended(self) -> bool:
+        """True once closed; raises the client's error (ClientTimeoutError,
+        DriverTimeoutError) when the client's failure closed it, so that a loop over the
+        messages never ends as if the stream had."""
+        closed = self.is_closed  # read first: a failure keeps its error before it closes
+        self._check_client()
+        return closed
 
     def _wait_for_message(self, deadline: float | None) -> bool:
         """Sleep until a writer may have appended, 50 ms at the most, or until ``deadline``
@@ -334,7 +342,7 @@ class Subscription(SubscriptionCore, Closeable):
             while True:
                 for item in loop.ready_items():
                     yield item
-                if self.is_closed or not await self._await_message(loop.deadline):
+                if self._ended() or not await self._await_message(loop.deadline):
                     return
         finally:
             loop.release()

@@ -178,6 +178,7 @@ class GroupSubscription(Subscription):
             fragments = self._claim(handler, fragment_limit)
             if fragments:
                 return fragments
+        self._ended()  # closed by the client's failure: raises it
         return 0
 
     def _claim(self, handler: FragmentHandler, fragment_limit: int) -> int:
@@ -189,7 +190,7 @@ class GroupSubscription(Subscription):
         as done when it is taken from its claim, just before it is yielded (see the module
         docs)."""
         take, idle_since = self._take, None
-        while not self._closed:
+        while not self._ended():
             message = take()
             if message is not None:
                 idle_since = None
