@@ -76,6 +76,9 @@ class Track:
     dropped: bool = False
     _next: int | None = None  # the sequence expected next in the current image (None: new)
     _gaps: list[list[int]] = field(default_factory=list)  # [start, stop) lost in this image
+    #: where each gap this track opens is noted, (track, messages), until its poll returns
+    #: (the subscriber's list: a poll that raises ClientTimeoutError takes its gaps back)
+    poll_gaps: list[tuple[Track, int]] | None = None
 
     def on_message(self, sequence: int) -> None:
         self.received += 1
@@ -95,6 +98,8 @@ class Track:
             self._next = sequence + 1
         elif sequence > self._next:
             self.lost += sequence - self._next
+            if self.poll_gaps is not None:
+                self.poll_gaps.append((self, sequence - self._next))
             if len(self._gaps) < MAX_GAPS:
                 self._gaps.append([self._next, sequence])
             self._next = sequence + 1
@@ -132,10 +137,12 @@ class SubscriberCheck:
     def __init__(self) -> None:
         self.tracks: dict[Key, Track] = {}
         self.corrupt = 0
-        #: corrupt messages handed out by a poll that raised ClientTimeoutError: paused past its
-        #: liveness in the handler, the memory was reused under it
+        #: corrupt messages handed out by a poll that raised ClientTimeoutError, and the
+        #: messages of the gaps it opened: paused past its liveness in the poll, the memory
+        #: was reused under it (valid messages of a later lap of the log among them)
         self.torn = 0
         self._suspect_this_poll = 0
+        self._gaps_this_poll: list[tuple[Track, int]] = []
         #: why the subscriber's client was rebuilt: exception name -> count
         self.rebuilds: Counter[str] = Counter()
         self._keys_by_session: dict[int, set[Key]] = {}
@@ -161,7 +168,7 @@ class SubscriberCheck:
         key = (writer, incarnation)
         track = self.tracks.get(key)
         if track is None:
-            track = self.tracks[key] = Track()
+            track = self.tracks[key] = Track(poll_gaps=self._gaps_this_poll)
         keys = self._keys_by_session.get(session_id)
         if keys is None:
             keys = self._keys_by_session[session_id] = set()
@@ -179,6 +186,8 @@ class SubscriberCheck:
         checks, before it returns, that the driver had not timed its client out)."""
         self.corrupt += self._suspect_this_poll
         self._suspect_this_poll = 0
+        if self._gaps_this_poll:
+            self._gaps_this_poll.clear()
 
     def finish(self) -> None:
         """The subscriber stopped reading: what is still suspect is corrupt."""
@@ -191,10 +200,14 @@ class SubscriberCheck:
         suspect, self._suspect_this_poll = self._suspect_this_poll, 0
         if reason == "ClientTimeoutError":
             self.torn += suspect
+            for track, messages in self._gaps_this_poll:
+                track.lost -= messages
+                self.torn += messages
             for track in self.tracks.values():
                 track.dropped |= track.following
         else:
             self.corrupt += suspect
+        self._gaps_this_poll.clear()
         for track in self.tracks.values():
             track.end_image()
         self._keys_by_session.clear()

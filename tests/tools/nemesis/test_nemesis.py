@@ -68,6 +68,27 @@ def test_corrupt_messages_of_a_poll_that_raised_client_timeout_are_torn_others_c
     assert (subscriber.corrupt, subscriber.torn) == (2, 1)
 
 
+def test_gaps_opened_by_a_poll_that_raised_client_timeout_are_torn_not_lost() -> None:
+    """A reader paused past its liveness inside a poll may, once resumed, read on into a log
+    that has lapped it: valid messages of a later lap, after a gap. That poll raises
+    ClientTimeoutError, so its gaps are torn; a gap of a poll that returned stays lost."""
+    subscriber = check.SubscriberCheck()
+    for sequence in (0, 1, 2):
+        subscriber.on_message(5, message(sequence))
+    subscriber.on_poll_done()
+    subscriber.on_message(5, message(5))  # poll 2 returned: 3 and 4 lost
+    subscriber.on_poll_done()
+    subscriber.on_message(5, message(6))
+    subscriber.on_message(5, message(113))  # poll 3: a lap later, then it raised
+    subscriber.on_rebuild("ClientTimeoutError")
+    track = subscriber.tracks[(1, 0)]
+    assert (track.lost, subscriber.torn) == (2, 106)
+    subscriber.on_message(5, message(200))  # a new image after the rebuild: skipped
+    subscriber.on_message(5, message(202))
+    subscriber.on_rebuild("DriverTimeoutError")  # a gap of a poll a driver timeout ended
+    assert (track.lost, subscriber.torn) == (3, 106)
+
+
 def test_the_checker_reports_a_gap_a_dup_and_a_reorder() -> None:
     assert counts(fed([0, 1, 2, 3])) == (4, 0, 0, 0, 0)
     assert counts(fed([0, 1, 4, 5])) == (4, 2, 0, 0, 0)  # 2 and 3 lost
