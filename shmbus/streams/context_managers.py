@@ -7,7 +7,7 @@ take them too; ``__enter__`` is typed to return the concrete class.
 
 from __future__ import annotations
 
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from shmbus.settings.errors import PublicationError
 
@@ -18,9 +18,9 @@ class Closeable:
 
     __slots__ = ()
 
-    def close(self) -> None:
-        """Release what the handle holds; a subclass defines it, idempotent."""
-        raise NotImplementedError
+    if TYPE_CHECKING:  # what the class it is mixed into defines
+        def close(self) -> None:
+            """Release what the handle holds (idempotent)."""
 
     def __enter__(self) -> Self:
         return self
@@ -41,17 +41,15 @@ class ClaimScope:
     #: the new stream position (> 0) once committed, or the failure code
     result: int
 
-    def commit(self) -> None:
-        """Publish what was claimed; a subclass defines it."""
-        raise NotImplementedError
+    if TYPE_CHECKING:  # what the class it is mixed into defines
+        def commit(self) -> None:
+            """Publish what was claimed."""
 
-    def abort(self) -> None:
-        """Give the claim up; a subclass defines it."""
-        raise NotImplementedError
+        def abort(self) -> None:
+            """Give the claim up."""
 
-    def _is_open(self) -> bool:
-        """Whether the claim still waits for :meth:`commit` or :meth:`abort`."""
-        raise NotImplementedError
+        def _is_open(self) -> bool:
+            """Whether the claim still waits for :meth:`commit` or :meth:`abort`."""
 
     def __enter__(self) -> Self:
         if self.result <= 0:
