@@ -1,49 +1,35 @@
-"""Large numpy arrays from one writer process to 1 and 4 reader processes, in one run.
+"""Large numpy arrays from one writer process to 2 and 4 reader processes, every row doing the
+same work: the writer writes every element of every array, every reader reads every byte.
 
-For each array size (1, 16, 64 and 256 MiB of float64 by default: ``--sizes``) and reader
-count (``--readers``), each way of moving the array sends ``--count`` arrays (default: about
-256 MiB per size, at least 4) after unmeasured warm-up ones (:func:`warmup`: 64 MiB's worth,
-at least 2; the writer sends the measured ones once every reader has read the warm-up ones),
-each filled with its sequence number (the writer's source array holds data, its pages
-touched); every reader checks every array it gets (sequence at both ends) and, where the row
-says so, copies it out first:
+Every array is ``n`` uint64 elements holding ``ramp + seq`` (``ramp`` is ``0 .. n-1``, ``seq``
+the array's sequence number): :func:`fill` writes all of it. Every reader sums every element
+of every array it gets (uint64, wrapping) and compares the sum with the closed form
+:func:`expected_sum` (:func:`check`): a wrong, stale or torn array changes the sum, so one
+wrong element fails the row. Two kinds of rows, compared only within their kind:
 
-* shmbus views: ``pub.claim_array`` filled in place (no copy on the writer) and
-  ``sub.arrays()`` (read-only views of the shared memory, no copy on the readers);
-* shmbus copy: ``pub.publish_array(a)`` (one copy in) and ``sub.arrays(copy=True)`` (a new
-  array per message, as a reader that keeps each one does);
-* shmbus copy into out: ``pub.publish_array(a)`` and ``sub.arrays(out=buffer)``, the reader's
-  copy going into one array it owns and reuses (docs/guides/large-and-typed-messages.md:
-  the way for a stream of copies);
-* mp.Queue: ``queue.put(a)`` to one queue per reader (pickled), ``queue.get()``;
-* shared_memory by hand: a ``multiprocessing.shared_memory.SharedMemory`` per array, its name
-  sent on a queue per reader, readers attach and view it, ack, the writer unlinks it;
-* zmq send_array: pyzmq's recipe (dtype and shape as JSON, then ``send(a, copy=False)``) on a
-  PUB socket over ipc://, a SUB socket per reader (``recv(copy=False)``, ``np.frombuffer``);
-* iceoryx2 loans (the ``iceoryx2`` package, ``.[bench]``; n/a without it): a publish-subscribe
-  service of byte slices (``Slice[c_uint8]``, ``initial_max_slice_len`` the array's bytes, back
-  pressure ``RetryUntilDelivered``, safe overflow off); the writer loans a slice and fills the
-  array in place (view) or copies it in (copy), sends, and rings an event service; each reader
-  waits on its listener, receives, views the sample's payload in place as a numpy array (or
-  copies it) and releases the sample. iceoryx2's Python API takes such dynamic payloads; its
-  memory is preallocated per publisher (slice length x samples in flight). A reader that gets
-  an array out of sequence (iceoryx2 0.10 lost arrays in view rows here: the writer was not
-  held back) makes the row n/a with that reason.
+* in place, the writer filling the transport's own memory: shmbus ``pub.claim_array`` filled
+  in place and ``sub.arrays()`` views; a ring of preallocated
+  ``multiprocessing.shared_memory`` slots written in place, readers told the slot on a queue
+  each, viewing it and acking it before the writer reuses it; iceoryx2 loans filled in place
+  (the ``iceoryx2`` package, ``.[bench]``; n/a without it);
+* copying, the writer filling a source array of its own and handing it over: shmbus
+  ``pub.publish_array(a)`` with ``sub.arrays()`` views, and with ``sub.arrays(copy=True)``;
+  pyzmq's ``send_array`` recipe (dtype and shape as JSON, then ``send(a, copy=False,
+  track=True)`` on PUB over ipc://, a source reused once its tracker is done; SUB readers
+  ``recv(copy=False)`` and ``np.frombuffer``); ``mp.Queue`` (a queue per reader, a new array
+  per message as ``put`` pickles it later in a thread); the shared_memory ring with the
+  source copied into the slot.
 
-Hand-over latency: from the writer's publish/put/send returning to the reader holding the
-array (CLOCK_MONOTONIC is one clock for every process on the host); median and max over the
-measured arrays and readers, and apart the first array's (cold memory). GB/s: payload bytes
-delivered (10^9, summed over readers) over the time from the moment every reader had read the
-warm-up arrays to the last array read (a view row whose writer fills only the array's ends, as
-``shmbus views`` and iceoryx2's view row do, measures the hand-over alone: no byte is copied).
-CPU: user+system seconds of every process (the shmbus driver included) per GB delivered,
-warm-up included. Peak /dev/shm: the most it held above the run's start
-(sampled every 2 ms). Also memcpy bandwidth in one process (warm buffers, best of 5),
-measured in the same run: before each size and again after each row; a size's ratios use its
-best (on a loaded machine one measurement may fall in a busy moment). ``--repeat N`` measures
-each row N times and reports the median by GB/s.
+Hand-over latency: from a stamp taken before the writer's first call for that array (before
+the claim or loan, or the wait for a free slot, for in-place rows: their fill is part of
+it; after the source's fill, before publish/send/put/copy-in, for copying rows) to the reader
+holding the array, before it sums (CLOCK_MONOTONIC, one clock for every process on the host).
+Every latency is >= 0 or the row fails (BenchError). The writer's fill time is reported apart.
+GB/s: payload bytes read and checked (10^9, summed over readers) over the time from the moment
+every reader had read the warm-up arrays to the last reader's last check. Repeated ``--runs``
+times, interleaved (every row once, then again), reported as median and spread (min-max).
 
-Run from the repository root: ``python -m tools.bench.large_messages [--quick]``.
+Run from the repository root: ``python -m tools.bench.large_messages [--quick] [--page DIR]``.
 """
 
 from __future__ import annotations
@@ -59,6 +45,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,38 +53,113 @@ import numpy as np
 import psutil
 
 import shmbus
+from tools.bench import pages
 from tools.bench.harness import BenchError, cpu_seconds, deadline_after, start_driver, stop_driver
 from tools.bench.members import connect_publication
 from tools.bench.peers import iceoryx_node
 
 CTX = mp.get_context("spawn")
 STREAM = 4242
+DTYPE = np.uint64
+ITEM = 8  # bytes per element
+RING_SLOTS = 4  # the hand-written shared_memory ring: arrays in flight
+ZMQ_SOURCES = 4  # zmq: source arrays in flight (each reused once its tracker is done)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One way of moving arrays: ``key`` on the command line, ``name`` in the tables, ``kind``
+    "in place" or "copying", ``does`` what it writes and reads (present tense, for the page)."""
+
+    key: str
+    name: str
+    kind: str
+    does: str
+
+    @property
+    def shmbus(self) -> bool:
+        return self.key.startswith("shmbus")
+
+
+IN_PLACE, COPYING = "in place", "copying"
+ROWS = (
+    Row("shmbus-claim", "shmbus claim_array / arrays() views", IN_PLACE,
+        "the writer claims room with `pub.claim_array((n,), np.uint64)` and fills it in place; "
+        "each reader sums the read-only view `sub.arrays()` yields"),
+    Row("shm-ring", "shared_memory ring, in place", IN_PLACE,
+        f"the writer fills one of {RING_SLOTS} preallocated `multiprocessing.shared_memory` "
+        "slots in place (once every reader has acked the array it held) and puts the sequence "
+        "number on a queue per reader; each reader sums a view of the slot, then acks it"),
+    Row("iceoryx2-loan", "iceoryx2 loan, in place", IN_PLACE,
+        "the writer loans a byte slice (`loan_slice_uninit`, back-pressure "
+        "`RetryUntilDelivered`), fills it in place as a numpy array, sends it and notifies an "
+        "event service; each reader waits on its listener, sums a view of the sample's payload "
+        "and releases the sample"),
+    Row("shmbus-publish", "shmbus publish_array / arrays() views", COPYING,
+        "the writer fills its source array and calls `pub.publish_array(a)` (one copy into "
+        "shared memory); each reader sums the read-only view `sub.arrays()` yields"),
+    Row("shmbus-publish-copy", "shmbus publish_array / arrays(copy=True)", COPYING,
+        "the writer fills its source array and calls `pub.publish_array(a)`; each reader takes "
+        "a copy of its own with `sub.arrays(copy=True)` and sums it"),
+    Row("zmq", "zmq send_array", COPYING,
+        "pyzmq's `send_array` recipe: the writer fills one of "
+        f"{ZMQ_SOURCES} source arrays (once its tracker says zmq is done with it), sends the "
+        "dtype and shape as JSON then `send(a, copy=False, track=True)` on a PUB socket over "
+        "ipc://; each reader's SUB socket does `recv(copy=False)`, `np.frombuffer`, and sums it"),
+    Row("mp-queue", "mp.Queue put / get", COPYING,
+        "the writer fills a new array (`put` pickles it later, in a thread) and puts it on a "
+        "queue per reader (2 deep); each reader gets its unpickled copy and sums it"),
+    Row("shm-ring-copy", "shared_memory ring, copied in", COPYING,
+        f"the writer fills its source array, then copies it into one of {RING_SLOTS} "
+        "preallocated `multiprocessing.shared_memory` slots (once every reader has acked the "
+        "array it held) and puts the sequence number on a queue per reader; each reader sums a "
+        "view of the slot, then acks it"),
+)
+BY_KEY = {row.key: row for row in ROWS}
+#: the issue's targets at 64 MiB: (row, baseline row, at least this ratio of GB/s)
+TARGETS = (("shmbus-claim", "shm-ring", 0.9), ("shmbus-publish", "zmq", 3.0))
+
+
+# -- the data every row moves ---------------------------------------------------------------------
+
+def ramp(n: int) -> np.ndarray:
+    """``0 .. n-1`` as uint64: the writer's template, made once before the measured part."""
+    return np.arange(n, dtype=DTYPE)
+
+
+def fill(out: np.ndarray, template: np.ndarray, seq: int) -> None:
+    """Write every element of ``out`` (uint64, ``template``'s length): ``template + seq``."""
+    np.add(template, DTYPE(seq), out=out)
+
+
+def expected_sum(n: int, seq: int) -> int:
+    """The uint64 (wrapping) sum of an array of ``n`` elements filled for ``seq``."""
+    return (n * (n - 1) // 2 + n * seq) % (1 << 64)
+
+
+def check(array: np.ndarray, n: int, seq: int) -> None:
+    """Read every byte of ``array``: its uint64 sum must be :func:`expected_sum` and its shape
+    ``(n,)``. BenchError naming the array otherwise; any single wrong element changes the
+    sum (the sum wraps modulo 2^64, so no difference vanishes)."""
+    if array.shape != (n,) or array.dtype != DTYPE:
+        raise BenchError(f"array {seq}: shape {array.shape}, dtype {array.dtype}, "
+                         f"not ({n},) uint64")
+    total = int(np.add.reduce(array, dtype=DTYPE))
+    if total != expected_sum(n, seq):
+        raise BenchError(f"array {seq}: sum {total}, not {expected_sum(n, seq)} (its first "
+                         f"element says array {int(array[0])})")
 
 
 def warmup(nbytes: int) -> int:
     """Arrays sent before the measured ones: at least 2, and 64 MiB's worth. A new stream's
-    first memory is cold for every method (fresh pages to allocate and map: shmbus's block
-    ring beginning, iceoryx2's sample pool, shared_memory's and the readers' allocations);
-    the first array's hand-over is reported apart."""
+    first memory is cold for every row (fresh pages to allocate and map); the first array's
+    hand-over is reported apart."""
     return max(2, -(-(64 << 20) // nbytes))
-METHODS = ("shmbus views", "shmbus copy", "shmbus copy into out", "mp.Queue",
-           "shared_memory by hand", "zmq send_array", "iceoryx2 loans")
-
-
-def fill(array: np.ndarray, seq: int) -> None:
-    array[0] = seq
-    array[-1] = seq
-
-
-def check(array: np.ndarray, seq: int) -> None:
-    if array[0] != seq or array[-1] != seq:
-        raise BenchError(f"array {seq}: ends {array[0]}, {array[-1]}")
 
 
 class Pace:
     """The start signal of a measurement and its warm-up: the writer sends the warm-up arrays,
-    then waits until every reader has read them all before it sends the measured ones, so the
-    measured time holds no reader still working through cold warm-up memory."""
+    then waits until every reader has read them all before it sends the measured ones."""
 
     def __init__(self, warm: int, readers: int) -> None:
         self.warm = warm
@@ -125,152 +187,190 @@ class Pace:
         return time.monotonic_ns()
 
     def read(self, seq: int) -> None:
-        """(A reader, after reading ``seq``.)"""
+        """(A reader, after checking ``seq``.)"""
         if seq == self.warm - 1:
             with self._warmed.get_lock():
                 self._warmed.value += 1
 
 
+class WriterLog:
+    """What a writer notes per array: the hand-over stamp (monotonic ns) and its fill time."""
+
+    def __init__(self, pace: Pace) -> None:
+        self.pace = pace
+        self.stamps: list[int] = []
+        self.fills: list[int] = []
+        self.start = 0
+        self.cpu0 = time.process_time()
+
+    def stamp(self) -> None:
+        """Before the writer's first call for the next array."""
+        self.stamps.append(time.monotonic_ns())
+
+    def filled(self, since_ns: int) -> None:
+        self.fills.append(time.perf_counter_ns() - since_ns)
+
+    def sent(self, seq: int) -> None:
+        self.start = self.pace.sent(seq) or self.start
+
+    def result(self) -> dict[str, Any]:
+        return {"role": "writer", "stamps": self.stamps, "fills": self.fills,
+                "start": self.start, "cpu": time.process_time() - self.cpu0}
+
+
+class ReaderLog:
+    """What a reader notes per array: when it held it (before the sum) and when it was done."""
+
+    def __init__(self, n: int, pace: Pace) -> None:
+        self.n = n
+        self.pace = pace
+        self.held: list[int] = []
+        self.done = 0
+        self.cpu0 = time.process_time()
+
+    def read(self, array: np.ndarray, seq: int) -> None:
+        """Stamp, read every byte of ``array`` and check it: the reader's work per array."""
+        if seq != len(self.held):
+            raise BenchError(f"array {seq} arrived where {len(self.held)} was due")
+        self.held.append(time.monotonic_ns())
+        check(array, self.n, seq)
+        self.done = time.monotonic_ns()
+        self.pace.read(seq)
+
+    def result(self) -> dict[str, Any]:
+        return {"role": "reader", "held": self.held, "done": self.done,
+                "cpu": time.process_time() - self.cpu0}
+
+
 # -- shmbus ---------------------------------------------------------------------------------------
 
-def shmbus_writer(context: shmbus.Context, n: int, count: int, readers: int, zero_copy: bool,
-                  pace: Pace, out: Any) -> None:
+def shmbus_writer(context: shmbus.Context, n: int, count: int, in_place: bool, pace: Pace,
+                  out: Any) -> None:
     with shmbus.connect(context) as bus:
         pub = connect_publication(bus, "aeron:ipc", STREAM, deadline_after(30))
-        source = np.ones(n)  # (data: np.zeros' untouched pages are one zero page, in cache)
+        template, source = ramp(n), np.empty(n, DTYPE)
         pace.wait_go()
-        cpu0 = time.process_time()
-        returned = []
-        start = 0
+        log = WriterLog(pace)
         for seq in range(count):
-            if zero_copy:
-                claim = pub.claim_array((n,), np.float64, timeout=30)
+            if in_place:
+                log.stamp()
+                claim = pub.claim_array((n,), DTYPE, timeout=30)
                 if not claim:
                     raise BenchError(f"claim refused: {claim.result}")
                 with claim:
                     assert claim.array is not None
-                    fill(claim.array, seq)
+                    t = time.perf_counter_ns()
+                    fill(claim.array, template, seq)
+                    log.filled(t)
             else:
-                fill(source, seq)
+                t = time.perf_counter_ns()
+                fill(source, template, seq)
+                log.filled(t)
+                log.stamp()
                 pub.publish_array(source, timeout=30)
-            returned.append(time.monotonic_ns())
-            start = pace.sent(seq) or start
-        out.put({"role": "writer", "returned": returned, "start": start,
-                 "cpu": time.process_time() - cpu0})
-        time.sleep(0.5)
+            log.sent(seq)
+        out.put(log.result())
+        time.sleep(0.5)  # the readers read the last arrays before the publication closes
 
 
-def shmbus_reader(context: shmbus.Context, n: int, count: int, method: str, ready: Any,
+def shmbus_reader(context: shmbus.Context, n: int, count: int, copy: bool, ready: Any,
                   pace: Pace, out: Any) -> None:
     with shmbus.connect(context) as bus:
         sub = bus.add_subscription("aeron:ipc", STREAM)
         ready.put(1)
-        cpu0 = time.process_time()
-        received = []
-        if method == "shmbus copy into out":
-            arrays = sub.arrays(timeout=60, out=np.empty(n))
-        else:
-            arrays = sub.arrays(timeout=60, copy=method == "shmbus copy")
-        for seq, array in enumerate(arrays):
-            received.append(time.monotonic_ns())
-            check(array, seq)
-            pace.read(seq)
+        log = ReaderLog(n, pace)
+        for seq, array in enumerate(sub.arrays(timeout=60, copy=copy)):
+            log.read(array, seq)
             if seq == count - 1:
                 break
-        out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
+        out.put(log.result())
 
 
 # -- peers ----------------------------------------------------------------------------------------
 
 def queue_writer(queues: list[Any], n: int, count: int, pace: Pace, out: Any) -> None:
+    template = ramp(n)
     pace.wait_go()
-    cpu0 = time.process_time()
-    returned = []
-    start = 0
+    log = WriterLog(pace)
     for seq in range(count):
-        source = np.empty(n)  # a new array each time: put() pickles it later, in a thread
-        fill(source, seq)
+        t = time.perf_counter_ns()
+        source = np.empty(n, DTYPE)  # a new array each time: put() pickles it later
+        fill(source, template, seq)
+        log.filled(t)
+        log.stamp()
         for q in queues:
             q.put(source)
-        returned.append(time.monotonic_ns())
-        start = pace.sent(seq) or start
-    out.put({"role": "writer", "returned": returned, "start": start,
-             "cpu": time.process_time() - cpu0})
+        log.sent(seq)
+    out.put(log.result())
 
 
-def queue_reader(q: Any, count: int, ready: Any, pace: Pace, out: Any) -> None:
+def queue_reader(q: Any, n: int, count: int, ready: Any, pace: Pace, out: Any) -> None:
     ready.put(1)
-    cpu0 = time.process_time()
-    received = []
+    log = ReaderLog(n, pace)
     for seq in range(count):
-        array = q.get(timeout=120)
-        received.append(time.monotonic_ns())
-        check(array, seq)
-        pace.read(seq)
-    out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
+        log.read(q.get(timeout=120), seq)
+    out.put(log.result())
 
 
-def shm_writer(queues: list[Any], acks: Any, n: int, count: int, pace: Pace, out: Any) -> None:
+def ring_writer(names: list[str], queues: list[Any], acks: Any, n: int, count: int,
+                in_place: bool, pace: Pace, out: Any) -> None:
     from multiprocessing import shared_memory
 
-    source = np.ones(n)
+    slots = [shared_memory.SharedMemory(name=name) for name in names]
+    views = [np.ndarray((n,), DTYPE, buffer=slot.buf) for slot in slots]
+    template, source = ramp(n), np.empty(n, DTYPE)
+    acked: dict[int, int] = {}
     pace.wait_go()
-    cpu0 = time.process_time()
-    returned = []
-    start = 0
-    live: dict[int, tuple[Any, int]] = {}
+    log = WriterLog(pace)
     for seq in range(count):
-        block = shared_memory.SharedMemory(create=True, size=source.nbytes)
-        target = np.ndarray(source.shape, source.dtype, buffer=block.buf)
-        fill(source, seq)
-        target[:] = source
-        del target
-        live[seq] = (block, len(queues))
+        if not in_place:
+            t = time.perf_counter_ns()
+            fill(source, template, seq)
+            log.filled(t)
+        log.stamp()
+        _free_slot(acks, acked, seq - len(slots), len(queues))
+        target = views[seq % len(slots)]
+        if in_place:
+            t = time.perf_counter_ns()
+            fill(target, template, seq)
+            log.filled(t)
+        else:
+            np.copyto(target, source)
         for q in queues:
-            q.put((block.name, seq))
-        returned.append(time.monotonic_ns())
-        start = pace.sent(seq) or start
-        while len(live) > 2:  # at most 3 arrays in flight: the same as readers keep up
-            _ack(acks, live)
-    while live:
-        _ack(acks, live)
-    out.put({"role": "writer", "returned": returned, "start": start,
-             "cpu": time.process_time() - cpu0})
+            q.put(seq)
+        log.sent(seq)
+    out.put(log.result())
+    del target, views
+    for slot in slots:
+        slot.close()
 
 
-def _ack(acks: Any, live: dict[int, tuple[Any, int]]) -> None:
-    seq = acks.get(timeout=120)
-    block, left = live[seq]
-    if left == 1:
-        del live[seq]
-        block.close()
-        block.unlink()
-    else:
-        live[seq] = (block, left - 1)
+def _free_slot(acks: Any, acked: dict[int, int], seq: int, readers: int) -> None:
+    """Wait until every reader has acked array ``seq`` (nothing to wait for below 0)."""
+    while seq >= 0 and acked.get(seq, 0) < readers:
+        got = acks.get(timeout=120)
+        acked[got] = acked.get(got, 0) + 1
+    acked.pop(seq, None)
 
 
-def shm_reader(q: Any, acks: Any, n: int, count: int, copy: bool, ready: Any,
-               pace: Pace, out: Any) -> None:
+def ring_reader(names: list[str], q: Any, acks: Any, n: int, count: int, ready: Any,
+                pace: Pace, out: Any) -> None:
     from multiprocessing import shared_memory
 
+    # (on Python < 3.13 attaching registers the name with the resource tracker the parent
+    # shares: a set, so the parent's unlink unregisters it once)
+    slots = [shared_memory.SharedMemory(name=name) for name in names]
+    views = [np.ndarray((n,), DTYPE, buffer=slot.buf) for slot in slots]
     ready.put(1)
-    cpu0 = time.process_time()
-    received = []
+    log = ReaderLog(n, pace)
     for _ in range(count):
-        name, seq = q.get(timeout=120)
-        # (on Python < 3.13 attaching registers the name with the resource tracker the writer
-        # shares: a set, so the writer's unlink unregisters it once)
-        block = shared_memory.SharedMemory(name=name)
-        array = np.ndarray((n,), np.float64, buffer=block.buf)
-        if copy:
-            array = array.copy()
-        received.append(time.monotonic_ns())
-        check(array, seq)
-        pace.read(seq)
-        del array
-        block.close()
+        seq = q.get(timeout=120)
+        log.read(views[seq % len(views)], seq)
         acks.put(seq)
-    out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
+    out.put(log.result())
+    del views
+    for slot in slots:
+        slot.close()
 
 
 def zmq_writer(address: str, n: int, count: int, pace: Pace, out: Any) -> None:
@@ -279,26 +379,32 @@ def zmq_writer(address: str, n: int, count: int, pace: Pace, out: Any) -> None:
     socket = zmq.Context.instance().socket(zmq.PUB)
     socket.setsockopt(zmq.SNDHWM, 0)  # PUB drops past its high-water mark: none here
     socket.bind(address)
+    template = ramp(n)
+    sources = [np.empty(n, DTYPE) for _ in range(ZMQ_SOURCES)]
+    trackers: list[Any] = [None] * ZMQ_SOURCES
     pace.wait_go()
-    cpu0 = time.process_time()
-    time.sleep(0.5)  # the subscribers' subscriptions reach the publisher
-    returned = []
-    start = 0
+    time.sleep(0.5)  # the subscribers' subscriptions reach the publisher (PUB drops before)
+    log = WriterLog(pace)
     for seq in range(count):
-        source = np.empty(n)  # a new array each time: send(copy=False) keeps a reference
-        fill(source, seq)
-        socket.send_json({"dtype": str(source.dtype), "shape": source.shape, "seq": seq},
-                         zmq.SNDMORE)
-        socket.send(source, copy=False)
-        returned.append(time.monotonic_ns())
-        start = pace.sent(seq) or start
-    out.put({"role": "writer", "returned": returned, "start": start,
-             "cpu": time.process_time() - cpu0})
-    time.sleep(2)
+        k = seq % ZMQ_SOURCES
+        if trackers[k] is not None:
+            trackers[k].wait(120)  # zmq no longer reads this source
+        source = sources[k]
+        t = time.perf_counter_ns()
+        fill(source, template, seq)
+        log.filled(t)
+        log.stamp()
+        socket.send_json({"dtype": str(source.dtype), "shape": source.shape}, zmq.SNDMORE)
+        trackers[k] = socket.send(source, copy=False, track=True)
+        log.sent(seq)
+    out.put(log.result())
+    for tracker in trackers:
+        if tracker is not None:
+            tracker.wait(120)
     socket.close(linger=10_000)
 
 
-def zmq_reader(address: str, count: int, copy: bool, ready: Any, pace: Pace, out: Any) -> None:
+def zmq_reader(address: str, n: int, count: int, ready: Any, pace: Pace, out: Any) -> None:
     import zmq
 
     socket = zmq.Context.instance().socket(zmq.SUB)
@@ -306,20 +412,14 @@ def zmq_reader(address: str, count: int, copy: bool, ready: Any, pace: Pace, out
     socket.connect(address)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
     ready.put(1)
-    cpu0 = time.process_time()
-    received = []
-    for _ in range(count):
+    log = ReaderLog(n, pace)
+    for seq in range(count):
         if not socket.poll(120_000):
             raise BenchError("zmq: nothing within 120 s")
         md = socket.recv_json()
         frame = socket.recv(copy=False)
-        array = np.frombuffer(frame.buffer, dtype=md["dtype"]).reshape(md["shape"])
-        if copy:
-            array = array.copy()
-        received.append(time.monotonic_ns())
-        check(array, md["seq"])
-        pace.read(md["seq"])
-    out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
+        log.read(np.frombuffer(frame.buffer, dtype=md["dtype"]).reshape(md["shape"]), seq)
+    out.put(log.result())
 
 
 def _iceoryx(name: str, readers: int) -> tuple[Any, Any, Any, Any]:
@@ -341,13 +441,13 @@ def _iceoryx(name: str, readers: int) -> tuple[Any, Any, Any, Any]:
 def _iceoryx_array(address: int, n: int) -> np.ndarray:
     import ctypes
 
-    return np.ctypeslib.as_array((ctypes.c_double * n).from_address(address))
+    return np.ctypeslib.as_array((ctypes.c_uint64 * n).from_address(address))
 
 
-def iceoryx_writer(name: str, n: int, count: int, readers: int, zero_copy: bool, pace: Pace,
-                   finished: Any, out: Any) -> None:
+def iceoryx_writer(name: str, n: int, count: int, readers: int, pace: Pace, finished: Any,
+                   out: Any) -> None:
     iox2, node, service, events = _iceoryx(name, readers)
-    publisher = (service.publisher_builder().initial_max_slice_len(n * 8)
+    publisher = (service.publisher_builder().initial_max_slice_len(n * ITEM)
                  .backpressure_strategy(iox2.BackpressureStrategy.RetryUntilDelivered)
                  .max_loaned_samples(1).create())
     notifier = events.notifier_builder().create()
@@ -356,34 +456,29 @@ def iceoryx_writer(name: str, n: int, count: int, readers: int, zero_copy: bool,
         if time.monotonic() > deadline:
             raise BenchError("iceoryx2: the readers did not subscribe within 30 s")
         time.sleep(0.001)
-    source = np.ones(n)
+    template = ramp(n)
     pace.wait_go()
-    cpu0 = time.process_time()
-    returned = []
-    start = 0
+    log = WriterLog(pace)
     for seq in range(count):
+        log.stamp()
         deadline = time.monotonic() + 30
         while True:
             try:
-                sample = publisher.loan_slice_uninit(n * 8)
+                sample = publisher.loan_slice_uninit(n * ITEM)
                 break
             except iox2.LoanError:  # every sample still held by readers: back-pressure
                 if time.monotonic() > deadline:
                     raise BenchError("iceoryx2: no sample to loan within 30 s") from None
                 time.sleep(0.0001)
         target = _iceoryx_array(sample.payload_ptr, n)
-        if zero_copy:
-            fill(target, seq)
-        else:
-            fill(source, seq)
-            target[:] = source
+        t = time.perf_counter_ns()
+        fill(target, template, seq)
+        log.filled(t)
         del target
         sample.assume_init().send()
         notifier.notify()
-        returned.append(time.monotonic_ns())
-        start = pace.sent(seq) or start
-    out.put({"role": "writer", "returned": returned, "start": start,
-             "cpu": time.process_time() - cpu0})
+        log.sent(seq)
+    out.put(log.result())
     deadline = time.monotonic() + 120  # (samples not yet received go with their publisher)
     while finished.value < readers and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -391,10 +486,10 @@ def iceoryx_writer(name: str, n: int, count: int, readers: int, zero_copy: bool,
     publisher.delete()
 
 
-def iceoryx_reader(name: str, count: int, readers: int, copy: bool, ready: Any,
-                   pace: Pace, finished: Any, out: Any) -> None:
+def iceoryx_reader(name: str, n: int, count: int, readers: int, ready: Any, pace: Pace,
+                   finished: Any, out: Any) -> None:
     try:
-        _iceoryx_read(name, count, readers, copy, ready, pace, out)
+        _iceoryx_read(name, n, count, readers, ready, pace, out)
     except BenchError as e:  # reported, so the row says why it is n/a
         out.put({"role": "error", "error": str(e)})
         raise
@@ -403,14 +498,13 @@ def iceoryx_reader(name: str, count: int, readers: int, copy: bool, ready: Any,
             finished.value += 1
 
 
-def _iceoryx_read(name: str, count: int, readers: int, copy: bool, ready: Any,
-                  pace: Pace, out: Any) -> None:
+def _iceoryx_read(name: str, n: int, count: int, readers: int, ready: Any, pace: Pace,
+                  out: Any) -> None:
     iox2, node, service, events = _iceoryx(name, readers)
     subscriber = service.subscriber_builder().create()
     listener = events.listener_builder().create()
     ready.put(1)
-    cpu0 = time.process_time()
-    received = []
+    log = ReaderLog(n, pace)
     seq = 0
     deadline = time.monotonic() + 120
     while seq < count:
@@ -420,19 +514,12 @@ def _iceoryx_read(name: str, count: int, readers: int, copy: bool, ready: Any,
                 raise BenchError(f"iceoryx2: {seq} of {count} arrays within 120 s")
             listener.timed_wait(iox2.Duration.from_millis(50))
             continue
-        array = _iceoryx_array(sample.payload_ptr, sample.header.number_of_elements // 8)
-        if copy:
-            array = array.copy()
-        received.append(time.monotonic_ns())
-        if array[0] != seq:
-            raise BenchError(f"iceoryx2: array {int(array[0])} arrived where {seq} was due "
-                             f"(arrays lost with back-pressure RetryUntilDelivered)")
-        check(array, seq)
-        pace.read(seq)
+        array = _iceoryx_array(sample.payload_ptr, sample.header.number_of_elements // ITEM)
+        log.read(array, seq)
         del array
         sample.delete()
         seq += 1
-    out.put({"role": "reader", "received": received, "cpu": time.process_time() - cpu0})
+    out.put(log.result())
     listener.delete()
     subscriber.delete()
 
@@ -464,12 +551,29 @@ class ShmSampler:
         return self.peak
 
 
-def measure(method: str, copy: bool, n: int, count: int, readers: int,
-            context: shmbus.Context, driver_pid: int) -> dict[str, Any]:
-    warm = warmup(n * 8)
-    measured, count = count, count + warm
+def latencies_us(stamps: list[int], held: list[int]) -> list[float]:
+    """Each array's hand-over in microseconds: ``held[seq] - stamps[seq]``. BenchError for a
+    negative one: the stamp precedes the writer's first call for the array and the reader
+    cannot hold it before that call, so a negative value is a measurement error."""
+    out = []
+    for seq, (stamp, got) in enumerate(zip(stamps, held, strict=True)):
+        if got < stamp:
+            raise BenchError(f"array {seq}: held {(stamp - got) / 1e3:.1f} us before the "
+                             f"writer's stamp (a measurement error)")
+        out.append((got - stamp) / 1e3)
+    return out
+
+
+def measure(row: Row, n: int, count: int, readers: int, context: shmbus.Context,
+            driver_pid: int) -> dict[str, Any]:
+    """One measurement of ``row``: ``count`` arrays of ``n`` elements after the warm-up ones,
+    to ``readers`` readers, each in a process of its own. Returns the figures of this run;
+    BenchError when a process fails, an array is wrong, or a latency is negative."""
+    warm = warmup(n * ITEM)
+    total = count + warm
     out, ready, pace = CTX.Queue(), CTX.Queue(), Pace(warm, readers)
     procs: list[Any] = []
+    slots: list[Any] = []
 
     def start(target: Callable[..., Any], *args: Any) -> None:
         p = CTX.Process(target=target, args=args, daemon=True)
@@ -477,40 +581,54 @@ def measure(method: str, copy: bool, n: int, count: int, readers: int,
         procs.append(p)
 
     extra: list[int] = []
-    if method.startswith("shmbus"):
+    if row.shmbus:
         for _ in range(readers):
-            start(shmbus_reader, context, n, count, method, ready, pace, out)
+            start(shmbus_reader, context, n, total, row.key == "shmbus-publish-copy", ready,
+                  pace, out)
         _ready(ready, readers)
-        start(shmbus_writer, context, n, count, readers, method == "shmbus views", pace,
-              out)
+        start(shmbus_writer, context, n, total, row.key == "shmbus-claim", pace, out)
         extra.append(driver_pid)
-    elif method == "mp.Queue":
+    elif row.key == "mp-queue":
         queues = [CTX.Queue(maxsize=2) for _ in range(readers)]
         for q in queues:
-            start(queue_reader, q, count, ready, pace, out)
+            start(queue_reader, q, n, total, ready, pace, out)
         _ready(ready, readers)
-        start(queue_writer, queues, n, count, pace, out)
-    elif method == "shared_memory by hand":
+        start(queue_writer, queues, n, total, pace, out)
+    elif row.key in ("shm-ring", "shm-ring-copy"):
+        from multiprocessing import shared_memory
+
+        slots = [shared_memory.SharedMemory(create=True, size=n * ITEM)
+                 for _ in range(RING_SLOTS)]
+        names = [slot.name for slot in slots]
         queues = [CTX.Queue() for _ in range(readers)]
         acks = CTX.Queue()
         for q in queues:
-            start(shm_reader, q, acks, n, count, copy, ready, pace, out)
+            start(ring_reader, names, q, acks, n, total, ready, pace, out)
         _ready(ready, readers)
-        start(shm_writer, queues, acks, n, count, pace, out)
-    elif method == "iceoryx2 loans":
+        start(ring_writer, names, queues, acks, n, total, row.key == "shm-ring", pace, out)
+    elif row.key == "iceoryx2-loan":
         name = f"shmbus-large-bench-{os.getpid()}-{time.monotonic_ns()}"
         finished = CTX.Value("i", 0)
         for _ in range(readers):
-            start(iceoryx_reader, name, count, readers, copy, ready, pace, finished, out)
+            start(iceoryx_reader, name, n, total, readers, ready, pace, finished, out)
         _ready(ready, readers)
-        start(iceoryx_writer, name, n, count, readers, not copy, pace, finished, out)
+        start(iceoryx_writer, name, n, total, readers, pace, finished, out)
     else:
         address = f"ipc://{tempfile.gettempdir()}/large-bench-{os.getpid()}"
-        start(zmq_writer, address, n, count, pace, out)
+        start(zmq_writer, address, n, total, pace, out)
         for _ in range(readers):
-            start(zmq_reader, address, count, copy, ready, pace, out)
+            start(zmq_reader, address, n, total, ready, pace, out)
         _ready(ready, readers)
-    time.sleep(0.2)
+    try:
+        return _collect(row, n, count, warm, readers, pace, procs, out, extra)
+    finally:
+        for slot in slots:
+            slot.close()
+            slot.unlink()
+
+
+def _collect(row: Row, n: int, count: int, warm: int, readers: int, pace: Pace,
+             procs: list[Any], out: Any, extra: list[int]) -> dict[str, Any]:
     extra_cpu = {pid: cpu_seconds(pid) or 0.0 for pid in extra}
     sampler = ShmSampler()
     pace.go()
@@ -522,7 +640,7 @@ def measure(method: str, copy: bool, n: int, count: int, readers: int,
                 result = out.get(timeout=0.5)
             except queue_module.Empty:
                 if time.monotonic() > deadline or any(p.exitcode for p in procs):
-                    raise BenchError(f"{method}: results missing; exit codes "
+                    raise BenchError(f"{row.name}: results missing; exit codes "
                                      f"{[p.exitcode for p in procs]}") from None
                 continue
             if result["role"] == "error":
@@ -543,18 +661,17 @@ def measure(method: str, copy: bool, n: int, count: int, readers: int,
             p.kill()
     writer = next(r for r in results if r["role"] == "writer")
     reads = [r for r in results if r["role"] == "reader"]
-    returned = writer["returned"]
-    latencies = [(rcv - ret) / 1e3 for r in reads
-                 for rcv, ret in zip(r["received"][warm:], returned[warm:], strict=True)]
-    first_ms = max((r["received"][0] - returned[0]) / 1e6 for r in reads)
-    start_ns = writer["start"]  # every reader had read the warm-up arrays
-    end_ns = max(r["received"][-1] for r in reads)
-    gb = n * 8 * measured * readers / 1e9
+    stamps = writer["stamps"]
+    every = [latencies_us(stamps, r["held"]) for r in reads]  # (raises on a negative one)
+    measured = [lat for per_reader in every for lat in per_reader[warm:]]
+    nbytes = n * ITEM
+    gb = nbytes * count * readers / 1e9
     cpu = writer["cpu"] + sum(r["cpu"] for r in reads) + extra_used
-    return {"method": method, "copy": copy, "mib": n * 8 / 2**20, "readers": readers,
-            "count": measured, "p50_us": statistics.median(latencies), "max_us": max(latencies),
-            "first_ms": first_ms, "gb_s": gb / ((end_ns - start_ns) / 1e9),
-            "cpu_s_per_gb": cpu / (gb * count / measured),
+    return {"p50_us": statistics.median(measured), "max_us": max(measured),
+            "first_ms": max(per_reader[0] for per_reader in every) / 1e3,
+            "fill_ms": statistics.median(writer["fills"][warm:]) / 1e6,
+            "gb_s": gb / ((max(r["done"] for r in reads) - writer["start"]) / 1e9),
+            "cpu_s_per_gb": cpu / (gb * (count + warm) / count),
             "peak_shm_mib": peak / 2**20}
 
 
@@ -564,91 +681,111 @@ def _ready(ready: Any, n: int) -> None:
 
 
 def memcpy_gb_s(n: int) -> float:
-    a, b = np.ones(n), np.empty(n)
+    """One process's copy of ``n`` uint64 between warm buffers, best of 5, in GB/s."""
+    a, b = np.ones(n, DTYPE), np.empty(n, DTYPE)
     best = float("inf")
     for _ in range(5):
         t = time.perf_counter()
         np.copyto(b, a)
         best = min(best, time.perf_counter() - t)
-    return n * 8 / best / 1e9
+    return n * ITEM / best / 1e9
 
 
 # -- the run --------------------------------------------------------------------------------------
 
+FIGURES = ("gb_s", "p50_us", "max_us", "first_ms", "fill_ms", "cpu_s_per_gb", "peak_shm_mib")
+
+
+def summarise(row: Row, mib: float, readers: int, runs: list[dict[str, Any] | None],
+              errors: list[str]) -> dict[str, Any]:
+    """One row of the JSON and the page: every figure's per-run values (None for a failed
+    run), its median, low and high, and the failed runs' errors."""
+    out: dict[str, Any] = {"method": row.key, "name": row.name, "kind": row.kind,
+                           "mib": mib, "readers": readers, "runs": len(runs),
+                           "errors": errors}
+    for figure in FIGURES:
+        values = [r[figure] if r else None for r in runs]
+        s = pages.spread(values)
+        out[f"{figure}_runs"] = values
+        out[figure] = s.median if s else None
+        out[f"{figure}_low"] = s.low if s else None
+        out[f"{figure}_high"] = s.high if s else None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=float, nargs="+", default=[1, 16, 64, 256],
-                        help="array sizes in MiB")
-    parser.add_argument("--readers", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--count", type=int, default=0, help="arrays per measurement "
-                        "(0: about 256 MiB per size, at least 4, at most 64)")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--repeat", type=int, default=1, help="measurements per row, the "
-                        "median (by GB/s) reported: a loaded machine moves single ones")
-    parser.add_argument("--quick", action="store_true", help="1 and 16 MiB, 4 arrays")
+    parser.add_argument("--sizes", type=float, nargs="+", default=None,
+                        help="array sizes in MiB (default 1 16 64; --quick 1 4)")
+    parser.add_argument("--readers", type=int, nargs="+", default=None,
+                        help="reader counts (default 2 4; --quick 2)")
+    parser.add_argument("--count", type=int, default=0, help="measured arrays per "
+                        "measurement (0: about 256 MiB per size, at least 6, at most 32)")
+    parser.add_argument("--rows", nargs="+", default=[r.key for r in ROWS],
+                        choices=[r.key for r in ROWS])
+    parser.add_argument("--runs", type=int, default=None, help="measurements of every row, "
+                        "interleaved: every row once, then again (default 5; --quick 2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: 1 and 4 MiB, 2 readers, 3 arrays, 2 runs")
     parser.add_argument("--out", default="tools/results/large_messages.json")
+    pages.add_page_option(parser)
     args = parser.parse_args(argv)
-    sizes = [1, 16] if args.quick else args.sizes
+    setting = pages.started(argv)
+    sizes = args.sizes or ([1, 4] if args.quick else [1, 16, 64])
+    reader_counts = args.readers or ([2] if args.quick else [2, 4])
+    runs = args.runs or (2 if args.quick else 5)
+    rows = [BY_KEY[key] for key in args.rows]
     free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
     print(f"/dev/shm free: {free / 2**30:.1f} GiB; load {os.getloadavg()[0]:.1f}; "
           f"{psutil.cpu_count()} cores", flush=True)
-    rows = []
+    found: dict[tuple[str, float, int], list[dict[str, Any] | None]] = {}
+    errors: dict[tuple[str, float, int], list[str]] = {}
+    memcpy: dict[float, float] = {}
     with tempfile.TemporaryDirectory(prefix="large-bench-", dir="/dev/shm") as tmp:
         context = shmbus.Context(dir=str(Path(tmp) / "bus"), embedded_driver=False,
                                  driver_idle_timeout=3600.0)  # the peers run without a client
         driver = start_driver(context)
         try:
-            for mib in sizes:
-                n = int(mib * 2**20) // 8
-                count = args.count or (4 if args.quick else max(4, min(64, int(256 / mib))))
-                memcpy = memcpy_gb_s(n)
-                print(f"\n{mib:g} MiB x {count}: memcpy {memcpy:.2f} GB/s (one process)",
-                      flush=True)
-                for readers in args.readers:
-                    for method in args.methods:
-                        for copy in ((False, True) if method in ("shmbus views",
-                                                                 "shared_memory by hand",
-                                                                 "zmq send_array",
-                                                                 "iceoryx2 loans")
-                                     else (True,)):
-                            if method == "shmbus views" and copy:
-                                continue  # "shmbus copy" is that row
+            for run in range(runs):
+                order = rows[run % len(rows):] + rows[:run % len(rows)]  # no row always first
+                for mib in sizes:
+                    n = int(mib * 2**20) // ITEM
+                    count = args.count or (3 if args.quick else max(6, min(32, int(256 / mib))))
+                    memcpy[mib] = max(memcpy.get(mib, 0.0), memcpy_gb_s(n))
+                    for readers in reader_counts:
+                        for row in order:
+                            key = (row.key, mib, readers)
                             try:
-                                runs = [measure(method, copy, n, count, readers, context,
-                                                driver.pid) for _ in range(args.repeat)]
-                                row = sorted(runs, key=lambda r: r["gb_s"])[len(runs) // 2]
-                                row["runs_gb_s"] = [r["gb_s"] for r in runs]
-                            except BenchError as e:  # a peer that failed: n/a, the run goes on
-                                print(f"  {readers} reader(s) {method:<22} "
-                                      f"{'copy' if copy else 'view':<5} n/a: {e}", flush=True)
-                                rows.append({"method": method, "copy": copy, "mib": mib,
-                                             "readers": readers, "error": str(e)})
-                                if method.startswith("shmbus"):
+                                result: dict[str, Any] | None = measure(
+                                    row, n, count, readers, context, driver.pid)
+                            except BenchError as e:  # a peer that failed: n/a this run
+                                if row.shmbus:
                                     raise  # shmbus itself must not fail
-                                continue
-                            # (the machine's load moves: memcpy again, right after the row)
-                            memcpy = max(memcpy_gb_s(n), memcpy)
-                            row["memcpy_gb_s"] = memcpy
-                            rows.append(row)
-                            print(f"  {readers} reader(s) {method:<22} "
-                                  f"{'copy' if copy else 'view':<5} p50 "
-                                  f"{row['p50_us']:>9.0f} us  max {row['max_us']:>9.0f} us  "
-                                  f"first {row['first_ms']:>6.1f} ms  "
-                                  f"{row['gb_s']:>6.2f} GB/s ({row['gb_s'] / memcpy:.2f}x "
-                                  f"memcpy)  {row['cpu_s_per_gb']:.2f} cpu-s/GB  peak "
-                                  f"/dev/shm {row['peak_shm_mib']:.0f} MiB", flush=True)
-                best = max((r["memcpy_gb_s"] for r in rows
-                            if r["mib"] == mib and "memcpy_gb_s" in r), default=memcpy)
-                for r in rows:  # one memcpy figure per size: its best
-                    if r["mib"] == mib and "memcpy_gb_s" in r:
-                        r["memcpy_gb_s"] = best
-                print(f"  memcpy at {mib:g} MiB, best in the run: {best:.2f} GB/s", flush=True)
+                                result = None
+                                errors.setdefault(key, []).append(str(e))
+                            found.setdefault(key, []).append(result)
+                            print(f"run {run + 1}/{runs} {mib:g} MiB x {count} to {readers} "
+                                  f"{row.name:<42} " + (
+                                      f"{result['gb_s']:6.2f} GB/s  p50 "
+                                      f"{result['p50_us']:8.0f} us  fill "
+                                      f"{result['fill_ms']:6.2f} ms" if result
+                                      else f"n/a: {errors[key][-1]}"), flush=True)
         finally:
             stop_driver(driver)
+    table = [dict(summarise(BY_KEY[key], mib, readers, values, errors.get((key, mib, readers),
+                                                                           [])),
+                  memcpy_gb_s=memcpy[mib])
+             for (key, mib, readers), values in found.items()]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1))
+    out.write_text(json.dumps(table, indent=1))
     print(f"\nwrote {out}")
+    if args.page:
+        from tools.bench import large_messages_page
+
+        path = large_messages_page.write(args.page, setting, table, rows, sizes,
+                                         reader_counts, runs)
+        print(f"wrote {path}")
     return 0
 
 
