@@ -376,7 +376,7 @@ def ring_reader(names: list[str], q: Any, acks: Any, n: int, count: int, ready: 
 def zmq_writer(address: str, n: int, count: int, pace: Pace, out: Any) -> None:
     import zmq
 
-    socket = zmq.Context.instance().socket(zmq.PUB)
+    socket: Any = zmq.Context.instance().socket(zmq.PUB)
     socket.setsockopt(zmq.SNDHWM, 0)  # PUB drops past its high-water mark: none here
     socket.bind(address)
     template = ramp(n)
@@ -407,7 +407,7 @@ def zmq_writer(address: str, n: int, count: int, pace: Pace, out: Any) -> None:
 def zmq_reader(address: str, n: int, count: int, ready: Any, pace: Pace, out: Any) -> None:
     import zmq
 
-    socket = zmq.Context.instance().socket(zmq.SUB)
+    socket: Any = zmq.Context.instance().socket(zmq.SUB)
     socket.setsockopt(zmq.RCVHWM, 0)
     socket.connect(address)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
@@ -632,7 +632,7 @@ def _collect(row: Row, n: int, count: int, warm: int, readers: int, pace: Pace,
     extra_cpu = {pid: cpu_seconds(pid) or 0.0 for pid in extra}
     sampler = ShmSampler()
     pace.go()
-    results = []
+    results: list[dict[str, Any]] = []
     deadline = time.monotonic() + 600
     try:
         while len(results) < readers + 1:
