@@ -325,12 +325,12 @@ def add_run_options(parser: argparse.ArgumentParser, duration_s: float, what: st
 
 def add_runs_options(parser: argparse.ArgumentParser, quick: str, duration: str) -> None:
     """The options of how long and how often each measurement of a one-host benchmark runs:
-    --quick (help: "smoke pass: <quick>"), --runs (default 3), --duration (default 1; help:
+    --quick (help: "smoke pass: <quick>"), --runs (default 5), --duration (default 1; help:
     "seconds per <duration>") and --timeout (the caller checks that --runs is at least 1)."""
     parser.add_argument("--quick", action="store_true", help=f"smoke pass: {quick}")
-    parser.add_argument("--runs", type=int, default=3,
-                        help="runs of each measurement, interleaved; the median is reported "
-                             "(default 3)")
+    parser.add_argument("--runs", type=int, default=5,
+                        help="runs of each measurement, interleaved; the median and the "
+                             "spread are reported (default 5)")
     parser.add_argument("--duration", type=float, default=1.0,
                         help=f"seconds per {duration} (default 1)")
     parser.add_argument("--timeout", type=float, default=30.0,
@@ -339,15 +339,17 @@ def add_runs_options(parser: argparse.ArgumentParser, quick: str, duration: str)
 
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One row from repeated runs of a measurement: the median of every numeric field, errors
-    summed, the first failure if any run failed (``status`` "failed" beats "n/a")."""
+    summed, the first failure if any run failed (``status`` "failed" beats "n/a"). ``samples``
+    holds each numeric field's values over the runs, in run order (for the spread)."""
     for status in ("failed", "n/a"):
         bad = [r for r in runs if r["status"] == status]
         if bad:
             return dict(bad[0], runs=len(runs))
-    row = dict(runs[0], runs=len(runs))
+    row = dict(runs[0], runs=len(runs), samples={})
     for key, value in runs[0].items():
         if isinstance(value, float | int) and not isinstance(value, bool):
             values = [r[key] for r in runs if r.get(key) is not None]
+            row["samples"][key] = values
             row[key] = sum(values) if key == "errors" else statistics.median(values)
         elif isinstance(value, dict):  # cores by label
             labels = {label for r in runs for label in r[key]}
@@ -390,6 +392,14 @@ def run_interleaved(measurements: Sequence[Measurement], runs: int,
             report(row)
             done.append(row)
     return rows
+
+
+def loops_ran(out: Outcome) -> str | None:
+    """The loop functions a throughput run's writer and reader ran (tools/bench/user_loop.py),
+    as "write | read | consume" names; None for a run outside the user's loop."""
+    w, r = out.results["writer"], out.results["reader"]
+    names = (w.get("loop_write"), r.get("loop_read"), r.get("loop_consume"))
+    return None if None in names else " | ".join(str(n) for n in names)
 
 
 def delivered(out: Outcome) -> tuple[int, float]:
@@ -470,14 +480,14 @@ def round_trip_row(out: Outcome) -> dict[str, Any]:
 
 
 def ping_loop(send: Callable[[Any], Any], recv: Callable[[], Any], duration_s: float,
-              rate: int | None, checked: bool = False) -> dict[str, Any]:
-    """Ping (RTT_SIZE bytes, sequence number at head and tail) with ``send``, take each pong
-    with ``recv`` (bytes), time each round trip (perf_counter) and check each pong; ``rate``:
-    pings per second on a fixed schedule (a late pong delays only its own ping), None:
-    back-to-back. Stops after duration_s or MAX_SAMPLES pings and sends a STOP ping. Returns
-    samples (int64 ns, as bytes), errors and pings_per_s. With ``checked`` the pings are
-    :class:`Checked` messages: sequence number and a CRC-32 over every byte, both checked
-    (checked_ping_loop)."""
+              rate: int | None, checked: bool = True) -> dict[str, Any]:
+    """Ping (RTT_SIZE bytes) with ``send``, take each pong with ``recv`` (bytes), time each
+    round trip (perf_counter) and check each pong; ``rate``: pings per second on a fixed
+    schedule (a late pong delays only its own ping), None: back-to-back. Stops after
+    duration_s or MAX_SAMPLES pings and sends a STOP ping. Returns samples (int64 ns, as
+    bytes), errors and pings_per_s. ``checked`` (the default): the pings are :class:`Checked`
+    messages, sequence number and a CRC-32 over every byte both checked (checked_ping_loop);
+    without it only the sequence number at the head and the tail is."""
     if checked:
         return checked_ping_loop(send, recv, duration_s, rate)
     pack, unpack = codec(RTT_SIZE).pack_into, codec(RTT_SIZE).unpack_from
@@ -509,7 +519,7 @@ def ping_loop(send: Callable[[Any], Any], recv: Callable[[], Any], duration_s: f
 
 
 def pong_loop(send: Callable[[Any], Any], recv: Callable[[], Any],
-              checked: bool = False) -> dict[str, Any]:
+              checked: bool = True) -> dict[str, Any]:
     """Echo every ping until STOP, checking sequence numbers (with ``checked``: Checked pings,
     sequence number and CRC-32): received, errors."""
     if checked:
@@ -618,24 +628,25 @@ def polled_recv(poll: Callable[[Callable[[Any, Any], None], int], int], idle: An
 async def async_round_trips(pinger: bool, send: Callable[[Any], Any],
                             recv: Callable[[], Awaitable[bytes]], duration_s: float,
                             rate: int | None) -> dict[str, Any]:
-    """ping_loop (pinger) or pong_loop as one coroutine on an asyncio event loop; ``send``
-    may return an awaitable (awaited), ``recv`` is awaited."""
+    """checked_ping_loop (pinger) or checked_pong_loop as one coroutine on an asyncio event
+    loop; ``send`` may return an awaitable (awaited), ``recv`` is awaited."""
 
     async def sent(message: Any) -> None:
         if inspect.isawaitable(result := send(message)):
             await result
 
-    pack, unpack = codec(RTT_SIZE).pack_into, codec(RTT_SIZE).unpack_from
-    message = bytearray(RTT_SIZE)
+    messages = Checked(RTT_SIZE)
+    write, check = messages.write, messages.check
+    message = messages.message()
     if not pinger:
         expected = errors = 0
         while True:
             ping = await recv()
-            head, tail = unpack(ping)
-            if head == STOP:
+            seq, ok = check(ping)
+            if seq == STOP and ok:
                 return {"received": expected, "errors": errors}
-            errors += head != expected or tail != head
-            expected = head + 1
+            errors += seq != expected or not ok
+            expected = seq + 1
             await sent(ping)
     samples = array("q")
     errors = seq = 0
@@ -643,19 +654,19 @@ async def async_round_trips(pinger: bool, send: Callable[[Any], Any],
     period = None if rate is None else 1e9 / rate
     began = clock()
     while True:
-        pack(message, 0, seq, seq)
+        write(message, seq)
         t0 = clock()
         await sent(message)
-        head, tail = unpack(await recv())
+        got, ok = check(await recv())
         t1 = clock()
         samples.append(t1 - t0)
-        errors += head != seq or tail != seq
+        errors += got != seq or not ok
         seq += 1
         if t1 >= began + duration_s * 1e9 or seq >= MAX_SAMPLES:
             break
         if period is not None and (wait_ns := began + seq * period - clock()) > 0:
             await asyncio.sleep(wait_ns / 1e9)
-    pack(message, 0, STOP, STOP)
+    write(message, STOP)
     await sent(message)
     return {"samples": samples.tobytes(), "errors": errors}
 

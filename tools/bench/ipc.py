@@ -1,69 +1,64 @@
 """IPC benchmark: the bus users run, beside the IPC a Python user would pick instead.
 
-    python -m tools.bench.ipc [--quick] [--runs N] [--only NAMES] [--json]   # from the repo root
+    python -m tools.bench.ipc [--quick] [--runs N] [--only NAMES] [--json] [--page DIR]
 
-shmbus is measured as a user runs it: ``shmbus.connect()`` with the embedded driver and default
+shmbus runs as a user runs it: ``shmbus.connect()`` with the embedded driver and default
 settings (a fresh bus directory per measurement; the first client launches the driver), an
 exclusive publication (``aeron:ipc``) in one spawned process and a subscription in another.
-Beside it, in the same run with the same loops: multiprocessing Queue and Pipe, posix_ipc
-MessageQueue, pyzmq PAIR over ipc:// and iceoryx2 (publish-subscribe over shared memory).
+Beside it, in the same run and the same loops: multiprocessing Queue and Pipe, posix_ipc
+MessageQueue, pyzmq PAIR over ipc://, iceoryx2 (publish-subscribe over shared memory) and
+zenoh.
 
-Every measurement runs in fresh spawned processes (tools/bench/harness.py): they set up and connect,
-then start together; the CPU time of every process involved (writer, reader, the bus's driver)
-is taken from the start to the last result, and reported as cores (CPU s / wall s). Each
-measurement is repeated --runs times, interleaved with the others (so a burst of load on the
-machine hits every transport alike); the table shows the median of each figure.
+Every measurement runs in fresh spawned processes (tools/bench/harness.py): they set up and
+connect, then start together; the CPU time of every process involved (writer, reader, the bus's
+driver) is taken from the start to the last result, as cores (CPU s / wall s). Each measurement
+runs --runs times (default 5), interleaved with the others, so a burst of load on the machine
+hits every transport alike; tables give the median and the spread (lowest-highest) of the runs.
 
 Throughput (1 writer -> 1 reader, 32 B, 256 B, 4 KiB): the writer sends for --duration seconds,
 then a STOP message; rate = messages / (time the reader saw STOP - time the writer started),
-both CLOCK_MONOTONIC. A message is a fixed body, its sequence number (int64) and a CRC-32 of both
-(uint32, little-endian). They are made and checked a round at a time (tools/bench/rounds.py):
-the writer makes a round of consecutive messages with numpy and sends each as its own bytes
-object; the reader collects a round of copied messages and compares them with the round it
-makes itself, so every byte of every message is checked at a few tens of ns a message, the
-same way for every transport; a round that differs is walked message by message to name the
-errors.
+both CLOCK_MONOTONIC. A message is a fixed body, its sequence number (int64) and a CRC-32 of
+both (uint32, little-endian).
 
-* copied and checked (every transport): the reader copies each message out as bytes and checks
-  its sequence number and its checksum (every byte of the message); errors are counted. shmbus
-  first as the README teaches: ``pub.publish(message)`` for each message and ``for message in
-  sub.messages()``; then with the lower-level API: ``offer()`` (``publish()`` only once
-  refused) read by ``messages()``, and by ``poll(handler)`` with ``bytes(buffer)`` in a Python
-  handler.
-* shmbus no-copy: the handler reads the sequence number from the memoryview in place.
-* shmbus batch: ``offer_many`` of a (1024, size) uint8 numpy array, ``Subscription.poll_batch``;
-  the reader checks, with numpy over each batch, the sequence number at the head and at the tail
-  of every message (the tail carries the sequence number again instead of a checksum: a CRC per
-  message in Python is the per-message cost the batch API exists to avoid).
+* The user's loop (tools/bench/user_loop.py), the same functions for every transport: the
+  writer calls the transport's send once per message (``pub.publish``, ``sock.send``,
+  ``queue.put``, ...); the reader is ``for message in source: consume(message)``, ``source``
+  the transport's iterator (``sub.messages()``; ``iter(recv, None)`` for a peer), ``consume``
+  a Python function that reads the sequence number and length, checks them and keeps the
+  message, comparing every byte a round at a time. ``shmbus offer()/poll(handler)`` calls the
+  same ``consume`` from its poll handler (``bytes(buffer)``).
+* Lower-level rows, labelled so: ``messages() drained`` (no Python step per message: the
+  iterator is emptied a round at a time with islice, every byte compared), ``no-copy`` (the
+  handler reads the sequence number in place; nothing else checked) and ``batch``
+  (``offer_many`` of a (1024, size) uint8 array, ``poll_batch``; the sequence number at the
+  head and the tail of every message checked with numpy, no CRC).
 
 Messages over the mtu less the 32-byte frame header (4 KiB at the default mtu 1408) arrive in
-fragments; ``messages()`` reassembles them itself, the handler readers with FragmentAssembler,
-as an application would. Nobody spins in throughput runs: a back-pressured shmbus writer sleeps
-in ``publish()`` / ``publish_many()`` until the reader moves, an empty reader in ``messages()``,
-``poll(..., timeout=)`` or ``wait()`` until the writer writes (peers block in their calls,
-iceoryx2 polls).
+fragments; ``messages()`` reassembles them itself, the handler readers with FragmentAssembler.
+Nobody spins in throughput runs: a back-pressured shmbus writer sleeps in ``publish()`` until
+the reader moves, an empty reader in ``messages()`` or ``poll(..., timeout=)`` until the writer
+writes; peers block in their calls, iceoryx2 polls.
 
-Round trip (32 B ping-pong; p50/p90/p99 of the round trips, the first 10% dropped):
+Round trip (32 B ping-pong; p50/p90/p99 of the round trips, the first 10% dropped; every ping
+and pong is a checked message, sequence number and CRC-32 of every byte):
 
-* back-to-back: the next ping goes as soon as the pong is back. shmbus as the README teaches
-  (``publish()`` and a blocking ``messages()`` on both sides: their waits spin for
-  Context.wait_spin, then sleep), and with offer()/poll() busy-spinning (BusySpinIdleStrategy on
-  both sides); peers block in their receive calls, iceoryx2 polls.
-* 1,000 msg/s: one ping per millisecond. shmbus waits blocking in ``Subscription.messages()``
-  (publish() and messages(): woken by the writer), awaiting ``messages_async()`` on an asyncio
-  loop, and
-  with the default BackoffIdleStrategy between empty polls; peers as above. The summary shows the
-  blocking-wait p50 with the ponger's CPU (a subscriber that waits all the time but for one
-  echo per millisecond) in % of a core.
+* back-to-back, blocking against blocking: shmbus ``publish()`` and a blocking ``messages()``
+  with ``Context.wait_spin = 0`` (every wait sleeps on the futex at once, as the peers' blocking
+  calls do), beside the peers' blocking calls; and shmbus at its default wait (spins up to
+  ``wait_spin``, 20 us, then sleeps), labelled so.
+* back-to-back, spinning against spinning: shmbus ``offer()``/``poll()`` with
+  BusySpinIdleStrategy beside iceoryx2, which polls.
+* 1,000 msg/s: one ping per millisecond, the ponger waiting as named (blocking, asyncio, the
+  default back-off); the ponger's CPU in % of a core beside its p50.
 
 Idle: a connected publication and subscription doing nothing for --idle seconds (the publisher
-sleeps, the subscriber polls with the default back-off, or blocks in ``poll(timeout=...)``):
-the CPU of the publisher, the subscriber and the driver.
+sleeps, the subscriber polls with the default back-off, blocks in ``poll(timeout=...)`` or
+awaits): the CPU of the publisher, the subscriber and the driver.
 
-Output: a markdown report on stdout (or the JSON report with --json), and bench.md, bench.json
-and bench.png (throughput by size, round-trip percentiles) in --out (default tools/results/).
-Exit status 1 if a measurement failed (crashed, timed out, or got wrong messages); a
-measurement that cannot run here (missing package or API) is reported "n/a: <reason>".
+Output: a markdown report on stdout (or JSON with --json), bench.md, bench.json and bench.png in
+--out (default tools/results/); with --page DIR the dated page DIR/ipc.md and its plot
+DIR/ipc.png (tools/bench/pages.py). Exit status 1 if a measurement failed (crashed, timed out,
+or got wrong messages); one that cannot run here (missing package or API) reads "n/a: <reason>".
 """
 
 from __future__ import annotations
@@ -86,6 +81,7 @@ from tools.bench.harness import (
     Member,
     add_runs_options,
     delivered,
+    loops_ran,
     median_row,
     round_trip_row,
     run_interleaved,
@@ -97,10 +93,13 @@ from tools.bench.ipc_members import (
     CHANNEL,
     SHM,
     SHM_BATCH,
+    SHM_DRAIN,
     SHM_HANDLER,
     SHM_NOCOPY,
     SHM_PUBLISH,
+    SLEEPING,
     SPIN,
+    Bus,
     Scope,
     shm_batch_reader,
     shm_idle,
@@ -108,9 +107,7 @@ from tools.bench.ipc_members import (
     shm_rtt,
     shm_writer,
 )
-from tools.bench.members import (
-    BATCH_ROWS,
-)
+from tools.bench.pages import Spread, add_page_option, fmt_spread, spread, started, write_page
 from tools.bench.peers import (
     ICEORYX,
     PIPE,
@@ -132,12 +129,16 @@ RTT_RATE = 1000  # pings per second of the paced round-trip mode
 RESULTS = Path(__file__).resolve().parents[1] / "results"  # tools/results/, not in git
 
 PEERS = (QUEUE, PIPE, POSIX, ZMQ, ICEORYX, ZENOH)
-THROUGHPUT = (SHM_PUBLISH, SHM, SHM_HANDLER, SHM_NOCOPY, SHM_BATCH, *PEERS)
+USER_LOOP = (SHM_PUBLISH, *PEERS, SHM_HANDLER)  # rows run by tools/bench/user_loop.py
+LOWER_LEVEL = (SHM_DRAIN, SHM_NOCOPY, SHM_BATCH)
+THROUGHPUT = (*USER_LOOP, *LOWER_LEVEL)
 
 BACK_TO_BACK = "back-to-back"
 PACED = f"{RTT_RATE:,} msg/s"
 PEER_WAIT = {QUEUE: "blocking", PIPE: "blocking", POSIX: "blocking", ZMQ: "blocking",
              ICEORYX: "busy-poll", ZENOH: "blocking"}
+#: how a shmbus round-trip row waits, beside the peers that wait the same way
+SHM_WAITS = {SLEEPING: "blocking", BLOCKING: "blocking", SPIN: "busy-poll"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ def throughput(ctx: Any, transport: str, size: int, s: Settings) -> dict[str, An
         out = scope.run(ctx, [reader, writer], s.duration_s + s.timeout_s)
     sent, seconds = delivered(out)
     return {"msgs_per_s": sent / seconds, "mb_per_s": sent * size / seconds / 1e6,
-            "messages": sent, "errors": 0, "cores": out.cores}
+            "messages": sent, "errors": 0, "cores": out.cores, "loops": loops_ran(out)}
 
 
 def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
@@ -192,7 +193,7 @@ def round_trip(ctx: Any, transport: str, wait: str, rate: int | None,
             pinger = Member("pinger", run, (a, True, rate, duration, s.timeout_s, done))
             ponger = Member("ponger", run, (b, False, rate, duration, s.timeout_s, done))
         else:
-            bus = scope.bus()
+            bus = Bus(str(scope.dir), 0.0) if wait == SLEEPING else scope.bus()
             pinger = Member("pinger", shm_rtt, (bus, True, wait, rate, duration, s.timeout_s,
                                                 done))
             ponger = Member("ponger", shm_rtt, (bus, False, wait, rate, duration, s.timeout_s,
@@ -224,9 +225,9 @@ def plan(ctx: Any, sizes: tuple[int, ...], wanted: Callable[[str], bool], s: Set
             if wanted(t):
                 out.append(({"test": "throughput", "transport": t, "size": size},
                             lambda t=t, size=size: throughput(ctx, t, size, s)))
-    rtt = [(SHM_PUBLISH, BLOCKING, None), (SHM_PUBLISH, BLOCKING, RTT_RATE), (SHM, SPIN, None),
-           (SHM, ASYNCIO, RTT_RATE),
-           (SHM, BACKOFF, RTT_RATE), (ZMQ, ASYNCIO, RTT_RATE),
+    rtt = [(SHM_PUBLISH, SLEEPING, None), (SHM_PUBLISH, BLOCKING, None), (SHM, SPIN, None),
+           (SHM_PUBLISH, SLEEPING, RTT_RATE), (SHM_PUBLISH, BLOCKING, RTT_RATE),
+           (SHM, ASYNCIO, RTT_RATE), (SHM, BACKOFF, RTT_RATE), (ZMQ, ASYNCIO, RTT_RATE),
            *((p, PEER_WAIT[p], rate) for rate in (None, RTT_RATE) for p in PEERS)]
     for t, wait, rate in rtt:
         if wanted(t):
@@ -254,31 +255,62 @@ def cores_cell(row: dict[str, Any], labels: tuple[str, ...]) -> str:
                       for label in labels)
 
 
+def _spread(row: dict[str, Any], key: str) -> Spread | None:
+    """The spread of ``key`` over the row's runs (harness.median_row's samples)."""
+    return spread(row.get("samples", {}).get(key, [row.get(key)]))
+
+
+def _rate_cell(row: dict[str, Any]) -> str:
+    return cell_status(row) or fmt_spread(_spread(row, "msgs_per_s"), fmt_rate)
+
+
+def _us_cell(row: dict[str, Any], key: str) -> str:
+    return cell_status(row) or fmt_spread(_spread(row, key), lambda v: f"{v:.1f}")
+
+
+def _find(rows: list[dict[str, Any]], **fields: Any) -> dict[str, Any] | None:
+    return next((r for r in rows if all(r.get(k) == v for k, v in fields.items())), None)
+
+
 def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...]) -> str:
-    """One line per transport: msg/s by size, p50 / p99 of its fastest round trip, and p50 of
-    its waiting round trip at RTT_RATE with the ponger's CPU (shmbus: the blocking wait)."""
-    headers = ["1 writer -> 1 reader", *(f"{size_name(z)} msg/s" for z in sizes),
-               f"RTT p50 / p99 us ({RTT_SIZE} B, {BACK_TO_BACK})",
-               f"RTT p50 us at {PACED}, waiting / subscriber CPU"]
+    """The user's loop, one line per transport: msg/s by size (median and spread), and the
+    ratio of shmbus publish()/messages() to zmq PAIR and to the best peer at each size."""
+    headers = ["the user's loop, 1 writer -> 1 reader",
+               *(f"{size_name(z)} msg/s" for z in sizes)]
     lines = []
-    for t in THROUGHPUT:
-        mine = [r for r in rows if r["transport"] == t]
-        if not mine:
-            continue
+    for t in USER_LOOP:
+        cells = [(_rate_cell(r) if (r := _find(rows, test="throughput", transport=t, size=z))
+                  else "-") for z in sizes]
+        if any(c != "-" for c in cells):
+            lines.append([_label(t), *cells])
+    for name, field in (("shmbus publish()/messages() / zmq PAIR", "x_zmq"),
+                        ("shmbus publish()/messages() / best peer", "x_best_peer")):
         cells = []
         for z in sizes:
-            r = next((r for r in mine if r["test"] == "throughput" and r["size"] == z), None)
-            cells.append("-" if r is None else (cell_status(r) or _rate_cell(r, z)))
-        rtt = next((r for r in mine if r["test"] == "rtt" and r["rate"] == BACK_TO_BACK), None)
-        cells.append("-" if rtt is None else (cell_status(rtt) or
-                                              f"{rtt['p50_us']:.1f} / {rtt['p99_us']:.1f}"))
-        waiting = next((r for r in mine if r["test"] == "rtt" and r["rate"] == PACED
-                        and r["wait"] in (BLOCKING, PEER_WAIT.get(t))), None)
-        cells.append("-" if waiting is None else (cell_status(waiting) or
-                                                  f"{waiting['p50_us']:.1f} / "
-                                                  f"{_percent_of_core(waiting, 'ponger')}"))
-        lines.append([_label(t), *cells])
+            r = _find(rows, test="throughput", transport=SHM_PUBLISH, size=z)
+            cells.append("-" if r is None or r.get(field) is None else f"{r[field]:.2f}x")
+        lines.append([name, *cells])
     return markdown_table(headers, lines, range(1, len(headers)))
+
+
+def rtt_summary(rows: list[dict[str, Any]]) -> str:
+    """Back-to-back round trips, each shmbus wait beside the peers that wait the same way."""
+    headers = ["back-to-back, 32 B", "waits", "p50 us", "p99 us", "p50 / best peer's"]
+    lines = []
+    for wait, kind in SHM_WAITS.items():
+        transport = SHM if wait == SPIN else SHM_PUBLISH
+        r = _find(rows, test="rtt", transport=transport, wait=wait, rate=BACK_TO_BACK)
+        peers = [p for p in PEERS if PEER_WAIT[p] == kind]
+        best = min((p for p in (_find(rows, test="rtt", transport=t, rate=BACK_TO_BACK)
+                                for t in peers) if p and p["status"] == "ok"),
+                   key=lambda p: p["p50_us"], default=None)
+        if r is None:
+            continue
+        ratio = (f"{r['p50_us'] / best['p50_us']:.2f} ({best['transport']})"
+                 if best and r["status"] == "ok" else "-")
+        lines.append([_label(transport), wait, _us_cell(r, "p50_us"), _us_cell(r, "p99_us"),
+                      ratio])
+    return markdown_table(headers, lines, (2, 3, 4))
 
 
 def _percent_of_core(row: dict[str, Any], label: str) -> str:
@@ -286,17 +318,13 @@ def _percent_of_core(row: dict[str, Any], label: str) -> str:
     return "-" if cores is None else f"{cores:.1%}"
 
 
-def _rate_cell(row: dict[str, Any], size: int) -> str:
-    cell = fmt_rate(row["msgs_per_s"])
-    return cell + (f" ({row['mb_per_s'] / 1000:.2f} GB/s)" if size >= 4096 else "")
-
-
 def _label(transport: str) -> str:
-    return {SHM_PUBLISH: "shmbus publish()/messages(), copied + checked",
-            SHM: "shmbus offer()/messages() (lower-level API), copied + checked",
-            SHM_HANDLER: "shmbus offer()/poll(handler) (lower-level API), copied + checked",
-            SHM_NOCOPY: "shmbus offer()/poll (lower-level API), no copy",
-            SHM_BATCH: "shmbus offer_many/poll_batch (numpy)",
+    return {SHM_PUBLISH: "shmbus publish()/messages()",
+            SHM_HANDLER: "shmbus offer()/poll(handler) (lower-level API)",
+            SHM_DRAIN: "lower-level: shmbus messages() drained, no Python step per message",
+            SHM_NOCOPY: "lower-level: shmbus poll, sequence number read in place, no copy",
+            SHM_BATCH: "lower-level: shmbus offer_many/poll_batch (numpy), head and tail "
+                       "sequence checked",
             ICEORYX: "iceoryx2 (busy-poll)"}.get(transport, transport)
 
 
@@ -316,34 +344,35 @@ def _test_table(rows: list[dict[str, Any]], test: str, headers: list[str],
 
 
 def throughput_table(rows: list[dict[str, Any]]) -> str:
-    """Every throughput row: msg/s, MB/s, over the best peer's msg/s, cores, errors."""
+    """Every throughput row: msg/s (median and spread), MB/s, over the best peer's msg/s,
+    cores, errors."""
 
     def figures(r: dict[str, Any]) -> list[str]:
-        best = r.get("best_peer_msgs_per_s")
-        return [fmt(r["msgs_per_s"]), fmt(r["mb_per_s"], 1),
-                f"{r['msgs_per_s'] / best:.2f}" if best else "",
+        best = r.get("x_best_peer")
+        return [_rate_cell(r), fmt(r["mb_per_s"], 1), "" if best is None else f"{best:.2f}",
                 cores_cell(r, ("writer", "reader", "driver")), str(r["errors"])]
 
     return _test_table(rows, "throughput",
-                       ["transport", "size", "msg/s", "MB/s", "x best peer",
+                       ["transport", "size", "msg/s (lowest-highest)", "MB/s", "x best peer",
                         "cores: writer / reader / driver", "errors"],
                        lambda r: [_label(r["transport"]), size_name(r["size"])], figures,
                        (2, 3, 4, 6))
 
 
 def rtt_table(rows: list[dict[str, Any]]) -> str:
-    """Every round-trip row: percentiles, cores, errors."""
+    """Every round-trip row: percentiles (p50 with its spread), cores, errors."""
 
     def figures(r: dict[str, Any]) -> list[str]:
-        return [fmt(r["p50_us"], 1), fmt(r["p90_us"], 1), fmt(r["p99_us"], 1),
+        return [_us_cell(r, "p50_us"), fmt(r["p90_us"], 1), fmt(r["p99_us"], 1),
                 fmt(r["max_us"], 1), cores_cell(r, ("pinger", "ponger", "driver")),
-                str(r["errors"])]
+                _percent_of_core(r, "ponger"), str(r["errors"])]
 
     return _test_table(rows, "rtt",
-                       ["transport", "pace", "waiting", "p50 us", "p90 us", "p99 us", "max us",
-                        "cores: pinger / ponger / driver", "errors"],
+                       ["transport", "pace", "waiting", "p50 us (lowest-highest)", "p90 us",
+                        "p99 us", "max us", "cores: pinger / ponger / driver", "ponger CPU",
+                        "errors"],
                        lambda r: [r["transport"], r["rate"], r["wait"]], figures,
-                       (3, 4, 5, 6, 8))
+                       (3, 4, 5, 6, 8, 9))
 
 
 def idle_table(rows: list[dict[str, Any]]) -> str:
@@ -355,82 +384,90 @@ def idle_table(rows: list[dict[str, Any]]) -> str:
 
 
 def report_markdown(report: dict[str, Any]) -> str:
+    """The report's body: settings, the summaries, every row, and what each row does."""
     rows, settings = report["rows"], report["settings"]
-    m = settings["machine"]
-    head = (f"shmbus bench: median of {settings['runs']} runs; {settings['duration_s']} s per "
-            f"throughput and back-to-back run, {settings['paced_s']} s per paced run, "
-            f"{settings['idle_s']} s idle; python {m['python']}, {m['cpus']} CPUs, load "
-            f"{settings['load_before']:.2f} before, {settings['load_after']:.2f} after.")
-    parts = [head, "", summary_table(rows, tuple(settings["sizes"]))]
-    if any(r["test"] == "throughput" for r in rows):
-        parts += ["", "Throughput", "", throughput_table(rows)]
+    head = (f"Median and spread (lowest-highest) of {settings['runs']} runs, interleaved; "
+            f"{settings['duration_s']} s per throughput and back-to-back run, "
+            f"{settings['paced_s']} s per paced run, {settings['idle_s']} s idle.")
+    parts = [head, "", "## The user's loop", "", summary_table(rows, tuple(settings["sizes"]))]
     if any(r["test"] == "rtt" for r in rows):
-        parts += ["", f"Round trip, {RTT_SIZE} B ping-pong", "", rtt_table(rows)]
+        parts += ["", "## Round trips, like against like", "", rtt_summary(rows)]
+    if any(r["test"] == "throughput" for r in rows):
+        parts += ["", "## Every throughput row", "", throughput_table(rows)]
+    if any(r["test"] == "rtt" for r in rows):
+        parts += ["", f"## Every round trip, {RTT_SIZE} B ping-pong", "", rtt_table(rows)]
     if any(r["test"] == "idle" for r in rows):
-        parts += ["", "Idle", "", idle_table(rows)]
-    parts += ["", NOTES]
+        parts += ["", "## Idle", "", idle_table(rows)]
+    parts += ["", "## What each row does", "", NOTES]
     return "\n".join(parts)
 
 
 NOTES = f"""\
-Notes: shmbus = `shmbus.connect()` (embedded driver, default settings: term 1 MiB, mtu 1408,
-`{CHANNEL}`), exclusive publication / subscription in two spawned processes; back-pressured,
-the writer sleeps in publish() and an empty reader in messages() or poll(timeout=). "copied +
-checked": every message copied out as bytes (by `Subscription.messages()`, or by `bytes()` in a
-poll handler), its sequence number and CRC-32 checked (every byte compared, a round of
-4,096 messages at 32 B at a time: tools/bench/rounds.py); "no copy":
-the sequence number read from the memoryview in place; batch: offer_many of ({BATCH_ROWS}, size)
-numpy arrays, poll_batch, sequence numbers at head and tail checked with numpy. Peers:
-mp.Queue(maxsize={QUEUE_DEPTH}) put/get, mp.Pipe send_bytes/recv_bytes, posix_ipc (default
-depth) send/receive, zmq PAIR send/recv, iceoryx2 Slice[uint8] loan/send and receive (subscriber
-buffer {QUEUE_DEPTH}, publisher retries when it is full), eclipse-zenoh put and a
-FifoChannel({QUEUE_DEPTH}) subscriber's recv between two peer sessions over tcp loopback (reliable,
-congestion control BLOCK), all copied + checked like shmbus. cores
-= CPU seconds / wall seconds of each process from the start of the measurement to its last
-result (1.00 = one core). MB = 10^6 payload bytes. x best peer: msg/s over the fastest peer's
-at that size. RTT: microseconds, first 10% of round trips dropped; "waiting / subscriber
-CPU": the {PACED} round trip with the receiver waiting (shmbus: blocking in
-`Subscription.messages()`, peers: blocking calls, iceoryx2: polling) and the ponger's CPU in %
-of one core. "asyncio await": both ends on an asyncio event loop, shmbus awaiting
-`Subscription.messages_async()`, zmq its own `zmq.asyncio` PAIR. Idle: publisher sleeping,
-subscriber waiting as named."""
+* shmbus: `shmbus.connect()` (embedded driver, default settings: term 1 MiB, mtu 1408,
+  `{CHANNEL}`), an exclusive publication and a subscription in two spawned processes.
+* The user's loop (tools/bench/user_loop.py), the same functions for every transport: the
+  writer calls the transport's send once per message; the reader runs `for message in source:
+  consume(message)`, `consume` reading the sequence number and length of each message,
+  checking them and keeping the message, then comparing every byte of a round (the sequence
+  number and a CRC-32 included) with the round it computes. shmbus reads `sub.messages()`; a
+  peer `iter(recv, None)`; `offer()/poll(handler)` calls the same `consume` from its handler.
+* Lower-level rows say so in their name and what they check.
+* Peers: mp.Queue(maxsize={QUEUE_DEPTH}) put/get, mp.Pipe send_bytes/recv_bytes, posix_ipc
+  (default depth) send/receive, zmq PAIR send/recv, iceoryx2 Slice[uint8] loan/send and
+  receive (subscriber buffer {QUEUE_DEPTH}, the publisher retries when it is full), eclipse-zenoh
+  put and a FifoChannel({QUEUE_DEPTH}) subscriber between two sessions over tcp loopback
+  (reliable, congestion control BLOCK).
+* cores: CPU seconds over wall seconds of each process from the start of the measurement to
+  its last result (1.00 = one core). MB = 10^6 payload bytes. x best peer: msg/s over the
+  fastest peer's at that size, both in the user's loop.
+* Round trips: microseconds, the first 10% dropped, every ping and pong checked (sequence
+  number and CRC-32). "blocking wait, no spin": `Context.wait_spin = 0`, every wait sleeps at
+  once, like the peers' blocking calls. "blocking wait": the default, which spins up to
+  `wait_spin` (20 us) before it sleeps. "busy-spin": `offer()`/`poll()` with
+  BusySpinIdleStrategy, beside iceoryx2, which polls. At {PACED}: one ping a millisecond;
+  "ponger CPU" is the waiting side's CPU in % of a core.
+* Idle: publisher sleeping, subscriber waiting as named."""
 
 
 def draw_chart(rows: list[dict[str, Any]], sizes: tuple[int, ...], path: Path) -> None:
-    """Throughput by size (grouped bars, msg/s, log scale) and round-trip percentiles."""
+    """The user's loop: msg/s by size (bars at the median, whiskers lowest-highest, log
+    scale); and round trips back to back as percentile curves."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(15, 6))
-    transports = [t for t in THROUGHPUT if any(r["transport"] == t and r["test"] == "throughput"
-                                               for r in rows)]
+    transports = [t for t in USER_LOOP if _find(rows, test="throughput", transport=t,
+                                                 status="ok")]
     width = 0.8 / max(1, len(transports))
     for i, t in enumerate(transports):
-        values = []
+        medians, low, high = [], [], []
         for z in sizes:
-            r = next((r for r in rows if r["test"] == "throughput" and r["transport"] == t
-                      and r["size"] == z and r["status"] == "ok"), None)
-            values.append(r["msgs_per_s"] if r else 0)
-        left.bar([x + i * width for x in range(len(sizes))], values, width, label=_label(t))
+            r = _find(rows, test="throughput", transport=t, size=z, status="ok")
+            sp = _spread(r, "msgs_per_s") if r else None
+            medians.append(sp.median if sp else 0)
+            low.append(sp.median - sp.low if sp else 0)
+            high.append(sp.high - sp.median if sp else 0)
+        left.bar([x + i * width for x in range(len(sizes))], medians, width,
+                 yerr=[low, high], capsize=2, label=_label(t))
     left.set_xticks([x + width * (len(transports) - 1) / 2 for x in range(len(sizes))],
                     [size_name(z) for z in sizes])
     left.set_yscale("log")
     left.set_ylabel("messages / s (log)")
-    left.set_title("Throughput, 1 writer -> 1 reader (missing bar: n/a)")
+    left.set_title("The user's loop, 1 writer -> 1 reader (median, lowest-highest)")
     left.legend(fontsize=7)
-    rtts = [r for r in rows if r["test"] == "rtt"]
-    for j, (key, label) in enumerate((("p50_us", "p50"), ("p90_us", "p90"), ("p99_us", "p99"))):
-        right.bar([x + j * 0.27 for x in range(len(rtts))],
-                  [r[key] if r["status"] == "ok" else 0 for r in rtts], 0.27, label=label)
-    right.set_xticks([x + 0.27 for x in range(len(rtts))],
-                     [f"{r['transport']}\n{r['rate']}, {r['wait']}" for r in rtts],
-                     rotation=60, ha="right", fontsize=7)
+    levels = (50, 90, 99)
+    for r in rows:
+        if r["test"] == "rtt" and r["rate"] == BACK_TO_BACK and r["status"] == "ok":
+            right.plot(levels, [r[f"p{q}_us"] for q in levels], marker="o",
+                       label=f"{r['transport']}, {r['wait']}")
+    right.set_xticks(levels, [f"p{q}" for q in levels])
     right.set_yscale("log")
+    right.set_xlabel("percentile")
     right.set_ylabel("round trip, microseconds (log)")
-    right.set_title(f"Round trip, {RTT_SIZE} B (missing bars: n/a)")
-    right.legend()
+    right.set_title(f"Round trip, {RTT_SIZE} B, back to back")
+    right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -460,6 +497,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "(default tools/results/)")
     parser.add_argument("--json", action="store_true",
                         help="print the JSON report on stdout instead of the markdown")
+    add_page_option(parser)
     args = parser.parse_args(argv)
     try:
         args.sizes = tuple(int(x) for x in args.sizes.split(","))
@@ -492,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--only {args.only!r}: no transport matches (known: {', '.join(THROUGHPUT)})",
               file=sys.stderr)
         return 2
-    load_before = os.getloadavg()[0]
+    setting = started(argv)
+    load_before = setting.load
     print(f"shmbus bench: {len(measurements)} measurements x {runs} runs; progress on stderr",
           file=sys.stderr, flush=True)
     try:
@@ -502,10 +541,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = [median_row(r) for r in results]
-    # "x best peer": each throughput row's msg/s over the fastest peer's at its size
-    add_ratios(rows, "best_peer_msgs_per_s",
-               lambda r: r["test"] == "throughput" and r["transport"] in PEERS,
-               lambda r: (r["test"], r.get("size")), lambda r, best: best["msgs_per_s"])
+    # each throughput row's msg/s over the fastest peer's, and over zmq PAIR's, at its size
+    for field, is_base in (("x_best_peer", lambda r: r["transport"] in PEERS),
+                           ("x_zmq", lambda r: r["transport"] == ZMQ)):
+        add_ratios(rows, field, lambda r, is_base=is_base: r["test"] == "throughput"
+                   and is_base(r), lambda r: (r["test"], r.get("size")),
+                   lambda r, base: r["msgs_per_s"] / base["msgs_per_s"])
     report = {"settings": {"runs": runs, "duration_s": settings.duration_s,
                            "paced_s": settings.paced_s, "idle_s": settings.idle_s,
                            "sizes": list(args.sizes), "only": args.only,
@@ -513,6 +554,11 @@ def main(argv: list[str] | None = None) -> int:
                            "machine": machine()},
               "rows": rows}
     markdown = report_markdown(report)
+    if args.page:
+        write_page(args.page, "ipc", "One host: tools/bench/ipc.py", "tools.bench.ipc",
+                   setting, "![The user's loop by message size, and round-trip percentiles]"
+                   "(ipc.png)\n\n" + markdown)
+        draw_chart(rows, args.sizes, Path(args.page) / "ipc.png")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.md").write_text(markdown + "\n")
     (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")

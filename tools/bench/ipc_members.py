@@ -45,21 +45,24 @@ from tools.bench.members import (
     connect_publication,
     max_payload,
 )
-from tools.bench.rounds import RoundCheck, Rounds, read_rounds, send_rounds
+from tools.bench.rounds import Rounds, read_rounds
+from tools.bench.user_loop import Consumer, write
 
 POLL_LIMIT = 256  # fragment limit of Subscription.poll in throughput runs
 CHANNEL = "aeron:ipc"
 
 # the ways shmbus is measured (row names of ipc.py's reports)
-SHM_PUBLISH = "shmbus publish()"
-SHM = "shmbus offer()"
-SHM_HANDLER = "shmbus poll(handler)"
-SHM_NOCOPY = "shmbus no-copy"
-SHM_BATCH = "shmbus batch"
+SHM_PUBLISH = "shmbus publish()/messages()"  # the user's loop, as the README teaches
+SHM_HANDLER = "shmbus offer()/poll(handler)"  # the user's consume, from a poll handler
+SHM_DRAIN = "shmbus messages() drained"  # lower-level: no Python step per message
+SHM_NOCOPY = "shmbus no-copy"  # lower-level: the sequence number read in place
+SHM_BATCH = "shmbus batch"  # lower-level: offer_many / poll_batch
+SHM = "shmbus offer()/poll()"  # round trips and idle: offer() and poll() with an idle strategy
 
 # how a round-trip or idle member waits
 SPIN = "busy-spin"
-BLOCKING = "blocking wait"
+BLOCKING = "blocking wait"  # the default: spins up to Context.wait_spin (20 us), then sleeps
+SLEEPING = "blocking wait, no spin"  # Context.wait_spin = 0: sleeps at once, as the peers do
 ASYNCIO = "asyncio await"
 BACKOFF = "back-off (default)"
 
@@ -71,14 +74,18 @@ BACKOFF = "back-off (default)"
 
 @dataclass(frozen=True)
 class Bus:
-    """One measurement's bus: a fresh directory (the first client launches its driver)."""
+    """One measurement's bus: a fresh directory (the first client launches its driver), and
+    the clients' Context.wait_spin (None: the default)."""
 
     dir: str
+    wait_spin: float | None = None
 
     def connect(self) -> Any:
         import shmbus
 
-        return shmbus.connect(dir=self.dir)
+        if self.wait_spin is None:
+            return shmbus.connect(dir=self.dir)
+        return shmbus.connect(dir=self.dir, wait_spin=self.wait_spin)
 
 
 def _publication(bus: Any, stream_id: int, deadline_ns: int) -> Any:
@@ -110,102 +117,104 @@ def _subscribed(start: Any, bus_spec: Bus, stream_id: int, timeout_s: float) -> 
 
 def shm_writer(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
                duration_s: float, timeout_s: float, done: Any) -> dict[str, Any]:
-    """Checked messages for duration_s, then STOP: each by publish() (how=SHM_PUBLISH, what
-    the README teaches), or offer() and, back-pressured, publish() (the lower-level API), or
-    offer_many of a batch then publish_many() (SHM_BATCH). Back-pressured, it sleeps in
-    publish()/publish_many() until the reader moves."""
+    """Checked messages for duration_s, then STOP, in the user's writer loop
+    (user_loop.write): each by ``publish()`` (SHM_PUBLISH and SHM_DRAIN: what the README
+    teaches), or by ``offer()`` and, back-pressured, ``publish()`` (SHM_HANDLER and SHM_NOCOPY:
+    the lower-level API); or offer_many of a batch then publish_many() (SHM_BATCH).
+    Back-pressured, it sleeps in publish()/publish_many() until the reader moves."""
     with bus_spec.connect() as bus:
         publication = _publication(bus, stream_id, deadline_after(timeout_s))
-        offer = publication.offer
         rounds = Rounds(size)
         start.ready(bus.driver_pid)
-        t0 = time.monotonic_ns()
-        end_ns = t0 + int(duration_s * 1e9)
-        seq = 0
         if how == SHM_BATCH:
-            block = np.zeros((BATCH_ROWS, size), np.uint8)
-            words = block.view("<i8")  # sequence numbers in the first and the last word
-            ramp = np.arange(BATCH_ROWS, dtype=np.int64)
-            offer_many = publication.offer_many
-            while time.monotonic_ns() < end_ns:
-                np.add(ramp, seq, out=words[:, 0])
-                words[:, -1] = words[:, 0]
-                sent = offer_many(block)
-                if sent != BATCH_ROWS:  # back-pressured: the rest sleeps until it moves
-                    publication.publish_many(block[max(sent, 0):], timeout=timeout_s)
-                seq += BATCH_ROWS
-            words[:1, 0] = words[:1, -1] = STOP
-            publication.publish_many(block[:1], timeout=timeout_s)
-        elif how == SHM_PUBLISH:  # as users write it: publish(message), its default timeout
-            seq, t0 = send_rounds(publication.publish, rounds, duration_s)
+            out = _write_batches(publication, size, duration_s, timeout_s)
+        elif how in (SHM_PUBLISH, SHM_DRAIN):  # publish(message) at its default timeout
+            out = write(publication.publish, rounds, duration_s)
         else:
-            publish = publication.publish
+            offer, publish = publication.offer, publication.publish
 
             def send(message: bytes) -> None:
                 if offer(message) < 0:  # back-pressured: sleep until the reader moves
                     publish(message, timeout=timeout_s)
 
-            seq, t0 = send_rounds(send, rounds, duration_s)
+            out = write(send, rounds, duration_s)
         done.wait(timeout_s)  # keep the publication until the reader has everything
+    return out
+
+
+def _write_batches(publication: Any, size: int, duration_s: float, timeout_s: float
+                   ) -> dict[str, Any]:
+    """offer_many of (BATCH_ROWS, size) blocks, the sequence number in each message's first
+    and last word, for duration_s; then a STOP message."""
+    t0 = time.monotonic_ns()
+    end_ns = t0 + int(duration_s * 1e9)
+    seq = 0
+    block = np.zeros((BATCH_ROWS, size), np.uint8)
+    words = block.view("<i8")
+    ramp = np.arange(BATCH_ROWS, dtype=np.int64)
+    offer_many = publication.offer_many
+    while time.monotonic_ns() < end_ns:
+        np.add(ramp, seq, out=words[:, 0])
+        words[:, -1] = words[:, 0]
+        sent = offer_many(block)
+        if sent != BATCH_ROWS:  # back-pressured: the rest sleeps until it moves
+            publication.publish_many(block[max(sent, 0):], timeout=timeout_s)
+        seq += BATCH_ROWS
+    words[:1, 0] = words[:1, -1] = STOP
+    publication.publish_many(block[:1], timeout=timeout_s)
     return {"sent": seq, "t0": t0}
 
 
 def shm_reader(start: Any, bus_spec: Bus, stream_id: int, size: int, how: str,
                timeout_s: float, done: Any) -> dict[str, Any]:
-    """Read until STOP: every message as bytes from ``messages()``, checked (how=SHM or
-    SHM_PUBLISH); by
-    poll(handler), copied and checked (SHM_HANDLER), or its sequence number read in place
-    (SHM_NOCOPY)."""
+    """Read until STOP. SHM_PUBLISH, the user's loop (user_loop.read): ``for message in
+    sub.messages(): consume(message)``. SHM_HANDLER: ``poll(handler)``, the handler copying
+    each message as bytes into the same ``consume``. SHM_DRAIN (lower-level): ``messages()``
+    emptied a round at a time with itertools.islice, no Python step per message, each round
+    compared whole (rounds.read_rounds). SHM_NOCOPY (lower-level): the handler reads the
+    sequence number in place, nothing else checked."""
     import shmbus
 
     rounds = Rounds(size)
-    if how in (SHM, SHM_PUBLISH):
-        return _shm_messages_reader(start, bus_spec, stream_id, rounds, timeout_s, done)
-    unpack_from, seq_offset = SEQUENCE.unpack_from, rounds.checked.seq_offset
-    round_check = RoundCheck(rounds)
-    got: list[bytes] = []
-    append, take = got.append, round_check.take
-    tally = Counter() if how == SHM_NOCOPY else round_check.tally
+    consumer = Consumer(rounds)
+    tally = consumer.tally
+    if how == SHM_NOCOPY:
+        tally = Counter()
+        unpack_from, seq_offset = SEQUENCE.unpack_from, rounds.checked.seq_offset
 
-    def copied(buffer: memoryview, header: Any) -> None:
-        append(bytes(buffer))
+        def in_place(buffer: memoryview, header: Any) -> None:
+            seq = unpack_from(buffer, seq_offset)[0]
+            if seq == tally.expected:
+                tally.expected += 1
+            elif seq == STOP:
+                tally.stopped = True
+            else:
+                tally.bad(seq, "out of order")
 
-    def in_place(buffer: memoryview, header: Any) -> None:
-        seq = unpack_from(buffer, seq_offset)[0]
-        if seq == tally.expected:
-            tally.expected += 1
-        elif seq == STOP:
-            tally.stopped = True
-        else:
-            tally.bad(seq, "out of order")
-
-    handler: Any = copied if how == SHM_HANDLER else in_place
-    if size > max_payload(CHANNEL):
+        handler: Any = in_place
+    elif how == SHM_HANDLER:
+        handler = consumer.handler()
+    if how in (SHM_NOCOPY, SHM_HANDLER) and size > max_payload(CHANNEL):
         handler = shmbus.FragmentAssembler(handler)
     with _subscribed(start, bus_spec, stream_id, timeout_s) as subscription:
-        poll = subscription.poll
-        deadline = deadline_after(timeout_s)
-        while not tally.stopped:
-            # nothing there: asleep until the writer wakes it
-            if not poll(handler, POLL_LIMIT) and not poll(handler, POLL_LIMIT, timeout=0.1):
-                if time.monotonic_ns() > deadline:
-                    raise BenchError(f"reader timed out after {tally.expected} messages")
-            if got:
-                take(got)
-        t1 = time.monotonic_ns()
-        done.set()
-    return tally.result(t1)
-
-
-def _shm_messages_reader(start: Any, bus_spec: Bus, stream_id: int, rounds: Rounds,
-                         timeout_s: float, done: Any) -> dict[str, Any]:
-    """shm_reader's messages() loop: the iterator sleeps while there is nothing to read."""
-    with _subscribed(start, bus_spec, stream_id, timeout_s) as subscription:
-        tally = read_rounds(subscription.messages(timeout=timeout_s), rounds)
+        if how == SHM_PUBLISH:
+            consumer.read(subscription.messages(timeout=timeout_s))
+        elif how == SHM_DRAIN:
+            tally = read_rounds(subscription.messages(timeout=timeout_s), rounds)
+        else:
+            poll = subscription.poll
+            deadline = deadline_after(timeout_s)
+            while not tally.stopped:
+                # nothing there: asleep until the writer wakes it
+                if not poll(handler, POLL_LIMIT) and not poll(handler, POLL_LIMIT, timeout=0.1):
+                    if time.monotonic_ns() > deadline:
+                        break
         t1 = time.monotonic_ns()
         done.set()
     if not tally.stopped:
         raise BenchError(f"reader timed out after {tally.expected} messages")
+    if how in (SHM_PUBLISH, SHM_HANDLER):
+        return consumer.result(t1)
     return tally.result(t1)
 
 
@@ -237,7 +246,7 @@ def _shm_recv(subscription: Any, wait: str, timeout_s: float) -> Callable[[], by
     (busy-spin, back-off, or blocking in messages())."""
     import shmbus
 
-    if wait == BLOCKING:
+    if wait in (BLOCKING, SLEEPING):
         messages = subscription.messages(timeout=timeout_s + 60)
 
         def recv() -> bytes:
@@ -270,7 +279,7 @@ def _shm_send(publication: Any, wait: str, timeout_s: float) -> Callable[[Any], 
     idle strategy while back-pressured."""
     import shmbus
 
-    if wait == BLOCKING:
+    if wait in (BLOCKING, SLEEPING):
         publish = publication.publish
 
         def publish_one(message: Any) -> None:

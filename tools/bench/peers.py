@@ -37,7 +37,8 @@ from tools.bench.harness import (
     ping_or_pong,
     pong_loop,
 )
-from tools.bench.rounds import RoundCheck, Rounds, read_rounds, send_rounds
+from tools.bench.rounds import Rounds
+from tools.bench.user_loop import Consumer, write
 
 QUEUE = "mp.Queue"
 PIPE = "mp.Pipe"
@@ -112,12 +113,8 @@ def open_peer(end: PeerEnd, size: int, timeout_s: float
               ) -> tuple[Callable[[Any], Any], Callable[[], bytes], Callable[[], None]]:
     """(send, recv, close) of this end, in the member's process; recv returns bytes."""
     if end.kind == QUEUE:
-        tx = end.tx
-
-        def send(message: Any) -> None:
-            tx.put(bytes(message))
-
-        return send, end.rx.get if end.rx is not None else _no_recv, lambda: None
+        return (end.tx.put if end.tx is not None else None,
+                end.rx.get if end.rx is not None else _no_recv, lambda: None)
     if end.kind == PIPE:
         return (end.tx.send_bytes if end.tx is not None else None,
                 end.rx.recv_bytes if end.rx is not None else _no_recv, lambda: None)
@@ -297,35 +294,38 @@ def _open_zenoh(end: PeerEnd, timeout_s: float) -> Any:
 
 def peer_writer(start: Any, end: PeerEnd, size: int, duration_s: float, timeout_s: float,
                 done: Any) -> dict[str, Any]:
-    """Send checked messages for duration_s, then STOP."""
+    """Send checked messages for duration_s, then STOP, in the user's writer loop
+    (user_loop.write): one call of the peer's send per message."""
     send, _, close = open_peer(end, size, timeout_s)
     rounds = Rounds(size)
     start.ready()
     try:
-        seq, t0 = send_rounds(send, rounds, duration_s)
+        out = write(send, rounds, duration_s)
     except Exception as e:
         raise BenchError(f"send failed: {e!r}") from e
     done.wait(timeout_s)  # zmq and iceoryx2 may drop what is unread when an end closes
     close()
-    return {"sent": seq, "t0": t0}
+    return out
 
 
 def peer_reader(start: Any, end: PeerEnd, size: int, timeout_s: float,
                 done: Any) -> dict[str, Any]:
-    """Receive until STOP, checking every message (a round at a time)."""
+    """Receive until STOP in the user's loop (user_loop.read): ``for message in iter(recv,
+    None): consume(message)``, every message checked."""
     _, recv, close = open_peer(end, size, timeout_s)
-    rounds = Rounds(size)
-    check = RoundCheck(rounds)
-    tally = check.tally
+    consumer = Consumer(Rounds(size))
     start.ready()
     try:
-        read_rounds(iter(recv, None), rounds, check)
+        stopped = consumer.read(iter(recv, None))
     except Exception as e:
-        raise BenchError(f"receive failed after {tally.expected} messages: {e!r}") from e
+        raise BenchError(f"receive failed after {consumer.tally.expected} messages: "
+                         f"{e!r}") from e
     t1 = time.monotonic_ns()
     done.set()
     close()
-    return tally.result(t1)
+    if not stopped:
+        raise BenchError(f"the stream ended after {consumer.tally.expected} messages")
+    return consumer.result(t1)
 
 
 def peer_rtt(start: Any, end: PeerEnd, pinger: bool, rate: int | None, duration_s: float,

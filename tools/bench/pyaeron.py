@@ -54,7 +54,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +66,7 @@ from tools.bench.harness import (
     add_runs_options,
     deadline_after,
     delivered,
+    loops_ran,
     median_row,
     ping_or_pong,
     polled_recv,
@@ -83,15 +83,19 @@ from tools.bench.ipc_members import (
     shm_rtt,
     shm_writer,
 )
-from tools.bench.report import add_ratios, fmt_rate, machine, markdown_table, size_name
-from tools.bench.rounds import RoundCheck, Rounds, send_rounds
+from tools.bench.pages import add_page_option, fmt_spread, spread, started, write_page
+from tools.bench.report import add_ratios, fmt_rate, markdown_table, size_name
+from tools.bench.rounds import Rounds
+from tools.bench.user_loop import Consumer, write
 
 SIZES = (32, 256, 4096)
 CHANNEL = "aeron:ipc"
 POLL_LIMIT = 256  # fragments per pyaeron poll() in throughput runs
 SHMBUS = "shmbus publish()/messages()"
 PYAERON = "pyaeron offer()/poll()"
-BUSES = (SHMBUS, PYAERON)
+PYAERON_1M = "pyaeron offer()/poll(), term 1 MiB"  # shmbus's default term length
+BUSES = (SHMBUS, PYAERON, PYAERON_1M)
+BUS_CHANNEL = {PYAERON: CHANNEL, PYAERON_1M: f"{CHANNEL}?term-length=1m"}
 DRIVER_START_S = 20.0  # for Aeron's media driver process to come up
 
 
@@ -165,15 +169,15 @@ def _aeron_offer(publication: Any, deadline_ns: int) -> Callable[[Any], None]:
 
 
 def _aeron_connect(aeron_dir: str, subscribe: int | None, publish: int | None,
-                   timeout_s: float) -> tuple[Any, Any, Any]:
+                   timeout_s: float, channel: str = CHANNEL) -> tuple[Any, Any, Any]:
     """(client, subscription on stream ``subscribe`` once it has an image, exclusive
     publication on stream ``publish`` once connected); None where not asked."""
     import pyaeron
 
     client = pyaeron.Aeron.connect(dir=aeron_dir)
-    subscription = None if subscribe is None else client.add_subscription(CHANNEL, subscribe)
+    subscription = None if subscribe is None else client.add_subscription(channel, subscribe)
     publication = (None if publish is None
-                   else client.add_exclusive_publication(CHANNEL, publish))
+                   else client.add_exclusive_publication(channel, publish))
     if publication is not None:
         publication.await_connected(timeout_s)
     deadline = deadline_after(timeout_s)
@@ -184,34 +188,30 @@ def _aeron_connect(aeron_dir: str, subscribe: int | None, publish: int | None,
     return client, subscription, publication
 
 
-def aeron_writer(start: Any, aeron_dir: str, size: int, duration_s: float, timeout_s: float,
-                 done: Any) -> dict[str, Any]:
-    """offer() each checked message for duration_s (retried while refused), then STOP."""
-    client, _, publication = _aeron_connect(aeron_dir, None, 1, timeout_s)
+def aeron_writer(start: Any, aeron_dir: str, channel: str, size: int, duration_s: float,
+                 timeout_s: float, done: Any) -> dict[str, Any]:
+    """The user's writer loop (user_loop.write): offer() each checked message (retried while
+    refused), then STOP."""
+    client, _, publication = _aeron_connect(aeron_dir, None, 1, timeout_s, channel)
     with client:
         send = _aeron_offer(publication, deadline_after(duration_s + timeout_s))
         rounds = Rounds(size)
         start.ready()
-        seq, t0 = send_rounds(send, rounds, duration_s)
+        out = write(send, rounds, duration_s)
         done.wait(timeout_s)
-    return {"sent": seq, "t0": t0}
+    return out
 
 
-def aeron_reader(start: Any, aeron_dir: str, size: int, timeout_s: float,
+def aeron_reader(start: Any, aeron_dir: str, channel: str, size: int, timeout_s: float,
                  done: Any) -> dict[str, Any]:
-    """poll(handler) until STOP, the handler copying each message as bytes and checking it;
-    Aeron's back-off idle strategy after an empty poll."""
+    """poll(handler) until STOP, the handler copying each message as bytes into the user's
+    ``consume`` (user_loop.Consumer.handler); Aeron's back-off idle strategy after an empty
+    poll."""
     import pyaeron
 
-    round_check = RoundCheck(Rounds(size))
-    tally = round_check.tally
-    got: list[bytes] = []
-    append, take = got.append, round_check.take
-
-    def handler(buffer: Any, header: Any) -> None:
-        append(bytes(buffer))
-
-    client, subscription, _ = _aeron_connect(aeron_dir, 1, None, timeout_s)
+    consumer = Consumer(Rounds(size))
+    tally, handler = consumer.tally, consumer.handler()
+    client, subscription, _ = _aeron_connect(aeron_dir, 1, None, timeout_s, channel)
     with client:
         poll = subscription.poll
         idle = pyaeron.IdleStrategy.backoff()
@@ -220,24 +220,23 @@ def aeron_reader(start: Any, aeron_dir: str, size: int, timeout_s: float,
         while not tally.stopped:
             if poll(handler, POLL_LIMIT):
                 idle.reset()
-                take(got)
             else:
                 idle.idle(0)
                 if time.monotonic_ns() > deadline:
                     raise BenchError(f"reader timed out after {tally.expected} messages")
         t1 = time.monotonic_ns()
         done.set()
-    return tally.result(t1)
+    return consumer.result(t1)
 
 
-def aeron_rtt(start: Any, aeron_dir: str, pinger: bool, duration_s: float, timeout_s: float,
-              done: Any) -> dict[str, Any]:
+def aeron_rtt(start: Any, aeron_dir: str, channel: str, pinger: bool, duration_s: float,
+              timeout_s: float, done: Any) -> dict[str, Any]:
     """A pinger (offers on stream 1, polls stream 2) or a ponger: offer() retried while
     refused, poll() with Aeron's back-off idle strategy between empty polls."""
     import pyaeron
 
     tx, rx = (1, 2) if pinger else (2, 1)
-    client, subscription, publication = _aeron_connect(aeron_dir, rx, tx, timeout_s)
+    client, subscription, publication = _aeron_connect(aeron_dir, rx, tx, timeout_s, channel)
     with client:
         deadline = deadline_after(duration_s + timeout_s)
         send = _aeron_offer(publication, deadline)
@@ -279,14 +278,16 @@ def throughput(ctx: Any, bus: str, size: int, s: Settings) -> dict[str, Any]:
             return [Member("reader", shm_reader, (spec, 1, size, SHM_PUBLISH, s.timeout_s, done)),
                     Member("writer", shm_writer, (spec, 1, size, SHM_PUBLISH, s.duration_s,
                                                   s.timeout_s, done))]
-        return [Member("reader", aeron_reader, (bus_dir, size, s.timeout_s, done)),
-                Member("writer", aeron_writer, (bus_dir, size, s.duration_s, s.timeout_s, done))]
+        channel = BUS_CHANNEL[bus]
+        return [Member("reader", aeron_reader, (bus_dir, channel, size, s.timeout_s, done)),
+                Member("writer", aeron_writer, (bus_dir, channel, size, s.duration_s,
+                                                s.timeout_s, done))]
 
     out = run_bus(ctx, bus, members, s.duration_s + s.timeout_s, s)
     sent, seconds = delivered(out)
     return {"msgs_per_s": sent / seconds, "gb_per_s": sent * size / seconds / 1e9,
             "messages": sent, "errors": 0, "cores": out.cores,
-            "cpu_us_per_msg": _cpu_us(out, sent)}
+            "cpu_us_per_msg": _cpu_us(out, sent), "loops": loops_ran(out)}
 
 
 def round_trip(ctx: Any, bus: str, s: Settings) -> dict[str, Any]:
@@ -298,8 +299,8 @@ def round_trip(ctx: Any, bus: str, s: Settings) -> dict[str, Any]:
             return [Member(role, shm_rtt, (Bus(bus_dir), role == "pinger", BLOCKING, None,
                                            s.duration_s, s.timeout_s, done))
                     for role in ("ponger", "pinger")]
-        return [Member(role, aeron_rtt, (bus_dir, role == "pinger", s.duration_s, s.timeout_s,
-                                         done))
+        return [Member(role, aeron_rtt, (bus_dir, BUS_CHANNEL[bus], role == "pinger",
+                                         s.duration_s, s.timeout_s, done))
                 for role in ("ponger", "pinger")]
 
     return round_trip_row(run_bus(ctx, bus, members, s.duration_s + s.timeout_s, s))
@@ -342,7 +343,8 @@ def _reason(row: dict[str, Any]) -> str:
     return str(row["error"]).strip().splitlines()[0]
 
 
-RATIOS = {"x_msgs": "msgs_per_s", "x_cpu": "cpu_us_per_msg", "x_p50": "p50_us"}
+RATIOS = {"x_msgs": "msgs_per_s", "x_cpu": "cpu_us_per_msg", "x_p50": "p50_us",
+          "x_p99": "p99_us"}
 
 
 def add_pyaeron_ratios(rows: list[dict[str, Any]]) -> None:
@@ -350,14 +352,15 @@ def add_pyaeron_ratios(rows: list[dict[str, Any]]) -> None:
     and round-trip p50 (x_p50), where both measured."""
     for ratio, figure in RATIOS.items():
         add_ratios([r for r in rows if r.get(figure) is not None], ratio,
-                   lambda r: r["bus"] == PYAERON, lambda r: (r["test"], r.get("size")),
+                   lambda r: r["bus"] != SHMBUS, lambda r: (r["test"], r.get("size")),
                    lambda r, base, figure=figure: r[figure] / base[figure])
 
 
 def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...]) -> str:
-    """One line per figure, one column per bus and the ratio shmbus / pyaeron."""
+    """One line per figure, one column per bus and the ratio of shmbus to the faster pyaeron
+    row of the figure."""
     by_key = {(r["test"], r["bus"], r.get("size")): r for r in rows}
-    headers = ["figure", *BUSES, "shmbus / pyaeron"]
+    headers = ["figure", *BUSES, "shmbus / faster pyaeron"]
     lines = []
 
     def line(name: str, test: str, size: int | None,
@@ -370,15 +373,16 @@ def summary_table(rows: list[dict[str, Any]], sizes: tuple[int, ...]) -> str:
         lines.append([name, *cells, "-" if value is None else f"{value:.2f}"])
 
     for z in sizes:
-        line(f"{size_name(z)} msg/s" + (" (GB/s)" if z >= 4096 else ""), "throughput", z,
-             lambda r, z=z: fmt_rate(r["msgs_per_s"])
-             + (f" ({r['gb_per_s']:.2f} GB/s)" if z >= 4096 else ""), "x_msgs")
+        line(f"{size_name(z)} msg/s (lowest-highest)", "throughput", z,
+             lambda r: fmt_spread(spread(r["samples"]["msgs_per_s"]), fmt_rate), "x_msgs")
     for z in sizes:
         line(f"{size_name(z)} CPU us per message, all processes", "throughput", z,
              lambda r: "-" if r["cpu_us_per_msg"] is None else f"{r['cpu_us_per_msg']:.2f}",
              "x_cpu")
-    line("RTT p50 / p99 us (32 B, back to back)", "rtt", None,
-         lambda r: f"{r['p50_us']:.1f} / {r['p99_us']:.1f}", "x_p50")
+    line("RTT p50 us (lowest-highest), 32 B, back to back", "rtt", None,
+         lambda r: fmt_spread(spread(r["samples"]["p50_us"]), lambda v: f"{v:.1f}"), "x_p50")
+    line("RTT p99 us, 32 B, back to back", "rtt", None, lambda r: f"{r['p99_us']:.1f}",
+         "x_p99")
     return markdown_table(headers, lines, range(1, len(headers)))
 
 
@@ -397,32 +401,81 @@ def cores_table(rows: list[dict[str, Any]]) -> str:
 
 
 NOTES = f"""\
-Notes: each bus at its own defaults on `{CHANNEL}`, one exclusive publication, every message
-copied out as bytes and its sequence number and CRC-32 checked. shmbus: `shmbus.connect(dir=)`
-(embedded driver, term 1 MiB, mtu 1408), `publish()` per message, `for m in sub.messages()`.
-pyaeron: Aeron's C media driver in its own process (`MediaDriver(threading="dedicated")`,
-Aeron's defaults: IPC term 64 MiB, mtu 1408, back-off idle strategies), `offer()` retried with
-`IdleStrategy.backoff()` while refused, `poll(handler, {POLL_LIMIT})` with Aeron's C fragment
-assembler, `bytes(buffer)` in the handler, back-off after an empty poll. CPU per message:
-CPU seconds of writer, reader and driver over the messages sent. RTT: shmbus `publish()` and a
-blocking `messages()` on both sides; pyaeron `offer()` and `poll()` with the back-off idle
-strategy (it spins and yields before it parks); first 10% of round trips dropped. Ratio: shmbus
-over pyaeron (msg/s: > 1 is shmbus faster; CPU and RTT p50: < 1 is shmbus cheaper /
-quicker)."""
+* Both buses on `{CHANNEL}`, one exclusive publication, a writer and a reader in two spawned
+  processes, a fresh directory per measurement.
+* Both run the user's loop of tools/bench/user_loop.py: the writer sends each message with one
+  call (shmbus `publish()`; pyaeron `offer()`, retried with `IdleStrategy.backoff()` while
+  refused); the reader gives every message, copied out as bytes, to the same Python
+  `consume`, which reads and checks its sequence number and length and compares every byte a
+  round at a time. shmbus reads `for m in sub.messages(): consume(m)`; pyaeron, which has no
+  iterator, calls `consume(bytes(buffer))` from its `poll(handler, {POLL_LIMIT})` handler (Aeron's
+  C fragment assembler on), with the back-off idle strategy after an empty poll.
+* shmbus: `shmbus.connect(dir=)` (embedded driver, term 1 MiB, mtu 1408). pyaeron: Aeron's C
+  media driver in its own process (`MediaDriver(threading="dedicated")`, Aeron's defaults:
+  IPC term 64 MiB, mtu 1408, back-off idle strategies); and the same with the term at 1 MiB
+  (`term-length=1m` on the channel), shmbus's default.
+* CPU per message: CPU seconds of writer, reader and driver over the messages sent.
+* Round trips: checked pings (sequence number and CRC-32 of every byte); shmbus `publish()`
+  and a blocking `messages()` on both sides (waits spin up to 20 us, then sleep); pyaeron
+  `offer()` and `poll()` with the back-off idle strategy (it spins and yields before it
+  parks); first 10% of round trips dropped.
+* Ratio: shmbus over the faster pyaeron row (msg/s: > 1 is shmbus faster; CPU and RTT: < 1 is
+  shmbus cheaper or quicker)."""
 
 
 def report_markdown(rows: list[dict[str, Any]], sizes: tuple[int, ...], runs: int,
-                    s: Settings, began: datetime) -> str:
-    m = machine()
-    head = (f"shmbus vs pyaeron, {began:%Y-%m-%d %H:%M} UTC: median of {runs} runs, "
-            f"{s.duration_s} s per run; python {m['python']}, {m['cpus']} CPUs, load "
-            f"{m['load']:.2f}.")
-    parts = [head]
+                    s: Settings) -> str:
+    """The report's body: the settings, the tables, what each row does."""
+    parts = [f"Median and spread (lowest-highest) of {runs} runs, interleaved; {s.duration_s} s "
+             f"per run."]
     for bus in BUSES:
         reasons = sorted({_reason(r) for r in rows if r["bus"] == bus and r["status"] == "n/a"})
         if reasons:
-            parts += ["", f"{bus.split()[0]}: n/a ({'; '.join(reasons)})"]
-    return "\n".join([*parts, "", summary_table(rows, sizes), "", cores_table(rows), "", NOTES])
+            parts += ["", f"{bus}: n/a ({'; '.join(reasons)})"]
+    return "\n".join([*parts, "", summary_table(rows, sizes), "", "## Cores", "",
+                      cores_table(rows), "", "## What each row does", "", NOTES])
+
+
+def draw_chart(rows: list[dict[str, Any]], sizes: tuple[int, ...], path: Path) -> None:
+    """msg/s by size and bus (median, whiskers lowest-highest), and round-trip percentiles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    width = 0.8 / len(BUSES)
+    for i, bus in enumerate(BUSES):
+        spreads = [spread(r["samples"]["msgs_per_s"]) if (r := _row(rows, "throughput", bus, z))
+                   else None for z in sizes]
+        medians = [sp.median if sp else 0 for sp in spreads]
+        errors = [[sp.median - sp.low if sp else 0 for sp in spreads],
+                  [sp.high - sp.median if sp else 0 for sp in spreads]]
+        left.bar([x + i * width for x in range(len(sizes))], medians, width, yerr=errors,
+                 capsize=2, label=bus)
+    left.set_xticks([x + width * (len(BUSES) - 1) / 2 for x in range(len(sizes))],
+                    [size_name(z) for z in sizes])
+    left.set_ylabel("messages / s")
+    left.set_title("The user's loop, 1 writer -> 1 reader")
+    left.legend(fontsize=7)
+    levels = (50, 90, 99)
+    for bus in BUSES:
+        if r := _row(rows, "rtt", bus, None):
+            right.plot(levels, [r[f"p{q}_us"] for q in levels], marker="o", label=bus)
+    right.set_xticks(levels, [f"p{q}" for q in levels])
+    right.set_yscale("log")
+    right.set_ylabel("round trip, microseconds (log)")
+    right.set_title("Round trip, 32 B, back to back")
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _row(rows: list[dict[str, Any]], test: str, bus: str, size: int | None
+         ) -> dict[str, Any] | None:
+    return next((r for r in rows if r["test"] == test and r["bus"] == bus
+                 and r.get("size") == size and r["status"] == "ok"), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,6 +486,7 @@ def report_markdown(rows: list[dict[str, Any]], sizes: tuple[int, ...], runs: in
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_runs_options(parser, "0.2 s per run, 1 run", "throughput and round-trip run")
+    add_page_option(parser)
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs {args.runs}: at least 1")
@@ -442,7 +496,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     runs = 1 if args.quick else args.runs
-    began = datetime.now(UTC)
+    setting = started(argv)
     root = Path(tempfile.mkdtemp(prefix="shmbus-bench-pyaeron-",
                                  dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     s = Settings(duration_s=0.2 if args.quick else args.duration, timeout_s=args.timeout,
@@ -456,7 +510,13 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     rows = [median_row(r) for r in results]
     add_pyaeron_ratios(rows)
-    print(report_markdown(rows, SIZES, runs, s, began))
+    markdown = report_markdown(rows, SIZES, runs, s)
+    print(markdown)
+    if args.page:
+        write_page(args.page, "pyaeron", "Beside Aeron's C client: tools/bench/pyaeron.py",
+                   "tools.bench.pyaeron", setting,
+                   "![msg/s by size, round-trip percentiles](pyaeron.png)\n\n" + markdown)
+        draw_chart(rows, SIZES, Path(args.page) / "pyaeron.png")
     return 1 if any(r["status"] == "failed" for r in rows) else 0
 
 

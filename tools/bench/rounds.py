@@ -18,15 +18,14 @@ every message has the right length and every byte is right, sequence number and 
 included. Only a round that differs is walked message by message (Checked.check) to count and
 name the errors; the reader then checks the rest of the run one message at a time.
 
-The writer ends a run only between rounds, with a STOP message (sequence number harness.STOP).
+A run ends with a STOP message (sequence number harness.STOP) after a whole round.
 """
 
 from __future__ import annotations
 
 import struct
-import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from itertools import islice
 from typing import Any
 
@@ -34,9 +33,9 @@ import numpy as np
 
 from tools.bench.harness import STOP, Checked, Counter
 
-ROUND_BYTES = 1 << 20  # a round's messages take at most this much memory (1 MiB)
+ROUND_BYTES = 1 << 16  # a round's messages take at most this much memory (64 KiB: in cache)
 MAX_ROUND = 4096  # messages per round at most
-MIN_ROUND = 64  # and at least
+MIN_ROUND = 16  # and at least
 
 
 def round_count(size: int) -> int:
@@ -74,29 +73,19 @@ class Rounds:
 
     def messages(self, round_no: int) -> list[bytes]:
         """Round ``round_no`` (>= 0)'s messages, each a bytes object of ``size``."""
+        self._fill(round_no)
+        return list(self._split(self._rows))
+
+    def block(self, round_no: int) -> bytes:
+        """Round ``round_no``'s messages end to end, as one bytes object (``count * size``)."""
+        self._fill(round_no)
+        return self._rows.tobytes()
+
+    def _fill(self, round_no: int) -> None:
         first = round_no * self.count
         self._seq[:] = (self._ramp + first).view(np.uint8).reshape(self.count, 8)
         crc = self._low_crc ^ np.uint32(self._crc_of(first) ^ self._crc_of_zero)
         self._crc[:] = crc.astype("<u4").view(np.uint8).reshape(self.count, 4)
-        return list(self._split(self._rows))
-
-
-def send_rounds(send: Callable[[bytes], object], rounds: Rounds, duration_s: float
-                ) -> tuple[int, int]:
-    """Send rounds 0, 1, ... through ``send`` (one call per message) until ``duration_s`` has
-    passed at the end of a round, then STOP. Call it once the member is ready. Returns
-    (messages sent before STOP, CLOCK_MONOTONIC ns at the start)."""
-    t0 = time.monotonic_ns()
-    end_ns = t0 + int(duration_s * 1e9)
-    round_no = 0
-    while True:
-        for message in rounds.messages(round_no):
-            send(message)
-        round_no += 1
-        if time.monotonic_ns() >= end_ns:
-            break
-    send(rounds.stop)
-    return round_no * rounds.count, t0
 
 
 class RoundCheck:

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tools.bench.report import fmt_rate
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -28,24 +30,27 @@ def test_quick_bench_measures_shmbus_and_a_peer_without_errors(tmp_path: Path) -
 
     throughput = [r for r in rows if r["test"] == "throughput"]
     assert {(r["transport"], r["size"]) for r in throughput} == {
-        (t, size) for t in ("shmbus publish()", "shmbus offer()", "shmbus poll(handler)",
-                            "shmbus no-copy", "shmbus batch", "mp.Queue")
+        (t, size) for t in ("shmbus publish()/messages()", "shmbus offer()/poll(handler)",
+                            "shmbus messages() drained", "shmbus no-copy", "shmbus batch",
+                            "mp.Queue")
         for size in (4096,)}
     for r in throughput:
         assert r["status"] == "ok", r
         assert r["msgs_per_s"] > 0 and r["mb_per_s"] > 0 and r["messages"] > 0
         assert r["errors"] == 0
         assert r["cores"]["writer"] > 0 and r["cores"]["reader"] > 0
+        assert r["samples"]["msgs_per_s"] == [r["msgs_per_s"]]  # one run: its own spread
         if r["transport"].startswith("shmbus"):  # the embedded driver is accounted too
             assert r["cores"]["driver"] is not None
 
     rtt = {(r["transport"], r["rate"], r["wait"]): r for r in rows if r["test"] == "rtt"}
-    for key in (("shmbus publish()", "back-to-back", "blocking wait"),
-                ("shmbus publish()", "1,000 msg/s", "blocking wait"),
-                ("shmbus offer()", "back-to-back", "busy-spin"),
+    for key in (("shmbus publish()/messages()", "back-to-back", "blocking wait, no spin"),
+                ("shmbus publish()/messages()", "back-to-back", "blocking wait"),
+                ("shmbus publish()/messages()", "1,000 msg/s", "blocking wait"),
+                ("shmbus offer()/poll()", "back-to-back", "busy-spin"),
                 ("mp.Queue", "back-to-back", "blocking"),
-                ("shmbus offer()", "1,000 msg/s", "back-off (default)"),
-                ("shmbus offer()", "1,000 msg/s", "asyncio await")):
+                ("shmbus offer()/poll()", "1,000 msg/s", "back-off (default)"),
+                ("shmbus offer()/poll()", "1,000 msg/s", "asyncio await")):
         r = rtt[key]
         assert r["status"] == "ok", r
         assert 0 < r["p50_us"] <= r["p90_us"] <= r["p99_us"] <= r["max_us"]
@@ -58,16 +63,31 @@ def test_quick_bench_measures_shmbus_and_a_peer_without_errors(tmp_path: Path) -
         assert r["status"] == "ok", r
         assert r["cores"]["subscriber"] is not None and r["cores"]["driver"] is not None
 
-    markdown = (tmp_path / "bench.md").read_text()
-    blocking = rtt[("shmbus publish()", "1,000 msg/s", "blocking wait")]
-    back_to_back = rtt[("shmbus publish()", "back-to-back", "blocking wait")]
-    lines = markdown.splitlines()
-    summary = next(line for line in lines if line.startswith("| shmbus "))
-    assert summary.startswith("| shmbus publish()/messages(), copied + checked |")
-    assert f"| {back_to_back['p50_us']:.1f} / {back_to_back['p99_us']:.1f} |" in summary
-    assert f"| {blocking['p50_us']:.1f} / {blocking['cores']['ponger']:.1%} |" in summary
+    lines = (tmp_path / "bench.md").read_text().splitlines()
+    mine = next(r for r in throughput if r["transport"] == "shmbus publish()/messages()")
+    queue = next(r for r in throughput if r["transport"] == "mp.Queue")
+    summary = next(line for line in lines if line.startswith("| shmbus publish()/messages() |"))
+    assert summary == f"| shmbus publish()/messages() | {fmt_rate(mine['msgs_per_s'])} |"
+    ratio = next(line for line in lines if line.startswith("| shmbus publish()/messages() / best"))
+    assert ratio.endswith(f"| {mine['msgs_per_s'] / queue['msgs_per_s']:.2f}x |")
+    sleeping = rtt[("shmbus publish()/messages()", "back-to-back", "blocking wait, no spin")]
+    like = next(line for line in lines if "| blocking wait, no spin |" in line)
+    assert f"| {sleeping['p50_us']:.1f} |" in like and "(mp.Queue)" in like
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert json.loads((tmp_path / "bench.json").read_text())["rows"] == rows
+
+
+def test_the_page_has_a_dated_head_and_its_plot(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.bench.ipc", "--quick", "--only", "shmbus publish",
+         "--sizes", "32", "--out", str(tmp_path / "out"), "--page", str(tmp_path / "page")],
+        cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = (tmp_path / "page" / "ipc.md").read_text()
+    assert page.startswith("# One host: tools/bench/ipc.py\n\nRun 20")
+    assert "python -m tools.bench.ipc --quick --only shmbus publish --sizes 32 --out" in page
+    assert "--page" not in page and "![" in page and "(ipc.png)" in page
+    assert (tmp_path / "page" / "ipc.png").stat().st_size > 0
 
 
 def test_the_zenoh_peer_carries_every_message_checked_both_ways(tmp_path: Path) -> None:
