@@ -1,7 +1,7 @@
 """Request/reply between processes: shmbus requesters and responders beside pyzmq REQ/REP,
 pyzmq DEALER/ROUTER, a multiprocessing Pipe RPC and iceoryx2's request-response, in one run.
 
-    python -m tools.bench.request_reply [--quick] [--duration 1.5] [--runs 5] [--only udp|1->1]
+    python -m tools.bench.request_reply [--quick] [--duration 1] [--runs 5] [--only udp|1->1]
                                         [--page DIR]
 
 Every row says how its two sides wait for the other ("waits"), and is compared only with the
@@ -85,7 +85,7 @@ WAITS = {"busy": 1.0, "default": 20e-6, "blocking": 0.0}  # shmbus wait_spin, se
 POOL = 4
 SIZES = (32, 4096)
 RUNS = 5
-DURATION_S = 1.5
+DURATION_S = 1.0
 
 BLOCKS, BUSY, SPIN_THEN_BLOCK = "blocks", "busy-polls", "spins 20 us, then blocks"
 #: how each transport's requesters and responders wait for the other side
