@@ -1,6 +1,6 @@
 """Fan-out network benchmark: one publisher to one or two receiving hosts over UDP.
 
-    sudo .venv/bin/python -m tools.bench.fanout [--quick] [--json out.json]   # from the repo root
+    sudo .venv/bin/python -m tools.bench.fanout [--quick] [--json out.json] [--page DIR]
 
 Three hosts are network namespaces (tools/bench/network.py: 10.<subnet>.0.1 .. .3
 on a Linux bridge, with a multicast route); each runs its own driver in its namespace, and the
@@ -32,11 +32,18 @@ receiver window 512 KiB.
 Throughput: the writer (tools/bench/members.stream_writer: ExclusivePublication.offer per
 message, or offer_many with --batch) sends for a fixed duration, then a STOP message; each
 reader (members.stream_reader: Subscription.messages(), or Image.poll_batch with --batch)
-checks the sequence number that every message carries at its head and its tail, so a lost,
-duplicated, reordered or torn message fails the run. A run counts only if every receiver got
+checks every byte of every message (``--check every-byte``, the default): per message, its
+sequence number and a CRC-32 of every byte (harness.Checked); with --batch, numpy checks the
+sequence number at each message's head and tail and that every byte between is zero. With
+``--check head-tail`` only the sequence number at head and tail is checked; the table's
+"check" column says which. A lost, duplicated, reordered, torn or corrupted message fails the
+run. A run counts only if every receiver got
 exactly the messages sent, in order; its rate is messages / (time the LAST receiver saw STOP -
 time the writer started), CLOCK_MONOTONIC in every process. That rate is per receiver: each
-receiver got all of them ("MB/s delivered" counts every receiver's copy).
+receiver got all of them ("MB/s delivered" counts every receiver's copy). Each row runs
+``--repeat`` times (default 5), interleaved with the other rows; figures are the median, msgs/s
+also with its spread (lowest-highest run). ``--page DIR`` writes DIR/fanout.md and a plot of
+the rates, DIR/fanout.png.
 
 Every measurement runs in fresh spawned processes (one writer, one reader per receiving host)
 that the parent starts and watches; the drivers and their netbridges are started once and serve
@@ -60,6 +67,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -67,6 +75,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from tools.bench import pages
 from tools.bench.harness import (
     BenchError,
     Member,
@@ -79,7 +88,7 @@ from tools.bench.harness import (
 )
 from tools.bench.members import BATCH_ROWS, stream_reader, stream_writer
 from tools.bench.network import host_buses
-from tools.bench.report import add_ratios, fmt, text_table
+from tools.bench.report import add_ratios, fmt, markdown_table, size_name, text_table
 
 SIZES = (32, 1024)
 SUBNET = 231  # the tests use 221..229
@@ -87,6 +96,9 @@ GROUP = "224.1.31.1"  # the multicast data group (odd; its control group is 224.
 FIRST_PORT = 43100  # run n's UDP ports: FIRST_PORT + 2n (data), FIRST_PORT + 2n + 1 (MDC control)
 FIRST_STREAM_ID = 3001
 FAN_OUT_FLOW_CONTROL = "fc=min,g:/2"
+REPEAT = 5
+#: --check: what each reader checks, as the table's "check" column names it
+CHECKS = {"every-byte": "every byte", "head-tail": "seq at head and tail"}
 
 #: the configurations, as the table names them
 UNICAST, MULTICAST, MDC_MANUAL, MDC_DYNAMIC = "unicast", "multicast", "MDC manual", "MDC dynamic"
@@ -164,16 +176,18 @@ def fanout_key(config: str, size: int, channels: Channels) -> dict[str, Any]:
 
 
 def run_fanout(ctx: Any, net: Any, channels: Channels, size: int, batch: bool,
-               opt: Options, stream_id: int) -> dict[str, Any]:
+               opt: Options, stream_id: int, every_byte: bool = True) -> dict[str, Any]:
     """One throughput run on channels with size-byte messages: its figures; BenchError when
-    any process failed or any receiver missed, repeated, reordered or tore a message."""
+    any process failed or any receiver missed, repeated, reordered or tore a message (with
+    ``every_byte``, or a byte of it was wrong: see members.stream_reader's ``checked``)."""
     receivers = len(channels.subscriptions)
     done = ReadersDone(ctx.Semaphore(0), receivers)
     writer = Member("writer", stream_writer, (net.contexts[0], channels.publication, stream_id,
                                               size, opt.duration_s, opt.timeout_s, done, batch,
-                                              channels.destinations))
+                                              channels.destinations, every_byte))
     readers = [Member(f"reader on host {host}", stream_reader,
-                      (net.contexts[host], uri, stream_id, size, opt.timeout_s, done, batch))
+                      (net.contexts[host], uri, stream_id, size, opt.timeout_s, done, batch,
+                       every_byte))
                for host, uri in enumerate(channels.subscriptions, start=1)]
     labels = [f"bridge {i}" for i in range(len(net.drivers))]  # host i's netbridge
 
@@ -213,15 +227,30 @@ def _bridge_cpu_cell(row: dict[str, Any]) -> str:
     return f"{costs[0]} / {' '.join(costs[1:])}"
 
 
+HEADERS = ["configuration", "receivers", "size", "msgs/s per receiver", "MB/s per receiver",
+           "MB/s delivered", "x unicast", "last - first rcv ms",
+           "bridge cpu us/msg: sender / receivers", "check"]
+
+
+def table_lines(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The cells of every row under HEADERS: msgs/s as median (lowest-highest run), the check
+    column "ok, <what was checked>" or FAILED."""
+    return [[r["config"], str(r["receivers"]), str(r["size"]),
+             pages.fmt_spread(_spread(r.get("msgs_spread")), lambda v: f"{v:,.0f}"),
+             fmt(r.get("mb_per_s"), 1), fmt(r.get("delivered_mb_per_s"), 1),
+             fmt(r.get("x_unicast"), 2), fmt(r.get("receiver_spread_ms"), 1),
+             _bridge_cpu_cell(r),
+             f"ok, {r.get('checks', '-')}" if r["status"] == "ok" else "FAILED"] for r in rows]
+
+
+def _spread(value: dict[str, Any] | None) -> pages.Spread | None:
+    """A row's spread (kept as a dict, for JSON) as a pages.Spread."""
+    return pages.Spread(**value) if value else None
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["configuration", "receivers", "size", "msgs/s per receiver", "MB/s per receiver",
-               "MB/s delivered", "x unicast", "last - first rcv ms",
-               "bridge cpu us/msg: sender / receivers", "check"]
-    lines = [[r["config"], str(r["receivers"]), str(r["size"]), fmt(r.get("msgs_per_s")),
-              fmt(r.get("mb_per_s"), 1), fmt(r.get("delivered_mb_per_s"), 1),
-              fmt(r.get("x_unicast"), 2), fmt(r.get("receiver_spread_ms"), 1),
-              _bridge_cpu_cell(r), "ok" if r["status"] == "ok" else "FAILED"] for r in rows]
-    return text_table(headers, lines, {1, 2, 3, 4, 5, 6, 7}, [r["size"] for r in rows])
+    return text_table(HEADERS, table_lines(rows), {1, 2, 3, 4, 5, 6, 7},
+                      [r["size"] for r in rows])
 
 
 NOTES = """\
@@ -236,8 +265,9 @@ notes:
     Otherwise defaults: term 1 MiB, mtu 1408, receiver window 512 KiB.
   api: {api}.
   msgs/s per receiver: messages / (time the LAST receiver saw STOP - time the writer started);
-    every receiver got every message, in order (sequence number at head and tail, checked by
-    every reader). MB/s delivered = MB/s per receiver x receivers. MB = 10^6 payload bytes.
+    every receiver got every message, in order, as the check column says: every byte
+    (sequence number and CRC-32; batch: head and tail and zeros between) or the sequence number
+    at head and tail. MB/s delivered = MB/s per receiver x receivers. MB = 10^6 payload bytes.
   x unicast: msgs/s / the unicast row's msgs/s at the same size, same run.
   last - first rcv ms: how much later the last receiver saw STOP than the first.
   bridge cpu us/msg: CPU time (user + system) of each host's netbridge from the start of the
@@ -287,6 +317,10 @@ def print_report(report: dict[str, Any]) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_options(parser, 1.5, "each writer sends")
+    parser.set_defaults(repeat=None)  # REPEAT, or 1 with --quick
+    parser.add_argument("--check", choices=tuple(CHECKS), default="every-byte",
+                        help="what each reader checks of every message (default every-byte)")
+    pages.add_page_option(parser)
     parser.add_argument("--sizes", type=lambda v: tuple(int(x) for x in v.split(",")),
                         default=SIZES, help="message sizes, comma-separated (default 32,1024)")
     parser.add_argument("--configs", default=",".join(CONFIG_NAMES),
@@ -316,7 +350,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Set up the hosts, run every measurement (progress on stderr), tear everything down;
     the report: settings and rows (the median of --repeat runs each, ratios added)."""
     duration = 0.3 if args.quick else args.duration
-    repeat = 1 if args.quick else args.repeat
+    repeat = args.repeat if args.repeat is not None else (1 if args.quick else REPEAT)
+    every_byte = args.check == "every-byte"
     opt = Options(duration_s=duration, timeout_s=args.timeout)
     configs = [CONFIG_NAMES[name] for name in args.configs.split(",")]
     plan = [(config, size) for size in args.sizes for config in configs]
@@ -338,8 +373,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 port = next(ports)
                 channels = channels_for(config, addresses, port, port + 1)
                 return {**fanout_key(config, size, channels),
+                        "checks": CHECKS[args.check],
                         **attempt(lambda: run_fanout(ctx, net, channels, size, args.batch,
-                                                     run_opt, next(stream_ids)))}
+                                                     run_opt, next(stream_ids), every_byte))}
 
             # the drivers start their netbridges on the first udp channel: a short multicast
             # run starts all three, so that no measurement's bridge cpu includes a start
@@ -359,10 +395,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous_handler)
     rows = [median_row(runs[key]) for key in plan]
+    for row, key in zip(rows, plan, strict=True):
+        first = runs[key][0]
+        row.update(size=first["size"], receivers=first["receivers"])  # not medians
+        if row["status"] == "ok":  # each host's netbridge CPU: the median over the runs
+            row["bridge_cpu_s"] = [statistics.median(cpu) for cpu in zip(
+                *(r["bridge_cpu_s"] for r in runs[key]), strict=True)]
+        found = pages.spread(r.get("msgs_per_s") for r in runs[key] if r["status"] == "ok")
+        row["msgs_spread"] = vars(found) if found else None
+        row["runs_msgs_per_s"] = [r.get("msgs_per_s") for r in runs[key]]
     # x unicast: msgs/s over the unicast row's at the same size
     add_ratios(rows, "x_unicast", lambda r: r["config"] == UNICAST, lambda r: r["size"],
                lambda r, unicast: r["msgs_per_s"] / unicast["msgs_per_s"])
     return {"settings": {"duration_s": duration, "repeat": repeat, "sizes": list(args.sizes),
+                         "check": CHECKS[args.check],
                          "configs": configs, "batch": args.batch, "subnet": args.subnet,
                          "flow_control": FAN_OUT_FLOW_CONTROL, "cpus": os.cpu_count(),
                          "load_before": load_before, "load_after": os.getloadavg(),
@@ -370,14 +416,78 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "rows": rows}
 
 
+PAGE_ROWS = """\
+Three hosts are network namespaces on a Linux bridge, each with its own driver and netbridge.
+One publisher on host 0 sends to one receiver (unicast) or to two (multicast, MDC manual, MDC
+dynamic) for {duration:g} s a run; each row runs {repeat} times, interleaved with the other
+rows. *msgs/s per receiver* is the median run, in brackets the lowest and the highest; the
+other figures are medians.
+
+Every receiver gets every message, in order, and checks {checks} of each (the *check*
+column): {how}. A lost, repeated, reordered or corrupted message fails the run.
+*x unicast* is the row's messages a second over the unicast row's at the same size: unicast
+is the one-receiver base of the same channel machinery.
+"""
+
+
+def page_body(report: dict[str, Any], plot: str) -> str:
+    """The page's body: what each row does and checks, the table, the notes, the plot."""
+    settings = report["settings"]
+    every = settings["check"] == CHECKS["every-byte"]
+    how = (("its sequence number and a CRC-32 of every byte" if not settings["batch"] else
+            "the sequence number at its head and its tail, and that every byte between is "
+            "zero") if every else "the sequence number at its head and its tail only")
+    notes = NOTES.format(channels=_channel_templates(settings["configs"]),
+                         api=API_BATCH if settings["batch"] else API_OFFER,
+                         flow_control=settings["flow_control"])
+    return "\n".join([
+        PAGE_ROWS.format(duration=settings["duration_s"], repeat=settings["repeat"],
+                         checks=settings["check"], how=how),
+        "## Rates\n", markdown_table(HEADERS, table_lines(report["rows"]), range(1, 8)), "",
+        f"![messages a second per receiver]({plot})", "", "## Notes\n", "```", notes, "```"])
+
+
+def plot_rates(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """A PNG of msgs/s per receiver of every ok row: a bar at the median, a line from the
+    lowest to the highest run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok" and r.get("msgs_spread")]
+    figure, ax = plt.subplots(figsize=(7, 4))
+    spreads = [_spread(r["msgs_spread"]) for r in ok]
+    medians = [s.median for s in spreads if s]
+    low = [s.median - s.low for s in spreads if s]
+    high = [s.high - s.median for s in spreads if s]
+    ax.bar(range(len(ok)), medians, yerr=[low, high], capsize=3)
+    ax.set_xticks(range(len(ok)), [f"{r['config']}\n{size_name(r['size'])}" for r in ok],
+                  fontsize=7)
+    ax.set_ylabel("messages/s per receiver")
+    ax.set_title("Fan-out over UDP, every receiver getting every message")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Measure, print the report, write it as JSON with --json; 1 if any row failed."""
+    """Measure, print the report, write it as JSON with --json and the page with --page; 1 if
+    any row failed."""
     args = parse_args(argv)
+    setting = pages.started(argv)
     report = measure(args)
     print()
     print_report(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if args.page:
+        plot = plot_rates(Path(args.page) / "fanout.png", report["rows"])
+        page = pages.write_page(args.page, "fanout", "Fan-out across hosts", "tools.bench.fanout",
+                                setting, page_body(report, plot.name))
+        print(f"page: {page}")
     return 1 if any(r["status"] != "ok" for r in report["rows"]) else 0
 
 

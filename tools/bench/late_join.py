@@ -1,31 +1,38 @@
 """Late joiners: recorded history, then live, in one subscription, beside doing it by hand.
 
-    python -m tools.bench.late_join [--history-s 2] [--rate 0] [--runs 3] [--json FILE]
+    python -m tools.bench.late_join [--quick] [--history-s 2] [--rate 50000] [--runs 5]
+                                    [--json FILE] [--page DIR]
 
 A driver process, a publisher process (``offer_many`` of 64-byte messages, each carrying its
-sequence number and a check word; ``--rate`` messages/s, default 50,000/s, a rate a
-per-message Python reader outruns; 0: as fast as offer_many goes) and a
-recorder process (``shmbus.Recorder``) run for ``--history-s`` seconds; then, per run, while
-the publisher keeps publishing, this process (the joiner) measures, in turn:
+sequence number, a check word derived from it and a fixed 48-byte pattern; ``--rate``
+messages/s, default 50,000/s, a rate a per-message Python reader outruns; 0: as fast as
+offer_many goes) and a recorder process (``shmbus.Recorder``) run for ``--history-s`` seconds;
+then, per run, while the publisher keeps publishing, this process (the joiner) measures, in
+turn (so the runs of the rows are interleaved):
 
-* **reader**: ``RecordingReader.messages(from, to)`` over the recording from the start to
-  where it stood: the recording read by hand, every payload copied out and checked (the
-  reference rate);
+* **batch reader**: ``RecordingReader.read_batches(from, to)`` over the recording from the
+  start to where it stood, each batch's payloads sliced out as bytes (``MessageBatch.payloads``,
+  as the late joiner's replay does) and checked: the same reader and the same per-message work
+  as the late joiner's replay, without the merge (the reference rate);
 * **late join**: ``bus.add_subscription(..., history=shmbus.Recording(dir),
   from_position="start")`` read with ``messages()``: the catch-up rate (messages replayed /
-  seconds until the replay stops), the seconds from ``add_subscription`` to the first live
-  message, how many messages were replayed after the live subscription joined (the merge:
-  the issue's target is within a term's worth), and gaps and duplicates over the whole run
-  (the sequence numbers, checked for every message);
+  seconds until the first live message), the seconds from ``add_subscription`` to the first
+  live message, how many messages were replayed after the live subscription joined (the
+  merge: the issue's target is within a term's worth), and gaps and duplicates over the whole
+  run (the sequence numbers, checked for every message);
 * **by hand**: ``RecordingReader.messages()`` from the start to the recording's end, then a
   plain live subscription (what was published between is lost); and the live subscription
   added first, then the recording read, then the live messages (what both hold comes twice):
   the messages lost or duplicated at the seam, counted from the sequence numbers (a late
   joiner without a merge has no way to know either).
 
-Every message is copied out and checked. CPU seconds of every process (driver, publisher,
-recorder, joiner) are reported for the whole run. Medians of ``--runs``; the ratio of the
-catch-up rate to the reader's is the figure the issue asks for (>= 0.8).
+Every message of every row is copied out and checked byte for byte (:func:`check`: length,
+check word and pattern, so every one of the 64 bytes is compared with what the publisher wrote
+for that sequence number). CPU seconds of every process (driver, publisher, recorder, joiner)
+are reported for the whole run. ``--runs`` runs (default 5); figures are the median and the
+spread (lowest-highest). The ratio of the catch-up rate to the batch reader's, per run, is
+the figure the issue asks for (>= 0.8). ``--page DIR`` writes DIR/late_join.md and the rates
+of every run, DIR/late_join.png.
 """
 
 from __future__ import annotations
@@ -35,19 +42,20 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import statistics
 import struct
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import shmbus
+from tools.bench import pages
 from tools.bench.harness import BenchError, cpu_seconds, start_driver, stop_driver
-from tools.bench.report import text_table
+from tools.bench.report import markdown_table, text_table
 
 STREAM = 1001
 SIZE = 64
@@ -55,11 +63,15 @@ _HEAD = struct.Struct("<QQ")
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
 _CHECK = np.uint64(_GOLDEN)
+#: bytes 16..63 of every message: not zeros, so that an unwritten or zeroed payload fails
+PATTERN = bytes((7 * i + 3) % 251 for i in range(SIZE - _HEAD.size))
+RUNS = 5
 
 
 def rows(first: int, n: int) -> np.ndarray:
-    """Messages ``first`` .. ``first + n - 1``: seq, seq * golden (a check word), zeros."""
-    block = np.zeros((n, SIZE), np.uint8)
+    """Messages ``first`` .. ``first + n - 1``: seq, seq * golden (a check word), PATTERN."""
+    block = np.empty((n, SIZE), np.uint8)
+    block[:, _HEAD.size:] = np.frombuffer(PATTERN, np.uint8)
     words = block.view(np.uint64)
     seqs = np.arange(first, first + n, dtype=np.uint64)
     words[:, 0] = seqs
@@ -69,12 +81,16 @@ def rows(first: int, n: int) -> np.ndarray:
 
 
 def check(message: bytes) -> int:
-    """The sequence number of a message; BenchError when it is not one of the publisher's."""
+    """The sequence number of a message after checking all of its bytes against what the
+    publisher writes for that number (its length, the check word, PATTERN); BenchError when
+    any byte differs."""
     if len(message) != SIZE:
         raise BenchError(f"message of {len(message)} bytes")
     seq, word = _HEAD.unpack_from(message)
     if (seq * _GOLDEN) & _MASK != word:
         raise BenchError(f"message {int(seq)}: bad check word")
+    if not message.endswith(PATTERN):
+        raise BenchError(f"message {int(seq)}: payload differs from the pattern")
     return int(seq)
 
 
@@ -118,17 +134,24 @@ class SeqCheck:
         self.count += 1
 
 
-def read_by_reader(directory: Path) -> dict[str, Any]:
+def read_by_batches(directory: Path) -> dict[str, Any]:
+    """The recording from its start to where it stands, read with the late joiner's batch
+    reader (RecordingReader.read_batches, payloads sliced out as bytes) and every message
+    checked: messages, checked (messages whose every byte was checked), seconds, rate
+    (messages/s); BenchError if a message is missing, repeated or wrong."""
     reader = shmbus.RecordingReader(directory, 0)
     end = reader.stop_position
     seqs = SeqCheck()
+    add = seqs.add
     start = time.perf_counter()
-    for m in reader.messages(None, end):
-        seqs.add(check(m.payload))
+    for batch in reader.read_batches(None, end):
+        for payload in batch.payloads():
+            add(check(payload))
     seconds = time.perf_counter() - start
     if seqs.missing or seqs.duplicated or seqs.count == 0:
         raise BenchError(f"the recording is not whole: {vars(seqs)}")
-    return {"messages": seqs.count, "seconds": seconds, "rate": seqs.count / seconds}
+    return {"messages": seqs.count, "checked": seqs.count, "seconds": seconds,
+            "rate": seqs.count / seconds}
 
 
 def late_join(bus: shmbus.Client, directory: Path, live_messages: int,
@@ -161,7 +184,8 @@ def late_join(bus: shmbus.Client, directory: Path, live_messages: int,
         raise BenchError(f"late join: {sub.live_messages} live messages, {live_messages} due")
     if seqs.missing or seqs.duplicated:
         raise BenchError(f"late join: {seqs.missing} missing, {seqs.duplicated} duplicated")
-    return {"replayed": replayed, "catch_up_rate": replayed / first_live_s,
+    return {"replayed": replayed, "checked": seqs.count,
+            "catch_up_rate": replayed / first_live_s,
             "first_live_s": first_live_s,
             "replayed_after_live": replayed - (replayed_before_live_join or 0),
             "term_messages": term // 96, "missing": 0, "duplicated": 0}
@@ -193,37 +217,24 @@ def by_hand(bus: shmbus.Client, directory: Path, live_messages: int,
         if live >= live_messages:
             break
     sub.close()
-    return {"first_live_s": first_live_s, "missing": seqs.missing,
+    return {"first_live_s": first_live_s, "checked": seqs.count, "missing": seqs.missing,
             "duplicated": seqs.duplicated}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--history-s", type=float, default=2.0,
-                        help="seconds of publishing recorded before the first join")
-    parser.add_argument("--rate", type=float, default=50_000,
-                        help="publisher messages/s (0: as fast as offer_many goes, faster "
-                             "than any per-message reader: the joiner then never catches up "
-                             "without --catch-up)")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--live", type=int, default=10_000,
-                        help="live messages each joiner reads after the merge")
-    parser.add_argument("--catch-up", type=float, default=10.0,
-                        help="catch_up seconds of the late joiner (docs/guides/late-joiners.md): "
-                             "on a loaded machine the replay may not outrun the publisher; then "
-                             "it joins live after this and holds the publisher until it merges")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
-
-    root = Path(tempfile.mkdtemp(prefix="late-join-bench-", dir="/dev/shm"))
-    context = shmbus.Context(dir=str(root / "bus"), embedded_driver=False)
-    driver = start_driver(context)
+def measure(context: shmbus.Context, directory: Path, rate: float, history_s: float,
+            runs: int, live: int, catch_up: float | None
+            ) -> tuple[list[dict[str, Any]], dict[str, float], float]:
+    """With the publisher (``rate`` messages/s, 0: full speed) and the recorder, recording
+    into ``directory``, running for ``history_s`` seconds before: ``runs``
+    runs of every row in turn (read_by_batches, late_join, by_hand recording first, by_hand
+    live first). Returns the runs, the CPU seconds of each process over them and the wall
+    seconds."""
     ctx = mp.get_context("spawn")
     stop, ready_pub, ready_rec = ctx.Event(), ctx.Event(), ctx.Event()
-    directory = root / "rec"
+    driver = start_driver(context)
     processes = [ctx.Process(target=recorder, args=(context, str(directory), stop, ready_rec)),
-                 ctx.Process(target=publisher, args=(context, args.rate, stop, ready_pub))]
-    runs: list[dict[str, Any]] = []
+                 ctx.Process(target=publisher, args=(context, rate, stop, ready_pub))]
+    done: list[dict[str, Any]] = []
     try:
         processes[0].start()
         if not ready_rec.wait(30):
@@ -231,17 +242,17 @@ def main(argv: list[str] | None = None) -> int:
         processes[1].start()
         if not ready_pub.wait(30):
             raise BenchError("the publisher did not start")
-        pids = {"driver": driver.pid, "recorder": processes[0].pid,
-                "publisher": processes[1].pid, "joiner": os.getpid()}
+        pids = {"driver": driver.pid, "publisher": processes[1].pid,
+                "recorder": processes[0].pid, "joiner": os.getpid()}
         cpu_before = {k: cpu_seconds(p) or 0.0 for k, p in pids.items()}
         wall_before = time.monotonic()
-        time.sleep(args.history_s)
+        time.sleep(history_s)  # the history the joiners catch up on
         with shmbus.connect(context) as bus:
-            for _ in range(args.runs):
-                runs.append({"reader": read_by_reader(directory),
-                             "late_join": late_join(bus, directory, args.live, args.catch_up),
-                             "by_hand": by_hand(bus, directory, args.live, False),
-                             "live_first": by_hand(bus, directory, args.live, True)})
+            for _ in range(runs):
+                done.append({"reader": read_by_batches(directory),
+                             "late_join": late_join(bus, directory, live, catch_up),
+                             "by_hand": by_hand(bus, directory, live, False),
+                             "live_first": by_hand(bus, directory, live, True)})
         wall = time.monotonic() - wall_before
         cpu = {k: (cpu_seconds(p) or 0.0) - cpu_before[k] for k, p in pids.items()}
     finally:
@@ -251,45 +262,172 @@ def main(argv: list[str] | None = None) -> int:
             if process.is_alive():
                 process.kill()
         stop_driver(driver)
-        shutil.rmtree(root, ignore_errors=True)
+    return done, cpu, wall
 
-    def median(part: str, key: str) -> float:
-        return statistics.median(float(r[part][key] or 0) for r in runs)
 
-    reader_rate = median("reader", "rate")
-    catch_up = median("late_join", "catch_up_rate")
-    summary = {
+def summarise(runs: list[dict[str, Any]], cpu: dict[str, float], wall: float
+              ) -> dict[str, Any]:
+    """The figures of the runs: spreads (pages.Spread) of the batch reader's rate, the catch-up
+    rate, their ratio per run, the messages replayed, the seconds to the first live message
+    and the messages replayed after the live join; the by-hand losses and duplicates per run;
+    the messages checked byte for byte by every row; CPU and wall seconds."""
+    def values(part: str, key: str) -> list[float]:
+        return [float(r[part][key] or 0) for r in runs]
+
+    ratios = [r["late_join"]["catch_up_rate"] / r["reader"]["rate"] for r in runs]
+    return {
         "runs": runs, "cpu_s": cpu, "wall_s": wall,
-        "reader_msgs_per_s": reader_rate, "catch_up_msgs_per_s": catch_up,
-        "catch_up_vs_reader": catch_up / reader_rate,
-        "first_live_s": median("late_join", "first_live_s"),
-        "replayed_after_live": median("late_join", "replayed_after_live"),
+        "reader_msgs_per_s": pages.spread(values("reader", "rate")),
+        "catch_up_msgs_per_s": pages.spread(values("late_join", "catch_up_rate")),
+        "catch_up_vs_reader": pages.spread(ratios),
+        "replayed": pages.spread(values("late_join", "replayed")),
+        "first_live_s": pages.spread(values("late_join", "first_live_s")),
+        "replayed_after_live": pages.spread(values("late_join", "replayed_after_live")),
+        "term_messages": runs[0]["late_join"]["term_messages"],
+        "checked": {part: sum(r[part]["checked"] for r in runs)
+                    for part in ("reader", "late_join", "by_hand", "live_first")},
         "by_hand_missing": [r["by_hand"]["missing"] for r in runs],
         "by_hand_duplicated": [r["by_hand"]["duplicated"] for r in runs],
         "live_first_missing": [r["live_first"]["missing"] for r in runs],
         "live_first_duplicated": [r["live_first"]["duplicated"] for r in runs],
     }
-    lines = [["RecordingReader.messages(), msgs/s", f"{reader_rate:,.0f}"],
-         ["late join catch-up, msgs/s", f"{catch_up:,.0f}"],
-         ["catch-up / reader", f"{summary['catch_up_vs_reader']:.2f}"],
-         ["messages replayed (late join)", f"{median('late_join', 'replayed'):,.0f}"],
-         ["add_subscription -> first live message, s", f"{summary['first_live_s']:.3f}"],
-         ["replayed after the live join (a term holds ~"
-          f"{median('late_join', 'term_messages'):,.0f})",
-          f"{summary['replayed_after_live']:,.0f}"],
-         ["late join: missing / duplicated", "0 / 0"],
-         ["by hand, recording then live: missing per run", str(summary["by_hand_missing"])],
-         ["by hand, recording then live: duplicated per run",
-          str(summary["by_hand_duplicated"])],
-         ["by hand, live first: missing per run", str(summary["live_first_missing"])],
-         ["by hand, live first: duplicated per run", str(summary["live_first_duplicated"])],
-         ["CPU s (driver, publisher, recorder, joiner)",
-          ", ".join(f"{cpu[k]:.2f}" for k in ("driver", "publisher", "recorder", "joiner"))],
-         ["wall s", f"{wall:.1f}"]]
-    print(text_table(["measure", "median of runs"], lines, right=[1],
+
+
+def _fmt(spread: pages.Spread | None, f: Callable[[float], str]) -> str:
+    return pages.fmt_spread(spread, f)
+
+
+def report_lines(s: dict[str, Any]) -> list[list[str]]:
+    """The (measure, median (lowest-highest)) lines of a summary."""
+    rate, count = (lambda v: f"{v:,.0f}"), (lambda v: f"{v:,.0f}")
+    cpu = s["cpu_s"]
+    return [
+        ["batch reader (read_batches, payloads), msgs/s", _fmt(s["reader_msgs_per_s"], rate)],
+        ["late join catch-up, msgs/s", _fmt(s["catch_up_msgs_per_s"], rate)],
+        ["catch-up / batch reader (per run)",
+         _fmt(s["catch_up_vs_reader"], lambda v: f"{v:.2f}")],
+        ["messages replayed (late join)", _fmt(s["replayed"], count)],
+        ["add_subscription -> first live message, s",
+         _fmt(s["first_live_s"], lambda v: f"{v:.3f}")],
+        [f"replayed after the live join (a term holds ~{s['term_messages']:,})",
+         _fmt(s["replayed_after_live"], count)],
+        ["late join: missing / duplicated", "0 / 0"],
+        ["by hand, recording then live: missing per run", str(s["by_hand_missing"])],
+        ["by hand, recording then live: duplicated per run", str(s["by_hand_duplicated"])],
+        ["by hand, live first: missing per run", str(s["live_first_missing"])],
+        ["by hand, live first: duplicated per run", str(s["live_first_duplicated"])],
+        ["messages checked byte for byte (reader, late join, by hand, live first)",
+         ", ".join(f"{n:,}" for n in s["checked"].values())],
+        ["CPU s (driver, publisher, recorder, joiner)",
+         ", ".join(f"{cpu[k]:.2f}" for k in ("driver", "publisher", "recorder", "joiner"))],
+        ["wall s", f"{s['wall_s']:.1f}"]]
+
+
+PAGE_ROWS = """\
+A publisher process writes 64-byte messages at {rate} with `offer_many`, and a recorder
+process records them. After {history:g} s of history, this process runs every row in turn, {runs}
+times, while the publisher keeps publishing. The figures are the median of the runs, and in
+brackets the lowest and highest run.
+
+* *batch reader*: `RecordingReader.read_batches` from the start of the recording to where it
+  stands, each batch's payloads sliced out as bytes. The late joiner replays with this same
+  reader and the same slicing, so this row is the rate it could reach.
+* *late join*: `add_subscription(..., history=shmbus.Recording(dir), from_position="start")`
+  read with `messages()`, replaying the recording and then handing over to live. Its
+  catch-up rate is the messages replayed over the seconds to the first live message.
+* *by hand*: the recording read with `RecordingReader.messages()` and then a plain live
+  subscription, or the live subscription added first. What the seam loses or repeats is
+  counted from the sequence numbers.
+
+Every row checks every byte of every message: its length, its sequence number, a check word
+derived from it, and the 48-byte pattern after them. A wrong byte fails the run.
+"""
+
+
+def page_body(summary: dict[str, Any], rate: float, history_s: float, runs: int,
+              plot: str | None) -> str:
+    """The page's body: what each row does and checks, the table, and the plot's link."""
+    parts = [PAGE_ROWS.format(rate=f"{rate:,.0f} messages/s" if rate else "full speed",
+                              history=history_s, runs=runs), "## Figures\n",
+             markdown_table(["measure", "median (lowest-highest)"], report_lines(summary),
+                            [1]), ""]
+    if plot:
+        parts += ["## Every run\n", "The batch reader's rate and the late joiner's catch-up "
+                  "rate in each run, in messages a second.", "", f"![rates]({plot})", ""]
+    return "\n".join(parts)
+
+
+def plot_runs(path: Path, summary: dict[str, Any]) -> Path:
+    """A PNG of the batch reader's and the late join's rate in every run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = summary["runs"]
+    xs = np.arange(1, len(runs) + 1)
+    figure, ax = plt.subplots(figsize=(6.5, 4))
+    ax.bar(xs - 0.2, [r["reader"]["rate"] for r in runs], 0.4, label="batch reader")
+    ax.bar(xs + 0.2, [r["late_join"]["catch_up_rate"] for r in runs], 0.4,
+           label="late join catch-up")
+    ax.set_xticks(xs)
+    ax.set_xlabel("run")
+    ax.set_ylabel("messages/s")
+    ax.set_title("Catching up on a recording, every message checked")
+    ax.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke pass: 0.3 s of history, 2 runs, 1,000 live messages")
+    parser.add_argument("--history-s", type=float, default=None,
+                        help="seconds of publishing recorded before the first join (default 2)")
+    parser.add_argument("--rate", type=float, default=50_000,
+                        help="publisher messages/s (0: as fast as offer_many goes, faster "
+                             "than any per-message reader: the joiner then never catches up "
+                             "without --catch-up)")
+    parser.add_argument("--runs", "--repeat", dest="runs", type=int, default=None,
+                        help=f"runs of every row, interleaved (default {RUNS})")
+    parser.add_argument("--live", type=int, default=None,
+                        help="live messages each joiner reads after the merge (default 10,000)")
+    parser.add_argument("--catch-up", type=float, default=10.0,
+                        help="catch_up seconds of the late joiner (docs/guides/late-joiners.md): "
+                             "on a loaded machine the replay may not outrun the publisher; then "
+                             "it joins live after this and holds the publisher until it merges")
+    parser.add_argument("--json", type=Path)
+    pages.add_page_option(parser)
+    args = parser.parse_args(argv)
+    history_s = args.history_s if args.history_s is not None else (0.3 if args.quick else 2.0)
+    runs = args.runs if args.runs is not None else (2 if args.quick else RUNS)
+    live = args.live if args.live is not None else (1_000 if args.quick else 10_000)
+    if runs < 1:
+        parser.error("--runs: at least 1")
+    setting = pages.started(argv)
+    root = Path(tempfile.mkdtemp(prefix="late-join-bench-", dir="/dev/shm"))
+    try:
+        context = shmbus.Context(dir=str(root / "bus"), embedded_driver=False)
+        done, cpu, wall = measure(context, root / "rec", args.rate, history_s, runs, live,
+                                    args.catch_up)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    summary = summarise(done, cpu, wall)
+    lines = report_lines(summary)
+    print(text_table(["measure", "median (lowest-highest)"], lines, right=[1],
                      groups=[0] * len(lines)))
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=1))
+        args.json.write_text(json.dumps(summary, indent=1, default=vars))
+    if args.page:
+        plot = plot_runs(Path(args.page) / "late_join.png", summary)
+        page = pages.write_page(args.page, "late_join", "Late joiners", "tools.bench.late_join",
+                                setting, page_body(summary, args.rate, history_s, runs,
+                                                   plot.name))
+        print(f"page: {page}")
     return 0
 
 

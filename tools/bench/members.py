@@ -3,11 +3,12 @@ user does, and the writer and reader of a stream over any channel (used by netbr
 fanout.py). Each member function runs in a spawned member process (see harness.run_processes)
 and imports only shmbus's public API.
 
-Messages carry their sequence number at their head and their tail (harness.codec), or with
-``checked`` (the per-message path only) are harness.Checked messages: a sequence number and a
-CRC-32 of every byte, both checked per message. The writer sends for a fixed duration, then a
-STOP message; every reader checks every message, so a lost, duplicated, reordered or torn
-message fails the run.
+Messages carry their sequence number at their head and their tail (harness.codec) and zeros
+between, or with ``checked`` on the per-message path are harness.Checked messages: a sequence
+number and a CRC-32 of every byte, both checked per message. With ``checked`` the batch reader
+checks every byte too (head, tail, and zeros between); without it, head and tail only. The
+writer sends for a fixed duration, then a STOP message; every reader checks every message, so
+a lost, duplicated, reordered or torn message fails the run.
 """
 
 from __future__ import annotations
@@ -145,11 +146,13 @@ class BatchCheck(Counter):
     """A poll_batch handler that checks, with numpy over each FragmentBatch, that the messages
     carry the sequence numbers 0, 1, 2 ... at their head and their tail (the first and the last
     8 bytes), until STOP. With ``fragmented`` (size over the channel's max payload) a message
-    is checked at its first and last fragments, and the lengths by their total (finish)."""
+    is checked at its first and last fragments, and the lengths by their total (finish). With
+    ``every_byte`` it also checks that every other byte of every payload is zero, as
+    stream_writer's batches write them (``size`` a multiple of 8): every byte is checked."""
 
-    def __init__(self, size: int, fragmented: bool) -> None:
+    def __init__(self, size: int, fragmented: bool, every_byte: bool = False) -> None:
         super().__init__()
-        self.size, self.fragmented = size, fragmented
+        self.size, self.fragmented, self.every_byte = size, fragmented, every_byte
         self.payload_bytes = 0
         self._pending: list[int] = []  # head of a message whose last fragment is yet to come
         self._ramp = np.arange(BATCH_ROWS + 1, dtype=np.int64)
@@ -169,6 +172,11 @@ class BatchCheck(Counter):
             heads = words[offsets >> 3]
             tails = words[(offsets + self.size - 8) >> 3]
             lengths_ok = bool((lengths == self.size).all())
+        if self.every_byte and len(offsets) and not self._rest_is_zero(words, batch):
+            self.bad(int(heads[-1]) if len(heads) else -1,
+                     f"batch at position {batch.position}: a payload byte between the head "
+                     f"and the tail is not zero")
+            return
         n = len(heads)
         if n and heads[n - 1] == STOP:
             self.stopped = True
@@ -182,6 +190,20 @@ class BatchCheck(Counter):
         else:
             self.bad(int(heads[n - 1]), f"batch at position {batch.position}: heads "
                                         f"{heads[:4]}.. tails {tails[:4]}..")
+
+    @staticmethod
+    def _rest_is_zero(words: Any, batch: Any) -> bool:
+        """Whether every 8-byte word of the batch's payloads is zero, but the head word of a
+        message's first fragment and the tail word of its last (counted with a running sum
+        of nonzero words over the span of the batch)."""
+        offsets, lengths, flags = batch.offsets, batch.lengths, batch.flags
+        first = int(offsets[0]) >> 3
+        span = words[first:(int(offsets[-1]) + int(lengths[-1])) >> 3]
+        nonzero = np.zeros(len(span) + 1, np.int64)
+        np.cumsum(span != 0, out=nonzero[1:])
+        starts = (offsets >> 3) - first + ((flags & BEGIN_FLAG) != 0)
+        ends = ((offsets + lengths) >> 3) - first - ((flags & END_FLAG) != 0)
+        return not (nonzero[ends] - nonzero[starts]).any()
 
     def finish(self) -> None:
         """After STOP: a fragmented stream's payload bytes must add up to its messages' (STOP
@@ -197,8 +219,9 @@ def stream_reader(start: Any, context: Any, uri: str, stream_id: int, size: int,
                   checked: bool = False) -> dict[str, Any]:
     """Read stream_writer's messages until STOP, checking each (``for message in
     Subscription.messages()``, or Image.poll_batch with BatchCheck), then done.set(). With
-    ``checked`` (the writer's too; per-message path only) each message's sequence number and
-    CRC-32 are checked. Returns received (in order), errors, first_bad, t1
+    ``checked`` every byte is checked: on the per-message path (the writer's ``checked`` too)
+    each message's sequence number and CRC-32, on the batch path every byte between head and
+    tail is zero (BatchCheck's every_byte). Returns received (in order), errors, first_bad, t1
     (CLOCK_MONOTONIC ns when STOP arrived) and seal_drops (see seal_drops: None on a
     plaintext channel)."""
     import shmbus
@@ -207,7 +230,7 @@ def stream_reader(start: Any, context: Any, uri: str, stream_id: int, size: int,
     with shmbus.connect(context) as bus:
         subscription = bus.add_subscription(uri, stream_id)
         image = await_image(subscription, deadline_after(timeout_s))
-        check = BatchCheck(size, size > max_payload(uri))
+        check = BatchCheck(size, size > max_payload(uri), every_byte=checked)
         start.ready(bus.driver_pid)
         deadline = deadline_after(timeout_s)
         if not batch and checked:

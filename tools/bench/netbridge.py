@@ -81,10 +81,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tools.bench import pages
 from tools.bench.aeron_c import AeronC, find_binaries
 from tools.bench.harness import (
     RTT_SIZE,
@@ -137,6 +139,8 @@ from tools.bench.report import (
 SIZES = (32, 4096)
 _RUN_IDS = itertools.count(1)
 
+REPEAT = 5  # runs of every row by default, interleaved
+SPREAD_FIGURES = ("msgs_per_s", "p50_us")  # the table gives these as median (lowest-highest)
 PING_RATE = 10_000  # pings per second of the ping-pong runs (--rate)
 #: cping's round trips per second of --duration: enough for a p99, few enough to finish on a
 #: loaded 2-core machine, where two busy-spinning samples starve the drivers (ms round trips)
@@ -317,9 +321,12 @@ def _shm_pong(start: Any, context: Any, ping_uri: str, pong_uri: str, stream_id:
 
 
 def run_throughput(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
-                   config: ChannelConfig | None, size: int, opt: Options) -> dict[str, Any]:
+                   config: ChannelConfig | None, size: int, opt: Options,
+                   every_byte: bool = True) -> dict[str, Any]:
     """One throughput run: its figures (msgs/s, MB/s, cores by process); BenchError if any
-    message was lost, repeated, reordered or torn."""
+    message was lost, repeated, reordered or torn. ``every_byte``: a shmbus reader checks
+    every byte of every message (members.stream_reader's ``checked``), else the sequence
+    number at head and tail only (zmq's reader checks every byte either way)."""
     if transport == AERON:
         assert aeron is not None and config is not None
         with aeron.running():
@@ -338,12 +345,11 @@ def run_throughput(ctx: Any, buses: Buses, aeron: AeronC | None, transport: str,
         assert config is not None
         uri = config.uri(free_udp_ports(1)[0])
         batch = transport == SHM_BATCH
-        # checked: sequence number and CRC-32 of every message (the per-message path)
         writer = Member("writer", stream_writer, (buses.contexts[0], uri, 1000 + run, size,
                                                   opt.duration_s, opt.timeout_s, done, batch,
-                                                  (), True))
+                                                  (), every_byte))
         reader = Member("reader", stream_reader, (buses.contexts[1], uri, 1000 + run, size,
-                                                  opt.timeout_s, done, batch, True))
+                                                  opt.timeout_s, done, batch, every_byte))
         watch = buses.sides
     out = run_processes(ctx, [reader, writer], 2 * opt.timeout_s + opt.duration_s + 30, watch)
     sent, seconds = delivered(out)
@@ -628,6 +634,16 @@ _SUMMARY_LABELS = {
 }
 
 
+def _spread_cell(row: dict[str, Any], figure: str, f: Callable[[float], str]) -> str:
+    """A figure as median (lowest-highest run), or its median alone (or "-") without a
+    spread."""
+    found = row.get(f"{figure}_spread")
+    if found:
+        return pages.fmt_spread(pages.Spread(**found), f)
+    value = row.get(figure)
+    return "-" if value is None else f(value)
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     headers = ["test", "transport", "channel", "size", "pace", "msgs/s", "MB/s", "x zmq",
                "x plain", "x CURVE", "cpu us/msg", "p50 us", "p99 us", "max us",
@@ -636,10 +652,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines.append([
             r["test"], r["transport"], r["channel"], str(r["size"]), r.get("pace", "-"),
-            fmt(r.get("msgs_per_s")), fmt(r.get("mb_per_s"), 1), fmt(r.get("x_zmq"), 2),
-            fmt(r.get("x_plain"), 2), fmt(r.get("x_curve"), 2), fmt(r.get("cpu_us_per_msg"), 2),
-            fmt(r.get("p50_us"), 1), fmt(r.get("p99_us"), 1), fmt(r.get("max_us"), 1),
-            _sides_cell(r), {"ok": "ok", "n/a": "n/a"}.get(r["status"], "FAILED"),
+            _spread_cell(r, "msgs_per_s", lambda v: f"{v:,.0f}"), fmt(r.get("mb_per_s"), 1),
+            fmt(r.get("x_zmq"), 2), fmt(r.get("x_plain"), 2), fmt(r.get("x_curve"), 2),
+            fmt(r.get("cpu_us_per_msg"), 2), _spread_cell(r, "p50_us", lambda v: f"{v:.1f}"),
+            fmt(r.get("p99_us"), 1), fmt(r.get("max_us"), 1),
+            _sides_cell(r), (f"ok, {r.get('checks', '-')}" if r["status"] == "ok" else
+                             {"n/a": "n/a"}.get(r["status"], "FAILED")),
         ])
     return text_table(headers, lines, {3, 5, 6, 7, 8, 9, 10, 11, 12, 13},
                       [(r["test"], r["size"]) for r in rows])
@@ -717,7 +735,8 @@ def _channel_configs(names: str, tuned_params: str) -> list[ChannelConfig]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_run_options(parser, 2.0, "per throughput and ping-pong run")
+    add_run_options(parser, 1.5, "per throughput and ping-pong run")
+    parser.set_defaults(repeat=None)  # REPEAT, or 1 with --quick
     parser.add_argument("--channels", default="default,keyed,tuned",
                         help="shmbus channel configurations to run, comma-separated: default "
                              f"(plain endpoint URI), keyed (the same with key={KEY_NAME}: "
@@ -735,6 +754,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "rate_subscriber, cping, cpong): measure Aeron C in the same run")
     parser.add_argument("--only", help="run only the transports whose name contains this")
     parser.add_argument("--no-latency", action="store_true", help="skip the ping-pong runs")
+    parser.add_argument("--check", choices=("every-byte", "head-tail"), default="every-byte",
+                        help="what the shmbus throughput readers check of every message: every "
+                             "byte (default), or the sequence number at head and tail")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     for size in args.sizes:
@@ -750,15 +772,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _key(test: str, transport: str, channel: str, size: int) -> dict[str, Any]:
-    """A row's identity: test, transport, channel and size."""
-    return {"test": test, "transport": transport, "channel": channel, "size": size}
+def _key(test: str, transport: str, channel: str, size: int,
+         checks: str = "every byte") -> dict[str, Any]:
+    """A row's identity: test, transport, channel and size; and what its readers check."""
+    return {"test": test, "transport": transport, "channel": channel, "size": size,
+            "checks": checks}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     duration = 0.3 if args.quick else args.duration
-    repeat = 1 if args.quick else args.repeat
+    repeat = args.repeat if args.repeat is not None else (1 if args.quick else REPEAT)
+    every_byte = args.check == "every-byte"
     opt = Options(duration_s=duration, timeout_s=args.timeout, rate=args.rate or None)
     configs = _channel_configs(args.channels, args.tuned)
     ctx = mp.get_context("spawn")
@@ -796,9 +821,11 @@ def main(argv: list[str] | None = None) -> int:
         for config in configs:
             aeron_too = aeron is not None and config == DEFAULT_CHANNEL
             for transport in [*shm_ways, *([AERON] if aeron_too else [])]:
-                plan.append((_key("throughput", transport, config.name, size),
+                checks = ("count only" if transport == AERON else
+                          "every byte" if every_byte else "seq at head and tail")
+                plan.append((_key("throughput", transport, config.name, size, checks),
                              lambda t=transport, c=config, s=size:
-                             run_throughput(ctx, buses, aeron, t, c, s, opt)))
+                             run_throughput(ctx, buses, aeron, t, c, s, opt, every_byte)))
         for transport in zmq_ways:
             plan.append((_key("throughput", transport, "-", size),
                          lambda t=transport, s=size:
@@ -807,7 +834,8 @@ def main(argv: list[str] | None = None) -> int:
         for config in configs:
             aeron_too = aeron is not None and config == DEFAULT_CHANNEL
             for transport in [*([SHM] if wanted(SHM) else []), *([AERON_PP] if aeron_too else [])]:
-                plan.append((_key("ping-pong", transport, config.name, RTT_SIZE),
+                plan.append((_key("ping-pong", transport, config.name, RTT_SIZE,
+                                  "count only" if transport == AERON_PP else "every byte"),
                              lambda t=transport, c=config:
                              run_latency(ctx, buses, aeron, t, c, opt)))
         for transport in zmq_pp_ways:
@@ -822,8 +850,12 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
     rows = [median_row(r) for r in runs]
     for row, done in zip(rows, runs, strict=True):  # datagrams refused in any of the runs
+        row["size"] = done[0]["size"]  # not a median
         if row["status"] == "ok" and "seal_drops" in row:
             row["seal_drops"] = sum(r["seal_drops"] for r in done)
+        for figure in SPREAD_FIGURES:  # the median's spread over the runs, as a dict (JSON)
+            found = pages.spread(r.get(figure) for r in done if r["status"] == "ok")
+            row[f"{figure}_spread"] = vars(found) if found and row.get(figure) else None
     # x zmq: msgs/s over zmq's at the same size; for ping-pong zmq's p50 over the row's
     add_ratios(rows, "x_zmq", lambda r: r["transport"] in PEERS, lambda r: (r["test"], r["size"]),
                lambda r, zmq: (r["msgs_per_s"] / zmq["msgs_per_s"] if r["test"] == "throughput"

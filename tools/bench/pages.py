@@ -17,6 +17,7 @@ import datetime as dt
 import importlib.metadata
 import os
 import platform
+import shlex
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -98,7 +99,7 @@ def head(title: str, module: str, setting: Setting) -> str:
     """The page's head: title, date, machine, load, versions and the command that re-runs it."""
     end_load = os.getloadavg()[0]
     listed = ", ".join(f"{k} {v}" for k, v in versions().items())
-    command = " ".join(("python -m", module, *_without_page(setting.argv)))
+    command = " ".join(("python -m", module, *map(shlex.quote, _without_page(setting.argv))))
     return "\n".join([
         f"# {title}",
         "",

@@ -24,8 +24,9 @@ def test_quick_fanout_bench_delivers_everything_to_every_receiver(tmp_path: Path
         assert r["status"] == "ok", r
         assert r["messages"] > 0 and r["msgs_per_s"] > 0
         assert len(r["bridge_cpu_s"]) == 3
+        assert r["checks"] == "every byte"
     assert rows["unicast"]["receivers"] == 1 and rows["multicast"]["receivers"] == 2
     assert rows["unicast"]["x_unicast"] == 1.0
     assert rows["multicast"]["delivered_mb_per_s"] == 2 * rows["multicast"]["mb_per_s"]
     line = next(x for x in done.stdout.splitlines() if x.startswith("multicast "))
-    assert line.split()[:3] == ["multicast", "2", "32"] and line.endswith("ok")
+    assert line.split()[:3] == ["multicast", "2", "32"] and line.endswith("ok, every byte")

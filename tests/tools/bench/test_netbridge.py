@@ -40,6 +40,7 @@ def test_quick_netbridge_bench_measures_both_buses_and_zmq(tmp_path: Path) -> No
         assert r["cpu_us_per_msg"] > 0  # every process's CPU over the messages
         # every message arrived, in order, its sequence number (and CRC) checked
         assert r["received"] == r["messages"] and r["errors"] == 0, r
+        assert r["checks"] == "every byte", r  # batch rows too: head, tail and zeros between
         if transport.startswith("shmbus"):  # each side's bridge and driver accounted
             assert all(r["cores"][side] is not None for side in SIDES), r["cores"]
             # the netbridges sealed the keyed channel's datagrams (its Sealer's counters were
@@ -61,6 +62,7 @@ def test_quick_netbridge_bench_measures_both_buses_and_zmq(tmp_path: Path) -> No
         assert r["pace"] == "10,000/s" and 0 < r["pings_per_s"] <= 10_000 * 1.05
         assert 0 < r["p50_us"] <= r["p99_us"] <= r["max_us"] and r["round_trips"] > 0
         assert r["echoed"] == r["pings"] > 0 and r["errors"] == 0, r  # every echo checked
+        assert r["checks"] == "every byte", r
         if transport == SHM:
             assert r["sealed"] is (channel == KEYED) and r["seal_drops"] == 0, r
     keyed_pp = pings[(SHM, KEYED)]
