@@ -1,6 +1,7 @@
 # make test: build everything from nothing, type-check, build the docs site, and run the whole suite.
 # make docs: the documentation site into site/ (mkdocs; see mkdocs.yml).
 # make demo: build, then run the main job.
+# make bench: every benchmark that publishes a page (see below).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -49,8 +50,21 @@ test: typecheck system-deps docs
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
+# make bench: the benchmarks that publish a page, full length (about an hour; run it on a
+# quiet machine), each writing its dated page and plots into docs/benchmarks/. pyaeron's page
+# needs a Python >= 3.12 with pyaeron and shmbus installed: PYAERON_PY (without it, the page
+# is left as it is and the reason printed). fanout makes network namespaces: run as root.
+PAGES := docs/benchmarks
+PYAERON_PY ?= /tmp/pyaeron-venv/bin/python
 bench: $(STAMP)
-	$(BIN)/python -m tools.bench.ipc
+	$(BIN)/python -m tools.bench.ipc --page $(PAGES)
+	$(BIN)/python -m tools.bench.large_messages --page $(PAGES)
+	$(BIN)/python -m tools.bench.request_reply --page $(PAGES)
+	$(BIN)/python -m tools.bench.late_join --page $(PAGES)
+	$(BIN)/python -m tools.bench.fanout --page $(PAGES)
+	@if $(PYAERON_PY) -c 'import pyaeron, shmbus' 2>/dev/null; then \
+		$(PYAERON_PY) -m tools.bench.pyaeron --page $(PAGES); \
+	else echo "pyaeron page not rerun: $(PYAERON_PY) cannot import pyaeron and shmbus"; fi
 
 lint: typecheck
 	$(BIN)/ruff check shmbus netbridge tests tools examples docs/_ext
