@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tools.bench.late_join --page $(PAGES)
 	$(BIN)/python -m tools.bench.fanout --page $(PAGES)
 	@if $(PYAERON_PY) -c 'import pyaeron, shmbus' 2>/dev/null; then \
+		$(PYAERON_PY) -m pip install --quiet matplotlib && \
 		$(PYAERON_PY) -m tools.bench.pyaeron --page $(PAGES); \
 	else echo "pyaeron page not rerun: $(PYAERON_PY) cannot import pyaeron and shmbus"; fi
 

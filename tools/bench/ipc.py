@@ -137,8 +137,9 @@ BACK_TO_BACK = "back-to-back"
 PACED = f"{RTT_RATE:,} msg/s"
 PEER_WAIT = {QUEUE: "blocking", PIPE: "blocking", POSIX: "blocking", ZMQ: "blocking",
              ICEORYX: "busy-poll", ZENOH: "blocking"}
-#: how a shmbus round-trip row waits, beside the peers that wait the same way
-SHM_WAITS = {SLEEPING: "blocking", BLOCKING: "blocking", SPIN: "busy-poll"}
+#: how a shmbus round-trip row waits, beside the peers that wait the same way (None: no peer
+#: spins, then sleeps)
+SHM_WAITS = {SLEEPING: "blocking", BLOCKING: None, SPIN: "busy-poll"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,7 +308,8 @@ def rtt_summary(rows: list[dict[str, Any]]) -> str:
         if r is None:
             continue
         ratio = (f"{r['p50_us'] / best['p50_us']:.2f} ({best['transport']})"
-                 if best and r["status"] == "ok" else "-")
+                 if best and r["status"] == "ok" else
+                 "no peer waits this way" if kind is None else "-")
         lines.append([_label(transport), wait, _us_cell(r, "p50_us"), _us_cell(r, "p99_us"),
                       ratio])
     return markdown_table(headers, lines, (2, 3, 4))

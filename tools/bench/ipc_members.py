@@ -1,11 +1,11 @@
 """shmbus's members on ``aeron:ipc`` as a user runs them, measured by ipc.py and pyaeron.py:
 each measurement on a fresh bus directory (Bus; the first client launches the embedded driver)
 held by a Scope; the throughput writer and readers (``publish()``/``messages()`` as the README
-teaches, the lower-level ``offer()``/``poll(handler)``, in place, and the numpy batch API),
-the round-trip pinger and ponger (blocking, busy-spin, back-off and asyncio waits) and the idle
+teaches and ``offer()``/``poll(handler)``, both in the user's loop of tools/bench/user_loop.py;
+the lower-level drained, in-place and numpy batch readers), the round-trip pinger and ponger
+(blocking with and without a spin, busy-spin, back-off and asyncio waits) and the idle
 publisher and subscriber. Each member function runs in a spawned member process (see
-harness.run_processes) and imports only shmbus's public API; messages are made and checked a
-round at a time (tools/bench/rounds.py).
+harness.run_processes) and imports only shmbus's public API.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench import pages
-from tools.bench.large_messages import COPYING, IN_PLACE, RING_SLOTS, TARGETS, Row
+from tools.bench.large_message_rows import COPYING, IN_PLACE, RING_SLOTS, TARGETS, Row
 
 NAME = "large_messages"
 TITLE = "Large messages: tools/bench/large_messages.py"

@@ -114,6 +114,7 @@ def head(title: str, module: str, setting: Setting) -> str:
         command,
         "```",
         "",
+        "",
     ])
 
 

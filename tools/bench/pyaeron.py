@@ -1,43 +1,44 @@
 """shmbus beside Aeron's own C client from Python (pyaeron), each at its defaults, in one run.
 
-    python -m tools.bench.pyaeron [--quick] [--runs N]   # from the repo root
+    python -m tools.bench.pyaeron [--quick] [--runs N] [--page DIR]   # from the repo root
 
 pyaeron needs CPython >= 3.12: run this in a venv that has it (``../shared/tools/
 pyaeron-venv.sh`` builds one; install shmbus into it with ``pip install -e .``). Elsewhere
 pyaeron is reported n/a and shmbus alone is measured (exit status 0).
 
-Both buses move the same checked messages between two spawned processes (1 writer -> 1 reader,
-tools/bench/harness.py), on ``aeron:ipc``, one exclusive publication, fresh directory per
-measurement:
+Both buses run the user's loop (tools/bench/user_loop.py) between two spawned processes
+(1 writer -> 1 reader, tools/bench/harness.py), on ``aeron:ipc``, one exclusive publication,
+a fresh directory per measurement: the writer sends each checked message with one call; the
+reader gives every message, copied out as bytes, to the same Python ``consume``, which checks
+its sequence number and length and compares every byte a round at a time.
 
 * shmbus as the README teaches: ``shmbus.connect(dir=...)`` with default settings (the first
-  client launches the embedded driver), ``pub.publish(message)`` for each message, ``for
-  message in sub.messages()`` (each message bytes): the members of ipc.py's "shmbus
-  publish()" rows (tools/bench/ipc_members.py).
-* pyaeron at Aeron's defaults: Aeron's C media driver in a process of its own
+  client launches the embedded driver), ``pub.publish(message)``, ``for message in
+  sub.messages(): consume(message)``: the members of ipc.py's "shmbus publish()/messages()"
+  rows (tools/bench/ipc_members.py).
+* pyaeron: Aeron's C media driver in a process of its own
   (``pyaeron.MediaDriver(dir=..., threading="dedicated")``, every other setting Aeron's
   default: 64 MiB IPC terms, back-off idle strategies), ``pyaeron.Aeron.connect(dir=...)`` in
   each member, ``offer(message)`` retried with Aeron's back-off idle strategy while refused,
-  ``sub.poll(handler, 256)`` (pyaeron reassembles fragmented messages with Aeron's C fragment
-  assembler, ``assemble=True``, its default) with a handler that copies ``bytes(buffer)``; an
-  empty poll idles with the back-off strategy.
+  ``sub.poll(handler, 256)`` (Aeron's C fragment assembler on, its default) with the user
+  loop's handler calling ``consume(bytes(buffer))``; an empty poll idles with the back-off
+  strategy. The same again with ``term-length=1m`` on the channel, shmbus's default term.
 
 Throughput at 32 B, 256 B and 4 KiB: the writer sends for --duration seconds, then a STOP
-message; rate = messages / (time the reader saw STOP - time the writer started). Every message
-is a fixed body, its sequence number and a CRC-32 (harness.Checked), made and checked a round
-at a time for both buses alike (tools/bench/rounds.py: every byte of every copied message
-compared); a lost, reordered or corrupt message fails the run. CPU per message: the CPU seconds
-of every process (writer, reader and the bus's driver) from the start to the last result, over
-the messages sent.
+message; rate = messages / (time the reader saw STOP - time the writer started). A lost,
+reordered or corrupt message fails the run. CPU per message: the CPU seconds of every process
+(writer, reader and the bus's driver) from the start to the last result, over the messages
+sent.
 
-Round trip: 32 B ping-pong back to back (the next ping as soon as the pong is back), p50/p99 of
-the round trips (first 10% dropped). shmbus: ``publish()`` and a blocking ``messages()`` on
-both sides (waits spin for Context.wait_spin, then sleep); pyaeron: ``offer()`` and ``poll()``
-with Aeron's back-off idle strategy between empty polls (spins, yields, then parks 1 us to
-1 ms).
+Round trip: 32 B checked ping-pong back to back (the next ping as soon as the pong is back),
+p50/p99 of the round trips (first 10% dropped). shmbus: ``publish()`` and a blocking
+``messages()`` on both sides (waits spin for Context.wait_spin, then sleep); pyaeron:
+``offer()`` and ``poll()`` with Aeron's back-off idle strategy between empty polls (spins,
+yields, then parks 1 us to 1 ms).
 
-Each measurement runs --runs times, interleaved; the table shows medians. Output: a markdown
-report on stdout. Exit status 1 if a measurement failed.
+Each measurement runs --runs times (default 5), interleaved; tables give the median and the
+spread. Output: a markdown report on stdout; with --page DIR the dated page DIR/pyaeron.md and
+its plot. Exit status 1 if a measurement failed.
 """
 
 from __future__ import annotations

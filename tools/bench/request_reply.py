@@ -13,10 +13,11 @@ per-run ratios (runs are interleaved, so run i of every row ran at about the sam
   once); zmq REQ/REP and DEALER/ROUTER (blocking recv and poll); Pipe (blocking recv and
   poll); shmbus ``udp`` (wait_spin 0).
 * ``busy-polls``: shmbus ``busy`` (wait_spin 1 s: both sides spin, yielding, instead of
-  sleeping); zmq DEALER/ROUTER ``busy`` (recv(NOBLOCK) in a loop on both sides; zmq's I/O
-  thread still sleeps in epoll); iceoryx2 (its Python API has no blocking receive: the client
-  and the server poll). iceoryx2 runs 1->1 only, where the ``iceoryx2`` package is installed
-  (``.[bench]``), else reads n/a.
+  sleeping); iceoryx2 (its Python API has no blocking receive: the client and the server
+  poll). iceoryx2 runs 1->1 only, where the ``iceoryx2`` package is installed (``.[bench]``),
+  else reads n/a. A zmq socket polled with NOBLOCK is no busy-polling peer: its I/O thread
+  still sleeps in epoll, and on 2 cores eight such processes starve each other. So 4->4 has
+  no busy-polling peer, and its busy row no ratio.
 * ``spins 20 us, then blocks``: shmbus ``default`` (the default wait_spin), 1->1 only; no peer
   waits this way, so it has no ratio.
 
@@ -90,7 +91,7 @@ DURATION_S = 1.0
 BLOCKS, BUSY, SPIN_THEN_BLOCK = "blocks", "busy-polls", "spins 20 us, then blocks"
 #: how each transport's requesters and responders wait for the other side
 WAITING = {"shmbus blocking": BLOCKS, "shmbus busy": BUSY, "shmbus default": SPIN_THEN_BLOCK,
-           "zmq REQ/REP": BLOCKS, "zmq DEALER/ROUTER": BLOCKS, "zmq DEALER/ROUTER busy": BUSY,
+           "zmq REQ/REP": BLOCKS, "zmq DEALER/ROUTER": BLOCKS,
            "Pipe": BLOCKS, "iceoryx2": BUSY, "shmbus udp": BLOCKS,
            "zmq DEALER/ROUTER tcp": BLOCKS}
 
@@ -163,11 +164,10 @@ def shm_requester(start: Any, directory: str, wait_spin: float, size: int, durat
             finished(done)
 
 
-def zmq_responder(start: Any, endpoint: str, kind: str, requesters: int, done: Any,
-                  busy: bool = False) -> dict[str, Any]:
+def zmq_responder(start: Any, endpoint: str, kind: str, requesters: int,
+                  done: Any) -> dict[str, Any]:
     """Echo every request on a REP (``kind`` "req") or ROUTER socket bound to ``endpoint``
-    until ``requesters`` requesters are done; blocking in poll, or with ``busy`` polling
-    recv(NOBLOCK) in a loop (ROUTER only). Returns served."""
+    until ``requesters`` requesters are done, blocking in poll. Returns served."""
     try:
         import zmq
     except ImportError as e:
@@ -180,8 +180,6 @@ def zmq_responder(start: Any, endpoint: str, kind: str, requesters: int, done: A
     start.ready()
     served = 0
     try:
-        if busy:
-            return {"served": _zmq_busy_echo(socket, requesters, done)}
         while done.value < requesters:
             if not poller.poll(50):
                 continue
@@ -196,30 +194,10 @@ def zmq_responder(start: Any, endpoint: str, kind: str, requesters: int, done: A
     return {"served": served}
 
 
-def _zmq_busy_echo(socket: Any, requesters: int, done: Any) -> int:
-    """A ROUTER's echo loop polling recv_multipart(NOBLOCK) until ``requesters`` are done:
-    the number served."""
-    import zmq
-
-    recv, send, again, noblock = socket.recv_multipart, socket.send_multipart, zmq.Again, \
-        zmq.NOBLOCK
-    served = spins = 0
-    while True:
-        try:
-            parts = recv(noblock)
-        except again:
-            spins += 1
-            if not spins & 1023 and done.value >= requesters:
-                return served
-            continue
-        send(parts)
-        served += 1
-
-
 def zmq_requester(start: Any, endpoints: list[str], kind: str, size: int, duration_s: float,
-                  done: Any, busy: bool = False) -> dict[str, Any]:
+                  done: Any) -> dict[str, Any]:
     """call_loop over a REQ (``kind`` "req") or DEALER socket connected to every endpoint;
-    each reply awaited in a blocking recv, or with ``busy`` by polling recv(NOBLOCK)."""
+    each reply awaited in a blocking recv."""
     import zmq
 
     context = zmq.Context()
@@ -228,22 +206,11 @@ def zmq_requester(start: Any, endpoints: list[str], kind: str, size: int, durati
         socket.connect(endpoint)
     time.sleep(0.2)  # every connection up, so the requests spread over all workers
     start.ready()
-    send, recv, again, noblock = socket.send, socket.recv, zmq.Again, zmq.NOBLOCK
+    send, recv = socket.send, socket.recv
 
     def call(message: bytearray) -> bytes:
         send(message)
         return recv(copy=True)
-
-    def busy_call(message: bytearray) -> bytes:
-        send(message)
-        while True:
-            try:
-                return recv(noblock, copy=True)
-            except again:
-                pass
-
-    if busy:
-        call = busy_call
 
     try:
         return call_loop(call, size, duration_s)
@@ -391,14 +358,13 @@ def measure(ctx: Any, root: Path, case: str, transport: str, pool: int, size: in
                         for i in range(pool)]
         elif transport.startswith("zmq"):
             kind = "dealer" if "DEALER" in transport else "req"
-            busy = transport.endswith("busy")
             endpoints = ([f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(pool)]
                          if transport.endswith("tcp") else
                          [f"ipc://{run_dir}/w{i}.zmq" for i in range(pool)])
-            members += [Member(f"responder-{i}", zmq_responder, (e, kind, pool, done, busy))
+            members += [Member(f"responder-{i}", zmq_responder, (e, kind, pool, done))
                         for i, e in enumerate(endpoints)]
             members += [Member(f"requester-{i}", zmq_requester,
-                               (endpoints, kind, size, duration_s, done, busy))
+                               (endpoints, kind, size, duration_s, done))
                         for i in range(pool)]
         elif transport == "iceoryx2":
             name = f"shmbus-bench-rr/{run_dir.name}"
@@ -445,13 +411,12 @@ def plan(sizes: tuple[int, ...], only: str | None = None) -> list[tuple[str, str
         return udp
     rows = [("1->1", t, 1, 32) for t in (
         "shmbus blocking", "zmq REQ/REP", "zmq DEALER/ROUTER", "Pipe",
-        "shmbus busy", "zmq DEALER/ROUTER busy", "iceoryx2", "shmbus default")]
+        "shmbus busy", "iceoryx2", "shmbus default")]
     if only == "1->1":
         return rows
     for size in sizes:
         rows += [("4->4", t, POOL, size) for t in (
-            "shmbus blocking", "zmq DEALER/ROUTER", "Pipe", "shmbus busy",
-            "zmq DEALER/ROUTER busy")]
+            "shmbus blocking", "zmq DEALER/ROUTER", "Pipe", "shmbus busy")]
     return rows + udp
 
 
@@ -544,9 +509,8 @@ How each row waits for the other side:
   once. zmq REQ/REP and DEALER/ROUTER block in `recv` and `poll`. Pipe blocks in `recv_bytes`
   and `poll`. shmbus `udp` blocks as `blocking` does.
 * **busy-polls**: shmbus `busy` sets `wait_spin=1`: both sides spin, yielding, instead of
-  sleeping. zmq DEALER/ROUTER `busy` calls `recv(NOBLOCK)` in a loop on both sides (zmq's
-  I/O thread still sleeps in epoll). iceoryx2's Python API has no blocking receive, so its
-  client and server poll.
+  sleeping. iceoryx2's Python API has no blocking receive, so its client and server poll.
+  It runs 1->1 only; 4->4 has no busy-polling peer, so its busy rows have no ratio.
 * **spins 20 us, then blocks**: shmbus `default`, the default `wait_spin`. No peer waits this
   way, so the row has no ratio.
 

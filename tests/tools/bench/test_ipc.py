@@ -85,7 +85,7 @@ def test_the_page_has_a_dated_head_and_its_plot(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     page = (tmp_path / "page" / "ipc.md").read_text()
     assert page.startswith("# One host: tools/bench/ipc.py\n\nRun 20")
-    assert "python -m tools.bench.ipc --quick --only shmbus publish --sizes 32 --out" in page
+    assert "python -m tools.bench.ipc --quick --only 'shmbus publish' --sizes 32 --out" in page
     assert "--page" not in page and "![" in page and "(ipc.png)" in page
     assert (tmp_path / "page" / "ipc.png").stat().st_size > 0
 

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.timeout(300)
     ("1->1", "shmbus blocking", 1, 32),
     ("1->1", "shmbus default", 1, 32),
     ("1->1", "zmq REQ/REP", 1, 32),
-    ("1->1", "zmq DEALER/ROUTER busy", 1, 32),
+    ("1->1", "zmq DEALER/ROUTER", 1, 32),
     ("1->1", "iceoryx2", 1, 32),
     ("4->4", "shmbus busy", 4, 4096),
-    ("4->4", "zmq DEALER/ROUTER busy", 4, 32),
+    ("4->4", "zmq DEALER/ROUTER", 4, 32),
     ("4->4", "Pipe", 4, 32),
     ("udp 1->1", "shmbus udp", 1, 32),
     ("udp 1->1", "zmq DEALER/ROUTER tcp", 1, 32),
@@ -88,9 +88,11 @@ def test_a_failed_run_fails_its_row_and_gives_no_ratio():
 
 def test_the_plan_pairs_every_shmbus_row_with_a_peer_that_waits_the_same_way():
     plan = rr.plan((32, 4096))
+    alone = {("4->4", "shmbus busy")}  # no peer busy-polls with four pairs on 2 cores
     for case, transport, _, size in plan:
         waits = rr.WAITING[transport]
-        if transport.startswith("shmbus") and waits != rr.SPIN_THEN_BLOCK:
+        if (transport.startswith("shmbus") and waits != rr.SPIN_THEN_BLOCK
+                and (case, transport) not in alone):
             assert any(rr.WAITING[t] == waits and not t.startswith("shmbus")
                        for c, t, _, s in plan if (c, s) == (case, size)), (case, transport)
     assert {c for c, *_ in rr.plan((32,), only="1->1")} == {"1->1"}
