@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from tools.bench.pages import save_plot
+
 #: the percentiles kept of each run's samples, and plotted
 PERCENTILES = (50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9)
 
@@ -67,9 +69,4 @@ def plot_curves(path: str | Path, panels: Sequence[tuple[str, Sequence[tuple[str
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     figure.suptitle(title)
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_plot(figure, path)

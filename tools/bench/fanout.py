@@ -466,11 +466,7 @@ def plot_rates(path: Path, rows: list[dict[str, Any]]) -> Path:
                   fontsize=7)
     ax.set_ylabel("messages/s per receiver")
     ax.set_title("Fan-out over UDP, every receiver getting every message")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return pages.save_plot(figure, path)
 
 
 def main(argv: list[str] | None = None) -> int:

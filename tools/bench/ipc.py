@@ -107,7 +107,15 @@ from tools.bench.ipc_members import (
     shm_rtt,
     shm_writer,
 )
-from tools.bench.pages import Spread, add_page_option, fmt_spread, spread, started, write_page
+from tools.bench.pages import (
+    Spread,
+    add_page_option,
+    fmt_spread,
+    save_plot,
+    spread,
+    started,
+    write_page,
+)
 from tools.bench.peers import (
     ICEORYX,
     PIPE,
@@ -424,10 +432,11 @@ NOTES = f"""\
   fastest peer's at that size, both in the user's loop.
 * Round trips: microseconds, the first 10% dropped, every ping and pong checked (sequence
   number and CRC-32). Every row pays for the check, about 0.4 us a round trip here: it
-  matters only beside shmbus's 1 to 2 us round trips. "blocking wait, no spin": `Context.wait_spin = 0`, every wait sleeps at
-  once, like the peers' blocking calls. "blocking wait": the default, which spins up to
-  `wait_spin` (20 us) before it sleeps. "busy-spin": `offer()`/`poll()` with
-  BusySpinIdleStrategy, beside iceoryx2, which polls. At {PACED}: one ping a millisecond;
+  matters only beside shmbus's 1 to 2 us round trips. "blocking wait, no spin":
+  `Context.wait_spin = 0`, every wait sleeps at once, like the peers' blocking calls.
+  "blocking wait": the default, which spins up to `wait_spin` (20 us) before it sleeps; no
+  peer waits this way. "busy-spin": `offer()`/`poll()` with BusySpinIdleStrategy, beside
+  iceoryx2, which polls. At {PACED}: one ping a millisecond;
   "ponger CPU" is the waiting side's CPU in % of a core.
 * Idle: publisher sleeping, subscriber waiting as named."""
 
@@ -471,9 +480,7 @@ def draw_chart(rows: list[dict[str, Any]], sizes: tuple[int, ...], path: Path) -
     right.set_ylabel("round trip, microseconds (log)")
     right.set_title(f"Round trip, {RTT_SIZE} B, back to back")
     right.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_plot(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -143,9 +143,7 @@ def plot(path: Path, table: list[dict[str, Any]], rows: Sequence[Row], sizes: Se
                 ax.set_ylabel("hand-over p50, us")
             ax.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    pages.save_plot(fig, path)
 
 
 def body(table: list[dict[str, Any]], rows: Sequence[Row], sizes: Sequence[float],

@@ -375,11 +375,7 @@ def plot_runs(path: Path, summary: dict[str, Any]) -> Path:
     ax.set_ylabel("messages/s")
     ax.set_title("Catching up on a recording, every message checked")
     ax.legend()
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return pages.save_plot(figure, path)
 
 
 def main(argv: list[str] | None = None) -> int:

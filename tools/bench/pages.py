@@ -140,6 +140,19 @@ def write_page(directory: str | os.PathLike[str], name: str, title: str, module:
     return path
 
 
+def save_plot(figure: Any, path: str | os.PathLike[str]) -> Path:
+    """Lay out a matplotlib ``figure``, save it as ``path`` (a PNG; its folder made) and close
+    it. Returns the path."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def add_page_option(parser: Any) -> None:
     """``--page DIR``: write the dated page (and its plots) into DIR, e.g. docs/benchmarks."""
     parser.add_argument("--page", metavar="DIR", default=None,

@@ -84,7 +84,7 @@ from tools.bench.ipc_members import (
     shm_rtt,
     shm_writer,
 )
-from tools.bench.pages import add_page_option, fmt_spread, spread, started, write_page
+from tools.bench.pages import add_page_option, fmt_spread, save_plot, spread, started, write_page
 from tools.bench.report import add_ratios, fmt_rate, markdown_table, size_name
 from tools.bench.rounds import Rounds
 from tools.bench.user_loop import Consumer, write
@@ -468,9 +468,7 @@ def draw_chart(rows: list[dict[str, Any]], sizes: tuple[int, ...], path: Path) -
     right.set_ylabel("round trip, microseconds (log)")
     right.set_title("Round trip, 32 B, back to back")
     right.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_plot(fig, path)
 
 
 def _row(rows: list[dict[str, Any]], test: str, bus: str, size: int | None
