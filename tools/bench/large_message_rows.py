@@ -27,14 +27,15 @@ class Row:
 
 
 IN_PLACE, COPYING = "in place", "copying"
+_RING_SLOT = f"{RING_SLOTS} preallocated `multiprocessing.shared_memory` slots"
+_RING_HANDOVER = ("(once every reader has acked the array it held) and puts the sequence number "
+                  "on a queue per reader; each reader sums a view of the slot, then acks it")
 ROWS = (
     Row("shmbus-claim", "shmbus claim_array / arrays() views", IN_PLACE,
         "the writer claims room with `pub.claim_array((n,), np.uint64)` and fills it in place; "
         "each reader sums the read-only view `sub.arrays()` yields"),
     Row("shm-ring", "shared_memory ring, in place", IN_PLACE,
-        f"the writer fills one of {RING_SLOTS} preallocated `multiprocessing.shared_memory` "
-        "slots in place (once every reader has acked the array it held) and puts the sequence "
-        "number on a queue per reader; each reader sums a view of the slot, then acks it"),
+        f"the writer fills one of {_RING_SLOT} in place {_RING_HANDOVER}"),
     Row("iceoryx2-loan", "iceoryx2 loan, in place", IN_PLACE,
         "the writer loans a byte slice (`loan_slice_uninit`, back-pressure "
         "`RetryUntilDelivered`), fills it in place as a numpy array, sends it and notifies an "
@@ -55,10 +56,8 @@ ROWS = (
         "the writer fills a new array (`put` pickles it later, in a thread) and puts it on a "
         "queue per reader (2 deep); each reader gets its unpickled copy and sums it"),
     Row("shm-ring-copy", "shared_memory ring, copied in", COPYING,
-        f"the writer fills its source array, then copies it into one of {RING_SLOTS} "
-        "preallocated `multiprocessing.shared_memory` slots (once every reader has acked the "
-        "array it held) and puts the sequence number on a queue per reader; each reader sums a "
-        "view of the slot, then acks it"),
+        f"the writer fills its source array, then copies it into one of {_RING_SLOT} "
+        f"{_RING_HANDOVER}"),
 )
 BY_KEY = {row.key: row for row in ROWS}
 #: the issue's targets at 64 MiB: (row, baseline row, at least this ratio of GB/s)

@@ -109,13 +109,16 @@ def warmup(nbytes: int) -> int:
 
 class Pace:
     """The start signal of a measurement and its warm-up: the writer sends the warm-up arrays,
-    then waits until every reader has read them all before it sends the measured ones."""
+    then waits until every reader has read them all before it sends the measured ones; and
+    at the end, until every reader has read the last of ``total`` arrays."""
 
-    def __init__(self, warm: int, readers: int) -> None:
+    def __init__(self, warm: int, total: int, readers: int) -> None:
         self.warm = warm
+        self.total = total
         self.readers = readers
         self._go = CTX.Event()
         self._warmed = CTX.Value("i", 0)
+        self._finished = CTX.Value("i", 0)
 
     def go(self) -> None:
         self._go.set()
@@ -128,19 +131,27 @@ class Pace:
         readers; returns the time the measured part starts (monotonic ns), None before."""
         if seq != self.warm - 1:
             return None
-        deadline = time.monotonic() + 120
-        while self._warmed.value < self.readers:
-            if time.monotonic() > deadline:
-                raise BenchError(f"the readers did not read the {self.warm} warm-up arrays "
-                                 f"within 120 s")
-            time.sleep(0.001)
+        self._wait_readers(self._warmed, f"read the {self.warm} warm-up arrays")
         return time.monotonic_ns()
+
+    def wait_finished(self) -> None:
+        """(The writer, before it closes its publication.) Wait until every reader has read
+        the last array."""
+        self._wait_readers(self._finished, f"read all {self.total} arrays")
 
     def read(self, seq: int) -> None:
         """(A reader, after checking ``seq``.)"""
-        if seq == self.warm - 1:
-            with self._warmed.get_lock():
-                self._warmed.value += 1
+        for last, counter in ((self.warm - 1, self._warmed), (self.total - 1, self._finished)):
+            if seq == last:
+                with counter.get_lock():
+                    counter.value += 1
+
+    def _wait_readers(self, counter: Any, what: str) -> None:
+        deadline = time.monotonic() + 120
+        while counter.value < self.readers:
+            if time.monotonic() > deadline:
+                raise BenchError(f"the readers did not {what} within 120 s")
+            time.sleep(0.001)
 
 
 class WriterLog:
@@ -220,7 +231,7 @@ def shmbus_writer(context: shmbus.Context, n: int, count: int, in_place: bool, p
                 pub.publish_array(source, timeout=30)
             log.sent(seq)
         out.put(log.result())
-        time.sleep(0.5)  # the readers read the last arrays before the publication closes
+        pace.wait_finished()  # the publication stays until the readers have read the last
 
 
 def shmbus_reader(context: shmbus.Context, n: int, count: int, copy: bool, ready: Any,
@@ -521,7 +532,7 @@ def measure(row: Row, n: int, count: int, readers: int, context: shmbus.Context,
     BenchError when a process fails, an array is wrong, or a latency is negative."""
     warm = warmup(n * ITEM)
     total = count + warm
-    out, ready, pace = CTX.Queue(), CTX.Queue(), Pace(warm, readers)
+    out, ready, pace = CTX.Queue(), CTX.Queue(), Pace(warm, total, readers)
     procs: list[Any] = []
     slots: list[Any] = []
 
