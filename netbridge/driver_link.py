@@ -121,13 +121,14 @@ class DriverLink:
     def add_counter(self, type_id: int, label: str, registration_id: int = 0,
                     reference_id: int = 0) -> tuple[int, Position]:
         """A counter of the bridge's own (freed with remove_counter or when it goes away)."""
-        ready = self._request(cp.AddCounter(self.client.client_id, self._correlation(), type_id,
-                                            registration_id, reference_id, label))
+        ready = self._request(cp.AddLinkedCounter(self.client.client_id, self._correlation(),
+                                                  type_id, registration_id, reference_id,
+                                                  label))
         assert isinstance(ready, cp.OnCounterReady)
         return ready.counter_id, self.counter(ready.counter_id)
 
     def remove_counter(self, counter_id: int) -> None:
-        self._request(cp.RemoveCounter(self.client.client_id, self._correlation(), counter_id))
+        self._request(cp.FreeCounter(self.client.client_id, self._correlation(), counter_id))
 
     def add_channel_counters(self, type_id: int, channel: str, names: tuple[str, ...]
                              ) -> ChannelCounters:

@@ -29,7 +29,7 @@ STAT_JSON_EXAMPLE = """\
 {"command": "stat", "time_ms": 1718000000123,
  "directory": "/dev/shm/shmbus-me",
  "bus": {"state": "running", "reason": null,
-         "cnc": "/dev/shm/shmbus-me/cnc.dat", "layout_version": 1,
+         "cnc": "/dev/shm/shmbus-me/cnc.dat", "layout_version": 2,
          "driver_pid": 4200, "driver_start_time_ms": 1717999990000,
          "heartbeat_ms": 1718000000111, "heartbeat_age_ms": 12,
          "client_liveness_timeout_ms": 10000},

@@ -471,7 +471,7 @@ def read_snapshot(directory: str | os.PathLike[str], *, errors: bool = False) ->
         copied = cnc.snapshot(COUNTERS_VALUES)
         error_log = cnc.snapshot(ERROR_LOG) if errors else b""
         driver = DriverInfo(
-            cnc_path=str(cnc.path), layout_version=cnc.version, pid=cnc.pid,
+            cnc_path=str(cnc.path), layout_version=cnc.layout_version, pid=cnc.pid,
             start_time_ms=cnc.start_time_ms, heartbeat_ms=heartbeat_ms,
             client_liveness_timeout_ms=cnc.client_liveness_timeout_ns // 1_000_000)
         counters = tuple(CountersReader(_buffer(metadata), _buffer(copied)).counters())

@@ -250,7 +250,7 @@ class Client(Closeable):
         with self._conductor.lock:
             self._subscriptions[correlation_id] = subscription
         try:
-            self._request(cp.AddSubscription(self.client_id, correlation_id, stream_id, channel))
+            self._request(cp.AddSubscription(self.client_id, correlation_id, 0, stream_id, channel))
         except BaseException:
             # (re-added under a new id if the driver was replaced meanwhile)
             with self._conductor.lock:
@@ -445,7 +445,7 @@ class Client(Closeable):
         ids: list[int] = []
         try:
             for type_id, text in labels.items():
-                ready = self._request(cp.AddCounter(self.client_id, self._correlation(),
+                ready = self._request(cp.AddLinkedCounter(self.client_id, self._correlation(),
                                                     type_id, 0, 0, text))
                 assert isinstance(ready, cp.OnCounterReady)
                 ids.append(ready.counter_id)
@@ -460,7 +460,7 @@ class Client(Closeable):
             if self._closing or self._error is not None or os.getpid() != self._pid:
                 return
             for counter_id in counter_ids:
-                self._send(cp.RemoveCounter(self.client_id, self._correlation(), counter_id))
+                self._send(cp.FreeCounter(self.client_id, self._correlation(), counter_id))
 
     # -- what publications and subscriptions tell their client ---------------------------------
 

@@ -32,7 +32,7 @@ from shmbus.shm.cnc import (
     COUNTERS_METADATA,
     COUNTERS_VALUES,
     DRIVER_DOORBELL_OFFSET,
-    TO_CLIENTS,
+    EVENTS,
     TO_DRIVER,
     CncFile,
 )
@@ -100,7 +100,7 @@ class ConductorProxy:
         heartbeat). Raises as :meth:`request` does."""
         self.cnc = cnc
         self._to_driver = ManyToOneRingBuffer(cnc.section(TO_DRIVER))
-        self._to_clients = BroadcastReceiver(cnc.section(TO_CLIENTS))
+        self._to_clients = BroadcastReceiver(cnc.section(EVENTS))
         self.counters = CountersReader(cnc.section(COUNTERS_METADATA),
                                        cnc.section(COUNTERS_VALUES))
         self._driver_bell = cnc.doorbell(DRIVER_DOORBELL_OFFSET)

@@ -233,7 +233,7 @@ class Reconnection:
             self._subscriptions[correlation_id] = subscription
             proxy.lease(subscription)
             try:
-                proxy.request(cp.AddSubscription(proxy.client_id, correlation_id,
+                proxy.request(cp.AddSubscription(proxy.client_id, correlation_id, 0,
                                                  subscription.stream_id, subscription.channel))
             except RegistrationError as e:
                 refused[subscription] = str(e)

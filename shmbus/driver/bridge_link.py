@@ -167,7 +167,7 @@ class BridgeLink:
         del self.images[image.image_id]
         for link in image.subscribers.values():
             self._proxy.send(cp.OnUnavailableImage(link.link_id, link.subscription_id,
-                                                   image.stream_id, image.session_id))
+                                                   image.stream_id, image.channel))
             if link.group is None:
                 self._counters.free(link.counter_id)
         for group in image.groups.values():

@@ -74,7 +74,8 @@ class ClientCommands:
         ready = cp.OnExclusivePublicationReady if exclusive else cp.OnPublicationReady
         self._proxy.send(ready(command.correlation_id, command.correlation_id,
                                publication.session_id, publication.stream_id,
-                               publication.limit_counter_id, publication.log_file))
+                               publication.limit_counter_id,
+                               cp.CHANNEL_STATUS_NOT_ALLOCATED, publication.log_file))
 
     def on_remove_publication(self, command: cp.RemovePublication) -> None:
         self._clients.check_owns_publication(command.client_id, command.registration_id)

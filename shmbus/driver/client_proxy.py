@@ -1,9 +1,12 @@
-"""What the driver tells its clients: broadcasts on the to-clients buffer, and the refusals of
-their commands (Aeron's ClientProxy).
+"""What the driver tells its clients: broadcasts, and the refusals of their commands (Aeron's
+ClientProxy).
 
-Every client hears every broadcast and takes what is its own (an answer to its correlation id,
-an image of its subscription). The clients' doorbell is rung once per duty cycle that
-broadcast something, not once per message.
+Two broadcast buffers carry them. shmbus's clients read the events buffer, which has every
+message in the order the driver sent it. Aeron's clients read cnc.dat's to-clients buffer,
+which has only Aeron's responses (an Aeron client exits on a message type it does not know):
+each of those is sent on both. Every client hears every broadcast and takes what is its own
+(an answer to its correlation id, an image of its subscription). The clients' doorbell is rung
+once per duty cycle that broadcast something, not once per message.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ class CommandError(Exception):
 
 
 class ClientProxy:
-    """The driver's side of the to-clients broadcast buffer, and its error log."""
+    """The driver's side of the broadcast buffers, and its error log."""
 
-    def __init__(self, to_clients: BroadcastTransmitter, counters: CountersManager,
-                 error_log: DistinctErrorLog, ring_clients: Callable[[], None]) -> None:
+    def __init__(self, events: BroadcastTransmitter, to_clients: BroadcastTransmitter,
+                 counters: CountersManager, error_log: DistinctErrorLog,
+                 ring_clients: Callable[[], None]) -> None:
+        self.events = events
         self.to_clients = to_clients
         self.error_log = error_log
         self._counters = counters
@@ -37,8 +42,11 @@ class ClientProxy:
         self._broadcasts = 0
 
     def send(self, message: cp.Message) -> None:
-        """Broadcast ``message`` to every client."""
-        self.to_clients.transmit(message.TYPE_ID, message.encode())
+        """Broadcast ``message`` to every client (Aeron's clients hear Aeron's responses)."""
+        data = message.encode()
+        self.events.transmit(message.TYPE_ID, data)
+        if message.TYPE_ID in cp.AERON_RESPONSES:
+            self.to_clients.transmit(message.TYPE_ID, data)
         self._broadcasts += 1
 
     def error(self, correlation_id: int, code: int, message: str,

@@ -81,7 +81,7 @@ class ClientSessions:
                                                         command.name, counter_id)
         self._proxy.send(cp.OnClientReady(command.correlation_id, counter_id))
 
-    def on_add_counter(self, command: cp.AddCounter) -> None:
+    def on_add_counter(self, command: cp.AddLinkedCounter) -> None:
         counter_id = self._counters.allocate(
             command.label, command.type_id,
             registration_id=command.registration_id or command.correlation_id,
@@ -89,7 +89,7 @@ class ClientSessions:
         self.clients[command.client_id].counters.add(counter_id)
         self._proxy.send(cp.OnCounterReady(command.correlation_id, counter_id))
 
-    def on_remove_counter(self, command: cp.RemoveCounter) -> None:
+    def on_remove_counter(self, command: cp.FreeCounter) -> None:
         owned = self.clients[command.client_id].counters
         if command.counter_id not in owned:
             raise CommandError(cp.GENERIC_ERROR, f"counter {command.counter_id} is not one "

@@ -53,18 +53,17 @@ class DriverConductor:
         context: Context,
         directory: Path,
         to_driver: ManyToOneRingBuffer,
+        events: BroadcastTransmitter,
         to_clients: BroadcastTransmitter,
         counters: CountersManager,
         error_log: DistinctErrorLog,
-        set_heartbeat: Callable[[int], None],
         ring_clients: Callable[[], None] = lambda: None,
     ) -> None:
         self.context = context
         self.directory = directory
         self.to_driver = to_driver
         self.counters = counters
-        self.set_heartbeat = set_heartbeat
-        self._proxy = ClientProxy(to_clients, counters, error_log, ring_clients)
+        self._proxy = ClientProxy(events, to_clients, counters, error_log, ring_clients)
         files = LogFiles(context, directory, counters)
         self._clients = ClientSessions(context, counters, to_driver, self._proxy)
         self._publications = Publications(context, counters, self._proxy, files)
@@ -80,8 +79,8 @@ class DriverConductor:
             cp.AddDestination: clients.on_destination,
             cp.RemoveDestination: clients.on_destination,
             cp.RegisterBridge: bridge.on_register_bridge,
-            cp.AddCounter: self._clients.on_add_counter,
-            cp.RemoveCounter: self._clients.on_remove_counter,
+            cp.AddLinkedCounter: self._clients.on_add_counter,
+            cp.FreeCounter: self._clients.on_remove_counter,
             cp.CreateImage: bridge.on_create_image,
             cp.CloseImage: bridge.on_close_image,
             cp.ReceiveChannelStatus: bridge.on_receive_channel_status,
@@ -121,7 +120,6 @@ class DriverConductor:
         return max(0, self._next_timer_ms - now_ms)
 
     def _on_timer(self, now_ms: int) -> int:
-        self.set_heartbeat(now_ms)
         self.to_driver.consumer_heartbeat_time = now_ms
         work = self._client_commands.check_clients(now_ms)
         if self._bridge.died_unregistered() and self._links.network_in_use():
@@ -169,6 +167,7 @@ class DriverConductor:
 
     def close(self) -> None:
         """Unmap every log (the driver deletes the directory's files after), and stop the
-        netbridge it started."""
+        netbridge it started; clients of every language see the driver closed (heartbeat -1)."""
+        self.to_driver.consumer_heartbeat_time = -1
         self._publications.close()
         self._bridge.close()

@@ -68,11 +68,11 @@ class Timeouts:
 
 @dataclass
 class ImageEvent:
-    """Tell a subscriber its image became available (True) or unavailable (False)."""
+    """Tell a subscriber its image became available (True: its position counter holds where
+    it joins) or unavailable (False)."""
 
     available: bool
     link: SubscriberLink
-    join_position: int = 0
 
 
 @dataclass
@@ -219,11 +219,10 @@ class IpcPublication:
                     link.state = LinkState.RESTING
                     link.time_of_last_change_ms = now_ms
             elif now_ms - link.time_of_last_change_ms > timeouts.resting_ms:
-                join = consumer
-                link.position.set(join)
+                link.position.set(consumer)
                 link.state = LinkState.ACTIVE
                 link.time_of_last_change_ms = now_ms
-                events.append(ImageEvent(True, link, join))
+                events.append(ImageEvent(True, link))
         return events
 
     def _check_blocked(self, now_ms: int, timeouts: Timeouts) -> bool:

@@ -34,6 +34,7 @@ from shmbus.shm.cnc import (
     COUNTERS_VALUES,
     DRIVER_DOORBELL_OFFSET,
     ERROR_LOG,
+    EVENTS,
     TO_CLIENTS,
     TO_DRIVER,
     CncFile,
@@ -96,10 +97,10 @@ class Driver:
             self.conductor = DriverConductor(
                 self.context, self.directory,
                 ManyToOneRingBuffer(self.cnc.section(TO_DRIVER)),
+                BroadcastTransmitter(self.cnc.section(EVENTS)),
                 BroadcastTransmitter(self.cnc.section(TO_CLIENTS)),
                 counters,
                 DistinctErrorLog(self.cnc.section(ERROR_LOG), clock=epoch_ms),
-                self.cnc.set_driver_heartbeat,
                 self.cnc.doorbell(CLIENTS_DOORBELL_OFFSET).ring)
             # ids start at 1: 0 is the counters' "no owner"
             self.conductor.to_driver.next_correlation_id()

@@ -243,14 +243,12 @@ class Publications:
         """Tell a subscriber its image of ``publication`` became available or unavailable."""
         link = event.link
         if event.available:
-            self._proxy.send(cp.OnAvailableImage(link.link_id, link.subscription_id,
-                                                 publication.session_id, publication.stream_id,
-                                                 link.counter_id, event.join_position,
-                                                 publication.log_file, "ipc"))
+            self._proxy.send(cp.OnAvailableImage(link.link_id, publication.session_id,
+                                                 publication.stream_id, link.subscription_id,
+                                                 link.counter_id, publication.log_file, "ipc"))
         else:
             self._proxy.send(cp.OnUnavailableImage(link.link_id, link.subscription_id,
-                                                   publication.stream_id,
-                                                   publication.session_id))
+                                                   publication.stream_id, publication.channel))
 
     def _delete(self, publication: IpcPublication) -> None:
         self.publications.remove(publication)

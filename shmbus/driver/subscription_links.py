@@ -159,7 +159,8 @@ class SubscriptionLinks:
         self.subscriptions[link.registration_id] = link
         self._counters.add(SystemCounter.SUBSCRIPTIONS.value, 1)
         self._clients.clients[link.client_id].subscriptions.add(link.registration_id)
-        self._proxy.send(cp.OnSubscriptionReady(link.registration_id))
+        self._proxy.send(cp.OnSubscriptionReady(link.registration_id,
+                                                cp.CHANNEL_STATUS_NOT_ALLOCATED))
         if link.is_network:
             for image in self._bridge.images.values():
                 if self._matches_image(link, image):
@@ -291,14 +292,13 @@ class SubscriptionLinks:
         join = image.rcv_pos.get()
         if link.group is not None:  # a member claims where its group is
             subscriber = self._join_group(image, link, link.group, join)
-            join = image.groups[link.group].position.get()
         else:
             subscriber = self._subscriber_link(link, image.session_id, image.stream_id,
                                                image.channel, image.image_id, join)
         image.subscribers[subscriber.link_id] = subscriber
-        self._proxy.send(cp.OnAvailableImage(subscriber.link_id, link.registration_id,
-                                             image.session_id, image.stream_id,
-                                             subscriber.counter_id, join, image.log_file,
+        self._proxy.send(cp.OnAvailableImage(subscriber.link_id, image.session_id,
+                                             image.stream_id, link.registration_id,
+                                             subscriber.counter_id, image.log_file,
                                              image.source_identity))
         if notify_bridge:
             self._bridge.subscribers_changed(image)
@@ -349,7 +349,7 @@ class SubscriptionLinks:
             except JoinPositionGone:
                 self._detach(publication, subscriber)
                 raise
-        return ImageEvent(True, subscriber, counter.get())
+        return ImageEvent(True, subscriber)
 
     def _detach(self, publication: IpcPublication, subscriber: SubscriberLink) -> None:
         """Undo an _attach whose image event was never sent."""

@@ -1,18 +1,26 @@
-"""cnc.dat: the command-and-control file of a bus directory.
+"""cnc.dat: the command-and-control file of a bus directory, in Aeron's layout
+(``aeron_cnc_file_descriptor.h``, CnC version 0.2.0), so that Aeron's own clients attach to it.
 
-Layout (every section starts on a 4096-byte boundary)::
+Layout (sections follow each other with no gap; the file is rounded up to a 4096-byte page)::
 
-    0        header (4096 bytes)
-    4096     to-driver ring buffer    ManyToOneRingBuffer: clients -> driver commands
-    ...      to-clients broadcast     BroadcastTransmitter/Receiver: driver -> clients
+    0        header (128 bytes)
+    128      to-driver ring buffer    ManyToOneRingBuffer: clients -> driver commands
+    ...      to-clients broadcast     Aeron's responses, for Aeron's clients
     ...      counters metadata        512-byte records (see shmbus.shm.counters)
-    ...      counters values          one 64-bit value per 64-byte slot
+    ...      counters values          128-byte records
     ...      error log                DistinctErrorLog
+    ...      events broadcast         shmbus's own (64-byte aligned): every response the
+                                      driver sends, Aeron's and shmbus's, for shmbus's clients
 
-Header fields (the driver writes them; clients only read)::
+Aeron's clients read only the header's first 52 bytes and the five sections it names, so
+shmbus's own fields live in the header's second cache line and in the events broadcast after
+the error log (Aeron's client exits on a broadcast message it does not know: shmbus's events
+never go on the to-clients buffer).
 
-    0    layout version (i32)        written last, with release: a reader that sees it sees
-                                     the rest of the header
+Header fields (the driver writes them; clients only read, except the doorbells)::
+
+    0    CnC version (i32)           0x200 (Aeron's 0.2.0), written last, with release: a
+                                     reader that sees it sees the rest of the header
     4    to-driver length (i32)
     8    to-clients length (i32)
     12   counters metadata length (i32)
@@ -21,11 +29,16 @@ Header fields (the driver writes them; clients only read)::
     24   client liveness timeout (i64, ns)
     32   driver start time (i64, epoch ms)
     40   driver pid (i64)
-    128  driver heartbeat (i64, epoch ms; its own cache line, written every timer tick)
-    192  driver doorbell (i32): rung by a client after it writes a command; the driver sleeps
-         on it when it has nothing to do (see shmbus.shm.doorbell)
-    256  clients' doorbell (i32): rung by the driver after it broadcasts; client conductors
-         sleep on it
+    48   file page size (i32)
+    64   shmbus magic (i32, "SHMB")  absent from an Aeron media driver's cnc.dat
+    68   shmbus layout version (i32)
+    72   events broadcast length (i32)
+    96   driver doorbell (i32): rung by a shmbus client after it writes a command; the driver
+         sleeps on it when it has nothing to do (see shmbus.shm.doorbell)
+    112  clients' doorbell (i32): rung by the driver after it broadcasts; shmbus's client
+         conductors sleep on it
+
+The driver's liveness is the to-driver ring's consumer heartbeat, as Aeron's clients read it.
 """
 
 from __future__ import annotations
@@ -41,13 +54,18 @@ from shmbus.shm.broadcast import TRAILER_LENGTH as BROADCAST_TRAILER_LENGTH
 from shmbus.shm.broadcast import broadcast_buffer_length
 from shmbus.shm.counters import COUNTER_LENGTH, METADATA_LENGTH
 from shmbus.shm.doorbell import Doorbell
+from shmbus.shm.ring_buffer import CONSUMER_HEARTBEAT_OFFSET, ring_buffer_length
 from shmbus.shm.ring_buffer import TRAILER_LENGTH as RING_TRAILER_LENGTH
-from shmbus.shm.ring_buffer import ring_buffer_length
 
 CNC_FILE = "cnc.dat"
-CNC_VERSION = 1
-HEADER_LENGTH = 4096
-SECTION_ALIGNMENT = 4096
+#: Aeron's CnC version 0.2.0 (major << 16 | minor << 8 | patch): clients compare the major
+CNC_VERSION = 0x200
+#: "SHMB", little-endian: a shmbus driver's cnc.dat
+SHMBUS_MAGIC = int.from_bytes(b"SHMB", "little")
+SHMBUS_LAYOUT_VERSION = 2
+HEADER_LENGTH = 128
+FILE_PAGE_SIZE = 4096
+EVENTS_ALIGNMENT = 64
 
 VERSION_OFFSET = 0
 TO_DRIVER_LENGTH_OFFSET = 4
@@ -58,9 +76,20 @@ ERROR_LOG_LENGTH_OFFSET = 20
 CLIENT_LIVENESS_TIMEOUT_OFFSET = 24
 START_TIME_OFFSET = 32
 PID_OFFSET = 40
-HEARTBEAT_OFFSET = 128
-DRIVER_DOORBELL_OFFSET = 192
-CLIENTS_DOORBELL_OFFSET = 256
+FILE_PAGE_SIZE_OFFSET = 48
+SHMBUS_MAGIC_OFFSET = 64
+SHMBUS_LAYOUT_VERSION_OFFSET = 68
+EVENTS_LENGTH_OFFSET = 72
+DRIVER_DOORBELL_OFFSET = 96
+CLIENTS_DOORBELL_OFFSET = 112
+
+_AERON_HEADER = struct.Struct("<iiiiiiqqqi")
+_SHMBUS_HEADER = struct.Struct("<iii")
+
+
+def cnc_major(version: int) -> int:
+    """The major of a CnC version: what Aeron's clients compare."""
+    return (version >> 16) & 0xFF
 
 
 class CncError(RuntimeError):
@@ -79,6 +108,7 @@ class CncLengths:
     to_clients_capacity: int = 1 << 20
     counters: int = 2048
     error_log: int = 1 << 20
+    events_capacity: int = 1 << 20
 
     @property
     def to_driver(self) -> int:
@@ -96,17 +126,31 @@ class CncLengths:
     def counters_values(self) -> int:
         return self.counters * COUNTER_LENGTH
 
+    @property
+    def events(self) -> int:
+        return broadcast_buffer_length(self.events_capacity)
 
-def _aligned(n: int) -> int:
-    return (n + SECTION_ALIGNMENT - 1) & -SECTION_ALIGNMENT
+
+def _sections(lengths: tuple[int, ...]) -> tuple[list[tuple[int, int]], int]:
+    """(offset, length) of each section, and the file's length: Aeron's five back to back
+    from the header, then the events broadcast, 64-byte aligned; the file a whole page."""
+    sections = []
+    offset = HEADER_LENGTH
+    for length in lengths[:ERROR_LOG + 1]:
+        sections.append((offset, length))
+        offset += length
+    offset = -(-offset // EVENTS_ALIGNMENT) * EVENTS_ALIGNMENT
+    sections.append((offset, lengths[EVENTS]))
+    end = offset + lengths[EVENTS]
+    return sections, -(-end // FILE_PAGE_SIZE) * FILE_PAGE_SIZE
 
 
 class CncFile:
     """A mapped cnc.dat, with an AtomicBuffer per section.
 
     ``create`` is for the driver only; ``open`` for everyone else (it checks the version). The
-    sections: ``to_driver`` (buffer, offset, length), ``to_clients`` (same), and AtomicBuffers
-    ``counters_metadata``, ``counters_values`` and ``error_log``.
+    sections, by index: TO_DRIVER, TO_CLIENTS, COUNTERS_METADATA, COUNTERS_VALUES, ERROR_LOG
+    and EVENTS.
     """
 
     def __init__(self, path: Path, mapping: mmap.mmap, writable: bool) -> None:
@@ -114,17 +158,16 @@ class CncFile:
         self._mmap = mapping
         self.writable = writable
         self.buffer = AtomicBuffer(mapping) if writable else None
-        header = struct.unpack_from("<iiiiiiqqq", mapping, 0)
         (self.version, to_driver, to_clients, meta, values, errors, liveness_ns,
-         self.start_time_ms, self.pid) = header
+         self.start_time_ms, self.pid, self.page_size) = _AERON_HEADER.unpack_from(mapping, 0)
+        self.magic, self.layout_version, events = _SHMBUS_HEADER.unpack_from(
+            mapping, SHMBUS_MAGIC_OFFSET)
         self.client_liveness_timeout_ns = liveness_ns
-        self.lengths = (to_driver, to_clients, meta, values, errors)
-        offset = HEADER_LENGTH
-        self._sections: list[tuple[int, int]] = []
-        for length in self.lengths:
-            self._sections.append((offset, length))
-            offset = _aligned(offset + length)
-        self.total_length = offset
+        self.lengths = (to_driver, to_clients, meta, values, errors, events)
+        self._sections, self.total_length = _sections(self.lengths)
+        to_driver_offset = self._sections[TO_DRIVER][0]
+        self._heartbeat_offset = (to_driver_offset + to_driver - RING_TRAILER_LENGTH
+                                  + CONSUMER_HEARTBEAT_OFFSET)
         self._views: list[memoryview] = []
 
     # -- creation (driver) -------------------------------------------------------------------
@@ -132,13 +175,12 @@ class CncFile:
     @classmethod
     def create(cls, directory: Path, lengths: CncLengths, *, pid: int, start_time_ms: int,
                client_liveness_timeout_ns: int) -> CncFile:
-        """Create cnc.dat (mode 0600), replacing any old one; the version is written last."""
+        """Create cnc.dat (mode 0600), replacing any old one; the version is written last,
+        after the driver's first heartbeat, as Aeron's driver does."""
         path = directory / CNC_FILE
         sizes = (lengths.to_driver, lengths.to_clients, lengths.counters_metadata,
-                 lengths.counters_values, lengths.error_log)
-        total = HEADER_LENGTH
-        for size in sizes:
-            total = _aligned(total + size)
+                 lengths.counters_values, lengths.error_log, lengths.events)
+        total = _sections(sizes)[1]
         tmp = directory / (CNC_FILE + ".new")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -154,12 +196,14 @@ class CncFile:
             tmp.unlink(missing_ok=True)
             raise
         os.close(fd)
-        struct.pack_into("<iiiiiiqqq", mapping, 0, 0, *sizes, client_liveness_timeout_ns,
-                         start_time_ms, pid)
+        _AERON_HEADER.pack_into(mapping, 0, 0, *sizes[:ERROR_LOG + 1],
+                                client_liveness_timeout_ns, start_time_ms, pid, FILE_PAGE_SIZE)
+        _SHMBUS_HEADER.pack_into(mapping, SHMBUS_MAGIC_OFFSET, SHMBUS_MAGIC,
+                                 SHMBUS_LAYOUT_VERSION, sizes[EVENTS])
         os.replace(tmp, path)
         cnc = cls(path, mapping, writable=True)
         assert cnc.buffer is not None
-        cnc.buffer.put_int64_release(HEARTBEAT_OFFSET, start_time_ms)
+        cnc.buffer.put_int64_release(cnc._heartbeat_offset, start_time_ms)
         cnc.buffer.put_int32_release(VERSION_OFFSET, CNC_VERSION)
         cnc.version = CNC_VERSION
         return cnc
@@ -168,7 +212,8 @@ class CncFile:
 
     @classmethod
     def open(cls, directory: Path, *, writable: bool = True) -> CncFile:
-        """Map an existing cnc.dat; raise CncError if it is missing, not ready or foreign.
+        """Map an existing cnc.dat; raise CncError if it is missing, not ready or foreign
+        (an Aeron media driver's, or another shmbus layout).
 
         ``writable=False`` is for tools that must not disturb the bus: the file is opened
         read-only and mapped private (``ACCESS_COPY``), so nothing done through the map can
@@ -191,13 +236,10 @@ class CncFile:
             mapping = mmap.mmap(fd, size, access=access)
         finally:
             os.close(fd)
-        version = struct.unpack_from("<i", mapping, VERSION_OFFSET)[0]
-        if version != CNC_VERSION:
+        problem = _version_problem(mapping)
+        if problem is not None:
             mapping.close()
-            if version == 0:
-                raise CncError(f"{path} is not ready yet (the driver is still creating it)")
-            raise CncError(f"{path} has layout version {version}; this shmbus speaks version "
-                           f"{CNC_VERSION}: use the same shmbus version for driver and clients")
+            raise CncError(f"{path} {problem}")
         cnc = cls(path, mapping, writable)
         problem = _layout_problem(cnc.lengths)
         if problem is None and cnc.total_length > size:
@@ -211,7 +253,7 @@ class CncFile:
     # -- sections ----------------------------------------------------------------------------
 
     def section(self, index: int) -> AtomicBuffer:
-        """An AtomicBuffer over one section (TO_DRIVER .. ERROR_LOG); needs a writable map."""
+        """An AtomicBuffer over one section (TO_DRIVER .. EVENTS); needs a writable map."""
         if not self.writable:
             raise CncError(f"{self.path} is mapped read-only: read sections with snapshot()")
         return self._section_buffer(index)
@@ -244,15 +286,12 @@ class CncFile:
         return bytes(self._mmap[offset:offset + length])
 
     def driver_heartbeat_ms(self) -> int:
-        """The driver's last heartbeat, epoch ms."""
+        """The driver's last heartbeat (the to-driver ring's consumer heartbeat), epoch ms;
+        -1 once the driver closed."""
         if self.buffer is not None:
-            return self.buffer.get_int64_acquire(HEARTBEAT_OFFSET)
-        heartbeat: int = struct.unpack_from("<q", self._mmap, HEARTBEAT_OFFSET)[0]
+            return self.buffer.get_int64_acquire(self._heartbeat_offset)
+        heartbeat: int = struct.unpack_from("<q", self._mmap, self._heartbeat_offset)[0]
         return heartbeat
-
-    def set_driver_heartbeat(self, now_ms: int) -> None:
-        assert self.buffer is not None
-        self.buffer.put_int64_release(HEARTBEAT_OFFSET, now_ms)
 
     def close(self) -> None:
         for view in self._views:
@@ -269,28 +308,46 @@ class CncFile:
             pass  # a section buffer is still referenced; unmapped with its last reference
 
 
-TO_DRIVER, TO_CLIENTS, COUNTERS_METADATA, COUNTERS_VALUES, ERROR_LOG = range(5)
+TO_DRIVER, TO_CLIENTS, COUNTERS_METADATA, COUNTERS_VALUES, ERROR_LOG, EVENTS = range(6)
+
+
+def _version_problem(mapping: mmap.mmap) -> str | None:
+    """What keeps a shmbus client from this cnc.dat's header (None: nothing)."""
+    version = struct.unpack_from("<i", mapping, VERSION_OFFSET)[0]
+    if version == 0:
+        return "is not ready yet (the driver is still creating it)"
+    if cnc_major(version) != cnc_major(CNC_VERSION):
+        return (f"has CnC version 0x{version:x}; this shmbus speaks Aeron's CnC 0.2.0 "
+                f"(0x{CNC_VERSION:x})")
+    magic, layout = struct.unpack_from("<ii", mapping, SHMBUS_MAGIC_OFFSET)
+    if magic != SHMBUS_MAGIC:
+        return ("is an Aeron media driver's (it has no shmbus header): shmbus clients need "
+                "a shmbus driver on their bus directory")
+    if layout != SHMBUS_LAYOUT_VERSION:
+        return (f"has shmbus layout version {layout}; this shmbus speaks version "
+                f"{SHMBUS_LAYOUT_VERSION}: use the same shmbus version for driver and clients")
+    return None
 
 
 def _layout_problem(lengths: tuple[int, ...]) -> str | None:
     """What is wrong with the section lengths of a header (None: a layout a driver writes)."""
-    to_driver, to_clients, metadata, values, error_log = lengths
+    to_driver, to_clients, metadata, values, error_log, events = lengths
     checks = (
-        ("to-driver", to_driver, RING_TRAILER_LENGTH, "a power of two >= 64 plus a "
-         f"{RING_TRAILER_LENGTH}-byte trailer"),
-        ("to-clients", to_clients, BROADCAST_TRAILER_LENGTH, "a power of two >= 64 plus a "
-         f"{BROADCAST_TRAILER_LENGTH}-byte trailer"),
+        ("to-driver", to_driver, RING_TRAILER_LENGTH),
+        ("to-clients", to_clients, BROADCAST_TRAILER_LENGTH),
+        ("events", events, BROADCAST_TRAILER_LENGTH),
     )
-    for name, length, trailer, rule in checks:
+    for name, length, trailer in checks:
         capacity = length - trailer
         if capacity < 64 or capacity & (capacity - 1):
-            return f"the {name} section is {length} bytes, not {rule}"
+            return (f"the {name} section is {length} bytes, not a power of two >= 64 plus a "
+                    f"{trailer}-byte trailer")
     if metadata <= 0 or metadata % METADATA_LENGTH:
         return (f"the counters metadata section is {metadata} bytes, not a positive multiple "
                 f"of {METADATA_LENGTH}")
     if values != metadata // METADATA_LENGTH * COUNTER_LENGTH:
         return (f"the counters values section is {values} bytes; {metadata // METADATA_LENGTH}"
                 f" counters take {metadata // METADATA_LENGTH * COUNTER_LENGTH}")
-    if error_log <= 0 or error_log % 8:
-        return f"the error log section is {error_log} bytes, not a positive multiple of 8"
+    if error_log <= 0 or error_log % 64:
+        return f"the error log section is {error_log} bytes, not a positive multiple of 64"
     return None

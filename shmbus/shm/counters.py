@@ -4,7 +4,8 @@ Modelled on Agrona's ``CountersManager`` / ``CountersReader``. The driver owns a
 counter's value is a 64-bit slot any process can read (``shmbus stat``) and its one owner can
 write (a publisher's position, the driver's limits, a client's heartbeat).
 
-Values buffer: one 64-byte slot per counter id, at ``counter_id * 64``::
+Values buffer: one 128-byte slot per counter id (Aeron's ``AERON_COUNTER_VALUE_LENGTH``), at
+``counter_id * 128``::
 
     0    value (i64)            the counter's owner: release store or atomic add
     8    registration id (i64)  set at allocation: the registration it belongs to
@@ -12,7 +13,7 @@ Values buffer: one 64-byte slot per counter id, at ``counter_id * 64``::
     24   reference id (i64)     set at allocation: a related registration
     32   second word (i64)      grp-pos, grp-claim, grp-orphan only (see
                                 shmbus/shm/native/group_member.c); padding for the rest
-    40   (padding to 64 bytes)
+    40   (padding to 128 bytes)
 
 Metadata buffer: one 512-byte record per counter id, at ``counter_id * 512``::
 
@@ -62,35 +63,37 @@ PUB_POS = 12
 SND_BPE = 13
 #: a network publication's flow control: how many receivers take part in its limit
 FC_RECEIVERS = 17
+#: shmbus's own types are numbered from 1000, clear of every range Aeron assigns (0-21, 50-95,
+#: 100-117, 200-239, 300-303, 500-562), so Aeron's tools never misname them.
 #: a network publication's flow control: one receiver's position, from its status messages
-#: (shmbus's own: Aeron has no such counter)
-FC_RCV_POS = 19
-#: a network image's receiver window as its congestion control sets it, in bytes (shmbus's
-#: own: Aeron's cubic congestion control has rcv-cc-cubic-wnd, in MTUs, under type 10)
-RCV_CC_WINDOW = 20
+#: (Aeron has no such counter)
+FC_RCV_POS = 1019
+#: a network image's receiver window as its congestion control sets it, in bytes (Aeron's
+#: cubic congestion control has rcv-cc-cubic-wnd, in MTUs, under type 10)
+RCV_CC_WINDOW = 1020
 #: a subscription group on one log (shmbus's own): the claim position (everything before it
 #: was claimed by a member), one member's claim record, the claim the driver hands on from a
 #: member that left, the number of members, and the messages handed on that way
-GROUP_POS = 30
-GROUP_CLAIM = 31
-GROUP_ORPHAN = 32
-GROUP_MEMBERS = 33
-GROUP_REDELIVERED = 34
+GROUP_POS = 1030
+GROUP_CLAIM = 1031
+GROUP_ORPHAN = 1032
+GROUP_MEMBERS = 1033
+GROUP_REDELIVERED = 1034
 #: request/reply (shmbus's own): a requester's calls in flight, answered, failed, timed out and
 #: the late replies it dropped; a responder's requests served, handler errors, the replies it
 #: dropped because their requester was gone, and the requests it refused to answer because
 #: their reply-to named another host than theirs on an unkeyed channel
 #: (shmbus/calls/remote_calls.py).
 #: Labels: ``<type>: 0 0 <stream> <channel> ...``
-RR_IN_FLIGHT = 40
-RR_ANSWERED = 41
-RR_FAILED = 42
-RR_TIMED_OUT = 43
-RR_LATE = 44
-RR_SERVED = 45
-RR_HANDLER_ERRORS = 46
-RR_REPLIES_DROPPED = 47
-RR_REFLECTIONS_REFUSED = 48
+RR_IN_FLIGHT = 1040
+RR_ANSWERED = 1041
+RR_FAILED = 1042
+RR_TIMED_OUT = 1043
+RR_LATE = 1044
+RR_SERVED = 1045
+RR_HANDLER_ERRORS = 1046
+RR_REPLIES_DROPPED = 1047
+RR_REFLECTIONS_REFUSED = 1048
 REQUESTER_COUNTERS = (RR_IN_FLIGHT, RR_ANSWERED, RR_FAILED, RR_TIMED_OUT, RR_LATE)
 RESPONDER_COUNTERS = (RR_SERVED, RR_HANDLER_ERRORS, RR_REPLIES_DROPPED, RR_REFLECTIONS_REFUSED)
 #: The key of a grp-claim counter: the ids of its group's grp-pos and grp-orphan counters, and
@@ -137,7 +140,7 @@ def type_name(type_id: int) -> str:
 # -- layout -------------------------------------------------------------------------------------
 
 #: Bytes per counter in the values buffer.
-COUNTER_LENGTH = 64
+COUNTER_LENGTH = 128
 VALUE_OFFSET = 0
 REGISTRATION_ID_OFFSET = 8
 OWNER_ID_OFFSET = 16

@@ -6,8 +6,10 @@ Layout of a log file of term length T::
     0        T        2T       3T                     3T + 4096
     | term 0 | term 1 | term 2 | metadata (4096 bytes) |
 
-Metadata fields, at offsets relative to the start of the metadata section. Each group that is
-written concurrently sits on its own cache lines; the owner of each field is named.
+Metadata fields, at offsets relative to the start of the metadata section: up to 508, Aeron's
+``LogBufferDescriptor`` (``aeron_logbuffer_metadata_t``, Aeron 1.48 to 1.53), so Aeron's clients
+map shmbus's logs; from 508, shmbus's own, which Aeron never reads. Each group that is written
+concurrently sits on its own cache lines; the owner of each field is named.
 
     0    tail counter 0..2 (3 x i64)   publishers: term id << 32 | term offset
     24   active term count (i32)       publishers (rotation, compare-and-set)
@@ -20,13 +22,13 @@ written concurrently sits on its own cache lines; the owner of each field is nam
     272  mtu (i32)                         "
     276  term length (i32)                 "
     280  page size (i32)                   "
-    284  layout version (i32)              "
-    288  session id (i32)                  "
-    292  stream id (i32)                   "
-    296  publication window (i32)       driver, before the log is announced (0: unset)
-    384  default frame header (32 bytes)   "
+    284  publication window (i32)       driver, before the log is announced (0: unset)
+    320  default frame header (32 bytes)   "
+    508  layout version (i32)           set at creation, then read-only
     512  flow-control lock (i64)        whoever raises pub-lmt: its pid while it cleans/raises
     520  clean position (i64)           the lock holder: the log is zero from here on
+    528  session id (i32)               set at creation, then read-only
+    532  stream id (i32)                   "
     576  data wake-up word (i32)        publishers bump it (futex) when readers sleep
     580  data waiters (i32)             readers asleep on the data word
     640  progress wake-up word (i32)    readers and the limit's raiser bump it when writers sleep
@@ -66,7 +68,7 @@ MTU_DEFAULT = 1408
 TERM_LENGTH_DEFAULT = 1024 * 1024
 #: Default term length of udp publications: 4 MiB (Aeron's: 16 MiB); see Context.udp_term_length.
 UDP_TERM_LENGTH_DEFAULT = 4 * 1024 * 1024
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 
 TAIL_COUNTERS_OFFSET = 0
 ACTIVE_TERM_COUNT_OFFSET = 24
@@ -79,13 +81,13 @@ DEFAULT_FRAME_HEADER_LENGTH_OFFSET = 268
 MTU_OFFSET = 272
 TERM_LENGTH_OFFSET = 276
 PAGE_SIZE_OFFSET = 280
-LAYOUT_VERSION_OFFSET = 284
-SESSION_ID_OFFSET = 288
-STREAM_ID_OFFSET = 292
-PUBLICATION_WINDOW_OFFSET = 296
-DEFAULT_FRAME_HEADER_OFFSET = 384
+PUBLICATION_WINDOW_OFFSET = 284
+DEFAULT_FRAME_HEADER_OFFSET = 320
+LAYOUT_VERSION_OFFSET = 508
 FC_LOCK_OFFSET = 512
 FC_CLEAN_POSITION_OFFSET = 520
+SESSION_ID_OFFSET = 528
+STREAM_ID_OFFSET = 532
 DATA_WAKE_OFFSET = 576
 DATA_WAITERS_OFFSET = 580
 PROGRESS_WAKE_OFFSET = 640
@@ -287,9 +289,10 @@ class LogBuffer:
             os.close(fd)
         try:
             meta = size - LOG_META_DATA_LENGTH
-            fields = struct.unpack_from("<qiiiiiiii", mapping, meta + REGISTRATION_ID_OFFSET)
-            registration_id, initial_term_id, _hdr_len, mtu, term_length, _page, version, \
-                session_id, stream_id = fields
+            fields = struct.unpack_from("<qiiiii", mapping, meta + REGISTRATION_ID_OFFSET)
+            registration_id, initial_term_id, _hdr_len, mtu, term_length, _page = fields
+            (version,) = struct.unpack_from("<i", mapping, meta + LAYOUT_VERSION_OFFSET)
+            session_id, stream_id = struct.unpack_from("<ii", mapping, meta + SESSION_ID_OFFSET)
             if version != LAYOUT_VERSION:
                 raise LogBufferError(
                     f"log {path}: layout version {version}, this shmbus reads {LAYOUT_VERSION}"

@@ -4,19 +4,23 @@ Modelled on Agrona's ``ManyToOneRingBuffer`` (``RingBufferDescriptor``, ``Record
 Any number of producers, in any number of threads and processes, ``write`` records; exactly one
 consumer (the driver's conductor) ``read`` s them in the order their space was claimed.
 
-Region layout (``capacity`` is a power of two; each trailer field owns a 128-byte line, so
-producers spinning on the tail never share a line with the consumer's head)::
+Region layout, Aeron's ``aeron_rb_descriptor_t`` (``capacity`` is a power of two; each trailer
+field owns a 128-byte line, and a first empty line keeps the records' last bytes off the tail's,
+so producers spinning on the tail never share a line with the consumer's head)::
 
     0                                                             capacity
     +-------------------------------------------------------------+
     |                  records (capacity bytes)                   |
     +-------------------------------------------------------------+
-    capacity + 0    tail position (i64)        producers: compare-and-set
-    capacity + 128  head cache position (i64)  producers: a stale copy of head (release)
-    capacity + 256  head position (i64)        consumer: release store after each read
-    capacity + 384  correlation counter (i64)  anyone: atomic fetch-add
-    capacity + 512  consumer heartbeat (i64)   consumer: ms since the Unix epoch (release)
-    capacity + 640  end of trailer (TRAILER_LENGTH)
+    capacity + 0    (padding)
+    capacity + 128  tail position (i64)        producers: compare-and-set
+    capacity + 256  head cache position (i64)  producers: a stale copy of head (release)
+    capacity + 384  head position (i64)        consumer: release store after each read
+    capacity + 512  correlation counter (i64)  anyone: atomic fetch-add
+    capacity + 640  consumer heartbeat (i64)   consumer: ms since the Unix epoch (release); the
+                                               driver's liveness, as clients of every language
+                                               read it; -1 once the driver closed
+    capacity + 768  end of trailer (TRAILER_LENGTH)
 
 Positions (tail, head) grow forever; the byte index of a position is ``position & (capacity-1)``.
 
@@ -63,13 +67,13 @@ from shmbus.shm.record_region import (
 )
 
 LINE_LENGTH = 128
-TAIL_POSITION_OFFSET = 0
-HEAD_CACHE_POSITION_OFFSET = LINE_LENGTH
-HEAD_POSITION_OFFSET = LINE_LENGTH * 2
-CORRELATION_COUNTER_OFFSET = LINE_LENGTH * 3
-CONSUMER_HEARTBEAT_OFFSET = LINE_LENGTH * 4
+TAIL_POSITION_OFFSET = LINE_LENGTH
+HEAD_CACHE_POSITION_OFFSET = LINE_LENGTH * 2
+HEAD_POSITION_OFFSET = LINE_LENGTH * 3
+CORRELATION_COUNTER_OFFSET = LINE_LENGTH * 4
+CONSUMER_HEARTBEAT_OFFSET = LINE_LENGTH * 5
 #: Bytes after the data region, holding the fields above (offsets relative to its start).
-TRAILER_LENGTH = LINE_LENGTH * 5
+TRAILER_LENGTH = LINE_LENGTH * 6
 
 class RingBufferCorruptError(ValueError):
     """A record's length does not frame a record (see :meth:`ManyToOneRingBuffer.read`)."""

@@ -20,9 +20,9 @@ from shmbus.client.driver_launch import try_open as _try_open
 from shmbus.shm.cnc import CncLengths
 from tests.support.waits import wait_until
 
-#: cnc.dat small enough for a tiny tmpfs (the default one is ~3 MiB)
+#: cnc.dat small enough for a tiny tmpfs (the default one is ~5 MiB)
 TINY_LENGTHS = CncLengths(to_driver_capacity=16384, to_clients_capacity=16384, counters=64,
-                          error_log=8192)
+                          error_log=8192, events_capacity=16384)
 
 
 def driver_serves(context: Any, pid: int) -> bool:

@@ -89,7 +89,7 @@
 #define META_FC_CLEAN_LAG 716       /* i32: bytes kept uncleaned behind the slowest (retransmits) */
 #define META_FC_COUNTER_IDS 1024    /* i32[FC_MAX_COUNTED]: the counted position counters */
 #define FC_MAX_COUNTED 768
-#define COUNTER_LENGTH 64
+#define COUNTER_LENGTH 128
 
 /* publication result codes, Aeron's values */
 #define NOT_CONNECTED (-1)

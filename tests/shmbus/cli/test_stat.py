@@ -42,14 +42,14 @@ from shmbus.shm._native import epoch_ms
 from shmbus.shm.cnc import (
     CNC_FILE,
     HEADER_LENGTH,
-    HEARTBEAT_OFFSET,
-    SECTION_ALIGNMENT,
+    SHMBUS_LAYOUT_VERSION_OFFSET,
+    TO_DRIVER,
     VERSION_OFFSET,
     CncFile,
     CncLengths,
 )
 from shmbus.shm.counters import COUNTER_LENGTH, Counter
-from shmbus.shm.ring_buffer import CONSUMER_HEARTBEAT_OFFSET, TRAILER_LENGTH
+from shmbus.shm.ring_buffer import CONSUMER_HEARTBEAT_OFFSET, TRAILER_LENGTH, ManyToOneRingBuffer
 from tests.support.commands import run, shmbus_executable
 from tests.support.stream_counters import network_stream_counters
 from tests.support.waits import wait_until
@@ -174,7 +174,7 @@ def test_stat_json_reports_the_positions_the_processes_report(scenario) -> None:
     doc = settled_stat(scenario)
     assert doc["command"] == "stat"
     assert doc["bus"]["state"] == "running" and doc["bus"]["reason"] is None
-    assert doc["bus"]["layout_version"] == 1
+    assert doc["bus"]["layout_version"] == 2
     by_type: dict[str, list[dict]] = {}
     for counter in doc["counters"]:
         by_type.setdefault(counter["type"], []).append(counter)
@@ -371,16 +371,16 @@ def test_errors_lists_each_distinct_error_once_with_its_count(bus_context, drive
 
 
 def invariant_bytes(path: Path) -> bytes:
-    """cnc.dat without what a quiet bus changes by itself: the driver's heartbeat, the
-    to-driver ring's consumer heartbeat and the counter values (ids and padding stay)."""
+    """cnc.dat without what a quiet bus changes by itself: the to-driver ring's consumer
+    heartbeat (the driver's) and the counter values (ids and padding stay)."""
     data = Path(path).read_bytes()
     lengths = struct.unpack_from("<iiiii", data, 4)
     offsets = []
     offset = HEADER_LENGTH
-    for length in lengths:
+    for length in lengths:  # Aeron's sections, back to back
         offsets.append(offset)
-        offset = (offset + length + SECTION_ALIGNMENT - 1) & -SECTION_ALIGNMENT
-    parts = [data[:HEARTBEAT_OFFSET], data[HEARTBEAT_OFFSET + 8:HEADER_LENGTH]]
+        offset += length
+    parts = [data[:HEADER_LENGTH]]
     to_driver = data[offsets[0]:offsets[0] + lengths[0]]
     heartbeat = len(to_driver) - TRAILER_LENGTH + CONSUMER_HEARTBEAT_OFFSET
     parts += [to_driver[:heartbeat], to_driver[heartbeat + 8:]]
@@ -388,7 +388,7 @@ def invariant_bytes(path: Path) -> bytes:
     parts.append(data[offsets[2]:offsets[2] + lengths[2]])           # counters metadata
     values = data[offsets[3]:offsets[3] + lengths[3]]
     parts += [values[i + 8:i + COUNTER_LENGTH] for i in range(0, len(values), COUNTER_LENGTH)]
-    parts.append(data[offsets[4]:offsets[4] + lengths[4]])           # error log
+    parts.append(data[offsets[4]:])           # error log, shmbus's events
     return b"".join(parts)
 
 
@@ -487,7 +487,7 @@ def test_old_heartbeat_or_reused_pid_is_stale(shm_dir) -> None:
         directory.mkdir()
         cnc = CncFile.create(directory, lengths, pid=pid, start_time_ms=now - 60_000,
                              client_liveness_timeout_ns=10**10)
-        cnc.set_driver_heartbeat(heartbeat_ms)
+        ManyToOneRingBuffer(cnc.section(TO_DRIVER)).consumer_heartbeat_time = heartbeat_ms
         cnc.close()
         return directory
 
@@ -511,11 +511,19 @@ def test_old_heartbeat_or_reused_pid_is_stale(shm_dir) -> None:
 
     foreign = bus("foreign", os.getpid(), epoch_ms())
     with open(foreign / CNC_FILE, "r+b") as f:
-        f.seek(VERSION_OFFSET)
+        f.seek(SHMBUS_LAYOUT_VERSION_OFFSET)
         f.write(struct.pack("<i", 99))
     result = run("stat", "--once", "--dir", str(foreign))
     assert result.exit_code == EXIT_NO_BUS
-    assert "layout version 99" in result.stderr
+    assert "shmbus layout version 99" in result.stderr
+
+    newer = bus("newer", os.getpid(), epoch_ms())  # a CnC major Aeron's clients refuse too
+    with open(newer / CNC_FILE, "r+b") as f:
+        f.seek(VERSION_OFFSET)
+        f.write(struct.pack("<i", 0x10200))
+    result = run("stat", "--once", "--dir", str(newer))
+    assert result.exit_code == EXIT_NO_BUS
+    assert "CnC version 0x10200" in result.stderr
 
 
 # -- pure functions ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 
 import shmbus
 from shmbus.shm import control_protocol as cp
+from shmbus.shm.counters import FC_RCV_POS
 from tests.support.waits import wait_until
 
 
@@ -226,21 +227,22 @@ def test_context_pickles_and_reads_the_environment(monkeypatch, bus_context) -> 
 
 
 def test_a_client_adds_and_removes_its_own_counters_only(bus_context, driver) -> None:
-    """AddCounter / RemoveCounter (what the netbridge uses for its per-receiver counters): the
+    """AddLinkedCounter / FreeCounter (what the netbridge uses for its per-receiver counters): the
     counter carries the registration and reference ids asked for, only its owner may remove
     it, and a removed one is gone from the counters."""
     with shmbus.connect(bus_context) as owner, shmbus.connect(bus_context) as other:
-        ready = owner._request(cp.AddCounter(owner.client_id, owner._correlation(), 19, 77, -5,
-                                             "fc-rcv-pos: 77 -5 9 aeron:udp?endpoint=h:1"))
+        ready = owner._request(cp.AddLinkedCounter(owner.client_id, owner._correlation(),
+                                                   FC_RCV_POS, 77, -5,
+                                                   "fc-rcv-pos: 77 -5 9 aeron:udp?endpoint=h:1"))
         assert isinstance(ready, cp.OnCounterReady)
         counter = owner.counters.counter(ready.counter_id)
-        assert (counter.type_id, counter.registration_id, counter.reference_id) == (19, 77, -5)
+        assert (counter.type_id, counter.registration_id, counter.reference_id) == (
+            FC_RCV_POS, 77, -5)
         assert counter.owner_id == owner.client_id
         with pytest.raises(shmbus.RegistrationError, match=f"counter {ready.counter_id}"):
-            other._request(cp.RemoveCounter(other.client_id, other._correlation(),
-                                            ready.counter_id))
-        owner._request(cp.RemoveCounter(owner.client_id, owner._correlation(),
-                                        ready.counter_id))
+            other._request(cp.FreeCounter(other.client_id, other._correlation(),
+                                          ready.counter_id))
+        owner._request(cp.FreeCounter(owner.client_id, owner._correlation(), ready.counter_id))
         assert ready.counter_id not in {c.counter_id for c in owner.counters.counters()}
 
 

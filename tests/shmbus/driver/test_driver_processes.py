@@ -381,7 +381,7 @@ def test_driver_refuses_a_tmpfs_too_small_for_its_cnc_file(bus_context, tiny_tmp
 
     context = bus_context.with_(dir=str(tiny_tmpfs / "bus"))
     with pytest.raises(OSError, match=r"\d+ bytes needed, \d+ bytes free"):
-        Driver(context).start()  # the default cnc.dat is ~3 MiB
+        Driver(context).start()  # the default cnc.dat is ~5 MiB
     assert not {"cnc.dat", "cnc.dat.new"} & set(os.listdir(context.dir))
 
 
@@ -576,7 +576,7 @@ def test_a_new_driver_gets_back_the_warm_pages_of_a_dead_driver_s_rings(bus_cont
         bus = shmbus.connect(context)
         try:
             pub, _, _ = fill_warm_beginning(bus, 94)
-            assert free_bytes(mount) < 4 << 20, "no room for a default cnc.dat (4337664 bytes)"
+            assert free_bytes(mount) < 4 << 20, "no room for a default cnc.dat (5509120 bytes)"
             os.kill(dead.pid, signal.SIGKILL)
             dead.join(10)
             new = procs.start(dw.run_driver, context, CncLengths())

@@ -87,7 +87,7 @@ def manager(clock: FakeClock) -> CountersManager:
 
 def test_layout_offsets() -> None:
     assert (REGISTRATION_ID_OFFSET, OWNER_ID_OFFSET, REFERENCE_ID_OFFSET) == (8, 16, 24)
-    assert COUNTER_LENGTH == 64 and METADATA_LENGTH == 512
+    assert COUNTER_LENGTH == 128 and METADATA_LENGTH == 512  # Aeron's record sizes
     assert (STATE_OFFSET, TYPE_ID_OFFSET, FREE_FOR_REUSE_DEADLINE_OFFSET, KEY_OFFSET) == (
         0, 4, 8, 16)
     assert (LABEL_LENGTH_OFFSET, LABEL_OFFSET) == (128, 132)
@@ -98,7 +98,7 @@ def test_layout_offsets() -> None:
 def test_type_ids_are_aerons_and_named() -> None:
     assert (SYSTEM, PUB_LIMIT, SND_POS, RCV_HWM, SUB_POS, RCV_POS) == (0, 1, 2, 3, 4, 5)
     assert (SND_LMT, CLIENT_HEARTBEAT, PUB_POS, SND_BPE, FC_RECEIVERS) == (9, 11, 12, 13, 17)
-    assert (FC_RCV_POS, RCV_CC_WINDOW) == (19, 20)  # shmbus's own
+    assert (FC_RCV_POS, RCV_CC_WINDOW) == (1019, 1020)  # shmbus's own, clear of Aeron's
     assert type_name(PUB_LIMIT) == "pub-lmt"
     assert type_name(SND_BPE) == "snd-bpe"
     assert type_name(FC_RCV_POS) == "fc-rcv-pos"
@@ -106,10 +106,10 @@ def test_type_ids_are_aerons_and_named() -> None:
     assert type_name(99) == "type-99"
     # subscription groups (shmbus's own)
     assert (GROUP_POS, GROUP_CLAIM, GROUP_ORPHAN, GROUP_MEMBERS, GROUP_REDELIVERED) == (
-        30, 31, 32, 33, 34)
+        1030, 1031, 1032, 1033, 1034)
     assert type_name(GROUP_CLAIM) == "grp-claim"
     # request/reply (shmbus's own): a requester's five, a responder's four
-    assert (*REQUESTER_COUNTERS, *RESPONDER_COUNTERS) == tuple(range(40, 49))
+    assert (*REQUESTER_COUNTERS, *RESPONDER_COUNTERS) == tuple(range(1040, 1049))
     assert type_name(RR_IN_FLIGHT) == "rr-in-flight"
     assert type_name(RR_REPLIES_DROPPED) == "rr-replies-dropped"
     assert type_name(RR_REFLECTIONS_REFUSED) == "rr-reflections-refused"

@@ -60,11 +60,11 @@ def set_positions(buffer: AtomicBuffer, head: int, tail: int, capacity: int = CA
 # -- geometry ----------------------------------------------------------------------------------
 
 
-def test_trailer_fields_each_own_a_128_byte_line() -> None:
+def test_trailer_is_aerons_each_field_on_its_own_128_byte_line() -> None:
     offsets = [TAIL_POSITION_OFFSET, HEAD_CACHE_POSITION_OFFSET, HEAD_POSITION_OFFSET,
                CORRELATION_COUNTER_OFFSET, CONSUMER_HEARTBEAT_OFFSET]
-    assert offsets == [0, 128, 256, 384, 512]
-    assert TRAILER_LENGTH == 640
+    assert offsets == [128, 256, 384, 512, 640]  # aeron_rb_descriptor_t
+    assert TRAILER_LENGTH == 768
 
 
 @pytest.mark.parametrize("capacity", [0, 63, 100, 1000])

@@ -43,7 +43,7 @@ from shmbus.shm.ring_buffer import ManyToOneRingBuffer
 #: Commands a client sends (the netbridge's own commands are for a trusted peer).
 CLIENT_COMMANDS = [cp.AddPublication, cp.AddExclusivePublication, cp.AddSubscription,
                    cp.RemovePublication, cp.RemoveSubscription, cp.AddDestination,
-                   cp.RemoveDestination, cp.ClientClose, cp.AddCounter, cp.RemoveCounter,
+                   cp.RemoveDestination, cp.ClientClose, cp.AddLinkedCounter, cp.FreeCounter,
                    cp.ClientConnect]
 GARBAGE_TYPES = [*CLIENT_COMMANDS, cp.RegisterBridge, cp.CreateImage, cp.CloseImage]
 KINDS = ["well-formed"] * 6 + ["garbage"] * 4 + ["truncated", "extended"] + ["mutated"] * 4 + [
