@@ -4,14 +4,18 @@ ClientProxy).
 Two broadcast buffers carry them. shmbus's clients read the events buffer, which has every
 message in the order the driver sent it. Aeron's clients read cnc.dat's to-clients buffer,
 which has only Aeron's responses (an Aeron client exits on a message type it does not know):
-each of those is sent on both. Every client hears every broadcast and takes what is its own
-(an answer to its correlation id, an image of its subscription). The clients' doorbell is rung
-once per duty cycle that broadcast something, not once per message.
+each of those is sent on both, with its log file's path made absolute for Aeron (shmbus's
+clients resolve it against the bus directory as they see it). Every client hears every
+broadcast and takes what is its own (an answer to its correlation id, an image of its
+subscription). The clients' doorbell is rung once per duty cycle that broadcast something, not
+once per message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 from shmbus.driver.system_counters import SystemCounter
 from shmbus.shm import control_protocol as cp
@@ -33,8 +37,9 @@ class ClientProxy:
 
     def __init__(self, events: BroadcastTransmitter, to_clients: BroadcastTransmitter,
                  counters: CountersManager, error_log: DistinctErrorLog,
-                 ring_clients: Callable[[], None]) -> None:
+                 ring_clients: Callable[[], None], directory: Path) -> None:
         self.events = events
+        self._directory = directory.absolute()
         self.to_clients = to_clients
         self.error_log = error_log
         self._counters = counters
@@ -46,6 +51,8 @@ class ClientProxy:
         data = message.encode()
         self.events.transmit(message.TYPE_ID, data)
         if message.TYPE_ID in cp.AERON_RESPONSES:
+            if isinstance(message, cp.LOG_FILE_MESSAGES):  # Aeron maps the path as it is
+                data = replace(message, log_file=str(self._directory / message.log_file)).encode()
             self.to_clients.transmit(message.TYPE_ID, data)
         self._broadcasts += 1
 

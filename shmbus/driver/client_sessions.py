@@ -1,5 +1,11 @@
 """The clients a driver serves: who they are, what each owns, and whether they are alive.
 
+A shmbus client introduces itself (ClientConnect). An Aeron client, in any language, never
+does: as in Aeron's driver, it joins with its first add (publication, subscription or
+counter), which makes its heartbeat counter (type client-heartbeat, its key the client id,
+where Aeron's client looks for it) and announces it with OnCounterReady(client id). A client
+that ended (closed, timed out) never joins again under the same id.
+
 A client is alive while it keeps storing the time in its heartbeat counter: one silent for
 ``Context.client_liveness_timeout`` is timed out (the conductor then removes everything it
 owned). The command ring has a liveness too: a client that died between claiming and
@@ -9,6 +15,7 @@ same timeout.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -16,7 +23,7 @@ from shmbus.driver.client_proxy import ClientProxy, CommandError
 from shmbus.driver.system_counters import SystemCounter
 from shmbus.settings.context import Context
 from shmbus.shm import control_protocol as cp
-from shmbus.shm.counters import CLIENT_HEARTBEAT, CountersManager
+from shmbus.shm.counters import CLIENT_HEARTBEAT, MAX_KEY_LENGTH, CountersManager
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer
 
 
@@ -25,12 +32,16 @@ class ClientSession:
     """A connected client: its heartbeat counter and what it owns."""
 
     client_id: int
-    pid: int
+    pid: int                 # 0: an Aeron client (it does not say)
     name: str
     heartbeat_counter_id: int
+    #: joined Aeron's way, by its first add: it hears Aeron's responses only
+    aeron: bool = False
     publications: set[int] = field(default_factory=set)      # owner registration ids
     subscriptions: set[int] = field(default_factory=set)     # subscription ids
     counters: set[int] = field(default_factory=set)          # counters it asked for
+    #: the counters it added with Aeron's AddCounter, by registration id
+    registered_counters: dict[int, int] = field(default_factory=dict)
 
 
 class ClientSessions:
@@ -44,6 +55,8 @@ class ClientSessions:
         self._to_driver = to_driver
         self._proxy = proxy
         self.clients: dict[int, ClientSession] = {}
+        #: clients that closed or timed out: their ids never join again
+        self._ended: set[int] = set()
         #: where the command ring's head stood, and since when (for unblocking a dead claim)
         self._command_head = 0
         self._command_head_since_ms = 0
@@ -56,6 +69,26 @@ class ClientSessions:
                                f"unknown client {client_id} (timed out? connect again)")
         return client
 
+    def aeron_client_ids(self) -> set[int]:
+        """The ids of the attached Aeron clients."""
+        return {client.client_id for client in self.clients.values() if client.aeron}
+
+    def session_or_join(self, client_id: int) -> ClientSession:
+        """The client ``client_id``, joined now if it is new: an Aeron client's first add
+        makes its heartbeat counter, announced by OnCounterReady(client id). CommandError for
+        a client that ended."""
+        client = self.clients.get(client_id)
+        if client is not None or client_id in self._ended:
+            return self.session(client_id)
+        counter_id = self._counters.allocate(
+            f"client-heartbeat: id={client_id}", CLIENT_HEARTBEAT,
+            key=struct.pack("<q", client_id), registration_id=client_id, owner_id=client_id)
+        self._counters.set_value(counter_id, self._counters.clock())
+        client = self.clients[client_id] = ClientSession(client_id, 0, "aeron client",
+                                                         counter_id, aeron=True)
+        self._proxy.send(cp.OnCounterReady(client_id, counter_id))
+        return client
+
     def check_owns_publication(self, client_id: int, registration_id: int) -> None:
         """A client changes only the publications it added (a wrong id from a buggy client
         must not close another client's): CommandError otherwise."""
@@ -66,13 +99,16 @@ class ClientSessions:
     def who(self, client_id: int) -> str:
         """`` pid=<pid> <name>`` of a connected client, for counter labels ("" if gone)."""
         client = self.clients.get(client_id)
-        return f" pid={client.pid} {client.name}" if client else ""
+        if client is None:
+            return ""
+        return f" {client.name}" if client.aeron else f" pid={client.pid} {client.name}"
 
     # -- commands ------------------------------------------------------------------------------
 
     def on_client_connect(self, command: cp.ClientConnect) -> None:
         label = f"client-heartbeat: {command.client_id} pid={command.pid} {command.name}"
         counter_id = self._counters.allocate(label, CLIENT_HEARTBEAT,
+                                             key=struct.pack("<q", command.client_id),
                                              registration_id=command.client_id,
                                              owner_id=command.client_id,
                                              reference_id=command.pid)
@@ -88,6 +124,35 @@ class ClientSessions:
             owner_id=command.client_id, reference_id=command.reference_id)
         self.clients[command.client_id].counters.add(counter_id)
         self._proxy.send(cp.OnCounterReady(command.correlation_id, counter_id))
+
+    def on_add_aeron_counter(self, command: cp.AddCounter) -> None:
+        """Aeron's ADD_COUNTER: registration id = the correlation id, owner = the client."""
+        counter_id = self._counters.allocate(
+            command.label, command.type_id, key=command.key[:MAX_KEY_LENGTH],
+            registration_id=command.correlation_id, owner_id=command.client_id)
+        client = self.clients[command.client_id]
+        client.counters.add(counter_id)
+        client.registered_counters[command.correlation_id] = counter_id
+        self._proxy.send(cp.OnCounterReady(command.correlation_id, counter_id))
+
+    def on_remove_aeron_counter(self, command: cp.RemoveCounter) -> None:
+        """Aeron's REMOVE_COUNTER, by registration id: OnOperationSuccess, then
+        OnUnavailableCounter."""
+        client = self.clients[command.client_id]
+        counter_id = client.registered_counters.pop(command.registration_id, None)
+        if counter_id is None:
+            raise CommandError(cp.UNKNOWN_COUNTER,
+                               f"unknown counter registration {command.registration_id} (not "
+                               f"one client {command.client_id} added)")
+        client.counters.discard(counter_id)
+        self._proxy.send(cp.OnOperationSuccess(command.correlation_id))
+        self._proxy.send(cp.OnUnavailableCounter(command.registration_id, counter_id))
+        self._counters.free(counter_id)
+
+    def on_keepalive(self, command: cp.ClientKeepalive) -> None:
+        """Aeron's CLIENT_KEEPALIVE (its Java client's): the heartbeat counter takes the time."""
+        client = self.clients[command.client_id]
+        self._counters.set_value(client.heartbeat_counter_id, self._counters.clock())
 
     def on_remove_counter(self, command: cp.FreeCounter) -> None:
         owned = self.clients[command.client_id].counters
@@ -126,10 +191,20 @@ class ClientSessions:
     def pop(self, client_id: int) -> ClientSession | None:
         """Forget the client ``client_id`` (None if it is not connected); what it owns is
         the caller's to remove, then :meth:`free_counters`."""
+        self._ended.add(client_id)
         return self.clients.pop(client_id, None)
 
     def free_counters(self, client: ClientSession) -> None:
-        """Free the counters a removed client asked for, and its heartbeat counter."""
+        """Free the counters a removed client asked for, and its heartbeat counter; an Aeron
+        client hears each go (OnUnavailableCounter), as from Aeron's driver."""
+        by_counter = {counter_id: registration_id
+                      for registration_id, counter_id in client.registered_counters.items()}
         for counter_id in client.counters:
+            if client.aeron:
+                self._proxy.send(cp.OnUnavailableCounter(by_counter.get(counter_id, 0),
+                                                         counter_id))
             self._counters.free(counter_id)
+        if client.aeron:
+            self._proxy.send(cp.OnUnavailableCounter(client.client_id,
+                                                     client.heartbeat_counter_id))
         self._counters.free(client.heartbeat_counter_id)

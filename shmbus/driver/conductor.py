@@ -2,7 +2,8 @@
 
 Each cycle reads the clients' commands and hands each to its handler, by kind (the clients'
 in client_commands.py, the netbridge's in bridge_commands.py), moves the publications' limits
-on, and every timer interval runs the timers: client liveness (client_sessions.py),
+on, wakes the sleepers on the streams of Aeron's clients (aeron_client_streams.py), and every
+timer interval runs the timers: client liveness (client_sessions.py),
 publications' tethering, unblocking and end of life (publications.py), network images' end of
 life and the netbridge process (bridge_link.py), and subscriptions waiting for the netbridge
 (subscription_links.py, which also links subscriptions to what they read). What the driver
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from shmbus.driver.aeron_client_streams import AeronClientStreams
 from shmbus.driver.bridge_commands import BridgeCommands
 from shmbus.driver.bridge_link import BridgeLink
 from shmbus.driver.client_commands import ClientCommands
@@ -35,6 +37,9 @@ from shmbus.shm.counters import CountersFullError, CountersManager
 from shmbus.shm.error_log import DistinctErrorLog
 from shmbus.shm.log_buffer import LogBufferError
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer, RingBufferCorruptError
+
+#: the commands an Aeron client joins with (it sends no ClientConnect)
+_JOINING = (cp.AddPublication, cp.AddSubscription, cp.AddCounter)
 
 
 class DriverConductor:
@@ -63,7 +68,8 @@ class DriverConductor:
         self.directory = directory
         self.to_driver = to_driver
         self.counters = counters
-        self._proxy = ClientProxy(events, to_clients, counters, error_log, ring_clients)
+        self._proxy = ClientProxy(events, to_clients, counters, error_log, ring_clients,
+                                  directory)
         files = LogFiles(context, directory, counters)
         self._clients = ClientSessions(context, counters, to_driver, self._proxy)
         self._publications = Publications(context, counters, self._proxy, files)
@@ -81,6 +87,9 @@ class DriverConductor:
             cp.RegisterBridge: bridge.on_register_bridge,
             cp.AddLinkedCounter: self._clients.on_add_counter,
             cp.FreeCounter: self._clients.on_remove_counter,
+            cp.AddCounter: self._clients.on_add_aeron_counter,
+            cp.RemoveCounter: self._clients.on_remove_aeron_counter,
+            cp.ClientKeepalive: self._clients.on_keepalive,
             cp.CreateImage: bridge.on_create_image,
             cp.CloseImage: bridge.on_close_image,
             cp.ReceiveChannelStatus: bridge.on_receive_channel_status,
@@ -93,6 +102,7 @@ class DriverConductor:
             cp.RemoveSubscription: clients.on_remove_subscription,
             cp.ClientClose: clients.on_client_close,
         }
+        self._aeron_streams = AeronClientStreams()
         self._next_timer_ms = 0
         self._last_client_ms = counters.clock()
 
@@ -109,15 +119,20 @@ class DriverConductor:
         if published:
             self.counters.add(SystemCounter.BYTES_PUBLISHED.value, published)
             work += 1
+        self._aeron_streams.on_cycle(self._publications.publications,
+                                     self._clients.aeron_client_ids(), now_ms)
         if now_ms >= self._next_timer_ms:
             self._next_timer_ms = now_ms + int(self.context.timer_interval * 1000)
             work += self._on_timer(now_ms)
         self._proxy.ring_if_sent()
         return work
 
-    def ms_until_timer(self, now_ms: int) -> int:
-        """How long the driver may sleep before its timers are due (0: due now)."""
-        return max(0, self._next_timer_ms - now_ms)
+    def ms_until_due(self, now_ms: int) -> int:
+        """How long the driver may sleep before its timers, or its look at the streams of
+        Aeron's clients, are due (0: due now)."""
+        timer = max(0, self._next_timer_ms - now_ms)
+        streams = self._aeron_streams.ms_until_due(now_ms)
+        return timer if streams is None else min(timer, streams)
 
     def _on_timer(self, now_ms: int) -> int:
         self.to_driver.consumer_heartbeat_time = now_ms
@@ -150,7 +165,9 @@ class DriverConductor:
             if handler is None or not isinstance(command, cp.Command):
                 raise CommandError(cp.UNKNOWN_COMMAND_TYPE_ID,
                                    f"command type 0x{msg_type:x} is not a command")
-            if not isinstance(command, cp.ClientConnect):
+            if isinstance(command, _JOINING):
+                self._clients.session_or_join(command.client_id)
+            elif not isinstance(command, cp.ClientConnect):
                 self._clients.session(command.client_id)
             handler(command)
         except cp.MalformedMessage as e:

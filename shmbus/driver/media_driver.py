@@ -123,7 +123,7 @@ class Driver:
                 if self.embedded and self.conductor.idle_for_ms(now) > idle_limit_ms:
                     break
                 if not work:
-                    doorbell.wait(seen, self.conductor.ms_until_timer(now) / 1000)
+                    doorbell.wait(seen, self.conductor.ms_until_due(now) / 1000)
         finally:
             self.close()
 

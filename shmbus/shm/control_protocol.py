@@ -542,6 +542,10 @@ AERON_RESPONSES = frozenset(
                             OnClientTimeout))
 
 
+#: The responses that name a log file (relative to the bus directory)
+LOG_FILE_MESSAGES = (OnPublicationReady, OnAvailableImage)
+
+
 def decode(type_id: int, data: bytes | memoryview) -> Message:
     """Decode a message of ``type_id``; MalformedMessage for unknown types or bad bytes."""
     cls = MESSAGES.get(type_id)
