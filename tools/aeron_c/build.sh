@@ -13,9 +13,18 @@
 #
 # Idempotent: each step is skipped when its result is there, and the build itself is CMake's
 # incremental one, so a second run costs seconds. lib/, bin/aeronmd and include/ are linked
-# last, so they exist only after a whole build. Needs python3 (with venv), a C compiler, make
-# and network access to PyPI. $AERON_BUILD_JOBS sets the parallel jobs (2).
+# last, so they exist only after a whole build. Needs python3 (with venv), a C and a C++
+# compiler (Aeron's CMake project enables both languages), make and network access to PyPI.
+# $AERON_BUILD_JOBS sets the parallel jobs (2).
 set -euo pipefail
+
+for compiler in cc c++; do
+    command -v "$compiler" >/dev/null || {
+        echo "aeron-c: no $compiler on PATH (Aeron's CMake project needs a C and a C++ compiler;" \
+             "on Debian: apt-get install gcc g++)" >&2
+        exit 1
+    }
+done
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${AERON_BUILD_DIR:-$ROOT/build/aeron}"
