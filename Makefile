@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # The C sources of shmbus.shm._native and netbridge._io: a change rebuilds them.
 NATIVE := $(wildcard shmbus/shm/native/*.[ch] netbridge/native/*.[ch])
 
-.PHONY: test typecheck docs demo bench lint clean system-deps build-deps
+.PHONY: test typecheck docs demo bench lint clean system-deps build-deps aeron-c
 
 # Tools the tests use beyond pip, installed when missing (CI runs as root on Debian).
 system-deps:
@@ -44,7 +44,19 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: typecheck system-deps docs
+# Aeron's C client (libaeron.so) and C media driver (aeronmd), built from the pyaeron sdist into
+# build/aeron/ by tools/aeron_c/build.sh when either is missing (about 35 s from nothing on 2
+# cores; needs PyPI): the tests run C programs against aeronc.h (tests/support/aeron_c/).
+# Aeron's CMake project enables C++ too: g++ installed first when there is no c++.
+AERON_C := build/aeron
+aeron-c:
+	@if ! test -e $(AERON_C)/lib/libaeron.so || ! test -e $(AERON_C)/bin/aeronmd; then \
+		command -v c++ >/dev/null || { apt-get update -qq && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }; \
+		bash tools/aeron_c/build.sh; \
+	fi
+
+test: typecheck system-deps docs aeron-c
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)

@@ -1,0 +1,215 @@
+"""The C test programs (tests/support/aeron_c/) against Aeron's own C media driver (aeronmd,
+built by tools/aeron_c/build.sh): what they report is what happened, so they can judge another
+driver. Each test has its own driver on a fresh directory; every program is a real process on
+``aeron:ipc``.
+
+A subscriber is started first and waited for (its READY line: subscription added), then the
+publishers; each program's closing JSON line is checked, counts per publisher and zero errors.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.aeron_c import AeronC, AeronCNotBuilt, Finished, Programs, build_programs
+
+STREAM = 1001
+
+
+def _published(finished: Finished, publisher_id: int, count: int) -> dict[str, Any]:
+    """The summary of a publisher that sent all its messages."""
+    assert finished.returncode == 0, finished.stderr
+    summary = finished.summary
+    assert summary["ok"] is True
+    assert (summary["publisher_id"], summary["sent"], summary["count"]) == (
+        publisher_id, count, count)
+    return summary
+
+
+def _received(finished: Finished, expected: dict[int, int]) -> dict[str, Any]:
+    """The summary of a subscriber that got every expected message intact."""
+    assert finished.returncode == 0, finished.stderr
+    summary = finished.summary
+    assert summary["ok"] is True and summary["errors"] == 0 and summary["error"] is None
+    assert summary["received"] == {str(p): count for p, count in expected.items()}
+    assert summary["messages"] == sum(expected.values())
+    return summary
+
+
+def _refused(finished: Finished, *fragments: str) -> dict[str, Any]:
+    """The summary of a subscriber that stopped at a broken rule, its stderr naming it."""
+    assert finished.returncode == 1, (finished.stdout, finished.stderr)
+    summary = finished.summary
+    assert summary["ok"] is False and summary["errors"] == 1
+    for fragment in fragments:
+        assert fragment in finished.stderr, finished.stderr
+        assert fragment in summary["error"]
+    return summary
+
+
+def test_one_publisher_to_one_subscriber(programs: Programs) -> None:
+    subscriber = programs.subscribe(stream=STREAM, expect={1: 10_000})
+    subscriber.wait_ready()
+    publisher = programs.publish(stream=STREAM, count=10_000, length=32, publisher_id=1)
+
+    _published(publisher.finish(), 1, 10_000)
+    summary = _received(subscriber.finish(), {1: 10_000})
+    assert summary["bytes"] == 10_000 * 32
+
+
+def test_two_publishers_share_one_stream(programs: Programs) -> None:
+    """Two processes offer concurrently on one concurrent publication (one log, one session):
+    each one's messages arrive in its own order, interleaved with the other's."""
+    subscriber = programs.subscribe(stream=STREAM, expect={1: 10_000, 2: 10_000})
+    subscriber.wait_ready()
+    publishers = [programs.publish(stream=STREAM, count=10_000, length=48, publisher_id=p)
+                  for p in (1, 2)]
+
+    for publisher_id, publisher in zip((1, 2), publishers, strict=True):
+        _published(publisher.finish(), publisher_id, 10_000)
+    _received(subscriber.finish(), {1: 10_000, 2: 10_000})
+
+
+def test_exclusive_publication(programs: Programs) -> None:
+    subscriber = programs.subscribe(stream=STREAM, expect={7: 10_000})
+    subscriber.wait_ready()
+    publisher = programs.publish(stream=STREAM, count=10_000, length=100, publisher_id=7,
+                                 exclusive=True)
+
+    assert _published(publisher.finish(), 7, 10_000)["exclusive"] is True
+    _received(subscriber.finish(), {7: 10_000})
+
+
+def test_messages_longer_than_the_mtu_are_reassembled(programs: Programs) -> None:
+    """20,000 B is about 15 fragments at Aeron's default MTU (1,408 B); the subscriber's
+    fragment assembler gives each message back whole (its CRC and length checked)."""
+    subscriber = programs.subscribe(stream=STREAM, expect={3: 300})
+    subscriber.wait_ready()
+    publisher = programs.publish(stream=STREAM, count=300, length=20_000, publisher_id=3)
+
+    _published(publisher.finish(), 3, 300)
+    assert _received(subscriber.finish(), {3: 300})["bytes"] == 300 * 20_000
+
+
+def test_a_slow_subscriber_gets_everything(programs: Programs) -> None:
+    """The subscriber sleeps 100 us a message: 5,000 frames of 288 B are more than the IPC
+    publication window (half of the driver's 1 MiB term), so the publisher is held back and
+    retries, and still every message arrives."""
+    subscriber = programs.subscribe(stream=STREAM, expect={4: 5_000}, delay_us=100)
+    subscriber.wait_ready()
+    publisher = programs.publish(stream=STREAM, count=5_000, length=256, publisher_id=4)
+
+    assert _published(publisher.finish(), 4, 5_000)["back_pressured"] > 0
+    _received(subscriber.finish(), {4: 5_000})
+
+
+def test_aeron_stat_lists_the_drivers_counters(programs: Programs,
+                                               aeronmd: subprocess.Popen[bytes]) -> None:
+    """While a client runs, aeron_stat shows the driver's CnC file (its pid) and counters:
+    the system counters (type 0) and the client's heartbeat (type 11, owned by the client, a
+    timestamp in ms). No sub-pos yet: Aeron makes one per image, and no publisher runs."""
+    subscriber = programs.subscribe(stream=STREAM, expect={1: 1})
+    subscriber.wait_ready()
+
+    stat = programs.stat()
+    assert stat.returncode == 0, stat.stderr
+    cnc, *counters = stat.json_lines()
+    assert cnc["pid"] == aeronmd.pid and cnc["cnc_version_text"].startswith("0.")
+    by_type: dict[int, list[dict[str, Any]]] = {}
+    for counter in counters:
+        by_type.setdefault(counter["type_id"], []).append(counter)
+    assert any(c["label"] == "Bytes sent" for c in by_type[0])
+    [heartbeat] = by_type[11]
+    client_id = heartbeat["owner_id"]
+    assert heartbeat["label"] == f"client-heartbeat: id={client_id}"
+    assert heartbeat["registration_id"] == client_id
+    assert heartbeat["value"] > cnc["start_timestamp_ms"] - 1  # ms since the epoch
+    assert 4 not in by_type
+
+    publisher = programs.publish(stream=STREAM, count=1, length=20, publisher_id=1)
+    _published(publisher.finish(), 1, 1)
+    _received(subscriber.finish(), {1: 1})
+
+
+def test_the_subscriber_names_a_corrupt_message(programs: Programs) -> None:
+    subscriber = programs.subscribe(stream=STREAM, expect={1: 1_000})
+    subscriber.wait_ready()
+    publisher = programs.publish(stream=STREAM, count=1_000, length=64, publisher_id=1,
+                                 corrupt_sequence=123)
+
+    publisher.finish()
+    summary = _refused(subscriber.finish(), "publisher 1: message of 64 bytes with sequence 123",
+                       "CRC-32")
+    assert summary["received"] == {"1": 123}
+
+
+def test_the_subscriber_names_a_repeated_sequence(programs: Programs) -> None:
+    """Two publishers with one publisher id, one after the other (two images): the second
+    one's sequence 0 comes where 1 to 5 was due, depending on how far the subscriber had read
+    the first image when the second one came."""
+    subscriber = programs.subscribe(stream=STREAM, expect={1: 10})
+    subscriber.wait_ready()
+    for _ in range(2):
+        _published(programs.publish(stream=STREAM, count=5, length=32, publisher_id=1).finish(),
+                   1, 5)
+
+    finished = subscriber.finish()
+    summary = _refused(finished, "publisher 1: expected sequence ")
+    due = summary["received"]["1"]
+    assert 1 <= due <= 5
+    assert (f"publisher 1: expected sequence {due}, got sequence 0 (duplicated or reordered)"
+            == summary["error"])
+
+
+def test_the_subscriber_names_an_unexpected_publisher(programs: Programs) -> None:
+    subscriber = programs.subscribe(stream=STREAM, expect={1: 5})
+    subscriber.wait_ready()
+    _published(programs.publish(stream=STREAM, count=5, length=32, publisher_id=2).finish(), 2, 5)
+
+    _refused(subscriber.finish(), "publisher 2: not expected, got its sequence 0")
+
+
+def test_the_subscriber_names_what_never_came(programs: Programs) -> None:
+    """Fewer messages than expected: at its timeout (3 s) the subscriber names the publisher
+    and the sequence it was waiting for."""
+    subscriber = programs.subscribe(stream=STREAM, expect={1: 60}, timeout_s=3)
+    subscriber.wait_ready()
+    _published(programs.publish(stream=STREAM, count=50, length=32, publisher_id=1).finish(),
+               1, 50)
+
+    summary = _refused(subscriber.finish(), "publisher 1: timed out after 3 s expecting sequence "
+                                            "50 (got 50 of 60 messages)")
+    assert summary["received"] == {"1": 50}
+
+
+def test_without_the_aeron_build_the_error_says_make_aeron_c(tmp_path: Path) -> None:
+    with pytest.raises(AeronCNotBuilt, match="run `make aeron-c`"):
+        build_programs(tmp_path)
+
+
+def test_a_program_is_compiled_when_missing_or_older_than_its_sources(aeron_c: AeronC,
+                                                                      tmp_path: Path) -> None:
+    """Against a build folder of links to the real one: compiled at first, left alone while
+    newer than its sources, compiled again once older."""
+    real = aeron_c.aeronmd.parent.parent
+    (tmp_path / "bin").mkdir()
+    for name in ("lib", "include", "bin/aeronmd"):
+        (tmp_path / name).symlink_to((real / name).resolve())
+    first = build_programs(tmp_path)
+    assert first.publish == tmp_path / "bin" / "aeron_publish"
+    built = {path: path.stat().st_mtime_ns for path in (first.publish, first.subscribe, first.stat)}
+    assert build_programs(tmp_path) == first
+    assert {path: path.stat().st_mtime_ns for path in built} == built
+
+    os.utime(first.stat, (0, 0))
+    build_programs(tmp_path)
+    assert first.stat.stat().st_mtime_ns > built[first.stat]
+    assert first.publish.stat().st_mtime_ns == built[first.publish]
+    finished = subprocess.run([str(first.stat), "--bogus"], capture_output=True, text=True,
+                              timeout=30)
+    assert finished.returncode == 2 and "unknown option --bogus" in finished.stderr
