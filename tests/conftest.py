@@ -1,5 +1,6 @@
 """Fixtures of every test: a fresh bus directory and its settings, a driver process, a tiny
-tmpfs. What tests share beyond fixtures is in tests/support/."""
+tmpfs, Aeron's C client and the test programs built on it. What tests share beyond fixtures is
+in tests/support/."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.support.aeron_c import AeronC, build_programs
 from tests.support.drivers import running_driver
 from tests.support.system import mounted_tmpfs
 
@@ -27,6 +29,13 @@ def shm_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def aeron_c() -> AeronC:
+    """aeronmd and the programs of tests/support/aeron_c/, compiled when stale; an error (not
+    a skip) telling to run ``make aeron-c`` when Aeron is not built."""
+    return build_programs()
 
 
 @pytest.fixture

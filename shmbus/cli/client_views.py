@@ -52,7 +52,8 @@ def client_processes_wanted(snapshot: BusSnapshot) -> dict[int, int]:
     """pid -> the client's last heartbeat: the argument :func:`probe_processes` needs."""
     wanted: dict[int, int] = {}
     for client in clients_by_id(snapshot).values():
-        wanted[client.pid] = max(wanted.get(client.pid, 0), client.heartbeat_ms)
+        if client.pid:  # 0: an Aeron client, which does not say
+            wanted[client.pid] = max(wanted.get(client.pid, 0), client.heartbeat_ms)
     return wanted
 
 
@@ -64,7 +65,7 @@ def list_clients(snapshot: BusSnapshot,
     out = []
     for client in clients_by_id(snapshot).values():
         age = max(0, snapshot.time_ms - client.heartbeat_ms)
-        process = processes.get(client.pid)
+        process = processes.get(client.pid) if client.pid else None
         if process is not None and not process.alive:
             state, reason = GONE, process.reason
         elif age > timeout_ms:

@@ -43,6 +43,10 @@ _STREAM_LABEL = re.compile(
     r"(?P<channel>\S+) ?(?P<rest>.*)$", re.DOTALL)
 _CLIENT_LABEL = re.compile(r"^client-heartbeat: (?P<client>-?\d+) pid=(?P<pid>\d+) ?(?P<name>.*)$",
                            re.DOTALL)
+#: An Aeron client's heartbeat: the driver's label, to which the client appends its name,
+#: version and commit (Aeron's C client does)
+_AERON_CLIENT_LABEL = re.compile(r"^client-heartbeat: id=-?\d+(?: name=(?P<name>\S*))?"
+                                 r"(?: version=(?P<version>\S*))?")
 _PID_IN_LABEL = re.compile(r" pid=(?P<pid>\d+) ?(?P<name>.*)$", re.DOTALL)
 
 #: Counters of one log (publication or network image): registration id = the log's
@@ -89,10 +93,18 @@ def clients_by_id(snapshot: BusSnapshot) -> dict[int, ClientRef]:
         if c.type_id != CLIENT_HEARTBEAT:
             continue
         match = _CLIENT_LABEL.match(c.label)
-        name = match["name"] if match else ""
+        name = match["name"] if match else _aeron_client_name(c.label)
         clients[c.registration_id] = ClientRef(c.registration_id, c.reference_id, name, c.value,
                                                c.counter_id)
     return clients
+
+
+def _aeron_client_name(label: str) -> str:
+    """``aeron <name> <version>`` from an Aeron client's heartbeat label ("" for another)."""
+    match = _AERON_CLIENT_LABEL.match(label)
+    if match is None:
+        return ""
+    return " ".join(part for part in ("aeron", match["name"], match["version"]) if part)
 
 
 def label_fields(label: str) -> tuple[int, int, int, str, str] | None:

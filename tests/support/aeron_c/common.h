@@ -81,11 +81,13 @@ static inline long long parse_integer(
 }
 
 /* An Aeron client of the driver whose directory is `dir`: the default context, its directory
- * set, started. Dies with Aeron's error message when it cannot connect. */
+ * set and the program's name as the client name (the driver's heartbeat label shows it),
+ * started. Dies with Aeron's error message when it cannot connect. */
 static inline aeron_t *connect_client(const char *program, const char *dir, aeron_context_t **context)
 {
     aeron_t *client = NULL;
-    if (aeron_context_init(context) < 0 || aeron_context_set_dir(*context, dir) < 0)
+    if (aeron_context_init(context) < 0 || aeron_context_set_dir(*context, dir) < 0 ||
+        aeron_context_set_client_name(*context, program) < 0)
     {
         die(program, "context: %s", aeron_errmsg());
     }

@@ -14,16 +14,8 @@ from tests.support.aeron_c import (
     AeronC,
     Programs,
     build_message_probe,
-    build_programs,
     running_aeronmd,
 )
-
-
-@pytest.fixture(scope="session")
-def aeron_c() -> AeronC:
-    """aeronmd and the programs of tests/support/aeron_c/, compiled when stale; an error (not
-    a skip) telling to run ``make aeron-c`` when Aeron is not built."""
-    return build_programs()
 
 
 @pytest.fixture(scope="session")
