@@ -137,8 +137,8 @@ def client_of(c: Counter, clients: Mapping[int, ClientRef]) -> tuple[int | None,
         client = clients.get(c.owner_id)  # the first client's id is 0, as NULL_ID is
     else:
         client = None
-    if client is not None:
-        return client.pid, client.name
+    if client is not None:  # an Aeron client does not say its pid
+        return client.pid or None, client.name
     if c.type_id in READER_TYPES:  # its client is gone: the label still names it
         match = _PID_IN_LABEL.search(c.label)
         if match is not None:

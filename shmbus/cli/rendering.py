@@ -49,7 +49,7 @@ def counters_table(views: Sequence[CounterView], title: str | None = None) -> Ta
     for view in views:
         c = view.counter
         rate = "" if view.rate is None else f"{view.rate:,.0f}"
-        client = "" if view.client_pid is None else f"{view.client_pid} {view.client_name or ''}"
+        client = " ".join(str(part) for part in (view.client_pid, view.client_name) if part)
         table.add_row(str(c.counter_id), c.type_name, f"{c.value:,}", rate,
                       "" if view.stream_id is None else str(view.stream_id),
                       "" if view.session_id is None else str(view.session_id),
@@ -76,7 +76,7 @@ def clients_table(clients: Sequence[ClientView]) -> Table:
         streams = [f"pub {s}/{session}" for s, session in view.publications]
         streams += [f"sub {s}" for s in view.subscriptions]
         cmdline = " ".join(process.cmdline) if process is not None else ""
-        table.add_row(str(view.client.pid), view.client.name, Text(state, style=style),
+        table.add_row(str(view.client.pid or "-"), view.client.name, Text(state, style=style),
                       format_duration(view.heartbeat_age_ms), cpu, rss, ", ".join(streams),
                       cmdline)
     return table

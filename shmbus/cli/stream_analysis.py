@@ -156,7 +156,8 @@ def analyse_streams(snapshot: BusSnapshot) -> list[StreamView]:
             views.append(StreamView(
                 kind, ref.stream_id if ref else (info.stream_id if info else None),
                 first.reference_id, ref.channel if ref else None, registration_id,
-                publisher.pid if publisher else None, publisher.name if publisher else None,
+                (publisher.pid or None) if publisher else None,  # 0: an Aeron client's
+                publisher.name if publisher else None,
                 head if kind == "publication" else None, pub_lmt, window,
                 info.term_length if info else None, sender, receiver, tuple(subscribers),
                 result, groups,

@@ -279,7 +279,8 @@ class StreamView:
             head += (f" image from {r.source or '?'}: rcv-pos {_num(r.position)}, rcv-hwm "
                      f"{_num(r.hwm)}")
         else:
-            pub = f" by pid {self.publisher_pid}" if self.publisher_pid is not None else ""
+            pub = (f" by pid {self.publisher_pid}" if self.publisher_pid is not None
+                   else f" by {self.publisher_name}" if self.publisher_name else "")
             head += f"{pub}: pub-pos {_num(self.pub_pos)}, pub-lmt {_num(self.pub_lmt)}"
             if self.sender is not None:
                 head += (f", snd-pos {_num(self.sender.position)}, snd-lmt "

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
 import shmbus
+from shmbus.cli.json_documents import load_schema
 from shmbus.shm.counters import CLIENT_HEARTBEAT, PUB_LIMIT, SUB_POS
 from tests.support.aeron_c import AeronC, Finished, Program, Programs
 from tests.support.commands import run
@@ -245,24 +247,40 @@ def test_aeron_stat_reads_the_shmbus_driver_counters(aeron: Programs, side: Shmb
     assert any(c["type_id"] == CLIENT_HEARTBEAT for c in counters)
 
 
-def test_shmbus_clients_shows_an_aeron_client(aeron: Programs, bus_context: Any) -> None:
-    """By its name and version (from its heartbeat label), alive by its heartbeat (an Aeron
-    client does not tell its pid), with the stream it reads."""
+def shown(command: str, directory: str) -> dict[str, Any]:
+    """``shmbus <command> --json``'s document, valid against its schema."""
+    result = run(command, *(["--once"] if command == "stat" else []), "--json", "--dir",
+                 directory)
+    assert result.exit_code == 0, result.stderr
+    document: dict[str, Any] = json.loads(result.stdout)
+    Draft202012Validator(load_schema(command)).validate(document)
+    return document
+
+
+def test_shmbus_clients_streams_and_stat_show_aeron_clients(aeron: Programs,
+                                                            bus_context: Any) -> None:
+    """By name and version (from the heartbeat label the Aeron client completes), alive by
+    heartbeat (an Aeron client does not tell its pid), with the stream each uses."""
     subscriber = started_subscriber(aeron, {1: 1})
     bus = shmbus.connect(bus_context)
     bus.add_publication("aeron:ipc", STREAM)
+    name = "aeron aeron_subscribe 1.53"
 
     def listed() -> list[dict[str, Any]]:
-        result = run("clients", "--json", "--dir", bus_context.dir)
-        assert result.exit_code == 0, result.stderr
-        return [c for c in json.loads(result.stdout)["clients"]
-                if c["name"].startswith("aeron aeron_subscribe")]
+        return [c for c in shown("clients", bus_context.dir)["clients"]
+                if c["name"].startswith(name)]
 
     try:
         wait_until(lambda: [c["subscriptions"] for c in listed()] == [[STREAM]], 10,
                    "shmbus clients to list the Aeron client with its image")
         (client,) = listed()
         assert client["state"] == "alive" and client["pid"] == 0 and client["process"] is None
+        (stream,) = shown("streams", bus_context.dir)["streams"]
+        (reader,) = stream["subscribers"]
+        assert reader["name"].startswith(name) and reader["pid"] is None
+        counters = shown("stat", bus_context.dir)["counters"]
+        assert [c["client_name"] for c in counters if c["type"] == "sub-pos"] == [
+            reader["name"]]
     finally:
         subscriber.kill()
         bus.close()
