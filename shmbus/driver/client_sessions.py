@@ -117,7 +117,7 @@ class ClientSessions:
                                                         command.name, counter_id)
         self._proxy.send(cp.OnClientReady(command.correlation_id, counter_id))
 
-    def on_add_counter(self, command: cp.AddLinkedCounter) -> None:
+    def on_add_linked_counter(self, command: cp.AddLinkedCounter) -> None:
         counter_id = self._counters.allocate(
             command.label, command.type_id,
             registration_id=command.registration_id or command.correlation_id,
@@ -125,7 +125,7 @@ class ClientSessions:
         self.clients[command.client_id].counters.add(counter_id)
         self._proxy.send(cp.OnCounterReady(command.correlation_id, counter_id))
 
-    def on_add_aeron_counter(self, command: cp.AddCounter) -> None:
+    def on_add_counter(self, command: cp.AddCounter) -> None:
         """Aeron's ADD_COUNTER: registration id = the correlation id, owner = the client."""
         counter_id = self._counters.allocate(
             command.label, command.type_id, key=command.key[:MAX_KEY_LENGTH],
@@ -135,7 +135,7 @@ class ClientSessions:
         client.registered_counters[command.correlation_id] = counter_id
         self._proxy.send(cp.OnCounterReady(command.correlation_id, counter_id))
 
-    def on_remove_aeron_counter(self, command: cp.RemoveCounter) -> None:
+    def on_remove_counter(self, command: cp.RemoveCounter) -> None:
         """Aeron's REMOVE_COUNTER, by registration id: OnOperationSuccess, then
         OnUnavailableCounter."""
         client = self.clients[command.client_id]
@@ -154,7 +154,7 @@ class ClientSessions:
         client = self.clients[command.client_id]
         self._counters.set_value(client.heartbeat_counter_id, self._counters.clock())
 
-    def on_remove_counter(self, command: cp.FreeCounter) -> None:
+    def on_free_counter(self, command: cp.FreeCounter) -> None:
         owned = self.clients[command.client_id].counters
         if command.counter_id not in owned:
             raise CommandError(cp.GENERIC_ERROR, f"counter {command.counter_id} is not one "

@@ -85,10 +85,10 @@ class DriverConductor:
             cp.AddDestination: clients.on_destination,
             cp.RemoveDestination: clients.on_destination,
             cp.RegisterBridge: bridge.on_register_bridge,
-            cp.AddLinkedCounter: self._clients.on_add_counter,
-            cp.FreeCounter: self._clients.on_remove_counter,
-            cp.AddCounter: self._clients.on_add_aeron_counter,
-            cp.RemoveCounter: self._clients.on_remove_aeron_counter,
+            cp.AddLinkedCounter: self._clients.on_add_linked_counter,
+            cp.FreeCounter: self._clients.on_free_counter,
+            cp.AddCounter: self._clients.on_add_counter,
+            cp.RemoveCounter: self._clients.on_remove_counter,
             cp.ClientKeepalive: self._clients.on_keepalive,
             cp.CreateImage: bridge.on_create_image,
             cp.CloseImage: bridge.on_close_image,
@@ -170,6 +170,11 @@ class DriverConductor:
             elif not isinstance(command, cp.ClientConnect):
                 self._clients.session(command.client_id)
             handler(command)
+        except cp.UnknownMessageType as e:
+            # every command starts with client id and correlation id: the sender hears why
+            if len(payload) >= 16:
+                correlation_id = int.from_bytes(payload[8:16], "little", signed=True)
+            self._proxy.error(correlation_id, cp.UNKNOWN_COMMAND_TYPE_ID, str(e))
         except cp.MalformedMessage as e:
             self._proxy.error(correlation_id, cp.MALFORMED_COMMAND, str(e))
         except CommandError as e:

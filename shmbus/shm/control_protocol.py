@@ -22,6 +22,11 @@ class MalformedMessage(ValueError):
     """A command or response whose bytes do not decode."""
 
 
+class UnknownMessageType(MalformedMessage):
+    """A message type id this protocol does not have (one of Aeron's commands the driver
+    does not serve, for instance)."""
+
+
 # Aeron's error codes for ON_ERROR
 INVALID_CHANNEL = 1
 UNKNOWN_SUBSCRIPTION = 2
@@ -550,5 +555,5 @@ def decode(type_id: int, data: bytes | memoryview) -> Message:
     """Decode a message of ``type_id``; MalformedMessage for unknown types or bad bytes."""
     cls = MESSAGES.get(type_id)
     if cls is None:
-        raise MalformedMessage(f"unknown message type 0x{type_id:x}")
+        raise UnknownMessageType(f"unknown message type 0x{type_id:x}")
     return cls.decode(data)
