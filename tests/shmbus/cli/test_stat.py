@@ -509,21 +509,17 @@ def test_old_heartbeat_or_reused_pid_is_stale(shm_dir) -> None:
         finally:
             later.kill()
 
-    foreign = bus("foreign", os.getpid(), epoch_ms())
-    with open(foreign / CNC_FILE, "r+b") as f:
-        f.seek(SHMBUS_LAYOUT_VERSION_OFFSET)
-        f.write(struct.pack("<i", 99))
-    result = run("stat", "--once", "--dir", str(foreign))
-    assert result.exit_code == EXIT_NO_BUS
-    assert "shmbus layout version 99" in result.stderr
-
-    newer = bus("newer", os.getpid(), epoch_ms())  # a CnC major Aeron's clients refuse too
-    with open(newer / CNC_FILE, "r+b") as f:
-        f.seek(VERSION_OFFSET)
-        f.write(struct.pack("<i", 0x10200))
-    result = run("stat", "--once", "--dir", str(newer))
-    assert result.exit_code == EXIT_NO_BUS
-    assert "CnC version 0x10200" in result.stderr
+    # another shmbus layout; a CnC major Aeron's clients refuse too
+    for name, offset, value, said in (
+            ("foreign", SHMBUS_LAYOUT_VERSION_OFFSET, 99, "shmbus layout version 99"),
+            ("newer", VERSION_OFFSET, 0x10200, "CnC version 0x10200")):
+        other = bus(name, os.getpid(), epoch_ms())
+        with open(other / CNC_FILE, "r+b") as f:
+            f.seek(offset)
+            f.write(struct.pack("<i", value))
+        result = run("stat", "--once", "--dir", str(other))
+        assert result.exit_code == EXIT_NO_BUS
+        assert said in result.stderr
 
 
 # -- pure functions ----------------------------------------------------------------------------
