@@ -168,14 +168,14 @@ class Client(Closeable):
                 raise self._reconnection.error()
             log = self._logs.map(ready.log_file)
             publication = kind(log, self._conductor.position(ready.limit_counter_id),
-                               channel=channel, registration_id=ready.registration_id,
+                               channel=channel, registration_id=ready.correlation_id,
                                on_close=self._on_publication_close,
                                on_destination=self._on_destination,
                                counters=self.counters.values,
                                warm_share=self.context.large_message_warm_share)
             publication._wait_spin_ns = round(self.context.wait_spin * 1e9)
             publication._wake_driver = self._conductor.ring_driver
-            self._publications[ready.registration_id] = publication
+            self._publications[ready.correlation_id] = publication
         return publication
 
     @overload

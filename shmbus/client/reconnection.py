@@ -221,9 +221,9 @@ class Reconnection:
             old_log = publication.log
             log = self._logs.map(ready.log_file)
             publication._rebind(log, proxy.position(ready.limit_counter_id),
-                                proxy.counters.values, ready.registration_id)
+                                proxy.counters.values, ready.correlation_id)
             del self._publications[old_id]
-            self._publications[ready.registration_id] = publication
+            self._publications[ready.correlation_id] = publication
             self._logs.unmap(old_log)
         for old_id, subscription in subscriptions:
             correlation_id = proxy.correlation()

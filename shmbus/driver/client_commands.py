@@ -72,7 +72,9 @@ class ClientCommands:
         self._publications.add_owner(publication, command.correlation_id, command.client_id)
         self._clients.clients[command.client_id].publications.add(command.correlation_id)
         ready = cp.OnExclusivePublicationReady if exclusive else cp.OnPublicationReady
-        self._proxy.send(ready(command.correlation_id, command.correlation_id,
+        # the registration id is the log's (its first add's): Aeron's clients key their log
+        # mappings by it; each add's own id is its correlation id
+        self._proxy.send(ready(command.correlation_id, publication.registration_id,
                                publication.session_id, publication.stream_id,
                                publication.limit_counter_id,
                                cp.CHANNEL_STATUS_NOT_ALLOCATED, publication.log_file))

@@ -142,8 +142,8 @@ class AddExclusivePublication(AddPublication):
 
 @dataclass(frozen=True)
 class RemovePublication(Command):
-    """Remove a publication; Aeron's clients add a flags word (bit 0: revoke), which the
-    driver reads when it is there."""
+    """Remove a publication. Aeron's clients add a flags word (bit 0: revoke); the driver
+    does not read it, so a revoke is an ordinary remove."""
 
     TYPE_ID: ClassVar[int] = 0x02
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<qqq")
@@ -172,8 +172,9 @@ class RemoveSubscription(RemovePublication):
 
 @dataclass(frozen=True)
 class ClientKeepalive(Command):
-    """The client is alive (Aeron's Java client sends it; the C client writes its heartbeat
-    counter instead). No answer."""
+    """The client is alive: its heartbeat counter takes the time. No answer. Aeron's clients
+    from 1.48 to 1.53 write their heartbeat counter instead; the driver serves the command
+    as Aeron's driver does."""
 
     TYPE_ID: ClassVar[int] = 0x06
     FORMAT: ClassVar[struct.Struct] = struct.Struct("<qq")
