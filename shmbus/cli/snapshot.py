@@ -53,6 +53,7 @@ from shmbus.shm.cnc import (
     CncCorruptError,
     CncError,
     CncFile,
+    CncLayoutError,
 )
 from shmbus.shm.counters import (
     COUNTER_LENGTH,
@@ -459,7 +460,7 @@ def read_snapshot(directory: str | os.PathLike[str], *, errors: bool = False) ->
         if not (path / CNC_FILE).exists():
             raise BusNotFoundError(path, f"{path / CNC_FILE} does not exist (no driver has run "
                                          f"here, or it stopped and removed its files)") from None
-        hint = not isinstance(e, CncCorruptError) and "layout version" not in str(e)
+        hint = not isinstance(e, CncCorruptError | CncLayoutError)
         raise BusNotFoundError(path, str(e), hint=hint) from None
     except OSError as e:
         raise BusNotFoundError(path, f"cannot read {path / CNC_FILE}: {e.strerror}",

@@ -96,6 +96,11 @@ class CncError(RuntimeError):
     """cnc.dat is missing, not ready, or of another layout version."""
 
 
+class CncLayoutError(CncError):
+    """cnc.dat is of another layout: an Aeron media driver's, another CnC major, or another
+    shmbus layout version."""
+
+
 class CncCorruptError(CncError):
     """cnc.dat's header describes a layout no driver writes, or more bytes than the file has."""
 
@@ -236,10 +241,11 @@ class CncFile:
             mapping = mmap.mmap(fd, size, access=access)
         finally:
             os.close(fd)
+        version = struct.unpack_from("<i", mapping, VERSION_OFFSET)[0]
         problem = _version_problem(mapping)
         if problem is not None:
             mapping.close()
-            raise CncError(f"{path} {problem}")
+            raise (CncError if version == 0 else CncLayoutError)(f"{path} {problem}")
         cnc = cls(path, mapping, writable)
         problem = _layout_problem(cnc.lengths)
         if problem is None and cnc.total_length > size:
@@ -317,7 +323,7 @@ def _version_problem(mapping: mmap.mmap) -> str | None:
     if version == 0:
         return "is not ready yet (the driver is still creating it)"
     if cnc_major(version) != cnc_major(CNC_VERSION):
-        return (f"has CnC version 0x{version:x}; this shmbus speaks Aeron's CnC 0.2.0 "
+        return (f"has CnC version 0x{version & 0xFFFFFFFF:x}; this shmbus speaks Aeron's CnC 0.2.0 "
                 f"(0x{CNC_VERSION:x})")
     magic, layout = struct.unpack_from("<ii", mapping, SHMBUS_MAGIC_OFFSET)
     if magic != SHMBUS_MAGIC:

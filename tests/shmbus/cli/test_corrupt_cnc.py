@@ -20,6 +20,8 @@ from shmbus.shm.cnc import (
     COUNTERS_METADATA_LENGTH_OFFSET,
     COUNTERS_VALUES_LENGTH_OFFSET,
     ERROR_LOG_LENGTH_OFFSET,
+    SHMBUS_LAYOUT_VERSION_OFFSET,
+    SHMBUS_MAGIC_OFFSET,
     TO_CLIENTS_LENGTH_OFFSET,
     TO_DRIVER_LENGTH_OFFSET,
     VERSION_OFFSET,
@@ -51,12 +53,17 @@ def random_bytes(path: Path) -> None:
 
 
 CORRUPTIONS = {  # name: (corruption, what the message must say)
-    "empty": (truncate(0), "is 0 bytes, less than its 4096-byte header"),
-    "cut-in-header": (truncate(100), "is 100 bytes, less than its 4096-byte header"),
+    "empty": (truncate(0), "is 0 bytes, less than its 128-byte header"),
+    "cut-in-header": (truncate(100), "is 100 bytes, less than its 128-byte header"),
     "cut-in-sections": (truncate(9000), r"corrupt: it is 9000 bytes, its header describes \d+ "
                                         r"\(truncated\)"),
-    "random-bytes": (random_bytes, "has layout version -?\\d+; this shmbus speaks version 1"),
-    "layout-version": (put_int32(VERSION_OFFSET, 2), "has layout version 2"),
+    "random-bytes": (random_bytes, "has CnC version 0x[0-9a-f]+; this shmbus speaks Aeron's "
+                                   r"CnC 0.2.0 \(0x200\)"),
+    "cnc-version": (put_int32(VERSION_OFFSET, 0x30200), "has CnC version 0x30200"),
+    "layout-version": (put_int32(SHMBUS_LAYOUT_VERSION_OFFSET, 1),
+                       "has shmbus layout version 1; this shmbus speaks version 2"),
+    "aeron-driver": (put_int32(SHMBUS_MAGIC_OFFSET, 0),
+                     "is an Aeron media driver's \\(it has no shmbus header\\)"),
     "ring-length": (put_int32(TO_DRIVER_LENGTH_OFFSET, 1000),
                     "corrupt: the to-driver section is 1000 bytes, not a power of two"),
     "broadcast-length": (put_int32(TO_CLIENTS_LENGTH_OFFSET, -1),
@@ -66,7 +73,7 @@ CORRUPTIONS = {  # name: (corruption, what the message must say)
                         "positive multiple of 512"),
     "values-length": (put_int32(COUNTERS_VALUES_LENGTH_OFFSET, 2**31 - 1),
                       "corrupt: the counters values section is 2147483647 bytes; 16 counters "
-                      "take 1024"),
+                      "take 2048"),
     "error-log-length": (put_int32(ERROR_LOG_LENGTH_OFFSET, 0),
                          "corrupt: the error log section is 0 bytes"),
     "huge-error-log": (put_int32(ERROR_LOG_LENGTH_OFFSET, 2**30),

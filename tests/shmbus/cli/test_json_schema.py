@@ -25,6 +25,7 @@ from shmbus.cli.app import app
 from shmbus.cli.bus_status import RUNNING, STALE, BusStatus
 from shmbus.cli.json_documents import COMMANDS, document, load_schema, schema_path
 from shmbus.cli.stream_analysis import analyse_streams
+from shmbus.shm.counters import FC_RCV_POS
 from tests.support.stream_counters import network_stream_counters
 from tests.support.waits import wait_until
 
@@ -171,8 +172,8 @@ def test_a_stale_bus_and_the_network_parts_of_streams_match_the_schema() -> None
     source = "aeron:udp?endpoint=h:1"
     counters = network_stream_counters(udp, source, sender_limit=8064, flow_control=(
         (17, f"fc-receivers: 5 -77 9 {udp}", 2, 5, 99, -77),
-        (19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 71 at 10.0.0.2:40", 7000, 5, 99, -77),
-        (19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 72 at 10.0.0.3:40 (not counted)", 4000, 5,
+        (FC_RCV_POS, f"fc-rcv-pos: 5 -77 9 {udp} receiver 71 at 10.0.0.2:40", 7000, 5, 99, -77),
+        (FC_RCV_POS, f"fc-rcv-pos: 5 -77 9 {udp} receiver 72 at 10.0.0.3:40 (not counted)", 4000, 5,
          99, -77)))
     logs = {5: bussnapshot.LogInfo(5, -77, 9, 65536, 1408, True, 32768)}
     driver = bussnapshot.DriverInfo("d/cnc.dat", 1, 4200, 1, 0, 10_000)

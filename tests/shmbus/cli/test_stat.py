@@ -48,7 +48,7 @@ from shmbus.shm.cnc import (
     CncFile,
     CncLengths,
 )
-from shmbus.shm.counters import COUNTER_LENGTH, Counter
+from shmbus.shm.counters import COUNTER_LENGTH, FC_RCV_POS, Counter
 from shmbus.shm.ring_buffer import CONSUMER_HEARTBEAT_OFFSET, TRAILER_LENGTH, ManyToOneRingBuffer
 from tests.support.commands import run, shmbus_executable
 from tests.support.stream_counters import network_stream_counters
@@ -595,11 +595,12 @@ def test_streams_name_the_receiver_that_sets_the_sender_limit(fc: str, holder: s
         Counter(10, 2, f"snd-pos: 5 -77 9 {udp}", 8000, 5, 3, -77, b""),
         Counter(11, 9, f"snd-lmt: 5 -77 9 {udp}", 8064, 5, 3, -77, b""),  # < 1 mtu of room
         Counter(12, 17, f"fc-receivers: 5 -77 9 {udp}", 2, 5, 99, -77, b""),
-        Counter(13, 19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 71 at 10.0.0.2:40", 7000, 5, 99,
-                -77, b""),
-        Counter(14, 19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 72 at 10.0.0.3:40", 4000, 5, 99,
-                -77, b""),
-        Counter(15, 19, f"fc-rcv-pos: 5 -77 9 {udp} receiver 73 at 10.0.0.4:40 (not counted)",
+        Counter(13, FC_RCV_POS, f"fc-rcv-pos: 5 -77 9 {udp} receiver 71 at 10.0.0.2:40", 7000,
+                5, 99, -77, b""),
+        Counter(14, FC_RCV_POS, f"fc-rcv-pos: 5 -77 9 {udp} receiver 72 at 10.0.0.3:40", 4000,
+                5, 99, -77, b""),
+        Counter(15, FC_RCV_POS,
+                f"fc-rcv-pos: 5 -77 9 {udp} receiver 73 at 10.0.0.4:40 (not counted)",
                 1000, 5, 99, -77, b""),
     ]
     logs = {5: bussnapshot.LogInfo(5, -77, 9, 65536, 1408, True, 32768)}
