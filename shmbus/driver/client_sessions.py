@@ -150,7 +150,8 @@ class ClientSessions:
         self._counters.free(counter_id)
 
     def on_keepalive(self, command: cp.ClientKeepalive) -> None:
-        """Aeron's CLIENT_KEEPALIVE (its Java client's): the heartbeat counter takes the time."""
+        """Aeron's CLIENT_KEEPALIVE: the heartbeat counter takes the time (Aeron's clients
+        write the counter themselves; the command is served as Aeron's driver serves it)."""
         client = self.clients[command.client_id]
         self._counters.set_value(client.heartbeat_counter_id, self._counters.clock())
 
