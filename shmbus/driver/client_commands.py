@@ -70,7 +70,10 @@ class ClientCommands:
                 self._publications.announce(publication)
             self._links.link_publication(publication)
         self._publications.add_owner(publication, command.correlation_id, command.client_id)
-        self._clients.clients[command.client_id].publications.add(command.correlation_id)
+        client = self._clients.clients[command.client_id]
+        client.publications.add(command.correlation_id)
+        if client.aeron and not isinstance(publication, NetworkPublication):
+            publication.log.raised_by_readers(publication.limit_counter_id)
         ready = cp.OnExclusivePublicationReady if exclusive else cp.OnPublicationReady
         # the registration id is the log's (its first add's): Aeron's clients key their log
         # mappings by it; each add's own id is its correlation id

@@ -29,6 +29,9 @@ concurrently sits on its own cache lines; the owner of each field is named.
     520  clean position (i64)           the lock holder: the log is zero from here on
     528  session id (i32)               set at creation, then read-only
     532  stream id (i32)                   "
+    536  readers raise (i32)            driver: pub-lmt's counter id + 1 while a writer that
+                                        does not raise its own limit (an Aeron client's
+                                        publication) writes the log; its readers raise it
     576  data wake-up word (i32)        publishers bump it (futex) when readers sleep
     580  data waiters (i32)             readers asleep on the data word
     640  progress wake-up word (i32)    readers and the limit's raiser bump it when writers sleep
@@ -86,6 +89,7 @@ DEFAULT_FRAME_HEADER_OFFSET = 320
 LAYOUT_VERSION_OFFSET = 508
 FC_LOCK_OFFSET = 512
 FC_CLEAN_POSITION_OFFSET = 520
+READERS_RAISE_OFFSET = 536
 SESSION_ID_OFFSET = 528
 STREAM_ID_OFFSET = 532
 DATA_WAKE_OFFSET = 576
@@ -356,6 +360,13 @@ class LogBuffer:
     @publication_window.setter
     def publication_window(self, window: int) -> None:
         self.buffer.put_int32_release(self.meta_offset + PUBLICATION_WINDOW_OFFSET, window)
+
+    def raised_by_readers(self, limit_counter_id: int) -> None:
+        """The driver's: the limit (counter ``limit_counter_id``) of this log is raised by its
+        readers too, as they store their positions, because one of its writers does not raise
+        it (an Aeron client's publication only reads it)."""
+        self.buffer.put_int32_release(self.meta_offset + READERS_RAISE_OFFSET,
+                                      limit_counter_id + 1)
 
     @property
     def active_transport_count(self) -> int:

@@ -3,7 +3,8 @@
  * (docs/protocol.md, IPC flow control).
  *
  * fc_raise: the term appender (term_appender.c), in a client process on the thread that offers
- * (GIL held), when an offer reaches its limit. flow_control_set and flow_control_advance: the
+ * (GIL held), when an offer reaches its limit. fc_raise_for_writer: an image (image.c), on the
+ * thread that reads, as it stores its position on a log whose writer does not raise. flow_control_set and flow_control_advance: the
  * driver (shmbus/driver/ipc_flow_control.py, its conductor thread, GIL held).
  */
 #include "types.h"
@@ -146,6 +147,21 @@ int fc_raise(const LogGeometry *g, const uint8_t *values, Py_ssize_t values_len,
         return 0;
     fc_advance(g, limit, slowest, FC_RAISE, version);
     return LOAD_ACQUIRE(limit) > before;
+}
+
+/*
+ * An Aeron client's publication only reads pub-lmt: Aeron's driver raises it on its duty
+ * cycle. shmbus's driver does too (shmbus/driver/aeron_client_streams.py), and marks the log
+ * (META_READERS_RAISE: the limit's counter id + 1), so that its shmbus readers raise the limit
+ * as they store their positions: the writer is then not held to the driver's cycle.
+ */
+void fc_raise_for_writer(const LogGeometry *g, const uint8_t *values, Py_ssize_t values_len)
+{
+    int32_t id = LOAD_ACQUIRE(meta_i32(g, META_READERS_RAISE)) - 1;
+    if (id < 0 || (Py_ssize_t)(id + 1) * COUNTER_LENGTH > values_len)
+        return;
+    fc_raise(g, values, values_len, (int64_t *)(values + (Py_ssize_t)id * COUNTER_LENGTH),
+             log_producer_position(g));
 }
 
 static int log_geometry_arg(PyObject *log, int term_length, LogGeometry *g)

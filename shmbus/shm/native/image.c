@@ -80,6 +80,8 @@ static inline void advance(ImageCore *self, int64_t position)
             return;
         }
         self->stored = position;
+        AtomicBuffer *values = (AtomicBuffer *)self->position_buffer;
+        fc_raise_for_writer(&self->g, values->data, values->capacity);
     }
     if (!self->closed)
         wake_word(meta_i32(&self->g, META_PROGRESS_WAKE), meta_i32(&self->g, META_PROGRESS_WAITERS));

@@ -79,6 +79,8 @@
 /* flow control and wake-ups (see shmbus/shm/log_buffer.py for the diagram) */
 #define META_FC_LOCK 512            /* i64: pid of the process cleaning and raising pub-lmt */
 #define META_FC_CLEAN_POSITION 520  /* i64: the log is zero from here on (behind consumers) */
+#define META_READERS_RAISE 536      /* i32: pub-lmt's counter id + 1 when readers raise the limit
+                                     * (its writer does not: an Aeron client's), else 0 */
 #define META_DATA_WAKE 576          /* i32 futex word: bumped by writers when readers sleep */
 #define META_DATA_WAITERS 580       /* i32: readers asleep on META_DATA_WAKE */
 #define META_PROGRESS_WAKE 640      /* i32 futex word: bumped by readers when writers sleep */

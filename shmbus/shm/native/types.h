@@ -68,6 +68,8 @@ INTERNAL int wait_images_watching(PyObject *images, int32_t *wake, int32_t wake_
 
 INTERNAL int fc_raise(const LogGeometry *g, const uint8_t *values, Py_ssize_t values_len,
                       int64_t *limit, int64_t producer);
+INTERNAL void fc_raise_for_writer(const LogGeometry *g, const uint8_t *values,
+                                  Py_ssize_t values_len);
 
 /* ---- publication.c ------------------------------------------------------------------------ */
 INTERNAL int64_t offer_headed(PyObject *publication, const uint8_t *head,

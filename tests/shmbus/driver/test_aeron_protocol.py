@@ -25,6 +25,7 @@ from shmbus.shm.cnc import (
     CncFile,
 )
 from shmbus.shm.counters import CLIENT_HEARTBEAT, CountersReader
+from shmbus.shm.log_buffer import READERS_RAISE_OFFSET, LogBuffer
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer
 
 pytestmark = pytest.mark.timeout(60)
@@ -119,7 +120,8 @@ def test_the_to_clients_buffer_has_only_aerons_responses(raw: RawAeronClient,
     assert [t for t, _ in aeron] == [t for t, _ in events if t in cp.AERON_RESPONSES]
 
 
-def test_a_publication_ready_names_its_log_by_absolute_path(raw: RawAeronClient) -> None:
+def test_a_publication_ready_names_its_log_by_absolute_path_and_marks_it(
+        raw: RawAeronClient) -> None:
     channel = b"aeron:ipc"
     correlation_id = raw.send(0x01, struct.pack("<ii", 5, len(channel)) + channel)
     data = raw.responses(until=answered(correlation_id, 0x0F03))[-1][1]
@@ -130,6 +132,9 @@ def test_a_publication_ready_names_its_log_by_absolute_path(raw: RawAeronClient)
     path = data[36:36 + length].decode()
     assert Path(path).is_absolute() and Path(path).exists()
     assert raw.counters.get_type_id(limit_id) == 1  # pub-lmt
+    log = LogBuffer.open(path)  # marked: its shmbus readers raise the limit too
+    assert log.buffer.get_int32(log.meta_offset + READERS_RAISE_OFFSET) == limit_id + 1
+    log.close()
 
 
 def test_aeron_counters_are_added_and_removed_by_registration_id(raw: RawAeronClient) -> None:

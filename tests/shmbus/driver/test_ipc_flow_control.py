@@ -17,6 +17,7 @@ from shmbus.shm._native import AtomicBuffer
 from shmbus.shm.counters import COUNTER_LENGTH
 from shmbus.shm.log_buffer import FC_CLEAN_POSITION_OFFSET, FC_LOCK_OFFSET, LogBuffer
 from shmbus.shm.position import Position
+from shmbus.streams.image import Image
 from shmbus.streams.publication import ExclusivePublication
 
 TERM = 65536
@@ -176,3 +177,26 @@ def test_a_joiner_counted_behind_the_clean_position_finds_its_start_gone(setup) 
     assert pin_join(log, joiner, 8 * 1024, strict=False) == 24 * 1024
     assert joiner.get() == 24 * 1024
     assert log.buffer.get_int32(24 * 1024) == 1024  # a frame starts where it now reads
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_the_readers_of_a_log_marked_raised_by_readers_raise_its_limit(setup,
+                                                                       marked: bool) -> None:
+    """An Aeron client's publication only reads its limit: the driver marks its log, and a
+    shmbus reader storing its position raises the limit from the counted set (an unmarked
+    log's readers leave it to the publisher)."""
+    log, flow, limit, reader, publication = setup
+    if marked:
+        log.raised_by_readers(0)  # the limit is counter 0
+    while publication.offer(PAYLOAD) > 0:
+        pass
+    written = publication.position
+    assert limit.get() == flow.window and written > flow.window - len(PAYLOAD) - 64
+    image = Image(log, reader, owned=True)
+    while image.poll(lambda buffer, header: None, 1000):
+        pass
+    assert reader.get() == written
+    assert limit.get() == (written + flow.window if marked else flow.window)
+    if marked:
+        assert clean_position(log) == written
+    image.close()
