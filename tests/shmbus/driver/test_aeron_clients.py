@@ -1,5 +1,5 @@
 """Aeron's own C client (libaeron, built from source by ``make aeron-c``) on a shmbus driver:
-Aeron's C test programs (tests/support/aeron_c/) and shmbus processes on the same ``aeron:ipc``
+Aeron's C test programs (tools/aeron_c/c/) and shmbus processes on the same ``aeron:ipc``
 streams of one bus directory, every message checked (publisher id, sequence, length, CRC-32)
 by whichever side reads it.
 

@@ -1,4 +1,4 @@
-"""The C test programs (tests/support/aeron_c/) against Aeron's own C media driver (aeronmd,
+"""The C test programs (tools/aeron_c/c/) against Aeron's own C media driver (aeronmd,
 built by tools/aeron_c/build.sh): what they report is what happened, so they can judge another
 driver. Each test has its own driver on a fresh directory; every program is a real process on
 ``aeron:ipc``.
