@@ -181,6 +181,15 @@ class Program:
             pytest.fail(f"{self.name} still running after {timeout:g} s; stderr: {self.stderr()}")
         return Finished(self.name, self.process.returncode, self.stdout(), self.stderr())
 
+    def stop(self) -> None:
+        """SIGTERM the program (a long-running mode stops at it and prints its summary)."""
+        self.process.send_signal(signal.SIGTERM)
+
+    def summary_printed(self) -> bool:
+        """Whether the program printed its closing JSON line (a publisher holding its
+        publication open after it stopped has)."""
+        return '"ended": ' in self.stdout()
+
     def kill(self) -> None:
         """SIGKILL the program if it still runs, and reap it."""
         if self.process.poll() is None:
@@ -228,6 +237,38 @@ class Programs:
             command += ["--expect", f"{publisher_id}:{count}"]
         return self._start("aeron_subscribe", command)
 
+    def publish_until_stopped(self, *, stream: int, publisher_id: int, length: int,
+                              max_length: int | None = None, rate: int = 0,
+                              exclusive: bool = False, hold_s: int = 0,
+                              corrupt_sequence: int | None = None,
+                              driver_timeout_ms: int | None = None,
+                              progress: tuple[Path, int, int] | None = None,
+                              channel: str = "aeron:ipc") -> Program:
+        """Start aeron_publish --until-stopped (stopped with :meth:`Program.stop`);
+        ``progress`` is (file, record offset, phase offset)."""
+        command = [str(self.aeron.publish), "--dir", str(self.aeron_dir), "--channel", channel,
+                   "--stream", str(stream), "--until-stopped", "--publisher-id",
+                   str(publisher_id), "--length", str(length), "--rate", str(rate),
+                   "--hold-s", str(hold_s)]
+        if max_length is not None:
+            command += ["--max-length", str(max_length)]
+        if exclusive:
+            command.append("--exclusive")
+        if corrupt_sequence is not None:
+            command += ["--corrupt-sequence", str(corrupt_sequence)]
+        command += _long_running_options(driver_timeout_ms, progress)
+        return self._start(f"aeron_publish-{publisher_id}", command)
+
+    def subscribe_until_stopped(self, *, stream: int, driver_timeout_ms: int | None = None,
+                                progress: tuple[Path, int, int] | None = None,
+                                channel: str = "aeron:ipc") -> Program:
+        """Start aeron_subscribe --until-stopped (stopped with :meth:`Program.stop`);
+        ``progress`` is (file, record offset, phase offset)."""
+        command = [str(self.aeron.subscribe), "--dir", str(self.aeron_dir), "--channel", channel,
+                   "--stream", str(stream), "--until-stopped",
+                   *_long_running_options(driver_timeout_ms, progress)]
+        return self._start("aeron_subscribe", command)
+
     def stat(self, timeout_s: int = 10) -> Finished:
         """Run aeron_stat to its end: its first JSON line the CnC file, then one per counter."""
         return self._start("aeron_stat", [str(self.aeron.stat), "--dir", str(self.aeron_dir),
@@ -237,6 +278,18 @@ class Programs:
         """Kill every program still running."""
         for program in self._started:
             program.kill()
+
+
+def _long_running_options(driver_timeout_ms: int | None,
+                          progress: tuple[Path, int, int] | None) -> list[str]:
+    options = []
+    if driver_timeout_ms is not None:
+        options += ["--driver-timeout-ms", str(driver_timeout_ms)]
+    if progress is not None:
+        path, record, phase = progress
+        options += ["--progress", str(path), "--progress-record", str(record),
+                    "--progress-phase", str(phase)]
+    return options
 
 
 # ---------------------------------------------------------------------------------------------
