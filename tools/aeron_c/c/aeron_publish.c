@@ -13,9 +13,10 @@
  * depends only on the publisher id and n. --rate N offers at most N messages a second (0: as
  * many as are accepted). An offer refused with NOT_CONNECTED, BACK_PRESSURED or ADMIN_ACTION
  * is retried after a back-off (common.h); any other refusal fails the run. Messages longer than
- * the MTU are fragmented by Aeron. --corrupt-sequence N flips a payload bit of message N after
- * its CRC is computed, so a test can show that a subscriber catches a corrupt message (its
- * length must be above 20).
+ * the MTU are fragmented by Aeron. --corrupt-sequence N flips a bit of the last byte of message
+ * N after its CRC is computed (a payload byte; the CRC field's own when the message is only its
+ * 20-byte header), so a test can show that a subscriber catches a corrupt message (needs a
+ * --length or --max-length above 20).
  *
  * --count N: the whole run, connecting included, is bounded by --timeout-s (30). Exit status 0
  * when every message was accepted, 1 when an offer failed or the time ran out.
@@ -192,9 +193,9 @@ static options_t parse_options(int argc, char **argv)
     {
         die(PROGRAM, "--max-length %u is below --length %u", o.max_length, o.length);
     }
-    if (o.corrupt_sequence >= 0 && o.length == MESSAGE_HEADER_LENGTH)
+    if (o.corrupt_sequence >= 0 && o.max_length == MESSAGE_HEADER_LENGTH)
     {
-        die(PROGRAM, "--corrupt-sequence needs a payload: --length above %u", MESSAGE_HEADER_LENGTH);
+        die(PROGRAM, "--corrupt-sequence needs a payload: --length or --max-length above %u", MESSAGE_HEADER_LENGTH);
     }
     if (o.progress_path != NULL && (o.progress_record < 0 || o.progress_phase < 0))
     {
