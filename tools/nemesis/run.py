@@ -1,7 +1,8 @@
 """A nemesis: a seeded schedule of faults while writers and readers stream checked messages.
 
     python -m tools.nemesis.run [--minutes 10 | --seconds 60] [--seed 1] [--publishers 7]
-                                [--subscribers 8]
+                                [--subscribers 8] [--faults F,F,...] [--no-aeron]
+                                [--tamper-aeron SEQUENCE]
 
 Runs as root (it mounts a small tmpfs for the bus directory). Writers (tools/nemesis/workers.py)
 publish on an IPC stream and on an authenticated UDP stream (``key=``: every datagram sealed)
@@ -16,8 +17,21 @@ a recorder of the large-message stream (payloads recorded out of line, read back
 way); a late joiner (its own Recorder, in 2-second windows, and joins one after another, 0.1 s
 apart, with history from a random recorded position or, while the window holds at most 8 MiB,
 often from the start, then live: shmbus.Recording); more
-tethered ones beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
-datagrams both ways for the whole run (the netbridge's loss filter; it counts as fired once the
+tethered ones beyond.
+
+The Aeron pair (tools/nemesis/aeron_pair.py; it needs ``make aeron-c``, ``--no-aeron`` runs
+without it): on the Aeron stream (IPC, one concurrent publication) Aeron's own C client writes
+(tools/aeron_c/c/aeron_publish.c --until-stopped: 20 B to 3 KB, fragmented ones among them)
+beside a shmbus writer (offer_many batches of whole messages), each paced at AERON_RATE, both
+in the C programs' message (tools/aeron_c/message.py: publisher id ``writer << 16 |
+incarnation``, length, sequence, CRC-32, a payload pattern); Aeron's C reader (aeron_subscribe
+--until-stopped, checking each of its images itself) and a tethered shmbus reader read it. Their
+clients wait for a silent driver as long as shmbus's do (3 s). ``--tamper-aeron N`` is a
+self-test: the Aeron C writer's first incarnation corrupts its message N, which the run must
+report as a breach.
+
+``udp-loss``: the UDP path drops, duplicates, reorders and delays datagrams both ways for the
+whole run (the netbridge's loss filter; it counts as fired once the
 netbridge's receivers report gaps, read with ``shmbus stat``). In shuffled rounds, with pauses
 of 2 to 5 s between faults (each fault's window is short: the data path carries most of the
 run; every round runs to its end, so every fault fires at least once, and another starts while
@@ -30,7 +44,7 @@ one as long as the last can end by the deadline), the nemesis:
 * ``stop-subscriber``: SIGSTOPs a reader past the client liveness timeout, then SIGCONTs it
   (the driver has dropped it; it sees ClientTimeoutError and rebuilds its client);
 * ``kill-driver``: SIGKILLs the driver and starts a new one (clients see DriverTimeoutError
-  and rebuild);
+  and rebuild; the Aeron C programs' clients end, they exit and are started again);
 * ``kill-netbridge``: SIGKILLs the netbridge (the driver starts another);
 * ``fill-disk``: fills the bus tmpfs with a ballast file for FILL_HOLD_S (1 s), then frees
   it. The tmpfs (TMPFS_MB) is sized for the bus's own memory, so that only the ballast fills
@@ -40,9 +54,16 @@ one as long as the last can end by the deadline), the nemesis:
 * ``kill-responder``: SIGKILLs one of the request/reply responders, two on aeron:ipc and two
   on authenticated aeron:udp through the netbridge (tools/nemesis/calls.py), while a caller
   on each keeps
-  calling; starts it again.
+  calling; starts it again;
+* ``kill-aeron-writer``: SIGKILLs the Aeron C writer inside an offer (from its first attempt
+  at a message until accepted: its phase, which it stores in the ledger): its frame of the
+  concurrent publication may be claimed and never written, which the driver must unblock for
+  the shmbus writer and the readers; starts it again;
+* ``kill-aeron-reader``: SIGKILLs the Aeron C reader inside a poll (its phase, in its progress
+  file): the driver times its client out and frees its position; starts it again.
 
-A restarted or rebuilt writer is a new publication: a new incarnation, sequence from 0.
+``--faults`` schedules only those named. A restarted or rebuilt writer is a new publication: a
+new incarnation, sequence from 0.
 
 The rules (a breach of any is printed and the exit status is 1):
 
@@ -71,11 +92,29 @@ The rules (a breach of any is printed and the exit status is 1):
 8. Large messages: once every reader has drained, no block of a large message is still held
    (the driver freed what every counted reader had passed, or dropped).
 9. No process dies unless the nemesis killed it (a writer, reader or driver that does is
-   started again, and reported).
+   started again, and reported). An Aeron C program whose client ended (the driver's death,
+   or a timeout: exit status 3, or it could not connect or add its publication or subscription
+   while the driver was being replaced or the disk was full) is started again, not a breach;
+   any other exit (a rule broken or an Aeron client error other than its end: status 1; a
+   setup error: 2; a signal the nemesis did not send) is.
+
+On the Aeron stream, both writers are writers as any (rules 2 to 5 for what they acked; the C
+writer's phase, acked and attempted are in the ledger as the others'), and the shmbus reader
+is a tethered reader (rules 1 to 5). The Aeron C reader keeps rules 1 and 2 itself, from the
+first message it sees of each publisher in each image on, and stops at the first breach (the
+nemesis reports it with the reader's output). It does not outlive its client: a driver's death
+ends it, and its next incarnation joins where the stream is. So rules 3 and 4 apply to its
+last incarnation (alive at the end, following the stream from 1 s before the writers stopped;
+if it is not, that is a breach): it gets the last acked message of every writer incarnation
+on the stream that finished, and of every one killed mid-offer that it was following. Rule 5
+does not apply to it.
 
 At the end it prints, per writer incarnation and per reader: sent, received, lost, duplicated,
 reordered, skipped, corrupt (a writer's incarnations that sent nothing on one line, by how they
-ended), the late joiner's joins, and how often each fault fired; the messages sent, how many a
+ended), the late joiner's joins; the Aeron pair's line: what each writer of the Aeron stream
+sent, in how many incarnations, by how they ended, and what each of its readers checked (the C
+reader's incarnations by how they ended, its killed ones' counts included); how often each
+fault fired; the messages sent, how many a
 minute the writers streamed and in how many of its seconds they sent any; per request/reply
 service the calls answered (the reply, or the RemoteError the
 request asked for; their mean time) and failed, by error; the bus tmpfs's peak use between
