@@ -243,9 +243,11 @@ class Programs:
                               corrupt_sequence: int | None = None,
                               driver_timeout_ms: int | None = None,
                               progress: tuple[Path, int, int] | None = None,
+                              hold_at: int | None = None,
                               channel: str = "aeron:ipc") -> Program:
         """Start aeron_publish --until-stopped (stopped with :meth:`Program.stop`);
-        ``progress`` is (file, record offset, phase offset)."""
+        ``progress`` is (file, record offset, phase offset), ``hold_at`` the offset of its
+        hold request in that file."""
         command = [str(self.aeron.publish), "--dir", str(self.aeron_dir), "--channel", channel,
                    "--stream", str(stream), "--until-stopped", "--publisher-id",
                    str(publisher_id), "--length", str(length), "--rate", str(rate),
@@ -257,6 +259,8 @@ class Programs:
         if corrupt_sequence is not None:
             command += ["--corrupt-sequence", str(corrupt_sequence)]
         command += _long_running_options(driver_timeout_ms, progress)
+        if hold_at is not None:
+            command += ["--progress-hold", str(hold_at)]
         return self._start(f"aeron_publish-{publisher_id}", command)
 
     def subscribe_until_stopped(self, *, stream: int, driver_timeout_ms: int | None = None,

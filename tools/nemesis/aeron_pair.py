@@ -40,6 +40,7 @@ from tools.nemesis.check import (
     DRIVER_LOST,
     FAILED,
     FINISHED,
+    KILLED_MID_CLAIM,
     KILLED_MID_OFFER,
     REFUSED,
     TIMED_OUT,
@@ -48,7 +49,7 @@ from tools.nemesis.check import (
     aeron_key,
     aeron_publisher_id,
 )
-from tools.nemesis.workers import OFFERING, Ledger, WriterSpec
+from tools.nemesis.workers import HOLDING_CLAIM, OFFERING, Ledger, WriterSpec
 
 #: the programs' exit status when their client ended or could not start (common.h)
 CLIENT_ENDED = 3
@@ -64,12 +65,13 @@ MAX_READER_INCARNATIONS = 4096
 POLLING = 1
 
 
-def _ending_reason(status: int | None, summary: dict[str, Any] | None, killed: bool) -> str:
-    """How an incarnation ended, in a word or two: "killed", "stopped", "driver lost", "timed
-    out" (by the driver), "client ended" (another end of Aeron's client), "refused" (it could
-    not connect or add its publication or subscription), "failed" (a breach)."""
+def _ending_reason(status: int | None, summary: dict[str, Any] | None, killed: str) -> str:
+    """How an incarnation ended, in a word or two: "killed mid-offer" or "killed mid-claim"
+    (the writer), "killed mid-poll" (the reader), "stopped", "driver lost", "timed out" (by
+    the driver), "client ended" (another end of Aeron's client), "refused" (it could not
+    connect or add its publication or subscription), "failed" (a breach)."""
     if killed:
-        return "killed"
+        return f"killed {killed}"
     if status == 0:
         return "stopped"
     if status == CLIENT_ENDED:
@@ -95,7 +97,9 @@ class Incarnation:
     started: float
     #: monotonic seconds it printed READY (a reader: its subscription added), None before
     ready_at: float | None = None
-    killed: bool = False
+    #: killed by the nemesis: "mid-offer" or "mid-claim" (the writer), "mid-poll" (the
+    #: reader); "" while not
+    killed: str = ""
     status: int | None = None
     summary: dict[str, Any] | None = None
     reason: str = ""
@@ -199,7 +203,8 @@ class AeronPair:
                        "--rate", str(int(spec.rate)), "--hold-s", "300",
                        "--progress", ledger_path,
                        "--progress-record", str(ledger.record_offset(writer, incarnation)),
-                       "--progress-phase", str(ledger.phase_offset(writer))]
+                       "--progress-phase", str(ledger.phase_offset(writer)),
+                       "--progress-hold", str(ledger.hold_offset(writer))]
             if spec.exclusive:
                 command.append("--exclusive")
             if tamper is not None and number == 0:
@@ -270,38 +275,48 @@ class AeronPair:
     def _end_writer(self, incarnation: Incarnation) -> None:
         """Write how the writer's run ended into the ledger (its n-th run is its ledger
         incarnation n: the nemesis begins one per run, and only for the runs it starts)."""
-        ending = {"killed": KILLED_MID_OFFER, "stopped": FINISHED, "driver lost": DRIVER_LOST,
+        ending = {"killed mid-offer": KILLED_MID_OFFER, "killed mid-claim": KILLED_MID_CLAIM,
+                  "stopped": FINISHED, "driver lost": DRIVER_LOST,
                   "timed out": TIMED_OUT, "client ended": DRIVER_LOST, "refused": REFUSED,
                   "failed": FAILED}[incarnation.reason]
         self.ledger.end(self.writer, incarnation.number, ending)
 
-    def kill_writer(self, timeout: float = 5.0) -> bool:
-        """SIGKILL the writer while it offers (its phase in the ledger), within ``timeout``
-        seconds; the monitor starts it again. Whether it was killed."""
+    def kill_writer(self, mid_claim: bool, timeout: float = 5.0) -> bool:
+        """SIGKILL the writer while it offers (its phase in the ledger), or with ``mid_claim``
+        once it holds a claim it was asked to hold (the ledger's hold request), within
+        ``timeout`` seconds; the monitor starts it again. Whether it was killed."""
+        if mid_claim:
+            self.ledger.request_hold(self.writer, True)
+        phase, how = (HOLDING_CLAIM, "mid-claim") if mid_claim else (OFFERING, "mid-offer")
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.ledger.phase(self.writer) == OFFERING and self._kill(self.writer_program):
-                return True
-            time.sleep(0.0002)
-        return False
+        try:
+            while time.monotonic() < deadline:
+                if self.ledger.phase(self.writer) == phase \
+                        and self._kill(self.writer_program, how):
+                    return True
+                time.sleep(0.0002)
+            return False
+        finally:
+            self.ledger.request_hold(self.writer, False)
 
     def kill_reader(self, timeout: float = 5.0) -> bool:
         """SIGKILL the reader inside a poll (its phase in the progress file), within
         ``timeout`` seconds; the monitor starts it again. Whether it was killed."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.progress.phase() == POLLING and self._kill(self.reader_program):
+            if self.progress.phase() == POLLING and self._kill(self.reader_program, "mid-poll"):
                 return True
             time.sleep(0.0002)
         return False
 
-    def _kill(self, program: Program) -> bool:
+    def _kill(self, program: Program, how: str) -> bool:
         with self._lock:
             current = program.current
             if current is None or current.status is not None or current.process.poll() is not None:
                 return False
-            current.killed = True
+            current.killed = how
             current.process.kill()
+            current.process.wait()
             return True
 
     def stop_writing(self) -> None:

@@ -56,9 +56,11 @@ one as long as the last can end by the deadline), the nemesis:
   on each keeps
   calling; starts it again;
 * ``kill-aeron-writer``: SIGKILLs the Aeron C writer inside an offer (from its first attempt
-  at a message until accepted: its phase, which it stores in the ledger): its frame of the
-  concurrent publication may be claimed and never written, which the driver must unblock for
-  the shmbus writer and the readers; starts it again;
+  at a message until accepted: its phase, which it stores in the ledger), or, half the time
+  (at random), holding a claim half written (aeron_publication_try_claim, asked for through
+  the ledger's hold request, as kill-writer-mid-claim does): its frame of the concurrent
+  publication is claimed and never written, which the driver must unblock for the shmbus
+  writer and the readers; starts it again;
 * ``kill-aeron-reader``: SIGKILLs the Aeron C reader inside a poll (its phase, in its progress
   file): the driver times its client out and frees its position; starts it again.
 
@@ -114,11 +116,11 @@ reordered, skipped, corrupt (a writer's incarnations that sent nothing on one li
 ended), the late joiner's joins; the Aeron pair's line: what each writer of the Aeron stream
 sent, in how many incarnations, by how they ended, and what each of its readers checked (the C
 reader's incarnations by how they ended, its killed ones' counts included); how often each
-fault fired; the messages sent, how many a
-minute the writers streamed and in how many of its seconds they sent any; per request/reply
-service the calls answered (the reply, or the RemoteError the
-request asked for; their mean time) and failed, by error; the bus tmpfs's peak use between
-faults; the CPU seconds of each process alive at the end.
+fault fired, the UDP loss statistics and the driver's DRIVER_STATS; the messages sent, how
+many a minute the writers streamed and in how many of its seconds they sent any; per
+request/reply service the calls answered (the reply, or the RemoteError the request asked
+for; their mean time) and failed, by error; the bus tmpfs's peak use between faults; the CPU
+seconds of each process alive at the end.
 """
 
 from __future__ import annotations
@@ -183,6 +185,10 @@ AERON_FAULTS = ("kill-aeron-writer", "kill-aeron-reader")
 #: udp-loss is standing; it fired when the netbridge's receivers counted gaps
 FAULTS = (*SCHEDULED, "udp-loss")
 UDP_STATS = ("retransmits", "gaps", "naks sent")
+#: the driver's system counters the summary sums over the drivers: logs padded over a frame a
+#: dead writer left claimed (a kill mid-claim, or an Aeron C writer's mid-offer), commands
+#: likewise, clients timed out
+DRIVER_STATS = ("unblocked publications", "unblocked commands", "client timeouts")
 IPC_STREAM, UDP_STREAM = 1001, 2001
 #: large messages (past the log's max message: shared-memory blocks) on a stream of their own
 LARGE_STREAM = 1003
@@ -598,10 +604,13 @@ class Nemesis:
         self.notes: list[str] = []
         #: the netbridge's channel statistics, summed over the netbridges the nemesis killed
         self.udp: Counter[str] = Counter()
+        #: the driver's DRIVER_STATS, summed over the drivers the nemesis killed
+        self.driver: Counter[str] = Counter()
 
-    def sample_udp(self) -> None:
+    def sample_udp(self, driver: bool = False) -> None:
         """Add the netbridge's loss statistics (read with ``shmbus stat``) before they go: call
-        before killing the netbridge or the driver, and at the end."""
+        before killing the netbridge or the driver, and at the end; with ``driver``, the
+        driver's DRIVER_STATS too (call before killing the driver, and at the end)."""
         result = subprocess.run([sys.executable, "-m", "shmbus", "stat", "--once", "--json",
                                  "--dir", self.bus.context.dir],
                                 capture_output=True, text=True, timeout=60)
@@ -612,6 +621,8 @@ class Nemesis:
             name = counter["label"].partition(":")[0]
             if name in UDP_STATS:
                 self.udp[name] += counter["value"]
+            elif driver and name in DRIVER_STATS:
+                self.driver[name] += counter["value"]
         if self.udp["gaps"]:
             self.fired["udp-loss"] = 1
 
@@ -656,7 +667,7 @@ class Nemesis:
         self.stops[self.workers.readers[reader].name] += 1
 
     def kill_driver(self) -> None:
-        self.sample_udp()
+        self.sample_udp(driver=True)
         self.bus.kill()
         self.bus.start()
         self.fired["kill-driver"] += 1
@@ -701,15 +712,18 @@ class Nemesis:
         process.join()
 
     def kill_aeron_writer(self) -> None:
-        """SIGKILL the Aeron C writer inside an offer (its phase in the ledger): its share of
-        the concurrent publication may be left claimed and unwritten, which the driver must
-        unblock; the monitor starts it again (a new incarnation, sequence from 0)."""
+        """SIGKILL the Aeron C writer inside an offer, or (every other time, at random)
+        holding a claim it was asked to hold (its phase in the ledger): its frame of the
+        concurrent publication is left claimed and unwritten, which the driver must unblock;
+        the monitor starts it again (a new incarnation, sequence from 0)."""
         if self.workers.aeron is None:
             return
-        if self.workers.aeron.kill_writer():
+        mid_claim = self.rng.random() < 0.5
+        if self.workers.aeron.kill_writer(mid_claim):
             self.fired["kill-aeron-writer"] += 1
         else:
-            self.notes.append("kill-aeron-writer: the Aeron C writer was not offering within 5 s")
+            self.notes.append(f"kill-aeron-writer: the Aeron C writer was not "
+                              f"{'holding a claim' if mid_claim else 'offering'} within 5 s")
 
     def kill_aeron_reader(self) -> None:
         """SIGKILL the Aeron C reader inside a poll (its phase in its progress file): the
@@ -854,8 +868,10 @@ def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[
     if nemesis.workers.aeron is not None:
         lines += ["", aeron_summary(sent, reports, specs, nemesis.workers.aeron)]
     udp = ", ".join(f"{name} {nemesis.udp[name]}" for name in UDP_STATS)
+    driver = ", ".join(f"{name} {nemesis.driver[name]}" for name in DRIVER_STATS)
     lines += ["", "faults fired: " + ", ".join(f"{f}={nemesis.fired[f]}" for f in FAULTS),
-              f"udp-loss: {LOSS} ({udp})"]
+              f"udp-loss: {LOSS} ({udp})",
+              f"driver counters (summed over the drivers): {driver}"]
     return "\n".join(lines)
 
 
@@ -934,7 +950,7 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int,
             if pair is not None and not pair.await_following(2.0, 20.0):
                 deaths.append("the Aeron C writer and reader were not both running for 2 s "
                               "within 20 s after the last fault")
-            nemesis.sample_udp()
+            nemesis.sample_udp(driver=True)
             deaths += workers.restart_the_dead()
             cpu = workers.cpu_seconds() + bus.cpu_seconds()
             flow.stop()

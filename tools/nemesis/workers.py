@@ -74,8 +74,9 @@ class Ledger:
     from the orchestrator to hold its next claim open; per incarnation: messages acked and
     attempted, and how it ended. A writer writes its own fields; the orchestrator writes the
     hold request, and the ending of an incarnation whose process it killed. The Aeron C writer
-    (tools/nemesis/aeron_pair.py) is given its phase and record offsets and stores its phase,
-    acked and attempted itself; the orchestrator begins and ends its incarnations."""
+    (tools/nemesis/aeron_pair.py) is given its phase, hold request and record offsets: it stores
+    its phase, acked and attempted itself, and clears the hold request once it let its held
+    claim go; the orchestrator begins and ends its incarnations."""
 
     def __init__(self, path: str, writers: int, *, create: bool = False) -> None:
         size = writers * (WRITER_HEADER + MAX_INCARNATIONS * INCARNATION_RECORD)
@@ -111,6 +112,10 @@ class Ledger:
     def phase_offset(self, writer: int) -> int:
         """Where ``writer``'s phase (i64) is in the ledger file."""
         return self._writer(writer) + 8
+
+    def hold_offset(self, writer: int) -> int:
+        """Where ``writer``'s hold-claim request (i64) is in the ledger file."""
+        return self._writer(writer) + 16
 
     def record_offset(self, writer: int, incarnation: int) -> int:
         """Where an incarnation's acked (i64), then attempted (i64), are in the ledger file."""

@@ -214,6 +214,12 @@ def _field(path: Path, offset: int) -> int:
     return struct.unpack_from("<q", path.read_bytes(), offset)[0]
 
 
+def _set_field(path: Path, offset: int, value: int) -> None:
+    with path.open("r+b") as f:
+        f.seek(offset)
+        f.write(struct.pack("<q", value))
+
+
 def _stopped(program: Program, *, status: int = 0, ended: str = "stopped") -> dict[str, Any]:
     finished = program.finish()
     assert finished.returncode == status, (finished.stdout, finished.stderr)
@@ -262,6 +268,43 @@ def test_until_stopped_the_programs_run_until_sigterm_and_report(programs: Progr
         _stopped(publisher)
     assert summary["errors"] == 0 and summary["error"] is None and summary["ok"] is True
     assert sent[1]["max_length"] == 3_000 and sent[1]["rate"] == 5_000
+
+
+def test_until_stopped_a_publisher_holds_a_claim_when_asked(programs: Programs,
+                                                           tmp_path: Path) -> None:
+    """--progress-hold: asked through the progress file, the publisher claims its next
+    message and holds it half written (phase 2, attempted one past acked, nothing sent
+    meanwhile); asked no more, it aborts the claim (a padding frame) and goes on with the same
+    sequence: the subscriber sees no gap."""
+    progress = _progress_file(tmp_path)
+    hold = 24
+    subscriber = programs.subscribe_until_stopped(
+        stream=STREAM, progress=(progress, SUBSCRIBER_RECORD, SUBSCRIBER_PHASE))
+    subscriber.wait_ready()
+    publisher = programs.publish_until_stopped(
+        stream=STREAM, publisher_id=5, length=20, max_length=3_000, rate=2_000,
+        progress=(progress, PUBLISHER_RECORD, PUBLISHER_PHASE), hold_at=hold)
+    wait_until(lambda: _field(progress, PUBLISHER_RECORD) >= 200, 30,
+               "the publisher to have 200 messages accepted")
+
+    _set_field(progress, hold, 1)
+    wait_until(lambda: _field(progress, PUBLISHER_PHASE) == 2, 30, "the claim to be held")
+    acked = _field(progress, PUBLISHER_RECORD)
+    assert _field(progress, PUBLISHER_RECORD + 8) == acked + 1
+    wait_until(lambda: _field(progress, SUBSCRIBER_RECORD) == acked, 30,
+               "the subscriber to check every message before the held claim")
+    _set_field(progress, hold, 0)
+    wait_until(lambda: _field(progress, PUBLISHER_RECORD) >= acked + 200, 30,
+               "the publisher to go on")
+
+    publisher.stop()
+    sent = _stopped(publisher)["sent"]
+    wait_until(lambda: _field(progress, SUBSCRIBER_RECORD) == sent, 30,
+               "the subscriber to check every message")
+    subscriber.stop()
+    seen = _stopped(subscriber)["publishers"]["5"]
+    assert (seen["first"], seen["last"], seen["received"], seen["images"]) == (
+        0, sent - 1, sent, 1)
 
 
 def test_until_stopped_a_late_subscriber_starts_where_the_stream_is(programs: Programs,

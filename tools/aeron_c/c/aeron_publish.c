@@ -7,7 +7,8 @@
  *                 (--count N | --until-stopped [--seconds S] [--hold-s S])
  *                 [--max-length BYTES] [--rate N] [--exclusive] [--corrupt-sequence N]
  *                 [--timeout-s S] [--driver-timeout-ms N]
- *                 [--progress FILE --progress-record OFFSET --progress-phase OFFSET]
+ *                 [--progress FILE --progress-record OFFSET --progress-phase OFFSET
+ *                  [--progress-hold OFFSET]]
  *
  * Message n is --length bytes, or with --max-length a length in [--length, --max-length] that
  * depends only on the publisher id and n. --rate N offers at most N messages a second (0: as
@@ -36,7 +37,14 @@
  * its offsets as it goes (readable after a SIGKILL): at --progress-record, the messages
  * accepted so far (the next sequence number), and 8 bytes after it, the messages attempted (the
  * sequence being offered + 1 while an offer of it is in progress or retried); at
- * --progress-phase, 1 while offering a message (from its first attempt until accepted), else 0.
+ * --progress-phase, 1 while offering a message (from its first attempt until accepted), 2 while
+ * holding a claim (below), else 0. --progress-hold OFFSET: once another process stores a
+ * non-zero i64 there, the next message is claimed (aeron_*_try_claim: a frame of the log
+ * reserved, its header written, its length not yet), half of it written, and held so, phase 2,
+ * until the value is 0 again or 30 s pass (then the claim is aborted: a padding frame, the
+ * message not sent) and the value is set back to 0: a process killed holding it leaves a claimed
+ * frame the driver must unblock. A message longer than the claim's limit (the MTU's payload) is
+ * held as 64 bytes.
  *
  * Exit status 2 on a usage or setup error (stderr says which). Prints one JSON line to stdout at
  * the end: {"program", "publisher_id", "stream", "exclusive", "mode" ("count" or
@@ -73,6 +81,7 @@ typedef struct
     const char *progress_path;
     long long progress_record;
     long long progress_phase;
+    long long progress_hold; /* -1: none */
 }
 options_t;
 
@@ -85,7 +94,7 @@ publication_t;
 
 static options_t parse_options(int argc, char **argv)
 {
-    options_t o = { NULL, "aeron:ipc", -1, -1, 0, 0.0, 0.0, 0, 0, 0.0, 0, 0, -1, 30.0, 0, NULL, -1, -1 };
+    options_t o = { NULL, "aeron:ipc", -1, -1, 0, 0.0, 0.0, 0, 0, 0.0, 0, 0, -1, 30.0, 0, NULL, -1, -1, -1 };
     int have_length = 0, have_id = 0;
     for (int i = 1; i < argc; i++)
     {
@@ -169,6 +178,10 @@ static options_t parse_options(int argc, char **argv)
         {
             o.progress_phase = parse_integer(PROGRAM, name, option_value(PROGRAM, argc, argv, &i), 0, INT64_MAX);
         }
+        else if (strcmp(name, "--progress-hold") == 0)
+        {
+            o.progress_hold = parse_integer(PROGRAM, name, option_value(PROGRAM, argc, argv, &i), 0, INT64_MAX);
+        }
         else
         {
             die(PROGRAM, "unknown option %s", name);
@@ -183,7 +196,7 @@ static options_t parse_options(int argc, char **argv)
         die(PROGRAM, "usage: %s --dir DIR --channel aeron:ipc --stream N --publisher-id N --length BYTES "
             "(--count N | --until-stopped [--seconds S] [--hold-s S]) [--max-length BYTES] [--rate N] "
             "[--exclusive] [--corrupt-sequence N] [--timeout-s S] [--driver-timeout-ms N] "
-            "[--progress FILE --progress-record OFFSET --progress-phase OFFSET]", PROGRAM);
+            "[--progress FILE --progress-record OFFSET --progress-phase OFFSET [--progress-hold OFFSET]]", PROGRAM);
     }
     if (o.max_length == 0)
     {
@@ -200,6 +213,10 @@ static options_t parse_options(int argc, char **argv)
     if (o.progress_path != NULL && (o.progress_record < 0 || o.progress_phase < 0))
     {
         die(PROGRAM, "--progress needs --progress-record and --progress-phase");
+    }
+    if (o.progress_hold >= 0 && o.progress_path == NULL)
+    {
+        die(PROGRAM, "--progress-hold needs --progress");
     }
     return o;
 }
@@ -245,7 +262,7 @@ static publication_t add_publication(aeron_t *client, const options_t *o, double
     return p;
 }
 
-static size_t max_message_length(const publication_t *p)
+static aeron_publication_constants_t publication_constants(const publication_t *p)
 {
     aeron_publication_constants_t constants;
     const int rc = p->exclusive != NULL ?
@@ -255,7 +272,24 @@ static size_t max_message_length(const publication_t *p)
     {
         die(PROGRAM, "publication constants: %s", aeron_errmsg());
     }
-    return constants.max_message_length;
+    return constants;
+}
+
+static size_t max_message_length(const publication_t *p)
+{
+    return publication_constants(p).max_message_length;
+}
+
+static size_t max_payload_length(const publication_t *p)
+{
+    return publication_constants(p).max_payload_length;
+}
+
+static int64_t try_claim(const publication_t *p, size_t length, aeron_buffer_claim_t *claim)
+{
+    return p->exclusive != NULL ?
+        aeron_exclusive_publication_try_claim(p->exclusive, length, claim) :
+        aeron_publication_try_claim(p->concurrent, length, claim);
 }
 
 static int64_t offer(const publication_t *p, const uint8_t *buffer, size_t length)
@@ -296,6 +330,47 @@ static const char *stop_reason(const options_t *o, double start)
         return "seconds";
     }
     return NULL;
+}
+
+/* What another process asked at --progress-hold (0: nothing). */
+static int64_t hold_requested(const options_t *o, const progress_t *progress)
+{
+    return o->progress_hold >= 0 ? progress_load(progress, o->progress_hold) : 0;
+}
+
+/* --progress-hold's claim: message `sequence` claimed, half written and held (phase 2) while
+ * the request stands (at most 30 s, or until stopped or the client ends), then aborted; the
+ * request is cleared. Nothing is sent. */
+static void hold_claim(
+    const options_t *o, const publication_t *publication, const progress_t *progress, uint8_t *buffer,
+    size_t max_payload_length, long long sequence, double start)
+{
+    const uint32_t length = length_of(o, (uint64_t)sequence) <= max_payload_length ?
+        length_of(o, (uint64_t)sequence) : 64u;
+    message_encode(buffer, o->publisher_id, (uint64_t)sequence, length);
+    const double deadline = now_s() + 30.0;
+    aeron_buffer_claim_t claim;
+    progress_store(progress, o->progress_record + 8, sequence + 1);
+    while (hold_requested(o, progress) != 0 && now_s() < deadline && stop_reason(o, start) == NULL &&
+        !client_error_seen())
+    {
+        if (try_claim(publication, length, &claim) > 0)
+        {
+            memcpy(claim.data, buffer, length / 2);
+            progress_store(progress, o->progress_phase, 2);
+            while (hold_requested(o, progress) != 0 && now_s() < deadline && stop_reason(o, start) == NULL &&
+                !client_error_seen())
+            {
+                sleep_ns(1000000L);
+            }
+            aeron_buffer_claim_abort(&claim);
+            break;
+        }
+        sleep_ns(1000000L);
+    }
+    progress_store(progress, o->progress_phase, 0);
+    progress_store(progress, o->progress_record + 8, sequence);
+    progress_store(progress, o->progress_hold, 0);
 }
 
 typedef struct
@@ -398,6 +473,10 @@ int main(int argc, char **argv)
     progress_check_offset(PROGRAM, &progress, "--progress-record", o.progress_record);
     progress_check_offset(PROGRAM, &progress, "--progress-record + 8", o.progress_record + 8);
     progress_check_offset(PROGRAM, &progress, "--progress-phase", o.progress_phase);
+    if (o.progress_hold >= 0)
+    {
+        progress_check_offset(PROGRAM, &progress, "--progress-hold", o.progress_hold);
+    }
     if (o.until_stopped)
     {
         watch_stop_signals(PROGRAM);
@@ -408,6 +487,7 @@ int main(int argc, char **argv)
     aeron_t *client = connect_client_to(PROGRAM, o.dir, &context, o.until_stopped, o.driver_timeout_ms);
     publication_t publication = add_publication(client, &o, deadline);
     const size_t max_length = max_message_length(&publication);
+    const size_t max_payload = max_payload_length(&publication);
     if (o.max_length > max_length)
     {
         setup_failure_status = 2;
@@ -438,6 +518,11 @@ int main(int argc, char **argv)
             continue;
         }
         const long long sequence = run.sent;
+        if (hold_requested(&o, &progress) != 0)
+        {
+            hold_claim(&o, &publication, &progress, buffer, max_payload, sequence, start);
+            continue;
+        }
         const uint32_t length = length_of(&o, (uint64_t)sequence);
         message_encode(buffer, o.publisher_id, (uint64_t)sequence, length);
         if (sequence == o.corrupt_sequence)

@@ -286,6 +286,15 @@ static inline void progress_check_offset(const char *program, const progress_t *
     }
 }
 
+static inline int64_t progress_load(const progress_t *progress, long long offset)
+{
+    if (progress->base == NULL || offset < 0)
+    {
+        return 0;
+    }
+    return __atomic_load_n((int64_t *)(void *)(progress->base + offset), __ATOMIC_ACQUIRE);
+}
+
 static inline void progress_store(const progress_t *progress, long long offset, int64_t value)
 {
     if (progress->base != NULL && offset >= 0)
