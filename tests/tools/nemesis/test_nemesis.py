@@ -338,16 +338,17 @@ def test_a_short_run_of_the_aeron_pair_breaches_nothing() -> None:
 
 def test_a_tampered_aeron_stream_message_fails_the_run() -> None:
     """--tamper-aeron: the Aeron C writer's first incarnation flips a bit of its message
-    30,000 (6 s in, at 5,000 a second): the Aeron C reader stops at it, naming it, and the
-    shmbus reader counts it corrupt; the run reports both as breaches and exits 1."""
-    result = subprocess.run([sys.executable, "-m", "tools.nemesis.run", "--seconds", "20",
-                             "--seed", "38", "--faults", "kill-aeron-reader",
-                             "--tamper-aeron", "30000"],
+    40,000 (8 s in, at 5,000 a second: every reader has joined by then), while the faults
+    leave the Aeron pair alone: the Aeron C reader stops at it, naming it, and the shmbus
+    reader counts it corrupt; the run reports both as breaches and exits 1."""
+    result = subprocess.run([sys.executable, "-m", "tools.nemesis.run", "--seconds", "25",
+                             "--seed", "38", "--faults", "kill-responder",
+                             "--tamper-aeron", "40000"],
                             cwd=ROOT, capture_output=True, text=True, timeout=240)
     out = result.stdout
     assert result.returncode == 1, out[-4000:] + result.stderr[-4000:]
     breaches = out[out.index("BREACHES ("):]
     publisher = check.aeron_publisher_id(len(run.writer_specs(7, 0)) + 1, 0)
     assert re.search(rf"aeron-c-reader incarnation \d+ exited with status 1: .*publisher "
-                     rf"{publisher}: message of \d+ bytes with sequence 30000 .*CRC-32", breaches)
+                     rf"{publisher}: message of \d+ bytes with sequence 40000 .*CRC-32", breaches)
     assert "aeron-shmbus: 1 corrupt messages (never allowed)" in breaches
