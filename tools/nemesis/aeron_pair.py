@@ -65,14 +65,16 @@ MAX_READER_INCARNATIONS = 4096
 POLLING = 1
 
 
-def _ending_reason(status: int | None, summary: dict[str, Any] | None, killed: str) -> str:
+def _ending_reason(status: int | None, summary: dict[str, Any] | None, killed: str,
+                   stopped: bool) -> str:
     """How an incarnation ended, in a word or two: "killed mid-offer" or "killed mid-claim"
     (the writer), "killed mid-poll" (the reader), "stopped", "driver lost", "timed out" (by
     the driver), "client ended" (another end of Aeron's client), "refused" (it could not
-    connect or add its publication or subscription), "failed" (a breach)."""
+    connect or add its publication or subscription), "failed" (a breach). ``stopped``: the
+    nemesis sent it SIGTERM (one that came before it watched for it ended it at once)."""
     if killed:
         return f"killed {killed}"
-    if status == 0:
+    if status == 0 or (stopped and status == -signal.SIGTERM):
         return "stopped"
     if status == CLIENT_ENDED:
         if summary is None:
@@ -100,6 +102,8 @@ class Incarnation:
     #: killed by the nemesis: "mid-offer" or "mid-claim" (the writer), "mid-poll" (the
     #: reader); "" while not
     killed: str = ""
+    #: the nemesis sent it SIGTERM (to stop it at the end)
+    stopped: bool = False
     status: int | None = None
     summary: dict[str, Any] | None = None
     reason: str = ""
@@ -264,7 +268,7 @@ class AeronPair:
         incarnation.status = incarnation.process.returncode
         incarnation.summary = _summary(incarnation.stdout)
         incarnation.reason = _ending_reason(incarnation.status, incarnation.summary,
-                                            incarnation.killed)
+                                            incarnation.killed, incarnation.stopped)
         what = f"{program.name} incarnation {incarnation.number}"
         if incarnation.reason == "failed":
             self.findings.append(f"{what} exited with status {incarnation.status}: "
@@ -355,10 +359,25 @@ class AeronPair:
                             for i in self.reader_program.incarnations)
         self.progress.close()
 
+    def close(self) -> None:
+        """Stop the monitor and SIGKILL whatever C program still runs (a run that ended on an
+        error; after :meth:`leave` nothing does)."""
+        with self._lock:
+            self._writing = self._reading = False
+        self._stop.set()
+        if self._monitor.is_alive():
+            self._monitor.join()
+        for program in (self.writer_program, self.reader_program):
+            current = program.current
+            if current is not None and current.process.poll() is None:
+                current.process.kill()
+                current.process.wait()
+
     @staticmethod
     def _signal(program: Program, sig: int) -> None:
         current = program.current
         if current is not None and current.process.poll() is None:
+            current.stopped = True
             current.process.send_signal(sig)
 
     def _await_exit(self, program: Program, timeout: float) -> None:

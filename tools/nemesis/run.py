@@ -959,6 +959,8 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int,
             held = large_memory_held(context)
         finally:
             flow.stop()
+            if pair is not None:
+                pair.close()
             bus.stop()
             ledger.close()
         found = deaths + workers.errors_seen()
