@@ -46,7 +46,7 @@ docs: $(STAMP)
 
 # Aeron's C client (libaeron.so) and C media driver (aeronmd), built from the pyaeron sdist into
 # build/aeron/ by tools/aeron_c/build.sh when either is missing (about 35 s from nothing on 2
-# cores; needs PyPI): the tests run C programs against aeronc.h (tests/support/aeron_c/).
+# cores; needs PyPI): the tests run C programs against aeronc.h (tools/aeron_c/c/).
 # Aeron's CMake project enables C++ too: g++ installed first when there is no c++.
 AERON_C := build/aeron
 aeron-c:

@@ -33,7 +33,7 @@ def shm_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def aeron_c() -> AeronC:
-    """aeronmd and the programs of tests/support/aeron_c/, compiled when stale; an error (not
+    """aeronmd and the programs of tools/aeron_c/c/, compiled when stale; an error (not
     a skip) telling to run ``make aeron-c`` when Aeron is not built."""
     return build_programs()
 

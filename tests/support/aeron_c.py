@@ -1,31 +1,20 @@
-"""Aeron's own C client and media driver, and small C programs written against ``aeronc.h``
-(tests/support/aeron_c/), run by tests as real processes; and the checked message those
-programs exchange, in Python, so shmbus's own publishers and subscribers can speak it too.
+"""Aeron's own C client and media driver, and the C programs written against ``aeronc.h``
+(tools/aeron_c/c/, built by tools/aeron_c/programs.py), run by tests as real processes; and
+the checked message those programs exchange (tools/aeron_c/message.py) with a checker of the
+sequence rules of aeron_subscribe's counted mode, in Python, so shmbus's own publishers and
+subscribers can speak it too.
 
-``make aeron-c`` builds libaeron.so, its headers and aeronmd into build/aeron/
-(tools/aeron_c/build.sh). :func:`build_programs` compiles the programs with ``cc`` into
-build/aeron/bin/ when a binary is missing or older than its sources; without the Aeron build it
-raises :class:`AeronCNotBuilt`, which says to run ``make aeron-c`` (the tests never skip).
-
-The message (little-endian; tests/support/aeron_c/message.h is the C side)::
-
-    @0   u32  publisher id
-    @4   u32  length of the whole message (>= 20)
-    @8   u64  sequence number within its publisher: 0, 1, 2, ...
-    @16  u32  zlib.crc32 of bytes [20, length)
-    @20  payload: byte i (counted from the start of the message) is
-         (sequence * 31 + i + publisher id) & 0xFF
+``make aeron-c`` builds libaeron.so, its headers and aeronmd into build/aeron/; without them
+:func:`build_programs` raises :class:`AeronCNotBuilt`, which says to run ``make aeron-c`` (the
+tests never skip).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import struct
 import subprocess
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,14 +24,26 @@ from typing import Any
 import pytest
 
 from tests.support.waits import wait_until
+from tools.aeron_c.message import (
+    HEADER_LENGTH,
+    MESSAGE_HEADER,
+    MessageError,
+    check_message,
+    encode_message,
+    message_payload,
+)
+from tools.aeron_c.programs import (
+    AERON_BUILD,
+    AeronC,
+    AeronCNotBuilt,
+    build_message_probe,
+    build_programs,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-#: where ``make aeron-c`` builds Aeron (lib/, include/, bin/aeronmd)
-AERON_BUILD = ROOT / "build" / "aeron"
-#: the C programs' sources
-SOURCES = Path(__file__).resolve().parent / "aeron_c"
-PROGRAMS = ("aeron_publish", "aeron_subscribe", "aeron_stat")
-_SHARED_HEADERS = ("common.h", "message.h")
+__all__ = ["AERON_BUILD", "AERONMD_SETTINGS", "HEADER_LENGTH", "MESSAGE_HEADER", "AeronC",
+           "AeronCNotBuilt", "Finished", "MessageError", "Program", "Programs",
+           "SequenceChecker", "build_message_probe", "build_programs", "check_message",
+           "cnc_ready", "encode_message", "message_payload", "running_aeronmd"]
 
 #: aeronmd's settings for tests (``-Dname=value``, aeronmd.h names them): one thread doing the
 #: conductor's, sender's and receiver's work, sleeping 1 ms when idle (the machine has 2 cores
@@ -56,69 +57,6 @@ AERONMD_SETTINGS = (
     "aeron.dir.delete.on.start=true",
     "aeron.dir.delete.on.shutdown=true",
 )
-
-
-class AeronCNotBuilt(RuntimeError):
-    """libaeron, its headers or aeronmd are missing from build/aeron/: ``make aeron-c``."""
-
-
-@dataclass(frozen=True)
-class AeronC:
-    """The built media driver and the compiled programs."""
-
-    aeronmd: Path
-    publish: Path
-    subscribe: Path
-    stat: Path
-
-
-def build_programs(build: Path = AERON_BUILD) -> AeronC:
-    """aeronmd and the programs of tests/support/aeron_c/, each compiled against
-    ``build``'s libaeron into ``build``/bin/ when missing or older than its sources (its .c,
-    the shared headers, aeronc.h, libaeron.so). AeronCNotBuilt when Aeron is not built;
-    RuntimeError with the compiler's output when a program does not compile."""
-    lib = build / "lib" / "libaeron.so"
-    header = build / "include" / "aeronc.h"
-    aeronmd = build / "bin" / "aeronmd"
-    missing = [str(path) for path in (lib, header, aeronmd) if not path.exists()]
-    if missing:
-        raise AeronCNotBuilt(f"Aeron's C client and driver are not built (no {', '.join(missing)}):"
-                             f" run `make aeron-c` in {ROOT}")
-    lib_dir = lib.parent.resolve()
-    binaries = {name: _compile(SOURCES / f"{name}.c", build / "bin" / name,
-                               [f"-I{build / 'include'}"],
-                               [f"-L{lib_dir}", "-laeron", f"-Wl,-rpath,{lib_dir}"], [lib, header])
-                for name in PROGRAMS}
-    return AeronC(aeronmd=aeronmd, publish=binaries["aeron_publish"],
-                  subscribe=binaries["aeron_subscribe"], stat=binaries["aeron_stat"])
-
-
-def build_message_probe(build: Path = AERON_BUILD) -> Path:
-    """message_probe (message.h's encoder and checker from the command line), compiled into
-    ``build``/bin/ when stale; it needs no Aeron, only ``cc``."""
-    return _compile(SOURCES / "message_probe.c", build / "bin" / "message_probe", [], [], [])
-
-
-def _compile(source: Path, binary: Path, cflags: list[str], ldflags: list[str],
-             dependencies: list[Path]) -> Path:
-    inputs = [source, *(SOURCES / name for name in _SHARED_HEADERS), *dependencies]
-    newest = max(path.stat().st_mtime for path in inputs)
-    if binary.exists() and binary.stat().st_mtime >= newest:
-        return binary
-    cc = shutil.which("cc")
-    if cc is None:
-        raise RuntimeError(f"no C compiler (cc) on PATH to build {binary.name}")
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    # Compiled beside, then renamed: another test run never executes a half-written binary.
-    partial = binary.with_name(f".{binary.name}.{os.getpid()}")
-    command = [cc, "-std=c99", "-O2", "-g", "-Wall", "-Wextra", f"-I{SOURCES}", *cflags,
-               str(source), "-o", str(partial), *ldflags]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr}")
-    os.replace(partial, binary)
-    return binary
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,6 +181,15 @@ class Program:
             pytest.fail(f"{self.name} still running after {timeout:g} s; stderr: {self.stderr()}")
         return Finished(self.name, self.process.returncode, self.stdout(), self.stderr())
 
+    def stop(self) -> None:
+        """SIGTERM the program (a long-running mode stops at it and prints its summary)."""
+        self.process.send_signal(signal.SIGTERM)
+
+    def summary_printed(self) -> bool:
+        """Whether the program printed its closing JSON line (a publisher holding its
+        publication open after it stopped has)."""
+        return '"ended": ' in self.stdout()
+
     def kill(self) -> None:
         """SIGKILL the program if it still runs, and reap it."""
         if self.process.poll() is None:
@@ -268,7 +215,7 @@ class Programs:
     def publish(self, *, stream: int, count: int, length: int, publisher_id: int,
                 exclusive: bool = False, corrupt_sequence: int | None = None,
                 channel: str = "aeron:ipc", timeout_s: int = 60) -> Program:
-        """Start aeron_publish (tests/support/aeron_c/aeron_publish.c states its contract)."""
+        """Start aeron_publish (tools/aeron_c/c/aeron_publish.c states its contract)."""
         command = [str(self.aeron.publish), "--dir", str(self.aeron_dir), "--channel", channel,
                    "--stream", str(stream), "--count", str(count), "--length", str(length),
                    "--publisher-id", str(publisher_id), "--timeout-s", str(timeout_s)]
@@ -282,12 +229,48 @@ class Programs:
                   delay_us: int = 0, channel: str = "aeron:ipc",
                   timeout_s: int = 60) -> Program:
         """Start aeron_subscribe expecting ``expect`` (publisher id: message count);
-        tests/support/aeron_c/aeron_subscribe.c states its contract."""
+        tools/aeron_c/c/aeron_subscribe.c states its contract."""
         command = [str(self.aeron.subscribe), "--dir", str(self.aeron_dir), "--channel", channel,
                    "--stream", str(stream), "--await-images", str(await_images),
                    "--delay-us", str(delay_us), "--timeout-s", str(timeout_s)]
         for publisher_id, count in expect.items():
             command += ["--expect", f"{publisher_id}:{count}"]
+        return self._start("aeron_subscribe", command)
+
+    def publish_until_stopped(self, *, stream: int, publisher_id: int, length: int,
+                              max_length: int | None = None, rate: int = 0,
+                              exclusive: bool = False, hold_s: int = 0,
+                              corrupt_sequence: int | None = None,
+                              driver_timeout_ms: int | None = None,
+                              progress: tuple[Path, int, int] | None = None,
+                              hold_at: int | None = None,
+                              channel: str = "aeron:ipc") -> Program:
+        """Start aeron_publish --until-stopped (stopped with :meth:`Program.stop`);
+        ``progress`` is (file, record offset, phase offset), ``hold_at`` the offset of its
+        hold request in that file."""
+        command = [str(self.aeron.publish), "--dir", str(self.aeron_dir), "--channel", channel,
+                   "--stream", str(stream), "--until-stopped", "--publisher-id",
+                   str(publisher_id), "--length", str(length), "--rate", str(rate),
+                   "--hold-s", str(hold_s)]
+        if max_length is not None:
+            command += ["--max-length", str(max_length)]
+        if exclusive:
+            command.append("--exclusive")
+        if corrupt_sequence is not None:
+            command += ["--corrupt-sequence", str(corrupt_sequence)]
+        command += _long_running_options(driver_timeout_ms, progress)
+        if hold_at is not None:
+            command += ["--progress-hold", str(hold_at)]
+        return self._start(f"aeron_publish-{publisher_id}", command)
+
+    def subscribe_until_stopped(self, *, stream: int, driver_timeout_ms: int | None = None,
+                                progress: tuple[Path, int, int] | None = None,
+                                channel: str = "aeron:ipc") -> Program:
+        """Start aeron_subscribe --until-stopped (stopped with :meth:`Program.stop`);
+        ``progress`` is (file, record offset, phase offset)."""
+        command = [str(self.aeron.subscribe), "--dir", str(self.aeron_dir), "--channel", channel,
+                   "--stream", str(stream), "--until-stopped",
+                   *_long_running_options(driver_timeout_ms, progress)]
         return self._start("aeron_subscribe", command)
 
     def stat(self, timeout_s: int = 10) -> Finished:
@@ -301,53 +284,21 @@ class Programs:
             program.kill()
 
 
+def _long_running_options(driver_timeout_ms: int | None,
+                          progress: tuple[Path, int, int] | None) -> list[str]:
+    options = []
+    if driver_timeout_ms is not None:
+        options += ["--driver-timeout-ms", str(driver_timeout_ms)]
+    if progress is not None:
+        path, record, phase = progress
+        options += ["--progress", str(path), "--progress-record", str(record),
+                    "--progress-phase", str(phase)]
+    return options
+
+
 # ---------------------------------------------------------------------------------------------
-# The message, in Python
+# The sequence rules, in Python
 # ---------------------------------------------------------------------------------------------
-
-#: publisher id, length, sequence number, CRC-32 of the payload
-MESSAGE_HEADER = struct.Struct("<IIQI")
-HEADER_LENGTH = MESSAGE_HEADER.size
-_RAMP = bytes(range(256))
-
-
-class MessageError(ValueError):
-    """A message that is not intact, or not the one its publisher was to send next."""
-
-
-def message_payload(publisher_id: int, sequence: int, length: int) -> bytes:
-    """Bytes [20, ``length``) of message ``sequence`` of ``publisher_id``."""
-    start = (sequence * 31 + publisher_id + HEADER_LENGTH) & 0xFF
-    size = length - HEADER_LENGTH
-    return (_RAMP * ((start + size) // 256 + 1))[start:start + size]
-
-
-def encode_message(publisher_id: int, sequence: int, length: int) -> bytes:
-    """Message ``sequence`` of ``publisher_id``, ``length`` bytes (at least 20), as
-    aeron_publish writes it."""
-    if length < HEADER_LENGTH:
-        raise ValueError(f"a message is at least {HEADER_LENGTH} bytes, not {length}")
-    payload = message_payload(publisher_id, sequence, length)
-    return MESSAGE_HEADER.pack(publisher_id, length, sequence, zlib.crc32(payload)) + payload
-
-
-def check_message(data: bytes | bytearray | memoryview) -> tuple[int, int]:
-    """The publisher id and sequence number of an intact message; MessageError saying what is
-    wrong otherwise (too short, length field, CRC, payload pattern)."""
-    data = bytes(data)
-    if len(data) < HEADER_LENGTH:
-        raise MessageError(f"message of {len(data)} bytes: shorter than the 20-byte header")
-    publisher_id, length, sequence, crc = MESSAGE_HEADER.unpack_from(data)
-    where = f"publisher {publisher_id}: message of {len(data)} bytes with sequence {sequence}"
-    if length != len(data):
-        raise MessageError(f"{where}: length field {length} differs from the length received")
-    if crc != zlib.crc32(data[HEADER_LENGTH:]):
-        raise MessageError(f"{where}: CRC-32 of the payload differs from the CRC field")
-    if data[HEADER_LENGTH:] != message_payload(publisher_id, sequence, length):
-        raise MessageError(f"{where}: payload differs from the pattern of its publisher id and "
-                           f"sequence")
-    return publisher_id, sequence
-
 
 class SequenceChecker:
     """aeron_subscribe's rules in Python: every message intact, from an expected publisher,

@@ -10,6 +10,11 @@ sequence of every writer incarnation must go up by one; a gap there is *lost*, a
 again *duplicated*, one that fills an earlier gap *reordered*. Between images (a rejoin, a
 rebuilt client) a jump forward is *skipped*, which the rules allow. :func:`breaches` applies the
 rules of tools/nemesis/run.py to the checks and to what the writers say they sent.
+
+The Aeron stream carries the C programs' message instead (tools/aeron_c/message.py: publisher
+id, length, sequence, CRC-32 and a payload pattern); its publisher id is
+:func:`aeron_publisher_id` (writer and incarnation), and :class:`AeronFormatCheck` checks it
+the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ import struct
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
+
+from tools.aeron_c.message import HEADER_LENGTH as AERON_HEADER_LENGTH
+from tools.aeron_c.message import MESSAGE_HEADER as AERON_HEADER
+from tools.aeron_c.message import message_payload
 
 HEAD = struct.Struct("<HHQI")  # writer, incarnation, sequence, crc32
 HEAD_SIZE = HEAD.size
@@ -160,6 +169,9 @@ class SubscriberCheck:
         if _crc32(message[HEAD_SIZE:], _crc32(message[:12])) != crc:
             self._suspect_this_poll += 1
             return
+        self._on_intact(session_id, writer, incarnation, sequence)
+
+    def _on_intact(self, session_id: int, writer: int, incarnation: int, sequence: int) -> None:
         last = self._last
         if last is not None and last[0] == session_id and last[1] == writer \
                 and last[2] == incarnation:
@@ -214,6 +226,35 @@ class SubscriberCheck:
         self._last = None
 
 
+def aeron_publisher_id(writer: int, incarnation: int) -> int:
+    """The C message format's publisher id of a writer incarnation on the Aeron stream."""
+    return writer << 16 | incarnation
+
+
+def aeron_key(publisher_id: int) -> Key:
+    """The (writer, incarnation) of an Aeron-stream publisher id."""
+    return publisher_id >> 16, publisher_id & 0xFFFF
+
+
+class AeronFormatCheck(SubscriberCheck):
+    """A SubscriberCheck of the Aeron stream: its messages are the C programs' (length field,
+    CRC-32 and payload pattern checked; anything else is corrupt), each writer incarnation
+    known by its publisher id (:func:`aeron_publisher_id`)."""
+
+    def on_message(self, session_id: int, message: bytes | memoryview) -> None:
+        length = len(message)
+        if length < AERON_HEADER_LENGTH:
+            self._suspect_this_poll += 1
+            return
+        publisher_id, length_field, sequence, crc = AERON_HEADER.unpack_from(message)
+        body = message[AERON_HEADER_LENGTH:]
+        if length_field != length or _crc32(body) != crc \
+                or body != message_payload(publisher_id, sequence, length):
+            self._suspect_this_poll += 1
+            return
+        self._on_intact(session_id, publisher_id >> 16, publisher_id & 0xFFFF, sequence)
+
+
 # -- the rules ---------------------------------------------------------------------------------
 
 FINISHED, KILLED_MID_OFFER, KILLED_MID_CLAIM = 1, 2, 3
@@ -222,10 +263,13 @@ FINISHED, KILLED_MID_OFFER, KILLED_MID_CLAIM = 1, 2, 3
 #: publication was closed under it (the client failed between two of its checks); a publication
 #: error (a claim closed under it)
 DRIVER_LOST, TIMED_OUT, REFUSED, CLOSED, PUBLICATION_FAILED = 4, 5, 6, 7, 8
+#: an Aeron C writer that exited on an error of its own (a breach, reported with its output)
+FAILED = 9
 ENDINGS = {0: "?", FINISHED: "finished", KILLED_MID_OFFER: "killed mid-offer",
            KILLED_MID_CLAIM: "killed mid-claim", DRIVER_LOST: "rebuilt: driver lost",
            TIMED_OUT: "rebuilt: client timed out", REFUSED: "rebuilt: refused",
-           CLOSED: "rebuilt: closed under it", PUBLICATION_FAILED: "rebuilt: publication error"}
+           CLOSED: "rebuilt: closed under it", PUBLICATION_FAILED: "rebuilt: publication error",
+           FAILED: "failed"}
 
 
 @dataclass(frozen=True)
@@ -290,4 +334,29 @@ def breaches(sent: dict[Key, Sent], subscribers: list[SubscriberReport],
             elif s.ending >= DRIVER_LOST and missing > driver_loss_bound:
                 found.append(f"{what}: {missing} acked messages lost when the writer's "
                              f"client was rebuilt, more than the bound {driver_loss_bound}")
+    return found
+
+
+def final_reader_breaches(name: str, sent: dict[Key, Sent], writers: frozenset[int],
+                          final: SubscriberCheck) -> list[str]:
+    """Rules 3 and 4 for a reader that does not outlive its client (the Aeron C reader: its
+    client ends with the driver, and a new incarnation joins where the stream is), applied to
+    ``final``, the check of its last incarnation (alive at the end, following the stream
+    before the writers stopped): it gets the last acked message of every writer incarnation of
+    ``writers`` that finished, and of every one killed mid-offer or mid-claim that it was
+    following."""
+    found = []
+    for key, s in sorted(sent.items()):
+        if key[0] not in writers or s.acked == 0:
+            continue
+        track = final.tracks.get(key, Track())
+        missing = s.acked - 1 - track.last
+        what = f"{name} from writer {key[0]} incarnation {key[1]} ({ENDINGS[s.ending]})"
+        if s.ending == FINISHED and missing > 0 and not track.interrupted:
+            found.append(f"{what}: the last {missing} of {s.acked} acked messages never "
+                         f"arrived at its last incarnation (a live writer's stream must arrive "
+                         f"whole)")
+        elif s.ending in (KILLED_MID_OFFER, KILLED_MID_CLAIM) and missing > 0 \
+                and track.received and not track.interrupted:
+            found.append(f"{what}: {missing} messages acked before the kill never arrived")
     return found

@@ -1,7 +1,8 @@
 """A nemesis: a seeded schedule of faults while writers and readers stream checked messages.
 
     python -m tools.nemesis.run [--minutes 10 | --seconds 60] [--seed 1] [--publishers 7]
-                                [--subscribers 8]
+                                [--subscribers 8] [--faults F,F,...] [--no-aeron]
+                                [--tamper-aeron SEQUENCE]
 
 Runs as root (it mounts a small tmpfs for the bus directory). Writers (tools/nemesis/workers.py)
 publish on an IPC stream and on an authenticated UDP stream (``key=``: every datagram sealed)
@@ -16,8 +17,21 @@ a recorder of the large-message stream (payloads recorded out of line, read back
 way); a late joiner (its own Recorder, in 2-second windows, and joins one after another, 0.1 s
 apart, with history from a random recorded position or, while the window holds at most 8 MiB,
 often from the start, then live: shmbus.Recording); more
-tethered ones beyond. ``udp-loss``: the UDP path drops, duplicates, reorders and delays
-datagrams both ways for the whole run (the netbridge's loss filter; it counts as fired once the
+tethered ones beyond.
+
+The Aeron pair (tools/nemesis/aeron_pair.py; it needs ``make aeron-c``, ``--no-aeron`` runs
+without it): on the Aeron stream (IPC, one concurrent publication) Aeron's own C client writes
+(tools/aeron_c/c/aeron_publish.c --until-stopped: 20 B to 3 KB, fragmented ones among them)
+beside a shmbus writer (offer_many batches of whole messages), each paced at AERON_RATE, both
+in the C programs' message (tools/aeron_c/message.py: publisher id ``writer << 16 |
+incarnation``, length, sequence, CRC-32, a payload pattern); Aeron's C reader (aeron_subscribe
+--until-stopped, checking each of its images itself) and a tethered shmbus reader read it. Their
+clients wait for a silent driver as long as shmbus's do (3 s). ``--tamper-aeron N`` is a
+self-test: the Aeron C writer's first incarnation corrupts its message N, which the run must
+report as a breach.
+
+``udp-loss``: the UDP path drops, duplicates, reorders and delays datagrams both ways for the
+whole run (the netbridge's loss filter; it counts as fired once the
 netbridge's receivers report gaps, read with ``shmbus stat``). In shuffled rounds, with pauses
 of 2 to 5 s between faults (each fault's window is short: the data path carries most of the
 run; every round runs to its end, so every fault fires at least once, and another starts while
@@ -30,7 +44,7 @@ one as long as the last can end by the deadline), the nemesis:
 * ``stop-subscriber``: SIGSTOPs a reader past the client liveness timeout, then SIGCONTs it
   (the driver has dropped it; it sees ClientTimeoutError and rebuilds its client);
 * ``kill-driver``: SIGKILLs the driver and starts a new one (clients see DriverTimeoutError
-  and rebuild);
+  and rebuild; the Aeron C programs' clients end, they exit and are started again);
 * ``kill-netbridge``: SIGKILLs the netbridge (the driver starts another);
 * ``fill-disk``: fills the bus tmpfs with a ballast file for FILL_HOLD_S (1 s), then frees
   it. The tmpfs (TMPFS_MB) is sized for the bus's own memory, so that only the ballast fills
@@ -40,9 +54,18 @@ one as long as the last can end by the deadline), the nemesis:
 * ``kill-responder``: SIGKILLs one of the request/reply responders, two on aeron:ipc and two
   on authenticated aeron:udp through the netbridge (tools/nemesis/calls.py), while a caller
   on each keeps
-  calling; starts it again.
+  calling; starts it again;
+* ``kill-aeron-writer``: SIGKILLs the Aeron C writer inside an offer (from its first attempt
+  at a message until accepted: its phase, which it stores in the ledger), or, half the time
+  (at random), holding a claim half written (aeron_publication_try_claim, asked for through
+  the ledger's hold request, as kill-writer-mid-claim does): its frame of the concurrent
+  publication is claimed and never written, which the driver must unblock for the shmbus
+  writer and the readers; starts it again;
+* ``kill-aeron-reader``: SIGKILLs the Aeron C reader inside a poll (its phase, in its progress
+  file): the driver times its client out and frees its position; starts it again.
 
-A restarted or rebuilt writer is a new publication: a new incarnation, sequence from 0.
+``--faults`` schedules only those named. A restarted or rebuilt writer is a new publication: a
+new incarnation, sequence from 0.
 
 The rules (a breach of any is printed and the exit status is 1):
 
@@ -71,15 +94,33 @@ The rules (a breach of any is printed and the exit status is 1):
 8. Large messages: once every reader has drained, no block of a large message is still held
    (the driver freed what every counted reader had passed, or dropped).
 9. No process dies unless the nemesis killed it (a writer, reader or driver that does is
-   started again, and reported).
+   started again, and reported). An Aeron C program whose client ended (the driver's death,
+   or a timeout: exit status 3, or it could not connect or add its publication or subscription
+   while the driver was being replaced or the disk was full) is started again, not a breach;
+   any other exit (a rule broken or an Aeron client error other than its end: status 1; a
+   setup error: 2; a signal the nemesis did not send) is.
+
+On the Aeron stream, both writers are writers as any (rules 2 to 5 for what they acked; the C
+writer's phase, acked and attempted are in the ledger as the others'), and the shmbus reader
+is a tethered reader (rules 1 to 5). The Aeron C reader keeps rules 1 and 2 itself, from the
+first message it sees of each publisher in each image on, and stops at the first breach (the
+nemesis reports it with the reader's output). It does not outlive its client: a driver's death
+ends it, and its next incarnation joins where the stream is. So rules 3 and 4 apply to its
+last incarnation (alive at the end, following the stream from 1 s before the writers stopped;
+if it is not, that is a breach): it gets the last acked message of every writer incarnation
+on the stream that finished, and of every one killed mid-offer that it was following. Rule 5
+does not apply to it.
 
 At the end it prints, per writer incarnation and per reader: sent, received, lost, duplicated,
 reordered, skipped, corrupt (a writer's incarnations that sent nothing on one line, by how they
-ended), the late joiner's joins, and how often each fault fired; the messages sent, how many a
-minute the writers streamed and in how many of its seconds they sent any; per request/reply
-service the calls answered (the reply, or the RemoteError the
-request asked for; their mean time) and failed, by error; the bus tmpfs's peak use between
-faults; the CPU seconds of each process alive at the end.
+ended), the late joiner's joins; the Aeron pair's line: what each writer of the Aeron stream
+sent, in how many incarnations, by how they ended, and what each of its readers checked (the C
+reader's incarnations by how they ended, its killed ones' counts included); how often each
+fault fired, the UDP loss statistics and the driver's DRIVER_STATS; the messages sent, how
+many a minute the writers streamed and in how many of its seconds they sent any; per
+request/reply service the calls answered (the reply, or the RemoteError the request asked
+for; their mean time) and failed, by error; the bus tmpfs's peak use between faults; the CPU
+seconds of each process alive at the end.
 """
 
 from __future__ import annotations
@@ -107,8 +148,10 @@ from typing import Any
 import psutil
 
 import shmbus
+from tools.aeron_c.programs import AeronCNotBuilt, build_programs
 from tools.bench.network import free_udp_ports
 from tools.nemesis import calls
+from tools.nemesis.aeron_pair import AeronPair
 from tools.nemesis.check import (
     ENDINGS,
     KILLED_MID_CLAIM,
@@ -119,6 +162,7 @@ from tools.nemesis.check import (
     SubscriberReport,
     Track,
     breaches,
+    final_reader_breaches,
 )
 from tools.nemesis.flags import Flag
 from tools.nemesis.workers import (
@@ -134,13 +178,25 @@ from tools.nemesis.workers import (
 )
 
 SCHEDULED = ("kill-writer-mid-offer", "kill-writer-mid-claim", "stop-subscriber", "kill-driver",
-             "kill-netbridge", "fill-disk", "kill-view-holder", "kill-responder")
+             "kill-netbridge", "fill-disk", "kill-view-holder", "kill-responder",
+             "kill-aeron-writer", "kill-aeron-reader")
+#: the faults that need the Aeron pair
+AERON_FAULTS = ("kill-aeron-writer", "kill-aeron-reader")
 #: udp-loss is standing; it fired when the netbridge's receivers counted gaps
 FAULTS = (*SCHEDULED, "udp-loss")
 UDP_STATS = ("retransmits", "gaps", "naks sent")
+#: the driver's system counters the summary sums over the drivers: logs padded over a frame a
+#: dead writer left claimed (a kill mid-claim, or an Aeron C writer's mid-offer), commands
+#: likewise, clients timed out
+DRIVER_STATS = ("unblocked publications", "unblocked commands", "client timeouts")
 IPC_STREAM, UDP_STREAM = 1001, 2001
 #: large messages (past the log's max message: shared-memory blocks) on a stream of their own
 LARGE_STREAM = 1003
+#: the Aeron pair's stream: the C programs' message, one concurrent publication shared by the
+#: Aeron C writer and a shmbus writer, read by the Aeron C reader and a shmbus reader
+AERON_STREAM = 1005
+#: messages a second of each of the Aeron stream's two writers
+AERON_RATE = 5000.0
 TERM_LENGTH = 256 * 1024
 #: large messages a second at most (of 100 B to 200 KB)
 LARGE_RATE = 200.0
@@ -198,6 +254,25 @@ def writer_specs(count: int, port: int) -> list[WriterSpec]:
                    rate=LARGE_RATE),
     ]
     return [kinds[i % len(kinds)] for i in range(count)]
+
+
+def aeron_writer_specs() -> list[WriterSpec]:
+    """The Aeron stream's writers, both on one concurrent publication: a shmbus writer of
+    offer_many batches (whole messages) and the Aeron C writer (fragmented ones among them:
+    Aeron's MTU is 1408 B)."""
+    return [
+        WriterSpec("aeron-stream-shmbus-batch", "aeron:ipc", AERON_STREAM, False, 20, 1300,
+                   True, rate=AERON_RATE, message_format="aeron"),
+        WriterSpec("aeron-stream-aeron-c", "aeron:ipc", AERON_STREAM, False, 20, 3000, False,
+                   rate=AERON_RATE, message_format="aeron", program="aeron-c"),
+    ]
+
+
+#: the shmbus reader of the Aeron stream (the Aeron C reader is run by aeron_pair.py)
+AERON_READER = ReaderSpec("aeron-shmbus", "tethered", "aeron:ipc", AERON_STREAM,
+                          message_format="aeron")
+#: the Aeron C reader's name in the summary and the breaches
+AERON_C_READER = "aeron-c"
 
 
 def reader_specs(count: int, port: int, recordings: Path) -> list[ReaderSpec]:
@@ -343,6 +418,8 @@ class Workers:
     call_channels: list[tuple[str, str, str]] = field(
         default_factory=lambda: [("caller", "aeron:ipc", "aeron:ipc")])
     caller_processes: list[Any] = field(default_factory=list)
+    #: the Aeron C writer and reader (None: the run has no Aeron pair)
+    aeron: AeronPair | None = None
 
     def __post_init__(self) -> None:
         self.call_tallies: dict[str, dict[str, int]] = {}
@@ -359,18 +436,23 @@ class Workers:
     def cpu_seconds(self) -> list[tuple[str, float]]:
         """(name, CPU seconds) of each worker process alive now (a process killed and
         started again counts from its new start)."""
-        named = ([(f"writer-{i}", p) for i, p in enumerate(self.writer_processes)]
+        named = ([(f"writer-{i}", p) for i, p in enumerate(self.writer_processes)
+                  if p is not None]
                  + [(spec.name, p) for spec, p in zip(self.readers, self.reader_processes,
                                                        strict=True)]
                  + [(f"responder-{i}", p) for i, p in enumerate(self.responder_processes)]
                  + [(self.call_channels[i][0], p) for i, p in enumerate(self.caller_processes)])
         return [(name, seconds) for name, process in named
-                if (seconds := cpu_seconds(process.pid)) is not None]
+                if (seconds := cpu_seconds(process.pid)) is not None] + (
+                    self.aeron.cpu_seconds() if self.aeron is not None else [])
 
     def start(self) -> None:
         self.started_at = time.monotonic()
         self.reader_processes = [self._reader(i) for i in range(len(self.readers))]
-        self.writer_processes = [self._writer(i) for i in range(len(self.writers))]
+        self.writer_processes = [self._writer(i) if spec.program == "shmbus" else None
+                                 for i, spec in enumerate(self.writers)]
+        if self.aeron is not None:
+            self.aeron.start()
         self.responder_processes = [self._responder(i)
                                     for i in range(2 * len(self.call_channels))]
         self.caller_processes = [self._caller(i) for i in range(len(self.call_channels))]
@@ -430,7 +512,7 @@ class Workers:
         """Start again any worker that died without being killed (each is a breach)."""
         deaths = []
         for i, process in enumerate(self.writer_processes):
-            if not process.is_alive():
+            if process is not None and not process.is_alive():
                 deaths.append(f"writer {i} ({self.writers[i].name}) died: exit code "
                               f"{process.exitcode}")
                 self.writer_processes[i] = self._writer(i)
@@ -453,9 +535,13 @@ class Workers:
     def finish(self, drain_s: float) -> dict[str, SubscriberCheck]:
         """Stop writing, let readers drain, collect their checks, end every process."""
         self.stop_writing.set()
+        if self.aeron is not None:
+            self.aeron.stop_writing()
         self.stopped_at = time.monotonic()
         time.sleep(drain_s)
         self.stop_reading.set()
+        if self.aeron is not None:
+            self.aeron.stop_reading()
         checks: dict[str, SubscriberCheck] = {}
         deadline = time.monotonic() + 120  # a recorder checks its last windows first
         callers = {name for name, _, _ in self.call_channels}
@@ -471,8 +557,11 @@ class Workers:
                       for spec, process in zip(self.readers, self.reader_processes, strict=True)
                       if spec.name not in checks and process.is_alive()}
         self.leave.set()
-        for process in (self.writer_processes + self.reader_processes
-                        + self.responder_processes + self.caller_processes):
+        if self.aeron is not None:
+            self.aeron.leave()
+        for process in ([p for p in self.writer_processes if p is not None]
+                        + self.reader_processes + self.responder_processes
+                        + self.caller_processes):
             process.join(15)
             if process.is_alive():
                 process.kill()
@@ -515,10 +604,13 @@ class Nemesis:
         self.notes: list[str] = []
         #: the netbridge's channel statistics, summed over the netbridges the nemesis killed
         self.udp: Counter[str] = Counter()
+        #: the driver's DRIVER_STATS, summed over the drivers the nemesis killed
+        self.driver: Counter[str] = Counter()
 
-    def sample_udp(self) -> None:
+    def sample_udp(self, driver: bool = False) -> None:
         """Add the netbridge's loss statistics (read with ``shmbus stat``) before they go: call
-        before killing the netbridge or the driver, and at the end."""
+        before killing the netbridge or the driver, and at the end; with ``driver``, the
+        driver's DRIVER_STATS too (call before killing the driver, and at the end)."""
         result = subprocess.run([sys.executable, "-m", "shmbus", "stat", "--once", "--json",
                                  "--dir", self.bus.context.dir],
                                 capture_output=True, text=True, timeout=60)
@@ -529,6 +621,8 @@ class Nemesis:
             name = counter["label"].partition(":")[0]
             if name in UDP_STATS:
                 self.udp[name] += counter["value"]
+            elif driver and name in DRIVER_STATS:
+                self.driver[name] += counter["value"]
         if self.udp["gaps"]:
             self.fired["udp-loss"] = 1
 
@@ -544,13 +638,15 @@ class Nemesis:
         return False
 
     def kill_writer_mid_offer(self) -> None:
-        writer = self.rng.randrange(len(self.workers.writers))
+        writer = self.rng.choice([i for i, s in enumerate(self.workers.writers)
+                                  if s.program == "shmbus"])
         if self._wait_for_phase(writer, OFFERING, 5):
             self.workers.kill_writer(writer, KILLED_MID_OFFER)
             self.fired["kill-writer-mid-offer"] += 1
 
     def kill_writer_mid_claim(self) -> None:
-        ipc = [i for i, s in enumerate(self.workers.writers) if s.channel == "aeron:ipc"]
+        ipc = [i for i, s in enumerate(self.workers.writers)
+               if s.channel == "aeron:ipc" and s.program == "shmbus"]
         if not ipc:
             return
         writer = self.rng.choice(ipc)
@@ -571,7 +667,7 @@ class Nemesis:
         self.stops[self.workers.readers[reader].name] += 1
 
     def kill_driver(self) -> None:
-        self.sample_udp()
+        self.sample_udp(driver=True)
         self.bus.kill()
         self.bus.start()
         self.fired["kill-driver"] += 1
@@ -614,6 +710,30 @@ class Nemesis:
             self.notes.append("kill-view-holder: no large message to hold within 15 s")
         os.kill(process.pid, signal.SIGKILL)
         process.join()
+
+    def kill_aeron_writer(self) -> None:
+        """SIGKILL the Aeron C writer inside an offer, or (every other time, at random)
+        holding a claim it was asked to hold (its phase in the ledger): its frame of the
+        concurrent publication is left claimed and unwritten, which the driver must unblock;
+        the monitor starts it again (a new incarnation, sequence from 0)."""
+        if self.workers.aeron is None:
+            return
+        mid_claim = self.rng.random() < 0.5
+        if self.workers.aeron.kill_writer(mid_claim):
+            self.fired["kill-aeron-writer"] += 1
+        else:
+            self.notes.append(f"kill-aeron-writer: the Aeron C writer was not "
+                              f"{'holding a claim' if mid_claim else 'offering'} within 5 s")
+
+    def kill_aeron_reader(self) -> None:
+        """SIGKILL the Aeron C reader inside a poll (its phase in its progress file): the
+        driver times its client out and frees its position; the monitor starts it again."""
+        if self.workers.aeron is None:
+            return
+        if self.workers.aeron.kill_reader():
+            self.fired["kill-aeron-reader"] += 1
+        else:
+            self.notes.append("kill-aeron-reader: the Aeron C reader was not polling within 5 s")
 
     def kill_responder(self) -> None:
         self.workers.kill_responder(self.rng.randrange(len(self.workers.responder_processes)))
@@ -685,6 +805,31 @@ def large_memory_held(context: shmbus.Context) -> list[tuple[int, int, int]]:
             if s["kind"] == "publication" and s["large_message_in_use"] > 0]
 
 
+def aeron_summary(sent: dict[Key, Sent], reports: list[SubscriberReport],
+                  specs: list[WriterSpec], pair: AeronPair) -> str:
+    """The Aeron pair's line: what each writer of the Aeron stream sent (in how many
+    incarnations, by how they ended), and what each of its readers checked."""
+    parts = []
+    for w, spec in enumerate(specs):
+        if spec.stream_id != AERON_STREAM:
+            continue
+        mine = [s for (writer, _), s in sent.items() if writer == w]
+        endings = Counter(ENDINGS[s.ending] for s in mine)
+        parts.append(f"{spec.program} writer {w} sent {sum(s.acked for s in mine)} in "
+                     f"{len(mine)} incarnations ("
+                     + ", ".join(f"{e} {n}" for e, n in sorted(endings.items())) + ")")
+    c_endings = pair.endings(pair.reader_program)
+    parts.append(f"{AERON_C_READER} reader checked {pair.checked()} in "
+                 f"{len(pair.reader_program.incarnations)} incarnations ("
+                 + ", ".join(f"{e} {n}" for e, n in sorted(c_endings.items())) + ")")
+    for r in reports:
+        if r.kind != "aeron-c" and r.name == AERON_READER.name:
+            received = sum(t.received for t in r.check.tracks.values())
+            parts.append(f"{r.name} reader checked {received} (corrupt {r.check.corrupt}, "
+                         f"rebuilt {r.check.rebuilds.total()})")
+    return f"aeron pair (stream {AERON_STREAM}, one concurrent publication): " + "; ".join(parts)
+
+
 def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[WriterSpec],
             nemesis: Nemesis) -> str:
     lines = ["writer incarnations (received/lost/dup/reordered/skipped summed over readers):",
@@ -720,14 +865,31 @@ def summary(sent: dict[Key, Sent], reports: list[SubscriberReport], specs: list[
             f"{nemesis.stops[r.name]:>8}  "
             + ", ".join(f"{reason} {n}" for reason, n in sorted(r.check.rebuilds.items())))
     lines += [f"{r.name}: {r.check.joins} joins" for r in reports if r.check.joins]
+    if nemesis.workers.aeron is not None:
+        lines += ["", aeron_summary(sent, reports, specs, nemesis.workers.aeron)]
     udp = ", ".join(f"{name} {nemesis.udp[name]}" for name in UDP_STATS)
+    driver = ", ".join(f"{name} {nemesis.driver[name]}" for name in DRIVER_STATS)
     lines += ["", "faults fired: " + ", ".join(f"{f}={nemesis.fired[f]}" for f in FAULTS),
-              f"udp-loss: {LOSS} ({udp})"]
+              f"udp-loss: {LOSS} ({udp})",
+              f"driver counters (summed over the drivers): {driver}"]
     return "\n".join(lines)
 
 
-def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
+def run(seconds: float, seed: int, publishers: int, subscribers: int,
+        faults: tuple[str, ...] = SCHEDULED, aeron: bool = True,
+        tamper_aeron: int | None = None) -> int:
+    """One run (``faults``: those scheduled; ``aeron``: with the Aeron pair, which needs
+    ``make aeron-c``; ``tamper_aeron``: the Aeron C writer's first incarnation corrupts its
+    message of that sequence, a self-test the run must report as a breach). The exit status:
+    1 on any breach, else 0."""
     rng = random.Random(seed)
+    programs = None
+    if aeron:
+        try:
+            programs = build_programs()
+        except AeronCNotBuilt as e:
+            raise SystemExit(f"nemesis: {e} (or run without the Aeron pair: --no-aeron)") from e
+    scheduled = [f for f in faults if aeron or f not in AERON_FAULTS]
     port, response_port = free_udp_ports(2)
     with tempfile.TemporaryDirectory(prefix="nemesis-") as tmp, \
             small_tmpfs(Path(tmp), TMPFS_MB) as disk:
@@ -740,13 +902,19 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
             driver_idle_timeout=3600.0, keyring=str(write_keyring(Path(tmp))),
             netbridge_loss=f"{LOSS},seed={seed}")
         ledger_path = str(Path(tmp) / "ledger")
-        specs = writer_specs(publishers, port)
+        specs = writer_specs(publishers, port) + (aeron_writer_specs() if aeron else [])
         ledger = Ledger(ledger_path, len(specs), create=True)
         bus = Bus(context, Path(tmp) / "driver.log")
         bus.start()
-        workers = Workers(context, ledger, ledger_path, seed, specs,
-                          reader_specs(subscribers, port, Path(tmp) / "recordings"),
-                          call_channels=call_channels(port, response_port))
+        pair = None
+        if programs is not None:
+            c_writer = next(i for i, spec in enumerate(specs) if spec.program == "aeron-c")
+            pair = AeronPair(programs, context, ledger, ledger_path, c_writer, specs[c_writer],
+                             Path(tmp) / "aeron", tamper=tamper_aeron)
+        readers = reader_specs(subscribers, port, Path(tmp) / "recordings") + (
+            [AERON_READER] if aeron else [])
+        workers = Workers(context, ledger, ledger_path, seed, specs, readers,
+                          call_channels=call_channels(port, response_port), aeron=pair)
         workers.start()
         flow = FlowSampler(ledger, len(specs))
         nemesis = Nemesis(bus, workers, disk, rng)
@@ -765,7 +933,7 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
                     now = time.monotonic()
                     if rounds and now + (now - round_began) > deadline:
                         break
-                    round_ = rng.sample(SCHEDULED, len(SCHEDULED))
+                    round_ = rng.sample(scheduled, len(scheduled))
                     rounds, round_began = rounds + 1, now
                 fault = round_.pop()
                 print(f"[{time.strftime('%H:%M:%S')}] {fault}", end="", flush=True)
@@ -779,7 +947,10 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
                 time.sleep(min(rng.uniform(*PAUSE_S), max(0.0, deadline - time.monotonic())))
                 peak_used = max(peak_used, shutil.disk_usage(disk).used)
             time.sleep(max(3.0, deadline - time.monotonic()))  # rebuilt clients settle
-            nemesis.sample_udp()
+            if pair is not None and not pair.await_following(2.0, 20.0):
+                deaths.append("the Aeron C writer and reader were not both running for 2 s "
+                              "within 20 s after the last fault")
+            nemesis.sample_udp(driver=True)
             deaths += workers.restart_the_dead()
             cpu = workers.cpu_seconds() + bus.cpu_seconds()
             flow.stop()
@@ -788,6 +959,8 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
             held = large_memory_held(context)
         finally:
             flow.stop()
+            if pair is not None:
+                pair.close()
             bus.stop()
             ledger.close()
         found = deaths + workers.errors_seen()
@@ -799,7 +972,19 @@ def run(seconds: float, seed: int, publishers: int, subscribers: int) -> int:
                                     frozenset(i for i, w in enumerate(specs)
                                               if w.stream_id == r.stream_id), checks[r.name])
                    for r in readers if r.name in checks]
+        aeron_writers = frozenset(i for i, w in enumerate(specs) if w.stream_id == AERON_STREAM)
+        if pair is not None:
+            reports.append(SubscriberReport(AERON_C_READER, "aeron-c", aeron_writers,
+                                            pair.reader_check()))
         found += breaches(sent, reports, driver_loss_bound=TERM_LENGTH // MIN_FRAME)
+        if pair is not None:
+            found += pair.findings
+            final = pair.final_reader()
+            if final is None:
+                found.append(f"the {AERON_C_READER} reader's last incarnation did not follow the "
+                             f"stream from 1 s before the writers stopped to the end")
+            else:
+                found += final_reader_breaches(AERON_C_READER, sent, aeron_writers, final)
         found += [f"stream {stream} session {session}: {held_bytes} bytes of large-message "
                   f"memory still held after every reader drained (a block never freed)"
                   for stream, session, held_bytes in held]
@@ -840,13 +1025,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--publishers", type=int, default=7)
     parser.add_argument("--subscribers", type=int, default=8)
+    parser.add_argument("--faults", default=",".join(SCHEDULED),
+                        help="the scheduled faults, comma-separated (default: all)")
+    parser.add_argument("--no-aeron", action="store_true",
+                        help="without the Aeron pair (it needs `make aeron-c`)")
+    parser.add_argument("--tamper-aeron", type=int, metavar="SEQUENCE",
+                        help="a self-test: the Aeron C writer's first incarnation corrupts its "
+                             "message SEQUENCE, which the run must report as a breach")
     args = parser.parse_args(argv)
+    faults = tuple(f for f in args.faults.split(",") if f)
+    unknown = sorted(set(faults) - set(SCHEDULED))
+    if unknown or not faults:
+        parser.error(f"--faults: unknown {', '.join(unknown) or '(none given)'}; they are "
+                     f"{', '.join(SCHEDULED)}")
+    if args.no_aeron and args.tamper_aeron is not None:
+        parser.error("--tamper-aeron needs the Aeron pair (without --no-aeron)")
     seconds = args.seconds if args.seconds is not None else 60 * (args.minutes or 10)
     if seconds < 20:
         parser.error("--seconds must be at least 20 (a fault round and the drain)")
     if not 1 <= args.publishers <= 64 or not 4 <= args.subscribers <= 32:
         parser.error("--publishers must be 1..64 and --subscribers 4..32")
-    return run(seconds, args.seed, args.publishers, args.subscribers)
+    return run(seconds, args.seed, args.publishers, args.subscribers, faults,
+               not args.no_aeron, args.tamper_aeron)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,13 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import shmbus
+from tools.aeron_c.message import encode_message
 from tools.nemesis.check import (
     CLOSED,
     DRIVER_LOST,
@@ -39,7 +41,9 @@ from tools.nemesis.check import (
     PUBLICATION_FAILED,
     REFUSED,
     TIMED_OUT,
+    AeronFormatCheck,
     SubscriberCheck,
+    aeron_publisher_id,
     encode,
     payload_block,
 )
@@ -69,7 +73,10 @@ class Ledger:
     """Per writer: how many incarnations it started, what it is doing now (phase), a request
     from the orchestrator to hold its next claim open; per incarnation: messages acked and
     attempted, and how it ended. A writer writes its own fields; the orchestrator writes the
-    hold request, and the ending of an incarnation whose process it killed."""
+    hold request, and the ending of an incarnation whose process it killed. The Aeron C writer
+    (tools/nemesis/aeron_pair.py) is given its phase, hold request and record offsets: it stores
+    its phase, acked and attempted itself, and clears the hold request once it let its held
+    claim go; the orchestrator begins and ends its incarnations."""
 
     def __init__(self, path: str, writers: int, *, create: bool = False) -> None:
         size = writers * (WRITER_HEADER + MAX_INCARNATIONS * INCARNATION_RECORD)
@@ -95,11 +102,24 @@ class Ledger:
         return self.buffer.get_int64_acquire(self._writer(writer))
 
     def begin(self, writer: int) -> int:
-        """A new incarnation of ``writer`` (only its own process calls this)."""
+        """A new incarnation of ``writer`` (only the process that runs the writer calls this:
+        the writer itself, or the orchestrator for the Aeron C writer it starts)."""
         incarnation = self.incarnations(writer)
         self._record(writer, incarnation)
         self.buffer.put_int64_release(self._writer(writer), incarnation + 1)
         return incarnation
+
+    def phase_offset(self, writer: int) -> int:
+        """Where ``writer``'s phase (i64) is in the ledger file."""
+        return self._writer(writer) + 8
+
+    def hold_offset(self, writer: int) -> int:
+        """Where ``writer``'s hold-claim request (i64) is in the ledger file."""
+        return self._writer(writer) + 16
+
+    def record_offset(self, writer: int, incarnation: int) -> int:
+        """Where an incarnation's acked (i64), then attempted (i64), are in the ledger file."""
+        return self._record(writer, incarnation)
 
     def phase(self, writer: int) -> int:
         return self.buffer.get_int64_acquire(self._writer(writer) + 8)
@@ -139,7 +159,11 @@ class Ledger:
 class WriterSpec:
     """What one writer does: its channel and stream, exclusive or concurrent publication,
     message lengths (larger than the MTU's payload: fragmented), and whether it offers batches
-    (offer_many) or claims one message at a time."""
+    (offer_many) or claims one message at a time; its messages' format ("nemesis": check.encode,
+    or "aeron": the C programs' message, publisher id check.aeron_publisher_id) and the
+    program that runs it ("shmbus": run_writer, or "aeron-c": aeron_publish, started by
+    tools/nemesis/aeron_pair.py, which reads only channel, stream, exclusive, lengths and
+    rate)."""
 
     name: str
     channel: str
@@ -150,6 +174,8 @@ class WriterSpec:
     batch: bool
     #: messages a second at most (0: as many as the readers take)
     rate: float = 0.0
+    message_format: str = "nemesis"
+    program: str = "shmbus"
 
 
 def run_writer(context: shmbus.Context, ledger_path: str, writers: int, writer: int,
@@ -196,6 +222,7 @@ def _ending(error: BaseException) -> int:
 def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: int,
              spec: WriterSpec, block: bytes, stop: Any) -> None:
     add = client.add_exclusive_publication if spec.exclusive else client.add_publication
+    encoder = _encoder(spec, block)
     publication = add(spec.channel, spec.stream_id)
     probe = client.add_subscription("aeron:ipc", PROBE_STREAM)
     lengths = _lengths(spec, writer)
@@ -207,7 +234,7 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
     while not stop.is_set():
         probe.poll(_ignore, 1)  # raises DriverTimeoutError when the driver is gone
         if ledger.hold_requested(writer):
-            _hold_claim(publication, ledger, writer, incarnation, sequence, block,
+            _hold_claim(publication, ledger, writer, incarnation, sequence, encoder,
                         spec.max_length)
         if spec.rate and sequence > (time.monotonic() - began) * spec.rate:
             time.sleep(PACED_S)
@@ -215,8 +242,8 @@ def _publish(client: shmbus.Client, ledger: Ledger, writer: int, incarnation: in
         # a batch writer offers them in one offer_many; another claims (or offers) them one
         # by one until one is refused
         count = BATCH if spec.max_length <= LARGE_BATCH_FROM else LARGE_BATCH
-        pending += [encode(block, writer, incarnation, sequence + i,
-                           lengths[(sequence + i) % len(lengths)])
+        pending += [encoder(writer, incarnation, sequence + i,
+                            lengths[(sequence + i) % len(lengths)])
                     for i in range(len(pending), count)]
         messages = pending if len(pending) == count else pending[:count]
         ledger.attempt(writer, incarnation, sequence + count)
@@ -263,13 +290,13 @@ def _claim_and_commit(publication: shmbus.Publication, message: bytes) -> int:
 
 
 def _hold_claim(publication: shmbus.Publication, ledger: Ledger, writer: int,
-                incarnation: int, sequence: int, block: bytes, max_length: int) -> None:
+                incarnation: int, sequence: int, encoder: Encoder, max_length: int) -> None:
     """Claim the next message and hold it, half written, until the orchestrator kills us
     (bounded: once it withdraws the request, or after 30 s, the claim is aborted). A writer
     of large messages claims a large one: a block of its block ring (LargeClaim), killed
     mid-fill; on a full disk that claim raises OSError (ENOSPC) and is tried again."""
     length = max_length if max_length > publication.max_message_length else HEAD.size + 64
-    message = encode(block, writer, incarnation, sequence, length)
+    message = encoder(writer, incarnation, sequence, length)
     deadline = time.monotonic() + 30
 
     def holding() -> bool:
@@ -302,6 +329,18 @@ def _hold_claim(publication: shmbus.Publication, ledger: Ledger, writer: int,
     ledger.request_hold(writer, False)
 
 
+Encoder = Callable[[int, int, int, int], bytes]
+
+
+def _encoder(spec: WriterSpec, block: bytes) -> Encoder:
+    """(writer, incarnation, sequence, length) -> the message, in the spec's format."""
+    if spec.message_format == "aeron":
+        return lambda writer, incarnation, sequence, length: encode_message(
+            aeron_publisher_id(writer, incarnation), sequence, length)
+    return lambda writer, incarnation, sequence, length: encode(
+        block, writer, incarnation, sequence, length)
+
+
 def _lengths(spec: WriterSpec, writer: int) -> list[int]:
     rng = random.Random(writer)
     return [rng.randint(spec.min_length, spec.max_length) for _ in range(1009)]
@@ -321,6 +360,8 @@ class ReaderSpec:
     channel: str
     stream_id: int
     directory: str = ""  # a recorder's: where its recording windows go
+    #: "nemesis" (check.encode) or "aeron" (the C programs' message: AeronFormatCheck)
+    message_format: str = "nemesis"
 
 
 def stack_file(pid: int) -> Path:
@@ -343,7 +384,7 @@ def run_reader(context: shmbus.Context, spec: ReaderSpec, stop: Any, results: An
     if spec.kind == "late-joiner":
         run_late_joiner(context, spec, stop, results, errors)
         return
-    check = SubscriberCheck()
+    check = AeronFormatCheck() if spec.message_format == "aeron" else SubscriberCheck()
     assembler = shmbus.FragmentAssembler(
         lambda buffer, header: check.on_message(header.session_id, buffer))
     idle = shmbus.idle_strategies.SleepingIdleStrategy(IDLE_S)

@@ -1,5 +1,5 @@
 """Aeron's own C client (libaeron, built from source by ``make aeron-c``) on a shmbus driver:
-Aeron's C test programs (tests/support/aeron_c/) and shmbus processes on the same ``aeron:ipc``
+Aeron's C test programs (tools/aeron_c/c/) and shmbus processes on the same ``aeron:ipc``
 streams of one bus directory, every message checked (publisher id, sequence, length, CRC-32)
 by whichever side reads it.
 
@@ -224,6 +224,47 @@ def test_a_killed_aeron_client_is_timed_out_and_its_counters_freed(
         wait_until(gone, 15, "the driver to time the killed Aeron client out")
         assert bus.counters.get_value(2) == timeouts + 1
         wait_until(lambda: not publication.is_connected, 5, "the publication to be unread")
+
+
+def test_an_aeron_publisher_killed_holding_a_claim_is_unblocked_for_a_shmbus_one(
+        aeron: Programs, side: ShmbusSide, bus_context: Any, tmp_path: Path) -> None:
+    """The Aeron publisher (id 1) claims a frame of the concurrent publication it shares with
+    a shmbus publisher (id 2) and is SIGKILLed holding it: the driver pads over the frame
+    (publication_unblock_timeout, 1 s here), so the shmbus publisher's messages behind it
+    reach the Aeron reader, and every message the killed publisher had acked arrived first."""
+    progress = tmp_path / "progress"
+    progress.write_bytes(bytes(64))
+    acked_at, phase_at, hold_at, checked_at = 0, 16, 24, 32
+
+    def field(offset: int) -> int:
+        return int.from_bytes(progress.read_bytes()[offset:offset + 8], "little", signed=True)
+
+    reader = aeron.subscribe_until_stopped(stream=STREAM, progress=(progress, checked_at, 40))
+    reader.wait_ready()
+    writer = aeron.publish_until_stopped(stream=STREAM, publisher_id=1, length=20,
+                                         max_length=1000, rate=2000,
+                                         progress=(progress, acked_at, phase_at), hold_at=hold_at)
+    wait_until(lambda: field(acked_at) >= 200, 30, "the Aeron publisher's first 200 messages")
+    with progress.open("r+b") as f:
+        f.seek(hold_at)
+        f.write((1).to_bytes(8, "little"))
+    wait_until(lambda: field(phase_at) == 2, 30, "the Aeron publisher to hold its claim")
+    acked = field(acked_at)
+    with shmbus.connect(bus_context) as bus:
+        unblocked = bus.counters.get_value(3)  # the "unblocked publications" system counter
+        os.kill(writer.process.pid, signal.SIGKILL)
+        writer.process.wait()
+        side.publish(2, 1000, 200)
+        side.published()
+        wait_until(lambda: field(checked_at) == acked + 1000, 30,
+                   "the reader to check both publishers' messages")
+        assert bus.counters.get_value(3) == unblocked + 1
+    reader.stop()
+    finished = reader.finish()
+    assert finished.returncode == 0, finished.stderr
+    seen = finished.summary["publishers"]
+    assert (seen["1"]["received"], seen["1"]["last"]) == (acked, acked - 1)
+    assert (seen["2"]["received"], seen["2"]["last"], seen["2"]["images"]) == (1000, 999, 1)
 
 
 def test_aeron_stat_reads_the_shmbus_driver_counters(aeron: Programs, side: ShmbusSide,

@@ -1,6 +1,6 @@
 """shmbus's side of the Aeron interop tests (tests/shmbus/driver/test_aeron_clients.py), run in
 spawned processes: a publisher and a subscriber of the checked messages Aeron's C test
-programs exchange (tests/support/aeron_c.py)."""
+programs exchange (tools/aeron_c/message.py)."""
 
 from __future__ import annotations
 

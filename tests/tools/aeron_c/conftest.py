@@ -20,7 +20,7 @@ from tests.support.aeron_c import (
 
 @pytest.fixture(scope="session")
 def message_probe() -> Path:
-    """message_probe (tests/support/aeron_c/message_probe.c), compiled when stale; needs only
+    """message_probe (tools/aeron_c/c/message_probe.c), compiled when stale; needs only
     ``cc``, not the Aeron build."""
     return build_message_probe()
 

@@ -1,4 +1,4 @@
-"""The C test programs (tests/support/aeron_c/) against Aeron's own C media driver (aeronmd,
+"""The C test programs (tools/aeron_c/c/) against Aeron's own C media driver (aeronmd,
 built by tools/aeron_c/build.sh): what they report is what happened, so they can judge another
 driver. Each test has its own driver on a fresh directory; every program is a real process on
 ``aeron:ipc``.
@@ -9,14 +9,24 @@ publishers; each program's closing JSON line is checked, counts per publisher an
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.aeron_c import AeronC, AeronCNotBuilt, Finished, Programs, build_programs
+from tests.support.aeron_c import (
+    AeronC,
+    AeronCNotBuilt,
+    Finished,
+    Program,
+    Programs,
+    build_programs,
+)
+from tests.support.waits import wait_until
 
 STREAM = 1001
 
@@ -185,6 +195,177 @@ def test_the_subscriber_names_what_never_came(programs: Programs) -> None:
     summary = _refused(subscriber.finish(), "publisher 1: timed out after 3 s expecting sequence "
                                             "50 (got 50 of 60 messages)")
     assert summary["received"] == {"1": 50}
+
+
+# -- the long-running modes (--until-stopped) ----------------------------------------------------
+
+#: the progress file's fields the tests give the programs: a publisher's record (acked,
+#: attempted) and phase, a subscriber's record (checked) and phase
+PUBLISHER_RECORD, PUBLISHER_PHASE, SUBSCRIBER_RECORD, SUBSCRIBER_PHASE = 0, 16, 32, 40
+
+
+def _progress_file(tmp_path: Path) -> Path:
+    path = tmp_path / "progress"
+    path.write_bytes(bytes(64))
+    return path
+
+
+def _field(path: Path, offset: int) -> int:
+    return struct.unpack_from("<q", path.read_bytes(), offset)[0]
+
+
+def _set_field(path: Path, offset: int, value: int) -> None:
+    with path.open("r+b") as f:
+        f.seek(offset)
+        f.write(struct.pack("<q", value))
+
+
+def _stopped(program: Program, *, status: int = 0, ended: str = "stopped") -> dict[str, Any]:
+    finished = program.finish()
+    assert finished.returncode == status, (finished.stdout, finished.stderr)
+    summary = finished.summary
+    assert summary["mode"] == "until-stopped" and summary["ended"] == ended, summary
+    return summary
+
+
+def test_until_stopped_the_programs_run_until_sigterm_and_report(programs: Programs,
+                                                                 tmp_path: Path) -> None:
+    """Two publishers, one paced (lengths 20 to 3,000 B: some fragmented) and one not, and a
+    subscriber, until SIGTERM: a publisher reports how many it sent and its last acked
+    sequence, holds its publication open until the second SIGTERM, and the subscriber got each
+    one's messages from 0 to the last, one image each; the progress file says the same."""
+    progress = _progress_file(tmp_path)
+    subscriber = programs.subscribe_until_stopped(
+        stream=STREAM, progress=(progress, SUBSCRIBER_RECORD, SUBSCRIBER_PHASE))
+    subscriber.wait_ready()
+    paced = programs.publish_until_stopped(
+        stream=STREAM, publisher_id=1, length=20, max_length=3_000, rate=5_000, hold_s=60,
+        progress=(progress, PUBLISHER_RECORD, PUBLISHER_PHASE))
+    unpaced = programs.publish_until_stopped(stream=STREAM, publisher_id=2, length=64, hold_s=60)
+    wait_until(lambda: _field(progress, PUBLISHER_RECORD) >= 2_000, 30,
+               "the paced publisher to have 2,000 messages accepted")
+
+    sent = {}
+    for publisher_id, publisher in ((1, paced), (2, unpaced)):
+        publisher.stop()
+        wait_until(publisher.summary_printed, 30, f"publisher {publisher_id}'s summary")
+        sent[publisher_id] = json.loads(publisher.stdout().splitlines()[-1])
+        assert sent[publisher_id]["ended"] == "stopped"
+        assert publisher.process.poll() is None, "it holds its publication until a second signal"
+    assert _field(progress, PUBLISHER_RECORD) == _field(progress, PUBLISHER_RECORD + 8) \
+        == sent[1]["sent"] and _field(progress, PUBLISHER_PHASE) == 0
+    wait_until(lambda: _field(progress, SUBSCRIBER_RECORD) == sent[1]["sent"] + sent[2]["sent"],
+               30, "the subscriber to check every message sent")
+    subscriber.stop()
+    summary = _stopped(subscriber)
+    for publisher_id, publisher in ((1, paced), (2, unpaced)):
+        assert sent[publisher_id]["last_acked"] == sent[publisher_id]["sent"] - 1
+        assert summary["publishers"][str(publisher_id)] == {
+            "session": summary["publishers"][str(publisher_id)]["session"],
+            "received": sent[publisher_id]["sent"], "first": 0,
+            "last": sent[publisher_id]["last_acked"], "skipped": 0, "images": 1}
+        publisher.stop()
+        _stopped(publisher)
+    assert summary["errors"] == 0 and summary["error"] is None and summary["ok"] is True
+    assert sent[1]["max_length"] == 3_000 and sent[1]["rate"] == 5_000
+
+
+def test_until_stopped_a_publisher_holds_a_claim_when_asked(programs: Programs,
+                                                           tmp_path: Path) -> None:
+    """--progress-hold: asked through the progress file, the publisher claims its next
+    message and holds it half written (phase 2, attempted one past acked, nothing sent
+    meanwhile); asked no more, it aborts the claim (a padding frame) and goes on with the same
+    sequence: the subscriber sees no gap."""
+    progress = _progress_file(tmp_path)
+    hold = 24
+    subscriber = programs.subscribe_until_stopped(
+        stream=STREAM, progress=(progress, SUBSCRIBER_RECORD, SUBSCRIBER_PHASE))
+    subscriber.wait_ready()
+    publisher = programs.publish_until_stopped(
+        stream=STREAM, publisher_id=5, length=20, max_length=3_000, rate=2_000,
+        progress=(progress, PUBLISHER_RECORD, PUBLISHER_PHASE), hold_at=hold)
+    wait_until(lambda: _field(progress, PUBLISHER_RECORD) >= 200, 30,
+               "the publisher to have 200 messages accepted")
+
+    _set_field(progress, hold, 1)
+    wait_until(lambda: _field(progress, PUBLISHER_PHASE) == 2, 30, "the claim to be held")
+    acked = _field(progress, PUBLISHER_RECORD)
+    assert _field(progress, PUBLISHER_RECORD + 8) == acked + 1
+    wait_until(lambda: _field(progress, SUBSCRIBER_RECORD) == acked, 30,
+               "the subscriber to check every message before the held claim")
+    _set_field(progress, hold, 0)
+    wait_until(lambda: _field(progress, PUBLISHER_RECORD) >= acked + 200, 30,
+               "the publisher to go on")
+
+    publisher.stop()
+    sent = _stopped(publisher)["sent"]
+    wait_until(lambda: _field(progress, SUBSCRIBER_RECORD) == sent, 30,
+               "the subscriber to check every message")
+    subscriber.stop()
+    seen = _stopped(subscriber)["publishers"]["5"]
+    assert (seen["first"], seen["last"], seen["received"], seen["images"]) == (
+        0, sent - 1, sent, 1)
+
+
+def test_until_stopped_a_late_subscriber_starts_where_the_stream_is(programs: Programs,
+                                                                    tmp_path: Path) -> None:
+    """A subscriber that joins after 500 messages (an Aeron publication needs a subscriber to
+    accept any: a first one reads from the start) checks from the first one it sees on: no
+    gap from there, nothing skipped."""
+    progress = _progress_file(tmp_path)
+    programs.subscribe_until_stopped(stream=STREAM).wait_ready()
+    publisher = programs.publish_until_stopped(
+        stream=STREAM, publisher_id=3, length=32, rate=2_000,
+        progress=(progress, PUBLISHER_RECORD, PUBLISHER_PHASE))
+    wait_until(lambda: _field(progress, PUBLISHER_RECORD) >= 500, 30,
+               "the publisher to have 500 messages accepted")
+    subscriber = programs.subscribe_until_stopped(stream=STREAM, progress=(progress, 48, 56))
+    subscriber.wait_ready()
+    wait_until(lambda: _field(progress, 48) >= 500, 30, "the late subscriber to check 500 messages")
+
+    subscriber.stop()
+    seen = _stopped(subscriber)["publishers"]["3"]
+    publisher.stop()
+    sent = _stopped(publisher)["sent"]
+    assert 500 <= seen["first"] and seen["last"] < sent
+    assert seen["received"] == seen["last"] - seen["first"] + 1 >= 500
+    assert (seen["skipped"], seen["images"]) == (0, 1)
+
+
+def test_until_stopped_the_subscriber_names_a_corrupt_message(programs: Programs) -> None:
+    subscriber = programs.subscribe_until_stopped(stream=STREAM)
+    subscriber.wait_ready()
+    publisher = programs.publish_until_stopped(stream=STREAM, publisher_id=9, length=48,
+                                               corrupt_sequence=77)
+
+    summary = _stopped(subscriber, status=1, ended="broken rule")
+    assert "publisher 9: message of 48 bytes with sequence 77" in summary["error"]
+    assert "CRC-32" in summary["error"] and summary["publishers"]["9"]["last"] == 76
+    publisher.stop()
+    _stopped(publisher)
+
+
+def test_until_stopped_the_programs_end_with_status_3_when_the_driver_dies(
+        programs: Programs, aeronmd: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """Aeron's client ends once the driver's heartbeat is older than the driver timeout (1 s
+    here): each program reports the client's end (Aeron's error) and exits 3, its counts kept."""
+    progress = _progress_file(tmp_path)
+    subscriber = programs.subscribe_until_stopped(
+        stream=STREAM, driver_timeout_ms=1_000,
+        progress=(progress, SUBSCRIBER_RECORD, SUBSCRIBER_PHASE))
+    subscriber.wait_ready()
+    publisher = programs.publish_until_stopped(stream=STREAM, publisher_id=4, length=32,
+                                               rate=1_000, driver_timeout_ms=1_000)
+    wait_until(lambda: _field(progress, SUBSCRIBER_RECORD) >= 100, 30,
+               "the subscriber to check 100 messages")
+
+    aeronmd.kill()
+    aeronmd.wait()
+    sent = _stopped(publisher, status=3, ended="client ended")
+    received = _stopped(subscriber, status=3, ended="client ended")
+    for summary in (sent, received):
+        assert "Aeron client error 1000: MediaDriver" in summary["error"], summary
+    assert 100 <= received["publishers"]["4"]["received"] <= sent["sent"]
 
 
 def test_without_the_aeron_build_the_error_says_make_aeron_c(tmp_path: Path) -> None:

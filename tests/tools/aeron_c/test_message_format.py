@@ -1,5 +1,5 @@
-"""The checked message of the C test programs, in Python (tests/support/aeron_c.py) and in C
-(tests/support/aeron_c/message.h, through message_probe): the layout the docstrings state, the
+"""The checked message of the C test programs, in Python (tools/aeron_c/message.py) and in C
+(tools/aeron_c/c/message.h, through message_probe): the layout the docstrings state, the
 two encoders byte for byte the same, each checker refusing what the other's encoder did not
 write, and the sequence rules of aeron_subscribe."""
 

@@ -1,4 +1,5 @@
-"""tools/nemesis: its checker on made-up sequences, and a 60-second run of the real thing."""
+"""tools/nemesis: its checker on made-up sequences, a 60-second run of the real thing, and short
+runs of its Aeron pair (Aeron's C client beside shmbus's on one stream)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import multiprocessing
 import re
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
 from tests.support.workers.flag_workers import spin_on_flag
+from tools.aeron_c.message import encode_message
 from tools.nemesis import calls, check, run
 from tools.nemesis.flags import Flag
 
@@ -193,7 +196,7 @@ def test_a_minute_of_faults_breaches_nothing() -> None:
     assert sorted(fired) == sorted(run.FAULTS)
     assert all(int(n) >= 1 for n in fired.values()), fired
     rows = re.findall(r"^ ?(\d+) (\S+) +(\d+) +(\d+) +(\d+) ", out, re.M)
-    sent = {int(w): 0 for w in range(7)}
+    sent = {int(w): 0 for w in range(7 + len(run.aeron_writer_specs()))}
     received = dict(sent)
     for writer, _, _, s, r in rows:
         sent[int(writer)] += int(s)
@@ -239,3 +242,113 @@ def test_a_worker_killed_while_reading_the_stop_flag_wedges_nothing() -> None:
     workers[1].join(10)
     assert workers[1].exitcode == 0
     assert flag.is_set() and flag.wait(0)
+
+
+# -- the Aeron pair -----------------------------------------------------------------------------
+
+def aeron_message(sequence: int, writer: int = 8, incarnation: int = 0,
+                  length: int = 60) -> bytes:
+    return encode_message(check.aeron_publisher_id(writer, incarnation), sequence, length)
+
+
+def test_the_aeron_stream_check_tracks_each_writer_incarnation_by_publisher_id() -> None:
+    subscriber = check.AeronFormatCheck()
+    for sequence in (0, 1, 2, 4):
+        subscriber.on_message(5, aeron_message(sequence))
+    subscriber.on_message(5, aeron_message(0, writer=7, incarnation=3, length=20))
+    subscriber.finish()
+    assert counts(subscriber.tracks[(8, 0)]) == (4, 1, 0, 0, 0)  # 3 lost
+    assert counts(subscriber.tracks[(7, 3)]) == (1, 0, 0, 0, 0)
+    assert check.aeron_key(check.aeron_publisher_id(70, 4095)) == (70, 4095)
+
+
+def test_a_tampered_aeron_stream_message_is_corrupt_and_a_breach() -> None:
+    """A flipped payload bit, a length field that lies, a payload whose CRC was made for it
+    but which breaks the pattern: each is corrupt, and corrupt is a breach."""
+    flipped = bytearray(aeron_message(1))
+    flipped[-1] ^= 1
+    lying = bytearray(aeron_message(2))
+    lying[4] += 1
+    pattern = bytearray(aeron_message(3))
+    pattern[30] ^= 0xFF
+    pattern[16:20] = zlib.crc32(pattern[20:]).to_bytes(4, "little")
+    subscriber = check.AeronFormatCheck()
+    for data in (aeron_message(0), bytes(flipped), bytes(lying), bytes(pattern),
+                 aeron_message(0)[:19]):
+        subscriber.on_message(5, data)
+    subscriber.finish()
+    assert subscriber.corrupt == 4 and subscriber.tracks[(8, 0)].received == 1
+    sent = {(8, 0): check.Sent(acked=4, attempted=4, ending=check.FINISHED)}
+    report = check.SubscriberReport("aeron-shmbus", "tethered", frozenset({8}), subscriber)
+    assert "aeron-shmbus: 4 corrupt messages (never allowed)" in check.breaches(sent, [report],
+                                                                             10)
+
+
+def test_the_last_aeron_c_reader_gets_every_live_writers_last_message() -> None:
+    """Rules 3 and 4 on the C reader's last incarnation: a finished writer's last acked
+    message arrives, and one killed mid-offer that it followed; a writer it never saw that
+    was killed, or lost with the driver, is no breach (it joined after)."""
+    sent = {(7, 0): check.Sent(acked=100, attempted=100, ending=check.FINISHED),
+            (8, 0): check.Sent(acked=50, attempted=51, ending=check.KILLED_MID_OFFER),
+            (8, 1): check.Sent(acked=30, attempted=31, ending=check.KILLED_MID_OFFER),
+            (8, 2): check.Sent(acked=20, attempted=20, ending=check.DRIVER_LOST)}
+    final = check.SubscriberCheck()
+    final.tracks[(7, 0)] = check.Track(received=60, first=40, last=99)
+    final.tracks[(8, 0)] = check.Track(received=10, first=30, last=39)
+    [line] = check.final_reader_breaches("aeron-c", sent, frozenset({7, 8}), final)
+    assert line == ("aeron-c from writer 8 incarnation 0 (killed mid-offer): 10 messages acked "
+                    "before the kill never arrived")
+    final.tracks[(7, 0)].last = 97
+    [line, _] = check.final_reader_breaches("aeron-c", sent, frozenset({7, 8}), final)
+    assert "the last 2 of 100 acked messages never arrived at its last incarnation" in line
+    assert check.final_reader_breaches("aeron-c", sent, frozenset({5}), final) == []
+
+
+def aeron_line(out: str) -> dict[str, int]:
+    """The Aeron pair's summary line: what its writers sent, what its readers checked."""
+    line = re.search(r"^aeron pair \(stream \d+, one concurrent publication\): (.*)$", out,
+                     re.M)
+    assert line, out[-3000:]
+    counts = {f"{program} writer": int(n) for program, n in re.findall(
+        r"(shmbus|aeron-c) writer \d+ sent (\d+)", line[1])}
+    counts.update({f"{name} reader": int(n) for name, n in re.findall(
+        r"(aeron-c|aeron-shmbus) reader checked (\d+)", line[1])})
+    assert len(counts) == 4, line[1]
+    return counts
+
+
+def test_a_short_run_of_the_aeron_pair_breaches_nothing() -> None:
+    """20 s of the Aeron faults and a driver kill: the Aeron C and shmbus readers checked
+    messages of both writers, each Aeron fault fired, and no rule broke."""
+    result = subprocess.run([sys.executable, "-m", "tools.nemesis.run", "--seconds", "20",
+                             "--seed", "38", "--faults",
+                             "kill-aeron-writer,kill-aeron-reader,kill-driver"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=240)
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr[-4000:]
+    assert out.rstrip().endswith("no breach")
+    assert all(n > 0 for n in aeron_line(out).values()), aeron_line(out)
+    fired = dict(re.findall(r"([a-z-]+)=(\d+)", re.search(r"faults fired: (.*)", out)[1]))
+    assert all(int(fired[f]) >= 1 for f in ("kill-aeron-writer", "kill-aeron-reader",
+                                            "kill-driver")), fired
+    readers = dict(re.findall(r"^(aeron-c|aeron-shmbus) +\S+ +(\d+)", out, re.M))
+    assert sorted(readers) == ["aeron-c", "aeron-shmbus"] and all(
+        int(n) > 0 for n in readers.values()), readers
+
+
+def test_a_tampered_aeron_stream_message_fails_the_run() -> None:
+    """--tamper-aeron: the Aeron C writer's first incarnation flips a bit of its message
+    40,000 (8 s in, at 5,000 a second: every reader has joined by then), while the faults
+    leave the Aeron pair alone: the Aeron C reader stops at it, naming it, and the shmbus
+    reader counts it corrupt; the run reports both as breaches and exits 1."""
+    result = subprocess.run([sys.executable, "-m", "tools.nemesis.run", "--seconds", "25",
+                             "--seed", "38", "--faults", "kill-responder",
+                             "--tamper-aeron", "40000"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=240)
+    out = result.stdout
+    assert result.returncode == 1, out[-4000:] + result.stderr[-4000:]
+    breaches = out[out.index("BREACHES ("):]
+    publisher = check.aeron_publisher_id(len(run.writer_specs(7, 0)) + 1, 0)
+    assert re.search(rf"aeron-c-reader incarnation \d+ exited with status 1: .*publisher "
+                     rf"{publisher}: message of \d+ bytes with sequence 40000 .*CRC-32", breaches)
+    assert "aeron-shmbus: 1 corrupt messages (never allowed)" in breaches

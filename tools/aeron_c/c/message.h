@@ -1,5 +1,5 @@
 /*
- * The checked message the test programs exchange (tests/support/aeron_c.py has the same format
+ * The checked message the test programs exchange (tools/aeron_c/message.py has the same format
  * in Python). Little-endian:
  *
  *   @0   u32  publisher id

@@ -1,6 +1,6 @@
 /*
  * message_probe: message.h's encoder and checker from the command line, so a test can compare
- * them with the Python ones (tests/support/aeron_c.py) byte for byte. Needs no Aeron.
+ * them with the Python ones (tools/aeron_c/message.py) byte for byte. Needs no Aeron.
  *
  *   message_probe encode PUBLISHER_ID SEQUENCE LENGTH   prints the message as hex
  *   message_probe check HEX                              prints {"publisher_id", "sequence"} of an
