@@ -144,15 +144,31 @@ class Finished:
 
 
 class Program:
-    """One started program, its stdout and stderr in files under the test's log folder."""
+    """One started program, its stdout and stderr in files under the test's log folder; with
+    ``piped_stdin`` its stdin is a pipe the test writes with :meth:`send_line`, else
+    /dev/null."""
 
-    def __init__(self, name: str, command: Sequence[str], logs: Path) -> None:
+    def __init__(self, name: str, command: Sequence[str], logs: Path,
+                 piped_stdin: bool = False) -> None:
         self.name = name
         self.command = list(command)
         self._stdout = logs / f"{name}.out"
         self._stderr = logs / f"{name}.err"
         with self._stdout.open("wb") as out, self._stderr.open("wb") as err:
-            self.process = subprocess.Popen(self.command, stdout=out, stderr=err)
+            self.process = subprocess.Popen(
+                self.command, stdin=subprocess.PIPE if piped_stdin else subprocess.DEVNULL,
+                stdout=out, stderr=err)
+
+    def send_line(self, line: str) -> None:
+        """Write ``line`` and a newline to the program's piped stdin, flushed."""
+        assert self.process.stdin is not None, f"{self.name} was started without piped stdin"
+        self.process.stdin.write(line.encode() + b"\n")
+        self.process.stdin.flush()
+
+    def close_stdin(self) -> None:
+        """Close the program's piped stdin: it reads the end of its input."""
+        assert self.process.stdin is not None, f"{self.name} was started without piped stdin"
+        self.process.stdin.close()
 
     def stdout(self) -> str:
         """What the program printed to stdout so far."""
@@ -191,10 +207,12 @@ class Program:
         return '"ended": ' in self.stdout()
 
     def kill(self) -> None:
-        """SIGKILL the program if it still runs, and reap it."""
+        """SIGKILL the program if it still runs, and reap it; its piped stdin closed."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
 
 
 class Programs:
@@ -207,15 +225,18 @@ class Programs:
         self.logs = logs
         self._started: list[Program] = []
 
-    def _start(self, name: str, command: Sequence[str]) -> Program:
-        program = Program(f"{name}-{len(self._started)}", command, self.logs)
+    def _start(self, name: str, command: Sequence[str], piped_stdin: bool = False) -> Program:
+        program = Program(f"{name}-{len(self._started)}", command, self.logs, piped_stdin)
         self._started.append(program)
         return program
 
     def publish(self, *, stream: int, count: int, length: int, publisher_id: int,
                 exclusive: bool = False, corrupt_sequence: int | None = None,
-                channel: str = "aeron:ipc", timeout_s: int = 60) -> Program:
-        """Start aeron_publish (tools/aeron_c/c/aeron_publish.c states its contract)."""
+                await_go: bool = False, channel: str = "aeron:ipc",
+                timeout_s: int = 60) -> Program:
+        """Start aeron_publish (tools/aeron_c/c/aeron_publish.c states its contract); with
+        ``await_go`` it prints READY once connected and offers after the line
+        :meth:`Program.send_line` writes."""
         command = [str(self.aeron.publish), "--dir", str(self.aeron_dir), "--channel", channel,
                    "--stream", str(stream), "--count", str(count), "--length", str(length),
                    "--publisher-id", str(publisher_id), "--timeout-s", str(timeout_s)]
@@ -223,7 +244,9 @@ class Programs:
             command.append("--exclusive")
         if corrupt_sequence is not None:
             command += ["--corrupt-sequence", str(corrupt_sequence)]
-        return self._start(f"aeron_publish-{publisher_id}", command)
+        if await_go:
+            command.append("--await-go")
+        return self._start(f"aeron_publish-{publisher_id}", command, piped_stdin=await_go)
 
     def subscribe(self, *, stream: int, expect: Mapping[int, int], await_images: int = 0,
                   delay_us: int = 0, channel: str = "aeron:ipc",
@@ -243,11 +266,11 @@ class Programs:
                               corrupt_sequence: int | None = None,
                               driver_timeout_ms: int | None = None,
                               progress: tuple[Path, int, int] | None = None,
-                              hold_at: int | None = None,
+                              hold_at: int | None = None, await_go: bool = False,
                               channel: str = "aeron:ipc") -> Program:
         """Start aeron_publish --until-stopped (stopped with :meth:`Program.stop`);
         ``progress`` is (file, record offset, phase offset), ``hold_at`` the offset of its
-        hold request in that file."""
+        hold request in that file; ``await_go`` as :meth:`publish`'s."""
         command = [str(self.aeron.publish), "--dir", str(self.aeron_dir), "--channel", channel,
                    "--stream", str(stream), "--until-stopped", "--publisher-id",
                    str(publisher_id), "--length", str(length), "--rate", str(rate),
@@ -261,7 +284,9 @@ class Programs:
         command += _long_running_options(driver_timeout_ms, progress)
         if hold_at is not None:
             command += ["--progress-hold", str(hold_at)]
-        return self._start(f"aeron_publish-{publisher_id}", command)
+        if await_go:
+            command.append("--await-go")
+        return self._start(f"aeron_publish-{publisher_id}", command, piped_stdin=await_go)
 
     def subscribe_until_stopped(self, *, stream: int, driver_timeout_ms: int | None = None,
                                 progress: tuple[Path, int, int] | None = None,

@@ -13,6 +13,7 @@ import json
 import os
 import struct
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,40 @@ def test_one_publisher_to_one_subscriber(programs: Programs) -> None:
     _published(publisher.finish(), 1, 10_000)
     summary = _received(subscriber.finish(), {1: 10_000})
     assert summary["bytes"] == 10_000 * 32
+
+
+def test_a_publisher_awaiting_go_offers_after_the_go_line_and_both_say_when(
+        programs: Programs) -> None:
+    """--await-go: READY once connected, the first offer only after the go line; the
+    CLOCK_MONOTONIC times both programs report bracket the run, in order."""
+    subscriber = programs.subscribe(stream=STREAM, expect={1: 5_000})
+    subscriber.wait_ready()
+    publisher = programs.publish(stream=STREAM, count=5_000, length=32, publisher_id=1,
+                                 await_go=True)
+    publisher.wait_ready()
+    go_at = time.monotonic()
+    publisher.send_line("go")
+
+    sent = _published(publisher.finish(), 1, 5_000)
+    got = _received(subscriber.finish(), {1: 5_000})
+    assert go_at <= sent["first_offer_at"] <= got["first_message_at"]
+    assert sent["first_offer_at"] <= sent["last_sent_at"] <= got["last_message_at"]
+    assert got["first_message_at"] <= got["last_message_at"] <= time.monotonic()
+
+
+def test_a_publisher_awaiting_go_stops_at_the_end_of_its_input(programs: Programs) -> None:
+    """No go line: a setup error before any offer (no summary, so nothing was sent)."""
+    subscriber = programs.subscribe(stream=STREAM, expect={1: 10})
+    subscriber.wait_ready()  # the publication connects once there is a subscriber
+    publisher = programs.publish(stream=STREAM, count=10, length=32, publisher_id=1,
+                                 await_go=True)
+    publisher.wait_ready()
+    publisher.close_stdin()
+
+    finished = publisher.finish()
+    assert finished.returncode == 2
+    assert "--await-go: end of input before the go line" in finished.stderr
+    assert finished.stdout == "READY\n"
 
 
 def test_two_publishers_share_one_stream(programs: Programs) -> None:
@@ -268,6 +303,44 @@ def test_until_stopped_the_programs_run_until_sigterm_and_report(programs: Progr
         _stopped(publisher)
     assert summary["errors"] == 0 and summary["error"] is None and summary["ok"] is True
     assert sent[1]["max_length"] == 3_000 and sent[1]["rate"] == 5_000
+
+
+def test_until_stopped_a_publisher_awaiting_go_runs_from_the_go_line_or_stops_before_it(
+        programs: Programs, tmp_path: Path) -> None:
+    """--until-stopped --await-go: one publisher offers from its go line on (its first offer
+    after it, its last accepted message's time before its summary); another, stopped before
+    its go line, ends stopped with nothing sent and nothing offered."""
+    progress = _progress_file(tmp_path)
+    subscriber = programs.subscribe_until_stopped(
+        stream=STREAM, progress=(progress, SUBSCRIBER_RECORD, SUBSCRIBER_PHASE))
+    subscriber.wait_ready()
+    started = programs.publish_until_stopped(
+        stream=STREAM, publisher_id=1, length=32, rate=5_000, await_go=True,
+        progress=(progress, PUBLISHER_RECORD, PUBLISHER_PHASE))
+    never = programs.publish_until_stopped(stream=STREAM, publisher_id=2, length=32,
+                                           await_go=True)
+    started.wait_ready()
+    never.wait_ready()
+    assert _field(progress, PUBLISHER_RECORD + 8) == 0, "nothing offered before the go line"
+    go_at = time.monotonic()
+    started.send_line("go")
+    wait_until(lambda: _field(progress, SUBSCRIBER_RECORD) >= 500, 30,
+               "the subscriber to check 500 messages")
+
+    never.stop()
+    stopped_early = _stopped(never)
+    assert (stopped_early["sent"], stopped_early["first_offer_at"],
+            stopped_early["last_sent_at"]) == (0, 0, 0)
+    started.stop()
+    sent = _stopped(started)
+    assert go_at <= sent["first_offer_at"] <= sent["last_sent_at"] <= time.monotonic()
+    wait_until(lambda: _field(progress, SUBSCRIBER_RECORD) == sent["sent"], 30,
+               "the subscriber to check every message sent")
+    subscriber.stop()
+    got = _stopped(subscriber)
+    assert got["publishers"]["1"]["received"] == sent["sent"] and "2" not in got["publishers"]
+    assert sent["first_offer_at"] <= got["first_message_at"] <= got["last_message_at"]
+    assert sent["last_sent_at"] <= got["last_message_at"]
 
 
 def test_until_stopped_a_publisher_holds_a_claim_when_asked(programs: Programs,

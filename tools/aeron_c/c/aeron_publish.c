@@ -6,7 +6,7 @@
  *   aeron_publish --dir DIR --channel aeron:ipc --stream N --publisher-id N --length BYTES
  *                 (--count N | --until-stopped [--seconds S] [--hold-s S])
  *                 [--max-length BYTES] [--rate N] [--exclusive] [--corrupt-sequence N]
- *                 [--timeout-s S] [--driver-timeout-ms N]
+ *                 [--await-go] [--timeout-s S] [--driver-timeout-ms N]
  *                 [--progress FILE --progress-record OFFSET --progress-phase OFFSET
  *                  [--progress-hold OFFSET]]
  *
@@ -18,6 +18,11 @@
  * N after its CRC is computed (a payload byte; the CRC field's own when the message is only its
  * 20-byte header), so a test can show that a subscriber catches a corrupt message (needs a
  * --length or --max-length above 20).
+ *
+ * --await-go: once the publication is connected (bounded by --timeout-s), print "READY"
+ * (flushed) to stdout and read one line from stdin before the first offer, so a benchmark
+ * starts the run once everything is set up. End of input before the line is a setup error; with
+ * --until-stopped a stop signal before it ends the run, stopped, with nothing sent.
  *
  * --count N: the whole run, connecting included, is bounded by --timeout-s (30). Exit status 0
  * when every message was accepted, 1 when an offer failed or the time ran out.
@@ -50,9 +55,12 @@
  * the end: {"program", "publisher_id", "stream", "exclusive", "mode" ("count" or
  * "until-stopped"), "count" (-1 until stopped), "length", "max_length", "rate", "sent",
  * "last_acked" (the last sequence accepted, -1 for none), "not_connected", "back_pressured",
- * "admin_action", "seconds", "ended" ("count", "stopped", "seconds", "client ended", "client
- * error", "offer failed", "timed out"), "error" (what ended it, or null), "ok"}; the three
- * refusal counts are retries.
+ * "admin_action", "seconds", "first_offer_at", "last_sent_at", "ended" ("count", "stopped",
+ * "seconds", "client ended", "client error", "offer failed", "timed out"), "error" (what ended
+ * it, or null), "ok"}; the three refusal counts are retries; "seconds" counts from the
+ * program's start, connecting included; "first_offer_at" and "last_sent_at" are CLOCK_MONOTONIC
+ * seconds (Python's time.monotonic()) at the first offer and when the last message accepted was
+ * accepted (0 when none was).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -76,6 +84,7 @@ typedef struct
     uint32_t publisher_id;
     int exclusive;
     long long corrupt_sequence; /* -1: none */
+    int await_go;
     double timeout_s;
     long long driver_timeout_ms; /* 0: Aeron's default */
     const char *progress_path;
@@ -94,7 +103,7 @@ publication_t;
 
 static options_t parse_options(int argc, char **argv)
 {
-    options_t o = { NULL, "aeron:ipc", -1, -1, 0, 0.0, 0.0, 0, 0, 0.0, 0, 0, -1, 30.0, 0, NULL, -1, -1, -1 };
+    options_t o = { NULL, "aeron:ipc", -1, -1, 0, 0.0, 0.0, 0, 0, 0.0, 0, 0, -1, 0, 30.0, 0, NULL, -1, -1, -1 };
     int have_length = 0, have_id = 0;
     for (int i = 1; i < argc; i++)
     {
@@ -157,6 +166,10 @@ static options_t parse_options(int argc, char **argv)
         {
             o.corrupt_sequence = parse_integer(PROGRAM, name, option_value(PROGRAM, argc, argv, &i), 0, INT64_MAX);
         }
+        else if (strcmp(name, "--await-go") == 0)
+        {
+            o.await_go = 1;
+        }
         else if (strcmp(name, "--timeout-s") == 0)
         {
             o.timeout_s = (double)parse_integer(
@@ -195,7 +208,7 @@ static options_t parse_options(int argc, char **argv)
     {
         die(PROGRAM, "usage: %s --dir DIR --channel aeron:ipc --stream N --publisher-id N --length BYTES "
             "(--count N | --until-stopped [--seconds S] [--hold-s S]) [--max-length BYTES] [--rate N] "
-            "[--exclusive] [--corrupt-sequence N] [--timeout-s S] [--driver-timeout-ms N] "
+            "[--exclusive] [--corrupt-sequence N] [--await-go] [--timeout-s S] [--driver-timeout-ms N] "
             "[--progress FILE --progress-record OFFSET --progress-phase OFFSET [--progress-hold OFFSET]]", PROGRAM);
     }
     if (o.max_length == 0)
@@ -292,6 +305,50 @@ static int64_t try_claim(const publication_t *p, size_t length, aeron_buffer_cla
         aeron_publication_try_claim(p->concurrent, length, claim);
 }
 
+static int is_connected(const publication_t *p)
+{
+    return p->exclusive != NULL ?
+        aeron_exclusive_publication_is_connected(p->exclusive) :
+        aeron_publication_is_connected(p->concurrent);
+}
+
+/* --await-go: READY once connected (dies at `deadline`), then one line from stdin; 1 once it
+ * came, 0 when a stop signal came first (--until-stopped). Dies at the end of input. */
+static int await_go(const publication_t *p, const options_t *o, double deadline)
+{
+    unsigned streak = 0;
+    while (!is_connected(p))
+    {
+        if (now_s() > deadline)
+        {
+            die(PROGRAM, "publication %s stream %d not connected within %.0f s", o->channel, o->stream,
+                o->timeout_s);
+        }
+        if (o->until_stopped && stop_signals > 0)
+        {
+            return 0;
+        }
+        back_off(&streak);
+    }
+    printf("READY\n");
+    fflush(stdout);
+    char line[64];
+    while (fgets(line, sizeof(line), stdin) == NULL)
+    {
+        /* a stop signal interrupts the read (watch_stop_signals does not restart it) */
+        if (o->until_stopped && stop_signals > 0)
+        {
+            return 0;
+        }
+        if (!ferror(stdin) || errno != EINTR)
+        {
+            die(PROGRAM, "--await-go: end of input before the go line");
+        }
+        clearerr(stdin);
+    }
+    return 1;
+}
+
 static int64_t offer(const publication_t *p, const uint8_t *buffer, size_t length)
 {
     return p->exclusive != NULL ?
@@ -379,6 +436,8 @@ typedef struct
     long long not_connected;
     long long back_pressured;
     long long admin_action;
+    double first_offer_at; /* CLOCK_MONOTONIC s; 0 until the first offer */
+    double last_sent_at;   /* of the last message accepted; 0 for none */
     const char *ended; /* NULL while running */
     char error[600];   /* what ended it, empty for none */
     int status;
@@ -447,11 +506,11 @@ static void print_summary(const options_t *o, const run_t *run, double seconds)
     printf("{\"program\": \"%s\", \"publisher_id\": %u, \"stream\": %d, \"exclusive\": %s, \"mode\": \"%s\", "
         "\"count\": %lld, \"length\": %u, \"max_length\": %u, \"rate\": %.0f, \"sent\": %lld, \"last_acked\": %lld, "
         "\"not_connected\": %lld, \"back_pressured\": %lld, \"admin_action\": %lld, \"seconds\": %.3f, "
-        "\"ended\": \"%s\", \"error\": ",
+        "\"first_offer_at\": %.9f, \"last_sent_at\": %.9f, \"ended\": \"%s\", \"error\": ",
         PROGRAM, o->publisher_id, o->stream, o->exclusive ? "true" : "false",
         o->until_stopped ? "until-stopped" : "count", o->count, o->length, o->max_length, o->rate, run->sent,
-        run->sent - 1, run->not_connected, run->back_pressured, run->admin_action, seconds,
-        run->ended != NULL ? run->ended : "?");
+        run->sent - 1, run->not_connected, run->back_pressured, run->admin_action, seconds, run->first_offer_at,
+        run->last_sent_at, run->ended != NULL ? run->ended : "?");
     if (run->error[0] != '\0')
     {
         print_json_string(stdout, run->error, strlen(run->error));
@@ -501,6 +560,10 @@ int main(int argc, char **argv)
         die(PROGRAM, "no memory for a %u-byte message", o.max_length);
     }
     static run_t run;
+    if (o.await_go && !await_go(&publication, &o, deadline))
+    {
+        run.ended = "stopped";
+    }
     while (run.status == 0 && run.ended == NULL)
     {
         if (!o.until_stopped && run.sent == o.count)
@@ -531,9 +594,17 @@ int main(int argc, char **argv)
         }
         progress_store(&progress, o.progress_record + 8, sequence + 1);
         progress_store(&progress, o.progress_phase, 1);
+        if (sequence == 0)
+        {
+            run.first_offer_at = now_s();
+        }
         if (offer_until_accepted(&o, &publication, buffer, length, sequence, start, deadline, &run))
         {
             run.sent++;
+            if (o.until_stopped || run.sent == o.count)
+            {
+                run.last_sent_at = now_s();  /* --count: the clock read at the last message only */
+            }
             progress_store(&progress, o.progress_record, run.sent);
         }
         progress_store(&progress, o.progress_phase, 0);

@@ -41,7 +41,10 @@
  * "received": {id: count}, "publishers": {id: {"session", "received", "first", "last",
  * "skipped", "images"}}, "messages", "bytes", "errors", "error", "ended" ("all arrived",
  * "broken rule", "timed out", "stopped", "seconds", "client ended", "client error", "poll
- * failed"), "seconds", "ok"}.
+ * failed"), "seconds", "first_message_at", "last_message_at", "ok"}: "seconds" counts from the
+ * program's start, connecting included; "first_message_at" and "last_message_at" are
+ * CLOCK_MONOTONIC seconds (Python's time.monotonic()) when the first and the last message that
+ * passed the checks came (0 when none did).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -87,6 +90,8 @@ typedef struct
     int last_found; /* the index of the publisher of the last message (most come in runs) */
     long long messages;
     long long bytes;
+    double first_message_at;
+    double last_message_at;
     const char *ended;
     char error[512]; /* the first failure; empty while there is none */
 }
@@ -359,6 +364,11 @@ static void on_message(void *clientd, const uint8_t *buffer, size_t length, aero
     }
     s->messages++;
     s->bytes += (long long)length;
+    s->last_message_at = now_s();
+    if (s->messages == 1)
+    {
+        s->first_message_at = s->last_message_at;
+    }
     progress_store(&s->progress, s->progress_record, s->messages);
     if (s->delay_us > 0)
     {
@@ -425,7 +435,8 @@ static void print_summary(const state_t *s, double seconds)
     {
         printf("null");
     }
-    printf(", \"ended\": \"%s\", \"seconds\": %.3f, \"ok\": %s}\n", s->ended != NULL ? s->ended : "?", seconds,
+    printf(", \"ended\": \"%s\", \"seconds\": %.3f, \"first_message_at\": %.9f, \"last_message_at\": %.9f, "
+        "\"ok\": %s}\n", s->ended != NULL ? s->ended : "?", seconds, s->first_message_at, s->last_message_at,
         s->error[0] == '\0' ? "true" : "false");
     fflush(stdout);
 }
