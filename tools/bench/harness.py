@@ -679,7 +679,9 @@ async def async_round_trips(pinger: bool, send: Callable[[Any], Any],
 def start_driver(context: Any, prefix: tuple[str, ...] = (), timeout_s: float = 20.0
                  ) -> subprocess.Popen[bytes]:
     """A driver process for context.dir (``python -m shmbus.driver``, through ``prefix``, e.g.
-    ``ip netns exec NAME``), once a client can connect to it; BenchError if it cannot."""
+    ``ip netns exec NAME``), once a client can connect to it; BenchError if it cannot by
+    ``timeout_s`` (a driver that has not yet answered a client, e.g. on a loaded machine, is
+    asked again until then)."""
     import shmbus
 
     process = subprocess.Popen([*prefix, *context.driver_command()])
@@ -689,7 +691,7 @@ def start_driver(context: Any, prefix: tuple[str, ...] = (), timeout_s: float = 
             with shmbus.connect(context.with_(embedded_driver=False)) as bus:
                 if bus.driver_pid == process.pid:
                     return process
-        except shmbus.DriverUnavailableError:
+        except (shmbus.DriverUnavailableError, shmbus.DriverTimeoutError):
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
