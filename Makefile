@@ -46,7 +46,8 @@ docs: $(STAMP)
 
 # Aeron's C client (libaeron.so) and C media driver (aeronmd), built from the pyaeron sdist into
 # build/aeron/ by tools/aeron_c/build.sh when either is missing (about 35 s from nothing on 2
-# cores; needs PyPI): the tests run C programs against aeronc.h (tools/aeron_c/c/).
+# cores; needs PyPI): the tests, the nemesis and tools/bench/aeron_clients.py run C programs
+# against aeronc.h (tools/aeron_c/c/).
 # Aeron's CMake project enables C++ too: g++ installed first when there is no c++.
 AERON_C := build/aeron
 aeron-c:
@@ -63,17 +64,19 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
 # make bench: the benchmarks that publish a page, full length (about an hour; run it on a
-# quiet machine), each writing its dated page and plots into docs/benchmarks/. pyaeron's page
+# quiet machine), each writing its dated page and plots into docs/benchmarks/. aeron_clients
+# runs Aeron's C client on the shmbus driver: it needs make aeron-c. pyaeron's page
 # needs a Python >= 3.12 with pyaeron and shmbus installed: PYAERON_PY (without it, the page
 # is left as it is and the reason printed). fanout makes network namespaces: run as root.
 PAGES := docs/benchmarks
 PYAERON_PY ?= /tmp/pyaeron-venv/bin/python
-bench: $(STAMP)
+bench: $(STAMP) aeron-c
 	$(BIN)/python -m tools.bench.ipc --page $(PAGES)
 	$(BIN)/python -m tools.bench.large_messages --page $(PAGES)
 	$(BIN)/python -m tools.bench.request_reply --page $(PAGES)
 	$(BIN)/python -m tools.bench.late_join --page $(PAGES)
 	$(BIN)/python -m tools.bench.fanout --page $(PAGES)
+	$(BIN)/python -m tools.bench.aeron_clients --page $(PAGES)
 	@if $(PYAERON_PY) -c 'import pyaeron, shmbus' 2>/dev/null; then \
 		$(PYAERON_PY) -m pip install --quiet matplotlib && \
 		$(PYAERON_PY) -m tools.bench.pyaeron --page $(PAGES); \

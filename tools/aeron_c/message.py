@@ -19,6 +19,8 @@ import zlib
 #: publisher id, length, sequence number, CRC-32 of the payload
 MESSAGE_HEADER = struct.Struct("<IIQI")
 HEADER_LENGTH = MESSAGE_HEADER.size
+#: where the u64 sequence number sits in a message
+SEQUENCE_OFFSET = 8
 _RAMP = bytes(range(256))
 
 

@@ -19,15 +19,19 @@ included. Only a round that differs is walked message by message (Checked.check)
 name the errors; the reader then checks the rest of the run one message at a time.
 
 A run ends with a STOP message (sequence number harness.STOP) after a whole round.
+
+:class:`RoundFormat` is what the user's reader loop (user_loop.Consumer) needs of a message
+format made a round at a time; :class:`Rounds` is one, tools/bench/aeron_rounds.py another (the
+messages of the C programs of tools/aeron_c/).
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -36,6 +40,25 @@ from tools.bench.harness import STOP, Checked, Counter
 ROUND_BYTES = 1 << 16  # a round's messages take at most this much memory (64 KiB: in cache)
 MAX_ROUND = 4096  # messages per round at most
 MIN_ROUND = 16  # and at least
+
+
+class RoundFormat(Protocol):
+    """Messages of ``size`` bytes, ``count`` (a power of two) a round, each carrying its
+    sequence number (0, 1, 2, ...) as a little-endian int64 at ``seq_offset``."""
+
+    size: int
+    count: int
+    seq_offset: int
+    #: (sequence number, whether the message is intact: every byte right) of one message
+    check: Callable[[bytes], tuple[int, bool]]
+
+    def block(self, round_no: int) -> bytes:
+        """Round ``round_no``'s messages end to end (``count * size`` bytes)."""
+        ...
+
+    def messages(self, round_no: int) -> list[bytes]:
+        """Round ``round_no``'s messages, each a bytes object of ``size``."""
+        ...
 
 
 def round_count(size: int) -> int:
@@ -50,6 +73,7 @@ class Rounds:
     def __init__(self, size: int, count: int | None = None) -> None:
         self.checked = Checked(size)
         self.size = size
+        self.seq_offset, self.check = self.checked.seq_offset, self.checked.check
         self.count = round_count(size) if count is None else count
         if self.count < 1 or self.count & (self.count - 1):
             raise ValueError(f"round of {self.count} messages: a power of two")

@@ -3,7 +3,8 @@
 Runs in the writer and reader members of tools/bench/ipc.py and pyaeron.py (each a spawned
 process). The writer is :func:`write`: one call of the transport's send per message
 (``pub.publish``, ``sock.send``, ``queue.put``, ...), the messages made a round at a time
-(tools/bench/rounds.py). The reader is :meth:`Consumer.read`::
+(tools/bench/rounds.py); :func:`write_count` is the same loop for a fixed number of rounds.
+The reader is :meth:`Consumer.read`::
 
     for message in source:
         consume(message)
@@ -17,9 +18,11 @@ transport with no iterator (pyaeron's ``poll(handler)``) calls the same ``consum
 the next expected, then keeps the message; when a round is complete it compares the round's
 bytes, end to end, with the round it computes, so every byte of every message is checked
 (sequence number and CRC-32 included) at a few tens of nanoseconds a message. The first
-message out of place switches the check to one message at a time (harness.Checked), counting
-and naming errors.
-A STOP message (sequence number harness.STOP) ends the reading.
+message out of place switches the check to one message at a time (the format's check),
+counting and naming errors.
+A STOP message (sequence number harness.STOP) ends the reading, or the end of ``source``.
+The messages are harness.Checked ones made a round at a time (rounds.Rounds), or any other
+rounds.RoundFormat (tools/bench/aeron_rounds.py: those of Aeron's C programs).
 
 Each member's result names the loop functions that drove it (``loop_write``, ``loop_read``,
 ``loop_consume``), so a test can check that shmbus and every peer ran the same ones.
@@ -32,7 +35,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tools.bench.harness import SEQUENCE, STOP, Counter
-from tools.bench.rounds import Rounds
+from tools.bench.rounds import RoundFormat, Rounds
 
 
 class Stopped(Exception):
@@ -43,7 +46,7 @@ class Consumer:
     """``consume`` (the per-message function every reader calls) and its ``tally``
     (harness.Counter: ``stopped`` once STOP came). Call :meth:`result` once reading ends."""
 
-    def __init__(self, rounds: Rounds) -> None:
+    def __init__(self, rounds: RoundFormat) -> None:
         self.tally = Counter()
         self.consume, self._finish = _consume_and_finish(rounds, self.tally)
         self.loop_read: str | None = None  # the reader loop that called consume
@@ -82,11 +85,11 @@ class Consumer:
                 "loop_consume": _name(Consumer)}
 
 
-def _consume_and_finish(rounds: Rounds, tally: Counter
+def _consume_and_finish(rounds: RoundFormat, tally: Counter
                         ) -> tuple[Callable[[Any], None], Callable[[], None]]:
-    size, offset, count = rounds.size, rounds.checked.seq_offset, rounds.count
+    size, offset, count = rounds.size, rounds.seq_offset, rounds.count
     mask = count - 1
-    unpack_from, check = SEQUENCE.unpack_from, rounds.checked.check
+    unpack_from, check = SEQUENCE.unpack_from, rounds.check
     got: list[bytes] = []
     append, join = got.append, b"".join
     expected = 0  # the next sequence number, while every message has been in place
@@ -161,6 +164,19 @@ def write(send: Callable[[bytes], object], rounds: Rounds, duration_s: float
             break
     send(rounds.stop)
     return {"sent": round_no * rounds.count, "t0": t0, "loop_write": _name(write)}
+
+
+def write_count(send: Callable[[bytes], object], rounds: RoundFormat, round_count: int
+                ) -> dict[str, Any]:
+    """``send(message)`` for each message of rounds 0 to ``round_count - 1``, and no STOP: the
+    reader reads ``round_count * rounds.count`` messages (a run beside a writer that cannot
+    send STOP, such as Aeron's C publisher, which sends a count). Call it once the member is
+    ready. Returns the writer's result, as write's."""
+    t0 = time.monotonic_ns()
+    for round_no in range(round_count):
+        for message in rounds.messages(round_no):
+            send(message)
+    return {"sent": round_count * rounds.count, "t0": t0, "loop_write": _name(write_count)}
 
 
 def _name(function: Any) -> str:
