@@ -23,10 +23,12 @@ CRC-32 of the payload, a payload pattern). Three rows, each ``--messages`` messa
    poll), which checks every message in C (length, CRC, every payload byte, sequence).
 
 Diagnosis rows: rows 1 and 2 again with ``term-length=16m`` on the channel (a window of 8 MiB
-instead of 512 KiB). An Aeron publisher never raises its own limit (a shmbus publisher does, at
-memory speed) and never wakes shmbus's sleeping readers: the driver does both on its cycle, 1 ms
-while an Aeron client's stream moves (shmbus/driver/aeron_client_streams.py). A window that
-outlasts late cycles shows what the cycle costs row 2.
+instead of 512 KiB). An Aeron publisher never raises its own limit and never wakes shmbus's
+sleeping readers (a shmbus publisher does both, at memory speed): shmbus's readers of its log
+raise its limit as they store their positions (the driver marks the log:
+shmbus/shm/native/flow_control.c, fc_raise_for_writer), and the driver wakes those readers on its
+cycle, 1 ms while an Aeron client's stream moves (shmbus/driver/aeron_client_streams.py). A
+window that outlasts a late cycle shows what a reader asleep until then costs row 2.
 
 A member process (harness.run_processes) runs the shmbus side and starts the C program as its
 child: the C program is connected (aeron_publish's READY with ``--await-go``, aeron_subscribe's
@@ -580,11 +582,13 @@ NOTES = f"""\
   of the measurement to its end, over the messages, times a million.
 * Diagnosis: rows 1 and 2 with `term-length={DIAGNOSIS_TERM}` on the channel. A shmbus
   publisher raises its own limit at memory speed and wakes a sleeping reader itself; an Aeron
-  publisher does neither: the driver raises its limit and wakes shmbus's readers on its cycle,
-  every 1 ms while an Aeron client's stream moves (shmbus/driver/aeron_client_streams.py). With
-  the default window of 512 KiB (8,192 messages of 32 B, 64 B a frame) a driver cycle that
-  comes late leaves the publisher at its limit and the reader asleep; a window of 8 MiB
-  outlasts it.
+  publisher does neither. shmbus's readers of a log an Aeron client writes raise its limit as
+  they store their positions (the driver marks the log; shmbus/shm/native/flow_control.c,
+  fc_raise_for_writer), so the limit follows them as they read, not the driver's cycle; but
+  a reader that caught up and sleeps is woken only by the driver's cycle, every 1 ms while an
+  Aeron client's stream moves (shmbus/driver/aeron_client_streams.py). With the default window of 512 KiB
+  (8,192 messages of 32 B, 64 B a frame) a cycle that comes late leaves the reader asleep and
+  the publisher at its limit; a window of 8 MiB outlasts it.
 * Idle: the same driver, {{idle}} s with no client, then {{idle}} s with one Aeron client attached
   (`aeron_subscribe --until-stopped` subscribed to a stream nobody publishes, polling with its
   back-off up to 1 ms): the driver's CPU in % of a core; the client's own CPU beside it."""
