@@ -584,11 +584,11 @@ NOTES = f"""\
   publisher raises its own limit at memory speed and wakes a sleeping reader itself; an Aeron
   publisher does neither. shmbus's readers of a log an Aeron client writes raise its limit as
   they store their positions (the driver marks the log; shmbus/shm/native/flow_control.c,
-  fc_raise_for_writer), so the limit follows them as they read, not the driver's cycle; but
-  a reader that caught up and sleeps is woken only by the driver's cycle, every 1 ms while an
-  Aeron client's stream moves (shmbus/driver/aeron_client_streams.py). With the default window of 512 KiB
-  (8,192 messages of 32 B, 64 B a frame) a cycle that comes late leaves the reader asleep and
-  the publisher at its limit; a window of 8 MiB outlasts it.
+  fc_raise_for_writer), so the limit follows them as they read, not the driver's cycle; but a
+  reader that caught up and sleeps is woken only by the driver's cycle, every 1 ms while an
+  Aeron client's stream moves (shmbus/driver/aeron_client_streams.py). With the default
+  window of 512 KiB (8,192 messages of 32 B, 64 B a frame) a cycle that comes late leaves the
+  reader asleep and the publisher at its limit; a window of 8 MiB outlasts it.
 * Idle: the same driver, {{idle}} s with no client, then {{idle}} s with one Aeron client attached
   (`aeron_subscribe --until-stopped` subscribed to a stream nobody publishes, polling with its
   back-off up to 1 ms): the driver's CPU in % of a core; the client's own CPU beside it."""
