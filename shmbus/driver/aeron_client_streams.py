@@ -4,11 +4,13 @@ wake-ups: it wakes by time, not only by doorbell, while one is attached.
 shmbus's readers and writers sleep on a log's wake-up words (docs/protocol.md, Wake-ups), which
 shmbus's publishers and subscribers bump. An Aeron client never rings the driver's doorbell
 and never bumps those words: its publication only appends, its image only moves its position
-counter, and its publication only reads pub-lmt, which nobody else raises for it. So while an
-Aeron client is attached the driver runs its duty cycle by the clock, as Aeron's conductor
-does: each cycle raises the limits (the conductor's update_limits), and here, for every log
-an Aeron client writes, wakes the log's sleeping readers when the log's tail moved, and for
-every log an Aeron client reads, wakes the sleeping writers when that reader moved.
+counter, and its publication only reads pub-lmt, raising nothing. So while an Aeron client is
+attached the driver runs its duty cycle by the clock, as Aeron's conductor does: each cycle
+raises the limits (the conductor's update_limits), and here, for every log an Aeron client
+writes, wakes the log's sleeping readers when the log's tail moved, and for every log an Aeron
+client reads, wakes the sleeping writers when that reader moved. Between cycles, shmbus's
+readers of a log an Aeron client writes raise its limit themselves as they store their
+positions (the driver marks the log: LogBuffer.raised_by_readers).
 
 The cycle is short while such a stream moves and backs off while it rests, so an attached Aeron
 client costs an idle driver a wake-up every BACKED_OFF_MS. Runs in the driver, on the
