@@ -82,6 +82,7 @@ from tools.bench.harness import (
     cpu_seconds,
     deadline_after,
     median_row,
+    run_count,
     run_interleaved,
     run_processes,
     start_driver,
@@ -615,7 +616,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="smoke pass: 1 run, 4,096 messages, 0.3 s per idle half")
-    parser.add_argument("--runs", type=int, default=5,
+    parser.add_argument("--runs", type=run_count, default=5,
                         help="runs of each measurement, interleaved; the median and the spread "
                              "are reported (default 5)")
     parser.add_argument("--messages", type=int, default=None,
@@ -630,8 +631,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="write the rows (with every run's figures) as JSON to PATH")
     add_page_option(parser)
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error(f"--runs {args.runs}: at least 1")
     return args
 
 

@@ -23,12 +23,12 @@ from tools.aeron_c.message import (
     check_message,
     encode_message,
 )
-from tools.bench.rounds import round_count
+from tools.bench.rounds import RoundRows
 
 _SEQUENCE = struct.Struct("<q")
 
 
-class AeronRounds:
+class AeronRounds(RoundRows):
     """The messages of publisher ``publisher_id``, ``size`` bytes each (at least 20), a round
     of ``count`` at a time (a rounds.RoundFormat)."""
 
@@ -37,9 +37,7 @@ class AeronRounds:
             raise ValueError(f"message size {size}: at least {HEADER_LENGTH} bytes")
         self.size = size
         self.publisher_id = publisher_id
-        self.count = round_count(size) if count is None else count
-        if self.count < 1 or self.count & (self.count - 1):
-            raise ValueError(f"round of {self.count} messages: a power of two")
+        self.count = self._count(size, count)
         self.seq_offset = SEQUENCE_OFFSET
         self._templates = np.frombuffer(
             b"".join(encode_message(publisher_id, low, size) for low in range(256)),
@@ -58,16 +56,6 @@ class AeronRounds:
         except MessageError:
             return _SEQUENCE.unpack_from(message, SEQUENCE_OFFSET)[0], False
         return sequence, publisher_id == self.publisher_id
-
-    def messages(self, round_no: int) -> list[bytes]:
-        """Round ``round_no`` (>= 0)'s messages, each a bytes object of ``size``."""
-        self._fill(round_no)
-        return list(self._split(self._rows))
-
-    def block(self, round_no: int) -> bytes:
-        """Round ``round_no``'s messages end to end, as one bytes object (``count * size``)."""
-        self._fill(round_no)
-        return self._rows.tobytes()
 
     def _fill(self, round_no: int) -> None:
         sequences = self._ramp + round_no * self.count

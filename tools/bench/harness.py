@@ -323,12 +323,20 @@ def add_run_options(parser: argparse.ArgumentParser, duration_s: float, what: st
                         help="deadline of each run beyond its duration, seconds (default 30)")
 
 
+def run_count(text: str) -> int:
+    """An argparse type: a count of runs, at least 1."""
+    runs = int(text)
+    if runs < 1:
+        raise argparse.ArgumentTypeError(f"{runs}: at least 1")
+    return runs
+
+
 def add_runs_options(parser: argparse.ArgumentParser, quick: str, duration: str) -> None:
     """The options of how long and how often each measurement of a one-host benchmark runs:
-    --quick (help: "smoke pass: <quick>"), --runs (default 5), --duration (default 1; help:
-    "seconds per <duration>") and --timeout (the caller checks that --runs is at least 1)."""
+    --quick (help: "smoke pass: <quick>"), --runs (default 5, at least 1), --duration (default
+    1; help: "seconds per <duration>") and --timeout."""
     parser.add_argument("--quick", action="store_true", help=f"smoke pass: {quick}")
-    parser.add_argument("--runs", type=int, default=5,
+    parser.add_argument("--runs", type=run_count, default=5,
                         help="runs of each measurement, interleaved; the median and the "
                              "spread are reported (default 5)")
     parser.add_argument("--duration", type=float, default=1.0,

@@ -67,16 +67,44 @@ def round_count(size: int) -> int:
     return 1 << (fits.bit_length() - 1)
 
 
-class Rounds:
+class RoundRows:
+    """A round's messages as the rows of one array (``_rows``, ``count`` of ``size`` bytes),
+    which the subclass's ``_fill`` writes for a round: what Rounds and
+    aeron_rounds.AeronRounds share."""
+
+    count: int
+    _rows: np.ndarray
+    _split: Callable[[Any], tuple[bytes, ...]]  # struct's unpack, over the array's buffer
+
+    def _count(self, size: int, count: int | None) -> int:
+        """``count`` (default: round_count(size)); ValueError unless a power of two."""
+        count = round_count(size) if count is None else count
+        if count < 1 or count & (count - 1):
+            raise ValueError(f"round of {count} messages: a power of two")
+        return count
+
+    def _fill(self, round_no: int) -> None:
+        raise NotImplementedError
+
+    def messages(self, round_no: int) -> list[bytes]:
+        """Round ``round_no`` (>= 0)'s messages, each a bytes object of ``size``."""
+        self._fill(round_no)
+        return list(self._split(self._rows))
+
+    def block(self, round_no: int) -> bytes:
+        """Round ``round_no``'s messages end to end, as one bytes object (``count * size``)."""
+        self._fill(round_no)
+        return self._rows.tobytes()
+
+
+class Rounds(RoundRows):
     """The checked messages of ``size`` bytes (at least 16), a round of ``count`` at a time."""
 
     def __init__(self, size: int, count: int | None = None) -> None:
         self.checked = Checked(size)
         self.size = size
         self.seq_offset, self.check = self.checked.seq_offset, self.checked.check
-        self.count = round_count(size) if count is None else count
-        if self.count < 1 or self.count & (self.count - 1):
-            raise ValueError(f"round of {self.count} messages: a power of two")
+        self.count = self._count(size, count)
         offset = self.checked.seq_offset
         self._rows = np.empty((self.count, size), np.uint8)
         self._rows[:] = np.frombuffer(self.checked.body + bytes(12), np.uint8)
@@ -94,16 +122,6 @@ class Rounds:
 
     def _crc_of(self, seq: int) -> int:
         return zlib.crc32(seq.to_bytes(8, "little", signed=True), self._body_crc)
-
-    def messages(self, round_no: int) -> list[bytes]:
-        """Round ``round_no`` (>= 0)'s messages, each a bytes object of ``size``."""
-        self._fill(round_no)
-        return list(self._split(self._rows))
-
-    def block(self, round_no: int) -> bytes:
-        """Round ``round_no``'s messages end to end, as one bytes object (``count * size``)."""
-        self._fill(round_no)
-        return self._rows.tobytes()
 
     def _fill(self, round_no: int) -> None:
         first = round_no * self.count
