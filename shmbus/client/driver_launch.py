@@ -21,7 +21,7 @@ from shmbus.settings.context import Context
 from shmbus.settings.errors import DriverUnavailableError
 from shmbus.shm._native import epoch_ms
 from shmbus.shm.bus_directory import prepare_directory
-from shmbus.shm.cnc import CncError, CncFile
+from shmbus.shm.cnc import CncError, CncFile, CncLayoutError
 
 #: the file of the bus directory whose lock a client holds while it looks for and starts a driver
 LAUNCH_LOCK = "launch.lock"
@@ -35,8 +35,8 @@ def open_or_launch(context: Context) -> CncFile:
 
     Raises DriverUnavailableError when no driver is live and ``embedded_driver`` is False, or
     when the one started exits or does not serve within ``max(driver_timeout, 5)`` seconds;
-    CncError for a cnc.dat of another layout version; PermissionError for a directory of another
-    user.
+    CncLayoutError for a cnc.dat of another layout (an Aeron media driver's, or another shmbus
+    version's); PermissionError for a directory of another user.
     """
     directory = Path(context.dir)
     prepare_directory(directory)
@@ -60,12 +60,12 @@ def open_or_launch(context: Context) -> CncFile:
 
 def try_open(directory: Path, context: Context) -> CncFile | None:
     """The cnc.dat in ``directory`` if its driver is live (see :func:`driver_alive`), else None
-    (none there, half written, or its driver dead). CncError for another layout version."""
+    (none there, half written, or its driver dead). CncLayoutError for another layout."""
     try:
         cnc = CncFile.open(directory)
-    except CncError as e:
-        if "layout version" in str(e):
-            raise
+    except CncLayoutError:
+        raise
+    except CncError:
         return None
     if driver_alive(cnc, context):
         return cnc

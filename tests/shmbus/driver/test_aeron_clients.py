@@ -22,8 +22,9 @@ from jsonschema import Draft202012Validator
 
 import shmbus
 from shmbus.cli.json_documents import load_schema
+from shmbus.shm.cnc import CncLayoutError
 from shmbus.shm.counters import CLIENT_HEARTBEAT, PUB_LIMIT, SUB_POS
-from tests.support.aeron_c import AeronC, Finished, Program, Programs
+from tests.support.aeron_c import AeronC, Finished, Program, Programs, running_aeronmd
 from tests.support.commands import run
 from tests.support.processes import CTX
 from tests.support.waits import wait_until
@@ -325,3 +326,16 @@ def test_shmbus_clients_streams_and_stat_show_aeron_clients(aeron: Programs,
     finally:
         subscriber.kill()
         bus.close()
+
+
+def test_a_shmbus_client_refuses_an_aeron_media_drivers_directory(
+        aeron_c: AeronC, shm_dir: Path, tmp_path: Path) -> None:
+    """shmbus's clients need a shmbus driver: on the directory of Aeron's own driver they say
+    so, rather than wait for a driver or start one over it."""
+    directory = shm_dir / "aeron"
+    with running_aeronmd(aeron_c.aeronmd, directory, tmp_path / "aeronmd.log"):
+        for embedded in (False, True):
+            context = shmbus.Context(dir=str(directory), embedded_driver=embedded,
+                                     driver_timeout=5.0)
+            with pytest.raises(CncLayoutError, match="an Aeron media driver's"):
+                shmbus.connect(context)
