@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any, Protocol
@@ -67,7 +68,7 @@ def round_count(size: int) -> int:
     return 1 << (fits.bit_length() - 1)
 
 
-class RoundRows:
+class RoundRows(ABC):
     """A round's messages as the rows of one array (``_rows``, ``count`` of ``size`` bytes),
     which the subclass's ``_fill`` writes for a round: what Rounds and
     aeron_rounds.AeronRounds share."""
@@ -83,8 +84,9 @@ class RoundRows:
             raise ValueError(f"round of {count} messages: a power of two")
         return count
 
+    @abstractmethod
     def _fill(self, round_no: int) -> None:
-        raise NotImplementedError
+        """Write round ``round_no``'s messages into ``_rows``."""
 
     def messages(self, round_no: int) -> list[bytes]:
         """Round ``round_no`` (>= 0)'s messages, each a bytes object of ``size``."""

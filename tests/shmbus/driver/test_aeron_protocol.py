@@ -6,7 +6,6 @@ client; these pin the rules one by one."""
 from __future__ import annotations
 
 import struct
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,10 @@ from shmbus.shm.cnc import (
     TO_DRIVER,
     CncFile,
 )
-from shmbus.shm.counters import CLIENT_HEARTBEAT, CountersReader
+from shmbus.shm.counters import CLIENT_HEARTBEAT, COUNTER_LENGTH, CountersReader
 from shmbus.shm.log_buffer import READERS_RAISE_OFFSET, LogBuffer
 from shmbus.shm.ring_buffer import ManyToOneRingBuffer
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,22 +51,23 @@ class RawAeronClient:
                                + body)
         return correlation_id
 
-    def responses(self, receiver: BroadcastReceiver | None = None,
-                  until: Any = None, timeout: float = 10.0) -> list[tuple[int, bytes]]:
-        """(type id, bytes) of every message on ``receiver`` (the to-clients buffer) until
-        ``until(type_id, data)`` holds for one; AssertionError when none does in time."""
+    def responses(self, receiver: BroadcastReceiver | None = None, *, until: Any,
+                  timeout: float = 10.0) -> list[tuple[int, bytes]]:
+        """(type id, bytes) of every message on ``receiver`` (the to-clients buffer) up to the
+        first for which ``until(type_id, data)`` holds; the test fails when none does in
+        ``timeout`` seconds."""
         receiver = receiver or self.to_clients
         seen: list[tuple[int, bytes]] = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def arrived() -> bool:
             while receiver.receive_next():
                 seen.append((receiver.msg_type, receiver.buffer))
-                if until is not None and until(*seen[-1]):
-                    return seen
-            if until is None and seen:
-                return seen
-            time.sleep(0.005)
-        raise AssertionError(f"no such response in {timeout} s; seen {seen}")
+                if until(*seen[-1]):
+                    return True
+            return False
+
+        wait_until(arrived, timeout, lambda: f"the response; seen {seen}")
+        return seen
 
 
 @pytest.fixture
@@ -185,10 +186,9 @@ def test_a_keepalive_moves_an_aeron_clients_heartbeat(raw: RawAeronClient) -> No
     seen = raw.responses(until=answered(first, 0x0F07))
     (counter_id,) = [struct.unpack_from("<i", data, 8)[0] for t, data in seen
                      if t == 0x0F08 and struct.unpack_from("<q", data)[0] == raw.client_id]
-    before = raw.counters.get_value(counter_id)
-    time.sleep(0.01)  # the clock must move for the new heartbeat to differ
+    # a second old (within the 2 s liveness): the keepalive must bring it to now
+    old = raw.counters.get_value(counter_id) - 1000
+    raw.cnc.section(COUNTERS_VALUES).put_int64_release(counter_id * COUNTER_LENGTH, old)
     raw.send(0x06, b"")
-    deadline = time.monotonic() + 5
-    while raw.counters.get_value(counter_id) == before and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert raw.counters.get_value(counter_id) > before
+    wait_until(lambda: raw.counters.get_value(counter_id) > old, 5,
+               "the keepalive to move the heartbeat")

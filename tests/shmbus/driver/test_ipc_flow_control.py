@@ -188,14 +188,14 @@ def test_the_readers_of_a_log_marked_raised_by_readers_raise_its_limit(setup,
     log, flow, limit, reader, publication = setup
     if marked:
         log.raised_by_readers(0)  # the limit is counter 0
-    while publication.offer(PAYLOAD) > 0:
-        pass
+    offers = 0
+    while offers < TERM and publication.offer(PAYLOAD) > 0:  # to its limit (a window)
+        offers += 1
     written = publication.position
     assert limit.get() == flow.window and written > flow.window - len(PAYLOAD) - 64
     image = Image(log, reader, owned=True)
-    while image.poll(lambda buffer, header: None, 1000):
-        pass
-    assert reader.get() == written
+    delivered = image.poll(lambda buffer, header: None, offers)
+    assert delivered == offers and reader.get() == written
     assert limit.get() == (written + flow.window if marked else flow.window)
     if marked:
         assert clean_position(log) == written
