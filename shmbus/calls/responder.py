@@ -365,9 +365,14 @@ class Responder(Closeable):
             return
         self._closed = True
         self._requests.close()
-        for publication in self._replies.values():
+        # serve() may be opening a reply publication on another thread meanwhile: take them
+        # out one at a time (atomic under the GIL) rather than iterate the dict
+        while True:
+            try:
+                _, publication = self._replies.popitem()
+            except KeyError:  # empty (serve() may have dropped the last one itself)
+                break
             publication.close()
-        self._replies.clear()
         self._counters.close()
         self._on_close()
 
