@@ -46,12 +46,20 @@ def log_positions(count: int, term_length: int) -> list[tuple[int, int]]:
 
 def where_it_stopped(position: int, spans: list[tuple[int, int]]) -> int:
     """The last message wholly before ``position``, which must be just after it (or after
-    the padding that follows it)."""
-    for seq, (_, end) in enumerate(spans):
-        if seq + 1 == len(spans) or end >= position:
-            assert position in (end, spans[min(seq + 1, len(spans) - 1)][0]), position
+    the padding that follows it, at the start of the next term): a position between two of
+    ``spans``, the last of which is the message that did not go in."""
+    for seq in range(len(spans) - 1):
+        if position in (spans[seq][1], spans[seq + 1][0]):
             return seq
-    raise AssertionError("no messages")
+    raise AssertionError(f"position {position} is not between two messages")
+
+
+def test_where_it_stopped_reads_a_position_after_padding_at_a_term_end():
+    # the old session ended where a message did not fit its term: padding, then the next term
+    spans = [(0, 64), (64, 96), (128, 192)]  # a 128-byte term: 32 bytes of padding at 96
+    assert [where_it_stopped(p, spans) for p in (64, 96, 128)] == [0, 1, 1]
+    with pytest.raises(AssertionError, match="not between two messages"):
+        where_it_stopped(80, spans)
 
 
 def driver_pid(context: shmbus.Context) -> int | None:
