@@ -109,6 +109,9 @@ class Sealer:
     def plaintext(self) -> int:
         """Dropped: not sealed."""
     @property
+    def key_sets(self) -> int:
+        """How many times keys were taken: 1 when made, and 1 more for each set_keys."""
+    @property
     def session(self) -> bytes:
         """This sealer's random 16-byte session id."""
     def __init__(self, keys: list[tuple[int, bytes, bool]], max_skew_ns: int = ...) -> None: ...

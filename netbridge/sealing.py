@@ -26,8 +26,10 @@ from shmbus.settings.keyring import Keyring, KeyringError, load_keyring
 #: what each of the Sealer's drop kinds (receive_batch's ``dropped``) is called in counters
 #: and the error log, by kind number (netbridge/native/io.h, SEAL_*)
 DROP_KINDS = {1: "plaintext", 2: "unknown key", 3: "bad tag", 4: "replayed"}
-#: the channel counters of an authenticated channel: the drops of each kind
-SEAL_STATS = tuple(f"dropped {kind}" for kind in DROP_KINDS.values())
+#: the channel counters of an authenticated channel: the drops of each kind, and how many
+#: times the channel took its keys (1 when it opened, 1 more each time the keyring was reread:
+#: how an operator sees that a rotation step reached this bridge)
+SEAL_STATS = (*(f"dropped {kind}" for kind in DROP_KINDS.values()), "keyring loads")
 #: how many drops of one source the error log hears of a second, and of all sources
 REPORTS_PER_SOURCE = 3
 REPORTS_PER_SECOND = 20
@@ -51,7 +53,8 @@ def _sealer_keys(keyring: Keyring, name: str) -> list[tuple[int, bytes, bool]]:
 
 def seal_counts(sealer: Sealer) -> dict[str, int]:
     """The channel counters of SEAL_STATS from a Sealer's own counts."""
-    counts = (sealer.plaintext, sealer.unknown_key, sealer.bad_tag, sealer.replayed)
+    counts = (sealer.plaintext, sealer.unknown_key, sealer.bad_tag, sealer.replayed,
+              sealer.key_sets)
     return dict(zip(SEAL_STATS, counts, strict=True))
 
 

@@ -76,6 +76,7 @@ struct Sealer {
     uint8_t *scratch; /* seal_spans' output, grown as needed */
     size_t scratch_size;
     unsigned long long sealed, opened, bad_tag, unknown_key, replayed, plaintext;
+    unsigned long long key_sets; /* keys taken: 1 when made, +1 per set_keys */
 };
 
 static int64_t realtime_ns(void)
@@ -363,6 +364,7 @@ static int set_keys(Sealer *s, PyObject *keys)
     for (int i = 0; i < PEERS_MAX; i++)
         if (s->peers[i].ctx != NULL && key_by_id(s, s->peers[i].key_id) == NULL)
             free_peer(&s->peers[i]);
+    s->key_sets++;
     return 0;
 fail:
     memset(parsed, 0, sizeof parsed);
@@ -481,6 +483,8 @@ static PyMemberDef sealer_members[] = {
      "dropped: seen already, too old for the replay window, or stamped out of the skew"},
     {"plaintext", T_ULONGLONG, offsetof(Sealer, plaintext), READONLY,
      "dropped: not sealed"},
+    {"key_sets", T_ULONGLONG, offsetof(Sealer, key_sets), READONLY,
+     "how many times keys were taken: 1 when made, and 1 more for each set_keys"},
     {NULL, 0, 0, 0, NULL},
 };
 

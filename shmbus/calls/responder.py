@@ -304,8 +304,8 @@ class Responder(Closeable):
         """Close the UDP reply publications whose requester is gone (not connected)."""
         self._sweep_at = now + _SWEEP_S
         for destination, publication in list(self._replies.items()):
-            if not publication.is_connected:
-                del self._replies[destination]
+            # pop, not del: close() on another thread may have taken it out meanwhile
+            if not publication.is_connected and self._replies.pop(destination, None) is not None:
                 publication.close()
 
     def _reply_error(self, destination: Destination, correlation_id: int, error: Exception
@@ -331,6 +331,9 @@ class Responder(Closeable):
                 publication = self._replies[destination] = self._open_reply(destination)
             except RegistrationError:
                 self._counters.add(RR_REPLIES_DROPPED)
+                return
+            if self._closed and self._replies.pop(destination, None) is not None:
+                publication.close()  # close() ran on another thread meanwhile and missed it
                 return
         result = _offer_call(publication, kind, 0, 0, correlation_id, body)
         if result == NOT_CONNECTED:  # the requester is gone

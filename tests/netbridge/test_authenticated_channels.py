@@ -276,11 +276,12 @@ def test_a_key_rotated_under_load_loses_duplicates_and_reorders_nothing(
         with spawn.Pool(2) as pool:
             sub, pub = keyed_stream(pool, spawn, ctx_a, ctx_b, relay, count)
             relay.wait_recorded(100, 30)
-            for lines in ([old, new + " receive-only"], [old, new], [new]):
-                # pacing: the netbridges look at the keyring every second, and nothing shows
-                # that one has reread it; each step of the rotation outlasts that
-                time.sleep(1.5)
+            for step, lines in enumerate(([old, new + " receive-only"], [old, new], [new])):
                 keyring_at(keyring, *lines)
+                # as an operator does: the next step once both bridges have taken this one
+                for context in (ctx_a, ctx_b):
+                    wait_until(lambda c=context, n=step + 2: channel_counters(c)["keyring loads"]
+                               == n, 30, f"rotation step {step + 1} to reach the bridge")
             summary = sub.get(150)
             assert pub.get(150) == count
         assert summary == {"received": count, "out_of_order": 0, "bad_checksum": 0, "images": 1}

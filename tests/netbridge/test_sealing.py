@@ -139,6 +139,11 @@ def test_rotation_a_receive_only_key_opens_but_never_seals() -> None:
     assert host_a.open(host_b.seal(b"with the old key")) == (OPENED, b"with the old key")
     host_b.set_keys([(*new, True)])  # step 3: the old key is gone
     assert host_b.open(_io.Sealer([(*old, True)]).seal(b"old"))[0] == UNKNOWN_KEY
+    # each host's keyring loads: made (1), then a step it took (1 more each)
+    assert (host_a.key_sets, host_b.key_sets) == (2, 2)
+    with pytest.raises(ValueError):
+        host_b.set_keys([])  # refused: the keys (and the count) stay as they were
+    assert host_b.key_sets == 2 and host_b.open(host_a.seal(b"still"))[0] == OPENED
 
 
 def test_bad_keys_are_refused_clearly_and_a_sealer_without_a_sealing_key_cannot_seal() -> None:

@@ -113,9 +113,13 @@ def test_an_unkeyed_service_refuses_a_requester_replying_elsewhere_and_a_keyed_o
         # unkeyed: the reply-to host (127.0.0.2) is not the requests' source (127.0.0.1)
         with serving(bus_b, channel):
             requester, _ = requester_and_response_port(bus_a, channel)
+            # connected first: a call finding no connection after CONNECT_WAIT_S fails with
+            # NoResponderError, and this one must reach the service to be refused
+            wait_until(lambda: requester._publication.is_connected, 20, "the connection")
             with requester, pytest.raises(shmbus.RequestTimeoutError):
                 requester.request(b"elsewhere", timeout=3)
-            assert counter_total(bus_b, RR_REFLECTIONS_REFUSED, STREAM) == 1
+            wait_until(lambda: counter_total(bus_b, RR_REFLECTIONS_REFUSED, STREAM) == 1, 20,
+                       "the refused request to be counted")
             assert counter_total(bus_b, RR_SERVED, STREAM) == 0
 
         keyed = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}|key=rr-reflection"

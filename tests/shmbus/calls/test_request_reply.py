@@ -164,7 +164,8 @@ def test_a_timed_out_call_drops_its_late_reply_and_counts_it(bus_context, driver
         started = time.monotonic()
         with pytest.raises(shmbus.RequestTimeoutError, match="no reply before its deadline"):
             client.request(rw.make_command(1, 0, b"slow"), timeout=0.1)
-        assert 0.1 <= time.monotonic() - started < 0.4
+        # it ended at its deadline, not with the reply (the handler takes 0.5 s to make it)
+        assert 0.1 <= time.monotonic() - started < 0.5
         good = rw.make_request(1, 0, 1, 64)  # the late reply is read and dropped meanwhile
         rw.check_reply(good, client.request(good, timeout=10))
         assert counter_total(bus, RR_LATE) == 1

@@ -122,9 +122,9 @@ def test_an_await_counts_itself_asleep_only_while_it_waits(bus_context, driver, 
     async def main() -> None:
         with connected_ipc(bus_context, 75) as (pub, sub):
             (image,) = sub.images
-            waiting = asyncio.ensure_future(sub.poll_async(lambda b, h: None, 10, timeout=0.5))
+            waiting = asyncio.ensure_future(sub.poll_async(lambda b, h: None, 10, timeout=2.0))
             # (the thread waker counts itself, and uncounts itself, on its own thread)
-            await await_until(lambda: readers_asleep(image.log) == 1, 2.0,
+            await await_until(lambda: readers_asleep(image.log) == 1, 5.0,
                               "the await to count itself asleep")
             assert await waiting == 0
             await await_until(lambda: readers_asleep(image.log) == 0, 2.0,

@@ -76,10 +76,13 @@ def test_four_members_get_each_task_of_each_publisher_exactly_once(
         start_process: Callable[..., Any], lengths: tuple[int, int],
         fragment_limit: int, messages: bool) -> None:
     publishers, tasks = 2, 3000 if lengths[1] < 1000 else 400
+    go = CTX.Event()
+    go.set()  # the first half as fast as it goes, the second paced: every member gets a turn
     stop, results, paths, members, pubs = start_group(
         start_process, (bus_context, bus_context), tmp_path, members=4, publishers=publishers,
         tasks=tasks, lengths=lengths, fragment_limit=fragment_limit,
-        options={i: {"messages": messages} for i in range(4)})
+        options={i: {"messages": messages} for i in range(4)},
+        pause_at=tasks // 2, resume=go, pace_after_pause_s=0.0001)
     records = wait_for_tasks(paths, all_tasks(publishers, tasks), 120, members + pubs)
     with shmbus.connect(bus_context) as bus:
         assert counter_values(bus, GROUP_MEMBERS) == [4]

@@ -59,8 +59,8 @@
  * "seconds", "client ended", "client error", "offer failed", "timed out"), "error" (what ended
  * it, or null), "ok"}; the three refusal counts are retries; "seconds" counts from the
  * program's start, connecting included; "first_offer_at" and "last_sent_at" are CLOCK_MONOTONIC
- * seconds (Python's time.monotonic()) at the first offer and when the last message accepted was
- * accepted (0 when none was).
+ * seconds (Python's time.monotonic()) at the first offer and just before the accepted offer of
+ * the last message accepted (0 when none was).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -446,17 +446,23 @@ run_t;
 
 /* Offers message `sequence` (`length` bytes in `buffer`) until it is accepted (1), or the run
  * ends first (0: stopped, the client's error seen, the time out; run->ended says which and
- * run->status is set). */
+ * run->status is set). With `stamp`, run->last_sent_at is the clock read just before the
+ * attempt that was accepted: never later than any reader's first sight of the message. */
 static int offer_until_accepted(
     const options_t *o, const publication_t *publication, const uint8_t *buffer, uint32_t length,
-    long long sequence, double start, double deadline, run_t *run)
+    long long sequence, double start, double deadline, int stamp, run_t *run)
 {
     unsigned streak = 0;
     for (;;)
     {
+        const double attempt_at = stamp ? now_s() : 0.0;
         const int64_t result = offer(publication, buffer, length);
         if (result > 0)
         {
+            if (stamp)
+            {
+                run->last_sent_at = attempt_at;
+            }
             return 1;
         }
         if (result == AERON_PUBLICATION_NOT_CONNECTED)
@@ -598,13 +604,11 @@ int main(int argc, char **argv)
         {
             run.first_offer_at = now_s();
         }
-        if (offer_until_accepted(&o, &publication, buffer, length, sequence, start, deadline, &run))
+        /* --count: the clock is read for the last message only */
+        const int stamp = o.until_stopped || run.sent + 1 == o.count;
+        if (offer_until_accepted(&o, &publication, buffer, length, sequence, start, deadline, stamp, &run))
         {
             run.sent++;
-            if (o.until_stopped || run.sent == o.count)
-            {
-                run.last_sent_at = now_s();  /* --count: the clock read at the last message only */
-            }
             progress_store(&progress, o.progress_record, run.sent);
         }
         progress_store(&progress, o.progress_phase, 0);
