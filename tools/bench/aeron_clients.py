@@ -93,12 +93,15 @@ from tools.bench.members import await_image
 from tools.bench.pages import add_page_option, fmt_spread, spread, started, write_page
 from tools.bench.report import fmt_rate, markdown_table
 from tools.bench.user_loop import Consumer, write_count
+from tools.polling import poll_until
 
 CHANNEL = "aeron:ipc"
 DIAGNOSIS_TERM = "16m"  # term-length of the diagnosis rows: a window of 8 MiB
 STREAM = 1001
 SIZE = 32
 PUBLISHER_ID = 1
+#: how often a wait for a program's READY or a connection looks again (not measured time)
+WAIT_POLL_S = 0.002
 #: the issue's targets: each Aeron row at least this share of the shmbus pair's msg/s, and an
 #: attached idle Aeron client at most this many cores more of the idle driver
 MIN_RATIO = 0.8
@@ -156,13 +159,15 @@ class Child:
     def wait_ready(self, deadline_ns: int) -> None:
         """Return once the program printed READY; BenchError if it exits first or does not
         by deadline_ns."""
-        while "READY\n" not in self.output():
+        def ready() -> bool:
+            if "READY\n" in self.output():
+                return True
             if self.process.poll() is not None:
                 raise BenchError(f"{self.name} exited with {self.process.returncode} before "
                                  f"READY: {self.errors()}")
-            if time.monotonic_ns() > deadline_ns:
-                raise BenchError(f"{self.name} not ready before the deadline: {self.errors()}")
-            time.sleep(0.002)
+            return False
+        if not poll_until(ready, (deadline_ns - time.monotonic_ns()) / 1e9, WAIT_POLL_S):
+            raise BenchError(f"{self.name} not ready before the deadline: {self.errors()}")
 
     def start(self, go: bool = False) -> None:
         """The measurement starts: note the program's CPU so far; with ``go``, write the go
@@ -266,10 +271,9 @@ def shm_writer(start: Any, context: Any, uri: str, messages: int,
         publication = bus.add_exclusive_publication(uri, STREAM)
         if child is not None:
             child.wait_ready(deadline)  # it has this publication's image
-        while not publication.is_connected:
-            if time.monotonic_ns() > deadline:
-                raise BenchError(f"publication on {uri} stream {STREAM} never connected")
-            time.sleep(0.002)
+        if not poll_until(lambda: publication.is_connected,
+                          (deadline - time.monotonic_ns()) / 1e9, WAIT_POLL_S):
+            raise BenchError(f"publication on {uri} stream {STREAM} never connected")
         start.ready(bus.driver_pid)
         if child is not None:
             child.start()

@@ -49,7 +49,8 @@ from tools.nemesis.check import (
     aeron_key,
     aeron_publisher_id,
 )
-from tools.nemesis.workers import HOLDING_CLAIM, OFFERING, Ledger, WriterSpec
+from tools.nemesis.workers import HOLDING_CLAIM, OFFERING, PHASE_POLL_S, Ledger, WriterSpec
+from tools.polling import poll_until
 
 #: the programs' exit status when their client ended or could not start (common.h)
 CLIENT_ENDED = 3
@@ -292,26 +293,18 @@ class AeronPair:
         if mid_claim:
             self.ledger.request_hold(self.writer, True)
         phase, how = (HOLDING_CLAIM, "mid-claim") if mid_claim else (OFFERING, "mid-offer")
-        deadline = time.monotonic() + timeout
         try:
-            while time.monotonic() < deadline:
-                if self.ledger.phase(self.writer) == phase \
-                        and self._kill(self.writer_program, how):
-                    return True
-                time.sleep(0.0002)
-            return False
+            return bool(poll_until(lambda: self.ledger.phase(self.writer) == phase
+                                   and self._kill(self.writer_program, how), timeout, PHASE_POLL_S))
         finally:
             self.ledger.request_hold(self.writer, False)
 
     def kill_reader(self, timeout: float = 5.0) -> bool:
         """SIGKILL the reader inside a poll (its phase in the progress file), within
         ``timeout`` seconds; the monitor starts it again. Whether it was killed."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.progress.phase() == POLLING and self._kill(self.reader_program, "mid-poll"):
-                return True
-            time.sleep(0.0002)
-        return False
+        return bool(poll_until(lambda: self.progress.phase() == POLLING
+                               and self._kill(self.reader_program, "mid-poll"), timeout,
+                               PHASE_POLL_S))
 
     def _kill(self, program: Program, how: str) -> bool:
         with self._lock:
@@ -381,31 +374,28 @@ class AeronPair:
             current.process.send_signal(sig)
 
     def _await_exit(self, program: Program, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def exited() -> bool:
             with self._lock:
                 current = program.current
                 if current is None or current.status is not None:
-                    return
+                    return True
                 if current.process.poll() is not None:
                     self._ended(program, current)
-                    return
-            time.sleep(0.05)
+                    return True
+                return False
+        poll_until(exited, timeout, 0.05)
 
     def await_following(self, seconds: float, timeout: float) -> bool:
         """Wait (up to ``timeout`` s) until the writer and the reader have both run for
         ``seconds`` (the reader since its READY); whether they have."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def following() -> bool:
             with self._lock:
                 writer, reader = self.writer_program.current, self.reader_program.current
                 since = time.monotonic() - seconds
-                if writer is not None and reader is not None and writer.status is None \
-                        and reader.status is None and writer.started <= since \
-                        and reader.ready_at is not None and reader.ready_at <= since:
-                    return True
-            time.sleep(0.05)
-        return False
+                return (writer is not None and reader is not None and writer.status is None
+                        and reader.status is None and writer.started <= since
+                        and reader.ready_at is not None and reader.ready_at <= since)
+        return bool(poll_until(following, timeout, 0.05))
 
     def cpu_seconds(self) -> list[tuple[str, float]]:
         """(name, CPU seconds) of the C programs alive now."""

@@ -23,6 +23,7 @@ import random
 import struct
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from tools.aeron_c.message import HEADER_LENGTH as AERON_HEADER_LENGTH
@@ -293,6 +294,18 @@ class SubscriberReport:
     check: SubscriberCheck
 
 
+def _acked_tracks(name: str, sent: dict[Key, Sent], writers: frozenset[int],
+                  check: SubscriberCheck) -> Iterator[tuple[str, Sent, Track, int]]:
+    """For each incarnation of ``writers`` that had a message acked, in order: what it is
+    called in a breach, what it sent, what subscriber ``name`` got of it (``check``), and how
+    many of its acked messages came after the last one received."""
+    for key, s in sorted(sent.items()):
+        if key[0] in writers and s.acked:
+            track = check.tracks.get(key, Track())
+            yield (f"{name} from writer {key[0]} incarnation {key[1]} ({ENDINGS[s.ending]})",
+                   s, track, s.acked - 1 - track.last)
+
+
 def breaches(sent: dict[Key, Sent], subscribers: list[SubscriberReport],
              driver_loss_bound: int) -> list[str]:
     """Every rule broken, one line each naming the subscriber, writer incarnation and rule."""
@@ -317,12 +330,7 @@ def breaches(sent: dict[Key, Sent], subscribers: list[SubscriberReport],
                              f"attempted")
         if sub.kind not in ("tethered", "network"):
             continue
-        for key, s in sorted(sent.items()):
-            if key[0] not in sub.writers or s.acked == 0:
-                continue
-            track = check.tracks.get(key, Track())
-            missing = s.acked - 1 - track.last
-            what = f"{sub.name} from writer {key[0]} incarnation {key[1]} ({ENDINGS[s.ending]})"
+        for what, s, track, missing in _acked_tracks(sub.name, sent, sub.writers, check):
             if s.ending == FINISHED and missing > 0 and not track.interrupted:
                 found.append(f"{what}: the last {missing} of {s.acked} acked messages never "
                              f"arrived (a live writer's stream must arrive whole)")
@@ -346,12 +354,7 @@ def final_reader_breaches(name: str, sent: dict[Key, Sent], writers: frozenset[i
     ``writers`` that finished, and of every one killed mid-offer or mid-claim that it was
     following."""
     found = []
-    for key, s in sorted(sent.items()):
-        if key[0] not in writers or s.acked == 0:
-            continue
-        track = final.tracks.get(key, Track())
-        missing = s.acked - 1 - track.last
-        what = f"{name} from writer {key[0]} incarnation {key[1]} ({ENDINGS[s.ending]})"
+    for what, s, track, missing in _acked_tracks(name, sent, writers, final):
         if s.ending == FINISHED and missing > 0 and not track.interrupted:
             found.append(f"{what}: the last {missing} of {s.acked} acked messages never "
                          f"arrived at its last incarnation (a live writer's stream must arrive "

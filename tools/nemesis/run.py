@@ -168,6 +168,7 @@ from tools.nemesis.flags import Flag
 from tools.nemesis.workers import (
     HOLDING_CLAIM,
     OFFERING,
+    PHASE_POLL_S,
     Ledger,
     ReaderSpec,
     WriterSpec,
@@ -176,6 +177,7 @@ from tools.nemesis.workers import (
     run_writer,
     stack_file,
 )
+from tools.polling import poll_until
 
 SCHEDULED = ("kill-writer-mid-offer", "kill-writer-mid-claim", "stop-subscriber", "kill-driver",
              "kill-netbridge", "fill-disk", "kill-view-holder", "kill-responder",
@@ -630,12 +632,8 @@ class Nemesis:
         getattr(self, fault.replace("-", "_"))()
 
     def _wait_for_phase(self, writer: int, phase: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.workers.ledger.phase(writer) == phase:
-                return True
-            time.sleep(0.0002)
-        return False
+        return bool(poll_until(lambda: self.workers.ledger.phase(writer) == phase, timeout,
+                               PHASE_POLL_S))
 
     def kill_writer_mid_offer(self) -> None:
         writer = self.rng.choice([i for i, s in enumerate(self.workers.writers)

@@ -67,6 +67,9 @@ MAX_INCARNATIONS = 4096
 WRITER_HEADER = 64  # incarnations started (i64), phase (i64), hold-claim request (i64)
 INCARNATION_RECORD = 32  # acked (i64), attempted (i64), ending (i64)
 IDLE, OFFERING, HOLDING_CLAIM = 0, 1, 2
+#: how often the orchestrator looks at a writer's phase to kill it in one (a phase lasts
+#: microseconds to milliseconds)
+PHASE_POLL_S = 0.0002
 
 
 class Ledger:
